@@ -1,0 +1,120 @@
+"""Light instruments: CUDA-event pairs and NVTX ranges.
+
+Event pairs are recorded on the stream that runs the GEMM and read back only after the profiled
+steps (one synchronize, outside every step), so timing never stalls the job.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+NVTX_DOMAIN = "te_gemm"
+
+
+class EventTimer:
+    """CUDA-event pairs around GEMMs; a no-op on CPU."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and torch.cuda.is_available()
+
+    def start(self) -> Any:
+        if not self.enabled:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()  # current stream: autograd sets it to the forward's stream in backward too
+        return ev
+
+    def stop(self, start: Any) -> Any:
+        if start is None:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return (start, ev)
+
+    @staticmethod
+    def elapsed_ms(pair: Any) -> float | None:
+        if pair is None:
+            return None
+        start, end = pair
+        return float(start.elapsed_time(end))
+
+
+class Nvtx:
+    """NVTX ranges in the ``te_gemm`` domain, so they can be filtered in Nsight Systems.
+
+    Uses the ``nvtx`` package (domains, start/end ranges that may close on another thread); falls
+    back to ``torch.cuda.nvtx`` (no domains: names are prefixed ``te_gemm:`` instead). A custom
+    backend with ``start(name) -> handle``, ``end(handle)``, ``push(name)``, ``pop()`` can be given.
+    """
+
+    def __init__(self, enabled: bool, backend: Any = None) -> None:
+        self.enabled = enabled
+        self.backend = backend if backend is not None else (_default_backend() if enabled else None)
+        self.enabled = enabled and self.backend is not None
+
+    def start(self, name: str) -> Any:
+        return self.backend.start(name) if self.enabled else None
+
+    def end(self, handle: Any) -> None:
+        if self.enabled and handle is not None:
+            self.backend.end(handle)
+
+    def push(self, name: str) -> None:
+        if self.enabled:
+            self.backend.push(name)
+
+    def pop(self) -> None:
+        if self.enabled:
+            self.backend.pop()
+
+
+class _NvtxPackage:
+    def __init__(self, nvtx: Any) -> None:
+        self.nvtx = nvtx
+        self.domain = nvtx.get_domain(NVTX_DOMAIN)
+
+    def start(self, name: str) -> Any:
+        # start/end (not push/pop): backward GEMMs run on autograd's device threads.
+        return self.domain.start_range(self.domain.get_event_attributes(message=name))
+
+    def end(self, handle: Any) -> None:
+        self.domain.end_range(handle)
+
+    def push(self, name: str) -> None:
+        self.domain.push_range(self.domain.get_event_attributes(message=name))
+
+    def pop(self) -> None:
+        self.domain.pop_range()
+
+
+class _TorchNvtx:
+    def start(self, name: str) -> Any:
+        return torch.cuda.nvtx.range_start(f"{NVTX_DOMAIN}: {name}")
+
+    def end(self, handle: Any) -> None:
+        torch.cuda.nvtx.range_end(handle)
+
+    def push(self, name: str) -> None:
+        torch.cuda.nvtx.range_push(f"{NVTX_DOMAIN}: {name}")
+
+    def pop(self) -> None:
+        torch.cuda.nvtx.range_pop()
+
+
+def _default_backend() -> Any:
+    try:
+        return _NvtxPackage(importlib.import_module("nvtx"))
+    except Exception:  # not installed, or an old version without domains
+        pass
+    if torch.cuda.is_available():
+        return _TorchNvtx()
+    return None
+
+
+def range_name(module: str, gemm: str, op: str, mkn: str, precision: str, recompute: bool) -> str:
+    """What a person reading the timeline sees: module, pass, shape, precision."""
+    who = f"{module}.{gemm}" if gemm else (module or "<top>")
+    return f"{who} {op}{' (recompute)' if recompute else ''} {mkn} {precision}"

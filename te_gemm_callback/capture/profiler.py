@@ -1,0 +1,303 @@
+"""GemmProfiler: framework-free live capture, usable as a context manager in any training loop."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+import traceback
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..precisions import te_version
+from ..shapes import GemmOp
+from .instruments import EventTimer, Nvtx, range_name
+from .record import GemmCapture, GemmEvent, StepTime, aggregate
+from .scope import ModuleScope, in_backward, is_te_module
+from .te_adapter import TEInterceptor
+from .torch_adapter import GemmDispatchMode, apply_splits, splits_from_offs
+
+log = logging.getLogger("te_gemm_callback")
+
+
+class Recorder:
+    """Shared state of one capture: events, instruments, and the failure switch."""
+
+    def __init__(self, scope: ModuleScope, timer: EventTimer, nvtx: Nvtx) -> None:
+        self.scope, self.timer, self.nvtx = scope, timer, nvtx
+        self.active = False
+        self.step = 0
+        self.events: list[GemmEvent] = []
+        self.pairs: list[tuple[GemmEvent, Any]] = []
+        self.deferred: list[tuple[GemmEvent, torch.Tensor]] = []
+        self.error: str | None = None
+
+    in_backward = staticmethod(in_backward)
+
+    def begin(self, **fields: Any) -> tuple:
+        ev = GemmEvent(step=self.step, **fields)
+        handle = None
+        if self.nvtx.enabled:
+            handle = self.nvtx.start(range_name(ev.module, ev.gemm, str(ev.op), ev.shape.mkn,
+                                                ev.precision, ev.recompute))
+        # Start event last, end event first: the pair brackets the GEMM launch tightly.
+        return ev, self.timer.start(), handle
+
+    def end(self, token: tuple) -> None:
+        ev, start, handle = token
+        try:
+            pair = self.timer.stop(start)
+            self.nvtx.end(handle)
+            self.events.append(ev)
+            if pair is not None:
+                self.pairs.append((ev, pair))
+            if isinstance(ev.m_splits, torch.Tensor):
+                self.deferred.append((ev, ev.m_splits))
+        except Exception as err:
+            self.fail(err)
+
+    def defer_copy(self, t: torch.Tensor) -> torch.Tensor:
+        # Async copy into pinned memory: read after the capture, never synchronising the step.
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        return host
+
+    def fail(self, err: BaseException) -> None:
+        """Report once, then capture turns itself off; the job goes on untouched."""
+        if self.error is None:
+            self.error = f"{type(err).__name__}: {err}"
+            log.warning("te-gemm: capture turned off after an error inside a hook: %s\n%s",
+                        self.error, "".join(traceback.format_exception(err)[-3:]))
+        self.active = False
+        self.scope.enabled = False
+
+    def resolve(self) -> None:
+        """Read back event times and deferred splits: one synchronize, after the profiled steps."""
+        if self.pairs or self.deferred:
+            torch.cuda.synchronize()
+        for ev, pair in self.pairs:
+            ev.time_ms = EventTimer.elapsed_ms(pair)
+        for ev, host in self.deferred:
+            ev.m_splits = splits_from_offs(host)
+            apply_splits(ev)
+        self.pairs.clear()
+        self.deferred.clear()
+
+
+class GemmProfiler:
+    """Record every GEMM a model runs: shapes, pass, precision, GPU time, owning module.
+
+    Args:
+        model: the module to profile (after any precision plugin has swapped in TE layers).
+        adapters: "te" (intercept TE's general_gemm), "torch" (aten dispatch), or both.
+        dispatch_steps: steps on which the torch dispatch mode runs (it costs Python time on every
+            aten op): "all", or the first N steps. Default: all steps for plain torch models, the
+            first step for models with TE modules (TE's own GEMMs are timed cheaply on every step).
+        nvtx: push an NVTX range per GEMM (domain ``te_gemm``) and per step.
+        timing: CUDA-event pairs per GEMM (ignored on CPU).
+        nsys_capture: call cudaProfilerStart/Stop around the profiled steps, for
+            ``nsys profile --capture-range=cudaProfilerApi``.
+
+    Example:
+        >>> with GemmProfiler(model) as prof:          # doctest: +SKIP
+        ...     model(batch).loss.backward()
+        >>> prof.capture.save("gemm_capture.json")     # doctest: +SKIP
+    """
+
+    def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
+                 dispatch_steps: int | str | None = None, nvtx: bool = True, timing: bool = True,
+                 nsys_capture: bool = False, nvtx_backend: Any = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"GemmProfiler needs a torch.nn.Module, got {type(model).__name__}")
+        bad = set(adapters) - {"te", "torch"}
+        if bad or not adapters:
+            raise ValueError(f"adapters must be 'te' and/or 'torch', got {sorted(adapters)}")
+        self.model = model
+        self.adapters = tuple(adapters)
+        has_te = any(is_te_module(m) for m in model.modules())
+        if dispatch_steps is None:
+            dispatch_steps = 1 if has_te else "all"
+        if dispatch_steps != "all" and (not isinstance(dispatch_steps, int) or dispatch_steps < 0):
+            raise ValueError("dispatch_steps must be 'all' or a non-negative integer")
+        self.dispatch_steps = dispatch_steps
+        self.nsys_capture = nsys_capture
+        self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
+        self.recorder = Recorder(self.scope, EventTimer(timing), Nvtx(nvtx, nvtx_backend))
+        self.te = TEInterceptor(self.recorder) if "te" in self.adapters else None
+        self._mode: GemmDispatchMode | None = None
+        self._boundaries: list[tuple[float, Any]] = []
+        self._dispatch_step_ids: set[int] = set()
+        self.micro_batches: list[int] = []
+        self._capture: GemmCapture | None = None
+        self._started = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "GemmProfiler":
+        if self._started:
+            raise RuntimeError("GemmProfiler already started")
+        self._started = True
+        self.scope.attach()
+        try:
+            if self.te is not None:
+                self.te.install()
+        except Exception:
+            self.scope.detach()
+            raise
+        if self.nsys_capture and torch.cuda.is_available():
+            torch.cuda.profiler.start()
+        self.recorder.active = True
+        self._open_step()
+        return self
+
+    def step(self, micro_batches: int = 1) -> None:
+        """Close the current step and open the next (call once per optimizer step)."""
+        self._close_step(micro_batches)
+        self.recorder.step += 1
+        self._open_step()
+
+    def stop(self, micro_batches: int = 1) -> GemmCapture:
+        if not self._started:
+            raise RuntimeError("GemmProfiler was not started")
+        empty_tail = self.recorder.step > 0 and not any(
+            e.step == self.recorder.step for e in self.recorder.events)
+        self._close_step(micro_batches)
+        if empty_tail:  # step() was called after the last step: nothing ran in the open one
+            self._boundaries.pop()
+            self.micro_batches.pop()
+            self._dispatch_step_ids.discard(self.recorder.step)
+        self.recorder.active = False
+        self._exit_mode()
+        if self.nsys_capture and torch.cuda.is_available():
+            torch.cuda.profiler.stop()
+        if self.te is not None:
+            self.te.uninstall()
+        self.scope.detach()
+        self._started = False
+        self.recorder.resolve()
+        self._capture = self._build()
+        return self._capture
+
+    def pause(self) -> None:
+        """Stop recording without detaching (between training batches: validation, logging)."""
+        if self._started and self.recorder.error is None:
+            self.recorder.active = False
+            self.scope.enabled = False
+            if self._mode is not None:
+                self._exit_mode()
+                self._paused_mode = True
+
+    def resume(self) -> None:
+        if self._started and self.recorder.error is None:
+            self.scope.enabled = True
+            self.recorder.active = True
+            if getattr(self, "_paused_mode", False):
+                self._paused_mode = False
+                self._mode = GemmDispatchMode(self.recorder)
+                self._mode.__enter__()
+
+    def __enter__(self) -> "GemmProfiler":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def capture(self) -> GemmCapture:
+        if self._capture is None:
+            raise RuntimeError("no capture yet: stop() the profiler (or leave its with-block) first")
+        return self._capture
+
+    @property
+    def error(self) -> str | None:
+        return self.recorder.error
+
+    # --- steps -----------------------------------------------------------------------------
+    def _boundary(self) -> tuple[float, Any]:
+        ev = None
+        if self.recorder.timer.enabled:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        return time.perf_counter(), ev
+
+    def _open_step(self) -> None:
+        i = self.recorder.step
+        dispatch = "torch" in self.adapters and self.recorder.active and (
+            self.dispatch_steps == "all" or i < self.dispatch_steps)
+        if dispatch and self._mode is None:
+            self._mode = GemmDispatchMode(self.recorder)
+            self._mode.__enter__()
+        elif not dispatch and self._mode is not None:
+            self._exit_mode()
+        if self._mode is not None:
+            self._mode.forward_shapes.clear()
+            self._dispatch_step_ids.add(i)
+        self.recorder.nvtx.push(f"step {i}")
+        self._boundaries.append(self._boundary())
+
+    def _close_step(self, micro_batches: int) -> None:
+        self._boundaries.append(self._boundary())
+        self.micro_batches.append(micro_batches)
+        self.recorder.nvtx.pop()
+
+    def _exit_mode(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+
+    # --- results ---------------------------------------------------------------------------
+    def _build(self) -> GemmCapture:
+        rec = self.recorder
+        n_steps = len(self.micro_batches)
+        bounds = self._boundaries
+        steps = []
+        for i in range(n_steps):
+            (t0, e0), (t1, e1) = bounds[2 * i], bounds[2 * i + 1]
+            evs = [e for e in rec.events if e.step == i]
+            times = [e.time_ms for e in evs if e.time_ms is not None]
+            steps.append(StepTime(
+                index=i, wall_ms=(t1 - t0) * 1e3,
+                gpu_ms=float(e0.elapsed_time(e1)) if e0 is not None and e1 is not None else None,
+                gemm_ms=sum(times) if times else None, micro_batches=self.micro_batches[i]))
+        per_source = {"te": n_steps, "torch": max(len(self._dispatch_step_ids), 1)}
+        records = aggregate(rec.events, per_source)
+        return GemmCapture(records=records, steps=steps, meta=self._meta(), coverage=self._coverage(records))
+
+    def _coverage(self, records: list) -> dict[str, Any]:
+        gemm_modules = [n for n, m in self.model.named_modules() if _bears_gemm(m)]
+        never_ran = [n for n in gemm_modules if n not in self.scope.ran]
+        if never_ran and self.recorder.error is None:
+            log.warning("te-gemm: %d GEMM-bearing module(s) never ran while capturing: %s",
+                        len(never_ran), ", ".join(never_ran[:8]) + (" ..." if len(never_ran) > 8 else ""))
+        return {
+            "gemm_modules": len(gemm_modules),
+            "never_ran": never_ran,
+            "captured_flops_per_step": sum(r.flops_per_step for r in records),
+            "dispatch_steps": sorted(self._dispatch_step_ids),
+            "error": self.recorder.error,
+        }
+
+    def _meta(self) -> dict[str, Any]:
+        cuda = torch.cuda.is_available()
+        return {
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or platform.machine()})",
+            "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "transformer_engine": te_version() if self.te is not None and self.te.te_loaded() else None,
+            "python": platform.python_version(),
+            "adapters": list(self.adapters),
+            "timing": "cuda_events" if self.recorder.timer.enabled else "none",
+            "model": type(self.model).__name__,
+        }
+
+
+def _bears_gemm(m: nn.Module) -> bool:
+    if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":
+        return True
+    if is_te_module(m):
+        return any(p.dim() >= 2 for _, p in m.named_parameters(recurse=False))
+    return any(p.dim() >= 3 for _, p in m.named_parameters(recurse=False))

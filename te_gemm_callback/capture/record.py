@@ -1,0 +1,204 @@
+"""What a capture holds, and its JSON file (schema ``te-gemm-capture/1``, see README).
+
+A :class:`GemmEvent` is one GEMM call; a :class:`GemmRecord` groups identical calls (same module,
+pass, shape, precision) across the captured steps; :class:`GemmCapture` holds records, per-step
+times and the conditions of the run (device, versions).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..shapes import GemmOp, GemmShape
+
+SCHEMA = "te-gemm-capture/1"
+
+
+@dataclass
+class GemmEvent:
+    """One GEMM call seen in the live job."""
+
+    step: int
+    module: str  # qualified name of the owning module ("" = outside every module)
+    gemm: str  # sub-GEMM of the module: "fc1"/"fc2" in LayerNormMLP, "" when only one
+    op: GemmOp
+    m: int
+    k: int
+    n: int
+    batch: int = 1
+    precision: str = "bf16"
+    operands: tuple[str, ...] = ()
+    source: str = "torch"  # "te" (general_gemm interception) or "torch" (aten dispatch)
+    kernel: str = ""  # the function called: general_gemm, aten.mm, aten._grouped_mm, ...
+    recompute: bool = False  # forward GEMM re-run in backward by activation checkpointing
+    m_splits: tuple[int, ...] | None = None
+    module_type: str = ""
+    time_ms: float | None = None  # CUDA-event time; None on CPU or before read-back
+
+    @property
+    def shape(self) -> GemmShape:
+        return GemmShape(self.m, self.k, self.n, self.op, self.batch)
+
+    def key(self) -> tuple:
+        return (self.module, self.gemm, str(self.op), self.m, self.k, self.n, self.batch,
+                self.precision, self.recompute, self.source, self.kernel)
+
+
+@dataclass
+class GemmRecord:
+    """Identical GEMM calls grouped over the captured steps."""
+
+    module: str
+    gemm: str
+    op: str
+    m: int
+    k: int
+    n: int
+    batch: int
+    precision: str
+    operands: list[str]
+    source: str
+    kernel: str
+    recompute: bool
+    module_type: str
+    calls: int  # over all captured steps
+    calls_per_step: float
+    flops: int  # of one call
+    times_ms: list[float] = field(default_factory=list)  # one per call, when timed
+    m_splits: list[list[int]] = field(default_factory=list)  # one per call, grouped GEMMs only
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.gemm}" if self.gemm else (self.module or "<top>")
+
+    @property
+    def shape(self) -> GemmShape:
+        return GemmShape(self.m, self.k, self.n, GemmOp(self.op), self.batch)
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.times_ms) if self.times_ms else None
+
+    @property
+    def ms_per_step(self) -> float | None:
+        return self.median_ms * self.calls_per_step if self.times_ms else None
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.flops * self.calls_per_step
+
+
+@dataclass
+class StepTime:
+    index: int
+    wall_ms: float  # host clock between step boundaries
+    gpu_ms: float | None = None  # CUDA events between step boundaries (stream time, gaps included)
+    gemm_ms: float | None = None  # sum of this step's GEMM event times
+    micro_batches: int = 1
+
+
+@dataclass
+class GemmCapture:
+    """Every GEMM recorded inside a profiled region, grouped into records.
+
+    Example:
+        >>> cap = GemmCapture.load("gemm_capture.json")       # doctest: +SKIP
+        >>> sum(r.flops_per_step for r in cap.records)         # doctest: +SKIP
+    """
+
+    records: list[GemmRecord]
+    steps: list[StepTime]
+    meta: dict[str, Any] = field(default_factory=dict)
+    coverage: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return max(len(self.steps), 1)
+
+    @property
+    def flops_per_step(self) -> float:
+        return sum(r.flops_per_step for r in self.records)
+
+    def gemm_ms_per_step(self) -> float | None:
+        times = [s.gemm_ms for s in self.steps if s.gemm_ms is not None]
+        return statistics.median(times) if times else None
+
+    def step_ms(self) -> float | None:
+        times = [s.gpu_ms if s.gpu_ms is not None else s.wall_ms for s in self.steps]
+        return statistics.median(times) if times else None
+
+    def by_module(self) -> dict[str, list[GemmRecord]]:
+        out: dict[str, list[GemmRecord]] = {}
+        for r in self.records:
+            out.setdefault(r.module, []).append(r)
+        return out
+
+    def shapes(self) -> list[GemmShape]:
+        return [r.shape for r in self.records]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "meta": self.meta,
+            "summary": {
+                "num_steps": len(self.steps),
+                "gemm_flops_per_step": self.flops_per_step,
+                "step_ms_median": self.step_ms(),
+                "gemm_ms_per_step_median": self.gemm_ms_per_step(),
+            },
+            "steps": [asdict(s) for s in self.steps],
+            "records": [asdict(r) for r in self.records],
+            "coverage": self.coverage,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GemmCapture":
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"not a te-gemm capture (schema {d.get('schema')!r}, want {SCHEMA!r})")
+        return cls(
+            records=[GemmRecord(**r) for r in d["records"]],
+            steps=[StepTime(**s) for s in d["steps"]],
+            meta=d.get("meta", {}),
+            coverage=d.get("coverage", {}),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "GemmCapture":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"cannot read capture {path}: {err}") from err
+        return cls.from_dict(data)
+
+
+def aggregate(events: list[GemmEvent], num_steps: dict[str, int]) -> list[GemmRecord]:
+    """Group events into records, in first-seen order.
+
+    ``num_steps`` maps each source to the steps it recorded on (the dispatch adapter may run on
+    fewer steps than the TE adapter), so ``calls_per_step`` is right for both.
+    """
+    groups: dict[tuple, list[GemmEvent]] = {}
+    for e in events:
+        groups.setdefault(e.key(), []).append(e)
+    records = []
+    for evs in groups.values():
+        e = evs[0]
+        records.append(GemmRecord(
+            module=e.module, gemm=e.gemm, op=str(e.op), m=e.m, k=e.k, n=e.n, batch=e.batch,
+            precision=e.precision, operands=list(e.operands), source=e.source, kernel=e.kernel,
+            recompute=e.recompute, module_type=e.module_type, calls=len(evs),
+            calls_per_step=len(evs) / max(num_steps.get(e.source, 1), 1), flops=e.shape.flops,
+            times_ms=[x.time_ms for x in evs if x.time_ms is not None],
+            m_splits=[list(x.m_splits) for x in evs if x.m_splits is not None],
+        ))
+    return records

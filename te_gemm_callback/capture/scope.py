@@ -1,0 +1,160 @@
+"""Which module owns the GEMM running right now, in forward and in backward.
+
+Forward: a per-thread stack kept by forward pre/post hooks on every module.
+
+Backward: module hooks cannot say it exactly. Sibling branches (separate q, k and v projections)
+receive their output gradients at the same moment, so "entered but not yet left" holds for several
+modules at once; ModuleTracker then reports a set of parents. Instead, when a module's forward
+returns, we tag the autograd nodes it created (``node.metadata``); during backward the engine
+runs one node at a time per device thread and ``torch._C._current_autograd_node()`` names it, so
+the owner of every backward GEMM is exact. Inner modules return first, so a node keeps the tag of
+the innermost module that created it. "Created during this forward" is decided by autograd's
+sequence numbers (per thread, increasing): a node numbered at or below the one current when the
+forward began already existed (a parent's earlier op, which a child's output may lead back to).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+TAG = "te_gemm_module"
+
+
+def is_te_module(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("transformer_engine")
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward graph task on this thread."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _grad_nodes(output: Any) -> Iterable[Any]:
+    for leaf in tree_leaves(output):
+        if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
+            yield leaf.grad_fn
+
+
+class ModuleScope:
+    """Forward/backward module attribution for one model.
+
+    Example:
+        >>> scope = ModuleScope(model)           # doctest: +SKIP
+        >>> scope.attach(); ...; scope.detach()  # doctest: +SKIP
+    """
+
+    def __init__(self, model: nn.Module, on_error: Callable[[BaseException], None]) -> None:
+        self.model = model
+        self.names: dict[int, str] = {id(m): n for n, m in model.named_modules()}
+        self.modules: dict[str, nn.Module] = {n: m for n, m in model.named_modules()}
+        # Modules inside a TE module: their aten GEMMs belong to the TE adapter, never counted twice.
+        te_names = {n for n, m in self.modules.items() if is_te_module(m)}
+        self.te_scoped: set[str] = {n for n in self.modules if self._has_te_ancestor(n, te_names)}
+        self.ran: set[str] = set()  # modules whose forward ran while attached
+        self._local = threading.local()
+        self._handles: list[Any] = []
+        self._on_error = on_error
+        self._probe = torch.zeros((), requires_grad=True)
+        self.enabled = True
+
+    @staticmethod
+    def _has_te_ancestor(name: str, te_names: set[str]) -> bool:
+        parts = name.split(".") if name else []
+        return any(".".join(parts[:i]) in te_names for i in range(len(parts) + 1))
+
+    # --- hooks -----------------------------------------------------------------------------
+    @property
+    def seq_stack(self) -> list[int]:
+        st = getattr(self._local, "seq", None)
+        if st is None:
+            st = self._local.seq = []
+        return st
+
+    def _current_seq(self) -> int:
+        # Autograd exposes no counter; a view of a leaf creates one node and reads its number.
+        with torch.enable_grad():
+            return self._probe.view(()).grad_fn._sequence_nr()
+
+    @property
+    def stack(self) -> list[str]:
+        st = getattr(self._local, "stack", None)
+        if st is None:
+            st = self._local.stack = []
+        return st
+
+    def attach(self) -> None:
+        for name, module in self.model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._make_pre(name)))
+            # always_call: pop even when forward raises, so the stack never drifts.
+            self._handles.append(module.register_forward_hook(self._make_post(name), always_call=True))
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.stack.clear()
+        self.seq_stack.clear()
+
+    def _make_pre(self, name: str) -> Callable:
+        def pre(module: nn.Module, args: Any) -> None:
+            if self.enabled:
+                self.stack.append(name)
+                self.seq_stack.append(self._current_seq() if torch.is_grad_enabled() else -1)
+
+        return pre
+
+    def _make_post(self, name: str) -> Callable:
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            if not self.enabled:
+                return
+            st, seqs = self.stack, self.seq_stack
+            start = -1
+            if st and st[-1] == name:
+                st.pop()
+                start = seqs.pop()
+            self.ran.add(name)
+            try:
+                if torch.is_grad_enabled() and start >= 0:
+                    self._tag(output, name, start)
+            except Exception as err:  # never break the job: report and stop capturing
+                self._on_error(err)
+
+        return post
+
+    def _tag(self, output: Any, name: str, start: int) -> None:
+        # Walk back over the nodes this forward created; an older node existed before this
+        # forward began, so the walk stops there.
+        todo = [n for n in _grad_nodes(output)]
+        seen: set[int] = set()
+        while todo:
+            node = todo.pop()
+            if node is None or node._sequence_nr() <= start or id(node) in seen:
+                continue
+            seen.add(id(node))
+            # Inner modules returned first and tagged their nodes: keep the innermost owner, but
+            # walk through them to reach this module's own ops behind them.
+            node.metadata.setdefault(TAG, name)
+            todo.extend(nxt for nxt, _ in node.next_functions
+                        if nxt is not None and type(nxt).__name__ != "AccumulateGrad")
+
+    # --- queries ---------------------------------------------------------------------------
+    def current(self) -> tuple[str | None, bool]:
+        """(owning module name or None, True if a forward is running on this thread)."""
+        st = self.stack
+        if st:
+            return st[-1], True
+        node = torch._C._current_autograd_node() if in_backward() else None
+        if node is not None:
+            return node.metadata.get(TAG), False
+        return None, False
+
+    def forward_stack(self) -> list[str]:
+        return list(self.stack)
+
+    def module(self, name: str | None) -> nn.Module | None:
+        return self.modules.get(name) if name is not None else None

@@ -1,0 +1,204 @@
+"""TE adapter: intercept ``general_gemm`` / ``general_grouped_gemm`` where TE's modules call them.
+
+Each TE module file imports the function name itself (``module/linear.py``, ``layernorm_linear``,
+``layernorm_mlp``, ``grouped_linear``, ``ops/basic/basic_linear``, ...), so we replace the name in
+every loaded ``transformer_engine.pytorch`` module that holds the original, and put it back on
+uninstall. The operands' types tell the precision the GEMM really ran in.
+
+Operand conventions (TE 2.x, verified on an H200 with TE 2.20; see DESIGN.md):
+    fprop  "TN": general_gemm(weight (N, K), input (..., K))        -> M x K x N
+    dgrad  "NN": general_gemm(weight (N, K), grad_out (..., N))     -> M x N x K
+    wgrad  "NT": general_gemm(input (..., K), grad_out (..., N))    -> K x M x N
+Grouped GEMMs take lists of the same operands, one per expert, and ``m_splits``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from ..shapes import GemmOp
+
+if TYPE_CHECKING:
+    from .profiler import Recorder
+
+GEMM_FUNCS = ("general_gemm", "general_grouped_gemm")
+_LAYOUT_OP = {"TN": GemmOp.FPROP, "NN": GemmOp.DGRAD, "NT": GemmOp.WGRAD}
+_WRAPPED = "__te_gemm_wrapped__"
+
+# TE storage class -> precision family. Per-tensor FP8 is refined by its quantizer below.
+_FAMILIES = (
+    ("NVFP4TensorStorage", "nvfp4"),
+    ("MXFP8TensorStorage", "mxfp8"),
+    ("Float8BlockwiseQTensorStorage", "fp8_block"),
+    ("Float8TensorStorage", "fp8"),
+)
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def operand_format(x: Any) -> tuple[str, str]:
+    """(family, detail) of one GEMM operand: ("fp8_delayed", "Float8Tensor[E4M3]") or ("bf16", ...)."""
+    if isinstance(x, torch.Tensor) and type(x) is torch.Tensor:
+        return _DTYPES.get(x.dtype, str(x.dtype).replace("torch.", "")), f"Tensor[{x.dtype}]"
+    mro = [c.__name__ for c in type(x).__mro__]
+    for cls_name, family in _FAMILIES:
+        if cls_name in mro:
+            detail = type(x).__name__
+            fp8_dtype = getattr(x, "_fp8_dtype", None)
+            if fp8_dtype is not None:
+                detail += f"[{str(fp8_dtype).split('.')[-1].replace('kFloat8', '')}]"
+            if family == "fp8":
+                quantizer = type(getattr(x, "_quantizer", None)).__name__
+                family = "fp8_current" if "CurrentScaling" in quantizer else "fp8_delayed"
+            return family, detail
+    if isinstance(x, torch.Tensor):  # another tensor subclass: report its dtype
+        return _DTYPES.get(x.dtype, str(x.dtype)), type(x).__name__
+    return "unknown", type(x).__name__
+
+
+def precision_of(*operands: Any) -> tuple[str, tuple[str, ...]]:
+    fams, details = zip(*(operand_format(x) for x in operands))
+    uniq = list(dict.fromkeys(fams))
+    return ("+".join(uniq), tuple(details))
+
+
+def _size(x: Any) -> tuple[int, ...]:
+    return tuple(x.size()) if hasattr(x, "size") else tuple(x.shape)
+
+
+def _rows(shape: tuple[int, ...]) -> int:
+    return math.prod(shape[:-1])
+
+
+def gemm_mkn(layout: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(m, k, n) in the package convention from TE's layout and operand shapes."""
+    if layout == "TN":  # A = weight (N, K), B = input (..., K)
+        return _rows(b_shape), b_shape[-1], a_shape[0]
+    if layout == "NN":  # A = weight (N, K), B = grad_output (..., N)
+        return _rows(b_shape), b_shape[-1], a_shape[-1]
+    if layout == "NT":  # A = input (..., K), B = grad_output (..., N)
+        return a_shape[-1], _rows(a_shape), b_shape[-1]
+    raise ValueError(f"unknown GEMM layout {layout!r}")
+
+
+def grouped_mkn(layout: str, a0: tuple[int, ...], b0: tuple[int, ...], total: int) -> tuple[int, int, int]:
+    """Grouped GEMM: the weight dims come from one expert, the token count is the sum of splits."""
+    if layout == "TN":
+        return total, a0[-1], a0[0]
+    if layout == "NN":
+        return total, a0[0], a0[-1]
+    return a0[-1], total, b0[-1]  # "NT": inputs (m_i, K), grads (m_i, N)
+
+
+def weight_label(module: torch.nn.Module | None, n: int, k: int) -> str:
+    """Name the sub-GEMM by the module's own weight of shape (N, K): LayerNormMLP's fc1/fc2."""
+    if module is None:
+        return ""
+    names = [name for name, p in module.named_parameters(recurse=False)
+             if "weight" in name and tuple(p.shape) == (n, k)]
+    if len(names) != 1 or names[0] == "weight":
+        return ""
+    return names[0].removesuffix("_weight").removesuffix("weight")
+
+
+class TEInterceptor:
+    """Installs wrappers around TE's GEMM entry points that report to a recorder."""
+
+    def __init__(self, recorder: "Recorder") -> None:
+        self.recorder = recorder
+        self._patched: list[tuple[Any, str, Callable]] = []
+        self._labels: dict[tuple, str] = {}
+
+    @staticmethod
+    def te_loaded() -> bool:
+        return "transformer_engine.pytorch" in sys.modules
+
+    def install(self) -> int:
+        """Wrap every reference to TE's GEMM functions; returns how many names were wrapped."""
+        if not self.te_loaded():
+            return 0
+        gemm_mod = sys.modules.get("transformer_engine.pytorch.cpp_extensions.gemm")
+        if gemm_mod is None:
+            return 0
+        for fname in GEMM_FUNCS:
+            orig = getattr(gemm_mod, fname, None)
+            if orig is None:
+                continue
+            if getattr(orig, _WRAPPED, False):
+                raise RuntimeError("another GemmProfiler is already capturing TE GEMMs: stop it first")
+            wrapper = self._wrap(orig, grouped=fname == "general_grouped_gemm")
+            for name, mod in list(sys.modules.items()):
+                if name.startswith("transformer_engine.pytorch") and getattr(mod, fname, None) is orig:
+                    setattr(mod, fname, wrapper)
+                    self._patched.append((mod, fname, orig))
+        return len(self._patched)
+
+    def uninstall(self) -> None:
+        for mod, fname, orig in reversed(self._patched):
+            setattr(mod, fname, orig)
+        self._patched.clear()
+
+    def _wrap(self, orig: Callable, grouped: bool) -> Callable:
+        params = list(inspect.signature(orig).parameters)
+        pos = {p: i for i, p in enumerate(params)}
+        rec = self.recorder
+
+        def arg(args: tuple, kwargs: dict, name: str, default: Any) -> Any:
+            if name in kwargs:
+                return kwargs[name]
+            i = pos[name]
+            return args[i] if i < len(args) else default
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not rec.active:
+                return orig(*args, **kwargs)
+            token = None
+            try:
+                token = self._before(args, kwargs, arg, grouped)
+            except Exception as err:  # never break the job: report once, stop capturing
+                rec.fail(err)
+            out = orig(*args, **kwargs)
+            if token is not None:
+                rec.end(token)
+            return out
+
+        setattr(wrapper, _WRAPPED, True)
+        wrapper.__wrapped__ = orig
+        return wrapper
+
+    def _before(self, args: tuple, kwargs: dict, arg: Callable, grouped: bool) -> Any:
+        rec = self.recorder
+        a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
+        layout = arg(args, kwargs, "layout", "TN")
+        m_splits = None
+        if grouped:
+            m_splits = arg(args, kwargs, "m_splits", None)
+            if m_splits is None:  # derive from the token-major operand of each expert
+                src = a if layout == "NT" else b
+                m_splits = [_rows(_size(t)) for t in src]
+            m_splits = tuple(int(x) for x in m_splits)
+            a0, b0 = _size(a[0]), _size(b[0])
+            m, k, n = grouped_mkn(layout, a0, b0, sum(m_splits))
+            precision, operands = precision_of(a[0], b[0])
+        else:
+            m, k, n = gemm_mkn(layout, _size(a), _size(b))
+            precision, operands = precision_of(a, b)
+        op = _LAYOUT_OP[layout]
+        module_name, in_fwd = rec.scope.current()
+        module = rec.scope.module(module_name)
+        # Weight is (N, K) of the forward GEMM: read it back from the written shape of each pass.
+        wn, wk = {GemmOp.FPROP: (n, k), GemmOp.DGRAD: (k, n), GemmOp.WGRAD: (n, m)}[op]
+        key = (module_name, wn, wk)
+        if key not in self._labels:
+            self._labels[key] = weight_label(module, wn, wk)
+        return rec.begin(
+            module=module_name or "", gemm=self._labels[key], op=op, m=m, k=k, n=n,
+            precision=precision, operands=operands, source="te",
+            kernel="general_grouped_gemm" if grouped else "general_gemm",
+            recompute=op is GemmOp.FPROP and rec.in_backward(), m_splits=m_splits,
+            module_type=type(module).__name__ if module is not None else "",
+        )

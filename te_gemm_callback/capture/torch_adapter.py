@@ -1,0 +1,178 @@
+"""Torch adapter: a TorchDispatchMode that sees every aten GEMM, whoever calls it.
+
+nn.Linear, F.linear, HF's Conv1D (addmm with a (in, out) weight), einsum layers (bmm), Mixtral's
+3-D expert weights (mm on a slice, or ``torch._grouped_mm``) and ``F.multi_head_attention_forward``
+all end in the ops below. The mode costs Python dispatch on every aten op of the step, so the
+profiler runs it only on the steps chosen for shape discovery (DESIGN.md: +53% step time on a
+Llama when on every step).
+
+Pass of a backward GEMM: autograd's mm backward computes ``grad @ W^T`` (dgrad, one operand is the
+weight) and ``X^T @ grad`` (wgrad, no weight operand). A weight is recognised by its storage: a
+parameter, a view of one, or a cast of one (torch.autocast copies the weight once per forward).
+GEMMs with no weight at all (attention's QK^T in eager code) are told apart by shape against the
+module's forward GEMMs (dgrad = M x N x K, wgrad = K x M x N).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..shapes import GemmOp, GemmShape, backward_shapes
+
+if TYPE_CHECKING:
+    from .profiler import Recorder
+
+aten = torch.ops.aten
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+           torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+
+
+def _op(name: str) -> Any:
+    packet = getattr(aten, name, None)
+    return getattr(packet, "default", None) if packet is not None else None
+
+
+GEMM_OPS = {op: name for name in ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_grouped_mm",
+                                  "_scaled_grouped_mm") if (op := _op(name)) is not None}
+_CASTS = {op for op in (_op("_to_copy"), _op("clone"), _op("contiguous")) if op is not None}
+
+
+def _storage_key(t: Any) -> int | None:
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def dispatch_mkn(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, int, Any]:
+    """(m, k, n, batch, offs) of an aten GEMM call. ``offs`` marks a grouped GEMM's splits."""
+    if name in ("addmm", "baddbmm"):
+        a, b = args[1], args[2]
+    else:
+        a, b = args[0], args[1]
+    offs = kwargs.get("offs", args[2] if name == "_grouped_mm" and len(args) > 2 else None)
+    if name == "_scaled_grouped_mm":
+        offs = kwargs.get("offs", args[4] if len(args) > 4 else None)
+    if a.dim() == 2 and b.dim() == 2:
+        if offs is not None:  # wgrad of a grouped GEMM: (K, total) @ (total, N), split along total
+            return a.shape[0], a.shape[1], b.shape[1], 1, offs
+        return a.shape[0], a.shape[1], b.shape[1], 1, None
+    if a.dim() == 2 and b.dim() == 3:  # grouped: tokens (total, K) x experts (G, K, N)
+        return a.shape[0], a.shape[1], b.shape[2], 1, offs
+    if a.dim() == 3 and b.dim() == 2:
+        return a.shape[1], a.shape[2], b.shape[1], a.shape[0], offs
+    return a.shape[-2], a.shape[-1], b.shape[-1], a.shape[0], offs  # bmm / 3-D x 3-D
+
+
+def splits_from_offs(offs: torch.Tensor) -> tuple[int, ...]:
+    """Group sizes from ``_grouped_mm``'s cumulative offsets."""
+    ends = [int(x) for x in offs.tolist()]
+    starts = [0] + ends[:-1]
+    return tuple(e - s for s, e in zip(starts, ends))
+
+
+def apply_splits(ev: Any) -> None:
+    """The token dimension of a grouped GEMM is the sum of its splits (k for wgrad, else m)."""
+    if ev.op is GemmOp.WGRAD:
+        ev.k = sum(ev.m_splits)
+    else:
+        ev.m = sum(ev.m_splits)
+
+
+class GemmDispatchMode(TorchDispatchMode):
+    """Records aten GEMMs into a recorder; TE-owned calls are left to the TE adapter."""
+
+    def __init__(self, recorder: "Recorder") -> None:
+        super().__init__()
+        self.recorder = recorder
+        self.param_storages: dict[int, str] = {}
+        self.refresh_params()
+        # Forward shapes of each module this step, to tell dgrad from wgrad without a weight.
+        self.forward_shapes: dict[str | None, set[GemmShape]] = {}
+
+    def refresh_params(self) -> None:
+        self.param_storages = {k: n for n, p in self.recorder.scope.model.named_parameters()
+                               if (k := _storage_key(p)) is not None}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        rec = self.recorder
+        name = GEMM_OPS.get(func)
+        if name is None or not rec.active:
+            out = func(*args, **kwargs)
+            if func in _CASTS and rec.active:
+                self._track_cast(args, out)
+            return out
+        token = None
+        try:
+            token = self._before(name, args, kwargs)
+        except Exception as err:  # never break the job
+            rec.fail(err)
+        out = func(*args, **kwargs)
+        if token is not None:
+            rec.end(token)
+        return out
+
+    def _track_cast(self, args: tuple, out: Any) -> None:
+        # A cast of a weight (autocast's bf16 copy) is still that weight for dgrad detection.
+        src = _storage_key(args[0]) if args else None
+        if src in self.param_storages and isinstance(out, torch.Tensor):
+            self.param_storages[_storage_key(out)] = self.param_storages[src]
+
+    def _before(self, name: str, args: tuple, kwargs: dict) -> Any:
+        rec = self.recorder
+        module_name, in_fwd = rec.scope.current()
+        if module_name in rec.scope.te_scoped:
+            return None  # inside a TE module: its GEMMs are counted by the TE adapter
+        if in_fwd and any(m in rec.scope.te_scoped for m in rec.scope.forward_stack()):
+            return None
+        m, k, n, batch, offs = dispatch_mkn(name, args, kwargs)
+        m_splits = None
+        if offs is not None:
+            if offs.device.type == "cpu":
+                m_splits = splits_from_offs(offs)
+            else:  # reading device memory now would sync inside the step: resolve later
+                m_splits = rec.defer_copy(offs)
+        operands = [x for x in args if isinstance(x, torch.Tensor) and x.dim() >= 2][:2]
+        has_weight = any(_storage_key(x) in self.param_storages for x in operands)
+        backward = not in_fwd and rec.in_backward()
+        op = GemmOp.FPROP
+        if backward:
+            op, m, k, n = self._backward_op(module_name, GemmShape(m, k, n, GemmOp.DGRAD, batch), has_weight)
+        else:
+            self.forward_shapes.setdefault(module_name, set()).add(GemmShape(m, k, n, batch=batch))
+        if isinstance(m_splits, tuple):
+            m = sum(m_splits) if op is not GemmOp.WGRAD else m
+            k = sum(m_splits) if op is GemmOp.WGRAD else k
+        dtypes = list(dict.fromkeys(_DTYPES.get(x.dtype, str(x.dtype)) for x in operands))
+        module = rec.scope.module(module_name)
+        return rec.begin(
+            module=module_name or "", gemm="", op=op, m=m, k=k, n=n, batch=batch,
+            precision="+".join(dtypes), operands=tuple(f"Tensor[{x.dtype}]" for x in operands),
+            source="torch", kernel=f"aten.{name}", recompute=in_fwd and rec.in_backward(),
+            m_splits=m_splits, module_type=type(module).__name__ if module is not None else "",
+        )
+
+    def _backward_op(self, module_name: str | None, shape: GemmShape,
+                     has_weight: bool) -> tuple[GemmOp, int, int, int]:
+        """Pass of a backward GEMM and its shape in the package convention.
+
+        Autograd may compute a gradient transposed (dW^T = X^T dY for ``mm(X, W.t())``, dW for
+        addmm): FLOPs are the same, so the shape is written the canonical way (shapes.py).
+        """
+        raw = (shape.m, shape.k, shape.n)
+        for f in self.forward_shapes.get(module_name, ()):
+            if f.batch != shape.batch:
+                continue
+            dgrad, wgrad = backward_shapes(f)
+            d, w = (dgrad.m, dgrad.k, dgrad.n), (wgrad.m, wgrad.k, wgrad.n)
+            if not has_weight and raw in (w, w[::-1]):
+                return (GemmOp.WGRAD, *w)
+            if raw in (d, d[::-1]):
+                return (GemmOp.DGRAD, *d)
+        return (GemmOp.DGRAD if has_weight else GemmOp.WGRAD, *raw)

@@ -1,0 +1,131 @@
+"""``te-gemm`` command line: a thin adapter over shapes, capture and rendering."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from rich.console import Console
+
+from .shapes import ModelConfig, config_gemms, gemm_passes
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line saying what to fix, exit code 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    g = p.add_argument_group("model config")
+    g.add_argument("--hidden-size", type=_positive, required=required)
+    g.add_argument("--intermediate-size", type=_positive, required=required)
+    g.add_argument("--num-attention-heads", type=_positive, required=required)
+    g.add_argument("--num-key-value-heads", type=_positive, help="GQA/MQA (default: = heads)")
+    g.add_argument("--head-dim", type=_positive, help="default: hidden / heads")
+    g.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=False,
+                   help="SwiGLU/GeGLU: gate and up projections")
+    g.add_argument("--fused-gate-up", action=argparse.BooleanOptionalAction, default=True,
+                   help="gate+up as one 2I GEMM (TE LayerNormMLP) or two I GEMMs")
+    g.add_argument("--fused-qkv", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--num-experts", type=int, default=0)
+    g.add_argument("--top-k", type=_positive, default=1)
+    g.add_argument("--tensor-parallel", type=_positive, default=1)
+    g.add_argument("--vocab-size", type=_positive, help="adds the lm_head GEMM")
+    g.add_argument("--num-hidden-layers", type=_positive, required=required)
+    g.add_argument("--micro-batch-size", type=_positive, required=required)
+    g.add_argument("--sequence-length", type=_positive, required=required)
+
+
+def config_from_args(a: argparse.Namespace) -> ModelConfig:
+    return ModelConfig(
+        hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
+        num_attention_heads=a.num_attention_heads, num_key_value_heads=a.num_key_value_heads,
+        head_dim=a.head_dim, gated_mlp=a.gated_mlp, fused_gate_up=a.fused_gate_up,
+        fused_qkv=a.fused_qkv, num_experts=a.num_experts, top_k=a.top_k,
+        tensor_parallel=a.tensor_parallel, vocab_size=a.vocab_size,
+        num_hidden_layers=a.num_hidden_layers, micro_batch_size=a.micro_batch_size,
+        sequence_length=a.sequence_length)
+
+
+def cmd_shapes(a: argparse.Namespace) -> int:
+    from .render import shapes_table
+
+    cfg = config_from_args(a)
+    gemms = config_gemms(cfg)
+    if a.json:
+        rows = [{"name": g.name, "per_layer": g.per_layer, "count": g.count(cfg), "parallel": g.parallel,
+                 "m_splits": list(g.m_splits) if g.m_splits else None,
+                 "passes": [s.to_dict() | {"flops": s.flops} for s in gemm_passes(g.fprop)]}
+                for g in gemms]
+        total = sum(s.flops * g.count(cfg) for g in gemms for s in gemm_passes(g.fprop))
+        print(json.dumps({"config": cfg.__dict__, "gemms": rows, "flops_per_micro_batch": total}, indent=1))
+    else:
+        Console().print(shapes_table(cfg, gemms))
+    return 0
+
+
+def cmd_show(a: argparse.Namespace) -> int:
+    from .capture import GemmCapture
+    from .render import capture_table
+
+    cap = GemmCapture.load(a.capture)
+    Console().print(capture_table(cap, limit=a.limit))
+    if cap.coverage.get("never_ran"):
+        Console().print(f"[yellow]GEMM-bearing modules that never ran: {', '.join(cap.coverage['never_ran'])}")
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from .demo import run_demo
+    from .precisions import canonical
+
+    recipes = [canonical(r) for r in a.precisions.split(",")] if a.precisions else None
+    paths = run_demo(a.out, steps=a.steps, recipes=recipes)
+    for recipe, path in paths.items():
+        print(f"{recipe}: {path}")
+    return 0 if paths else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="te-gemm", description="The GEMMs your training job really runs.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    s = sub.add_parser("shapes", help="GEMM shapes derived from a model config")
+    add_config_args(s)
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.set_defaults(fn=cmd_shapes)
+    s = sub.add_parser("show", help="print a capture file as a table")
+    s.add_argument("capture")
+    s.add_argument("--limit", type=_positive, default=None)
+    s.set_defaults(fn=cmd_show)
+    s = sub.add_parser("run", help="profile the bundled demo model (BF16 on CPU; every supported recipe on GPU)")
+    s.add_argument("--out", default="runs/demo")
+    s.add_argument("--steps", type=_positive, default=6)
+    s.add_argument("--precisions", help="comma-separated TE recipe names (default: all this GPU runs)")
+    s.set_defaults(fn=cmd_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        return a.fn(a)
+    except ValueError as err:  # bad input: one line that says what to fix
+        print(f"te-gemm {a.cmd}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

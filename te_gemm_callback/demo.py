@@ -1,0 +1,159 @@
+"""The bundled default job: a small Llama-style model trained for a few steps with the callback.
+
+On CPU it is a plain-torch model in BF16 autocast. On a GPU host with Transformer Engine it is a
+``te.TransformerLayer`` stack, run once per precision this GPU supports. This module is an adapter
+(it uses Lightning); the capture core does not import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from .callback import GemmProfilerCallback
+from .precisions import autocast, availability, import_te
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    hidden_size: int = 128
+    intermediate_size: int = 352
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    num_hidden_layers: int = 2
+    vocab_size: int = 512
+    sequence_length: int = 64
+    micro_batch_size: int = 4
+
+
+class TorchBlock(nn.Module):
+    """Pre-norm block: fused GQA qkv projection, SDPA, SwiGLU MLP with fused gate+up."""
+
+    def __init__(self, c: DemoConfig) -> None:
+        super().__init__()
+        self.c = c
+        hd = c.hidden_size // c.num_attention_heads
+        self.norm1, self.norm2 = nn.RMSNorm(c.hidden_size), nn.RMSNorm(c.hidden_size)
+        self.qkv = nn.Linear(c.hidden_size, (c.num_attention_heads + 2 * c.num_key_value_heads) * hd, bias=False)
+        self.proj = nn.Linear(c.num_attention_heads * hd, c.hidden_size, bias=False)
+        self.fc1 = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, H)
+        c, (b, t, _) = self.c, x.shape
+        hd = c.hidden_size // c.num_attention_heads
+        q, k, v = self.qkv(self.norm1(x)).split(
+            [c.num_attention_heads * hd, c.num_key_value_heads * hd, c.num_key_value_heads * hd], dim=-1)
+        q = q.view(b, t, c.num_attention_heads, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(b, t, c.num_key_value_heads, hd).transpose(1, 2)
+        v = v.view(b, t, c.num_key_value_heads, hd).transpose(1, 2)
+        rep = c.num_attention_heads // c.num_key_value_heads
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
+        x = x + self.proj(a)
+        gate, up = self.fc1(self.norm2(x)).chunk(2, dim=-1)
+        return x + self.fc2(F.silu(gate) * up)
+
+
+def te_blocks(c: DemoConfig) -> nn.ModuleList:
+    te = import_te()
+    return nn.ModuleList(
+        te.TransformerLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                            num_gqa_groups=c.num_key_value_heads, normalization="RMSNorm",
+                            activation="swiglu", bias=False, self_attn_mask_type="causal",
+                            hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.bfloat16,
+                            layer_number=i + 1)
+        for i in range(c.num_hidden_layers))
+
+
+class DemoLM(pl.LightningModule):
+    """Token model; ``recipe`` is a TE recipe name ("BF16" = no FP8 autocast)."""
+
+    def __init__(self, c: DemoConfig, use_te: bool = False, recipe: str = "BF16", lr: float = 1e-3) -> None:
+        super().__init__()
+        self.c, self.use_te, self.recipe, self.lr = c, use_te, recipe, lr
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.blocks = te_blocks(c) if use_te else nn.ModuleList(TorchBlock(c) for _ in range(c.num_hidden_layers))
+        self.norm = nn.RMSNorm(c.hidden_size)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        dev = "cuda" if x.is_cuda else "cpu"
+        with torch.autocast(dev, dtype=torch.bfloat16), autocast(self.recipe):
+            if self.use_te:  # TE layers take (seq, batch, hidden)
+                x = x.to(torch.bfloat16).transpose(0, 1)
+                for blk in self.blocks:
+                    x = blk(x)
+                x = x.transpose(0, 1)
+            else:
+                for blk in self.blocks:
+                    x = blk(x)
+            return self.lm_head(self.norm(x))
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        logits = self(batch[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        self.log("loss", loss, prog_bar=False)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+class RandomTokens(Dataset):
+    """Synthetic token sequences (no download), fixed by seed."""
+
+    def __init__(self, c: DemoConfig, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.data = torch.randint(0, c.vocab_size, (n, c.sequence_length + 1), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.data[i]
+
+
+def run_demo(out: str | Path, steps: int = 6, config: DemoConfig | None = None,
+             recipes: list[str] | None = None) -> dict[str, Path]:
+    """Train the demo under each recipe with the callback; returns recipe -> capture path."""
+    out = Path(out)
+    cuda = torch.cuda.is_available()
+    use_te = False
+    if cuda:
+        try:
+            import_te()
+            use_te = True
+        except Exception as err:
+            print(f"te-gemm: running the torch model in BF16 ({err})")
+    c = config or (DemoConfig(hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
+                              num_key_value_heads=4, num_hidden_layers=4, vocab_size=32000,
+                              sequence_length=1024, micro_batch_size=8) if cuda else DemoConfig())
+    wanted = recipes or (["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
+                          "MXFP8BlockScaling", "NVFP4BlockScaling"] if use_te else ["BF16"])
+    paths = {}
+    for recipe in wanted:
+        av = availability(recipe)
+        if not av.ok or (recipe != "BF16" and not use_te):
+            print(f"te-gemm: skipping {recipe}: {av.reason or 'transformer-engine not installed'}")
+            continue
+        torch.manual_seed(0)
+        model = DemoLM(c, use_te=use_te, recipe=recipe)
+        cb = GemmProfilerCallback(wait=1, warmup=1, active=max(steps - 2, 1), output_dir=out / recipe)
+        trainer = pl.Trainer(max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1,
+                             callbacks=[cb], logger=pl.loggers.CSVLogger(out, name=recipe),
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, num_sanity_val_steps=0)
+        n = c.micro_batch_size * steps
+        trainer.fit(model, DataLoader(RandomTokens(c, n), batch_size=c.micro_batch_size))
+        if cb.path is not None:
+            paths[recipe] = cb.path
+    return paths
+

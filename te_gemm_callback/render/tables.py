@@ -1,0 +1,98 @@
+"""Rich terminal tables for shapes and captures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..capture.record import GemmCapture
+from ..shapes import ConfigGemm, ModelConfig, gemm_passes
+
+
+def human_flops(x: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} "
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def shapes_table(cfg: ModelConfig, gemms: list[ConfigGemm]) -> Table:
+    """Per-layer GEMMs of a config (fprop, dgrad, wgrad), with FLOPs per layer and per model."""
+    t = Table(title=f"GEMMs per micro-batch: M = {cfg.micro_batch_size} x {cfg.sequence_length} tokens"
+                    + (f", TP={cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""))
+    for col in ("GEMM", "pass", "M x K x N", "calls", "FLOPs/call", "FLOPs/model", "note"):
+        t.add_column(col, justify="right" if col.startswith(("FLOP", "calls")) else "left",
+                     no_wrap=col != "note")
+    layer_total = model_total = 0.0
+    for g in gemms:
+        for s in gemm_passes(g.fprop):
+            total = s.flops * g.count(cfg)
+            model_total += total
+            layer_total += s.flops if g.per_layer else 0
+            note = g.notes
+            if g.m_splits:  # one grouped GEMM over all experts; M is the routed token count
+                note = (f"grouped: {len(g.m_splits)} experts x ~{g.m_splits[0]} tokens"
+                        + (f"; {note}" if note else ""))
+            first = s.op == "fprop"
+            t.add_row(g.name if first else "", str(s.op), s.mkn, str(g.count(cfg)),
+                      human_flops(s.flops), human_flops(total), note if first else "")
+        t.add_section()
+    t.caption = (f"per layer {human_flops(layer_total)}FLOP, full model ({cfg.num_hidden_layers} layers"
+                 f"{' + lm_head' if cfg.vocab_size else ''}) {human_flops(model_total)}FLOP per micro-batch")
+    return t
+
+
+def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
+    """One row per captured GEMM record."""
+    timed = any(r.times_ms for r in cap.records)
+    t = Table(title=f"GEMMs captured on {cap.meta.get('device', '?')} ({len(cap.steps)} step(s))")
+    cols = ["module", "pass", "M x K x N", "precision", "calls/step", "GFLOP/step"]
+    if timed:
+        cols += ["ms/call (median)", "ms/step", "TFLOP/s"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("module", "pass", "M x K x N", "precision") else "right",
+                     no_wrap=c != "module")
+    rows = cap.records if limit is None else cap.records[:limit]
+    for r in rows:
+        op = r.op + (" (recompute)" if r.recompute else "")
+        shape = r.shape.mkn + (f" [{len(r.m_splits[0])} groups]" if r.m_splits else "")
+        row = [r.name, op, shape, r.precision, f"{r.calls_per_step:g}", f"{r.flops_per_step / 1e9:.3f}"]
+        if timed:
+            med = r.median_ms
+            tflops = r.flops / (med * 1e-3) / 1e12 if med else None
+            row += [_ms(med), _ms(r.ms_per_step), "-" if tflops is None else f"{tflops:.1f}"]
+        t.add_row(*row)
+    if limit is not None and len(cap.records) > limit:
+        t.add_row(f"... {len(cap.records) - limit} more", *[""] * (len(cols) - 1))
+    gemm_ms, step_ms = cap.gemm_ms_per_step(), cap.step_ms()
+    caption = f"{human_flops(cap.flops_per_step)}FLOP of GEMMs per step"
+    if gemm_ms is not None and step_ms:
+        caption += (f"; GEMM GPU time {gemm_ms:.2f} ms of a {step_ms:.2f} ms step "
+                    f"({100 * gemm_ms / step_ms:.1f}%, CUDA-event times)")
+    t.caption = caption
+    return t
+
+
+def print_table(table: Table, console: Console | None = None) -> None:
+    (console or Console()).print(table)
+
+
+def summary_metrics(cap: GemmCapture, prefix: str = "te_gemm/") -> dict[str, Any]:
+    """Scalars for a logger (TensorBoard, CSV): what a training dashboard should show."""
+    out: dict[str, Any] = {
+        f"{prefix}gemm_tflop_per_step": cap.flops_per_step / 1e12,
+        f"{prefix}num_gemm_records": len(cap.records),
+        f"{prefix}step_ms": cap.step_ms(),
+    }
+    gemm_ms = cap.gemm_ms_per_step()
+    if gemm_ms is not None:
+        out[f"{prefix}gemm_ms_per_step"] = gemm_ms
+        if cap.step_ms():
+            out[f"{prefix}gemm_share"] = gemm_ms / cap.step_ms()
+    return {k: v for k, v in out.items() if v is not None}

@@ -1,0 +1,238 @@
+"""GEMM shapes: the one convention used everywhere in this package.
+
+A linear layer computes ``Y = X W^T`` with ``X`` of shape (M, K) and ``W`` of shape (N, K).
+Shapes are written ``M x K x N``: the first two are the left operand's rows and the contraction,
+the last the output columns. For one forward GEMM (M, K, N):
+
+=======  ==============  ===================  =======================
+pass     computes        written (M x K x N)   TE ``general_gemm`` layout
+=======  ==============  ===================  =======================
+fprop    Y  = X W^T      M x K x N             "TN"
+dgrad    dX = dY W       M x N x K             "NN", grad=True
+wgrad    dW = dY^T X     K x M x N             "NT", grad=True
+=======  ==============  ===================  =======================
+
+The wgrad row follows TE's ``benchmarks/gemm/benchmark_gemm.py`` (in_features x tokens x
+out_features) so that printed shapes paste into its ``--shapes`` flag; the contraction runs over
+the tokens. Every pass costs ``2*M*K*N`` FLOPs (one multiply and one add per MAC). M is the
+product of all leading dimensions of the input. :func:`backward_shapes` is the only place where
+dgrad and wgrad are derived from fprop.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+
+
+class GemmOp(str, enum.Enum):
+    """Which pass of a linear layer a GEMM belongs to."""
+
+    FPROP = "fprop"
+    DGRAD = "dgrad"
+    WGRAD = "wgrad"
+
+    def __str__(self) -> str:  # "fprop", not "GemmOp.FPROP", in tables and JSON
+        return self.value
+
+
+@dataclass(frozen=True, order=True)
+class GemmShape:
+    """One GEMM, ``batch`` independent products of (m x k) @ (k x n).
+
+    Example:
+        >>> GemmShape(8192, 4096, 6144).flops
+        412316860416
+    """
+
+    m: int
+    k: int
+    n: int
+    op: GemmOp = GemmOp.FPROP
+    batch: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.m, self.k, self.n, self.batch) < 0:
+            raise ValueError(f"GEMM dimensions must be >= 0, got {self}")
+        object.__setattr__(self, "op", GemmOp(self.op))
+
+    @property
+    def flops(self) -> int:
+        # 2 FLOPs per multiply-accumulate.
+        return 2 * self.batch * self.m * self.k * self.n
+
+    @property
+    def mkn(self) -> str:
+        prefix = f"{self.batch}x" if self.batch != 1 else ""
+        return f"{prefix}{self.m}x{self.k}x{self.n}"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["op"] = str(self.op)
+        return d
+
+
+def backward_shapes(fprop: GemmShape) -> tuple[GemmShape, GemmShape]:
+    """(dgrad, wgrad) of a forward GEMM, in the convention of this module's docstring."""
+    if fprop.op is not GemmOp.FPROP:
+        raise ValueError(f"expected an fprop shape, got {fprop.op}")
+    m, k, n = fprop.m, fprop.k, fprop.n
+    return (
+        GemmShape(m, n, k, GemmOp.DGRAD, fprop.batch),  # dX = dY W: contract over N
+        GemmShape(k, m, n, GemmOp.WGRAD, fprop.batch),  # dW = dY^T X: contract over tokens
+    )
+
+
+def gemm_passes(fprop: GemmShape) -> tuple[GemmShape, GemmShape, GemmShape]:
+    """(fprop, dgrad, wgrad) of one linear layer."""
+    return (fprop, *backward_shapes(fprop))
+
+
+def fprop_of(shape: GemmShape) -> GemmShape:
+    """Inverse of :func:`backward_shapes`: the forward GEMM a dgrad or wgrad belongs to."""
+    if shape.op is GemmOp.DGRAD:
+        return GemmShape(shape.m, shape.n, shape.k, GemmOp.FPROP, shape.batch)
+    if shape.op is GemmOp.WGRAD:
+        return GemmShape(shape.k, shape.m, shape.n, GemmOp.FPROP, shape.batch)
+    return shape
+
+
+def parse_shapes(text: str) -> list[GemmShape]:
+    """Parse ``"MxKxN,MxKxN"`` (the seed tool's ``--shapes`` format) into fprop shapes."""
+    shapes = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"bad shape {item!r}: write M x K x N as positive integers, e.g. 4096x4096x4096")
+        shapes.append(GemmShape(*map(int, parts)))
+    if not shapes:
+        raise ValueError("no shapes given: write them as MxKxN,MxKxN")
+    return shapes
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes derived from a model config
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A decoder-style transformer, enough to derive its GEMMs.
+
+    Example (Llama-3-8B-like):
+        >>> cfg = ModelConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        ...                   num_key_value_heads=8, gated_mlp=True, num_hidden_layers=32,
+        ...                   micro_batch_size=1, sequence_length=8192)
+        >>> [g.name for g in config_gemms(cfg)]
+        ['qkv', 'proj', 'fc1', 'fc2']
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_hidden_layers: int
+    micro_batch_size: int
+    sequence_length: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    gated_mlp: bool = False
+    fused_qkv: bool = True
+    fused_gate_up: bool = True
+    num_experts: int = 0
+    top_k: int = 1
+    tensor_parallel: int = 1
+    vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        positive = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                    "micro_batch_size", "sequence_length", "tensor_parallel", "top_k")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden size is not divisible by the number of heads: pass --head-dim")
+        if self.num_attention_heads % self.kv_heads:
+            raise ValueError("--num-attention-heads must be a multiple of --num-key-value-heads")
+        if self.num_experts < 0 or (self.num_experts and self.top_k > self.num_experts):
+            raise ValueError("--top-k must be <= --num-experts")
+        tp = self.tensor_parallel
+        if self.num_attention_heads % tp or self.intermediate_size % tp:
+            raise ValueError("--tensor-parallel must divide the head count and intermediate size")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch_size * self.sequence_length
+
+
+@dataclass(frozen=True)
+class ConfigGemm:
+    """One weight GEMM of the model: its fprop shape and how often one step runs it."""
+
+    name: str
+    fprop: GemmShape
+    per_layer: bool = True  # False for once-per-model GEMMs (lm_head)
+    m_splits: tuple[int, ...] | None = None  # MoE: tokens routed to each expert
+    parallel: str = "column"  # tensor-parallel style: column, row or replicated
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def count(self, cfg: ModelConfig) -> int:
+        return cfg.num_hidden_layers if self.per_layer else 1
+
+
+def config_gemms(cfg: ModelConfig) -> list[ConfigGemm]:
+    """The weight GEMMs one micro-batch runs, derived from a config.
+
+    Attention's QK^T and softmax x V are not listed: they run inside fused attention kernels,
+    not as weight GEMMs, and no GEMM recipe changes them.
+    """
+    tp = cfg.tensor_parallel
+    m, h, hd = cfg.tokens, cfg.hidden_size, cfg.dim_head
+    q_width, kv_width = cfg.num_attention_heads * hd, cfg.kv_heads * hd
+    out: list[ConfigGemm] = []
+    # Column-parallel layers split N by TP, row-parallel ones split K (Megatron-LM, Shoeybi et al.
+    # 2019, section 3).
+    if cfg.fused_qkv:
+        out.append(ConfigGemm("qkv", GemmShape(m, h, (q_width + 2 * kv_width) // tp),
+                              notes=f"({cfg.num_attention_heads} + 2 x {cfg.kv_heads}) heads x {hd}"))
+    else:
+        out += [ConfigGemm("q", GemmShape(m, h, q_width // tp)),
+                ConfigGemm("k", GemmShape(m, h, kv_width // tp)),
+                ConfigGemm("v", GemmShape(m, h, kv_width // tp))]
+    out.append(ConfigGemm("proj", GemmShape(m, q_width // tp, h), parallel="row"))
+
+    inter = cfg.intermediate_size // tp
+    if cfg.num_experts:
+        e, k = cfg.num_experts, cfg.top_k
+        routed = m * k
+        # Balanced routing: the config cannot know the real split; a capture records it.
+        splits = tuple(routed // e + (1 if i < routed % e else 0) for i in range(e))
+        out.append(ConfigGemm("router", GemmShape(m, h, e), parallel="replicated"))
+        mlp_m, extra = routed, {"num_experts": e, "top_k": k}
+    else:
+        splits, mlp_m, extra = None, m, {}
+    if cfg.gated_mlp and cfg.fused_gate_up:
+        out.append(ConfigGemm("fc1", GemmShape(mlp_m, h, 2 * inter), m_splits=splits,
+                              notes="gate+up fused (2I)", extra=extra))
+    elif cfg.gated_mlp:
+        out += [ConfigGemm("gate", GemmShape(mlp_m, h, inter), m_splits=splits, extra=extra),
+                ConfigGemm("up", GemmShape(mlp_m, h, inter), m_splits=splits, extra=extra)]
+    else:
+        out.append(ConfigGemm("fc1", GemmShape(mlp_m, h, inter), m_splits=splits, extra=extra))
+    out.append(ConfigGemm("fc2", GemmShape(mlp_m, inter, h), m_splits=splits, parallel="row",
+                          extra=extra))
+    if cfg.vocab_size:
+        out.append(ConfigGemm("lm_head", GemmShape(m, h, cfg.vocab_size // tp), per_layer=False))
+    return out
+
+
+def unique_shapes(shapes: list[GemmShape]) -> list[GemmShape]:
+    """Deduplicate, keeping first-seen order (repeated layers share shapes)."""
+    return list(dict.fromkeys(shapes))
