@@ -1,0 +1,115 @@
+"""The Lightning adapter on Lightning's own demo Transformer and on the bundled demo model."""
+
+import json
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.demos import LightningTransformer
+from torch.utils.data import DataLoader, TensorDataset
+
+from te_gemm_callback import GemmCapture, GemmProfilerCallback
+from te_gemm_callback.demo import DemoConfig, DemoLM, RandomTokens
+
+VOCAB, SEQ, BATCH = 64, 12, 4
+
+
+class DemoTransformer(LightningTransformer):
+    """Lightning's demo model on random tokens (its WikiText2 loader downloads)."""
+
+    def __init__(self):
+        super().__init__(vocab_size=VOCAB)
+        self.model = type(self.model)(vocab_size=VOCAB, ninp=32, nhead=2, nhid=48, nlayers=2, dropout=0.0)
+
+    def prepare_data(self):
+        pass
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, VOCAB, (64, SEQ), generator=g)
+        return DataLoader(TensorDataset(x, x.roll(1, 1)), batch_size=BATCH)
+
+    def val_dataloader(self):
+        return self.train_dataloader()
+
+    def validation_step(self, batch, batch_idx):
+        inputs, target = batch
+        self.log("val", torch.nn.functional.nll_loss(self(inputs, target), target.view(-1)))
+
+
+def hooks_left(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def fit(tmp_path, model, accumulate=1, max_steps=6, **cb):
+    callback = GemmProfilerCallback(output_dir=tmp_path / "gemm", verbose=False, **cb)
+    trainer = pl.Trainer(max_steps=max_steps, accumulate_grad_batches=accumulate, accelerator="cpu",
+                         callbacks=[callback],
+                         logger=pl.loggers.CSVLogger(tmp_path, name="log"), enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=2, val_check_interval=2, num_sanity_val_steps=0)
+    trainer.fit(model)
+    return trainer, callback
+
+
+def test_fit_writes_capture_and_leaves_no_hooks(tmp_path):
+    model = DemoTransformer()
+    trainer, cb = fit(tmp_path, model, wait=1, warmup=1, active=3)
+    cap = GemmCapture.load(tmp_path / "gemm" / "gemm_capture.json")
+    assert len(cap.steps) == 3 and cap.meta["accumulate_grad_batches"] == 1
+    mods = {r.module for r in cap.records}
+    assert "model.decoder" in mods and "model.transformer.encoder.layers.0.linear1" in mods
+    # Validation ran inside the active window (val_check_interval=2) but is not captured:
+    # every GEMM ran exactly once per step, fprop + dgrad + wgrad for the decoder.
+    dec = {r.op: r.calls_per_step for r in cap.records if r.module == "model.decoder"}
+    assert dec == {"fprop": 1, "dgrad": 1, "wgrad": 1}
+    assert hooks_left(model) == 0
+    metrics = (tmp_path / "log" / "version_0" / "metrics.csv").read_text()
+    assert "te_gemm/gemm_tflop_per_step" in metrics
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
+    _, cb1 = fit(tmp_path / "a", DemoTransformer(), accumulate=1, max_steps=4, wait=0, warmup=1, active=2)
+    _, cb2 = fit(tmp_path / "b", DemoTransformer(), accumulate=2, max_steps=4, wait=0, warmup=1, active=2)
+    c1, c2 = cb1.capture, cb2.capture
+    assert [s.micro_batches for s in c2.steps] == [2, 2]
+    assert c2.flops_per_step == 2 * c1.flops_per_step
+    r1 = {(r.module, r.op): r.calls_per_step for r in c1.records}
+    r2 = {(r.module, r.op): r.calls_per_step for r in c2.records}
+    assert r2 == {k: 2 * v for k, v in r1.items()}
+
+
+def test_state_survives_checkpoint_resume(tmp_path):
+    sched = dict(wait=1, warmup=1, active=2)
+    trainer, cb = fit(tmp_path / "a", DemoTransformer(), max_steps=2, **sched)
+    assert cb.steps_seen == 2 and cb.capture is None  # stopped before the active steps
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+    callback = GemmProfilerCallback(output_dir=tmp_path / "b", verbose=False, **sched)
+    trainer = pl.Trainer(max_steps=4, accelerator="cpu", callbacks=[callback], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0)
+    trainer.fit(DemoTransformer(), ckpt_path=tmp_path / "mid.ckpt")
+    # The schedule continued where it stopped: steps 3 and 4 were the active ones.
+    assert callback.steps_seen == 4 and callback.done
+    assert len(callback.capture.steps) == 2
+
+
+def test_bundled_demo_model_under_lightning(tmp_path):
+    c = DemoConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                   num_hidden_layers=2, vocab_size=64, sequence_length=16, micro_batch_size=2)
+    model = DemoLM(c)
+    cb = GemmProfilerCallback(wait=0, warmup=1, active=2, output_dir=tmp_path, verbose=False)
+    trainer = pl.Trainer(max_steps=3, accelerator="cpu", callbacks=[cb], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, DataLoader(RandomTokens(c, 6), batch_size=2))
+    by = {(r.module, r.op): r for r in cb.capture.records}
+    assert (by[("blocks.0.qkv", "fprop")].m, by[("blocks.0.qkv", "fprop")].n) == (2 * 16, (4 + 2 * 2) * 8)
+    assert by[("blocks.0.fc1", "fprop")].n == 96 and by[("lm_head", "wgrad")].shape.mkn == "32x32x64"
+    assert by[("blocks.0.qkv", "fprop")].precision == "bf16"  # autocast's bf16 copies of the weights
+    assert by[("blocks.0.qkv", "dgrad")].op == "dgrad"
+
+
+def test_invalid_schedule():
+    with pytest.raises(ValueError, match="active"):
+        GemmProfilerCallback(active=0)
+    with pytest.raises(ValueError, match="wait"):
+        GemmProfilerCallback(wait=-1)

@@ -1,0 +1,151 @@
+import logging
+
+import pytest
+import torch
+import torch.utils.checkpoint
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from te_gemm_callback import GemmCapture, GemmProfiler
+from te_gemm_callback.capture import torch_adapter
+
+
+class MLP(nn.Module):
+    def __init__(self, h=16, i=48):
+        super().__init__()
+        self.up, self.down = nn.Linear(h, i), nn.Linear(i, h)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, ckpt=None):
+        super().__init__()
+        self.a, self.b, self.ckpt = MLP(), MLP(), ckpt
+
+    def forward(self, x):
+        if self.ckpt is None:
+            return self.b(self.a(x))
+        x = checkpoint(self.a, x, use_reentrant=self.ckpt == "reentrant")
+        return self.b(x)
+
+
+def hooks_left(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+               for m in model.modules())
+
+
+def step(model, x):
+    model(x).sum().backward()
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non_reentrant"])
+def test_activation_checkpointing_recompute_is_recorded_and_labelled(mode):
+    model, x = Net(ckpt=mode), torch.randn(4, 8, 16, requires_grad=True)
+    # Non-reentrant checkpointing stops recomputing once the saved tensors it needs are back
+    # (a.down's input comes from a.up alone); turn that off so the whole region is recomputed.
+    with GemmProfiler(model) as prof, torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        step(model, x)
+    cap = prof.capture
+    recomputed = [r for r in cap.records if r.recompute]
+    assert sorted(r.module for r in recomputed) == ["a.down", "a.up"]
+    assert all(r.op == "fprop" and r.m == 32 for r in recomputed)
+    # The recompute does not disturb the pass labels of the real backward.
+    for name in ("a.up", "a.down", "b.up", "b.down"):
+        ops = sorted(r.op for r in cap.by_module()[name])
+        assert ops == (["dgrad", "fprop", "fprop", "wgrad"] if name.startswith("a") else ["dgrad", "fprop", "wgrad"])
+
+
+def test_hf_gradient_checkpointing():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                   num_key_value_heads=2, num_hidden_layers=2, vocab_size=64)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.gradient_checkpointing_enable()
+    model.train()
+    ids = torch.randint(0, 64, (2, 8))
+    with GemmProfiler(model) as prof, torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        model(input_ids=ids, labels=ids).loss.backward()
+    rec = {(r.module, r.op) for r in prof.capture.records if r.recompute}
+    assert ("model.layers.0.mlp.down_proj", "fprop") in rec and len(rec) == 14  # 7 Linears x 2 layers
+
+
+def test_steps_calls_and_roundtrip(tmp_path):
+    model, x = Net(), torch.randn(4, 16)
+    prof = GemmProfiler(model).start()
+    for _ in range(3):
+        step(model, x)
+        prof.step()
+    cap = prof.stop()
+    assert len(cap.steps) == 3 and all(r.calls_per_step == 1 and r.calls == 3 for r in cap.records)
+    assert cap.meta["device"] and cap.meta["torch"] == torch.__version__
+    path = cap.save(tmp_path / "c.json")
+    back = GemmCapture.load(path)
+    assert back.records == cap.records and back.steps == cap.steps
+    assert back.flops_per_step == cap.flops_per_step
+    assert hooks_left(model) == 0
+    assert not torch._C._is_torch_function_mode_enabled()
+    with pytest.raises(ValueError, match="not a te-gemm capture"):
+        GemmCapture.from_dict({"schema": "x"})
+
+
+def test_error_in_hook_never_breaks_the_step(monkeypatch, caplog):
+    model, x = Net(), torch.randn(4, 16, requires_grad=True)
+
+    def boom(*a, **k):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(torch_adapter.GemmDispatchMode, "_before", boom)
+    expected = [p.grad for p in model.parameters()]
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        prof = GemmProfiler(model).start()
+        for _ in range(2):
+            model.zero_grad()
+            step(model, x)  # must not raise
+            prof.step()
+        cap = prof.stop()
+    assert prof.error == "RuntimeError: injected"
+    assert sum("capture turned off" in r.message for r in caplog.records) == 1
+    assert cap.records == [] and cap.coverage["error"] == "RuntimeError: injected"
+    assert all(p.grad is not None for p in model.parameters()) and expected is not None
+    assert hooks_left(model) == 0
+
+
+class FakeNvtx:
+    def __init__(self):
+        self.ranges, self.open, self.pushed = [], {}, []
+
+    def start(self, name):
+        h = len(self.ranges)
+        self.ranges.append(name)
+        self.open[h] = name
+        return h
+
+    def end(self, h):
+        del self.open[h]
+
+    def push(self, name):
+        self.pushed.append(name)
+
+    def pop(self):
+        pass
+
+
+def test_nvtx_ranges_name_module_pass_shape_precision():
+    fake, model, x = FakeNvtx(), Net(), torch.randn(4, 16, requires_grad=True)
+    with GemmProfiler(model, nvtx_backend=fake):
+        step(model, x)
+    assert fake.open == {} and fake.pushed == ["step 0"]
+    assert "a.up fprop 4x16x48 fp32" in fake.ranges
+    assert "b.down wgrad 48x4x16 fp32" in fake.ranges
+    assert len(fake.ranges) == 12
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError):
+        GemmProfiler("not a model")
+    with pytest.raises(ValueError, match="adapters"):
+        GemmProfiler(Net(), adapters=("cuda",))
+    with pytest.raises(RuntimeError, match="no capture yet"):
+        GemmProfiler(Net()).capture

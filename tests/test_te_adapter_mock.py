@@ -1,0 +1,190 @@
+"""The TE adapter against a stand-in for transformer_engine.pytorch.
+
+Transformer Engine cannot be installed on a CPU-only machine, so this test builds the smallest
+fake that has TE's shape where the adapter touches it: ``general_gemm``/``general_grouped_gemm``
+defined in ``cpp_extensions.gemm`` and imported by name into module files, autograd Functions that
+call them with TE's layouts (fprop "TN", dgrad "NN", wgrad "NT"), and a quantized-storage class.
+The real thing is exercised by tests/test_gpu.py on the GPU host.
+"""
+
+import sys
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from te_gemm_callback import GemmProfiler
+from te_gemm_callback.capture import te_adapter
+
+
+class Float8TensorStorage:
+    """Stands in for TE's per-tensor FP8 storage: logical shape via size()."""
+
+    def __init__(self, t, quantizer):
+        self._t, self._quantizer, self._fp8_dtype = t, quantizer, "DType.kFloat8E4M3"
+
+    def size(self):
+        return self._t.size()
+
+
+class Float8CurrentScalingQuantizer:
+    pass
+
+
+def _general_gemm(A, B, out_dtype=None, quantization_params=None, gelu=False, gelu_in=None, alpha=1.0,
+                  beta=None, accumulate=False, layout="TN", out=None, bias=None,
+                  use_split_accumulator=False, grad=False):
+    a = A._t if isinstance(A, Float8TensorStorage) else A
+    b = B._t if isinstance(B, Float8TensorStorage) else B
+    if layout == "TN":
+        return (b @ a.t(),)
+    if layout == "NN":
+        return (b @ a,)
+    return (b.reshape(-1, b.shape[-1]).t() @ a.reshape(-1, a.shape[-1]),)
+
+
+def _general_grouped_gemm(A, B, out, quantization_params, out_dtype, layout="TN", m_splits=None,
+                          grad=False, **kw):
+    return [(_general_gemm(a, b, layout=layout)[0]) for a, b in zip(A, B)]
+
+
+@pytest.fixture
+def fake_te(monkeypatch):
+    gemm = types.ModuleType("transformer_engine.pytorch.cpp_extensions.gemm")
+    gemm.general_gemm, gemm.general_grouped_gemm = _general_gemm, _general_grouped_gemm
+    linear = types.ModuleType("transformer_engine.pytorch.module.linear")
+    linear.general_gemm = gemm.general_gemm  # imported by name, as TE's module files do
+    grouped = types.ModuleType("transformer_engine.pytorch.module.grouped_linear")
+    grouped.general_grouped_gemm = gemm.general_grouped_gemm
+    mods = {"transformer_engine": types.ModuleType("transformer_engine"),
+            "transformer_engine.pytorch": types.ModuleType("transformer_engine.pytorch"),
+            gemm.__name__: gemm, linear.__name__: linear, grouped.__name__: grouped}
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    return linear, grouped
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, fp8, lin):
+        ctx.save_for_backward(x, w)
+        ctx.fp8, ctx.lin = fp8, lin
+        wq = Float8TensorStorage(w, Float8CurrentScalingQuantizer()) if fp8 else w
+        return lin.general_gemm(wq, x, layout="TN")[0]
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx = ctx.lin.general_gemm(w, dy, layout="NN", grad=True)[0]
+        dw = ctx.lin.general_gemm(x, dy, layout="NT", grad=True)[0]
+        return dx, dw, None, None
+
+
+def _te_class(name, **methods):
+    cls = type(name, (nn.Module,), methods)
+    cls.__module__ = "transformer_engine.pytorch.module.linear"
+    return cls
+
+
+def make_linear(lin, k, n, fp8=False):
+    def __init__(self):
+        nn.Module.__init__(self)
+        self.weight = nn.Parameter(torch.randn(n, k) / k**0.5)
+
+    def forward(self, x):
+        return _LinearFn.apply(x, self.weight, fp8, lin)
+
+    return _te_class("Linear", __init__=__init__, forward=forward)()
+
+
+def make_layernorm_mlp(lin, h, i):
+    def __init__(self):
+        nn.Module.__init__(self)
+        self.fc1_weight = nn.Parameter(torch.randn(i, h) / h**0.5)
+        self.fc2_weight = nn.Parameter(torch.randn(h, i) / i**0.5)
+
+    def forward(self, x):
+        return _LinearFn.apply(torch.relu(_LinearFn.apply(x, self.fc1_weight, False, lin)),
+                               self.fc2_weight, False, lin)
+
+    return _te_class("LayerNormMLP", __init__=__init__, forward=forward)()
+
+
+def test_te_gemms_shapes_passes_precision_and_owner(fake_te):
+    lin, _ = fake_te
+    model = nn.Sequential()
+    model.add_module("qkv", make_linear(lin, 16, 48, fp8=True))
+    model.add_module("mlp", make_layernorm_mlp(lin, 48, 64))
+    model.add_module("head", nn.Linear(48, 10))  # a plain torch layer beside TE ones
+    x = torch.randn(3, 5, 16, requires_grad=True)  # (seq, batch, hidden): M = 15
+    with GemmProfiler(model) as prof:
+        model(x).sum().backward()
+    assert getattr(lin.general_gemm, "__te_gemm_wrapped__", False) is False  # restored
+    recs = {(r.name, r.op): r for r in prof.capture.records}
+    q = recs[("qkv", "fprop")]
+    assert (q.m, q.k, q.n, q.source, q.kernel) == (15, 16, 48, "te", "general_gemm")
+    assert q.precision == "fp8_current+fp32" and q.operands[0].startswith("Float8TensorStorage")
+    assert (recs[("qkv", "dgrad")].m, recs[("qkv", "dgrad")].k, recs[("qkv", "dgrad")].n) == (15, 48, 16)
+    assert (recs[("qkv", "wgrad")].m, recs[("qkv", "wgrad")].k, recs[("qkv", "wgrad")].n) == (16, 15, 48)
+    # LayerNormMLP's two GEMMs are told apart by their weights.
+    for sub, shape in (("fc1", (15, 48, 64)), ("fc2", (15, 64, 48))):
+        r = recs[(f"mlp.{sub}", "fprop")]
+        assert (r.m, r.k, r.n, r.module_type) == (*shape, "LayerNormMLP")
+        assert {op for (name, op) in recs if name == f"mlp.{sub}"} == {"fprop", "dgrad", "wgrad"}
+    # The torch layer is seen by the dispatch adapter; nothing inside TE modules is counted twice.
+    assert {r.source for r in prof.capture.records if r.module == "head"} == {"torch"}
+    assert {r.source for r in prof.capture.records if r.module != "head"} == {"te"}
+    assert len(prof.capture.records) == 9 + 3
+
+
+def test_grouped_gemm_records_m_splits(fake_te):
+    _, grouped = fake_te
+
+    class GroupedFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, splits):
+            ctx.save_for_backward(x, w)
+            ctx.splits = splits
+            xs = x.split(splits)
+            ws = [w] * len(splits)
+            return torch.cat(grouped.general_grouped_gemm(ws, xs, [], [], None, m_splits=splits))
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w = ctx.saved_tensors
+            dys, xs = dy.split(ctx.splits), x.split(ctx.splits)
+            dx = torch.cat(grouped.general_grouped_gemm([w] * len(xs), dys, [], [], None, layout="NN",
+                                                        m_splits=ctx.splits, grad=True))
+            dws = grouped.general_grouped_gemm(xs, dys, [], [], None, layout="NT", m_splits=ctx.splits,
+                                               grad=True)
+            return dx, sum(dws), None
+
+    class GroupedLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight0 = nn.Parameter(torch.randn(12, 8))
+
+        def forward(self, x, splits):
+            return GroupedFn.apply(x, self.weight0, splits)
+
+    GroupedLinear.__module__ = "transformer_engine.pytorch.module.grouped_linear"
+    model = GroupedLinear()
+    x = torch.randn(10, 8, requires_grad=True)
+    with GemmProfiler(model) as prof:
+        model(x, [3, 0, 7]).sum().backward()
+    recs = {r.op: r for r in prof.capture.records}
+    assert (recs["fprop"].m, recs["fprop"].k, recs["fprop"].n) == (10, 8, 12)
+    assert (recs["dgrad"].m, recs["dgrad"].k, recs["dgrad"].n) == (10, 12, 8)
+    assert (recs["wgrad"].m, recs["wgrad"].k, recs["wgrad"].n) == (8, 10, 12)
+    assert all(r.m_splits == [[3, 0, 7]] and r.kernel == "general_grouped_gemm" for r in recs.values())
+
+
+def test_operand_formats():
+    assert te_adapter.operand_format(torch.zeros(1, dtype=torch.bfloat16))[0] == "bf16"
+
+    class Float8Quantizer:
+        pass
+
+    assert te_adapter.operand_format(Float8TensorStorage(torch.zeros(1), Float8Quantizer()))[0] == "fp8_delayed"
+    assert te_adapter.precision_of(torch.zeros(1), torch.zeros(1)) == ("fp32", ("Tensor[torch.float32]",) * 2)
