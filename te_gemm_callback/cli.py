@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Sequence
 
-from rich.console import Console
 
+from .render.tables import console
 from .shapes import ModelConfig, config_gemms, gemm_passes
 
 
@@ -72,7 +72,7 @@ def cmd_shapes(a: argparse.Namespace) -> int:
         total = sum(s.flops * g.count(cfg) for g in gemms for s in gemm_passes(g.fprop))
         print(json.dumps({"config": cfg.__dict__, "gemms": rows, "flops_per_micro_batch": total}, indent=1))
     else:
-        Console().print(shapes_table(cfg, gemms))
+        console().print(shapes_table(cfg, gemms))
     return 0
 
 
@@ -81,9 +81,9 @@ def cmd_show(a: argparse.Namespace) -> int:
     from .render import capture_table
 
     cap = GemmCapture.load(a.capture)
-    Console().print(capture_table(cap, limit=a.limit))
+    console().print(capture_table(cap, limit=a.limit))
     if cap.coverage.get("never_ran"):
-        Console().print(f"[yellow]GEMM-bearing modules that never ran: {', '.join(cap.coverage['never_ran'])}")
+        console().print(f"[yellow]GEMM-bearing modules that never ran: {', '.join(cap.coverage['never_ran'])}")
     return 0
 
 

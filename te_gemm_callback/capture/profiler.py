@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 import time
 import traceback
 from datetime import datetime, timezone
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from ..precisions import te_version
-from ..shapes import GemmOp
+from ..shapes import GemmOp, GemmShape
 from .instruments import EventTimer, Nvtx, range_name
 from .record import GemmCapture, GemmEvent, StepTime, aggregate
 from .scope import ModuleScope, in_backward, is_te_module
@@ -24,38 +26,44 @@ log = logging.getLogger("te_gemm_callback")
 
 
 class Recorder:
-    """Shared state of one capture: events, instruments, and the failure switch."""
+    """Shared state of one capture: events, instruments, and the failure switch.
+
+    The hot path (one call per GEMM) does two dict look-ups in the adapters, then ``begin`` and
+    ``end`` here: no dataclass is built and no string formatted per call; events are tuples turned
+    into :class:`GemmEvent` after the capture.
+    """
 
     def __init__(self, scope: ModuleScope, timer: EventTimer, nvtx: Nvtx) -> None:
         self.scope, self.timer, self.nvtx = scope, timer, nvtx
         self.active = False
         self.step = 0
+        self.raw: list[tuple] = []  # (step, site, recompute, m_splits, event pair)
         self.events: list[GemmEvent] = []
-        self.pairs: list[tuple[GemmEvent, Any]] = []
-        self.deferred: list[tuple[GemmEvent, torch.Tensor]] = []
         self.error: str | None = None
+        self._sites: dict[tuple, GemmSite] = {}
 
     in_backward = staticmethod(in_backward)
 
-    def begin(self, **fields: Any) -> tuple:
-        ev = GemmEvent(step=self.step, **fields)
-        handle = None
-        if self.nvtx.enabled:
-            handle = self.nvtx.start(range_name(ev.module, ev.gemm, str(ev.op), ev.shape.mkn,
-                                                ev.precision, ev.recompute))
+    def site(self, **fields: Any) -> "GemmSite":
+        """The static description of a GEMM call site, built once per distinct site."""
+        key = tuple(fields.values())
+        s = self._sites.get(key)
+        if s is None:
+            s = self._sites[key] = GemmSite(**fields)
+        return s
+
+    def begin(self, site: "GemmSite", recompute: bool = False, m_splits: Any = None) -> tuple:
+        handle = self.nvtx.start(site.range_recompute if recompute else site.range) if self.nvtx.enabled else None
         # Start event last, end event first: the pair brackets the GEMM launch tightly.
-        return ev, self.timer.start(), handle
+        return site, recompute, m_splits, self.timer.start(), handle
 
     def end(self, token: tuple) -> None:
-        ev, start, handle = token
+        site, recompute, m_splits, start, handle = token
         try:
-            pair = self.timer.stop(start)
-            self.nvtx.end(handle)
-            self.events.append(ev)
-            if pair is not None:
-                self.pairs.append((ev, pair))
-            if isinstance(ev.m_splits, torch.Tensor):
-                self.deferred.append((ev, ev.m_splits))
+            pair = self.timer.stop(start) if start is not None else None
+            if handle is not None:
+                self.nvtx.end(handle)
+            self.raw.append((self.step, site, recompute, m_splits, pair))
         except Exception as err:
             self.fail(err)
 
@@ -76,15 +84,47 @@ class Recorder:
 
     def resolve(self) -> None:
         """Read back event times and deferred splits: one synchronize, after the profiled steps."""
-        if self.pairs or self.deferred:
+        if any(r[4] is not None or isinstance(r[3], torch.Tensor) for r in self.raw):
             torch.cuda.synchronize()
-        for ev, pair in self.pairs:
-            ev.time_ms = EventTimer.elapsed_ms(pair)
-        for ev, host in self.deferred:
-            ev.m_splits = splits_from_offs(host)
-            apply_splits(ev)
-        self.pairs.clear()
-        self.deferred.clear()
+        for step, site, recompute, m_splits, pair in self.raw:
+            ev = GemmEvent(step=step, recompute=recompute, time_ms=EventTimer.elapsed_ms(pair),
+                           m_splits=m_splits, **site.fields())
+            if isinstance(m_splits, torch.Tensor):
+                ev.m_splits = splits_from_offs(m_splits)
+                apply_splits(ev)
+            self.events.append(ev)
+        self.raw.clear()
+
+
+@dataclass(frozen=True)
+class GemmSite:
+    """Everything about a GEMM call that does not change from call to call."""
+
+    module: str
+    gemm: str
+    op: GemmOp
+    m: int
+    k: int
+    n: int
+    precision: str
+    operands: tuple[str, ...]
+    source: str
+    kernel: str
+    module_type: str
+    batch: int = 1
+
+    def fields(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+    @functools.cached_property
+    def range(self) -> str:
+        return range_name(self.module, self.gemm, str(self.op), GemmShape(self.m, self.k, self.n, self.op, self.batch).mkn,
+                          self.precision, False)
+
+    @functools.cached_property
+    def range_recompute(self) -> str:
+        return range_name(self.module, self.gemm, str(self.op), GemmShape(self.m, self.k, self.n, self.op, self.batch).mkn,
+                          self.precision, True)
 
 
 class GemmProfiler:
@@ -155,6 +195,7 @@ class GemmProfiler:
     def step(self, micro_batches: int = 1) -> None:
         """Close the current step and open the next (call once per optimizer step)."""
         self._close_step(micro_batches)
+        self.scope.release()
         self.recorder.step += 1
         self._open_step()
 
@@ -162,7 +203,7 @@ class GemmProfiler:
         if not self._started:
             raise RuntimeError("GemmProfiler was not started")
         empty_tail = self.recorder.step > 0 and not any(
-            e.step == self.recorder.step for e in self.recorder.events)
+            r[0] == self.recorder.step for r in self.recorder.raw)
         self._close_step(micro_batches)
         if empty_tail:  # step() was called after the last step: nothing ran in the open one
             self._boundaries.pop()

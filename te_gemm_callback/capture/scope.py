@@ -60,6 +60,7 @@ class ModuleScope:
         self._handles: list[Any] = []
         self._on_error = on_error
         self._probe = torch.zeros((), requires_grad=True)
+        self._keep: list[Any] = []
         self.enabled = True
 
     @staticmethod
@@ -99,6 +100,7 @@ class ModuleScope:
         self._handles.clear()
         self.stack.clear()
         self.seq_stack.clear()
+        self.release()
 
     def _make_pre(self, name: str) -> Callable:
         def pre(module: nn.Module, args: Any) -> None:
@@ -139,8 +141,16 @@ class ModuleScope:
             # Inner modules returned first and tagged their nodes: keep the innermost owner, but
             # walk through them to reach this module's own ops behind them.
             node.metadata.setdefault(TAG, name)
+            # Keep the Python wrapper alive until the step ends: on torch 2.11 the metadata dict
+            # lives on the wrapper, and a node reached through next_functions gets a new, empty
+            # one once the old wrapper is collected (seen on the H200 host: untagged backward bmm).
+            self._keep.append(node)
             todo.extend(nxt for nxt, _ in node.next_functions
                         if nxt is not None and type(nxt).__name__ != "AccumulateGrad")
+
+    def release(self) -> None:
+        """Drop the node references of finished steps (their backward has run)."""
+        self._keep.clear()
 
     # --- queries ---------------------------------------------------------------------------
     def current(self) -> tuple[str | None, bool]:

@@ -67,6 +67,8 @@ def precision_of(*operands: Any) -> tuple[str, tuple[str, ...]]:
 
 
 def _size(x: Any) -> tuple[int, ...]:
+    if isinstance(x, torch.Tensor):
+        return x.shape
     return tuple(x.size()) if hasattr(x, "size") else tuple(x.shape)
 
 
@@ -111,7 +113,8 @@ class TEInterceptor:
     def __init__(self, recorder: "Recorder") -> None:
         self.recorder = recorder
         self._patched: list[tuple[Any, str, Callable]] = []
-        self._labels: dict[tuple, str] = {}
+        self._precisions: dict[tuple, tuple[str, tuple[str, ...]]] = {}
+        self._sites: dict[tuple, Any] = {}
 
     @staticmethod
     def te_loaded() -> bool:
@@ -181,24 +184,31 @@ class TEInterceptor:
                 src = a if layout == "NT" else b
                 m_splits = [_rows(_size(t)) for t in src]
             m_splits = tuple(int(x) for x in m_splits)
-            a0, b0 = _size(a[0]), _size(b[0])
-            m, k, n = grouped_mkn(layout, a0, b0, sum(m_splits))
-            precision, operands = precision_of(a[0], b[0])
+            a, b = a[0], b[0]
+            m, k, n = grouped_mkn(layout, _size(a), _size(b), sum(m_splits))
         else:
             m, k, n = gemm_mkn(layout, _size(a), _size(b))
-            precision, operands = precision_of(a, b)
+        pkey = (_operand_key(a), _operand_key(b))
+        prec = self._precisions.get(pkey)
+        if prec is None:
+            prec = self._precisions[pkey] = precision_of(a, b)
         op = _LAYOUT_OP[layout]
-        module_name, in_fwd = rec.scope.current()
-        module = rec.scope.module(module_name)
-        # Weight is (N, K) of the forward GEMM: read it back from the written shape of each pass.
-        wn, wk = {GemmOp.FPROP: (n, k), GemmOp.DGRAD: (k, n), GemmOp.WGRAD: (n, m)}[op]
-        key = (module_name, wn, wk)
-        if key not in self._labels:
-            self._labels[key] = weight_label(module, wn, wk)
-        return rec.begin(
-            module=module_name or "", gemm=self._labels[key], op=op, m=m, k=k, n=n,
-            precision=precision, operands=operands, source="te",
-            kernel="general_grouped_gemm" if grouped else "general_gemm",
-            recompute=op is GemmOp.FPROP and rec.in_backward(), m_splits=m_splits,
-            module_type=type(module).__name__ if module is not None else "",
-        )
+        module_name, _ = rec.scope.current()
+        skey = (module_name, op, m, k, n, prec, grouped)
+        site = self._sites.get(skey)
+        if site is None:
+            module = rec.scope.module(module_name)
+            # The weight is (N, K) of the forward GEMM: read it back from each pass's written shape.
+            wn, wk = {GemmOp.FPROP: (n, k), GemmOp.DGRAD: (k, n), GemmOp.WGRAD: (n, m)}[op]
+            site = self._sites[skey] = rec.site(
+                module=module_name or "", gemm=weight_label(module, wn, wk), op=op, m=m, k=k, n=n,
+                precision=prec[0], operands=prec[1], source="te",
+                kernel="general_grouped_gemm" if grouped else "general_gemm",
+                module_type=type(module).__name__ if module is not None else "")
+        return rec.begin(site, op is GemmOp.FPROP and rec.in_backward(), m_splits)
+
+
+def _operand_key(x: Any) -> tuple:
+    # What decides the precision label: the storage type, dtype, quantizer type and FP8 format.
+    return (type(x), getattr(x, "dtype", None), type(getattr(x, "_quantizer", None)),
+            getattr(x, "_fp8_dtype", None))

@@ -94,6 +94,7 @@ class GemmDispatchMode(TorchDispatchMode):
         self.refresh_params()
         # Forward shapes of each module this step, to tell dgrad from wgrad without a weight.
         self.forward_shapes: dict[str | None, set[GemmShape]] = {}
+        self.te_forward: set[tuple[int, int, int, int]] = set()  # aten GEMMs inside TE modules
 
     def refresh_params(self) -> None:
         self.param_storages = {k: n for n, p in self.recorder.scope.model.named_parameters()
@@ -127,11 +128,16 @@ class GemmDispatchMode(TorchDispatchMode):
     def _before(self, name: str, args: tuple, kwargs: dict) -> Any:
         rec = self.recorder
         module_name, in_fwd = rec.scope.current()
-        if module_name in rec.scope.te_scoped:
-            return None  # inside a TE module: its GEMMs are counted by the TE adapter
-        if in_fwd and any(m in rec.scope.te_scoped for m in rec.scope.forward_stack()):
-            return None
         m, k, n, batch, offs = dispatch_mkn(name, args, kwargs)
+        if module_name in rec.scope.te_scoped or (
+                in_fwd and any(x in rec.scope.te_scoped for x in rec.scope.forward_stack())):
+            if in_fwd:
+                self.te_forward.add((m, k, n, batch))
+            return None  # inside a TE module: its GEMMs are counted by the TE adapter
+        if module_name is None and not in_fwd and self._from_te(m, k, n, batch):
+            # An untagged backward node (seen for TE's unfused attention bmm on the H200) whose
+            # GEMM is the backward of one that ran inside a TE module: it belongs to TE too.
+            return None
         m_splits = None
         if offs is not None:
             if offs.device.type == "cpu":
@@ -149,14 +155,19 @@ class GemmDispatchMode(TorchDispatchMode):
         if isinstance(m_splits, tuple):
             m = sum(m_splits) if op is not GemmOp.WGRAD else m
             k = sum(m_splits) if op is GemmOp.WGRAD else k
-        dtypes = list(dict.fromkeys(_DTYPES.get(x.dtype, str(x.dtype)) for x in operands))
+        dtypes = "+".join(dict.fromkeys(_DTYPES.get(x.dtype, str(x.dtype)) for x in operands))
         module = rec.scope.module(module_name)
-        return rec.begin(
-            module=module_name or "", gemm="", op=op, m=m, k=k, n=n, batch=batch,
-            precision="+".join(dtypes), operands=tuple(f"Tensor[{x.dtype}]" for x in operands),
-            source="torch", kernel=f"aten.{name}", recompute=in_fwd and rec.in_backward(),
-            m_splits=m_splits, module_type=type(module).__name__ if module is not None else "",
-        )
+        site = rec.site(
+            module=module_name or "", gemm="", op=op, m=m, k=k, n=n, batch=batch, precision=dtypes,
+            operands=tuple(f"Tensor[{x.dtype}]" for x in operands), source="torch",
+            kernel=f"aten.{name}", module_type=type(module).__name__ if module is not None else "")
+        return rec.begin(site, in_fwd and rec.in_backward(), m_splits)
+
+    def _from_te(self, m: int, k: int, n: int, batch: int) -> bool:
+        for fm, fk, fn, fb in self.te_forward:
+            if fb == batch and (m, k, n) in ((fm, fn, fk), (fk, fn, fm), (fk, fm, fn), (fn, fm, fk)):
+                return True
+        return False
 
     def _backward_op(self, module_name: str | None, shape: GemmShape,
                      has_weight: bool) -> tuple[GemmOp, int, int, int]:

@@ -79,8 +79,14 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
     return t
 
 
-def print_table(table: Table, console: Console | None = None) -> None:
-    (console or Console()).print(table)
+def console() -> Console:
+    """A console wide enough for shape columns when output is a file or a pipe (rich uses 80)."""
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
+def print_table(table: Table, out: Console | None = None) -> None:
+    (out or console()).print(table)
 
 
 def summary_metrics(cap: GemmCapture, prefix: str = "te_gemm/") -> dict[str, Any]:

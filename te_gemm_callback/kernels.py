@@ -1,0 +1,31 @@
+"""Classify GPU kernels by name (torch.profiler / CUPTI), for cross-checks and step breakdowns."""
+
+from __future__ import annotations
+
+# cuBLAS(Lt) and CUTLASS GEMM kernels on Hopper/Blackwell: "sm90_xmma_gemm_...", "nvjet_...",
+# "cutlass3x_sm90_..._gemm...". Fused attention kernels also use tensor cores but are not GEMMs
+# in our accounting (DESIGN.md): they are matched first.
+_ATTENTION = ("fmha", "flash", "sdpa", "attn", "attention")
+_GEMM = ("gemm", "nvjet", "xmma", "cutlass", "gemv")
+
+
+def is_attention_kernel(name: str) -> bool:
+    low = name.lower()
+    return any(s in low for s in _ATTENTION)
+
+
+def is_gemm_kernel(name: str) -> bool:
+    low = name.lower()
+    return not is_attention_kernel(low) and any(s in low for s in _GEMM)
+
+
+def kernel_times_us(prof) -> dict[str, float]:
+    """Total device time per kernel name (µs) from a finished ``torch.profiler.profile``."""
+    out: dict[str, float] = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", None)
+        if t is None:
+            t = getattr(evt, "self_cuda_time_total", 0.0)
+        if t and getattr(evt, "device_type", None) is not None and "CUDA" in str(evt.device_type):
+            out[evt.key] = out.get(evt.key, 0.0) + float(t)
+    return out

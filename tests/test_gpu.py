@@ -1,0 +1,63 @@
+"""GPU tests (run on the H200 host; skipped without CUDA)."""
+
+import collections
+
+import pytest
+import torch
+from torch import nn
+
+from te_gemm_callback import GemmProfiler
+from te_gemm_callback.precisions import availability, te_available
+
+pytestmark = pytest.mark.gpu
+HOPPER = ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"]
+FAMILY = {"BF16": "bf16", "DelayedScaling": "fp8_delayed", "Float8CurrentScaling": "fp8_current",
+          "Float8BlockScaling": "fp8_block"}
+needs_te = pytest.mark.skipif(not te_available()[0], reason="transformer-engine not installed")
+
+
+@needs_te
+@pytest.mark.parametrize("recipe", HOPPER)
+def test_te_stack_12_gemms_per_layer(recipe):
+    from te_gemm_callback.models import StackConfig, stack_input, te_stack, train_step_fn
+
+    if not availability(recipe).ok:
+        pytest.skip(availability(recipe).reason)
+    c = StackConfig(num_hidden_layers=4)
+    model = te_stack(c)
+    step = train_step_fn(model, stack_input(c), recipe)
+    step()
+    with GemmProfiler(model) as prof:
+        step()
+    cap = prof.capture
+    per_layer = collections.Counter(r.module.split(".")[0] for r in cap.records for _ in range(r.calls))
+    stray = [(r.module, r.op, r.shape.mkn, r.kernel, r.source, r.module_type) for r in cap.records
+             if r.module.split(".")[0] not in {"0", "1", "2", "3"}]
+    assert per_layer == {str(i): 12 for i in range(4)}, stray
+    m = 512 * 31
+    shapes = {(r.module.split(".", 1)[1], r.gemm, r.op, r.m, r.k, r.n) for r in cap.records}
+    assert ("self_attention.layernorm_qkv", "", "fprop", m, 4096, 3 * 4096) in shapes
+    assert ("self_attention.proj", "", "dgrad", m, 4096, 4096) in shapes
+    assert ("layernorm_mlp", "fc1", "wgrad", 4096, m, 16384) in shapes
+    assert ("layernorm_mlp", "fc2", "fprop", m, 16384, 4096) in shapes
+    assert {r.precision for r in cap.records} == {FAMILY[recipe]}
+    assert all(r.source == "te" and r.times_ms and r.times_ms[0] > 0 for r in cap.records)
+
+
+@pytest.mark.parametrize("recipe", ["MXFP8BlockScaling", "NVFP4BlockScaling"])
+def test_blackwell_recipes_skip_with_reason_on_hopper(recipe):
+    if torch.cuda.get_device_capability()[0] >= 10:
+        pytest.skip("Blackwell runs these")
+    av = availability(recipe)
+    assert not av.ok and av.reason
+
+
+def test_dispatch_mode_sees_backward_gemms_on_cuda_threads():
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda()
+    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    with GemmProfiler(model) as prof:
+        model(x).sum().backward()
+    ops = collections.Counter((r.module, r.op) for r in prof.capture.records)
+    assert ops == {(m, op): 1 for m in ("0", "2") for op in ("fprop", "dgrad", "wgrad")}
+    assert all(r.times_ms for r in prof.capture.records)
+    assert prof.capture.steps[0].gpu_ms > 0
