@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 import argparse
 import json
 import sys
@@ -98,6 +100,59 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0 if paths else 1
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    from .bench.cells import ResultCache, items_from_capture, items_from_config, items_from_shapes
+    from .bench.engine import run_bench
+    from .capture import GemmCapture
+    from .precisions import RECIPES
+    from .render.bench_tables import pass_table, speedup_summary, swapped_items, swapped_table, totals_table
+    from .render.figures import stacked_gemm_figure
+    from .shapes import parse_shapes
+
+    sources = [a.shapes is not None, a.capture is not None, a.hidden_size is not None]
+    if sum(sources) != 1:
+        raise ValueError("give exactly one of: the model-config flags, --shapes MxKxN,..., or --capture FILE")
+    if a.capture:
+        items = items_from_capture(GemmCapture.load(a.capture))
+        if not items:
+            raise ValueError(f"{a.capture} holds no weight GEMMs to benchmark")
+    elif a.shapes:
+        items = items_from_shapes(parse_shapes(a.shapes))
+    else:
+        missing = [f for f in ("intermediate_size", "num_attention_heads", "num_hidden_layers",
+                               "micro_batch_size", "sequence_length") if getattr(a, f) is None]
+        if missing:
+            raise ValueError("missing config flags: " + ", ".join("--" + m.replace("_", "-") for m in missing))
+        items = items_from_config(config_from_args(a))
+    precisions = a.precisions.split(",") if a.precisions else list(RECIPES)
+    modes = ["prequantized"] if a.pre_quantize else ["autocast"]
+    cache = ResultCache(a.cache, enabled=not a.no_cache)
+    out = console()
+    res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out)
+    mode = modes[0]
+    for op in ("fprop", "dgrad", "wgrad"):
+        from .shapes import GemmOp
+
+        out.print(pass_table(res, items, GemmOp(op), mode))
+    out.print(totals_table(res, items, mode))
+    for p, sp in speedup_summary(res, items, mode).items():
+        if p == "BF16":
+            continue
+        out.print(f"estimated GEMM speedup over BF16, {p}: " + ("n/a" if sp is None else f"{sp:.2f}x"))
+    for p, why in res.skipped.items():
+        out.print(f"[yellow]{p} not run: {escape(why)}")
+    if a.compare_swapped:
+        sw_items = swapped_items(items)
+        sw = run_bench(sw_items, res.precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out)
+        out.print(swapped_table(res, sw, items, mode))
+    if a.json:
+        res.save(a.json)
+    if a.output:
+        stacked_gemm_figure(res, items, mode, a.output)
+    out.print(f"{len(res.results)} cells on {res.meta.get('device')}, measured in {res.meta.get('wall_s', 0):.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="te-gemm", description="The GEMMs your training job really runs.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -105,6 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(s)
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(fn=cmd_shapes)
+    s = sub.add_parser("bench", help="microbenchmark GEMMs (from a config, --shapes or --capture) in every precision")
+    add_config_args(s, required=False)
+    s.add_argument("--shapes", help="fprop shapes MxKxN,MxKxN (dgrad and wgrad derived)")
+    s.add_argument("--capture", help="a gemm_capture.json from GemmProfiler or the callback")
+    s.add_argument("--precisions", help="comma-separated TE recipe names (default: all; unsupported ones are skipped with TE's reason)")
+    s.add_argument("--pre-quantize", action="store_true", help="kernel time only: operands quantized outside the timed region")
+    s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
+    s.add_argument("--compare-swapped", action="store_true", help="also time dgrad/wgrad as swapped-size forward GEMMs")
+    s.add_argument("-o", "--output", help="write the stacked per-GEMM figure (PNG)")
+    s.add_argument("--json", help="write all results (with device, clocks, versions) as JSON")
+    s.add_argument("--cache", help="result cache file (default ~/.cache/te_gemm_callback/bench.json or $TE_GEMM_CACHE)")
+    s.add_argument("--no-cache", action="store_true", help="measure everything again")
+    s.set_defaults(fn=cmd_bench)
     s = sub.add_parser("show", help="print a capture file as a table")
     s.add_argument("capture")
     s.add_argument("--limit", type=_positive, default=None)

@@ -103,9 +103,9 @@ def availability(recipe: str) -> Availability:
     recipe = canonical(recipe)
     if recipe == "BF16":
         return Availability(recipe, True, "" if torch.cuda.is_available() else "CPU (torch only)")
-    if not torch.cuda.is_available():
-        return Availability(recipe, False, "no CUDA device")
     ok_te, why = te_available()
+    if not torch.cuda.is_available():
+        return Availability(recipe, False, "no CUDA device" + ("" if ok_te else f"; {why}"))
     if not ok_te:
         return Availability(recipe, False, why)
     te = import_te()

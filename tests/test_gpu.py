@@ -61,3 +61,23 @@ def test_dispatch_mode_sees_backward_gemms_on_cuda_threads():
     assert ops == {(m, op): 1 for m in ("0", "2") for op in ("fprop", "dgrad", "wgrad")}
     assert all(r.times_ms for r in prof.capture.records)
     assert prof.capture.steps[0].gpu_ms > 0
+
+
+@needs_te
+def test_bench_runs_every_hopper_recipe_in_both_modes():
+    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.bench.engine import run_bench
+    from te_gemm_callback.shapes import GemmShape
+
+    items = [WorkItem("big", GemmShape(8192, 4096, 4096)),
+             WorkItem("moe", GemmShape(4096, 1024, 2048), 1.0, (1024, 512, 2048, 512))]
+    res = run_bench(items, ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
+                            "MXFP8BlockScaling", "NVFP4BlockScaling"], ["autocast", "prequantized"], progress=False)
+    bad = [(r.precision, r.mode, r.op, r.error) for r in res.results if not r.ok]
+    assert not bad
+    assert set(res.precisions) == set(HOPPER) and set(res.skipped) == {"MXFP8BlockScaling", "NVFP4BlockScaling"}
+    big = GemmShape(8192, 4096, 4096)
+    bf16 = res.get(big, "BF16", "prequantized").median_ms
+    fp8 = res.get(big, "DelayedScaling", "prequantized").median_ms
+    assert fp8 < 0.8 * bf16  # FP8 tensor cores at a shape large enough to show it
+    assert res.meta["peaks_tflops"]["bf16"] > 500

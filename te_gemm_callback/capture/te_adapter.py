@@ -107,6 +107,38 @@ def weight_label(module: torch.nn.Module | None, n: int, k: int) -> str:
     return names[0].removesuffix("_weight").removesuffix("weight")
 
 
+def patch_te_gemms(make_wrapper: Callable[[Callable, bool], Callable]) -> list[tuple[Any, str, Callable]]:
+    """Replace TE's GEMM entry points wherever a loaded TE module holds them by name.
+
+    ``make_wrapper(orig, grouped)`` builds the replacement. Returns what :func:`unpatch` restores.
+    Does nothing when TE was never imported (a model without TE layers never loads it here).
+    """
+    gemm_mod = sys.modules.get("transformer_engine.pytorch.cpp_extensions.gemm")
+    if "transformer_engine.pytorch" not in sys.modules or gemm_mod is None:
+        return []
+    patched: list[tuple[Any, str, Callable]] = []
+    for fname in GEMM_FUNCS:
+        orig = getattr(gemm_mod, fname, None)
+        if orig is None:
+            continue
+        if getattr(orig, _WRAPPED, False):
+            unpatch(patched)
+            raise RuntimeError("another GemmProfiler is already capturing TE GEMMs: stop it first")
+        wrapper = make_wrapper(orig, fname == "general_grouped_gemm")
+        setattr(wrapper, _WRAPPED, True)
+        wrapper.__wrapped__ = orig
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("transformer_engine.pytorch") and getattr(mod, fname, None) is orig:
+                setattr(mod, fname, wrapper)
+                patched.append((mod, fname, orig))
+    return patched
+
+
+def unpatch(patched: list[tuple[Any, str, Callable]]) -> None:
+    for mod, fname, orig in reversed(patched):
+        setattr(mod, fname, orig)
+
+
 class TEInterceptor:
     """Installs wrappers around TE's GEMM entry points that report to a recorder."""
 
@@ -122,28 +154,12 @@ class TEInterceptor:
 
     def install(self) -> int:
         """Wrap every reference to TE's GEMM functions; returns how many names were wrapped."""
-        if not self.te_loaded():
-            return 0
-        gemm_mod = sys.modules.get("transformer_engine.pytorch.cpp_extensions.gemm")
-        if gemm_mod is None:
-            return 0
-        for fname in GEMM_FUNCS:
-            orig = getattr(gemm_mod, fname, None)
-            if orig is None:
-                continue
-            if getattr(orig, _WRAPPED, False):
-                raise RuntimeError("another GemmProfiler is already capturing TE GEMMs: stop it first")
-            wrapper = self._wrap(orig, grouped=fname == "general_grouped_gemm")
-            for name, mod in list(sys.modules.items()):
-                if name.startswith("transformer_engine.pytorch") and getattr(mod, fname, None) is orig:
-                    setattr(mod, fname, wrapper)
-                    self._patched.append((mod, fname, orig))
+        self._patched = patch_te_gemms(lambda orig, grouped: self._wrap(orig, grouped))
         return len(self._patched)
 
     def uninstall(self) -> None:
-        for mod, fname, orig in reversed(self._patched):
-            setattr(mod, fname, orig)
-        self._patched.clear()
+        unpatch(self._patched)
+        self._patched = []
 
     def _wrap(self, orig: Callable, grouped: bool) -> Callable:
         params = list(inspect.signature(orig).parameters)
@@ -169,8 +185,6 @@ class TEInterceptor:
                 rec.end(token)
             return out
 
-        setattr(wrapper, _WRAPPED, True)
-        wrapper.__wrapped__ = orig
         return wrapper
 
     def _before(self, args: tuple, kwargs: dict, arg: Callable, grouped: bool) -> Any:

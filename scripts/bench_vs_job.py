@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""Microbenchmark vs. the same GEMMs inside real training steps (issue 3 acceptance).
+
+For each recipe: capture N steps of the seed's te.TransformerLayer stack (CUDA-event time per GEMM,
+validated against torch.profiler by validate_capture.py), then microbenchmark the same shapes in
+pre-quantized mode; print the per-GEMM ratio bench / in-job.
+
+    python scripts/bench_vs_job.py --layers 4 --steps 6 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from te_gemm_callback import GemmProfiler  # noqa: E402
+from te_gemm_callback.bench.cells import ResultCache, items_from_capture  # noqa: E402
+from te_gemm_callback.bench.engine import run_bench  # noqa: E402
+from te_gemm_callback.models import StackConfig, stack_input, te_stack, train_step_fn  # noqa: E402
+from te_gemm_callback.shapes import GemmShape  # noqa: E402
+
+
+def in_job(recipe: str, c: StackConfig, steps: int):
+    torch.manual_seed(0)
+    model = te_stack(c)
+    step = train_step_fn(model, stack_input(c), recipe)
+    for _ in range(3):
+        step()
+    prof = GemmProfiler(model, dispatch_steps=0, nvtx=False).start()
+    for _ in range(steps):
+        step()
+        prof.step()
+    cap = prof.stop()
+    times = collections.defaultdict(list)
+    for r in cap.records:
+        times[(r.op, r.m, r.k, r.n)] += r.times_ms
+    del model
+    torch.cuda.empty_cache()
+    return cap, {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
+    p.add_argument("--json")
+    a = p.parse_args()
+    c = StackConfig(num_hidden_layers=a.layers)
+    rows = []
+    for recipe in a.recipes.split(","):
+        cap, job = in_job(recipe, c, a.steps)
+        items = items_from_capture(cap)
+        res = run_bench(items, [recipe], ["prequantized"], cache=ResultCache(enabled=False), progress=False)
+        for (op, m, k, n), job_ms in sorted(job.items()):
+            r = res.get(GemmShape(m, k, n, op), recipe, "prequantized")
+            if r is None or not r.ok:
+                continue
+            rows.append({"recipe": recipe, "op": op, "shape": f"{m}x{k}x{n}", "in_job_ms": job_ms,
+                         "bench_ms": r.median_ms, "bench_over_job": r.median_ms / job_ms})
+            print(f"{recipe:22s} {op:5s} {m}x{k}x{n:<8d} in-job {job_ms:8.3f} ms  bench {r.median_ms:8.3f} ms  "
+                  f"ratio {r.median_ms / job_ms:.3f}")
+    worst = {rc: max(abs(x["bench_over_job"] - 1) for x in rows if x["recipe"] == rc) for rc in {x["recipe"] for x in rows}}
+    print("worst |ratio - 1| per recipe:", {k: f"{100 * v:.1f}%" for k, v in worst.items()})
+    if a.json:
+        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": c.__dict__, "rows": rows,
+                                            "worst": worst}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""What to benchmark (work items from a config, a capture or a shape list), results, and the cache."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..capture.record import GemmCapture
+from ..shapes import GemmOp, GemmShape, ModelConfig, config_gemms, fprop_of, gemm_passes
+
+MODES = ("autocast", "prequantized")
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One linear layer of the job: its fprop shape and how often a step runs it.
+
+    ``m_splits`` marks a grouped (MoE) GEMM: M = sum(m_splits), one group per expert.
+    """
+
+    name: str
+    fprop: GemmShape
+    count: float = 1.0
+    m_splits: tuple[int, ...] | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.fprop.m, self.fprop.k, self.fprop.n, self.fprop.batch, self.m_splits)
+
+
+def items_from_config(cfg: ModelConfig) -> list[WorkItem]:
+    return [WorkItem(g.name, g.fprop, float(g.count(cfg)), g.m_splits) for g in config_gemms(cfg)]
+
+
+def items_from_shapes(shapes: Iterable[GemmShape]) -> list[WorkItem]:
+    return [WorkItem(s.mkn, fprop_of(s)) for s in shapes]
+
+
+def items_from_capture(cap: GemmCapture) -> list[WorkItem]:
+    """One item per captured weight GEMM (fprop records; recomputes excluded, they repeat fprop).
+
+    Batched GEMMs without a weight (attention's bmm in eager code) are not linear layers that a
+    TE recipe changes; they are left out, and the report counts them as non-GEMM time.
+    """
+    items: dict[tuple, WorkItem] = {}
+    for r in cap.records:
+        if r.op != "fprop" or r.recompute or r.batch != 1:
+            continue
+        splits = tuple(r.m_splits[0]) if r.m_splits else None
+        key = (r.name, r.m, r.k, r.n, splits)
+        prev = items.get(key)
+        count = r.calls_per_step + (prev.count if prev else 0.0)
+        items[key] = WorkItem(r.name, GemmShape(r.m, r.k, r.n), count, splits)
+    return list(items.values())
+
+
+@dataclass
+class BenchResult:
+    """One (shape, pass, precision, mode) timing, with the conditions it was measured under."""
+
+    m: int
+    k: int
+    n: int
+    op: str
+    precision: str
+    mode: str
+    m_splits: list[int] | None = None
+    median_ms: float | None = None
+    q1_ms: float | None = None
+    q3_ms: float | None = None
+    iters: int = 0
+    tflops: float | None = None
+    peak_fraction: float | None = None
+    error: str | None = None
+    backend: str = ""  # "te" or "torch"
+    conditions: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> GemmShape:
+        return GemmShape(self.m, self.k, self.n, GemmOp(self.op))
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.median_ms is not None
+
+
+def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int, ...] | None,
+               precision: str, mode: str, flush_l2: bool) -> str:
+    splits = ",".join(map(str, m_splits)) if m_splits else "-"
+    return "|".join([device, versions, f"{shape.op}:{shape.mkn}", splits, precision, mode,
+                     "flush" if flush_l2 else "warm-l2"])
+
+
+class ResultCache:
+    """JSON cache of results and per-device peaks, so reports and reruns do not re-measure."""
+
+    def __init__(self, path: str | Path | None = None, enabled: bool = True) -> None:
+        default = Path(os.environ.get("TE_GEMM_CACHE", Path.home() / ".cache" / "te_gemm_callback" / "bench.json"))
+        self.path = Path(path) if path else default
+        self.enabled = enabled
+        self.data: dict[str, Any] = {"results": {}, "peaks": {}}
+        if enabled and self.path.exists():
+            try:
+                self.data = json.loads(self.path.read_text())
+            except (OSError, json.JSONDecodeError):
+                pass  # a corrupt cache is re-measured, never fatal
+        self.data.setdefault("results", {})
+        self.data.setdefault("peaks", {})
+
+    def get(self, key: str) -> BenchResult | None:
+        d = self.data["results"].get(key) if self.enabled else None
+        return BenchResult(**d) if d else None
+
+    def put(self, key: str, r: BenchResult) -> None:
+        if r.ok:  # failures are re-tried next time
+            self.data["results"][key] = asdict(r)
+
+    def save(self) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data))
+
+
+def passes_of(item: WorkItem) -> tuple[GemmShape, GemmShape, GemmShape]:
+    return gemm_passes(item.fprop)

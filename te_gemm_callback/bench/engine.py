@@ -1,0 +1,297 @@
+"""Offline microbenchmarks of a job's GEMMs in every precision.
+
+Each work item (a linear layer's fprop shape, or a grouped MoE GEMM with its m_splits) is run as
+a real ``te.Linear`` / ``te.GroupedLinear`` forward and backward under the recipe, so dgrad and
+wgrad are the GEMMs TE's backward really calls: same layouts ("NN", "NT"), operand formats and
+scaling (FP8 block scaling with the 1D x 2D scaling training uses), not a forward with swapped
+sizes. Two modes:
+
+- ``autocast`` (what training pays, quantization included), per-iteration CUDA events:
+  fprop = the module's forward (input and weight quantization + GEMM);
+  wgrad = the wgrad GEMM (its operands were quantized by fprop and dgrad);
+  dgrad = backward minus the wgrad GEMM (grad-output quantization + dgrad GEMM).
+- ``prequantized`` (kernel time only): inside that same forward/backward, each GEMM call is
+  re-issued back-to-back with the operands TE built for it, so the quantization happened once,
+  outside the timed region, in exactly TE's formats.
+
+Without TE (or without CUDA) the torch backend times BF16 matmuls with the same three passes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..precisions import availability, autocast, canonical, import_te, te_available
+from ..shapes import GemmOp, GemmShape, gemm_passes
+from .cells import MODES, BenchResult, ResultCache, WorkItem, result_key
+from .timing import L2Flush, adaptive_iters, device_conditions, measure_peaks, stats, time_cpu, time_cuda, warm_up_gpu
+
+_LAYOUT_OP = {"TN": GemmOp.FPROP, "NN": GemmOp.DGRAD, "NT": GemmOp.WGRAD}
+FP8_FAMILY = {"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling"}
+
+
+@dataclass
+class BenchResults:
+    results: list[BenchResult]
+    skipped: dict[str, str] = field(default_factory=dict)  # precision -> reason it did not run
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, shape: GemmShape, precision: str, mode: str,
+            m_splits: tuple[int, ...] | None = None) -> BenchResult | None:
+        for r in self.results:
+            if (r.m, r.k, r.n, r.op, r.precision, r.mode) == (shape.m, shape.k, shape.n, str(shape.op), precision, mode) \
+                    and (tuple(r.m_splits) if r.m_splits else None) == m_splits:
+                return r
+        return None
+
+    @property
+    def precisions(self) -> list[str]:
+        return list(dict.fromkeys(r.precision for r in self.results))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "te-gemm-bench/1", "meta": self.meta, "skipped": self.skipped,
+                "results": [asdict(r) for r in self.results]}
+
+    def save(self, path: str | Path) -> Path:
+        import json
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BenchResults":
+        import json
+
+        d = json.loads(Path(path).read_text())
+        return cls([BenchResult(**r) for r in d["results"]], d.get("skipped", {}), d.get("meta", {}))
+
+
+class _GemmTap:
+    """Sits on TE's GEMM entry points during a job: records event pairs, or re-issues each call."""
+
+    def __init__(self) -> None:
+        self.mode = "off"
+        self.n = 10
+        self.flush: Callable[[], None] | None = None
+        self.events: list[tuple[str, Any, Any]] = []
+        self.repeats: list[tuple[str, list[float]]] = []
+        self._patched: list = []
+
+    def __enter__(self) -> "_GemmTap":
+        from ..capture.te_adapter import patch_te_gemms
+
+        self._patched = patch_te_gemms(self._wrap)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from ..capture.te_adapter import unpatch
+
+        unpatch(self._patched)
+
+    def _wrap(self, orig: Callable, grouped: bool) -> Callable:
+        names = list(inspect.signature(orig).parameters)
+        i_layout = names.index("layout")
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            layout = kwargs.get("layout", args[i_layout] if len(args) > i_layout else "TN")
+            if self.mode == "repeat":  # operands are valid now: re-issue the call back-to-back
+                self.repeats.append((layout, time_cuda(lambda: orig(*args, **kwargs), self.n, self.flush)))
+            if self.mode == "events":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                out = orig(*args, **kwargs)
+                e.record()
+                self.events.append((layout, s, e))
+                return out
+            return orig(*args, **kwargs)
+
+        return wrapper
+
+
+def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None) -> dict:
+    """Times of each (pass, mode) for one work item under one recipe."""
+    te = import_te()
+    m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
+    bf16 = torch.bfloat16
+    if item.m_splits:
+        mod = te.GroupedLinear(len(item.m_splits), k, n, bias=False, params_dtype=bf16, device="cuda")
+        splits = list(item.m_splits)
+        fwd = lambda x: mod(x, splits)  # noqa: E731
+    else:
+        mod = te.Linear(k, n, bias=False, params_dtype=bf16, device="cuda")
+        fwd = mod
+    x = torch.randn(m, k, dtype=bf16, device="cuda", requires_grad=True)
+    dy = torch.randn(m, n, dtype=bf16, device="cuda")
+    params = list(mod.parameters())
+
+    def forward() -> torch.Tensor:
+        with autocast(precision):
+            return fwd(x)
+
+    def iteration() -> None:
+        for p in params:  # no gradient accumulation kernel between iterations
+            p.grad = None
+        x.grad = None
+        forward().backward(dy)
+
+    out: dict[tuple[GemmOp, str], list[float]] = {}
+    with _GemmTap() as tap:
+        for _ in range(2):  # TE/cuBLAS initialisation; delayed scaling fills its amax history
+            iteration()
+        est = stats(time_cuda(iteration, 2))[0]
+        iters = adaptive_iters(est, target_ms=60.0, lo=7, hi=30)
+        if "autocast" in modes:
+            tap.mode = "events"
+            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(iters)]
+            torch.cuda._sleep(int(min(iters * 3e-4, 0.03) * 2e9))  # queue the iterations ahead
+            for e0, e1, e2 in marks:
+                for p in params:
+                    p.grad = None
+                x.grad = None
+                if flush is not None:
+                    flush()
+                e0.record()
+                y = forward()
+                e1.record()
+                y.backward(dy)
+                e2.record()
+            torch.cuda.synchronize()
+            wgrad = [s.elapsed_time(e) for lay, s, e in tap.events if lay == "NT"]
+            fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
+            bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
+            out[(GemmOp.FPROP, "autocast")] = fwd_ms
+            out[(GemmOp.WGRAD, "autocast")] = wgrad
+            out[(GemmOp.DGRAD, "autocast")] = [b - w for b, w in zip(bwd_ms, wgrad)]
+            tap.events.clear()
+        if "prequantized" in modes:
+            tap.mode, tap.flush = "repeat", flush
+            tap.n = adaptive_iters(est / 3, target_ms=30.0, lo=10, hi=50)
+            iteration()
+            for layout, times in tap.repeats:
+                out[(_LAYOUT_OP[layout], "prequantized")] = times
+        tap.mode = "off"
+    del mod, x, dy
+    return out
+
+
+def _torch_job(item: WorkItem, modes: Iterable[str]) -> dict:
+    """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
+    time the same three products."""
+    m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
+    cuda = torch.cuda.is_available()
+    dev, dt = ("cuda" if cuda else "cpu"), torch.bfloat16
+    splits = list(item.m_splits) if item.m_splits else [m]
+    w = torch.randn(n, k, device=dev, dtype=dt)
+    xs = [torch.randn(s, k, device=dev, dtype=dt) for s in splits]
+    dys = [torch.randn(s, n, device=dev, dtype=dt) for s in splits]
+    fns = {GemmOp.FPROP: lambda: [x @ w.t() for x in xs],
+           GemmOp.DGRAD: lambda: [d @ w for d in dys],
+           GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
+    timer = time_cuda if cuda else time_cpu
+    out = {}
+    for op, fn in fns.items():
+        fn()
+        est = stats(timer(fn, 2))[0]
+        times = timer(fn, adaptive_iters(est, target_ms=30.0 if cuda else 20.0, lo=5, hi=50))
+        for mode in modes:
+            out[(op, mode)] = times
+    return out
+
+
+def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
+              *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
+              console: Any = None) -> BenchResults:
+    """Time every (work item, pass, precision, mode). Unsupported precisions are skipped with the
+    reason TE gives; a failing cell records its error and the run goes on."""
+    t_start = time.perf_counter()
+    modes = [m for m in MODES if m in set(modes)]
+    if not modes:
+        raise ValueError(f"modes must be among {MODES}")
+    cache = cache or ResultCache(enabled=False)
+    cuda = torch.cuda.is_available()
+    use_te = cuda and te_available()[0]
+    backend = "te" if use_te else "torch"
+    wanted, skipped = [], {}
+    for p in dict.fromkeys(canonical(p) for p in precisions):
+        av = availability(p)
+        if not av.ok:
+            skipped[p] = av.reason
+        elif p != "BF16" and not use_te:
+            skipped[p] = te_available()[1] or "transformer-engine not installed"
+        else:
+            wanted.append(p)
+    cond = device_conditions()
+    versions = f"torch {cond['torch']}, TE {cond.get('transformer_engine')}"
+    if cuda:
+        warm_up_gpu()
+        peaks = measure_peaks(cache.data["peaks"], cond["device"])
+    else:
+        peaks = {}
+    flush = L2Flush() if (flush_l2 and cuda) else None
+    cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
+                timing="CUDA-event pair per call, launches queued behind a sleep kernel" if cuda
+                else "host clock per call (CPU)")
+    jobs = list(dict.fromkeys((it.key, it, p) for it in items for p in wanted))
+    unique = {}
+    for key, it, p in jobs:
+        unique.setdefault((key, p), it)
+    results: list[BenchResult] = []
+    prog = _progress(progress, console)
+    with prog:
+        task = prog.add_task("GEMM cells", total=len(unique) * 3 * len(modes))
+        for (key, p), it in unique.items():
+            shapes = gemm_passes(it.fprop)
+            keys = {(s.op, mo): result_key(cond["device"], versions, s, it.m_splits, p, mo, bool(flush))
+                    for s in shapes for mo in modes}
+            cached = {k: cache.get(v) for k, v in keys.items()}
+            if all(cached.values()):
+                results += list(cached.values())
+                prog.advance(task, len(keys))
+                continue
+            prog.update(task, description=f"{p} {it.fprop.mkn}")
+            try:
+                times = _te_job(it, p, modes, flush) if use_te else _torch_job(it, modes)
+                error = None
+            except Exception as err:  # OOM, kernel or shape error: record and go on
+                times, error = {}, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                if cuda:
+                    torch.cuda.empty_cache()
+            for s in shapes:
+                for mo in modes:
+                    r = _result(s, it, p, mo, times.get((s.op, mo)), error, backend, cond, peaks)
+                    cache.put(keys[(s.op, mo)], r)
+                    results.append(r)
+                    prog.advance(task)
+    cache.save()
+    meta = dict(cond, wall_s=time.perf_counter() - t_start, modes=modes, precisions=wanted)
+    return BenchResults(results, skipped, meta)
+
+
+def _result(s: GemmShape, it: WorkItem, precision: str, mode: str, times: list[float] | None, error: str | None,
+            backend: str, cond: dict, peaks: dict) -> BenchResult:
+    r = BenchResult(s.m, s.k, s.n, str(s.op), precision, mode, list(it.m_splits) if it.m_splits else None,
+                    backend=backend, conditions=cond)
+    if error or not times:
+        r.error = error or "no timing recorded for this pass"
+        return r
+    r.median_ms, r.q1_ms, r.q3_ms = stats(times)
+    r.iters = len(times)
+    r.tflops = s.flops / (r.median_ms * 1e-3) / 1e12
+    peak = peaks.get("fp8" if precision in FP8_FAMILY else "bf16")
+    r.peak_fraction = r.tflops / peak if peak else None
+    return r
+
+
+def _progress(enabled: bool, console: Any) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, disable=not enabled, transient=True)

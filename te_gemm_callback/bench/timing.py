@@ -1,0 +1,136 @@
+"""Timing a reviewer can trust: warm clocks, queued launches, per-call events, median and IQR."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import time
+from typing import Any, Callable
+
+import torch
+
+# Sleep long enough for the CPU to queue the timed launches ahead of the GPU, so launch latency
+# and Python overhead never show between two GEMMs (the same idea as triton's do_bench).
+_SLEEP_PER_CALL_S = 60e-6
+_SLEEP_MAX_S = 0.03
+
+
+def stats(times: list[float]) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile)."""
+    if len(times) == 1:
+        return times[0], times[0], times[0]
+    q = statistics.quantiles(times, n=4, method="inclusive")
+    return statistics.median(times), q[0], q[2]
+
+
+def _sleep_cycles(seconds: float) -> int:
+    # torch.cuda._sleep spins for a number of GPU cycles; ~2 GHz on Hopper and Blackwell SMs.
+    return int(seconds * 2e9)
+
+
+class L2Flush:
+    """Overwrite a buffer twice the L2 size between timed calls (outside the event pair)."""
+
+    def __init__(self) -> None:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        size = max(getattr(props, "L2_cache_size", 50 * 2**20), 2**20) * 2
+        self.buf = torch.empty(size, dtype=torch.uint8, device="cuda")
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+
+
+def time_cuda(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None) -> list[float]:
+    """Per-call GPU times (ms) of ``n`` back-to-back calls of ``fn``."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    torch.cuda._sleep(_sleep_cycles(min(n * _SLEEP_PER_CALL_S, _SLEEP_MAX_S)))
+    for i in range(n):
+        if flush is not None:
+            flush()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()  # read back after the last call: nothing timed waits on the host
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def time_cpu(fn: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def adaptive_iters(estimate_ms: float, target_ms: float = 40.0, lo: int = 7, hi: int = 60) -> int:
+    """Enough calls for ~target_ms of measurement, bounded so that small GEMMs get many samples
+    and huge ones do not take seconds."""
+    if estimate_ms <= 0:
+        return hi
+    return int(min(hi, max(lo, target_ms / estimate_ms)))
+
+
+def warm_up_gpu(seconds: float = 0.25) -> None:
+    """Run dense matmuls until the SM clock has ramped up from idle (345 MHz idle, 1980 MHz under
+    load on the H200), so the first measured cell is not slower than the rest."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+
+
+def device_conditions() -> dict[str, Any]:
+    """Device name, clocks and versions: every result carries them."""
+    from ..precisions import te_version
+
+    out: dict[str, Any] = {"torch": torch.__version__, "transformer_engine": te_version()}
+    if not torch.cuda.is_available():
+        import platform
+
+        out["device"] = f"CPU ({platform.processor() or platform.machine()})"
+        return out
+    out["device"] = torch.cuda.get_device_name()
+    out["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+    out["cuda"] = torch.version.cuda
+    if shutil.which("nvidia-smi"):
+        try:
+            q = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.limit",
+                                "--format=csv,noheader,nounits", f"--id={torch.cuda.current_device()}"],
+                               capture_output=True, text=True, timeout=5).stdout.strip().split(", ")
+            out.update({"sm_clock_mhz": q[0], "sm_clock_max_mhz": q[1], "mem_clock_mhz": q[2],
+                        "power_limit_w": q[3]})
+        except (OSError, subprocess.SubprocessError, IndexError):
+            pass
+    return out
+
+
+def measure_peaks(cache: dict[str, Any], device: str) -> dict[str, float]:
+    """Dense-GEMM ceilings of this device (TFLOP/s), measured once and cached per device.
+
+    8192^3 products: BF16 through torch.matmul, FP8 through torch._scaled_mm (E4M3, per-tensor
+    scales). DESIGN.md measured ~790 and ~1390 TFLOP/s on an H200 SXM.
+    """
+    if device in cache:
+        return cache[device]
+    n = 8192
+    flops = 2 * n**3
+    peaks: dict[str, float] = {}
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    peaks["bf16"] = flops / (stats(time_cuda(lambda: a @ b, 10))[0] * 1e-3) / 1e12
+    if torch.cuda.get_device_capability() >= (8, 9) and hasattr(torch, "_scaled_mm"):
+        try:
+            a8 = a.to(torch.float8_e4m3fn)
+            b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major second operand
+            one = torch.ones((), device="cuda")
+            fn = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
+            peaks["fp8"] = flops / (stats(time_cuda(fn, 10))[0] * 1e-3) / 1e12
+        except (RuntimeError, TypeError):
+            pass
+    cache[device] = peaks
+    return peaks

@@ -1,0 +1,132 @@
+"""Benchmark tables in the seed tool's sections: per pass, per item totals, full model, speedups."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from rich.table import Table
+
+from ..bench.cells import WorkItem
+from ..bench.engine import BenchResults
+from ..shapes import GemmOp, gemm_passes
+
+PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad"}
+
+
+def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
+            ops: tuple[GemmOp, ...] = (GemmOp.FPROP, GemmOp.DGRAD, GemmOp.WGRAD)) -> float | None:
+    """GEMM time of one call of a work item (the passes in ``ops``), or None if any cell failed."""
+    total = 0.0
+    for s in gemm_passes(item.fprop):
+        if s.op not in ops:
+            continue
+        r = res.get(s, precision, mode, item.m_splits)
+        if r is None or not r.ok:
+            return None
+        total += r.median_ms
+    return total
+
+
+def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str) -> float | None:
+    """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config)."""
+    total = 0.0
+    for it in items:
+        t = item_ms(res, it, precision, mode)
+        if t is None:
+            return None
+        total += it.count * t
+    return total
+
+
+def _fmt(ms: float | None, base: float | None) -> str:
+    if ms is None:
+        return "failed"
+    sp = f" ({base / ms:.2f}x)" if base and ms else ""
+    return f"{ms:.3f}{sp}"
+
+
+def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) -> Table:
+    precs = res.precisions
+    t = Table(title=f"{PASS_TITLES[op]} GEMMs ({mode}): ms per call, speedup over BF16")
+    t.add_column("GEMM")
+    t.add_column("M x K x N", no_wrap=True)
+    for p in precs:
+        t.add_column(p, justify="right", no_wrap=True)
+    t.add_column("spread (IQR/median)", justify="right")
+    seen = set()
+    for it in items:
+        s = gemm_passes(it.fprop)[list(GemmOp).index(op)]
+        if (s, it.m_splits) in seen:
+            continue
+        seen.add((s, it.m_splits))
+        cells, spread = [], 0.0
+        base = res.get(s, "BF16", mode, it.m_splits)
+        base_ms = base.median_ms if base is not None and base.ok else None
+        for p in precs:
+            r = res.get(s, p, mode, it.m_splits)
+            cells.append(_fmt(r.median_ms if r is not None and r.ok else None, base_ms))
+            if r is not None and r.ok and r.median_ms:
+                spread = max(spread, (r.q3_ms - r.q1_ms) / r.median_ms)
+        label = s.mkn + (f" [{len(it.m_splits)} groups]" if it.m_splits else "")
+        t.add_row(it.name, label, *cells, f"{100 * spread:.1f}%")
+    return t
+
+
+def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
+    """Per work item (fprop+dgrad+wgrad), then the whole step and the estimated GEMM speedup."""
+    precs = res.precisions
+    t = Table(title=f"GEMM time per item and per step ({mode}), ms")
+    t.add_column("GEMM")
+    t.add_column("calls/step", justify="right")
+    for p in precs:
+        t.add_column(p, justify="right", no_wrap=True)
+    for it in items:
+        base = item_ms(res, it, "BF16", mode)
+        t.add_row(it.name, f"{it.count:g}", *[_fmt(item_ms(res, it, p, mode), base) for p in precs])
+    t.add_section()
+    base = step_ms(res, items, "BF16", mode)
+    t.add_row("[b]full step[/b]", "", *[_fmt(step_ms(res, items, p, mode), base) for p in precs])
+    if res.skipped:
+        t.caption = escape("not run: " + "; ".join(f"{p}: {why}" for p, why in res.skipped.items()))
+    return t
+
+
+def speedup_summary(res: BenchResults, items: list[WorkItem], mode: str) -> dict[str, float | None]:
+    base = step_ms(res, items, "BF16", mode)
+    out = {}
+    for p in res.precisions:
+        ms = step_ms(res, items, p, mode)
+        out[p] = base / ms if base and ms else None
+    return out
+
+
+def swapped_items(items: list[WorkItem]) -> list[WorkItem]:
+    """What TE's benchmark_gemm.py times for dgrad and wgrad: a forward GEMM with the pass's
+    written sizes (M x N x K for dgrad, K x M x N for wgrad)."""
+    out = []
+    for it in items:
+        if it.m_splits:
+            continue
+        _, d, w = gemm_passes(it.fprop)
+        out += [WorkItem(f"{it.name} dgrad-as-fprop", d.__class__(d.m, d.k, d.n)),
+                WorkItem(f"{it.name} wgrad-as-fprop", w.__class__(w.m, w.k, w.n))]
+    return out
+
+
+def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkItem], mode: str) -> Table:
+    """Real backward GEMMs against the swapped-forward stand-in, per shape and precision."""
+    t = Table(title=f"Real dgrad/wgrad vs. a forward GEMM with swapped sizes ({mode}), ms")
+    for c in ("GEMM", "pass", "M x K x N", "precision", "real", "swapped fwd", "swapped/real"):
+        t.add_column(c, justify="right" if c in ("real", "swapped fwd", "swapped/real") else "left", no_wrap=True)
+    for it in items:
+        if it.m_splits:
+            continue
+        for s in gemm_passes(it.fprop)[1:]:
+            fwd = s.__class__(s.m, s.k, s.n)
+            for p in real.precisions:
+                a, b = real.get(s, p, mode), swapped.get(fwd, p, mode)
+                if a is None or b is None or not (a.ok and b.ok):
+                    continue
+                t.add_row(it.name, str(s.op), s.mkn, p, f"{a.median_ms:.3f}", f"{b.median_ms:.3f}",
+                          f"{b.median_ms / a.median_ms:.3f}")
+    return t

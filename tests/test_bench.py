@@ -1,0 +1,139 @@
+"""Benchmark engine on the CPU path (torch BF16), caching, skip reasons, CLI and figures."""
+
+import json
+
+import pytest
+import torch
+
+from te_gemm_callback.bench.cells import (BenchResult, ResultCache, WorkItem, items_from_capture,
+                                          items_from_config, items_from_shapes, result_key)
+from te_gemm_callback.bench.engine import BenchResults, run_bench
+from te_gemm_callback.bench.timing import adaptive_iters, stats
+from te_gemm_callback.cli import main
+from te_gemm_callback.render.bench_tables import step_ms, swapped_items
+from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig
+
+CFG = ["--hidden-size", "64", "--intermediate-size", "128", "--num-attention-heads", "4",
+       "--num-hidden-layers", "3", "--micro-batch-size", "2", "--sequence-length", "16"]
+
+
+def test_items_dedupe_and_sources():
+    cfg = ModelConfig(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_hidden_layers=3,
+                      micro_batch_size=2, sequence_length=16)
+    items = items_from_config(cfg)
+    assert [i.name for i in items] == ["qkv", "proj", "fc1", "fc2"] and all(i.count == 3 for i in items)
+    # proj, fc1 (I = H) and fc2 share one shape: one job, three work items.
+    assert len({i.key for i in items}) == 2
+    wgrad = GemmShape(64, 32, 192, GemmOp.WGRAD)
+    assert items_from_shapes([wgrad])[0].fprop == GemmShape(32, 64, 192)
+
+
+def test_cache_key_separates_every_condition(tmp_path):
+    s = GemmShape(8, 16, 32, GemmOp.DGRAD)
+    base = result_key("H200", "torch 2.11, TE 2.20", s, None, "BF16", "autocast", False)
+    variants = [result_key("B200", "torch 2.11, TE 2.20", s, None, "BF16", "autocast", False),
+                result_key("H200", "torch 2.11, TE 2.21", s, None, "BF16", "autocast", False),
+                result_key("H200", "torch 2.11, TE 2.20", GemmShape(8, 16, 32, GemmOp.WGRAD), None, "BF16", "autocast", False),
+                result_key("H200", "torch 2.11, TE 2.20", s, (4, 4), "BF16", "autocast", False),
+                result_key("H200", "torch 2.11, TE 2.20", s, None, "DelayedScaling", "autocast", False),
+                result_key("H200", "torch 2.11, TE 2.20", s, None, "BF16", "prequantized", False),
+                result_key("H200", "torch 2.11, TE 2.20", s, None, "BF16", "autocast", True)]
+    assert len({base, *variants}) == 8
+    cache = ResultCache(tmp_path / "c.json")
+    ok = BenchResult(8, 16, 32, "dgrad", "BF16", "autocast", median_ms=1.0)
+    bad = BenchResult(8, 16, 32, "dgrad", "BF16", "autocast", error="OOM")
+    cache.put("a", ok)
+    cache.put("b", bad)
+    cache.save()
+    again = ResultCache(tmp_path / "c.json")
+    assert again.get("a") == ok and again.get("b") is None  # failures are re-measured
+
+
+def test_cpu_bf16_end_to_end_with_skip_reasons_and_cache(tmp_path):
+    items = [WorkItem("a", GemmShape(32, 64, 48), 2.0), WorkItem("moe", GemmShape(24, 16, 32), 1.0, (8, 0, 16))]
+    cache = ResultCache(tmp_path / "cache.json")
+    res = run_bench(items, ["bf16", "DelayedScaling", "NVFP4BlockScaling"], ["autocast", "prequantized"],
+                    cache=cache, progress=False)
+    assert res.precisions == ["BF16"]
+    assert set(res.skipped) == {"DelayedScaling", "NVFP4BlockScaling"}
+    if not torch.cuda.is_available():
+        assert all("no CUDA device" in why for why in res.skipped.values())
+    assert len(res.results) == 2 * 3 * 2 and all(r.ok for r in res.results)
+    r = res.get(GemmShape(32, 48, 64, GemmOp.DGRAD), "BF16", "autocast")
+    assert r.median_ms > 0 and r.q1_ms <= r.median_ms <= r.q3_ms and r.conditions["device"]
+    assert res.get(GemmShape(16, 24, 32, GemmOp.WGRAD), "BF16", "prequantized", (8, 0, 16)).m_splits == [8, 0, 16]
+    assert step_ms(res, items, "BF16", "autocast") > 0
+    # A second run is served from the cache: identical numbers, no re-measurement.
+    again = run_bench(items, ["BF16"], ["autocast", "prequantized"], cache=ResultCache(tmp_path / "cache.json"),
+                      progress=False)
+    assert [r.median_ms for r in again.results] == [r.median_ms for r in res.results]
+    back = BenchResults.load(res.save(tmp_path / "r.json"))
+    assert back.results == res.results and back.skipped == res.skipped
+
+
+def test_timing_helpers():
+    assert stats([1.0, 2.0, 3.0, 4.0, 100.0])[0] == 3.0
+    assert adaptive_iters(100.0) == 7 and adaptive_iters(0.001) == 60 and adaptive_iters(5.0) == 8
+
+
+def test_items_from_capture_skip_recompute_and_attention():
+    from te_gemm_callback import GemmProfiler
+
+    model = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 4, 16, requires_grad=True)
+    with GemmProfiler(model) as prof:
+        model(x, x, x)[0].sum().backward()
+    items = items_from_capture(prof.capture)
+    assert items and all(i.fprop.batch == 1 for i in items)  # the attention bmm is not a weight GEMM
+
+
+def test_cli_bench_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TE_GEMM_CACHE", str(tmp_path / "cache.json"))
+    fig, js = tmp_path / "fig.png", tmp_path / "r.json"
+    assert main(["bench", *CFG, "--precisions", "BF16,Float8BlockScaling", "-o", str(fig), "--json", str(js),
+                 "--compare-swapped"]) == 0
+    out = capsys.readouterr().out
+    assert "Fprop GEMMs" in out and "Wgrad GEMMs" in out and "full step" in out and "swapped" in out
+    assert "Float8BlockScaling not run" in out
+    assert fig.stat().st_size > 10_000
+    data = json.loads(js.read_text())
+    assert data["schema"] == "te-gemm-bench/1" and len(data["results"]) == 4 * 3  # 4 shapes x 3 passes
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--shapes", "8x8"], "bad shape"),
+    (["--shapes", "8x8x8", *CFG], "exactly one"),
+    (["--hidden-size", "64"], "missing config flags"),
+    (["--capture", "/nonexistent.json"], "cannot read capture"),
+    (["--shapes", "8x8x8", "--precisions", "fp9"], "unknown precision"),
+])
+def test_cli_bench_errors(capsys, args, needle):
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_swapped_items_are_forward_shapes_of_the_backward_passes():
+    it = WorkItem("fc1", GemmShape(512, 64, 256))
+    d, w = swapped_items([it])
+    assert (d.fprop.m, d.fprop.k, d.fprop.n) == (512, 256, 64)
+    assert (w.fprop.m, w.fprop.k, w.fprop.n) == (64, 512, 256)
+
+
+def test_seed_script_flags(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import pathlib
+
+    monkeypatch.setenv("TE_GEMM_CACHE", str(tmp_path / "cache.json"))
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
+    spec = importlib.util.spec_from_file_location("seed_benchmark", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fig = tmp_path / "seed.png"
+    rc = mod.main(["--hidden_size", "64", "--intermediate_size", "128", "--num_attention_heads", "4",
+                   "--num_hidden_layers", "2", "--micro_batch_size", "2", "--sequence_length", "16",
+                   "--pre-quantize", "--no-fp8", "--no-fp4", "-o", str(fig)])
+    out = capsys.readouterr().out
+    assert rc == 0 and fig.stat().st_size > 10_000
+    for section in ("Fprop GEMMs", "Dgrad GEMMs", "Wgrad GEMMs", "Per layer", "Full model (2 layers)"):
+        assert section in out
