@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Everything docs/results/h200.md reports, in one run on a GPU host with TE installed.
+#   bash scripts/h200_validation.sh OUTDIR
+set -uo pipefail
+out=${1:-runs/h200}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
+quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|^ *$" || true; }
+TIMEFORMAT='wall %R s'
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
+
+echo "== pytest (CPU and GPU tests)"
+python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
+
+echo "== capture vs torch.profiler (issue 2)"
+python scripts/validate_capture.py --layers 4 --steps 10 --json "$out/validate.json" 2>&1 | quiet
+
+echo "== capture overhead (issue 2)"
+python scripts/overhead.py --layers 4 --reps 16 --block 3 \
+    --recipes BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling --json "$out/overhead.json" 2>&1 | quiet
+
+SEED="--hidden_size 4096 --intermediate_size 16384 --num_attention_heads 32 --num_hidden_layers 24 --micro_batch_size 31 --sequence_length 512"
+for mode in autocast prequantized; do
+    flag=""; [ "$mode" = prequantized ] && flag="--pre-quantize"
+    for i in 1 2 3; do
+        echo "== seed config, $mode, run $i (whole command, cold process, no cache)"
+        { time python scripts/benchmark.py $SEED $flag --no_cache --json "$out/seed_${mode}_$i.json" \
+            -o "$out/seed_${mode}_$i.png" > "$out/seed_${mode}_$i.txt" 2>&1 ; } 2>&1
+        grep -E "speedup|skipped" "$out/seed_${mode}_$i.txt" | head -8
+    done
+done
+python - "$out" <<'PY'
+import json, sys, itertools
+out = sys.argv[1]
+for mode in ("autocast", "prequantized"):
+    runs = [json.load(open(f"{out}/seed_{mode}_{i}.json"))["results"] for i in (1, 2, 3)]
+    worst = 0.0
+    for cells in zip(*runs):
+        t = [c["median_ms"] for c in cells if c["median_ms"]]
+        if len(t) == 3:
+            worst = max(worst, max(t) / min(t) - 1)
+    print(f"{mode}: worst per-cell spread over three runs (max/min - 1): {100 * worst:.2f}%")
+PY
+
+echo "== real backward vs swapped-size forward (pre-quantized)"
+python -m te_gemm_callback.cli bench --hidden-size 4096 --intermediate-size 16384 --num-attention-heads 32 \
+    --num-hidden-layers 24 --micro-batch-size 31 --sequence-length 512 --pre-quantize --compare-swapped \
+    --precisions BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling > "$out/swapped.txt" 2>&1
+sed -n '/swapped sizes/,$p' "$out/swapped.txt"
+
+echo "== microbenchmark vs in-job GEMM time (issue 3)"
+python scripts/bench_vs_job.py --layers 4 --steps 6 --json "$out/bench_vs_job.json" 2>&1 | quiet
+
+echo "== bundled demo (README main command)"
+{ time python -m te_gemm_callback.cli run --out "$out/demo" --steps 5 > "$out/demo.txt" 2>&1 ; } 2>&1
+tail -6 "$out/demo.txt"
