@@ -51,6 +51,7 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
+    p.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls in the microbenchmark")
     p.add_argument("--json")
     a = p.parse_args()
     c = StackConfig(num_hidden_layers=a.layers)
@@ -58,7 +59,8 @@ def main() -> int:
     for recipe in a.recipes.split(","):
         cap, job = in_job(recipe, c, a.steps)
         items = items_from_capture(cap)
-        res = run_bench(items, [recipe], ["prequantized"], cache=ResultCache(enabled=False), progress=False)
+        res = run_bench(items, [recipe], ["prequantized"], flush_l2=a.flush_l2, cache=ResultCache(enabled=False),
+                        progress=False)
         for (op, m, k, n), job_ms in sorted(job.items()):
             r = res.get(GemmShape(m, k, n, op), recipe, "prequantized")
             if r is None or not r.ok:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything docs/results/h200.md reports, in one run on a GPU host with TE installed.
-#   bash scripts/h200_validation.sh OUTDIR
+#   bash scripts/h200_validation.sh OUTDIR            # all sections
+#   ONLY=bench bash scripts/h200_validation.sh OUTDIR # only the microbenchmark sections (issue 3)
 set -uo pipefail
 out=${1:-runs/h200}
 mkdir -p "$out"
@@ -10,15 +11,18 @@ TIMEFORMAT='wall %R s'
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
 
+only=${ONLY:-all}
 echo "== pytest (CPU and GPU tests)"
 python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
 
+if [ "$only" = all ]; then
 echo "== capture vs torch.profiler (issue 2)"
 python scripts/validate_capture.py --layers 4 --steps 10 --json "$out/validate.json" 2>&1 | quiet
 
 echo "== capture overhead (issue 2)"
 python scripts/overhead.py --layers 4 --reps 16 --block 3 \
     --recipes BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling --json "$out/overhead.json" 2>&1 | quiet
+fi
 
 SEED="--hidden_size 4096 --intermediate_size 16384 --num_attention_heads 32 --num_hidden_layers 24 --micro_batch_size 31 --sequence_length 512"
 for mode in autocast prequantized; do
@@ -51,7 +55,11 @@ sed -n '/swapped sizes/,$p' "$out/swapped.txt"
 
 echo "== microbenchmark vs in-job GEMM time (issue 3)"
 python scripts/bench_vs_job.py --layers 4 --steps 6 --json "$out/bench_vs_job.json" 2>&1 | quiet
+echo "== the same with an L2 flush between timed calls"
+python scripts/bench_vs_job.py --layers 4 --steps 6 --flush-l2 --json "$out/bench_vs_job_flush.json" 2>&1 | quiet | tail -1
+if [ "$only" = all ]; then
 
 echo "== bundled demo (README main command)"
 { time python -m te_gemm_callback.cli run --out "$out/demo" --steps 5 > "$out/demo.txt" 2>&1 ; } 2>&1
 tail -6 "$out/demo.txt"
+fi

@@ -49,6 +49,10 @@ def test_cache_key_separates_every_condition(tmp_path):
     assert again.get("a") == ok and again.get("b") is None  # failures are re-measured
 
 
+cpu_path = pytest.mark.skipif(torch.cuda.is_available(), reason="covers the CPU/torch path; tests/test_gpu.py covers TE")
+
+
+@cpu_path
 def test_cpu_bf16_end_to_end_with_skip_reasons_and_cache(tmp_path):
     items = [WorkItem("a", GemmShape(32, 64, 48), 2.0), WorkItem("moe", GemmShape(24, 16, 32), 1.0, (8, 0, 16))]
     cache = ResultCache(tmp_path / "cache.json")
@@ -87,6 +91,7 @@ def test_items_from_capture_skip_recompute_and_attention():
     assert items and all(i.fprop.batch == 1 for i in items)  # the attention bmm is not a weight GEMM
 
 
+@cpu_path
 def test_cli_bench_end_to_end(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TE_GEMM_CACHE", str(tmp_path / "cache.json"))
     fig, js = tmp_path / "fig.png", tmp_path / "r.json"

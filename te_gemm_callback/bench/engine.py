@@ -144,14 +144,18 @@ def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush
 
     out: dict[tuple[GemmOp, str], list[float]] = {}
     with _GemmTap() as tap:
-        for _ in range(2):  # TE/cuBLAS initialisation; delayed scaling fills its amax history
-            iteration()
+        iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
+        t = time.perf_counter()
+        iteration()
+        host_s = time.perf_counter() - t
         est = stats(time_cuda(iteration, 2))[0]
-        iters = adaptive_iters(est, target_ms=60.0, lo=7, hi=30)
+        iters = adaptive_iters(est, target_ms=30.0, lo=6, hi=20)
         if "autocast" in modes:
             tap.mode = "events"
             marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(iters)]
-            torch.cuda._sleep(int(min(iters * 3e-4, 0.03) * 2e9))  # queue the iterations ahead
+            # Hold the GPU while the host queues every iteration: TE's Python per iteration can
+            # exceed a small layer's GPU time, and a drained queue would put idle gaps in the pairs.
+            torch.cuda._sleep(int(min(1.5 * iters * host_s + 1e-3, 0.5) * 2e9))
             for e0, e1, e2 in marks:
                 for p in params:
                     p.grad = None
@@ -173,7 +177,7 @@ def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush
             tap.events.clear()
         if "prequantized" in modes:
             tap.mode, tap.flush = "repeat", flush
-            tap.n = adaptive_iters(est / 3, target_ms=30.0, lo=10, hi=50)
+            tap.n = adaptive_iters(est / 3, target_ms=20.0, lo=8, hi=40)
             iteration()
             for layout, times in tap.repeats:
                 out[(_LAYOUT_OP[layout], "prequantized")] = times

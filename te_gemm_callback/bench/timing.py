@@ -12,8 +12,8 @@ import torch
 
 # Sleep long enough for the CPU to queue the timed launches ahead of the GPU, so launch latency
 # and Python overhead never show between two GEMMs (the same idea as triton's do_bench).
-_SLEEP_PER_CALL_S = 60e-6
-_SLEEP_MAX_S = 0.03
+_SLEEP_PER_CALL_S = 20e-6
+_SLEEP_MAX_S = 0.5
 
 
 def stats(times: list[float]) -> tuple[float, float, float]:
@@ -42,10 +42,18 @@ class L2Flush:
 
 
 def time_cuda(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None) -> list[float]:
-    """Per-call GPU times (ms) of ``n`` back-to-back calls of ``fn``."""
+    """Per-call GPU times (ms) of ``n`` back-to-back calls of ``fn``.
+
+    One untimed call first measures the host time per call; a sleep kernel then holds the GPU long
+    enough for the host to queue all ``n`` calls, so a CPU-bound launch (TE's Python per call)
+    never leaves the GPU idle inside a timed pair.
+    """
+    t = time.perf_counter()
+    fn()
+    host_s = time.perf_counter() - t
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    torch.cuda._sleep(_sleep_cycles(min(n * _SLEEP_PER_CALL_S, _SLEEP_MAX_S)))
+    torch.cuda._sleep(_sleep_cycles(min(1.5 * n * (host_s + _SLEEP_PER_CALL_S), _SLEEP_MAX_S)))
     for i in range(n):
         if flush is not None:
             flush()
