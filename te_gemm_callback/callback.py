@@ -43,6 +43,12 @@ class GemmProfilerCallback(Callback):
         nsys_capture: cudaProfilerStart/Stop around the active steps; run the job under
             ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop``.
         adapters, dispatch_steps: see :class:`~te_gemm_callback.GemmProfiler`.
+        sweep: recipes to time on the job's own model and last batch once the active steps end
+            (forward+backward, ``sweep_steps`` each after one warm-up, no optimizer step; model
+            state, gradients and RNG put back), written to ``output_dir/sweep/<recipe>/``. The
+            observed step speedups in the report come from here.
+        set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves
+            (default: set ``module.recipe`` when the module has that attribute).
         verbose: print the capture table when done.
 
     Example:
@@ -52,7 +58,8 @@ class GemmProfilerCallback(Callback):
     def __init__(self, wait: int = 1, warmup: int = 1, active: int = 3, output_dir: str | Path = "te_gemm",
                  nvtx: bool = True, nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
                  dispatch_steps: int | str | None = None, verbose: bool = True,
-                 filename: str = "gemm_capture.json") -> None:
+                 filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
+                 sweep_steps: int = 3, set_recipe: Any = None) -> None:
         for name, v in (("wait", wait), ("warmup", warmup), ("active", active)):
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
@@ -64,6 +71,15 @@ class GemmProfilerCallback(Callback):
         self.profiler_kwargs = dict(adapters=tuple(adapters), dispatch_steps=dispatch_steps, nvtx=nvtx)
         self.nsys_capture = nsys_capture
         self.verbose = verbose
+        if sweep is not None:
+            from .precisions import canonical
+
+            sweep = [canonical(r) for r in sweep]  # bad names fail here, not after training
+        if sweep_steps < 1:
+            raise ValueError("sweep_steps must be >= 1")
+        self.sweep, self.sweep_steps, self.set_recipe = sweep, sweep_steps, set_recipe
+        self.sweep_result: Any = None
+        self._last_batch: Any = None
         self.steps_seen = 0  # optimizer steps completed while this callback watched
         self.done = False
         self.capture: GemmCapture | None = None
@@ -95,6 +111,7 @@ class GemmProfilerCallback(Callback):
         if self.done:
             return
         first, _, _ = self._micro(trainer, batch_idx)
+        self._last_batch = (batch, batch_idx)
         if first:
             phase = self.phase(self.steps_seen)
             if phase in ("warmup", "active") and (self._prof is None or phase != self._phase):
@@ -170,5 +187,55 @@ class GemmProfilerCallback(Callback):
                 print_table(capture_table(cap, limit=40))
                 log.info("te-gemm: capture written to %s", self.path)
         metrics = summary_metrics(cap)
+        if self.sweep and self._last_batch is not None:
+            metrics.update(self._run_sweep(trainer, cap))
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _run_sweep(self, trainer: "Trainer", cap: GemmCapture) -> dict[str, float]:
+        from .analysis import analyze
+        from .sweep import run_sweep
+
+        module = trainer.lightning_module
+        batch, batch_idx = self._last_batch
+        set_recipe = self.set_recipe
+        if set_recipe is None and hasattr(module, "recipe"):
+            original = module.recipe
+
+            def set_recipe(m: Any, r: Any) -> None:
+                m.recipe = original if r is None else r
+
+        def step() -> Any:
+            log_fn = module.log
+            module.log = lambda *a, **k: None  # sweep steps are not training steps: log nothing
+            try:
+                return module.training_step(batch, batch_idx)
+            finally:
+                module.log = log_fn
+
+        plugin = getattr(trainer.strategy, "precision_plugin", None)
+        context = getattr(plugin, "forward_context", None)
+        out_dir = self.output_dir / "sweep" if trainer.is_global_zero else None
+        try:
+            res = self.sweep_result = run_sweep(module, step, self.sweep, steps=self.sweep_steps,
+                                                set_recipe=set_recipe, context=context, out_dir=out_dir,
+                                                nvtx=self.profiler_kwargs["nvtx"])
+        except Exception as err:  # the sweep is extra: never fail the job for it
+            log.warning("te-gemm: recipe sweep failed and was skipped: %s: %s", type(err).__name__, err)
+            return {}
+        for r, why in res.skipped.items():
+            log.warning("te-gemm: sweep skipped %s: %s", r, why)
+        if not res.captures:
+            return {}
+        caps = list(res.captures.values())
+        try:
+            rep = analyze(caps[0], None, caps[1:])
+        except ValueError:
+            return {}
+        out = {}
+        for a in rep.recipes:
+            if a.observed_step_speedup is not None:
+                out[f"te_gemm/observed_step_speedup/{a.recipe}"] = a.observed_step_speedup
+            if a.observed_step_ms is not None:
+                out[f"te_gemm/sweep_step_ms/{a.recipe}"] = a.observed_step_ms
+        return out

@@ -90,14 +90,26 @@ def cmd_show(a: argparse.Namespace) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    """The bundled job end to end: capture, recipe sweep, microbenchmarks, report."""
+    from .bench.cells import ResultCache, items_from_capture
+    from .bench.engine import run_bench
+    from .capture import GemmCapture
     from .demo import run_demo
-    from .precisions import canonical
+    from .precisions import RECIPES, canonical
+    from .render.report import render_run
 
-    recipes = [canonical(r) for r in a.precisions.split(",")] if a.precisions else None
-    paths = run_demo(a.out, steps=a.steps, recipes=recipes)
-    for recipe, path in paths.items():
-        print(f"{recipe}: {path}")
-    return 0 if paths else 1
+    recipes = [canonical(r) for r in a.precisions.split(",")] if a.precisions else list(RECIPES)
+    path = run_demo(a.out, steps=a.steps, recipes=recipes)
+    if path is None:
+        print("te-gemm run: no capture was written", file=sys.stderr)
+        return 1
+    out = console()
+    # Microbenchmark the shapes the job really ran, in every recipe.
+    items = items_from_capture(GemmCapture.load(path))
+    res = run_bench(items, recipes, ["autocast", "prequantized"], cache=ResultCache(), console=out)
+    res.save(f"{a.out}/bench.json")
+    render_run(a.out, out)
+    return 0
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -153,6 +165,34 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _print_report(rep, out) -> None:
+    from .render.report import report_table, verdict_panel
+
+    out.print(report_table(rep))
+    out.print(verdict_panel(rep))
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from .analysis import analyze
+    from .capture import GemmCapture
+
+    caps = [GemmCapture.load(p) for p in a.captures]
+    rep = analyze(caps[0], None, caps[1:])
+    _print_report(rep, console())
+    if a.json:
+        from .render.report import write_report_json
+
+        write_report_json(rep, a.json)
+    return 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from .render.report import render_run
+
+    render_run(a.run_dir, console())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="te-gemm", description="The GEMMs your training job really runs.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -173,6 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache", help="result cache file (default ~/.cache/te_gemm_callback/bench.json or $TE_GEMM_CACHE)")
     s.add_argument("--no-cache", action="store_true", help="measure everything again")
     s.set_defaults(fn=cmd_bench)
+    s = sub.add_parser("compare", help="compare captures of separate runs (one per recipe): GEMM vs step speedup")
+    s.add_argument("captures", nargs="+", help="gemm_capture.json files; the first is the baseline job")
+    s.add_argument("--json", help="write the report as JSON")
+    s.set_defaults(fn=cmd_compare)
+    s = sub.add_parser("report", help="re-render tables, figures and report.json from a run folder (no GPU needed)")
+    s.add_argument("run_dir")
+    s.set_defaults(fn=cmd_report)
     s = sub.add_parser("show", help="print a capture file as a table")
     s.add_argument("capture")
     s.add_argument("--limit", type=_positive, default=None)

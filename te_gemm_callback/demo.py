@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .callback import GemmProfilerCallback
-from .precisions import autocast, availability, import_te
+from .precisions import autocast, import_te
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,8 +122,9 @@ class RandomTokens(Dataset):
 
 
 def run_demo(out: str | Path, steps: int = 6, config: DemoConfig | None = None,
-             recipes: list[str] | None = None) -> dict[str, Path]:
-    """Train the demo under each recipe with the callback; returns recipe -> capture path."""
+             recipes: list[str] | None = None, job_recipe: str = "BF16") -> Path | None:
+    """Train the demo in ``job_recipe`` with the callback, then sweep every requested recipe on the
+    live model (unsupported ones are skipped with their reason). Returns the capture path."""
     out = Path(out)
     cuda = torch.cuda.is_available()
     use_te = False
@@ -136,24 +137,15 @@ def run_demo(out: str | Path, steps: int = 6, config: DemoConfig | None = None,
     c = config or (DemoConfig(hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
                               num_key_value_heads=4, num_hidden_layers=4, vocab_size=32000,
                               sequence_length=1024, micro_batch_size=8) if cuda else DemoConfig())
-    wanted = recipes or (["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
-                          "MXFP8BlockScaling", "NVFP4BlockScaling"] if use_te else ["BF16"])
-    paths = {}
-    for recipe in wanted:
-        av = availability(recipe)
-        if not av.ok or (recipe != "BF16" and not use_te):
-            print(f"te-gemm: skipping {recipe}: {av.reason or 'transformer-engine not installed'}")
-            continue
-        torch.manual_seed(0)
-        model = DemoLM(c, use_te=use_te, recipe=recipe)
-        cb = GemmProfilerCallback(wait=1, warmup=1, active=max(steps - 2, 1), output_dir=out / recipe)
-        trainer = pl.Trainer(max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1,
-                             callbacks=[cb], logger=pl.loggers.CSVLogger(out, name=recipe),
-                             enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, num_sanity_val_steps=0)
-        n = c.micro_batch_size * steps
-        trainer.fit(model, DataLoader(RandomTokens(c, n), batch_size=c.micro_batch_size))
-        if cb.path is not None:
-            paths[recipe] = cb.path
-    return paths
-
+    wanted = recipes or ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
+                         "MXFP8BlockScaling", "NVFP4BlockScaling"]
+    torch.manual_seed(0)
+    model = DemoLM(c, use_te=use_te, recipe=job_recipe)
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=max(steps - 2, 1), output_dir=out, sweep=wanted)
+    trainer = pl.Trainer(max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1,
+                         callbacks=[cb], logger=pl.loggers.CSVLogger(out, name="logs"),
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    n = c.micro_batch_size * steps
+    trainer.fit(model, DataLoader(RandomTokens(c, n), batch_size=c.micro_batch_size))
+    return cb.path

@@ -132,8 +132,13 @@ def autocast(recipe: str):
     is deprecated)."""
     import contextlib
 
+    import sys
+
     recipe = canonical(recipe)
     if recipe == "BF16":
+        if "transformer_engine.pytorch" in sys.modules and hasattr(sys.modules["transformer_engine.pytorch"], "autocast"):
+            # Explicitly off: an outer FP8 autocast (a precision plugin's) must not leak into BF16.
+            return sys.modules["transformer_engine.pytorch"].autocast(enabled=False)
         return contextlib.nullcontext()
     te = import_te()
     if hasattr(te, "autocast"):

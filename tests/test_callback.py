@@ -106,6 +106,10 @@ def test_bundled_demo_model_under_lightning(tmp_path):
     assert by[("blocks.0.fc1", "fprop")].n == 96 and by[("lm_head", "wgrad")].shape.mkn == "32x32x64"
     assert by[("blocks.0.qkv", "fprop")].precision == "bf16"  # autocast's bf16 copies of the weights
     assert by[("blocks.0.qkv", "dgrad")].op == "dgrad"
+    # Every step saw the same GEMMs: autocast's weight copies are freed and their memory reused,
+    # which must not turn a later activation into a "weight" (it once made wgrads look like dgrads).
+    assert all(r.calls_per_step == 1 for r in cb.capture.records)
+    assert len(by) == len(cb.capture.records)
 
 
 def test_invalid_schedule():
@@ -113,3 +117,35 @@ def test_invalid_schedule():
         GemmProfilerCallback(active=0)
     with pytest.raises(ValueError, match="wait"):
         GemmProfilerCallback(wait=-1)
+
+
+def test_sweep_leaves_training_state_unchanged(tmp_path):
+    """Two identical fits, one with a recipe sweep after the active steps: same weights, same
+    optimizer state, same loss curve afterwards. On CPU only BF16 runs; the FP8 recipes are
+    skipped with their reason."""
+    c = DemoConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                   num_hidden_layers=1, vocab_size=64, sequence_length=16, micro_batch_size=2)
+
+    def fit_once(sweep):
+        torch.manual_seed(0)
+        model = DemoLM(c)
+        cb = GemmProfilerCallback(wait=0, warmup=0, active=2, output_dir=tmp_path / str(bool(sweep)),
+                                  verbose=False, sweep=sweep, sweep_steps=2)
+        trainer = pl.Trainer(max_steps=4, accelerator="cpu", callbacks=[cb], logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        torch.manual_seed(1)
+        trainer.fit(model, DataLoader(RandomTokens(c, 8), batch_size=2, shuffle=True))
+        opt = trainer.optimizers[0].state_dict()["state"]
+        return model, cb, opt
+
+    plain, _, opt_a = fit_once(None)
+    swept, cb, opt_b = fit_once(["BF16", "DelayedScaling"])
+    for (n, a), (_, b) in zip(plain.state_dict().items(), swept.state_dict().items()):
+        assert torch.equal(a, b), n
+    for k in opt_a:
+        assert torch.equal(opt_a[k]["exp_avg"], opt_b[k]["exp_avg"])
+    res = cb.sweep_result
+    assert set(res.captures) == {"BF16"} and "DelayedScaling" in res.skipped
+    sweep_cap = GemmCapture.load(tmp_path / "True" / "sweep" / "BF16" / "gemm_capture.json")
+    assert sweep_cap.meta["sweep"] and len(sweep_cap.steps) == 2
+    assert {r.op for r in sweep_cap.records} == {"fprop", "dgrad", "wgrad"}

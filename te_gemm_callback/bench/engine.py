@@ -299,3 +299,28 @@ def _progress(enabled: bool, console: Any) -> Any:
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, disable=not enabled, transient=True)
+
+
+def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
+            ops: tuple[GemmOp, ...] = (GemmOp.FPROP, GemmOp.DGRAD, GemmOp.WGRAD)) -> float | None:
+    """GEMM time of one call of a work item (the passes in ``ops``), or None if any cell failed."""
+    total = 0.0
+    for s in gemm_passes(item.fprop):
+        if s.op not in ops:
+            continue
+        r = res.get(s, precision, mode, item.m_splits)
+        if r is None or not r.ok:
+            return None
+        total += r.median_ms
+    return total
+
+
+def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str) -> float | None:
+    """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config)."""
+    total = 0.0
+    for it in items:
+        t = item_ms(res, it, precision, mode)
+        if t is None:
+            return None
+        total += it.count * t
+    return total

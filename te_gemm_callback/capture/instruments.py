@@ -7,6 +7,7 @@ steps (one synchronize, outside every step), so timing never stalls the job.
 from __future__ import annotations
 
 import importlib
+import time
 from typing import Any
 
 import torch
@@ -15,14 +16,19 @@ NVTX_DOMAIN = "te_gemm"
 
 
 class EventTimer:
-    """CUDA-event pairs around GEMMs; a no-op on CPU."""
+    """CUDA-event pairs around GEMMs; on a CPU-only machine, host-clock pairs (CPU kernels run
+    synchronously, so the host clock is their time)."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and torch.cuda.is_available()
+        self.cuda = torch.cuda.is_available()
+        self.enabled = enabled
+        self.kind = ("cuda_events" if self.cuda else "host_clock") if enabled else "none"
 
     def start(self) -> Any:
         if not self.enabled:
             return None
+        if not self.cuda:
+            return time.perf_counter()
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()  # current stream: autograd sets it to the forward's stream in backward too
         return ev
@@ -30,6 +36,8 @@ class EventTimer:
     def stop(self, start: Any) -> Any:
         if start is None:
             return None
+        if not self.cuda:
+            return (start, time.perf_counter())
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         return (start, ev)
@@ -39,6 +47,8 @@ class EventTimer:
         if pair is None:
             return None
         start, end = pair
+        if isinstance(start, float):
+            return (end - start) * 1e3
         return float(start.elapsed_time(end))
 
 

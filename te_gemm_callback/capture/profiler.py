@@ -84,7 +84,7 @@ class Recorder:
 
     def resolve(self) -> None:
         """Read back event times and deferred splits: one synchronize, after the profiled steps."""
-        if any(r[4] is not None or isinstance(r[3], torch.Tensor) for r in self.raw):
+        if torch.cuda.is_available() and any(r[4] is not None or isinstance(r[3], torch.Tensor) for r in self.raw):
             torch.cuda.synchronize()
         for step, site, recompute, m_splits, pair in self.raw:
             ev = GemmEvent(step=step, recompute=recompute, time_ms=EventTimer.elapsed_ms(pair),
@@ -258,7 +258,7 @@ class GemmProfiler:
     # --- steps -----------------------------------------------------------------------------
     def _boundary(self) -> tuple[float, Any]:
         ev = None
-        if self.recorder.timer.enabled:
+        if self.recorder.timer.enabled and self.recorder.timer.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
         return time.perf_counter(), ev
@@ -331,7 +331,7 @@ class GemmProfiler:
             "transformer_engine": te_version() if self.te is not None and self.te.te_loaded() else None,
             "python": platform.python_version(),
             "adapters": list(self.adapters),
-            "timing": "cuda_events" if self.recorder.timer.enabled else "none",
+            "timing": self.recorder.timer.kind,
             "model": type(self.model).__name__,
         }
 

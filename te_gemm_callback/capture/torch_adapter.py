@@ -15,6 +15,7 @@ module's forward GEMMs (dgrad = M x N x K, wgrad = K x M x N).
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,6 +92,7 @@ class GemmDispatchMode(TorchDispatchMode):
         super().__init__()
         self.recorder = recorder
         self.param_storages: dict[int, str] = {}
+        self.casts: dict[int, tuple[weakref.ref, str]] = {}
         self.refresh_params()
         # Forward shapes of each module this step, to tell dgrad from wgrad without a weight.
         self.forward_shapes: dict[str | None, set[GemmShape]] = {}
@@ -120,10 +122,27 @@ class GemmDispatchMode(TorchDispatchMode):
         return out
 
     def _track_cast(self, args: tuple, out: Any) -> None:
-        # A cast of a weight (autocast's bf16 copy) is still that weight for dgrad detection.
+        # A cast of a weight (autocast's bf16 copy) is still that weight for dgrad detection. The
+        # copy is freed after backward and its memory reused, so it is held by a weak reference
+        # and only counts while alive (a reused address must not make an activation a "weight").
         src = _storage_key(args[0]) if args else None
-        if src in self.param_storages and isinstance(out, torch.Tensor):
-            self.param_storages[_storage_key(out)] = self.param_storages[src]
+        if isinstance(out, torch.Tensor) and (src in self.param_storages or self._live_cast(src)):
+            name = self.param_storages.get(src) or self.casts[src][1]
+            self.casts[_storage_key(out)] = (weakref.ref(out), name)
+
+    def _live_cast(self, key: int | None) -> bool:
+        entry = self.casts.get(key)
+        if entry is None:
+            return False
+        t = entry[0]()
+        if t is None or _storage_key(t) != key:
+            del self.casts[key]
+            return False
+        return True
+
+    def is_weight(self, t: Any) -> bool:
+        key = _storage_key(t)
+        return key in self.param_storages or self._live_cast(key)
 
     def _before(self, name: str, args: tuple, kwargs: dict) -> Any:
         rec = self.recorder
@@ -145,7 +164,7 @@ class GemmDispatchMode(TorchDispatchMode):
             else:  # reading device memory now would sync inside the step: resolve later
                 m_splits = rec.defer_copy(offs)
         operands = [x for x in args if isinstance(x, torch.Tensor) and x.dim() >= 2][:2]
-        has_weight = any(_storage_key(x) in self.param_storages for x in operands)
+        has_weight = any(self.is_weight(x) for x in operands)
         backward = not in_fwd and rec.in_backward()
         op = GemmOp.FPROP
         if backward:

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ..bench.cells import WorkItem  # noqa: E402
 from ..bench.engine import BenchResults  # noqa: E402
 from ..shapes import GemmOp  # noqa: E402
-from .bench_tables import item_ms  # noqa: E402
+from ..bench.engine import item_ms  # noqa: E402
 
 
 def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, path: str | Path,

@@ -73,8 +73,8 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
     gemm_ms, step_ms = cap.gemm_ms_per_step(), cap.step_ms()
     caption = f"{human_flops(cap.flops_per_step)}FLOP of GEMMs per step"
     if gemm_ms is not None and step_ms:
-        caption += (f"; GEMM GPU time {gemm_ms:.2f} ms of a {step_ms:.2f} ms step "
-                    f"({100 * gemm_ms / step_ms:.1f}%, CUDA-event times)")
+        caption += (f"; GEMM time {gemm_ms:.2f} ms of a {step_ms:.2f} ms step "
+                    f"({100 * gemm_ms / step_ms:.1f}%, {cap.meta.get('timing', 'cuda_events')})")
     t.caption = caption
     return t
 

@@ -1,0 +1,143 @@
+"""The speedup report: terminal table and verdict panel, figures, JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from rich.console import Group  # noqa: E402
+from rich.markup import escape  # noqa: E402
+from rich.panel import Panel  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from ..analysis import Report  # noqa: E402
+
+
+def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def report_table(rep: Report) -> Table:
+    share = rep.gemm_share
+    t = Table(title=(f"GEMM vs step speedup — job ran {rep.current_recipe}: step {rep.step_ms:.2f} ms, GEMMs "
+                     f"{_x(rep.gemm_ms, '{:.2f}')} ms ({_x(None if share is None else 100 * share, '{:.1f}')}% of the step)"))
+    for c in ("recipe", "GEMM ms/step (bench)", "GEMM speedup vs BF16", f"vs {rep.current_recipe}",
+              "predicted step speedup", "observed step speedup", "observed step ms"):
+        t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=True)
+    for a in rep.recipes:
+        t.add_row(a.recipe, _x(a.gemm_ms_bench, "{:.2f}"), _x(a.gemm_speedup), _x(a.gemm_speedup_vs_current),
+                  _x(a.predicted_step_speedup), _x(a.observed_step_speedup), _x(a.observed_step_ms, "{:.2f}"))
+    for r, why in rep.skipped.items():
+        t.add_row(r, "not run", "", "", "", "", "", style="dim")
+    t.caption = ("predicted = Amdahl with the measured GEMM share; attention's QK^T and softmax·V run in "
+                 "fused attention kernels and count as non-GEMM time")
+    return t
+
+
+def verdict_panel(rep: Report) -> Panel:
+    lines = []
+    for a in rep.recipes:
+        if a.recipe == "BF16":
+            continue
+        lines.append(f"[b]{a.recipe}[/b]: {escape(a.verdict)}")
+        lines += [f"   • {escape(e)}" for e in a.evidence]
+    for r, why in rep.skipped.items():
+        lines.append(f"[dim]{r}: not available here — {escape(why)}[/dim]")
+    return Panel(Group(*lines) if lines else "only BF16 was measured", title="verdicts")
+
+
+def speedup_figure(rep: Report, path: str | Path) -> Path:
+    """Predicted (GEMMs alone) against observed step speedup per recipe, GEMM speedup beside them."""
+    recs = [a for a in rep.recipes]
+    x = range(len(recs))
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(recs) + 2), 4.5))
+    w = 0.27
+    for off, key, label, color in ((-w, "gemm_speedup", "GEMM speedup (bench)", "#9ecae1"),
+                                   (0, "predicted_step_speedup", "predicted step speedup", "#3182bd"),
+                                   (w, "observed_step_speedup", "observed step speedup", "#e6550d")):
+        vals = [getattr(a, key) or 0 for a in recs]
+        bars = ax.bar([i + off for i in x], vals, w, label=label, color=color)
+        for b, v in zip(bars, vals):
+            if v:
+                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(list(x), [a.recipe for a in recs], rotation=15)
+    ax.set_ylabel("speedup over BF16")
+    ax.set_title(f"Predicted vs observed speedup — {rep.meta.get('device', '')}")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def step_split_figure(rep: Report, path: str | Path) -> Path:
+    """Observed step time per recipe split into GEMM and everything else (attention, quantization
+    and casts, norms, optimizer): the part that recipes do not speed up."""
+    recs = [a for a in rep.recipes if a.observed_step_ms]
+    fig, ax = plt.subplots(figsize=(max(5, 1.5 * len(recs) + 2), 4.5))
+    for i, a in enumerate(recs):
+        g = a.observed_gemm_ms or 0.0
+        ax.bar(i, g, color="#3182bd", label="GEMM (CUDA events)" if i == 0 else None)
+        ax.bar(i, a.observed_step_ms - g, bottom=g, color="#bdbdbd", label="non-GEMM" if i == 0 else None)
+        ax.text(i, a.observed_step_ms, f"{a.observed_step_ms:.1f} ms\n{100 * g / a.observed_step_ms:.0f}% GEMM",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(recs)), [a.recipe for a in recs], rotation=15)
+    ax.set_ylabel("ms per step")
+    ax.set_title("Step time split")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def write_report_json(rep: Report, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rep.to_dict(), indent=1))
+    return path
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
+    """Re-render everything from a run folder (captures, optional bench.json): no GPU needed."""
+    from ..analysis import analyze, capture_recipe
+    from ..bench.cells import items_from_capture
+    from ..bench.engine import BenchResults
+    from ..capture import GemmCapture
+    from .figures import stacked_gemm_figure
+
+    root = Path(run_dir)
+    paths = sorted(root.rglob("gemm_capture.json"))
+    if not paths:
+        raise ValueError(f"{run_dir} holds no gemm_capture.json: point at the callback's output folder")
+    sweep = [p for p in paths if "sweep" in p.relative_to(root).parts]
+    main = [p for p in paths if p not in sweep]
+    job = GemmCapture.load(main[0] if main else sweep[0])
+    # Observed runs: the callback's sweep (same model, batch and step definition) when present,
+    # else one capture per recipe (separate runs). The baseline is the job's own recipe.
+    caps = [GemmCapture.load(p) for p in (sweep or paths)]
+    base = next((c for c in caps if capture_recipe(c) == capture_recipe(job)), caps[0])
+    bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
+    rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
+    files = {"report": write_report_json(rep, root / "report.json"),
+             "speedups": speedup_figure(rep, root / "speedups.png"),
+             "step_split": step_split_figure(rep, root / "step_split.png")}
+    if bench is not None:
+        items = items_from_capture(job)
+        for mode in bench.meta.get("modes", ["autocast"]):
+            files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, root / f"gemm_{mode}.png")
+    if out is not None:
+        out.print(report_table(rep))
+        out.print(verdict_panel(rep))
+        for name, path in files.items():
+            out.print(f"{name}: {path}")
+    return files

@@ -1,0 +1,120 @@
+"""Observed speedup in the live job: a few forward+backward steps under each recipe.
+
+The sweep runs on the job's own model and batch, with no optimizer step, and puts everything back
+afterwards: parameters, buffers and TE's FP8 metadata (state_dict, extra state included),
+gradients, and the RNG states; so training continues exactly as if the sweep had not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from .capture import GemmCapture, GemmProfiler
+from .capture.scope import is_te_module
+from .precisions import autocast, availability, canonical
+
+log = logging.getLogger("te_gemm_callback")
+
+
+@dataclass
+class SweepResult:
+    captures: dict[str, GemmCapture] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    paths: dict[str, Path] = field(default_factory=dict)
+
+
+class _Snapshot:
+    """Everything a forward+backward can change, copied to host memory."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.state = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                      for k, v in model.state_dict().items()}
+        self.grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
+        self.rng_cpu = torch.get_rng_state()
+        self.rng_cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+    def restore(self, model: nn.Module) -> None:
+        model.load_state_dict(self.state)
+        for n, p in model.named_parameters():
+            p.grad = self.grads[n]
+        torch.set_rng_state(self.rng_cpu)
+        if self.rng_cuda is not None:
+            torch.cuda.set_rng_state_all(self.rng_cuda)
+
+
+def _loss(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict) and "loss" in out:
+        return out["loss"]
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    raise TypeError("the sweep's step function must return a loss tensor, a dict with 'loss', or an output with .loss")
+
+
+def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
+              warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
+              context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
+              nvtx: bool = True) -> SweepResult:
+    """Time ``steps`` forward+backward steps of ``step_fn`` under each recipe.
+
+    Args:
+        step_fn: runs one forward and returns the loss (the sweep calls backward).
+        set_recipe: how the model picks its recipe, for models that enter ``te.autocast``
+            themselves (called with each recipe, then with None to restore). Without it, the
+            forward runs inside ``te.autocast(recipe)``.
+        context: an outer context per step (Lightning's precision plugin forward context).
+    """
+    if steps < 1:
+        raise ValueError("sweep steps must be >= 1")
+    res = SweepResult()
+    snap = _Snapshot(model)
+    # TE models: TE GEMMs are timed by the cheap interceptor, so no dispatch mode distorts the
+    # step times being compared. Plain torch models need it to see their GEMMs at all (the same
+    # cost under every recipe, so ratios stay fair).
+    dispatch = 0 if any(is_te_module(m) for m in model.modules()) else "all"
+    try:
+        for recipe in dict.fromkeys(canonical(r) for r in recipes):
+            av = availability(recipe)
+            if not av.ok:
+                res.skipped[recipe] = av.reason
+                continue
+
+            def one_step() -> None:
+                for p in model.parameters():
+                    p.grad = None  # no accumulation across sweep steps; restored at the end
+                outer = context() if context is not None else contextlib.nullcontext()
+                with outer:
+                    if set_recipe is not None:
+                        set_recipe(model, recipe)
+                        loss = _loss(step_fn())
+                    else:
+                        with autocast(recipe):
+                            loss = _loss(step_fn())
+                loss.backward()
+
+            for _ in range(warmup):  # a recipe's first step initialises its quantizers
+                one_step()
+            prof = GemmProfiler(model, dispatch_steps=dispatch, nvtx=nvtx).start()
+            for _ in range(steps):
+                one_step()
+                prof.step()
+            cap = prof.stop()
+            cap.meta.update(recipe=recipe, sweep=True, note="forward+backward only, no optimizer step")
+            res.captures[recipe] = cap
+            if out_dir is not None:
+                res.paths[recipe] = cap.save(Path(out_dir) / recipe / "gemm_capture.json")
+    finally:
+        if set_recipe is not None:
+            set_recipe(model, None)
+        snap.restore(model)
+    return res

@@ -1,0 +1,128 @@
+"""Speedup accounting with hand-computed expectations, and the report/compare commands."""
+
+import json
+
+import pytest
+
+from te_gemm_callback.analysis import amdahl, analyze, capture_recipe
+from te_gemm_callback.bench.cells import BenchResult
+from te_gemm_callback.bench.engine import BenchResults
+from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
+from te_gemm_callback.cli import main
+from te_gemm_callback.render.report import render_run
+
+M, K, N = 1024, 512, 2048
+
+
+def capture(step_ms, gemm_ms, precision="bf16", recipe=None):
+    """A capture of one linear layer: fprop/dgrad/wgrad taking gemm_ms together per step."""
+    recs = []
+    for op, (m, k, n) in (("fprop", (M, K, N)), ("dgrad", (M, N, K)), ("wgrad", (K, M, N))):
+        recs.append(GemmRecord(module="layer", gemm="", op=op, m=m, k=k, n=n, batch=1, precision=precision,
+                               operands=[], source="te", kernel="general_gemm", recompute=False,
+                               module_type="Linear", calls=3, calls_per_step=1.0, flops=2 * M * K * N,
+                               times_ms=[gemm_ms / 3] * 3))
+    steps = [StepTime(i, wall_ms=step_ms, gpu_ms=step_ms, gemm_ms=gemm_ms) for i in range(3)]
+    meta = {"device": "test", "recipe": recipe} if recipe else {"device": "test"}
+    return GemmCapture(recs, steps, meta)
+
+
+def bench(per_pass_ms: dict[str, float]):
+    res = []
+    for prec, ms in per_pass_ms.items():
+        for op, (m, k, n) in (("fprop", (M, K, N)), ("dgrad", (M, N, K)), ("wgrad", (K, M, N))):
+            res.append(BenchResult(m, k, n, op, prec, "autocast", median_ms=ms, q1_ms=ms, q3_ms=ms, iters=5))
+    return BenchResults(res, {"NVFP4BlockScaling": "needs sm_100"}, {"modes": ["autocast"]})
+
+
+def test_amdahl_by_hand():
+    assert amdahl(100, 60, 2.0) == pytest.approx(100 / 70)
+    assert amdahl(100, 0, 5.0) == 1.0
+    with pytest.raises(ValueError):
+        amdahl(100, 120, 2.0)
+
+
+def test_recipe_read_from_operands():
+    assert capture_recipe(capture(100, 60)) == "BF16"
+    assert capture_recipe(capture(100, 60, "fp8_current")) == "Float8CurrentScaling"
+    assert capture_recipe(capture(100, 60, "fp8_block+bf16")) == "Float8BlockScaling"
+
+
+def test_overhead_eats_the_gain_from_two_runs():
+    # BF16: 100 ms step, 60 ms GEMM. FP8: GEMMs 32 ms (1.875x) but the step is 80 ms.
+    # Predicted 100 / (40 + 32) = 1.389x; observed 100 / 80 = 1.25x: 10% short, and non-GEMM time
+    # grew from 40 to 48 ms.
+    rep = analyze(capture(100, 60), None, [capture(80, 32, "fp8_delayed")])
+    fp8 = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
+    assert fp8.predicted_step_speedup == pytest.approx(100 / 72)
+    assert fp8.observed_step_speedup == pytest.approx(1.25)
+    assert fp8.verdict == "overhead eats the gain"
+    assert any("40.00 -> 48.00 ms (+8.00 ms" in e for e in fp8.evidence)
+
+
+def test_gemm_bound_and_better_than_predicted():
+    rep = analyze(capture(100, 60), None, [capture(73, 32, "fp8_delayed"), capture(60, 32, "fp8_current")])
+    v = {a.recipe: a.verdict for a in rep.recipes}
+    assert v["DelayedScaling"] == "GEMM-bound: working as expected"  # 1.370 vs 1.389 predicted
+    assert v["Float8CurrentScaling"].startswith("better than")
+
+
+def test_silent_fallback():
+    # Ran under an FP8 recipe, but the GEMM operands were plain BF16 tensors: no speedup.
+    rep = analyze(capture(100, 60), None, [capture(99, 59.5, "bf16", recipe="DelayedScaling")])
+    fp8 = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
+    assert fp8.verdict == "no gain (silent fallback)"
+    assert any("ran in high precision" in e and "layer" in e for e in fp8.evidence)
+
+
+def test_prediction_from_microbenchmarks_with_job_in_fp8():
+    # The job ran DelayedScaling: step 70, GEMM 30. Bench per layer: BF16 3 x 20 = 60 ms, FP8 3 x 10.
+    # T_pred(BF16) = 70 - 30 + 30 * 60 / 30 = 100; T_pred(FP8) = 70 -> predicted 1.4286x.
+    rep = analyze(capture(70, 30, "fp8_delayed"), bench({"BF16": 20.0, "DelayedScaling": 10.0}),
+                  [capture(100, 60)])
+    fp8 = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
+    assert rep.current_recipe == "DelayedScaling" and rep.gemm_share == pytest.approx(30 / 70)
+    assert fp8.gemm_speedup == pytest.approx(2.0) and fp8.gemm_speedup_vs_current == pytest.approx(1.0)
+    assert fp8.predicted_step_speedup == pytest.approx(100 / 70)
+    assert fp8.observed_step_speedup == pytest.approx(100 / 70)
+    assert fp8.verdict == "GEMM-bound: working as expected"
+    assert rep.skipped == {"NVFP4BlockScaling": "needs sm_100"}
+
+
+def test_report_and_compare_commands(tmp_path, capsys):
+    run = tmp_path / "run"
+    capture(100, 60).save(run / "BF16" / "gemm_capture.json")
+    capture(80, 32, "fp8_delayed").save(run / "DelayedScaling" / "gemm_capture.json")
+    bench({"BF16": 20.0, "DelayedScaling": 10.5}).save(run / "bench.json")
+    files = render_run(run)
+    for f in files.values():
+        assert f.exists() and f.stat().st_size > 0
+    rep = json.loads((run / "report.json").read_text())
+    assert rep["schema"] == "te-gemm-report/1" and rep["current_recipe"] == "BF16"
+    assert rep["gemm_share"] == pytest.approx(0.6)
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "overhead eats the gain" in out and "1.25x" in out and "NVFP4BlockScaling" in out
+    assert main(["compare", str(run / "BF16" / "gemm_capture.json"),
+                 str(run / "DelayedScaling" / "gemm_capture.json"), "--json", str(tmp_path / "c.json")]) == 0
+    assert "1.39x" in capsys.readouterr().out  # predicted from the two runs' in-job GEMM times
+    assert main(["report", str(tmp_path / "empty")]) == 2
+
+
+def test_readme_main_command_on_cpu_produces_every_output(tmp_path, monkeypatch, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the GPU run takes minutes; run it by hand on the GPU host")
+    monkeypatch.setenv("TE_GEMM_CACHE", str(tmp_path / "cache.json"))
+    out = tmp_path / "demo"
+    assert main(["run", "--out", str(out), "--steps", "4"]) == 0
+    for f in ("gemm_capture.json", "sweep/BF16/gemm_capture.json", "bench.json", "report.json",
+              "speedups.png", "step_split.png", "gemm_autocast.png", "gemm_prequantized.png"):
+        assert (out / f).exists(), f
+    rep = json.loads((out / "report.json").read_text())
+    assert set(rep["skipped"]) == {"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
+                                   "MXFP8BlockScaling", "NVFP4BlockScaling"}
+    assert rep["recipes"][0]["recipe"] == "BF16" and rep["gemm_share"] > 0
+    text = capsys.readouterr().out
+    assert "not available here" in text
