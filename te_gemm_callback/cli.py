@@ -91,24 +91,16 @@ def cmd_show(a: argparse.Namespace) -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     """The bundled job end to end: capture, recipe sweep, microbenchmarks, report."""
-    from .bench.cells import ResultCache, items_from_capture
-    from .bench.engine import run_bench
-    from .capture import GemmCapture
     from .demo import run_demo
+    from .pipeline import bench_and_report
     from .precisions import RECIPES, canonical
-    from .render.report import render_run
 
     recipes = [canonical(r) for r in a.precisions.split(",")] if a.precisions else list(RECIPES)
     path = run_demo(a.out, steps=a.steps, recipes=recipes)
     if path is None:
         print("te-gemm run: no capture was written", file=sys.stderr)
         return 1
-    out = console()
-    # Microbenchmark the shapes the job really ran, in every recipe.
-    items = items_from_capture(GemmCapture.load(path))
-    res = run_bench(items, recipes, ["autocast", "prequantized"], cache=ResultCache(), console=out)
-    res.save(f"{a.out}/bench.json")
-    render_run(a.out, out)
+    bench_and_report(a.out, path, recipes, console())
     return 0
 
 

@@ -30,6 +30,14 @@ class DemoConfig:
     vocab_size: int = 512
     sequence_length: int = 64
     micro_batch_size: int = 4
+    gated_mlp: bool = True  # SwiGLU (fused gate+up, 2I) or GELU (I)
+    normalization: str = "RMSNorm"  # or "LayerNorm"
+
+
+# The dense recipe's default on a GPU: the seed's CodonFM-5B layer (MHA, GELU MLP, LayerNorm), 4 layers.
+CODONFM_4L = DemoConfig(hidden_size=4096, intermediate_size=16384, num_attention_heads=32,
+                        num_key_value_heads=32, num_hidden_layers=4, vocab_size=128, sequence_length=512,
+                        micro_batch_size=31, gated_mlp=False, normalization="LayerNorm")
 
 
 class TorchBlock(nn.Module):
@@ -39,10 +47,11 @@ class TorchBlock(nn.Module):
         super().__init__()
         self.c = c
         hd = c.hidden_size // c.num_attention_heads
-        self.norm1, self.norm2 = nn.RMSNorm(c.hidden_size), nn.RMSNorm(c.hidden_size)
+        norm = nn.RMSNorm if c.normalization == "RMSNorm" else nn.LayerNorm
+        self.norm1, self.norm2 = norm(c.hidden_size), norm(c.hidden_size)
         self.qkv = nn.Linear(c.hidden_size, (c.num_attention_heads + 2 * c.num_key_value_heads) * hd, bias=False)
         self.proj = nn.Linear(c.num_attention_heads * hd, c.hidden_size, bias=False)
-        self.fc1 = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.fc1 = nn.Linear(c.hidden_size, (2 if c.gated_mlp else 1) * c.intermediate_size, bias=False)
         self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, H)
@@ -57,16 +66,21 @@ class TorchBlock(nn.Module):
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
         x = x + self.proj(a)
-        gate, up = self.fc1(self.norm2(x)).chunk(2, dim=-1)
-        return x + self.fc2(F.silu(gate) * up)
+        h = self.fc1(self.norm2(x))
+        if self.c.gated_mlp:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h)
+        return x + self.fc2(h)
 
 
 def te_blocks(c: DemoConfig) -> nn.ModuleList:
     te = import_te()
     return nn.ModuleList(
         te.TransformerLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads,
-                            num_gqa_groups=c.num_key_value_heads, normalization="RMSNorm",
-                            activation="swiglu", bias=False, self_attn_mask_type="causal",
+                            num_gqa_groups=c.num_key_value_heads, normalization=c.normalization,
+                            activation="swiglu" if c.gated_mlp else "gelu", bias=False, self_attn_mask_type="causal",
                             hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.bfloat16,
                             layer_number=i + 1)
         for i in range(c.num_hidden_layers))
@@ -80,7 +94,7 @@ class DemoLM(pl.LightningModule):
         self.c, self.use_te, self.recipe, self.lr = c, use_te, recipe, lr
         self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
         self.blocks = te_blocks(c) if use_te else nn.ModuleList(TorchBlock(c) for _ in range(c.num_hidden_layers))
-        self.norm = nn.RMSNorm(c.hidden_size)
+        self.norm = nn.RMSNorm(c.hidden_size) if c.normalization == "RMSNorm" else nn.LayerNorm(c.hidden_size)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -134,9 +148,7 @@ def run_demo(out: str | Path, steps: int = 6, config: DemoConfig | None = None,
             use_te = True
         except Exception as err:
             print(f"te-gemm: running the torch model in BF16 ({err})")
-    c = config or (DemoConfig(hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
-                              num_key_value_heads=4, num_hidden_layers=4, vocab_size=32000,
-                              sequence_length=1024, micro_batch_size=8) if cuda else DemoConfig())
+    c = config or (CODONFM_4L if cuda else DemoConfig())
     wanted = recipes or ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
                          "MXFP8BlockScaling", "NVFP4BlockScaling"]
     torch.manual_seed(0)

@@ -1,0 +1,75 @@
+"""Shared plumbing of the training recipes: flags, Trainer, callback, and the report at the end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+import pytorch_lightning as pl  # noqa: E402
+import torch  # noqa: E402
+
+from te_gemm_callback import GemmProfilerCallback  # noqa: E402
+from te_gemm_callback.precisions import RECIPES, canonical, te_available  # noqa: E402
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--tiny", action="store_true", help="a tiny configuration that runs on CPU in seconds")
+    p.add_argument("--recipe", default="BF16", help="TE recipe the job trains in (BF16, DelayedScaling, ...)")
+    p.add_argument("--steps", type=int, default=8, help="optimizer steps to train")
+    p.add_argument("--sweep", default="all", help="recipes to sweep after capture: 'all', 'none', or a comma list")
+    p.add_argument("--no-bench", action="store_true", help="skip the microbenchmarks and report")
+    p.add_argument("--out", default=None, help="output folder (default runs/<recipe name>)")
+    return p
+
+
+def add_shape_flags(p: argparse.ArgumentParser, *, layers: int, hidden: int, heads: int, kv_heads: int | None,
+                    seq_len: int, micro_batch_size: int) -> None:
+    """The model-shape flags every recipe has, with the recipe's own defaults."""
+    p.add_argument("--layers", type=int, default=layers)
+    p.add_argument("--hidden-size", type=int, default=hidden)
+    p.add_argument("--heads", type=int, default=heads)
+    p.add_argument("--kv-heads", type=int, default=kv_heads, help="GQA: key/value heads (default: = heads)")
+    p.add_argument("--seq-len", type=int, default=seq_len)
+    p.add_argument("--micro-batch-size", type=int, default=micro_batch_size)
+
+
+def use_te(tiny: bool) -> bool:
+    """TE layers only where TE runs: a CUDA host with transformer-engine installed."""
+    return torch.cuda.is_available() and te_available()[0]
+
+
+def sweep_list(text: str) -> list[str] | None:
+    if text == "none":
+        return None
+    return list(RECIPES) if text == "all" else [canonical(r) for r in text.split(",")]
+
+
+def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path, precision: Any = None,
+        set_recipe: Callable | None = None) -> GemmProfilerCallback:
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=max(a.steps - 3, 1), output_dir=out,
+                              sweep=sweep_list(a.sweep), set_recipe=set_recipe, verbose=not a.tiny)
+    kw = {"precision": precision} if precision else {}
+    trainer = pl.Trainer(max_steps=a.steps, accelerator="gpu" if torch.cuda.is_available() else "cpu",
+                         devices=1, callbacks=[cb], logger=pl.loggers.CSVLogger(out, name="logs"),
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, **kw)
+    trainer.fit(model, loader)
+    return cb
+
+
+def finish(a: argparse.Namespace, cb: GemmProfilerCallback, out: Path) -> int:
+    if cb.path is None:
+        print("no capture was written (fewer steps than the schedule?)", file=sys.stderr)
+        return 1
+    if not a.no_bench:
+        from te_gemm_callback.pipeline import bench_and_report
+        from te_gemm_callback.render.tables import console
+
+        bench_and_report(out, cb.path, sweep_list(a.sweep) or [a.recipe], console())
+    print(f"capture: {cb.path}")
+    return 0

@@ -1,0 +1,167 @@
+#!/usr/bin/env python
+"""Mixtral-style MoE transformer: a real top-k router, experts as grouped GEMMs.
+
+Experts run as te.GroupedLinear on a GPU host with TE (token rows padded per expert to a multiple
+of 16 under FP8 recipes, which TE requires), as torch._grouped_mm elsewhere. Routing is learned, so
+the per-expert token counts (m_splits) are uneven and change from step to step; the capture records
+them per call and the benchmark times grouped GEMMs with them.
+
+    python recipes/moe.py --experts 8 --top-k 2 --hidden-size 4096 --expert-intermediate 14336 --layers 1
+    python recipes/moe.py --tiny
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from _common import add_shape_flags, base_parser, finish, fit, use_te
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from te_gemm_callback.demo import DemoConfig, RandomTokens, TorchBlock
+from te_gemm_callback.precisions import autocast, canonical, import_te
+
+FP8_ROW_MULTIPLE = 16  # TE asserts every expert's rows are a multiple of 16 for FP8 GEMMs
+
+
+class MoEMLP(nn.Module):
+    """Router (H -> E), top-k softmax gating, SwiGLU experts fc1 (H -> 2I) and fc2 (I -> H)."""
+
+    def __init__(self, hidden: int, inter: int, experts: int, top_k: int, te_experts: bool) -> None:
+        super().__init__()
+        self.e, self.k, self.inter = experts, top_k, inter
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.te_experts = te_experts
+        self.pad = False  # set per step from the recipe (FP8 needs padded rows)
+        if te_experts:
+            te = import_te()
+            self.fc1 = te.GroupedLinear(experts, hidden, 2 * inter, bias=False, params_dtype=torch.bfloat16)
+            self.fc2 = te.GroupedLinear(experts, inter, hidden, bias=False, params_dtype=torch.bfloat16)
+        else:  # (G, K, N) weights for torch._grouped_mm
+            self.w1 = nn.Parameter(torch.randn(experts, hidden, 2 * inter) / hidden**0.5)
+            self.w2 = nn.Parameter(torch.randn(experts, inter, hidden) / inter**0.5)
+        self.routed: list[int] = []
+        self.padded: list[int] = []
+
+    def _experts(self, x: torch.Tensor, splits: list[int]) -> torch.Tensor:
+        if self.te_experts:
+            h = self.fc1(x, splits)
+        else:
+            offs = torch.tensor(splits, device=x.device).cumsum(0).to(torch.int32)
+            h = torch._grouped_mm(x, self.w1.to(x.dtype), offs=offs)
+        gate, up = h.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        if self.te_experts:
+            return self.fc2(h, splits)
+        return torch._grouped_mm(h, self.w2.to(h.dtype), offs=offs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (T, H)
+        probs = self.router(x).float().softmax(-1)
+        weights, experts = probs.topk(self.k, dim=-1)  # (T, k)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        flat = experts.flatten()
+        order = flat.argsort(stable=True)
+        token = order // self.k
+        # Grouped GEMMs need the split sizes on the host: one sync per layer, as in real MoE code.
+        routed = torch.bincount(flat, minlength=self.e).tolist()
+        splits = [-(-n // FP8_ROW_MULTIPLE) * FP8_ROW_MULTIPLE for n in routed] if self.pad else routed
+        self.routed, self.padded = routed, splits
+        xs = x[token]
+        if self.pad:  # scatter each expert's rows into its padded slot; pad rows stay zero
+            starts = torch.tensor([0] + splits[:-1], device=x.device).cumsum(0)
+            rstarts = torch.tensor([0] + routed[:-1], device=x.device).cumsum(0)
+            pos = torch.arange(len(flat), device=x.device) - rstarts[flat[order]] + starts[flat[order]]
+            buf = x.new_zeros(sum(splits), x.shape[-1])
+            buf[pos] = xs
+            y = self._experts(buf, splits)[pos]
+        else:
+            y = self._experts(xs, splits)
+        y = y * weights.flatten()[order, None]
+        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, c: DemoConfig, experts: int, top_k: int, te_experts: bool) -> None:
+        super().__init__()
+        self.attn = TorchBlock(c)  # its qkv/proj attention half
+        del self.attn.fc1, self.attn.fc2
+        self.norm = nn.RMSNorm(c.hidden_size)
+        self.moe = MoEMLP(c.hidden_size, c.intermediate_size, experts, top_k, te_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
+        a = self.attn
+        b, t, _ = x.shape
+        hd = a.c.hidden_size // a.c.num_attention_heads
+        q, k, v = a.qkv(a.norm1(x)).split([a.c.num_attention_heads * hd, a.c.num_key_value_heads * hd,
+                                           a.c.num_key_value_heads * hd], dim=-1)
+        q = q.view(b, t, -1, hd).transpose(1, 2)
+        k = k.view(b, t, -1, hd).transpose(1, 2).repeat_interleave(q.shape[1] // (k.shape[-1] // hd), 1)
+        v = v.view(b, t, -1, hd).transpose(1, 2).repeat_interleave(q.shape[1] // (v.shape[-1] // hd), 1)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
+        x = x + a.proj(o)
+        return x + self.moe(self.norm(x).reshape(b * t, -1)).view(b, t, -1)
+
+
+class MoELM(pl.LightningModule):
+    def __init__(self, c: DemoConfig, experts: int, top_k: int, te_experts: bool, recipe: str) -> None:
+        super().__init__()
+        self.c, self.recipe = c, recipe
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.blocks = nn.ModuleList(MoEBlock(c, experts, top_k, te_experts) for _ in range(c.num_hidden_layers))
+        self.norm = nn.RMSNorm(c.hidden_size)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        fp8 = self.recipe != "BF16"
+        for blk in self.blocks:
+            blk.moe.pad = fp8
+        dev = "cuda" if x.is_cuda else "cpu"
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=x.is_cuda), autocast(self.recipe):
+            for blk in self.blocks:
+                x = blk(x)
+            return self.lm_head(self.norm(x))
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        logits = self(batch[:, :-1])
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = base_parser(__doc__.splitlines()[0])
+    add_shape_flags(p, layers=1, hidden=4096, heads=32, kv_heads=8, seq_len=4096, micro_batch_size=2)
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--expert-intermediate", type=int, default=14336)
+    a = p.parse_args(argv)
+    if a.tiny:
+        c = DemoConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                       num_hidden_layers=1, vocab_size=64, sequence_length=16, micro_batch_size=2)
+        experts, top_k = 4, 2
+    else:
+        c = DemoConfig(hidden_size=a.hidden_size, intermediate_size=a.expert_intermediate,
+                       num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, num_hidden_layers=a.layers,
+                       vocab_size=1024, sequence_length=a.seq_len, micro_batch_size=a.micro_batch_size)
+        experts, top_k = a.experts, a.top_k
+    recipe = canonical(a.recipe)
+    out = Path(a.out or f"runs/moe-{recipe}")
+    model = MoELM(c, experts, top_k, use_te(a.tiny), recipe)
+    loader = DataLoader(RandomTokens(c, c.micro_batch_size * a.steps), batch_size=c.micro_batch_size)
+    cb = fit(model, loader, a, out)
+    moe = model.blocks[0].moe
+    if moe.routed:
+        extra = sum(moe.padded) / sum(moe.routed) - 1
+        print(f"last step, layer 0: routed {moe.routed}, GEMM rows {moe.padded} (padding +{100 * extra:.1f}% rows)")
+    return finish(a, cb, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

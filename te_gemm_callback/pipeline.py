@@ -1,0 +1,23 @@
+"""After a captured run: microbenchmark its real shapes in every recipe, then write the report.
+
+Shared by ``te-gemm run`` and the training recipes; no Lightning here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from .bench.cells import ResultCache, items_from_capture
+from .bench.engine import run_bench
+from .capture import GemmCapture
+from .render.report import render_run
+
+
+def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Sequence[str],
+                     console: Any = None, modes: Sequence[str] = ("autocast", "prequantized")) -> dict[str, Path]:
+    run_dir = Path(run_dir)
+    items = items_from_capture(GemmCapture.load(capture_path))
+    res = run_bench(items, recipes, modes, cache=ResultCache(), console=console)
+    res.save(run_dir / "bench.json")
+    return render_run(run_dir, console)

@@ -1,0 +1,68 @@
+"""Each training recipe's --tiny run on CPU, as an end-to-end test of the tool."""
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from te_gemm_callback import GemmCapture
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+sys.path.insert(0, str(RECIPES))
+
+
+def run(name, tmp_path, *extra):
+    mod = importlib.import_module(name)
+    out = tmp_path / name
+    assert mod.main(["--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench", "--out", str(out), *extra]) == 0
+    return GemmCapture.load(out / "gemm_capture.json"), out
+
+
+def by(cap):
+    return {(r.module, r.op): r for r in cap.records}
+
+
+def test_dense_tiny(tmp_path):
+    cap, out = run("dense", tmp_path)
+    r = by(cap)
+    qkv = r[("blocks.0.qkv", "fprop")]
+    assert (qkv.m, qkv.k, qkv.n) == (2 * 32, 64, (4 + 2 * 2) * 16)  # GQA: 4 q heads + 2 x 2 kv heads
+    assert r[("blocks.1.fc1", "fprop")].n == 2 * 128  # SwiGLU, gate+up fused
+    assert r[("lm_head", "wgrad")].shape.mkn == "64x64x128"
+    assert (out / "sweep" / "BF16" / "gemm_capture.json").exists()
+
+
+def test_moe_tiny_splits_add_up_to_tokens_times_top_k(tmp_path):
+    cap, _ = run("moe", tmp_path)
+    tokens, top_k = 2 * 16, 2
+    grouped = [r for r in cap.records if r.kernel == "aten._grouped_mm"]
+    assert {r.op for r in grouped} == {"fprop", "dgrad", "wgrad"}
+    for r in grouped:
+        assert r.m_splits and all(len(s) == 4 and sum(s) == tokens * top_k for s in r.m_splits)
+    # Routing is learned: the splits are not all equal.
+    assert any(len(set(s)) > 1 for r in grouped for s in r.m_splits)
+    router = by(cap)[("blocks.0.moe.router", "fprop")]
+    assert (router.m, router.k, router.n) == (tokens, 32, 4)
+
+
+def test_moe_fp8_padding_does_not_change_the_output():
+    moe_mod = importlib.import_module("moe")
+    torch.manual_seed(0)
+    layer = moe_mod.MoEMLP(16, 24, 4, 2, te_experts=False)
+    x = torch.randn(20, 16)
+    plain = layer(x)
+    layer.pad = True
+    padded = layer(x)
+    assert all(n % 16 == 0 for n in layer.padded) and sum(layer.routed) == 40
+    torch.testing.assert_close(padded, plain)
+
+
+def test_hf_tiny(tmp_path):
+    pytest.importorskip("transformers")
+    cap, _ = run("hf", tmp_path)
+    r = by(cap)
+    assert r[("model.model.layers.0.self_attn.k_proj", "fprop")].n == 2 * 8  # GQA: 2 kv heads x 8
+    assert r[("model.model.layers.1.mlp.down_proj", "wgrad")].op == "wgrad"
+    assert not cap.coverage["never_ran"]
