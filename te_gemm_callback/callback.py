@@ -13,7 +13,9 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
 
 from .capture import GemmCapture, GemmProfiler
+from .capture.distributed import gather_captures, rank_summary
 from .render import capture_table, print_table, summary_metrics
+from .render.tables import ranks_table
 
 try:
     from typing_extensions import override
@@ -79,6 +81,7 @@ class GemmProfilerCallback(Callback):
             raise ValueError("sweep_steps must be >= 1")
         self.sweep, self.sweep_steps, self.set_recipe = sweep, sweep_steps, set_recipe
         self.sweep_result: Any = None
+        self.rank_summary: list[dict] | None = None
         self._last_batch: Any = None
         self.steps_seen = 0  # optimizer steps completed while this callback watched
         self.done = False
@@ -176,13 +179,19 @@ class GemmProfilerCallback(Callback):
         prof.resume()  # stop() closes the open step with its boundary event
         cap = prof.stop(micro_batches=max(self._micro_batches, 1))
         self._phase = None
-        if not keep or not cap.steps:
+        if not keep:
             return
         cap.meta["accumulate_grad_batches"] = int(trainer.accumulate_grad_batches)
         cap.meta["global_step_end"] = int(trainer.global_step)
+        # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.
+        gathered = gather_captures(cap)
+        if not cap.steps:
+            return
         self.capture = cap
         if trainer.is_global_zero:
             self.path = cap.save(self.output_dir / self.filename)
+            if gathered is not None and len(gathered) > 1:
+                self._write_ranks(gathered)
             if self.verbose:
                 print_table(capture_table(cap, limit=40))
                 log.info("te-gemm: capture written to %s", self.path)
@@ -191,6 +200,17 @@ class GemmProfilerCallback(Callback):
             metrics.update(self._run_sweep(trainer, cap))
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _write_ranks(self, caps: list[GemmCapture]) -> None:
+        import json
+
+        for c in caps:
+            c.save(self.output_dir / "ranks" / f"rank{c.meta.get('rank')}.json")
+        summary = rank_summary(caps)
+        (self.output_dir / "ranks" / "summary.json").write_text(json.dumps(summary, indent=1))
+        self.rank_summary = summary
+        if self.verbose:
+            print_table(ranks_table(summary))
 
     def _run_sweep(self, trainer: "Trainer", cap: GemmCapture) -> dict[str, float]:
         from .analysis import analyze

@@ -1,0 +1,52 @@
+"""Multi-process jobs: every rank captures its own GEMMs; rank 0 gathers them.
+
+Works with any torch.distributed backend and world size (Lightning DDP/FSDP strategies set the
+process group up; we ride it). Tensor parallelism shows in the captures themselves: column-parallel
+layers have N / TP, row-parallel ones K / TP; expert parallelism shows as each rank's own experts
+and token counts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch.distributed as dist
+
+from .record import GemmCapture
+
+
+def world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_captures(cap: GemmCapture) -> list[GemmCapture] | None:
+    """Collective: every rank must call it, also one whose capture failed or is empty (it sends
+    what it has, with its error), so no rank waits forever. Rank 0 gets all captures in rank order,
+    the others None; a single process gets ``[cap]``."""
+    rank, size = world()
+    cap.meta.update(rank=rank, world_size=size)
+    if size == 1:
+        return [cap]
+    objs: list[Any] | None = [None] * size if rank == 0 else None
+    dist.gather_object(cap.to_dict(), objs, dst=0)
+    return [GemmCapture.from_dict(o) for o in objs] if objs is not None else None
+
+
+def rank_summary(caps: list[GemmCapture]) -> list[dict[str, Any]]:
+    """Per-rank step time, GEMM time and FLOPs, routed tokens per expert, and how far each rank is
+    from the median (stragglers, MoE imbalance)."""
+    rows = []
+    for i, c in enumerate(caps):
+        grouped = [r for r in c.records if r.m_splits and r.op == "fprop"]
+        tokens = sum(sum(s) for r in grouped for s in r.m_splits) / max(len(c.steps), 1) if grouped else None
+        rows.append({"rank": c.meta.get("rank", i), "step_ms": c.step_ms(), "gemm_ms": c.gemm_ms_per_step(),
+                     "gemm_tflop_per_step": c.flops_per_step / 1e12, "grouped_rows_per_step": tokens,
+                     "records": len(c.records), "error": c.coverage.get("error")})
+    steps = [r["step_ms"] for r in rows if r["step_ms"]]
+    med = statistics.median(steps) if steps else None
+    for r in rows:
+        r["step_vs_median"] = r["step_ms"] / med if med and r["step_ms"] else None
+    return rows

@@ -1,0 +1,24 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from te_gemm_callback import GemmCapture
+
+
+def test_ddp_two_ranks_gathered_and_no_hang_when_one_capture_fails(tmp_path):
+    job = Path(__file__).resolve().parent / "ddp_job.py"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+    # Lightning's "ddp" launcher re-runs this script for rank 1; a hang fails the timeout.
+    proc = subprocess.run([sys.executable, str(job), str(tmp_path)], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=job.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 done" in proc.stdout
+    ranks = [GemmCapture.load(tmp_path / "ranks" / f"rank{r}.json") for r in (0, 1)]
+    assert [c.meta["rank"] for c in ranks] == [0, 1] and ranks[0].meta["world_size"] == 2
+    assert ranks[0].records and ranks[0].coverage["error"] is None
+    assert ranks[1].coverage["error"] == "RuntimeError: injected on rank 1"
+    summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())
+    assert [r["rank"] for r in summary] == [0, 1] and summary[1]["error"]
+    assert GemmCapture.load(tmp_path / "gemm_capture.json").meta["rank"] == 0
