@@ -132,7 +132,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     modes = ["prequantized"] if a.pre_quantize else ["autocast"]
     cache = ResultCache(a.cache, enabled=not a.no_cache)
     out = console()
-    res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out)
+    if a.devices > 1:
+        from .bench.parallel import run_bench_parallel
+
+        res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2)
+    else:
+        res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out)
     mode = modes[0]
     for op in ("fprop", "dgrad", "wgrad"):
         from .shapes import GemmOp
@@ -204,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write all results (with device, clocks, versions) as JSON")
     s.add_argument("--cache", help="result cache file (default ~/.cache/te_gemm_callback/bench.json or $TE_GEMM_CACHE)")
     s.add_argument("--no-cache", action="store_true", help="measure everything again")
+    s.add_argument("--devices", type=_positive, default=1, help="spread cells over N local GPUs, one process each")
     s.set_defaults(fn=cmd_bench)
     s = sub.add_parser("compare", help="compare captures of separate runs (one per recipe): GEMM vs step speedup")
     s.add_argument("captures", nargs="+", help="gemm_capture.json files; the first is the baseline job")

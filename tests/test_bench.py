@@ -142,3 +142,27 @@ def test_seed_script_flags(tmp_path, capsys, monkeypatch):
     assert rc == 0 and fig.stat().st_size > 10_000
     for section in ("Fprop GEMMs", "Dgrad GEMMs", "Wgrad GEMMs", "Per layer", "Full model (2 layers)"):
         assert section in out
+
+
+def test_partition_balances_flops():
+    from te_gemm_callback.bench.parallel import partition
+
+    items = [WorkItem(str(i), GemmShape(64 * (i + 1), 64, 64)) for i in range(6)]
+    groups = partition(items, 2)
+    loads = [sum(i.fprop.flops for i in g) for g in groups]
+    assert sorted(i.name for g in groups for i in g) == sorted(i.name for i in items)
+    assert max(loads) / min(loads) < 1.2
+
+
+@cpu_path
+def test_parallel_bench_same_cells_as_one_process(tmp_path):
+    # On CPU the two workers are processes without GPUs: the split and merge are what is tested.
+    from te_gemm_callback.bench.parallel import run_bench_parallel
+
+    items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64)),
+             WorkItem("c", GemmShape(8, 16, 16))]
+    one = run_bench(items, ["BF16"], ["prequantized"], progress=False)
+    two = run_bench_parallel(items, ["BF16"], ["prequantized"], 2)
+    key = lambda r: (r.m, r.k, r.n, r.op, r.precision, r.mode)  # noqa: E731
+    assert sorted(map(key, one.results)) == sorted(map(key, two.results))
+    assert all(r.ok for r in two.results) and len(two.meta["devices"]) == 2

@@ -81,3 +81,19 @@ def test_bench_runs_every_hopper_recipe_in_both_modes():
     fp8 = res.get(big, "DelayedScaling", "prequantized").median_ms
     assert fp8 < 0.8 * bf16  # FP8 tensor cores at a shape large enough to show it
     assert res.meta["peaks_tflops"]["bf16"] > 500
+
+
+@needs_te
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_bench_over_two_gpus_matches_one():
+    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.bench.engine import run_bench
+    from te_gemm_callback.bench.parallel import run_bench_parallel
+    from te_gemm_callback.shapes import GemmShape
+
+    items = [WorkItem(f"s{i}", GemmShape(8192, 4096, 4096 * (1 + i % 2))) for i in range(4)]
+    one = run_bench(items, ["BF16", "DelayedScaling"], ["prequantized"], progress=False)
+    two = run_bench_parallel(items, ["BF16", "DelayedScaling"], ["prequantized"], 2)
+    for r in one.results:
+        other = two.get(r.shape, r.precision, r.mode)
+        assert other.median_ms == pytest.approx(r.median_ms, rel=0.03)
