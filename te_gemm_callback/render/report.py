@@ -136,6 +136,11 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
         for mode in bench.meta.get("modes", ["autocast"]):
             files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, root / f"gemm_{mode}.png")
     if out is not None:
+        if bench is not None:  # the seed tool's per-GEMM table, on the job's real shapes
+            from .bench_tables import totals_table
+
+            for mode in bench.meta.get("modes", ["autocast"]):
+                out.print(totals_table(bench, items_from_capture(job), mode))
         out.print(report_table(rep))
         out.print(verdict_panel(rep))
         for name, path in files.items():
