@@ -59,6 +59,7 @@ class Observed:
     step_ms: float
     gemm_ms: float | None
     unquantized: list[str] = field(default_factory=list)  # GEMMs left in high precision
+    kernels: dict[str, float] = field(default_factory=dict)  # kernel ms per step by category
 
     @property
     def non_gemm_ms(self) -> float | None:
@@ -73,7 +74,7 @@ def observe(cap: GemmCapture) -> Observed:
     step = cap.step_ms()
     if step is None:
         raise ValueError("capture has no step times")
-    return Observed(recipe, step, cap.gemm_ms_per_step(), left)
+    return Observed(recipe, step, cap.gemm_ms_per_step(), left, dict(cap.meta.get("kernel_breakdown_ms") or {}))
 
 
 @dataclass
@@ -187,4 +188,10 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
         moved = run.non_gemm_ms - bf16.non_gemm_ms
         ev.append(f"non-GEMM time {bf16.non_gemm_ms:.2f} -> {run.non_gemm_ms:.2f} ms ({moved:+.2f} ms per step: "
                   "quantization, casts, amax reductions, layers left in high precision)")
+    if run is not None and bf16 is not None and run.kernels and bf16.kernels:
+        deltas = sorted(((run.kernels.get(k, 0.0) - bf16.kernels.get(k, 0.0), k) for k in run.kernels
+                         if k != "gemm"), reverse=True)
+        grew = [f"{k} {d:+.2f} ms" for d, k in deltas if d > 0.01]
+        if grew:
+            ev.append("kernel time that grew (torch.profiler, per step): " + ", ".join(grew))
     return "overhead eats the gain", ev

@@ -29,3 +29,38 @@ def kernel_times_us(prof) -> dict[str, float]:
         if t and getattr(evt, "device_type", None) is not None and "CUDA" in str(evt.device_type):
             out[evt.key] = out.get(evt.key, 0.0) + float(t)
     return out
+
+
+# Where step time goes besides GEMMs (issue: "overhead eats the gain — say where it went").
+# TE's kernels are named after what they do: cast_transpose, (multi_)amax, compute_scale, quantize.
+_QUANT = ("quantize", "cast", "amax", "compute_scale", "scale_inv", "fp8", "transpose")
+_NORM = ("norm",)
+_OPTIM = ("adam", "multi_tensor", "sgd", "optimizer")
+_COMM = ("nccl",)
+CATEGORIES = ("gemm", "attention", "quantization/cast", "norm", "communication", "optimizer", "other")
+
+
+def classify_kernel(name: str) -> str:
+    low = name.lower()
+    if any(s in low for s in _COMM):
+        return "communication"
+    if is_attention_kernel(low):
+        return "attention"
+    if is_gemm_kernel(low):
+        return "gemm"
+    if any(s in low for s in _QUANT):
+        return "quantization/cast"
+    if any(s in low for s in _NORM):
+        return "norm"
+    if any(s in low for s in _OPTIM):
+        return "optimizer"
+    return "other"
+
+
+def breakdown_ms(kernel_us: dict[str, float], steps: int) -> dict[str, float]:
+    """Kernel time per category and step (ms), from ``kernel_times_us``. Kernel time, not stream
+    time: idle gaps are not in it, so the parts can sum to less than the step."""
+    out = {c: 0.0 for c in CATEGORIES}
+    for name, us in kernel_us.items():
+        out[classify_kernel(name)] += us / 1e3 / max(steps, 1)
+    return out

@@ -61,10 +61,20 @@ def _loss(out: Any) -> torch.Tensor:
     raise TypeError("the sweep's step function must return a loss tensor, a dict with 'loss', or an output with .loss")
 
 
+def _kernel_breakdown(one_step: Callable[[], None], steps: int = 1) -> dict[str, float]:
+    from .kernels import breakdown_ms, kernel_times_us
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as tp:
+        for _ in range(steps):
+            one_step()
+        torch.cuda.synchronize()
+    return breakdown_ms(kernel_times_us(tp), steps)
+
+
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
               warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
               context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
-              nvtx: bool = True) -> SweepResult:
+              nvtx: bool = True, profile_kernels: bool = True) -> SweepResult:
     """Time ``steps`` forward+backward steps of ``step_fn`` under each recipe.
 
     Args:
@@ -73,6 +83,9 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             themselves (called with each recipe, then with None to restore). Without it, the
             forward runs inside ``te.autocast(recipe)``.
         context: an outer context per step (Lightning's precision plugin forward context).
+        profile_kernels: on CUDA, one more step under torch.profiler, its kernels split into GEMM,
+            attention, quantization/cast, norm, communication, optimizer and other
+            (``meta["kernel_breakdown_ms"]``): where the time went that the GEMMs did not explain.
     """
     if steps < 1:
         raise ValueError("sweep steps must be >= 1")
@@ -110,6 +123,8 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
                 prof.step()
             cap = prof.stop()
             cap.meta.update(recipe=recipe, sweep=True, note="forward+backward only, no optimizer step")
+            if profile_kernels and torch.cuda.is_available():
+                cap.meta["kernel_breakdown_ms"] = _kernel_breakdown(one_step)
             res.captures[recipe] = cap
             if out_dir is not None:
                 res.paths[recipe] = cap.save(Path(out_dir) / recipe / "gemm_capture.json")

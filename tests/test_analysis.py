@@ -126,3 +126,23 @@ def test_readme_main_command_on_cpu_produces_every_output(tmp_path, monkeypatch,
     assert rep["recipes"][0]["recipe"] == "BF16" and rep["gemm_share"] > 0
     text = capsys.readouterr().out
     assert "not available here" in text
+
+
+def test_kernel_classification_and_overhead_evidence():
+    from te_gemm_callback.kernels import breakdown_ms, classify_kernel
+
+    assert classify_kernel("nvjet_sm90_qqtst_192x192_128x4_2x1_v_bz_coopB_TNN") == "gemm"
+    assert classify_kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma") == "attention"
+    assert classify_kernel("void transformer_engine::detail::cast_transpose_kernel<...>") == "quantization/cast"
+    assert classify_kernel("void transformer_engine::(anonymous namespace)::amax_kernel<...>") == "quantization/cast"
+    assert classify_kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert classify_kernel("void rmsnorm_fwd_tuned_kernel<...>") == "norm"
+    split = breakdown_ms({"nvjet_x_TNN": 4000.0, "cast_transpose_kernel": 1000.0, "elementwise_kernel": 500.0}, 2)
+    assert split["gemm"] == 2.0 and split["quantization/cast"] == 0.5 and split["other"] == 0.25
+
+    bf16, fp8 = capture(100, 60), capture(80, 32, "fp8_delayed")
+    bf16.meta["kernel_breakdown_ms"] = {"gemm": 60.0, "quantization/cast": 0.0, "attention": 20.0}
+    fp8.meta["kernel_breakdown_ms"] = {"gemm": 32.0, "quantization/cast": 7.0, "attention": 20.0}
+    rep = analyze(bf16, None, [fp8])
+    ev = next(a for a in rep.recipes if a.recipe == "DelayedScaling").evidence
+    assert any("quantization/cast +7.00 ms" in e for e in ev)

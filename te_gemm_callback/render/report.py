@@ -73,21 +73,36 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def step_split_figure(rep: Report, path: str | Path) -> Path:
-    """Observed step time per recipe split into GEMM and everything else (attention, quantization
-    and casts, norms, optimizer): the part that recipes do not speed up."""
+def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str, float]] | None = None) -> Path:
+    """Observed step time per recipe: GEMM and the rest, and, where the sweep profiled kernels,
+    the rest split into attention, quantization/cast, norm, communication, optimizer and other."""
+    from ..kernels import CATEGORIES
+
     recs = [a for a in rep.recipes if a.observed_step_ms]
-    fig, ax = plt.subplots(figsize=(max(5, 1.5 * len(recs) + 2), 4.5))
+    colors = dict(zip(CATEGORIES, ("#3182bd", "#9e9ac8", "#e6550d", "#74c476", "#fd8d3c", "#fdd0a2", "#bdbdbd")))
+    fig, ax = plt.subplots(figsize=(max(5, 1.5 * len(recs) + 3), 4.5))
+    seen = set()
     for i, a in enumerate(recs):
         g = a.observed_gemm_ms or 0.0
-        ax.bar(i, g, color="#3182bd", label="GEMM (CUDA events)" if i == 0 else None)
-        ax.bar(i, a.observed_step_ms - g, bottom=g, color="#bdbdbd", label="non-GEMM" if i == 0 else None)
+        parts = [("gemm", g)]
+        split = (kernels or {}).get(a.recipe)
+        if split:  # kernel times; what they do not cover is idle/launch time, shown as other
+            rest = [(k, v) for k, v in split.items() if k != "gemm" and v > 0]
+            covered = g + sum(v for _, v in rest)
+            parts += rest + [("other", max(a.observed_step_ms - covered, 0.0))]
+        else:
+            parts.append(("other", a.observed_step_ms - g))
+        bottom = 0.0
+        for k, v in parts:
+            ax.bar(i, v, bottom=bottom, color=colors.get(k, "#bdbdbd"), label=None if k in seen else k)
+            seen.add(k)
+            bottom += v
         ax.text(i, a.observed_step_ms, f"{a.observed_step_ms:.1f} ms\n{100 * g / a.observed_step_ms:.0f}% GEMM",
                 ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(recs)), [a.recipe for a in recs], rotation=15)
     ax.set_ylabel("ms per step")
-    ax.set_title("Step time split")
-    ax.legend(fontsize=8)
+    ax.set_title("Step time split (GEMM: CUDA events; the rest: kernel time by category)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
@@ -130,7 +145,8 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
     files = {"report": write_report_json(rep, root / "report.json"),
              "speedups": speedup_figure(rep, root / "speedups.png"),
-             "step_split": step_split_figure(rep, root / "step_split.png")}
+             "step_split": step_split_figure(rep, root / "step_split.png",
+                                             {capture_recipe(c): c.meta.get("kernel_breakdown_ms") or {} for c in caps})}
     if bench is not None:
         items = items_from_capture(job)
         for mode in bench.meta.get("modes", ["autocast"]):
