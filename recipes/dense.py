@@ -18,7 +18,7 @@ from _common import add_shape_flags, base_parser, finish, fit, use_te
 
 from torch.utils.data import DataLoader
 
-from te_gemm_callback.demo import DemoConfig, DemoLM, RandomTokens
+from te_gemm_callback.demo import TINY, DemoConfig, DemoLM, RandomTokens
 from te_gemm_callback.precisions import canonical
 
 
@@ -30,9 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab-size", type=int, default=128)
     a = p.parse_args(argv)
     if a.tiny:
-        c = DemoConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                       num_hidden_layers=2, vocab_size=128, sequence_length=32, micro_batch_size=2,
-                       gated_mlp=True, normalization="RMSNorm")
+        c = TINY
     else:
         c = DemoConfig(hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
                        num_attention_heads=a.heads, num_key_value_heads=a.kv_heads or a.heads,

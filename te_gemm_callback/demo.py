@@ -34,6 +34,11 @@ class DemoConfig:
     normalization: str = "RMSNorm"  # or "LayerNorm"
 
 
+# The dense recipe's --tiny configuration, and what `te-gemm run` trains on a CPU.
+TINY = DemoConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                  num_hidden_layers=2, vocab_size=128, sequence_length=32, micro_batch_size=2,
+                  gated_mlp=True, normalization="RMSNorm")
+
 # The dense recipe's default on a GPU: the seed's CodonFM-5B layer (MHA, GELU MLP, LayerNorm), 4 layers.
 CODONFM_4L = DemoConfig(hidden_size=4096, intermediate_size=16384, num_attention_heads=32,
                         num_key_value_heads=32, num_hidden_layers=4, vocab_size=128, sequence_length=512,
@@ -148,7 +153,7 @@ def run_demo(out: str | Path, steps: int = 6, config: DemoConfig | None = None,
             use_te = True
         except Exception as err:
             print(f"te-gemm: running the torch model in BF16 ({err})")
-    c = config or (CODONFM_4L if cuda else DemoConfig())
+    c = config or (CODONFM_4L if cuda else TINY)
     wanted = recipes or ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
                          "MXFP8BlockScaling", "NVFP4BlockScaling"]
     torch.manual_seed(0)
