@@ -2,6 +2,7 @@
 # Everything docs/results/h200.md reports, in one run on a GPU host with TE installed.
 #   bash scripts/h200_validation.sh OUTDIR            # all sections
 #   ONLY=bench bash scripts/h200_validation.sh OUTDIR # only the microbenchmark sections (issue 3)
+#   ONLY=report bash scripts/h200_validation.sh OUTDIR # sweep vs plain loop, recipes (issues 4, 5)
 set -uo pipefail
 out=${1:-runs/h200}
 mkdir -p "$out"
@@ -14,6 +15,23 @@ python -c "import torch, transformer_engine as t; print('torch', torch.__version
 only=${ONLY:-all}
 echo "== pytest (CPU and GPU tests)"
 python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
+
+if [ "$only" = report ]; then
+    echo "== in-job sweep vs plain loop, training state (issue 4)"
+    python scripts/sweep_vs_plain_loop.py --layers 4 --steps 8 --out "$out/sweep_check" --json "$out/sweep_vs_loop.json" 2>&1 | quiet
+    echo "== dense recipe, 4 layers, whole run (issue 5: < 3 min)"
+    { time python recipes/dense.py --layers 4 --sweep all --out "$out/dense" > "$out/dense.txt" 2>&1 ; } 2>&1
+    grep -E -A12 "GEMM vs step speedup" "$out/dense.txt" | head -40
+    echo "== MoE recipe: 8 experts, top-2, hidden 4096, expert intermediate 14336, 1 layer"
+    python recipes/moe.py --sweep all --seq-len 2048 --micro-batch-size 2 --out "$out/moe" > "$out/moe.txt" 2>&1
+    grep -E "routed|capture:|verdict|eats|bound|no gain" "$out/moe.txt" | head -20
+    for prec in bf16-mixed transformer-engine; do
+        echo "== HF Llama, precision $prec"
+        python recipes/hf.py --precision $prec --layers 4 --sweep BF16,DelayedScaling --out "$out/hf-$prec" > "$out/hf-$prec.txt" 2>&1
+        grep -E "capture:|eats|bound|no gain|Error" "$out/hf-$prec.txt" | head -10
+    done
+    exit 0
+fi
 
 if [ "$only" = all ]; then
 echo "== capture vs torch.profiler (issue 2)"

@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""Issue 4 acceptance: the callback's in-job sweep against a plain loop, side by side in one run.
+
+1. Lightning fit of the dense model with GemmProfilerCallback(sweep=recipes): observed step time
+   per recipe (forward+backward, no optimizer) from the sweep captures.
+2. The same model and batch timed in a plain PyTorch loop outside Lightning, per recipe:
+   median of N forward+backward steps, each bracketed by CUDA events (host clock on CPU).
+3. Ratio of the observed speedups (sweep / plain loop), and whether the job's weights after the
+   fit equal those of the same fit without a sweep (training state untouched).
+
+    python scripts/sweep_vs_plain_loop.py --layers 4 --steps 8 --json out.json
+    python scripts/sweep_vs_plain_loop.py --tiny          # CPU: BF16 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pytorch_lightning as pl  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from te_gemm_callback import GemmProfilerCallback  # noqa: E402
+from te_gemm_callback.demo import CODONFM_4L, TINY, DemoLM, RandomTokens  # noqa: E402
+from te_gemm_callback.precisions import availability, te_available  # noqa: E402
+
+HOPPER = ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"]
+
+
+def fit(c, steps, out, sweep, use_te):
+    torch.manual_seed(0)
+    model = DemoLM(c, use_te=use_te)
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=2, output_dir=out, sweep=sweep, sweep_steps=5,
+                              verbose=False)
+    trainer = pl.Trainer(max_steps=steps, accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1,
+                         callbacks=[cb], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    torch.manual_seed(1)
+    trainer.fit(model, DataLoader(RandomTokens(c, c.micro_batch_size * steps), batch_size=c.micro_batch_size))
+    return model, cb
+
+
+def plain_loop(model, batch, recipe, steps=10):
+    model.recipe = recipe
+    model.log = lambda *a, **k: None  # outside Lightning's loop: nothing to log into
+    times = []
+    for i in range(steps + 2):
+        for p in model.parameters():
+            p.grad = None
+        if torch.cuda.is_available():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            model.training_step(batch, 0).backward()
+            e.record()
+            e.synchronize()
+            t = s.elapsed_time(e)
+        else:
+            t0 = time.perf_counter()
+            model.training_step(batch, 0).backward()
+            t = (time.perf_counter() - t0) * 1e3
+        if i >= 2:  # the first steps of a recipe initialise its quantizers
+            times.append(t)
+    return statistics.median(times)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--out", default="runs/sweep_check")
+    p.add_argument("--json")
+    a = p.parse_args()
+    use_te = torch.cuda.is_available() and te_available()[0]
+    c = TINY if (a.tiny or not use_te) else type(CODONFM_4L)(**{**CODONFM_4L.__dict__, "num_hidden_layers": a.layers})
+    recipes = [r for r in HOPPER if availability(r).ok and (r == "BF16" or use_te)]
+    model, cb = fit(c, a.steps, Path(a.out) / "with_sweep", recipes, use_te)
+    plain_model, _ = fit(c, a.steps, Path(a.out) / "without_sweep", None, use_te)
+    same = all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), plain_model.state_dict().values()))
+    dev = next(model.parameters()).device
+    batch = RandomTokens(c, c.micro_batch_size).data.to(dev)
+    sweep_ms = {r: cap.step_ms() for r, cap in cb.sweep_result.captures.items()}
+    loop_ms = {r: plain_loop(model, batch, r) for r in recipes}
+    rows = []
+    for r in recipes:
+        s_sweep, s_loop = sweep_ms["BF16"] / sweep_ms[r], loop_ms["BF16"] / loop_ms[r]
+        rows.append({"recipe": r, "sweep_step_ms": sweep_ms[r], "plain_loop_step_ms": loop_ms[r],
+                     "sweep_speedup": s_sweep, "plain_loop_speedup": s_loop, "ratio": s_sweep / s_loop})
+        print(f"{r:22s} sweep {sweep_ms[r]:8.2f} ms ({s_sweep:.3f}x)  plain loop {loop_ms[r]:8.2f} ms "
+              f"({s_loop:.3f}x)  speedup ratio {s_sweep / s_loop:.4f}")
+    print(f"weights after the fit identical with and without the sweep: {same}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "state_unchanged": same,
+                                            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"},
+                                           indent=1))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
