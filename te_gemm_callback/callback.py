@@ -9,11 +9,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
 
 from .capture import GemmCapture, GemmProfiler
 from .capture.distributed import gather_captures, rank_summary
+from .jsonio import write_json
 from .render import capture_table, print_table, summary_metrics
 from .render.tables import ranks_table
 
@@ -202,12 +202,10 @@ class GemmProfilerCallback(Callback):
             logger.log_metrics(metrics, step=trainer.global_step)
 
     def _write_ranks(self, caps: list[GemmCapture]) -> None:
-        import json
-
         for c in caps:
             c.save(self.output_dir / "ranks" / f"rank{c.meta.get('rank')}.json")
         summary = rank_summary(caps)
-        (self.output_dir / "ranks" / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_json(self.output_dir / "ranks" / "summary.json", summary)
         self.rank_summary = summary
         if self.verbose:
             print_table(ranks_table(summary))

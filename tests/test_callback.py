@@ -1,6 +1,5 @@
 """The Lightning adapter on Lightning's own demo Transformer and on the bundled demo model."""
 
-import json
 
 import pytest
 import pytorch_lightning as pl

@@ -9,7 +9,7 @@ from torch import nn
 
 from oracles import TrackerRecorder, flop_counter_mm
 from te_gemm_callback import GemmProfiler
-from te_gemm_callback.shapes import GemmOp, backward_shapes
+from te_gemm_callback.shapes import backward_shapes
 
 transformers = pytest.importorskip("transformers")
 

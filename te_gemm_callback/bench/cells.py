@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..capture.record import GemmCapture
+from ..jsonio import read_json, write_json
 from ..shapes import GemmOp, GemmShape, ModelConfig, config_gemms, fprop_of, gemm_passes
 
 MODES = ("autocast", "prequantized")
@@ -104,8 +104,8 @@ class ResultCache:
         self.data: dict[str, Any] = {"results": {}, "peaks": {}}
         if enabled and self.path.exists():
             try:
-                self.data = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError):
+                self.data = read_json(self.path)
+            except (OSError, ValueError):  # json.JSONDecodeError is a ValueError
                 pass  # a corrupt cache is re-measured, never fatal
         self.data.setdefault("results", {})
         self.data.setdefault("peaks", {})
@@ -121,8 +121,7 @@ class ResultCache:
     def save(self) -> None:
         if not self.enabled:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.data))
+        write_json(self.path, self.data, indent=None)
 
 
 def passes_of(item: WorkItem) -> tuple[GemmShape, GemmShape, GemmShape]:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..jsonio import read_json, write_json
 from ..precisions import availability, autocast, canonical, import_te, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
 from .cells import MODES, BenchResult, ResultCache, WorkItem, result_key
@@ -59,18 +60,11 @@ class BenchResults:
                 "results": [asdict(r) for r in self.results]}
 
     def save(self, path: str | Path) -> Path:
-        import json
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> "BenchResults":
-        import json
-
-        d = json.loads(Path(path).read_text())
+        d = read_json(path)
         return cls([BenchResult(**r) for r in d["results"]], d.get("skipped", {}), d.get("meta", {}))
 
 
@@ -182,7 +176,6 @@ def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush
             for layout, times in tap.repeats:
                 out[(_LAYOUT_OP[layout], "prequantized")] = times
         tap.mode = "off"
-    del mod, x, dy
     return out
 
 

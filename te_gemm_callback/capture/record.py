@@ -7,12 +7,12 @@ times and the conditions of the run (device, versions).
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..jsonio import read_json, write_json
 from ..shapes import GemmOp, GemmShape
 
 SCHEMA = "te-gemm-capture/1"
@@ -156,10 +156,7 @@ class GemmCapture:
         }
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GemmCapture":
@@ -175,8 +172,8 @@ class GemmCapture:
     @classmethod
     def load(cls, path: str | Path) -> "GemmCapture":
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as err:
+            data = read_json(path)
+        except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
             raise ValueError(f"cannot read capture {path}: {err}") from err
         return cls.from_dict(data)
 

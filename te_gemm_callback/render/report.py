@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from rich.panel import Panel  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from ..analysis import Report  # noqa: E402
+from ..jsonio import write_json  # noqa: E402
 
 
 def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
@@ -107,10 +107,7 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
 
 
 def write_report_json(rep: Report, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rep.to_dict(), indent=1))
-    return path
+    return write_json(path, rep.to_dict())
 
 
 def _save(fig, path: str | Path) -> Path:
