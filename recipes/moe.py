@@ -88,22 +88,13 @@ class MoEMLP(nn.Module):
 class MoEBlock(nn.Module):
     def __init__(self, c: DemoConfig, experts: int, top_k: int, te_experts: bool) -> None:
         super().__init__()
-        self.attn = TorchBlock(c)  # its qkv/proj attention half
-        del self.attn.fc1, self.attn.fc2
+        self.attn = TorchBlock(c, mlp=False)  # attention half; the MLP is the MoE below
         self.norm = nn.RMSNorm(c.hidden_size)
         self.moe = MoEMLP(c.hidden_size, c.intermediate_size, experts, top_k, te_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
-        a = self.attn
         b, t, _ = x.shape
-        hd = a.c.hidden_size // a.c.num_attention_heads
-        q, k, v = a.qkv(a.norm1(x)).split([a.c.num_attention_heads * hd, a.c.num_key_value_heads * hd,
-                                           a.c.num_key_value_heads * hd], dim=-1)
-        q = q.view(b, t, -1, hd).transpose(1, 2)
-        k = k.view(b, t, -1, hd).transpose(1, 2).repeat_interleave(q.shape[1] // (k.shape[-1] // hd), 1)
-        v = v.view(b, t, -1, hd).transpose(1, 2).repeat_interleave(q.shape[1] // (v.shape[-1] // hd), 1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
-        x = x + a.proj(o)
+        x = self.attn(x)
         return x + self.moe(self.norm(x).reshape(b * t, -1)).view(b, t, -1)
 
 

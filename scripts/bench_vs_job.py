@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback import GemmProfiler  # noqa: E402
 from te_gemm_callback.bench.cells import ResultCache, items_from_capture  # noqa: E402
 from te_gemm_callback.bench.engine import run_bench  # noqa: E402
-from te_gemm_callback.models import StackConfig, stack_input, te_stack, train_step_fn  # noqa: E402
+from te_gemm_callback.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
 from te_gemm_callback.shapes import GemmShape  # noqa: E402
 
 
-def in_job(recipe: str, c: StackConfig, steps: int):
+def in_job(recipe: str, c: DemoConfig, steps: int):
     torch.manual_seed(0)
     model = te_stack(c)
     step = train_step_fn(model, stack_input(c), recipe)
@@ -54,7 +54,7 @@ def main() -> int:
     p.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls in the microbenchmark")
     p.add_argument("--json")
     a = p.parse_args()
-    c = StackConfig(num_hidden_layers=a.layers)
+    c = codonfm(a.layers)
     rows = []
     for recipe in a.recipes.split(","):
         cap, job = in_job(recipe, c, a.steps)

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback import GemmProfiler  # noqa: E402
-from te_gemm_callback.models import StackConfig, stack_input, te_stack, train_step_fn  # noqa: E402
+from te_gemm_callback.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
 
 
 def timed(step) -> float:
@@ -44,7 +44,7 @@ def te_wrapped() -> bool:
     return hasattr(lin.general_gemm, "__te_gemm_wrapped__")
 
 
-def run(recipe: str, c: StackConfig, reps: int, block: int) -> dict:
+def run(recipe: str, c: DemoConfig, reps: int, block: int) -> dict:
     torch.manual_seed(0)
     model = te_stack(c)
     step = train_step_fn(model, stack_input(c), recipe)
@@ -81,7 +81,7 @@ def main() -> int:
     p.add_argument("--recipes", default="BF16,DelayedScaling")
     p.add_argument("--json")
     a = p.parse_args()
-    c = StackConfig(num_hidden_layers=a.layers)
+    c = codonfm(a.layers)
     out = []
     for recipe in a.recipes.split(","):
         r = run(recipe, c, a.reps, a.block)

@@ -28,7 +28,8 @@ import pytorch_lightning as pl  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from te_gemm_callback import GemmProfilerCallback  # noqa: E402
-from te_gemm_callback.demo import CODONFM_4L, TINY, DemoLM, RandomTokens  # noqa: E402
+from te_gemm_callback.demo import TINY, DemoLM, RandomTokens  # noqa: E402
+from te_gemm_callback.models import codonfm  # noqa: E402
 from te_gemm_callback.precisions import availability, te_available  # noqa: E402
 
 HOPPER = ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"]
@@ -79,7 +80,7 @@ def main() -> int:
     p.add_argument("--json")
     a = p.parse_args()
     use_te = torch.cuda.is_available() and te_available()[0]
-    c = TINY if (a.tiny or not use_te) else type(CODONFM_4L)(**{**CODONFM_4L.__dict__, "num_hidden_layers": a.layers})
+    c = TINY if (a.tiny or not use_te) else codonfm(a.layers)
     recipes = [r for r in HOPPER if availability(r).ok and (r == "BF16" or use_te)]
     model, cb = fit(c, a.steps, Path(a.out) / "with_sweep", recipes, use_te)
     plain_model, _ = fit(c, a.steps, Path(a.out) / "without_sweep", None, use_te)

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback import GemmProfiler  # noqa: E402
 from te_gemm_callback.kernels import is_gemm_kernel, kernel_times_us  # noqa: E402
-from te_gemm_callback.models import StackConfig, stack_input, te_stack, train_step_fn  # noqa: E402
+from te_gemm_callback.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
 from te_gemm_callback.precisions import availability  # noqa: E402
 from te_gemm_callback.shapes import GemmShape, gemm_passes  # noqa: E402
 
@@ -34,7 +34,7 @@ def _device_us(evt) -> float:
     return float(t if t is not None else getattr(evt, "cuda_time_total", 0.0))
 
 
-def expected_shapes(c: StackConfig) -> collections.Counter:
+def expected_shapes(c: DemoConfig) -> collections.Counter:
     m, h, i = c.sequence_length * c.micro_batch_size, c.hidden_size, c.intermediate_size
     fprops = [GemmShape(m, h, 3 * h), GemmShape(m, h, h), GemmShape(m, h, i), GemmShape(m, i, h)]
     return collections.Counter((str(s.op), s.m, s.k, s.n) for f in fprops for s in gemm_passes(f))
@@ -59,7 +59,7 @@ class ProfilerRanges:
         pass
 
 
-def validate(recipe: str, c: StackConfig, steps: int, warmup: int) -> dict:
+def validate(recipe: str, c: DemoConfig, steps: int, warmup: int) -> dict:
     torch.manual_seed(0)
     model = te_stack(c)
     step = train_step_fn(model, stack_input(c), recipe)
@@ -111,7 +111,7 @@ def main() -> int:
     p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
     p.add_argument("--json")
     a = p.parse_args()
-    c = StackConfig(num_hidden_layers=a.layers)
+    c = codonfm(a.layers)
     results = []
     for recipe in a.recipes.split(","):
         av = availability(recipe)

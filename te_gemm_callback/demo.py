@@ -7,7 +7,6 @@ On CPU it is a plain-torch model in BF16 autocast. On a GPU host with Transforme
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -17,49 +16,35 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .callback import GemmProfilerCallback
+from .models import CODONFM_4L, TINY, DemoConfig, te_layers
 from .precisions import autocast, import_te
 
-
-@dataclass(frozen=True, kw_only=True)
-class DemoConfig:
-    hidden_size: int = 128
-    intermediate_size: int = 352
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    num_hidden_layers: int = 2
-    vocab_size: int = 512
-    sequence_length: int = 64
-    micro_batch_size: int = 4
-    gated_mlp: bool = True  # SwiGLU (fused gate+up, 2I) or GELU (I)
-    normalization: str = "RMSNorm"  # or "LayerNorm"
-
-
-# The dense recipe's --tiny configuration, and what `te-gemm run` trains on a CPU.
-TINY = DemoConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                  num_hidden_layers=2, vocab_size=128, sequence_length=32, micro_batch_size=2,
-                  gated_mlp=True, normalization="RMSNorm")
-
-# The dense recipe's default on a GPU: the seed's CodonFM-5B layer (MHA, GELU MLP, LayerNorm), 4 layers.
-CODONFM_4L = DemoConfig(hidden_size=4096, intermediate_size=16384, num_attention_heads=32,
-                        num_key_value_heads=32, num_hidden_layers=4, vocab_size=128, sequence_length=512,
-                        micro_batch_size=31, gated_mlp=False, normalization="LayerNorm")
+__all__ = ["CODONFM_4L", "TINY", "DemoConfig", "DemoLM", "RandomTokens", "TorchBlock", "run_demo"]
 
 
 class TorchBlock(nn.Module):
-    """Pre-norm block: fused GQA qkv projection, SDPA, SwiGLU MLP with fused gate+up."""
+    """Pre-norm block: fused GQA qkv projection, SDPA, and (unless ``mlp=False``, for blocks whose
+    MLP is an MoE) an MLP: SwiGLU with fused gate+up, or GELU."""
 
-    def __init__(self, c: DemoConfig) -> None:
+    def __init__(self, c: DemoConfig, mlp: bool = True) -> None:
         super().__init__()
         self.c = c
         hd = c.hidden_size // c.num_attention_heads
         norm = nn.RMSNorm if c.normalization == "RMSNorm" else nn.LayerNorm
-        self.norm1, self.norm2 = norm(c.hidden_size), norm(c.hidden_size)
+        self.norm1 = norm(c.hidden_size)
         self.qkv = nn.Linear(c.hidden_size, (c.num_attention_heads + 2 * c.num_key_value_heads) * hd, bias=False)
         self.proj = nn.Linear(c.num_attention_heads * hd, c.hidden_size, bias=False)
-        self.fc1 = nn.Linear(c.hidden_size, (2 if c.gated_mlp else 1) * c.intermediate_size, bias=False)
-        self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.mlp = mlp
+        if mlp:
+            self.norm2 = norm(c.hidden_size)
+            self.fc1 = nn.Linear(c.hidden_size, (2 if c.gated_mlp else 1) * c.intermediate_size, bias=False)
+            self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, H)
+        x = self.attend(x)
+        return self.feed_forward(x) if self.mlp else x
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
         c, (b, t, _) = self.c, x.shape
         hd = c.hidden_size // c.num_attention_heads
         q, k, v = self.qkv(self.norm1(x)).split(
@@ -70,7 +55,9 @@ class TorchBlock(nn.Module):
         rep = c.num_attention_heads // c.num_key_value_heads
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
-        x = x + self.proj(a)
+        return x + self.proj(a)
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc1(self.norm2(x))
         if self.c.gated_mlp:
             gate, up = h.chunk(2, dim=-1)
@@ -80,17 +67,6 @@ class TorchBlock(nn.Module):
         return x + self.fc2(h)
 
 
-def te_blocks(c: DemoConfig) -> nn.ModuleList:
-    te = import_te()
-    return nn.ModuleList(
-        te.TransformerLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads,
-                            num_gqa_groups=c.num_key_value_heads, normalization=c.normalization,
-                            activation="swiglu" if c.gated_mlp else "gelu", bias=False, self_attn_mask_type="causal",
-                            hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.bfloat16,
-                            layer_number=i + 1)
-        for i in range(c.num_hidden_layers))
-
-
 class DemoLM(pl.LightningModule):
     """Token model; ``recipe`` is a TE recipe name ("BF16" = no FP8 autocast)."""
 
@@ -98,7 +74,7 @@ class DemoLM(pl.LightningModule):
         super().__init__()
         self.c, self.use_te, self.recipe, self.lr = c, use_te, recipe, lr
         self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.blocks = te_blocks(c) if use_te else nn.ModuleList(TorchBlock(c) for _ in range(c.num_hidden_layers))
+        self.blocks = te_layers(c, causal=True, bias=False) if use_te else nn.ModuleList(TorchBlock(c) for _ in range(c.num_hidden_layers))
         self.norm = nn.RMSNorm(c.hidden_size) if c.normalization == "RMSNorm" else nn.LayerNorm(c.hidden_size)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 

@@ -1,12 +1,13 @@
-"""Reference models for validation scripts and GPU tests: the seed's TE transformer stack.
+"""Model shapes and the TE layer stacks built from them (no Lightning here).
 
-Shapes default to the seed's CodonFM-5B layer (hidden 4096, intermediate 16384, 32 heads,
-sequence 512, micro-batch 31); the layer count is a parameter.
+One config type serves the bundled demo, the recipes, the validation scripts and the GPU tests.
+CODONFM_4L is the seed's CodonFM-5B layer (hidden 4096, intermediate 16384, 32 heads, MHA, GELU,
+LayerNorm; sequence 512, micro-batch 31), 4 layers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -16,26 +17,54 @@ from .precisions import autocast, import_te
 
 
 @dataclass(frozen=True, kw_only=True)
-class StackConfig:
-    hidden_size: int = 4096
-    intermediate_size: int = 16384
-    num_attention_heads: int = 32
-    num_hidden_layers: int = 4
-    sequence_length: int = 512
-    micro_batch_size: int = 31
+class DemoConfig:
+    """A Llama-style decoder's shape, for the models this package builds."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 352
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    num_hidden_layers: int = 2
+    vocab_size: int = 512
+    sequence_length: int = 64
+    micro_batch_size: int = 4
+    gated_mlp: bool = True  # SwiGLU (fused gate+up, 2I) or GELU (I)
+    normalization: str = "RMSNorm"  # or "LayerNorm"
 
 
-def te_stack(c: StackConfig, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+# The dense recipe's --tiny configuration, and what `te-gemm run` trains on a CPU.
+TINY = DemoConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                  num_hidden_layers=2, vocab_size=128, sequence_length=32, micro_batch_size=2,
+                  gated_mlp=True, normalization="RMSNorm")
+
+# The dense recipe's default on a GPU: the seed's CodonFM-5B layer (MHA, GELU MLP, LayerNorm), 4 layers.
+CODONFM_4L = DemoConfig(hidden_size=4096, intermediate_size=16384, num_attention_heads=32,
+                        num_key_value_heads=32, num_hidden_layers=4, vocab_size=128, sequence_length=512,
+                        micro_batch_size=31, gated_mlp=False, normalization="LayerNorm")
+
+
+def codonfm(layers: int = 4) -> DemoConfig:
+    return replace(CODONFM_4L, num_hidden_layers=layers)
+
+
+def te_layers(c: DemoConfig, *, causal: bool, bias: bool, dtype: torch.dtype = torch.bfloat16) -> nn.ModuleList:
     """``num_hidden_layers`` te.TransformerLayer blocks: 12 weight GEMMs per layer per step."""
     te = import_te()
-    layers = [te.TransformerLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads,
-                                  hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dtype,
-                                  layer_number=i + 1, self_attn_mask_type="no_mask")
-              for i in range(c.num_hidden_layers)]
-    return nn.Sequential(*layers).cuda()
+    return nn.ModuleList(
+        te.TransformerLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                            num_gqa_groups=c.num_key_value_heads, normalization=c.normalization,
+                            activation="swiglu" if c.gated_mlp else "gelu", bias=bias,
+                            self_attn_mask_type="causal" if causal else "no_mask",
+                            hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dtype, layer_number=i + 1)
+        for i in range(c.num_hidden_layers))
 
 
-def stack_input(c: StackConfig, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def te_stack(c: DemoConfig, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """The validation stack: TE's defaults (biases, no attention mask), on the GPU."""
+    return nn.Sequential(*te_layers(c, causal=False, bias=True, dtype=dtype)).cuda()
+
+
+def stack_input(c: DemoConfig, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     # TE layers take (seq, batch, hidden).
     return torch.randn(c.sequence_length, c.micro_batch_size, c.hidden_size, device="cuda",
                        dtype=dtype, requires_grad=True)

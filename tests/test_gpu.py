@@ -19,11 +19,11 @@ needs_te = pytest.mark.skipif(not te_available()[0], reason="transformer-engine 
 @needs_te
 @pytest.mark.parametrize("recipe", HOPPER)
 def test_te_stack_12_gemms_per_layer(recipe):
-    from te_gemm_callback.models import StackConfig, stack_input, te_stack, train_step_fn
+    from te_gemm_callback.models import codonfm, stack_input, te_stack, train_step_fn
 
     if not availability(recipe).ok:
         pytest.skip(availability(recipe).reason)
-    c = StackConfig(num_hidden_layers=4)
+    c = codonfm(4)
     model = te_stack(c)
     step = train_step_fn(model, stack_input(c), recipe)
     step()
