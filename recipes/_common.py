@@ -38,7 +38,7 @@ def add_shape_flags(p: argparse.ArgumentParser, *, layers: int, hidden: int, hea
     p.add_argument("--micro-batch-size", type=int, default=micro_batch_size)
 
 
-def use_te(tiny: bool) -> bool:
+def use_te() -> bool:
     """TE layers only where TE runs: a CUDA host with transformer-engine installed."""
     return torch.cuda.is_available() and te_available()[0]
 

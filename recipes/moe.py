@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         experts, top_k = a.experts, a.top_k
     recipe = canonical(a.recipe)
     out = Path(a.out or f"runs/moe-{recipe}")
-    model = MoELM(c, experts, top_k, use_te(a.tiny), recipe)
+    model = MoELM(c, experts, top_k, use_te(), recipe)
     loader = DataLoader(RandomTokens(c, c.micro_batch_size * a.steps), batch_size=c.micro_batch_size)
     cb = fit(model, loader, a, out)
     moe = model.blocks[0].moe

@@ -19,7 +19,6 @@ Without TE (or without CUDA) the torch backend times BF16 matmuls with the same 
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,11 +90,12 @@ class _GemmTap:
         unpatch(self._patched)
 
     def _wrap(self, orig: Callable, grouped: bool) -> Callable:
-        names = list(inspect.signature(orig).parameters)
-        i_layout = names.index("layout")
+        from ..capture.te_adapter import arg_reader
+
+        arg = arg_reader(orig)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            layout = kwargs.get("layout", args[i_layout] if len(args) > i_layout else "TN")
+            layout = arg(args, kwargs, "layout", "TN")
             if self.mode == "repeat":  # operands are valid now: re-issue the call back-to-back
                 self.repeats.append((layout, time_cuda(lambda: orig(*args, **kwargs), self.n, self.flush)))
             if self.mode == "events":
@@ -236,10 +236,11 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
                 timing="CUDA-event pair per call, launches queued behind a sleep kernel" if cuda
                 else "host clock per call (CPU)")
-    jobs = list(dict.fromkeys((it.key, it, p) for it in items for p in wanted))
+    # One job per (shape, splits) and recipe: repeated layers share their measurement.
     unique = {}
-    for key, it, p in jobs:
-        unique.setdefault((key, p), it)
+    for it in items:
+        for p in wanted:
+            unique.setdefault((it.key, p), it)
     results: list[BenchResult] = []
     prog = _progress(progress, console)
     with prog:

@@ -163,8 +163,5 @@ class ModuleScope:
             return node.metadata.get(TAG), False
         return None, False
 
-    def forward_stack(self) -> list[str]:
-        return list(self.stack)
-
     def module(self, name: str | None) -> nn.Module | None:
         return self.modules.get(name) if name is not None else None

@@ -134,6 +134,20 @@ def patch_te_gemms(make_wrapper: Callable[[Callable, bool], Callable]) -> list[t
     return patched
 
 
+def arg_reader(fn: Callable) -> Callable[[tuple, dict, str, Any], Any]:
+    """``arg(args, kwargs, name, default)``: one argument of a call to ``fn``, positional or not
+    (TE passes ``layout`` and ``m_splits`` either way)."""
+    pos = {p: i for i, p in enumerate(inspect.signature(fn).parameters)}
+
+    def arg(args: tuple, kwargs: dict, name: str, default: Any) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        i = pos[name]
+        return args[i] if i < len(args) else default
+
+    return arg
+
+
 def unpatch(patched: list[tuple[Any, str, Callable]]) -> None:
     for mod, fname, orig in reversed(patched):
         setattr(mod, fname, orig)
@@ -162,15 +176,8 @@ class TEInterceptor:
         self._patched = []
 
     def _wrap(self, orig: Callable, grouped: bool) -> Callable:
-        params = list(inspect.signature(orig).parameters)
-        pos = {p: i for i, p in enumerate(params)}
+        arg = arg_reader(orig)
         rec = self.recorder
-
-        def arg(args: tuple, kwargs: dict, name: str, default: Any) -> Any:
-            if name in kwargs:
-                return kwargs[name]
-            i = pos[name]
-            return args[i] if i < len(args) else default
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not rec.active:

@@ -149,7 +149,7 @@ class GemmDispatchMode(TorchDispatchMode):
         module_name, in_fwd = rec.scope.current()
         m, k, n, batch, offs = dispatch_mkn(name, args, kwargs)
         if module_name in rec.scope.te_scoped or (
-                in_fwd and any(x in rec.scope.te_scoped for x in rec.scope.forward_stack())):
+                in_fwd and rec.scope.te_scoped and any(x in rec.scope.te_scoped for x in rec.scope.stack)):
             if in_fwd:
                 self.te_forward.add((m, k, n, batch))
             return None  # inside a TE module: its GEMMs are counted by the TE adapter
