@@ -24,6 +24,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--sweep", default="all", help="recipes to sweep after capture: 'all', 'none', or a comma list")
     p.add_argument("--no-bench", action="store_true", help="skip the microbenchmarks and report")
     p.add_argument("--out", default=None, help="output folder (default runs/<recipe name>)")
+    p.add_argument("--devices", type=int, default=1, help="GPUs (processes) for Lightning DDP; rank 0 gathers "
+                                                          "every rank's capture and writes the report")
     return p
 
 
@@ -54,8 +56,10 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
     cb = GemmProfilerCallback(wait=1, warmup=1, active=max(a.steps - 3, 1), output_dir=out,
                               sweep=sweep_list(a.sweep), set_recipe=set_recipe, verbose=not a.tiny)
     kw = {"precision": precision} if precision else {}
+    if a.devices > 1:
+        kw["strategy"] = "ddp"
     trainer = pl.Trainer(max_steps=a.steps, accelerator="gpu" if torch.cuda.is_available() else "cpu",
-                         devices=1, callbacks=[cb], logger=pl.loggers.CSVLogger(out, name="logs"),
+                         devices=a.devices, callbacks=[cb], logger=pl.loggers.CSVLogger(out, name="logs"),
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0, **kw)
     trainer.fit(model, loader)
@@ -63,6 +67,8 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
 
 
 def finish(a: argparse.Namespace, cb: GemmProfilerCallback, out: Path) -> int:
+    if cb.rank != 0:
+        return 0  # rank 0 gathered this rank's capture and writes the report
     if cb.path is None:
         print("no capture was written (fewer steps than the schedule?)", file=sys.stderr)
         return 1

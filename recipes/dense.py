@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = canonical(a.recipe)
     out = Path(a.out or f"runs/dense-{recipe}")
     model = DemoLM(c, use_te=use_te(), recipe=recipe)
-    loader = DataLoader(RandomTokens(c, c.micro_batch_size * a.steps), batch_size=c.micro_batch_size)
+    loader = DataLoader(RandomTokens(c, c.micro_batch_size * a.steps * a.devices), batch_size=c.micro_batch_size)
     cb = fit(model, loader, a, out)
     return finish(a, cb, out)
 

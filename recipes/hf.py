@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     precision = a.precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out = Path(a.out or f"runs/hf-{precision}")
     data = DemoConfig(vocab_size=cfg.vocab_size, sequence_length=seq - 1, micro_batch_size=mb)
-    loader = DataLoader(RandomTokens(data, mb * a.steps), batch_size=mb)
+    loader = DataLoader(RandomTokens(data, mb * a.steps * a.devices), batch_size=mb)
     cb = fit(HFLlama(cfg), loader, a, out, precision=precision)
     return finish(a, cb, out)
 

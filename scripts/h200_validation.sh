@@ -13,23 +13,31 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=cs
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
 
 only=${ONLY:-all}
+if [ "$only" != report ]; then
 echo "== pytest (CPU and GPU tests)"
 python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
+fi
 
 if [ "$only" = report ]; then
     echo "== in-job sweep vs plain loop, training state (issue 4)"
-    python scripts/sweep_vs_plain_loop.py --layers 4 --steps 8 --out "$out/sweep_check" --json "$out/sweep_vs_loop.json" 2>&1 | quiet
+    timeout 240 python scripts/sweep_vs_plain_loop.py --layers 4 --steps 8 --out "$out/sweep_check" \
+        --json "$out/sweep_vs_loop.json" 2>&1 | quiet | grep -E "sweep|state|Error" | tail -8
     echo "== dense recipe, 4 layers, whole run (issue 5: < 3 min)"
-    { time python recipes/dense.py --layers 4 --sweep all --out "$out/dense" > "$out/dense.txt" 2>&1 ; } 2>&1
-    grep -E -A12 "GEMM vs step speedup" "$out/dense.txt" | head -40
+    { time timeout 300 python recipes/dense.py --layers 4 --sweep all --out "$out/dense" > "$out/dense.txt" 2>&1 ; } 2>&1
+    grep -E "GEMM-bound|eats|better than|no gain|fallback|Error" "$out/dense.txt" | head -12
     echo "== MoE recipe: 8 experts, top-2, hidden 4096, expert intermediate 14336, 1 layer"
-    python recipes/moe.py --sweep all --seq-len 2048 --micro-batch-size 2 --out "$out/moe" > "$out/moe.txt" 2>&1
-    grep -E "routed|capture:|verdict|eats|bound|no gain" "$out/moe.txt" | head -20
+    { time timeout 240 python recipes/moe.py --sweep BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling \
+        --seq-len 2048 --micro-batch-size 2 --out "$out/moe" > "$out/moe.txt" 2>&1 ; } 2>&1
+    grep -E "rows per local|capture:|GEMM-bound|eats|better than|no gain|fallback|Error" "$out/moe.txt" | head -12
     for prec in bf16-mixed transformer-engine; do
         echo "== HF Llama, precision $prec"
-        python recipes/hf.py --precision $prec --layers 4 --sweep BF16,DelayedScaling --out "$out/hf-$prec" > "$out/hf-$prec.txt" 2>&1
-        grep -E "capture:|eats|bound|no gain|Error" "$out/hf-$prec.txt" | head -10
+        sw=BF16; [ "$prec" = transformer-engine ] && sw=BF16,DelayedScaling
+        { time timeout 200 python recipes/hf.py --precision $prec --layers 4 --sweep $sw --out "$out/hf-$prec" \
+            > "$out/hf-$prec.txt" 2>&1 ; } 2>&1
+        grep -E "capture:|GEMM-bound|eats|better than|no gain|fallback|Error" "$out/hf-$prec.txt" | head -8
     done
+    echo "== pytest (CPU and GPU tests)"
+    timeout 150 python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
     exit 0
 fi
 

@@ -51,6 +51,10 @@ class GemmProfilerCallback(Callback):
             observed step speedups in the report come from here.
         set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves
             (default: set ``module.recipe`` when the module has that attribute).
+        kernel_breakdown: on CUDA, run torch.profiler (kernels only) over the warm-up steps and store
+            kernel time per category (GEMM, attention, quantization/cast, norm, communication,
+            optimizer, other) and communication time left exposed by compute in the capture's meta;
+            the warm-up steps are discarded from the capture, so CUPTI's cost never reaches it.
         verbose: print the capture table when done.
 
     Example:
@@ -61,7 +65,7 @@ class GemmProfilerCallback(Callback):
                  nvtx: bool = True, nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
                  dispatch_steps: int | str | None = None, verbose: bool = True,
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
-                 sweep_steps: int = 3, set_recipe: Any = None) -> None:
+                 sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True) -> None:
         for name, v in (("wait", wait), ("warmup", warmup), ("active", active)):
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
@@ -82,6 +86,7 @@ class GemmProfilerCallback(Callback):
         self.sweep, self.sweep_steps, self.set_recipe = sweep, sweep_steps, set_recipe
         self.sweep_result: Any = None
         self.rank_summary: list[dict] | None = None
+        self.rank = 0  # this process's global rank, known once the trainer is set up
         self._last_batch: Any = None
         self.steps_seen = 0  # optimizer steps completed while this callback watched
         self.done = False
@@ -90,6 +95,9 @@ class GemmProfilerCallback(Callback):
         self._prof: GemmProfiler | None = None
         self._phase: str | None = None
         self._micro_batches = 0
+        self.kernel_breakdown = kernel_breakdown
+        self._kprof: Any = None  # torch.profiler over the warm-up steps
+        self._kernels: dict[str, Any] = {}
 
     # --- schedule --------------------------------------------------------------------------
     def phase(self, step: int) -> str:
@@ -109,6 +117,10 @@ class GemmProfilerCallback(Callback):
 
     # --- hooks -----------------------------------------------------------------------------
     @override
+    def setup(self, trainer: "Trainer", pl_module: "LightningModule", stage: str) -> None:
+        self.rank = int(trainer.global_rank)
+
+    @override
     def on_train_batch_start(self, trainer: "Trainer", pl_module: "LightningModule", batch: Any,
                              batch_idx: int) -> None:
         if self.done:
@@ -124,6 +136,8 @@ class GemmProfilerCallback(Callback):
                                           **self.profiler_kwargs).start()
                 self._phase = phase
                 self._micro_batches = 1
+                if phase == "warmup":
+                    self._start_kernel_profile()
                 return
         if self._prof is not None:
             self._prof.resume()
@@ -172,7 +186,37 @@ class GemmProfilerCallback(Callback):
         self.path = Path(state_dict["path"]) if state_dict.get("path") else None
 
     # --- results ---------------------------------------------------------------------------
+    def _start_kernel_profile(self) -> None:
+        import torch
+
+        if not (self.kernel_breakdown and torch.cuda.is_available()):
+            return
+        try:
+            self._kprof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            self._kprof.__enter__()
+        except Exception as err:  # e.g. another profiler is already running in this job
+            self._kprof = None
+            log.warning("te-gemm: no kernel breakdown (torch.profiler could not start: %s)", err)
+
+    def _stop_kernel_profile(self, steps: int) -> None:
+        import torch
+
+        from .kernels import breakdown_ms, comm_overlap_ms, kernel_intervals, kernel_times_us
+
+        kp, self._kprof = self._kprof, None
+        if kp is None:
+            return
+        try:
+            torch.cuda.synchronize()  # the warm-up steps' kernels must finish inside the window
+            kp.__exit__(None, None, None)
+            self._kernels = {"kernel_breakdown_ms": breakdown_ms(kernel_times_us(kp), steps),
+                             "kernel_breakdown_steps": steps, **comm_overlap_ms(kernel_intervals(kp), steps)}
+        except Exception as err:
+            log.warning("te-gemm: no kernel breakdown: %s: %s", type(err).__name__, err)
+
     def _finish(self, trainer: "Trainer", keep: bool) -> None:
+        if self._kprof is not None:
+            self._stop_kernel_profile(max(self.warmup, 1))
         prof, self._prof = self._prof, None
         if prof is None:
             return
@@ -181,6 +225,7 @@ class GemmProfilerCallback(Callback):
         self._phase = None
         if not keep:
             return
+        cap.meta.update(self._kernels)  # from the warm-up steps; measured on this rank
         cap.meta["accumulate_grad_batches"] = int(trainer.accumulate_grad_batches)
         cap.meta["global_step_end"] = int(trainer.global_step)
         # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.

@@ -64,3 +64,41 @@ def breakdown_ms(kernel_us: dict[str, float], steps: int) -> dict[str, float]:
     for name, us in kernel_us.items():
         out[classify_kernel(name)] += us / 1e3 / max(steps, 1)
     return out
+
+
+def kernel_intervals(prof) -> list[tuple[str, float, float]]:
+    """(name, start µs, end µs) of every GPU kernel in a finished ``torch.profiler.profile``."""
+    out = []
+    for evt in prof.events():
+        if "CUDA" in str(getattr(evt, "device_type", "")):
+            out.append((evt.name, float(evt.time_range.start), float(evt.time_range.end)))
+    return out
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for s, e in sorted(spans):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def comm_overlap_ms(intervals: list[tuple[str, float, float]], steps: int) -> dict[str, float]:
+    """Communication kernel time per step, and how much of it no compute kernel overlapped
+    ("exposed": on the critical path unless the host was the bottleneck). Union of intervals, so
+    concurrent NCCL kernels count once."""
+    comm = _union([(s, e) for n, s, e in intervals if classify_kernel(n) == "communication"])
+    compute = _union([(s, e) for n, s, e in intervals if classify_kernel(n) != "communication"])
+    total = sum(e - s for s, e in comm)
+    overlapped, j = 0.0, 0
+    for s, e in comm:  # two sorted, disjoint lists: one sweep
+        while j < len(compute) and compute[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(compute) and compute[k][0] < e:
+            overlapped += min(e, compute[k][1]) - max(s, compute[k][0])
+            k += 1
+    n = max(steps, 1)
+    return {"comm_ms": total / 1e3 / n, "comm_exposed_ms": (total - overlapped) / 1e3 / n}

@@ -146,3 +146,18 @@ def test_kernel_classification_and_overhead_evidence():
     rep = analyze(bf16, None, [fp8])
     ev = next(a for a in rep.recipes if a.recipe == "DelayedScaling").evidence
     assert any("quantization/cast +7.00 ms" in e for e in ev)
+
+
+def test_comm_overlap_hand_computed():
+    from te_gemm_callback.kernels import comm_overlap_ms
+
+    # NCCL 0-100 µs overlapped by a GEMM 50-80 and another 90-150 (40 µs), NCCL 200-300 by an
+    # elementwise kernel 250-260 (10 µs), and a second NCCL kernel 280-320 concurrent with the first
+    # (counted once): 220 µs of communication, 50 overlapped, 170 exposed; over 2 steps.
+    iv = [("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 0, 100), ("sm90_xmma_gemm_bf16", 50, 80),
+          ("nvjet_sm90_tst", 90, 150), ("ncclDevKernel_AllReduce", 200, 300),
+          ("vectorized_elementwise_kernel", 250, 260), ("ncclDevKernel_SendRecv", 280, 320)]
+    got = comm_overlap_ms(iv, steps=2)
+    assert got["comm_ms"] == pytest.approx(0.220 / 2)
+    assert got["comm_exposed_ms"] == pytest.approx(0.170 / 2)
+    assert comm_overlap_ms([("gemm", 0, 10)], 1) == {"comm_ms": 0.0, "comm_exposed_ms": 0.0}

@@ -36,14 +36,16 @@ def gather_captures(cap: GemmCapture) -> list[GemmCapture] | None:
 
 
 def rank_summary(caps: list[GemmCapture]) -> list[dict[str, Any]]:
-    """Per-rank step time, GEMM time and FLOPs, routed tokens per expert, and how far each rank is
-    from the median (stragglers, MoE imbalance)."""
+    """Per-rank step time, GEMM time and FLOPs, communication kernel time (total and not overlapped
+    by compute, where the callback profiled the warm-up steps), grouped-GEMM rows (MoE load), and
+    how far each rank is from the median (stragglers, MoE imbalance)."""
     rows = []
     for i, c in enumerate(caps):
         grouped = [r for r in c.records if r.m_splits and r.op == "fprop"]
         tokens = sum(sum(s) for r in grouped for s in r.m_splits) / max(len(c.steps), 1) if grouped else None
         rows.append({"rank": c.meta.get("rank", i), "step_ms": c.step_ms(), "gemm_ms": c.gemm_ms_per_step(),
                      "gemm_tflop_per_step": c.flops_per_step / 1e12, "grouped_rows_per_step": tokens,
+                     "comm_ms": c.meta.get("comm_ms"), "comm_exposed_ms": c.meta.get("comm_exposed_ms"),
                      "records": len(c.records), "error": c.coverage.get("error")})
     steps = [r["step_ms"] for r in rows if r["step_ms"]]
     med = statistics.median(steps) if steps else None

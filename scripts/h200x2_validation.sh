@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Everything docs/results/h200x2.md reports (issue 6), in one run on a 2-GPU host with TE installed.
+#   bash scripts/h200x2_validation.sh OUTDIR
+set -uo pipefail
+out=${1:-runs/h200x2}
+mkdir -p "$out"
+# NVLink multicast stays off on shared hosts (it can take the GPUs out of service).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|^ *$" || true; }
+TIMEFORMAT='wall %R s'
+nvidia-smi --query-gpu=index,name,clocks.max.sm,power.limit --format=csv,noheader
+
+echo "== dense recipe, 4 layers, DDP over 2 GPUs (per-rank captures gathered on rank 0)"
+{ time python recipes/dense.py --layers 4 --devices 2 --sweep BF16,DelayedScaling --no-bench \
+    --out "$out/dense_ddp" > "$out/dense_ddp.txt" 2>&1 ; } 2>&1
+sed -n '/Per-rank capture/,/NCCL:/p' "$out/dense_ddp.txt"
+grep -E "Error|error" "$out/dense_ddp.txt" | head -5
+
+echo "== MoE recipe, 8 experts top-2, experts split over the 2 GPUs (EP=2, all-to-all dispatch)"
+{ time python recipes/moe.py --devices 2 --expert-parallel --seq-len 2048 --micro-batch-size 2 \
+    --sweep BF16,DelayedScaling --no-bench --out "$out/moe_ep" > "$out/moe_ep.txt" 2>&1 ; } 2>&1
+grep -E "rows per local expert" "$out/moe_ep.txt"
+sed -n '/Per-rank capture/,/NCCL:/p' "$out/moe_ep.txt"
+grep -E "Error|error" "$out/moe_ep.txt" | head -5
+
+echo "== microbenchmarks of the seed config: 1 GPU vs 2 GPUs, same cells"
+SEED="--hidden-size 4096 --intermediate-size 16384 --num-attention-heads 32 --num-hidden-layers 24 --micro-batch-size 31 --sequence-length 512"
+P="--precisions BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling --no-cache"
+for n in 1 2; do
+    { time python -m te_gemm_callback.cli bench $SEED $P --devices $n --json "$out/bench_dev$n.json" \
+        > "$out/bench_dev$n.txt" 2>&1 ; } 2>&1
+done
+python - "$out" <<'PY'
+import json, statistics, sys
+out = sys.argv[1]
+one, two = (json.load(open(f"{out}/bench_dev{n}.json")) for n in (1, 2))
+key = lambda r: (r["m"], r["k"], r["n"], r["op"], r["precision"], r["mode"]) if "m" in r else json.dumps(r.get("key"))
+a = {key(r): r["median_ms"] for r in one["results"] if r.get("median_ms")}
+b = {key(r): r["median_ms"] for r in two["results"] if r.get("median_ms")}
+ratios = [b[k] / a[k] for k in a if k in b]
+print(f"cells: 1 GPU {len(a)}, 2 GPUs {len(b)}, matched {len(ratios)}")
+print(f"2-GPU / 1-GPU per-cell time: median {statistics.median(ratios):.4f}, min {min(ratios):.4f}, "
+      f"max {max(ratios):.4f}, within 3%: {sum(abs(r - 1) <= 0.03 for r in ratios)}/{len(ratios)}")
+for n, d in ((1, one), (2, two)):
+    m = d["meta"]
+    print(f"{n} GPU(s): measurement wall {m.get('wall_s', 0):.2f} s, per-worker {m.get('worker_wall_s')}")
+PY
