@@ -24,6 +24,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--sweep", default="all", help="recipes to sweep after capture: 'all', 'none', or a comma list")
     p.add_argument("--no-bench", action="store_true", help="skip the microbenchmarks and report")
     p.add_argument("--out", default=None, help="output folder (default runs/<recipe name>)")
+    p.add_argument("--no-te", action="store_true", help="plain torch layers even where TE is installed")
     p.add_argument("--devices", type=int, default=1, help="GPUs (processes) for Lightning DDP; rank 0 gathers "
                                                           "every rank's capture and writes the report")
     return p
@@ -40,9 +41,9 @@ def add_shape_flags(p: argparse.ArgumentParser, *, layers: int, hidden: int, hea
     p.add_argument("--micro-batch-size", type=int, default=micro_batch_size)
 
 
-def use_te() -> bool:
-    """TE layers only where TE runs: a CUDA host with transformer-engine installed."""
-    return torch.cuda.is_available() and te_available()[0]
+def use_te(a: argparse.Namespace) -> bool:
+    """TE layers only where TE runs (a CUDA host with transformer-engine) and was not declined."""
+    return not a.no_te and torch.cuda.is_available() and te_available()[0]
 
 
 def sweep_list(text: str) -> list[str] | None:

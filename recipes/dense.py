@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                        normalization="RMSNorm" if a.gated else "LayerNorm")
     recipe = canonical(a.recipe)
     out = Path(a.out or f"runs/dense-{recipe}")
-    model = DemoLM(c, use_te=use_te(), recipe=recipe)
+    model = DemoLM(c, use_te=use_te(a), recipe=recipe)
     loader = DataLoader(RandomTokens(c, c.micro_batch_size * a.steps * a.devices), batch_size=c.micro_batch_size)
     cb = fit(model, loader, a, out)
     return finish(a, cb, out)

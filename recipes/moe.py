@@ -30,6 +30,7 @@ from te_gemm_callback.demo import DemoConfig, RandomTokens, TorchBlock
 from te_gemm_callback.precisions import autocast, canonical, import_te
 
 FP8_ROW_MULTIPLE = 16  # TE asserts every expert's rows are a multiple of 16 for FP8 GEMMs
+AUX_LOSS_COEF = 0.01  # load balancing (Switch Transformer, Fedus et al. 2021, eq. 4); Mixtral: 0.02
 
 
 class MoEMLP(nn.Module):
@@ -59,6 +60,7 @@ class MoEMLP(nn.Module):
         else:  # (G, K, N) weights for torch._grouped_mm
             self.w1 = nn.Parameter(torch.randn(self.local, hidden, 2 * inter) / hidden**0.5)
             self.w2 = nn.Parameter(torch.randn(self.local, inter, hidden) / inter**0.5)
+        self.aux_loss: torch.Tensor | None = None  # load-balancing loss of the last forward
         self.routed: list[int] = []  # rows per local expert in the last step (after the all-to-all)
         self.padded: list[int] = []
 
@@ -126,6 +128,9 @@ class MoEMLP(nn.Module):
         order = flat.argsort(stable=True)
         token = order // self.k
         counts = torch.bincount(flat, minlength=self.e)
+        # Without it the learned router sends every token to the same two experts within a few
+        # steps: f_e = share of routed rows, P_e = mean router probability (both per expert).
+        self.aux_loss = self.e * (counts.float() / flat.numel() * probs.mean(0)).sum()
         xs = x[token]
         if self.ep > 1:
             y = self._expert_parallel(xs, counts)
@@ -190,10 +195,11 @@ class MoELM(pl.LightningModule):
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         logits = self(batch[:, :-1])
-        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        return loss + AUX_LOSS_COEF * sum(blk.moe.aux_loss for blk in self.blocks)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,11 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         experts, top_k = a.experts, a.top_k
     recipe = canonical(a.recipe)
     out = Path(a.out or f"runs/moe-{recipe}")
-    model = MoELM(c, experts, top_k, use_te(), recipe, expert_parallel=a.expert_parallel)
+    model = MoELM(c, experts, top_k, use_te(a), recipe, expert_parallel=a.expert_parallel)
     loader = DataLoader(RandomTokens(c, c.micro_batch_size * a.steps * a.devices), batch_size=c.micro_batch_size)
     cb = fit(model, loader, a, out)
     moe = model.blocks[0].moe
-    if moe.routed:
+    if sum(moe.routed):
         extra = sum(moe.padded) / sum(moe.routed) - 1
         print(f"rank {cb.rank}, last step, layer 0: rows per local expert {moe.routed}, GEMM rows {moe.padded} "
               f"(padding +{100 * extra:.1f}% rows)")

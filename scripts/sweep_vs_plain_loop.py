@@ -113,7 +113,8 @@ def main() -> int:
         baseline = max_diff(plain_st, training_state(again, again_tr))
         print(f"max |difference| in training state: with vs without sweep {diff:.3e}; "
               f"two fits without sweep {baseline:.3e}")
-    dev = next(model.parameters()).device
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(dev)  # Lightning moves the module back to the CPU when fit ends
     batch = RandomTokens(c, c.micro_batch_size).data.to(dev)
     sweep_ms = {r: cap.step_ms() for r, cap in cb.sweep_result.captures.items()}
     loop_ms = {r: plain_loop(model, batch, r) for r in recipes}

@@ -11,6 +11,14 @@ recipe r, the step time if only the GEMMs changed is
 
 and the predicted step speedup of r over BF16 is T_pred(BF16) / T_pred(r). For r0 = BF16 this is
 T / (T - G + G / s_r) with s_r = B(BF16) / B(r), the GEMM speedup.
+
+G is GEMM kernel time (the TE interceptor brackets general_gemm; quantization runs before it), so
+B comes from the pre-quantized microbenchmarks (GEMM kernels alone) when they exist: "the GEMMs
+alone". What the job then gains or loses outside the GEMMs (quantization and cast kernels, amax
+reductions, FP8 outputs of fused norm and activation kernels that move half the bytes) is the
+residual, read from the observed runs' non-GEMM time and kernel categories. The autocast-mode
+microbenchmarks (GEMM plus a standalone quantization of its inputs) give a second, pessimistic
+prediction: every cast unfused.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any
 
 from .bench.cells import WorkItem, items_from_capture
 from .bench.engine import BenchResults
+from .bench.engine import fallback_items
 from .bench.engine import step_ms as bench_step_ms
 from .capture.record import GemmCapture
 
@@ -84,12 +93,14 @@ class RecipeAnalysis:
     gemm_speedup: float | None = None  # over BF16, microbenchmarks
     gemm_speedup_vs_current: float | None = None  # over the recipe the job ran in
     predicted_step_ms: float | None = None
-    predicted_step_speedup: float | None = None  # over BF16
+    predicted_step_speedup: float | None = None  # over BF16, GEMM kernels alone
+    predicted_step_speedup_unfused: float | None = None  # over BF16, GEMMs + standalone quantization
     observed_step_ms: float | None = None
     observed_gemm_ms: float | None = None
     observed_step_speedup: float | None = None  # over BF16
     verdict: str = ""
     evidence: list[str] = field(default_factory=list)
+    high_precision: list[str] = field(default_factory=list)  # GEMMs this recipe cannot run, timed in BF16
 
 
 @dataclass
@@ -112,9 +123,21 @@ class Report:
         return d
 
 
+def _predict(base: Observed, bench_ms: dict[str, float | None]) -> dict[str, float]:
+    """Step time per recipe if only the GEMMs changed (module docstring)."""
+    b0 = bench_ms.get(base.recipe)
+    if not b0 or base.gemm_ms is None:
+        return {}
+    return {r: base.step_ms - base.gemm_ms + base.gemm_ms * b / b0 for r, b in bench_ms.items() if b}
+
+
 def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: list[GemmCapture] = (),
-            mode: str = "autocast", items: list[WorkItem] | None = None) -> Report:
-    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes."""
+            mode: str | None = None, items: list[WorkItem] | None = None) -> Report:
+    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes.
+
+    ``mode``: the microbenchmark mode behind the GEMM speedups and the prediction; default
+    pre-quantized where measured (it times what the capture times: GEMM kernels), else autocast.
+    """
     base = observe(capture)
     if base.gemm_ms is None:
         raise ValueError("the capture has no GEMM times (captured on CPU?): time it on the GPU to analyse")
@@ -123,75 +146,105 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
         o = observe(cap)
         runs.setdefault(o.recipe, o)
     items = items or items_from_capture(capture)
+    modes = bench.meta.get("modes", ["autocast"]) if bench else []
+    mode = mode or ("prequantized" if "prequantized" in modes else "autocast")
     recipes = list(dict.fromkeys((bench.precisions if bench else []) + list(runs)))
-    bench_ms = {r: bench_step_ms(bench, items, r, mode) for r in recipes} if bench else {}
-    pred_step = {}
-    b0 = bench_ms.get(base.recipe)
-    for r in recipes:
-        if bench_ms.get(r) and b0:
-            pred_step[r] = base.step_ms - base.gemm_ms + base.gemm_ms * bench_ms[r] / b0
+    # A GEMM a recipe cannot run (an 8-wide router in FP8) stays in BF16 in the job: count it so.
+    bench_ms = {r: bench_step_ms(bench, items, r, mode, fallback="BF16") for r in recipes} if bench else {}
+    pred_step = _predict(base, bench_ms)
+    unfused = {}
+    if bench and mode != "autocast" and "autocast" in modes:
+        unfused = _predict(base, {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes})
     out = []
     for r in recipes:
         a = RecipeAnalysis(r, gemm_ms_bench=bench_ms.get(r))
         if bench_ms.get(r) and bench_ms.get("BF16"):
             a.gemm_speedup = bench_ms["BF16"] / bench_ms[r]
-        if bench_ms.get(r) and b0:
-            a.gemm_speedup_vs_current = b0 / bench_ms[r]
+        if bench_ms.get(r) and bench_ms.get(base.recipe):
+            a.gemm_speedup_vs_current = bench_ms[base.recipe] / bench_ms[r]
+        if bench and r != "BF16":
+            a.high_precision = [f"{it.name} ({it.fprop.mkn}): {why}"
+                                for it, why in fallback_items(bench, items, r, mode)]
         if r in pred_step:
             a.predicted_step_ms = pred_step[r]
             if "BF16" in pred_step:
                 a.predicted_step_speedup = pred_step["BF16"] / pred_step[r]
+        if r in unfused and "BF16" in unfused:
+            a.predicted_step_speedup_unfused = unfused["BF16"] / unfused[r]
         if r in runs:
             a.observed_step_ms, a.observed_gemm_ms = runs[r].step_ms, runs[r].gemm_ms
             if "BF16" in runs:
                 a.observed_step_speedup = runs["BF16"].step_ms / runs[r].step_ms
+        if a.predicted_step_speedup is None and a.gemm_speedup is None and r in runs and "BF16" in runs:
+            # No microbenchmark of this recipe: the in-job GEMM times of the two runs stand in.
+            a.gemm_speedup = _in_job_gemm_speedup(runs[r], runs["BF16"])
+            bf = runs["BF16"]
+            if a.gemm_speedup and bf.gemm_ms is not None:
+                a.predicted_step_speedup = amdahl(bf.step_ms, bf.gemm_ms, a.gemm_speedup)
         a.verdict, a.evidence = verdict(a, runs.get(r), runs.get("BF16"))
         out.append(a)
     skipped = dict(bench.skipped) if bench else {}
     return Report(base.recipe, base.step_ms, base.gemm_ms, out, skipped,
                   meta={"device": capture.meta.get("device"), "mode": mode,
+                        "prediction": "Amdahl over the measured GEMM share with microbenchmarked GEMM speedups "
+                                      f"({mode} mode)",
                         "timing": "step: CUDA events between step boundaries; GEMM: CUDA-event pair per GEMM"})
 
 
+def _in_job_gemm_speedup(run: Observed, bf16: Observed) -> float | None:
+    return bf16.gemm_ms / run.gemm_ms if run.gemm_ms and bf16.gemm_ms else None
+
+
+def _kernel_moves(run: Observed, bf16: Observed) -> str | None:
+    """Kernel categories (torch.profiler) whose time moved from BF16 to this recipe, largest first."""
+    if not (run.kernels and bf16.kernels):
+        return None
+    deltas = sorted(((run.kernels.get(k, 0.0) - bf16.kernels.get(k, 0.0), k) for k in run.kernels if k != "gemm"),
+                    key=lambda d: -abs(d[0]))
+    moved = [f"{k} {d:+.2f} ms" for d, k in deltas if abs(d) > 0.01]
+    return "kernel time that moved (torch.profiler, per step): " + ", ".join(moved) if moved else None
+
+
 def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tuple[str, list[str]]:
-    """GEMM-bound / overhead eats the gain / no gain or silent fallback, with the numbers behind it."""
+    """GEMM-bound / overhead eats the gain / no gain or silent fallback, with the numbers behind it.
+    Pure: reads ``a`` and the observed runs, changes nothing."""
     if a.recipe == "BF16":
         return "baseline", []
     ev: list[str] = []
     if run is not None and run.unquantized:
         ev.append(f"{len(run.unquantized)} GEMM(s) ran in high precision under {a.recipe}: "
                   + ", ".join(run.unquantized[:6]) + (" ..." if len(run.unquantized) > 6 else ""))
+    if a.high_precision:
+        ev.append(f"{len(a.high_precision)} GEMM(s) cannot run in {a.recipe}, counted at BF16 time: "
+                  + "; ".join(a.high_precision[:3]))
     sp = a.gemm_speedup
-    if sp is None and run is not None and bf16 is not None and run.gemm_ms and bf16.gemm_ms:
-        sp = bf16.gemm_ms / run.gemm_ms  # in-job GEMM times of the two runs
-        ev.append(f"in-job GEMM time {bf16.gemm_ms:.2f} -> {run.gemm_ms:.2f} ms")
     if sp is not None:
         ev.append(f"GEMM speedup {sp:.2f}x")
+    if run is not None and bf16 is not None and run.gemm_ms and bf16.gemm_ms:
+        ev.append(f"in-job GEMM time {bf16.gemm_ms:.2f} -> {run.gemm_ms:.2f} ms "
+                  f"({bf16.gemm_ms / run.gemm_ms:.2f}x)")
     if sp is not None and sp < NO_GAIN:
         what = "silent fallback" if run is not None and run.unquantized else "no gain at these shapes"
         return f"no gain ({what})", ev
     obs, pred = a.observed_step_speedup, a.predicted_step_speedup
-    if pred is None and sp is not None and bf16 is not None and bf16.gemm_ms is not None:
-        pred = amdahl(bf16.step_ms, bf16.gemm_ms, sp)
-        a.predicted_step_speedup = pred
     if obs is None or pred is None:
         return "predicted only (no observed run in this recipe)", ev
-    ev.append(f"predicted step speedup {pred:.2f}x, observed {obs:.2f}x")
     gap = obs / pred - 1
+    line = f"predicted step speedup {pred:.2f}x, observed {obs:.2f}x (residual {100 * gap:+.1f}%)"
+    if a.predicted_step_speedup_unfused is not None:
+        line += f"; with every quantization unfused {a.predicted_step_speedup_unfused:.2f}x"
+    ev.append(line)
+    if run is not None and bf16 is not None and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
+        moved = run.non_gemm_ms - bf16.non_gemm_ms
+        ev.append(f"non-GEMM time {bf16.non_gemm_ms:.2f} -> {run.non_gemm_ms:.2f} ms ({moved:+.2f} ms per step)")
+    if run is not None and bf16 is not None and abs(gap) > GEMM_BOUND_TOL:
+        kern = _kernel_moves(run, bf16)
+        if kern:
+            ev.append(kern)
     if abs(gap) <= GEMM_BOUND_TOL:
         return "GEMM-bound: working as expected", ev
     if gap > 0:
-        if run is not None and bf16 is not None and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
-            ev.append(f"non-GEMM time {bf16.non_gemm_ms:.2f} -> {run.non_gemm_ms:.2f} ms")
+        ev.append("likely cause: fused norm/activation kernels write FP8 outputs (half the bytes of BF16)")
         return "better than the GEMMs alone predict (non-GEMM time shrank too)", ev
-    if run is not None and bf16 is not None and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
-        moved = run.non_gemm_ms - bf16.non_gemm_ms
-        ev.append(f"non-GEMM time {bf16.non_gemm_ms:.2f} -> {run.non_gemm_ms:.2f} ms ({moved:+.2f} ms per step: "
-                  "quantization, casts, amax reductions, layers left in high precision)")
-    if run is not None and bf16 is not None and run.kernels and bf16.kernels:
-        deltas = sorted(((run.kernels.get(k, 0.0) - bf16.kernels.get(k, 0.0), k) for k in run.kernels
-                         if k != "gemm"), reverse=True)
-        grew = [f"{k} {d:+.2f} ms" for d, k in deltas if d > 0.01]
-        if grew:
-            ev.append("kernel time that grew (torch.profiler, per step): " + ", ".join(grew))
+    ev.append("where it goes: quantization and cast kernels, amax reductions, layers left in high precision")
     return "overhead eats the gain", ev

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -125,6 +125,18 @@ def make_recipe(recipe: str) -> Any:
     import_te()
     mod = importlib.import_module("transformer_engine.common.recipe")
     return getattr(mod, recipe)()
+
+
+def row_alignment(recipe: str) -> int:
+    """Rows per grouped-GEMM group must be a multiple of this under the recipe: 1 for BF16, else
+    TE's get_align_size_for_quantization (MXFP8 32, NVFP4 128, other FP8 16)."""
+    return {"BF16": 1, "MXFP8BlockScaling": 32, "NVFP4BlockScaling": 128}.get(canonical(recipe), 16)
+
+
+def padded_splits(splits: Iterable[int], recipe: str) -> tuple[int, ...]:
+    """Each group's rows rounded up to the recipe's alignment, as MoE code pads them (TE's Fp8Padding)."""
+    a = row_alignment(recipe)
+    return tuple(-(-n // a) * a for n in splits)
 
 
 def autocast(recipe: str):

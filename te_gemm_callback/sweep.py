@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -32,22 +34,50 @@ class SweepResult:
 
 
 class _Snapshot:
-    """Everything a forward+backward can change, copied to host memory."""
+    """Everything a forward+backward can change, copied to host memory.
+
+    Parameters and buffers are copied back tensor by tensor (bitwise, same storage, so optimizer
+    state keyed by parameter stays valid). Module extra state (TE's FP8 scales and amax history)
+    goes back through each module's own get/set_extra_state.
+    """
 
     def __init__(self, model: nn.Module) -> None:
-        self.state = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-                      for k, v in model.state_dict().items()}
+        self.tensors = {k: v.detach().to("cpu", copy=True)
+                        for k, v in itertools.chain(model.named_parameters(), model.named_buffers())}
+        self.extra = {n: copy.deepcopy(m.get_extra_state()) for n, m in model.named_modules()
+                      if type(m).get_extra_state is not nn.Module.get_extra_state}
         self.grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
         self.rng_cpu = torch.get_rng_state()
         self.rng_cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
 
     def restore(self, model: nn.Module) -> None:
-        model.load_state_dict(self.state)
+        with torch.no_grad():
+            for k, v in itertools.chain(model.named_parameters(), model.named_buffers()):
+                v.copy_(self.tensors[k])
         for n, p in model.named_parameters():
             p.grad = self.grads[n]
         torch.set_rng_state(self.rng_cpu)
         if self.rng_cuda is not None:
             torch.cuda.set_rng_state_all(self.rng_cuda)
+        modules = dict(model.named_modules())
+        # TE refuses pickled FP8 metadata unless told the source is trusted: this is our own
+        # snapshot, taken from this process moments ago.
+        with _env("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1"):
+            for n, state in self.extra.items():
+                modules[n].set_extra_state(state)
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def _loss(out: Any) -> torch.Tensor:

@@ -161,3 +161,62 @@ def test_comm_overlap_hand_computed():
     assert got["comm_ms"] == pytest.approx(0.220 / 2)
     assert got["comm_exposed_ms"] == pytest.approx(0.170 / 2)
     assert comm_overlap_ms([("gemm", 0, 10)], 1) == {"comm_ms": 0.0, "comm_exposed_ms": 0.0}
+
+
+def _cells(shape, per_pass: dict[tuple[str, str], float | str]):
+    m, k, n = shape
+    out = []
+    for (prec, mode), v in per_pass.items():
+        for op, (a, b, c) in (("fprop", (m, k, n)), ("dgrad", (m, n, k)), ("wgrad", (k, m, n))):
+            if isinstance(v, str):
+                out.append(BenchResult(a, b, c, op, prec, mode, error=v))
+            else:
+                out.append(BenchResult(a, b, c, op, prec, mode, median_ms=v, q1_ms=v, q3_ms=v, iters=5))
+    return out
+
+
+def test_prediction_uses_gemm_kernels_alone_and_reports_the_unfused_bound():
+    # Job: BF16, step 100 ms, GEMM 60 ms. Pre-quantized (kernels alone): BF16 3 x 20, FP8 3 x 10 ms;
+    # autocast (plus a standalone quantization): FP8 3 x 15 ms.
+    # GEMMs alone: T(FP8) = 40 + 60 * 30/60 = 70 -> 100/70 = 1.4286x.
+    # Unfused: T(FP8) = 40 + 60 * 45/60 = 85 -> 100/85 = 1.1765x.
+    cells = _cells((M, K, N), {("BF16", "prequantized"): 20, ("DelayedScaling", "prequantized"): 10,
+                               ("BF16", "autocast"): 20, ("DelayedScaling", "autocast"): 15})
+    b = BenchResults(cells, {}, {"modes": ["autocast", "prequantized"]})
+    rep = analyze(capture(100, 60), b, [capture(71, 30, "fp8_delayed")])
+    fp8 = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
+    assert rep.meta["mode"] == "prequantized"
+    assert fp8.gemm_speedup == pytest.approx(2.0)
+    assert fp8.predicted_step_speedup == pytest.approx(100 / 70)
+    assert fp8.predicted_step_speedup_unfused == pytest.approx(100 / 85)
+    assert fp8.verdict == "GEMM-bound: working as expected"  # observed 100/71 = 1.408x, -1.4%
+    assert any("residual -1.4%" in e and "unfused 1.18x" in e for e in fp8.evidence)
+
+
+def test_gemm_a_recipe_cannot_run_counts_at_bf16_time():
+    # An 8-wide router cannot run in FP8 (TE needs multiples of 16): its 3 x 1 ms stay BF16.
+    # BF16 total 3 x 20 + 3 x 1 = 63 ms; FP8 3 x 10 + 3 x 1 = 33 ms -> GEMM speedup 63/33.
+    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.shapes import GemmShape
+
+    router = (M, K, 8)
+    cells = _cells((M, K, N), {("BF16", "autocast"): 20, ("DelayedScaling", "autocast"): 10})
+    cells += _cells(router, {("BF16", "autocast"): 1, ("DelayedScaling", "autocast"): "RuntimeError: lda % 16"})
+    b = BenchResults(cells, {}, {"modes": ["autocast"]})
+    items = [WorkItem("layer", GemmShape(M, K, N), 1.0), WorkItem("router", GemmShape(*router), 1.0)]
+    rep = analyze(capture(100, 60), b, [], items=items)
+    fp8 = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
+    assert fp8.gemm_ms_bench == pytest.approx(33.0)
+    assert fp8.gemm_speedup == pytest.approx(63 / 33)
+    assert fp8.high_precision == [f"router ({M}x{K}x8): RuntimeError: lda % 16"]
+    assert any("1 GEMM(s) cannot run in DelayedScaling, counted at BF16 time" in e for e in fp8.evidence)
+
+
+def test_better_than_predicted_names_the_kernels_that_shrank():
+    bf16, fp8 = capture(100, 60), capture(60, 32, "fp8_current")
+    bf16.meta["kernel_breakdown_ms"] = {"gemm": 60.0, "other": 30.0, "norm": 4.0, "quantization/cast": 2.0}
+    fp8.meta["kernel_breakdown_ms"] = {"gemm": 32.0, "other": 18.0, "norm": 3.0, "quantization/cast": 5.0}
+    rep = analyze(bf16, None, [fp8])
+    a = next(a for a in rep.recipes if a.recipe == "Float8CurrentScaling")
+    assert a.verdict.startswith("better than")
+    assert "kernel time that moved (torch.profiler, per step): other -12.00 ms, quantization/cast +3.00 ms, norm -1.00 ms" in a.evidence

@@ -148,3 +148,48 @@ def test_sweep_leaves_training_state_unchanged(tmp_path):
     sweep_cap = GemmCapture.load(tmp_path / "True" / "sweep" / "BF16" / "gemm_capture.json")
     assert sweep_cap.meta["sweep"] and len(sweep_cap.steps) == 2
     assert {r.op for r in sweep_cap.records} == {"fprop", "dgrad", "wgrad"}
+
+
+class _AmaxLinear(torch.nn.Linear):
+    """Stands in for a TE module (TE cannot run on CPU): forward updates an amax history kept as
+    module extra state, and set_extra_state refuses pickled state unless
+    NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1, as TE 2.20 does for DelayedScaling metadata."""
+
+    def __init__(self):
+        super().__init__(8, 8)
+        self.amax_history = [0.0]
+
+    def forward(self, x):
+        self.amax_history.append(float(x.abs().max()))
+        return super().forward(x)
+
+    def get_extra_state(self):
+        return {"amax_history": list(self.amax_history)}
+
+    def set_extra_state(self, state):
+        import os
+
+        if os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE") != "1":
+            raise RuntimeError("Refusing to load pickled Transformer Engine extra state")
+        self.amax_history = list(state["amax_history"])
+
+
+def test_sweep_restores_module_extra_state_and_weights_bitwise():
+    from te_gemm_callback.sweep import run_sweep
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_AmaxLinear(), torch.nn.ReLU(), _AmaxLinear())
+    x = torch.randn(4, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    model(x).sum().backward()  # a gradient the job has accumulated: must survive the sweep
+    grads = [p.grad.clone() for p in model.parameters()]
+    hist = [list(m.amax_history) for m in model if isinstance(m, _AmaxLinear)]
+    res = run_sweep(model, lambda: model(x).square().sum(), ["BF16"], steps=2, profile_kernels=False)
+    assert "BF16" in res.captures
+    assert [m.amax_history for m in model if isinstance(m, _AmaxLinear)] == hist
+    for k, v in before.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    import os
+
+    assert "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE" not in os.environ  # put back as it was

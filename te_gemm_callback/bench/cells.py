@@ -76,6 +76,7 @@ class BenchResult:
     peak_fraction: float | None = None
     error: str | None = None
     backend: str = ""  # "te" or "torch"
+    padded_m_splits: list[int] | None = None  # rows per group as timed, where the recipe needs alignment
     conditions: dict[str, Any] = field(default_factory=dict)
 
     @property

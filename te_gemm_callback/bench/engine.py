@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..jsonio import read_json, write_json
-from ..precisions import availability, autocast, canonical, import_te, te_available
+from ..precisions import availability, autocast, canonical, import_te, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
 from .cells import MODES, BenchResult, ResultCache, WorkItem, result_key
 from .timing import L2Flush, adaptive_iters, device_conditions, measure_peaks, stats, time_cpu, time_cuda, warm_up_gpu
@@ -117,7 +117,10 @@ def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush
     bf16 = torch.bfloat16
     if item.m_splits:
         mod = te.GroupedLinear(len(item.m_splits), k, n, bias=False, params_dtype=bf16, device="cuda")
-        splits = list(item.m_splits)
+        # Quantized grouped GEMMs need each expert's rows aligned; the job pads them, so do we
+        # (the padding rows are part of what the recipe costs).
+        splits = list(padded_splits(item.m_splits, precision))
+        m = sum(splits)
         fwd = lambda x: mod(x, splits)  # noqa: E731
     else:
         mod = te.Linear(k, n, bias=False, params_dtype=bf16, device="cuda")
@@ -277,6 +280,8 @@ def _result(s: GemmShape, it: WorkItem, precision: str, mode: str, times: list[f
             backend: str, cond: dict, peaks: dict) -> BenchResult:
     r = BenchResult(s.m, s.k, s.n, str(s.op), precision, mode, list(it.m_splits) if it.m_splits else None,
                     backend=backend, conditions=cond)
+    if it.m_splits and backend == "te" and padded_splits(it.m_splits, precision) != tuple(it.m_splits):
+        r.padded_m_splits = list(padded_splits(it.m_splits, precision))
     if error or not times:
         r.error = error or "no timing recorded for this pass"
         return r
@@ -309,12 +314,33 @@ def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
     return total
 
 
-def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str) -> float | None:
-    """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config)."""
+def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
+            fallback: str | None = None) -> float | None:
+    """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config).
+
+    With ``fallback`` (e.g. "BF16"), an item whose cells failed in ``precision`` (TE cannot run
+    an FP8 GEMM with a dimension that is not a multiple of 16, such as an 8-expert router) counts at
+    its time in ``fallback``: the job would keep that layer in high precision. See
+    :func:`fallback_items`. Without it, any failed cell makes the total None.
+    """
     total = 0.0
     for it in items:
         t = item_ms(res, it, precision, mode)
+        if t is None and fallback is not None and fallback != precision:
+            t = item_ms(res, it, fallback, mode)
         if t is None:
             return None
         total += it.count * t
     return total
+
+
+def fallback_items(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
+                   fallback: str = "BF16") -> list[tuple[WorkItem, str]]:
+    """Items that failed in ``precision`` but ran in ``fallback``, with the failure reason."""
+    out = []
+    for it in items:
+        if item_ms(res, it, precision, mode) is None and item_ms(res, it, fallback, mode) is not None:
+            errs = [r.error for s in gemm_passes(it.fprop)
+                    if (r := res.get(s, precision, mode, it.m_splits)) is not None and r.error]
+            out.append((it, errs[0] if errs else "not measured"))
+    return out

@@ -26,16 +26,23 @@ def report_table(rep: Report) -> Table:
     share = rep.gemm_share
     t = Table(title=(f"GEMM vs step speedup — job ran {rep.current_recipe}: step {rep.step_ms:.2f} ms, GEMMs "
                      f"{_x(rep.gemm_ms, '{:.2f}')} ms ({_x(None if share is None else 100 * share, '{:.1f}')}% of the step)"))
-    for c in ("recipe", "GEMM ms/step (bench)", "GEMM speedup vs BF16", f"vs {rep.current_recipe}",
-              "predicted step speedup", "observed step speedup", "observed step ms"):
+    unfused = any(a.predicted_step_speedup_unfused is not None for a in rep.recipes)
+    vs_cur = rep.current_recipe != "BF16"
+    cols = ["recipe", "GEMM ms (bench)", "GEMM speedup"] + ([f"vs {rep.current_recipe}"] if vs_cur else []) + \
+        ["predicted step"] + (["pred. unfused"] if unfused else []) + ["observed step", "observed ms"]
+    for c in cols:
         t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=True)
     for a in rep.recipes:
-        t.add_row(a.recipe, _x(a.gemm_ms_bench, "{:.2f}"), _x(a.gemm_speedup), _x(a.gemm_speedup_vs_current),
-                  _x(a.predicted_step_speedup), _x(a.observed_step_speedup), _x(a.observed_step_ms, "{:.2f}"))
+        row = [a.recipe, _x(a.gemm_ms_bench, "{:.2f}"), _x(a.gemm_speedup)] + \
+            ([_x(a.gemm_speedup_vs_current)] if vs_cur else []) + [_x(a.predicted_step_speedup)] + \
+            ([_x(a.predicted_step_speedup_unfused)] if unfused else [])
+        t.add_row(*row, _x(a.observed_step_speedup), _x(a.observed_step_ms, "{:.2f}"))
     for r, why in rep.skipped.items():
-        t.add_row(r, "not run", "", "", "", "", "", style="dim")
-    t.caption = ("predicted = Amdahl with the measured GEMM share; attention's QK^T and softmax·V run in "
-                 "fused attention kernels and count as non-GEMM time")
+        t.add_row(r, "not run", *[""] * (len(cols) - 2), style="dim")
+    t.caption = (f"speedups over BF16. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the captured "
+                 "shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. unfused: each GEMM "
+                 "plus a standalone quantization of its inputs (autocast mode). Attention's QK^T and softmax·V "
+                 "count as non-GEMM time")
     return t
 
 
