@@ -19,6 +19,8 @@ python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
 fi
 
 if [ "$only" = report ]; then
+    echo "== does the sweep change the next training step? our autocast inside a plugin's"
+    timeout 200 python scripts/sweep_probe.py --json "$out/sweep_probe.json" 2>&1 | quiet | grep -E "^state|^nesting|Error"
     echo "== in-job sweep vs plain loop, training state (issue 4)"
     timeout 240 python scripts/sweep_vs_plain_loop.py --layers 4 --steps 8 --out "$out/sweep_check" \
         --json "$out/sweep_vs_loop.json" 2>&1 | quiet | grep -E "sweep|state|Error" | tail -8
@@ -36,8 +38,6 @@ if [ "$only" = report ]; then
             > "$out/hf-$prec.txt" 2>&1 ; } 2>&1
         grep -E "capture:|GEMM-bound|eats|better than|no gain|fallback|Error" "$out/hf-$prec.txt" | head -8
     done
-    echo "== pytest (CPU and GPU tests)"
-    timeout 150 python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
     exit 0
 fi
 

@@ -10,6 +10,10 @@ quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|^ *$" ||
 TIMEFORMAT='wall %R s'
 nvidia-smi --query-gpu=index,name,clocks.max.sm,power.limit --format=csv,noheader
 
+echo "== pytest (CPU and GPU tests; the 2-GPU bench test runs here)"
+timeout 200 python -m pytest -q -p no:cacheprovider -rfE tests > "$out/pytest.txt" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.txt" | tail -8
+
 echo "== dense recipe, 4 layers, DDP over 2 GPUs (per-rank captures gathered on rank 0)"
 { time python recipes/dense.py --layers 4 --devices 2 --sweep BF16,DelayedScaling --no-bench \
     --out "$out/dense_ddp" > "$out/dense_ddp.txt" 2>&1 ; } 2>&1
