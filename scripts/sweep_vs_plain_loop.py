@@ -68,11 +68,21 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((x.float() - y.float()).abs().max().item() if x.numel() else 0.0 for x, y in zip(a.values(), b.values()))
 
 
-def plain_loop(model, batch, recipe, steps=10):
+def fresh_copy(c, fitted, use_te):
+    """The fitted weights in a new model: each recipe starts from TE's initial FP8 state, as a
+    job launched in that recipe would, not from whatever the previous recipe left behind."""
+    m = DemoLM(c, use_te=use_te).to(next(fitted.parameters()).device)
+    with torch.no_grad():
+        for (n, p), (_, q) in zip(m.named_parameters(), fitted.named_parameters()):
+            p.copy_(q)
+    return m
+
+
+def plain_loop(model, batch, recipe, steps=10, warmup=3):
     model.recipe = recipe
     model.log = lambda *a, **k: None  # outside Lightning's loop: nothing to log into
     times = []
-    for i in range(steps + 2):
+    for i in range(steps + warmup):
         for p in model.parameters():
             p.grad = None
         if torch.cuda.is_available():
@@ -86,7 +96,7 @@ def plain_loop(model, batch, recipe, steps=10):
             t0 = time.perf_counter()
             model.training_step(batch, 0).backward()
             t = (time.perf_counter() - t0) * 1e3
-        if i >= 2:  # the first steps of a recipe initialise its quantizers
+        if i >= warmup:  # the first steps of a recipe initialise its quantizers and scales
             times.append(t)
     return statistics.median(times)
 
@@ -117,7 +127,11 @@ def main() -> int:
     model.to(dev)  # Lightning moves the module back to the CPU when fit ends
     batch = RandomTokens(c, c.micro_batch_size).data.to(dev)
     sweep_ms = {r: cap.step_ms() for r, cap in cb.sweep_result.captures.items()}
-    loop_ms = {r: plain_loop(model, batch, r) for r in recipes}
+    loop_ms = {}
+    for r in recipes:
+        m = fresh_copy(c, model, use_te)
+        loop_ms[r] = plain_loop(m, batch, r)
+        del m
     rows = []
     for r in recipes:
         s_sweep, s_loop = sweep_ms["BF16"] / sweep_ms[r], loop_ms["BF16"] / loop_ms[r]

@@ -46,7 +46,7 @@ class GemmProfilerCallback(Callback):
             ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop``.
         adapters, dispatch_steps: see :class:`~te_gemm_callback.GemmProfiler`.
         sweep: recipes to time on the job's own model and last batch once the active steps end
-            (forward+backward, ``sweep_steps`` each after one warm-up, no optimizer step; model
+            (forward+backward, ``sweep_steps`` each after ``sweep_warmup`` untimed ones, no optimizer step; model
             state, gradients and RNG put back), written to ``output_dir/sweep/<recipe>/``. The
             observed step speedups in the report come from here.
         set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves
@@ -54,7 +54,8 @@ class GemmProfilerCallback(Callback):
         kernel_breakdown: on CUDA, run torch.profiler (kernels only) over the warm-up steps and store
             kernel time per category (GEMM, attention, quantization/cast, norm, communication,
             optimizer, other) and communication time left exposed by compute in the capture's meta;
-            the warm-up steps are discarded from the capture, so CUPTI's cost never reaches it.
+            the warm-up steps are discarded from the capture, so CUPTI's cost never reaches it. Also
+            one extra profiled step per swept recipe, for the verdicts' "where the time went".
         verbose: print the capture table when done.
 
     Example:
@@ -65,7 +66,8 @@ class GemmProfilerCallback(Callback):
                  nvtx: bool = True, nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
                  dispatch_steps: int | str | None = None, verbose: bool = True,
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
-                 sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True) -> None:
+                 sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True,
+                 sweep_warmup: int = 2) -> None:
         for name, v in (("wait", wait), ("warmup", warmup), ("active", active)):
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
@@ -83,6 +85,9 @@ class GemmProfilerCallback(Callback):
             sweep = [canonical(r) for r in sweep]  # bad names fail here, not after training
         if sweep_steps < 1:
             raise ValueError("sweep_steps must be >= 1")
+        if sweep_warmup < 0:
+            raise ValueError("sweep_warmup must be >= 0")
+        self.sweep_warmup = sweep_warmup
         self.sweep, self.sweep_steps, self.set_recipe = sweep, sweep_steps, set_recipe
         self.sweep_result: Any = None
         self.rank_summary: list[dict] | None = None
@@ -281,6 +286,7 @@ class GemmProfilerCallback(Callback):
         out_dir = self.output_dir / "sweep" if trainer.is_global_zero else None
         try:
             res = self.sweep_result = run_sweep(module, step, self.sweep, steps=self.sweep_steps,
+                                                warmup=self.sweep_warmup, profile_kernels=self.kernel_breakdown,
                                                 set_recipe=set_recipe, context=context, out_dir=out_dir,
                                                 nvtx=self.profiler_kwargs["nvtx"])
         except Exception as err:  # the sweep is extra: never fail the job for it

@@ -125,11 +125,15 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
     # step times being compared. Plain torch models need it to see their GEMMs at all (the same
     # cost under every recipe, so ratios stay fair).
     dispatch = 0 if any(is_te_module(m) for m in model.modules()) else "all"
+    on_cuda = any(p.is_cuda for p in model.parameters())
     try:
         for recipe in dict.fromkeys(canonical(r) for r in recipes):
             av = availability(recipe)
             if not av.ok:
                 res.skipped[recipe] = av.reason
+                continue
+            if recipe != "BF16" and not on_cuda:
+                res.skipped[recipe] = "the model runs on the CPU: TE recipes need its layers on a CUDA GPU"
                 continue
 
             def one_step() -> None:

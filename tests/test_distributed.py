@@ -30,7 +30,7 @@ def test_moe_recipe_expert_parallel_two_ranks(tmp_path):
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "moe.py"
     env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29519")
     proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench",
-                           "--devices", "2", "--expert-parallel", "--out", str(tmp_path)],
+                           "--devices", "2", "--expert-parallel", "--no-te", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=240, env=env, cwd=recipe.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [GemmCapture.load(tmp_path / "ranks" / f"rank{r}.json") for r in (0, 1)]
