@@ -6,8 +6,8 @@
 2. The same model and batch timed in a plain PyTorch loop outside Lightning, per recipe:
    median of N forward+backward steps, each bracketed by CUDA events (host clock on CPU).
 3. Ratio of the observed speedups (sweep / plain loop), and whether the job's training state after
-   the fit (weights and AdamW moments) equals that of the same fit without a sweep. If it does not,
-   a second fit without a sweep tells the sweep's effect apart from GPU nondeterminism.
+   the fit (weights and AdamW moments) equals that of the same fit without a sweep (both after a
+   throwaway first fit: the first fit in a process is not bitwise reproducible by later ones).
 
     python scripts/sweep_vs_plain_loop.py --layers 4 --steps 8 --json out.json
     python scripts/sweep_vs_plain_loop.py --tiny          # CPU: BF16 only
@@ -43,7 +43,7 @@ HOPPER = ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"
 def fit(c, steps, out, sweep, use_te):
     torch.manual_seed(0)
     model = DemoLM(c, use_te=use_te)
-    cb = GemmProfilerCallback(wait=1, warmup=1, active=2, output_dir=out, sweep=sweep, sweep_steps=5,
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=2, output_dir=out, sweep=sweep, sweep_steps=8,
                               verbose=False)
     trainer = pl.Trainer(max_steps=steps, accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1,
                          callbacks=[cb], logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -78,27 +78,35 @@ def fresh_copy(c, fitted, use_te):
     return m
 
 
-def plain_loop(model, batch, recipe, steps=10, warmup=3):
-    model.recipe = recipe
-    model.log = lambda *a, **k: None  # outside Lightning's loop: nothing to log into
-    times = []
-    for i in range(steps + warmup):
-        for p in model.parameters():
-            p.grad = None
-        if torch.cuda.is_available():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            model.training_step(batch, 0).backward()
-            e.record()
-            e.synchronize()
-            t = s.elapsed_time(e)
-        else:
-            t0 = time.perf_counter()
-            model.training_step(batch, 0).backward()
-            t = (time.perf_counter() - t0) * 1e3
-        if i >= warmup:  # the first steps of a recipe initialise its quantizers and scales
-            times.append(t)
-    return statistics.median(times)
+def one_step_ms(model, batch) -> float:
+    for p in model.parameters():
+        p.grad = None
+    if torch.cuda.is_available():
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        model.training_step(batch, 0).backward()
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e)
+    t0 = time.perf_counter()
+    model.training_step(batch, 0).backward()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def plain_loop(models: dict, batch, rounds=6, per_round=3, warmup=3) -> dict[str, float]:
+    """Median forward+backward step per recipe, one model copy per recipe (TE keeps per-module FP8
+    state that a recipe switch breaks), recipes interleaved in rounds so that clock and power drift
+    over the run falls on every recipe alike."""
+    times: dict[str, list[float]] = {r: [] for r in models}
+    for r, m in models.items():
+        m.recipe = r
+        m.log = lambda *a, **k: None  # outside Lightning's loop: nothing to log into
+        for _ in range(warmup):  # quantizers and delayed-scaling history settle
+            one_step_ms(m, batch)
+    for _ in range(rounds):
+        for r, m in models.items():
+            times[r] += [one_step_ms(m, batch) for _ in range(per_round)]
+    return {r: statistics.median(t) for r, t in times.items()}
 
 
 def main() -> int:
@@ -112,26 +120,21 @@ def main() -> int:
     use_te = torch.cuda.is_available() and te_available()[0]
     c = TINY if (a.tiny or not use_te) else codonfm(a.layers)
     recipes = [r for r in HOPPER if availability(r).ok and (r == "BF16" or use_te)]
+    # The first fit in a process differs from later identical ones (measured on the H200: 9.8e-3
+    # in the weights after 6 steps, first-use initialisation), so a throwaway fit goes first and
+    # the two compared fits are the second and third.
+    fit(c, a.steps, Path(a.out) / "warm_up_fit", None, use_te)
     model, cb, tr = fit(c, a.steps, Path(a.out) / "with_sweep", recipes, use_te)
     plain_model, _, plain_tr = fit(c, a.steps, Path(a.out) / "without_sweep", None, use_te)
-    st, plain_st = training_state(model, tr), training_state(plain_model, plain_tr)
-    diff = max_diff(st, plain_st)
+    diff = max_diff(training_state(model, tr), training_state(plain_model, plain_tr))
     same = diff == 0.0
-    baseline = None
-    if not same:  # is it the sweep, or do two identical fits differ on this GPU already?
-        again, _, again_tr = fit(c, a.steps, Path(a.out) / "without_sweep_2", None, use_te)
-        baseline = max_diff(plain_st, training_state(again, again_tr))
-        print(f"max |difference| in training state: with vs without sweep {diff:.3e}; "
-              f"two fits without sweep {baseline:.3e}")
+    print(f"max |difference| in training state, with vs without sweep: {diff:.3e}")
+    del plain_model, plain_tr
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(dev)  # Lightning moves the module back to the CPU when fit ends
     batch = RandomTokens(c, c.micro_batch_size).data.to(dev)
     sweep_ms = {r: cap.step_ms() for r, cap in cb.sweep_result.captures.items()}
-    loop_ms = {}
-    for r in recipes:
-        m = fresh_copy(c, model, use_te)
-        loop_ms[r] = plain_loop(m, batch, r)
-        del m
+    loop_ms = plain_loop({r: fresh_copy(c, model, use_te) for r in recipes}, batch)
     rows = []
     for r in recipes:
         s_sweep, s_loop = sweep_ms["BF16"] / sweep_ms[r], loop_ms["BF16"] / loop_ms[r]
@@ -142,10 +145,9 @@ def main() -> int:
     print(f"training state (weights, optimizer moments) after the fit identical with and without the sweep: {same}")
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": rows, "state_unchanged": same, "state_max_abs_diff": diff,
-                                            "baseline_max_abs_diff": baseline,
                                             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"},
                                            indent=1))
-    return 0 if same or (baseline is not None and diff <= baseline) else 1
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
