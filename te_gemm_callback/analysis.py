@@ -163,7 +163,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
         if bench_ms.get(r) and bench_ms.get(base.recipe):
             a.gemm_speedup_vs_current = bench_ms[base.recipe] / bench_ms[r]
         if bench and r != "BF16":
-            a.high_precision = [f"{it.name} ({it.fprop.mkn}): {why}"
+            a.high_precision = [f"{it.name} ({it.fprop.mkn}): {_short(why)}"
                                 for it, why in fallback_items(bench, items, r, mode)]
         if r in pred_step:
             a.predicted_step_ms = pred_step[r]
@@ -189,6 +189,13 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                         "prediction": "Amdahl over the measured GEMM share with microbenchmarked GEMM speedups "
                                       f"({mode} mode)",
                         "timing": "step: CUDA events between step boundaries; GEMM: CUDA-event pair per GEMM"})
+
+
+def _short(err: str) -> str:
+    """TE's assertion text without the source location: 'ret.lda % 16 == 0' is the part that matters."""
+    if "Assertion failed:" in err:
+        err = err.split("Assertion failed:", 1)[1].split(". ")[0].strip()
+    return err[:120]
 
 
 def _in_job_gemm_speedup(run: Observed, bf16: Observed) -> float | None:
@@ -241,6 +248,10 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
         kern = _kernel_moves(run, bf16)
         if kern:
             ev.append(kern)
+        if run.kernels and bf16.kernels:  # step time in no kernel at all: host-bound, GPU idle
+            idle = (run.step_ms - sum(run.kernels.values())) - (bf16.step_ms - sum(bf16.kernels.values()))
+            if abs(idle) > 0.01:
+                ev.append(f"GPU time in no kernel (host-bound gaps) {idle:+.2f} ms per step")
     if abs(gap) <= GEMM_BOUND_TOL:
         return "GEMM-bound: working as expected", ev
     if gap > 0:

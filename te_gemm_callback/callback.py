@@ -261,7 +261,7 @@ class GemmProfilerCallback(Callback):
             print_table(ranks_table(summary))
 
     def _run_sweep(self, trainer: "Trainer", cap: GemmCapture) -> dict[str, float]:
-        from .analysis import analyze
+        from .analysis import analyze, capture_recipe
         from .sweep import run_sweep
 
         module = trainer.lightning_module
@@ -288,6 +288,7 @@ class GemmProfilerCallback(Callback):
             res = self.sweep_result = run_sweep(module, step, self.sweep, steps=self.sweep_steps,
                                                 warmup=self.sweep_warmup, profile_kernels=self.kernel_breakdown,
                                                 set_recipe=set_recipe, context=context, out_dir=out_dir,
+                                                job_recipe=capture_recipe(cap),
                                                 nvtx=self.profiler_kwargs["nvtx"])
         except Exception as err:  # the sweep is extra: never fail the job for it
             log.warning("te-gemm: recipe sweep failed and was skipped: %s: %s", type(err).__name__, err)

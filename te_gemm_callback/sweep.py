@@ -80,6 +80,34 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
+# Measured with TE 2.20 on the H200 (scripts/sweep_state_matrix.py): once a TE module has run
+# another FP8 recipe, DelayedScaling in that module keeps its scales at 1.0 and its loss frozen,
+# with faster (mostly-zero) FP8 GEMMs. So DelayedScaling is swept before other FP8 recipes, not
+# after one, and a job that trains in DelayedScaling is never switched to another FP8 recipe.
+_SWITCH_NOTE = "TE stops updating DelayedScaling scales in a module that has run another FP8 recipe"
+
+
+def sweep_order(recipes: Iterable[str]) -> list[str]:
+    """BF16 first, DelayedScaling before the other FP8 recipes, otherwise as given."""
+    rs = list(dict.fromkeys(canonical(r) for r in recipes))
+    return sorted(rs, key=lambda r: {"BF16": 0, "DelayedScaling": 1}.get(r, 2))
+
+
+def switch_conflict(recipe: str, job_recipe: str | None, fp8_used: set[str]) -> str | None:
+    """Why ``recipe`` must not run on this model now, or None. ``fp8_used``: FP8 recipes its TE
+    modules have already run (the job's own one included)."""
+    if recipe == "BF16":
+        return None
+    if job_recipe == "DelayedScaling" and recipe != "DelayedScaling":
+        return (f"not swept on a job that trains in DelayedScaling: {_SWITCH_NOTE}, which would freeze this "
+                "job's scaling; time it in a separate run and use `te-gemm compare`")
+    others = sorted(fp8_used - {"DelayedScaling"})
+    if recipe == "DelayedScaling" and others:
+        return (f"not swept after {', '.join(others)} on the same modules: {_SWITCH_NOTE}, so the timing would "
+                "describe scales stuck at 1.0; time it in a separate run and use `te-gemm compare`")
+    return None
+
+
 def _loss(out: Any) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
@@ -104,7 +132,7 @@ def _kernel_breakdown(one_step: Callable[[], None], steps: int = 1) -> dict[str,
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
               warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
               context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
-              nvtx: bool = True, profile_kernels: bool = True) -> SweepResult:
+              nvtx: bool = True, profile_kernels: bool = True, job_recipe: str | None = None) -> SweepResult:
     """Time ``steps`` forward+backward steps of ``step_fn`` under each recipe.
 
     Args:
@@ -113,6 +141,9 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             themselves (called with each recipe, then with None to restore). Without it, the
             forward runs inside ``te.autocast(recipe)``.
         context: an outer context per step (Lightning's precision plugin forward context).
+        job_recipe: the recipe the job trains in (read from its capture); decides which FP8
+            recipes can be swept on its modules without breaking DelayedScaling (see
+            :func:`switch_conflict`). Recipes run BF16 first, then DelayedScaling, then the rest.
         profile_kernels: on CUDA, one more step under torch.profiler, its kernels split into GEMM,
             attention, quantization/cast, norm, communication, optimizer and other
             (``meta["kernel_breakdown_ms"]``): where the time went that the GEMMs did not explain.
@@ -126,8 +157,9 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
     # cost under every recipe, so ratios stay fair).
     dispatch = 0 if any(is_te_module(m) for m in model.modules()) else "all"
     on_cuda = any(p.is_cuda for p in model.parameters())
+    fp8_used = {job_recipe} if job_recipe and job_recipe != "BF16" else set()
     try:
-        for recipe in dict.fromkeys(canonical(r) for r in recipes):
+        for recipe in sweep_order(recipes):
             av = availability(recipe)
             if not av.ok:
                 res.skipped[recipe] = av.reason
@@ -135,6 +167,12 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             if recipe != "BF16" and not on_cuda:
                 res.skipped[recipe] = "the model runs on the CPU: TE recipes need its layers on a CUDA GPU"
                 continue
+            conflict = switch_conflict(recipe, job_recipe, fp8_used)
+            if conflict:
+                res.skipped[recipe] = conflict
+                continue
+            if recipe != "BF16":
+                fp8_used.add(recipe)
 
             def one_step() -> None:
                 for p in model.parameters():

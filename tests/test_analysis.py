@@ -209,6 +209,10 @@ def test_gemm_a_recipe_cannot_run_counts_at_bf16_time():
     assert fp8.gemm_ms_bench == pytest.approx(33.0)
     assert fp8.gemm_speedup == pytest.approx(63 / 33)
     assert fp8.high_precision == [f"router ({M}x{K}x8): RuntimeError: lda % 16"]
+    from te_gemm_callback.analysis import _short
+
+    assert _short("RuntimeError: /TE/cublaslt_gemm.cu:161 in function X: Assertion failed: ret.lda % 16 == 0. "
+                  "Leading dimension requirement") == "ret.lda % 16 == 0"
     assert any("1 GEMM(s) cannot run in DelayedScaling, counted at BF16 time" in e for e in fp8.evidence)
 
 
@@ -220,3 +224,5 @@ def test_better_than_predicted_names_the_kernels_that_shrank():
     a = next(a for a in rep.recipes if a.recipe == "Float8CurrentScaling")
     assert a.verdict.startswith("better than")
     assert "kernel time that moved (torch.profiler, per step): other -12.00 ms, quantization/cast +3.00 ms, norm -1.00 ms" in a.evidence
+    # Idle: BF16 100 - 96 = 4 ms outside kernels, FP8 60 - 58 = 2 ms.
+    assert "GPU time in no kernel (host-bound gaps) -2.00 ms per step" in a.evidence

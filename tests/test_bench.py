@@ -166,3 +166,15 @@ def test_parallel_bench_same_cells_as_one_process(tmp_path):
     key = lambda r: (r.m, r.k, r.n, r.op, r.precision, r.mode)  # noqa: E731
     assert sorted(map(key, one.results)) == sorted(map(key, two.results))
     assert all(r.ok for r in two.results) and len(two.meta["devices"]) == 2
+
+
+def test_repeated_layers_grouped_in_the_stacked_figure():
+    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.render.figures import layer_groups
+    from te_gemm_callback.shapes import GemmShape
+
+    s, t = GemmShape(64, 32, 96), GemmShape(64, 96, 32)
+    items = [WorkItem(f"blocks.{i}.fc1", s, 1.0) for i in range(3)] + [WorkItem("blocks.0.fc2", t, 1.0),
+                                                                       WorkItem("lm_head", t, 1.0)]
+    groups = layer_groups(items)
+    assert [(label, len(g)) for label, g in groups] == [("blocks.*.fc1 (x3)", 3), ("blocks.*.fc2", 1), ("lm_head", 1)]

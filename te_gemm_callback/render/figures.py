@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -15,25 +16,39 @@ from ..shapes import GemmOp  # noqa: E402
 from ..bench.engine import item_ms  # noqa: E402
 
 
+def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
+    """Items that differ only in their layer index (blocks.0.fc1, blocks.1.fc1, ... with one
+    shape) as one group, labelled blocks.*.fc1 (x4): the seed's per-layer view of a deep model."""
+    groups: dict[tuple, list[WorkItem]] = {}
+    for it in items:
+        groups.setdefault((re.sub(r"\.\d+(?=\.|$)", ".*", it.name), it.key), []).append(it)
+    return [(name if len(g) == 1 else f"{name} (x{len(g)})", g) for (name, _), g in groups.items()]
+
+
 def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, path: str | Path,
                         title: str | None = None) -> Path:
     """One bar per precision; per work item a Fprop+Dgrad segment and a Wgrad segment, weighted
-    by calls per step; speedup over BF16 above each bar (the seed tool's figure, on real shapes)."""
+    by calls per step, repeated layers stacked as one group; speedup over BF16 above each bar (the
+    seed tool's figure, on real shapes). A GEMM a recipe cannot run is drawn at its BF16 time,
+    hatched (the job keeps it in BF16)."""
     precs = [p for p in res.precisions]
     cmap = plt.get_cmap("tab20")
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(precs) + 3), 5.5))
     totals = {}
     for j, p in enumerate(precs):
         bottom = 0.0
-        for i, it in enumerate(items):
-            fd = item_ms(res, it, p, mode, (GemmOp.FPROP, GemmOp.DGRAD))
-            w = item_ms(res, it, p, mode, (GemmOp.WGRAD,))
-            for seg, val, shade in (("Fprop+Dgrad", fd, 0), ("Wgrad", w, 1)):
-                if val is None:
+        for i, (label, group) in enumerate(layer_groups(items)):
+            for seg, ops, shade in (("Fprop+Dgrad", (GemmOp.FPROP, GemmOp.DGRAD), 0), ("Wgrad", (GemmOp.WGRAD,), 1)):
+                h, fell_back = 0.0, False
+                for it in group:
+                    val = item_ms(res, it, p, mode, ops)
+                    if val is None and p != "BF16":
+                        val, fell_back = item_ms(res, it, "BF16", mode, ops), True
+                    h += (val or 0.0) * it.count
+                if not h:
                     continue
-                h = val * it.count
                 ax.bar(j, h, bottom=bottom, color=cmap((2 * i + shade) % 20), edgecolor="white", linewidth=0.5,
-                       label=f"{it.name} {seg}" if j == 0 else None)
+                       hatch="xx" if fell_back else None, label=f"{label} {seg}" if j == 0 else None)
                 bottom += h
         totals[p] = bottom
     base = totals.get("BF16")

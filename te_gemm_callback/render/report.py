@@ -96,17 +96,19 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
         if split:  # kernel times; what they do not cover is idle/launch time, shown as other
             rest = [(k, v) for k, v in split.items() if k != "gemm" and v > 0]
             covered = g + sum(v for _, v in rest)
-            parts += rest + [("other", max(a.observed_step_ms - covered, 0.0))]
+            parts += rest + [("no kernel (host-bound gaps)", max(a.observed_step_ms - covered, 0.0))]
         else:
             parts.append(("other", a.observed_step_ms - g))
         bottom = 0.0
         for k, v in parts:
-            ax.bar(i, v, bottom=bottom, color=colors.get(k, "#bdbdbd"), label=None if k in seen else k)
+            ax.bar(i, v, bottom=bottom, color=colors.get(k, "#f0f0f0"), edgecolor="#bdbdbd" if k not in colors else None,
+                   hatch="//" if k not in colors else None, label=None if k in seen else k)
             seen.add(k)
             bottom += v
         ax.text(i, a.observed_step_ms, f"{a.observed_step_ms:.1f} ms\n{100 * g / a.observed_step_ms:.0f}% GEMM",
                 ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(recs)), [a.recipe for a in recs], rotation=15)
+    ax.set_ylim(0, 1.18 * max((a.observed_step_ms for a in recs), default=1.0))  # room for the labels
     ax.set_ylabel("ms per step")
     ax.set_title("Step time split (GEMM: CUDA events; the rest: kernel time by category)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
