@@ -51,11 +51,12 @@ class GemmProfilerCallback(Callback):
             observed step speedups in the report come from here.
         set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves
             (default: set ``module.recipe`` when the module has that attribute).
-        kernel_breakdown: on CUDA, run torch.profiler (kernels only) over the warm-up steps and store
-            kernel time per category (GEMM, attention, quantization/cast, norm, communication,
-            optimizer, other) and communication time left exposed by compute in the capture's meta;
-            the warm-up steps are discarded from the capture, so CUPTI's cost never reaches it. Also
-            one extra profiled step per swept recipe, for the verdicts' "where the time went".
+        kernel_breakdown: on CUDA, run torch.profiler (kernels only) over the one step after the
+            active ones (steady state, no capture instruments) and store kernel time per category
+            (GEMM, attention, quantization/cast, norm, communication, optimizer, other) and the
+            communication time no compute kernel overlapped in the capture's meta; the capture is
+            written when that step ends. Also one extra profiled step per swept recipe, for the
+            verdicts' "where the time went".
         verbose: print the capture table when done.
 
     Example:
@@ -101,8 +102,8 @@ class GemmProfilerCallback(Callback):
         self._phase: str | None = None
         self._micro_batches = 0
         self.kernel_breakdown = kernel_breakdown
-        self._kprof: Any = None  # torch.profiler over the warm-up steps
-        self._kernels: dict[str, Any] = {}
+        self._kprof: Any = None  # torch.profiler over the step after the active ones
+        self._pending: GemmCapture | None = None  # captured, waiting for its kernel-profiled step
 
     # --- schedule --------------------------------------------------------------------------
     def phase(self, step: int) -> str:
@@ -141,8 +142,6 @@ class GemmProfilerCallback(Callback):
                                           **self.profiler_kwargs).start()
                 self._phase = phase
                 self._micro_batches = 1
-                if phase == "warmup":
-                    self._start_kernel_profile()
                 return
         if self._prof is not None:
             self._prof.resume()
@@ -159,6 +158,11 @@ class GemmProfilerCallback(Callback):
         if not last:
             return
         self.steps_seen += 1
+        if self._pending is not None:  # the kernel-profiled step after the active ones just ended
+            self._stop_kernel_profile(steps=1)
+            self._publish(trainer)
+            self.done = True
+            return
         if self._prof is None:
             return
         next_phase = self.phase(self.steps_seen)
@@ -167,16 +171,27 @@ class GemmProfilerCallback(Callback):
             self._prof.step(micro_batches=self._micro_batches)
             self._prof.pause()
             self._micro_batches = 0
+        elif self._phase == "active" and self._profile_next_step():
+            # Same decision on every rank (it depends on flags and CUDA only), so the collective
+            # gather in _publish runs at the same step everywhere, profiler started or not.
+            self._pending = self._stop()
+            self._start_kernel_profile()
         else:
             self._finish(trainer, keep=self._phase == "active")
             self.done = next_phase == "done"
 
     @override
     def on_train_end(self, trainer: "Trainer", pl_module: "LightningModule") -> None:
+        if self._pending is not None:  # training ended before the profiled step: publish without it
+            self._discard_kernel_profile()
+            self._publish(trainer)
+            return
         self._finish(trainer, keep=self._phase == "active")
 
     @override
     def on_exception(self, trainer: "Trainer", pl_module: "LightningModule", exception: BaseException) -> None:
+        self._discard_kernel_profile()
+        self._pending = None
         self._finish(trainer, keep=False)
 
     @override
@@ -191,11 +206,14 @@ class GemmProfilerCallback(Callback):
         self.path = Path(state_dict["path"]) if state_dict.get("path") else None
 
     # --- results ---------------------------------------------------------------------------
+    def _profile_next_step(self) -> bool:
+        import torch
+
+        return self.kernel_breakdown and torch.cuda.is_available()
+
     def _start_kernel_profile(self) -> None:
         import torch
 
-        if not (self.kernel_breakdown and torch.cuda.is_available()):
-            return
         try:
             self._kprof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             self._kprof.__enter__()
@@ -209,28 +227,45 @@ class GemmProfilerCallback(Callback):
         from .kernels import breakdown_ms, comm_overlap_ms, kernel_intervals, kernel_times_us
 
         kp, self._kprof = self._kprof, None
-        if kp is None:
+        if kp is None or self._pending is None:
             return
         try:
-            torch.cuda.synchronize()  # the warm-up steps' kernels must finish inside the window
+            torch.cuda.synchronize()  # the profiled step's kernels must finish inside the window
             kp.__exit__(None, None, None)
-            self._kernels = {"kernel_breakdown_ms": breakdown_ms(kernel_times_us(kp), steps),
-                             "kernel_breakdown_steps": steps, **comm_overlap_ms(kernel_intervals(kp), steps)}
+            self._pending.meta.update({"kernel_breakdown_ms": breakdown_ms(kernel_times_us(kp), steps),
+                                       "kernel_breakdown_steps": steps,
+                                       **comm_overlap_ms(kernel_intervals(kp), steps)})
         except Exception as err:
             log.warning("te-gemm: no kernel breakdown: %s: %s", type(err).__name__, err)
 
-    def _finish(self, trainer: "Trainer", keep: bool) -> None:
-        if self._kprof is not None:
-            self._stop_kernel_profile(max(self.warmup, 1))
+    def _discard_kernel_profile(self) -> None:
+        kp, self._kprof = self._kprof, None
+        if kp is not None:
+            try:
+                kp.__exit__(None, None, None)
+            except Exception:  # already broken: nothing of it is used
+                pass
+
+    def _stop(self) -> GemmCapture | None:
         prof, self._prof = self._prof, None
         if prof is None:
-            return
+            return None
         prof.resume()  # stop() closes the open step with its boundary event
         cap = prof.stop(micro_batches=max(self._micro_batches, 1))
         self._phase = None
-        if not keep:
+        return cap
+
+    def _finish(self, trainer: "Trainer", keep: bool) -> None:
+        cap = self._stop()
+        if cap is not None and keep:
+            self._pending = cap
+            self._publish(trainer)
+
+    def _publish(self, trainer: "Trainer") -> None:
+        """Gather (collective), save, print, sweep and log the active steps' capture."""
+        cap, self._pending = self._pending, None
+        if cap is None:
             return
-        cap.meta.update(self._kernels)  # from the warm-up steps; measured on this rank
         cap.meta["accumulate_grad_batches"] = int(trainer.accumulate_grad_batches)
         cap.meta["global_step_end"] = int(trainer.global_step)
         # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.

@@ -1,7 +1,8 @@
 """A 2-process Lightning DDP job on CPU (gloo), run by tests/test_distributed.py in a subprocess.
 
 Rank 1's capture is made to fail inside a hook: the job must finish, rank 0 must still gather
-both captures (rank 1's with its error), and nothing may hang.
+both captures (rank 1's with its error), and nothing may hang. The kernel-profiled step after the
+active ones is simulated (no CUDA here), so the gather runs where it runs on a GPU job.
 """
 
 import sys
@@ -13,11 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
 
-from te_gemm_callback import GemmProfilerCallback  # noqa: E402
-from test_callback import DemoTransformer  # noqa: E402
+from test_callback import DemoTransformer, _FakeKernelProfile  # noqa: E402
 
 
-class FailOnRank1(GemmProfilerCallback):
+class FailOnRank1(_FakeKernelProfile):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         if trainer.global_rank == 1 and self._prof is not None:
@@ -28,7 +28,7 @@ if __name__ == "__main__":
     out = Path(sys.argv[1])
     torch.manual_seed(0)
     cb = FailOnRank1(wait=0, warmup=1, active=2, output_dir=out, verbose=False)
-    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=2, strategy="ddp", callbacks=[cb],
+    trainer = pl.Trainer(max_steps=5, accelerator="cpu", devices=2, strategy="ddp", callbacks=[cb],
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0)
     trainer.fit(DemoTransformer())

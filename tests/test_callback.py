@@ -213,3 +213,47 @@ def test_sweep_order_and_delayed_scaling_switch_guard():
     assert switch_conflict("BF16", "DelayedScaling", {"DelayedScaling"}) is None
     assert switch_conflict("DelayedScaling", "DelayedScaling", {"DelayedScaling"}) is None
     assert "freeze this job's scaling" in switch_conflict("Float8BlockScaling", "DelayedScaling", {"DelayedScaling"})
+
+
+class _FakeKernelProfile(GemmProfilerCallback):
+    """torch.profiler's CUDA activity cannot run on CPU: record where the kernel-profiled step
+    falls instead, and attach what the real one would."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.events = []
+
+    def _profile_next_step(self):
+        return True
+
+    def _start_kernel_profile(self):
+        self.events.append(("start", self.steps_seen))
+        self._kprof = object()
+
+    def _stop_kernel_profile(self, steps):
+        self.events.append(("stop", self.steps_seen))
+        self._kprof = None
+        self._pending.meta["kernel_breakdown_ms"] = {"gemm": 1.0}
+
+    def _discard_kernel_profile(self):
+        if self._kprof is not None:
+            self.events.append(("discard", self.steps_seen))
+        self._kprof = None
+
+
+@pytest.mark.parametrize("max_steps", [7, 4])
+def test_kernel_profile_covers_the_step_after_the_active_ones(tmp_path, max_steps):
+    # wait 1, warmup 1, active 2: steps 3-4 captured; step 5 profiled, then the capture is written.
+    # With max_steps=4 training ends first: the capture is written without a kernel breakdown.
+    cb = _FakeKernelProfile(wait=1, warmup=1, active=2, output_dir=tmp_path / "gemm", verbose=False)
+    trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", callbacks=[cb], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0)
+    trainer.fit(DemoTransformer())
+    cap = GemmCapture.load(tmp_path / "gemm" / "gemm_capture.json")
+    assert len(cap.steps) == 2 and cb.done == (max_steps == 7)
+    if max_steps == 7:
+        assert cb.events == [("start", 4), ("stop", 5)]
+        assert cap.meta["kernel_breakdown_ms"] == {"gemm": 1.0} and cap.meta["global_step_end"] == 5
+    else:
+        assert cb.events == [("start", 4), ("discard", 4)] and "kernel_breakdown_ms" not in cap.meta

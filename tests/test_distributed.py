@@ -19,6 +19,8 @@ def test_ddp_two_ranks_gathered_and_no_hang_when_one_capture_fails(tmp_path):
     assert [c.meta["rank"] for c in ranks] == [0, 1] and ranks[0].meta["world_size"] == 2
     assert ranks[0].records and ranks[0].coverage["error"] is None
     assert ranks[1].coverage["error"] == "RuntimeError: injected on rank 1"
+    # Both ranks gathered after the (simulated) kernel-profiled step, not one step apart.
+    assert all(c.meta["kernel_breakdown_ms"] == {"gemm": 1.0} and c.meta["global_step_end"] == 4 for c in ranks)
     summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())
     assert [r["rank"] for r in summary] == [0, 1] and summary[1]["error"]
     assert GemmCapture.load(tmp_path / "gemm_capture.json").meta["rank"] == 0
