@@ -224,7 +224,7 @@ class GemmProfilerCallback(Callback):
     def _stop_kernel_profile(self, steps: int) -> None:
         import torch
 
-        from .kernels import breakdown_ms, comm_overlap_ms, kernel_intervals, kernel_times_us
+        from .kernels import breakdown_ms, comm_overlap_ms, kernel_intervals, kernel_times_us, top_kernels_ms
 
         kp, self._kprof = self._kprof, None
         if kp is None or self._pending is None:
@@ -232,8 +232,9 @@ class GemmProfilerCallback(Callback):
         try:
             torch.cuda.synchronize()  # the profiled step's kernels must finish inside the window
             kp.__exit__(None, None, None)
-            self._pending.meta.update({"kernel_breakdown_ms": breakdown_ms(kernel_times_us(kp), steps),
-                                       "kernel_breakdown_steps": steps,
+            us = kernel_times_us(kp)
+            self._pending.meta.update({"kernel_breakdown_ms": breakdown_ms(us, steps),
+                                       "kernel_top_ms": top_kernels_ms(us, steps), "kernel_breakdown_steps": steps,
                                        **comm_overlap_ms(kernel_intervals(kp), steps)})
         except Exception as err:
             log.warning("te-gemm: no kernel breakdown: %s: %s", type(err).__name__, err)

@@ -66,6 +66,17 @@ def breakdown_ms(kernel_us: dict[str, float], steps: int) -> dict[str, float]:
     return out
 
 
+def top_kernels_ms(kernel_us: dict[str, float], steps: int, n: int = 3) -> dict[str, list[tuple[str, float]]]:
+    """The ``n`` longest kernels per category (name cut to 120 characters, ms per step): what a
+    category holds, e.g. which casts fill "quantization/cast" in a BF16 step."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for name, us in sorted(kernel_us.items(), key=lambda kv: -kv[1]):
+        lst = out.setdefault(classify_kernel(name), [])
+        if len(lst) < n:
+            lst.append((name[:120], us / 1e3 / max(steps, 1)))
+    return out
+
+
 def kernel_intervals(prof) -> list[tuple[str, float, float]]:
     """(name, start µs, end µs) of every GPU kernel in a finished ``torch.profiler.profile``."""
     out = []

@@ -119,14 +119,16 @@ def _loss(out: Any) -> torch.Tensor:
     raise TypeError("the sweep's step function must return a loss tensor, a dict with 'loss', or an output with .loss")
 
 
-def _kernel_breakdown(one_step: Callable[[], None], steps: int = 1) -> dict[str, float]:
-    from .kernels import breakdown_ms, kernel_times_us
+def _kernel_breakdown(one_step: Callable[[], None], steps: int = 1) -> dict[str, Any]:
+    """Capture meta entries from ``steps`` profiled steps (kernels only)."""
+    from .kernels import breakdown_ms, kernel_times_us, top_kernels_ms
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as tp:
         for _ in range(steps):
             one_step()
         torch.cuda.synchronize()
-    return breakdown_ms(kernel_times_us(tp), steps)
+    us = kernel_times_us(tp)
+    return {"kernel_breakdown_ms": breakdown_ms(us, steps), "kernel_top_ms": top_kernels_ms(us, steps)}
 
 
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
@@ -196,7 +198,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             cap = prof.stop()
             cap.meta.update(recipe=recipe, sweep=True, note="forward+backward only, no optimizer step")
             if profile_kernels and torch.cuda.is_available():
-                cap.meta["kernel_breakdown_ms"] = _kernel_breakdown(one_step)
+                cap.meta.update(_kernel_breakdown(one_step))
             res.captures[recipe] = cap
             if out_dir is not None:
                 res.paths[recipe] = cap.save(Path(out_dir) / recipe / "gemm_capture.json")

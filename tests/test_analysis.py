@@ -226,3 +226,13 @@ def test_better_than_predicted_names_the_kernels_that_shrank():
     assert "kernel time that moved (torch.profiler, per step): other -12.00 ms, quantization/cast +3.00 ms, norm -1.00 ms" in a.evidence
     # Idle: BF16 100 - 96 = 4 ms outside kernels, FP8 60 - 58 = 2 ms.
     assert "GPU time in no kernel (host-bound gaps) -2.00 ms per step" in a.evidence
+
+
+def test_top_kernels_per_category():
+    from te_gemm_callback.kernels import top_kernels_ms
+
+    us = {"nvjet_sm90_a": 3000.0, "nvjet_sm90_b": 1000.0, "cast_transpose_kernel": 500.0,
+          "vectorized_elementwise_kernel": 200.0, "ncclDevKernel_AllReduce": 100.0}
+    top = top_kernels_ms(us, steps=2, n=1)
+    assert top == {"gemm": [("nvjet_sm90_a", 1.5)], "quantization/cast": [("cast_transpose_kernel", 0.25)],
+                   "other": [("vectorized_elementwise_kernel", 0.1)], "communication": [("ncclDevKernel_AllReduce", 0.05)]}
