@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                                        num_hidden_layers=a.layers, vocab_size=32000)
         seq, mb = a.seq_len, a.micro_batch_size
     precision = a.precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
+    if a.no_te and "transformer-engine" in precision:
+        p.error("--no-te contradicts --precision transformer-engine: pick one")
     out = Path(a.out or f"runs/hf-{precision}")
     data = DemoConfig(vocab_size=cfg.vocab_size, sequence_length=seq - 1, micro_batch_size=mb)
     loader = DataLoader(RandomTokens(data, mb * a.steps * a.devices), batch_size=mb)

@@ -32,6 +32,7 @@ from .bench.engine import BenchResults
 from .bench.engine import fallback_items
 from .bench.engine import step_ms as bench_step_ms
 from .capture.record import GemmCapture
+from .precisions import padded_splits, row_alignment
 
 # Precision families a TE recipe's GEMMs should show in a capture.
 RECIPE_FAMILY = {"BF16": "bf16", "DelayedScaling": "fp8_delayed", "Float8CurrentScaling": "fp8_current",
@@ -101,6 +102,7 @@ class RecipeAnalysis:
     verdict: str = ""
     evidence: list[str] = field(default_factory=list)
     high_precision: list[str] = field(default_factory=list)  # GEMMs this recipe cannot run, timed in BF16
+    padded_rows_pct: float | None = None  # grouped GEMMs: extra rows from per-expert alignment
 
 
 @dataclass
@@ -165,6 +167,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
         if bench and r != "BF16":
             a.high_precision = [f"{it.name} ({it.fprop.mkn}): {_short(why)}"
                                 for it, why in fallback_items(bench, items, r, mode)]
+        a.padded_rows_pct = _padding_pct(items, r)
         if r in pred_step:
             a.predicted_step_ms = pred_step[r]
             if "BF16" in pred_step:
@@ -189,6 +192,17 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                         "prediction": "Amdahl over the measured GEMM share with microbenchmarked GEMM speedups "
                                       f"({mode} mode)",
                         "timing": "step: CUDA events between step boundaries; GEMM: CUDA-event pair per GEMM"})
+
+
+def _padding_pct(items: list[WorkItem], recipe: str) -> float | None:
+    """Extra grouped-GEMM rows when every expert's rows are padded to the recipe's alignment (the
+    microbenchmarks time the padded GEMMs, as MoE code under that recipe runs them)."""
+    grouped = [it for it in items if it.m_splits]
+    rows = sum(sum(it.m_splits) * it.count for it in grouped)
+    if not rows or recipe == "BF16":
+        return None
+    padded = sum(sum(padded_splits(it.m_splits, recipe)) * it.count for it in grouped)
+    return 100 * (padded / rows - 1)
 
 
 def _short(err: str) -> str:
@@ -221,6 +235,9 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
     if run is not None and run.unquantized:
         ev.append(f"{len(run.unquantized)} GEMM(s) ran in high precision under {a.recipe}: "
                   + ", ".join(run.unquantized[:6]) + (" ..." if len(run.unquantized) > 6 else ""))
+    if a.padded_rows_pct:
+        ev.append(f"grouped GEMMs timed with each expert's rows padded to a multiple of {row_alignment(a.recipe)}: "
+                  f"{a.padded_rows_pct:+.1f}% rows")
     if a.high_precision:
         ev.append(f"{len(a.high_precision)} GEMM(s) cannot run in {a.recipe}, counted at BF16 time: "
                   + "; ".join(a.high_precision[:3]))

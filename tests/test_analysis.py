@@ -236,3 +236,21 @@ def test_top_kernels_per_category():
     top = top_kernels_ms(us, steps=2, n=1)
     assert top == {"gemm": [("nvjet_sm90_a", 1.5)], "quantization/cast": [("cast_transpose_kernel", 0.25)],
                    "other": [("vectorized_elementwise_kernel", 0.1)], "communication": [("ncclDevKernel_AllReduce", 0.05)]}
+
+
+def test_moe_padding_rows_in_the_evidence():
+    # Two experts with 10 and 20 rows: FP8 pads them to 16 and 32, 48 rows for 30 (+60%).
+    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.shapes import GemmShape
+
+    items = [WorkItem("moe.fc1", GemmShape(30, K, N), 1.0, (10, 20))]
+    cells = []
+    for prec, ms in (("BF16", 2.0), ("DelayedScaling", 1.0)):
+        for op, (m, k, n) in (("fprop", (30, K, N)), ("dgrad", (30, N, K)), ("wgrad", (K, 30, N))):
+            cells.append(BenchResult(m, k, n, op, prec, "autocast", m_splits=[10, 20], median_ms=ms, q1_ms=ms,
+                                     q3_ms=ms, iters=5))
+    rep = analyze(capture(100, 60), BenchResults(cells, {}, {"modes": ["autocast"]}), [], items=items)
+    fp8 = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
+    assert fp8.padded_rows_pct == pytest.approx(60.0)
+    assert any("padded to a multiple of 16: +60.0% rows" in e for e in fp8.evidence)
+    assert next(a for a in rep.recipes if a.recipe == "BF16").padded_rows_pct is None
