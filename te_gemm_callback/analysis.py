@@ -194,6 +194,21 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                         "timing": "step: CUDA events between step boundaries; GEMM: CUDA-event pair per GEMM"})
 
 
+def instrumented_step_note(cap: GemmCapture) -> str | None:
+    """When every captured step ran under the torch dispatch mode (plain torch models), its Python
+    cost is in the step times; say how much, against the uninstrumented profiled step if any."""
+    disp = cap.coverage.get("dispatch_steps") or []
+    step = cap.step_ms()
+    if not step or not cap.steps or len(disp) < len(cap.steps):
+        return None
+    clean = cap.meta.get("profiled_step_ms")
+    if not clean:
+        return (f"step time {step:.2f} ms measured with the torch dispatch mode on every step (plain torch "
+                "model): host-bound steps are slower than without it")
+    return (f"step time {step:.2f} ms measured with the torch dispatch mode on every step (plain torch model); "
+            f"the next step without it took {clean:.2f} ms ({100 * (step / clean - 1):+.1f}%)")
+
+
 def _padding_pct(items: list[WorkItem], recipe: str) -> float | None:
     """Extra grouped-GEMM rows when every expert's rows are padded to the recipe's alignment (the
     microbenchmarks time the padded GEMMs, as MoE code under that recipe runs them)."""

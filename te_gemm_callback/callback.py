@@ -104,6 +104,7 @@ class GemmProfilerCallback(Callback):
         self.kernel_breakdown = kernel_breakdown
         self._kprof: Any = None  # torch.profiler over the step after the active ones
         self._pending: GemmCapture | None = None  # captured, waiting for its kernel-profiled step
+        self._kstart: Any = None  # CUDA event at the start of the profiled step
 
     # --- schedule --------------------------------------------------------------------------
     def phase(self, step: int) -> str:
@@ -217,6 +218,10 @@ class GemmProfilerCallback(Callback):
         try:
             self._kprof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             self._kprof.__enter__()
+            # The step's own GPU time too: it runs without capture instruments, so it is the step
+            # time to set against steps captured under the torch dispatch mode.
+            self._kstart = torch.cuda.Event(enable_timing=True)
+            self._kstart.record()
         except Exception as err:  # e.g. another profiler is already running in this job
             self._kprof = None
             log.warning("te-gemm: no kernel breakdown (torch.profiler could not start: %s)", err)
@@ -230,8 +235,11 @@ class GemmProfilerCallback(Callback):
         if kp is None or self._pending is None:
             return
         try:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
             torch.cuda.synchronize()  # the profiled step's kernels must finish inside the window
             kp.__exit__(None, None, None)
+            self._pending.meta["profiled_step_ms"] = self._kstart.elapsed_time(end)
             us = kernel_times_us(kp)
             self._pending.meta.update({"kernel_breakdown_ms": breakdown_ms(us, steps),
                                        "kernel_top_ms": top_kernels_ms(us, steps), "kernel_breakdown_steps": steps,

@@ -254,3 +254,16 @@ def test_moe_padding_rows_in_the_evidence():
     assert fp8.padded_rows_pct == pytest.approx(60.0)
     assert any("padded to a multiple of 16: +60.0% rows" in e for e in fp8.evidence)
     assert next(a for a in rep.recipes if a.recipe == "BF16").padded_rows_pct is None
+
+
+def test_instrumented_step_note():
+    from te_gemm_callback.analysis import instrumented_step_note
+
+    cap = capture(120, 60)
+    assert instrumented_step_note(cap) is None  # no dispatch-mode steps recorded
+    cap.coverage["dispatch_steps"] = [0, 1, 2]  # every captured step under the dispatch mode
+    assert "torch dispatch mode on every step" in instrumented_step_note(cap)
+    cap.meta["profiled_step_ms"] = 100.0
+    assert instrumented_step_note(cap).endswith("the next step without it took 100.00 ms (+20.0%)")
+    cap.coverage["dispatch_steps"] = [0]  # TE model: only the first step
+    assert instrumented_step_note(cap) is None
