@@ -37,7 +37,7 @@ def gather_captures(cap: GemmCapture) -> list[GemmCapture] | None:
 
 def rank_summary(caps: list[GemmCapture]) -> list[dict[str, Any]]:
     """Per-rank step time, GEMM time and FLOPs, communication kernel time (total and not overlapped
-    by compute, where the callback profiled the warm-up steps), grouped-GEMM rows (MoE load), and
+    by compute, from the step the callback profiles after the active ones), grouped-GEMM rows (MoE load), and
     how far each rank is from the median (stragglers, MoE imbalance)."""
     rows = []
     for i, c in enumerate(caps):
