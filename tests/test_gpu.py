@@ -103,3 +103,43 @@ def test_bench_over_two_gpus_matches_one():
         # scripts/h200x2_validation.sh over the seed's 48 cells; here only a gross mismatch (a
         # wrong shape or recipe on one worker) fails.
         assert other.median_ms == pytest.approx(r.median_ms, rel=0.15)
+
+
+@needs_te
+def test_sweep_guard_against_te_recipe_switch():
+    """Pins what scripts/sweep_state_matrix.py measured with TE 2.20: after another FP8 recipe ran in
+    a te.Linear, DelayedScaling there keeps its forward scale at 1.0. If a TE release fixes this,
+    the first assert fails and the sweep's guard (te_gemm_callback.sweep.switch_conflict) can go.
+    Then the guard itself: a sweep on a model whose job trains in Float8CurrentScaling skips
+    DelayedScaling, and on a DelayedScaling job skips the other FP8 recipes."""
+    import transformer_engine.pytorch as te
+
+    from te_gemm_callback.precisions import autocast
+    from te_gemm_callback.sweep import run_sweep
+
+    def scale(m):
+        return float(m.fp8_meta["scaling_fwd"].scale.flatten()[0])
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16) * 0.01
+    for switched in (False, True):
+        lin = te.Linear(256, 256, params_dtype=torch.bfloat16, device="cuda")
+        if switched:
+            with autocast("Float8CurrentScaling"):
+                lin(x).sum().backward()
+        for _ in range(3):
+            with autocast("DelayedScaling"):
+                lin(x).sum().backward()
+        if switched:
+            assert scale(lin) == 1.0, "TE now updates DelayedScaling after a recipe switch: revisit the guard"
+        else:
+            assert scale(lin) != 1.0  # small inputs: the delayed scale grows past 1
+    lin = te.Linear(256, 256, params_dtype=torch.bfloat16, device="cuda")
+    res = run_sweep(lin, lambda: lin(x).sum(), HOPPER, steps=1, warmup=1, profile_kernels=False,
+                    job_recipe="Float8CurrentScaling")
+    assert "DelayedScaling" in res.skipped and set(res.captures) == {"BF16", "Float8CurrentScaling",
+                                                                       "Float8BlockScaling"}
+    res = run_sweep(lin, lambda: lin(x).sum(), HOPPER, steps=1, warmup=1, profile_kernels=False,
+                    job_recipe="DelayedScaling")
+    assert set(res.captures) == {"BF16", "DelayedScaling"}
+    assert {"Float8CurrentScaling", "Float8BlockScaling"} <= set(res.skipped)
