@@ -45,3 +45,20 @@ def test_moe_recipe_expert_parallel_two_ranks(tmp_path):
     assert [a + b for a, b in zip(*rows)] == [2 * 32 * 2] * len(rows[0])
     summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())
     assert [r["rank"] for r in summary] == [0, 1]
+
+
+def test_fsdp2_model_parallel_strategy_two_ranks(tmp_path):
+    """FSDP2 (fully_shard) under Lightning's ModelParallelStrategy, 2 ranks on CPU: parameters are
+    sharded between steps, yet each rank's capture holds the full layer shapes, the same as an
+    unsharded model's, and rank 0 gathers both."""
+    job = Path(__file__).resolve().parent / "fsdp_job.py"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29521")
+    proc = subprocess.run([sys.executable, str(job), str(tmp_path)], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=job.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [GemmCapture.load(tmp_path / "ranks" / f"rank{r}.json") for r in (0, 1)]
+    shapes = [{(r.module, r.op, r.m, r.k, r.n) for r in c.records} for c in ranks]
+    assert shapes[0] == shapes[1]
+    lin1 = {(r.op, r.m, r.k, r.n) for r in ranks[0].records if r.module == "model.transformer.encoder.layers.0.linear1"}
+    # DemoTransformer: d_model 32, feed-forward 48, 2 x 24 tokens per rank: unsharded 32 -> 48.
+    assert lin1 == {("fprop", 48, 32, 48), ("dgrad", 48, 48, 32), ("wgrad", 32, 48, 48)}

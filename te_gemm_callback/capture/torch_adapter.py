@@ -126,9 +126,24 @@ class GemmDispatchMode(TorchDispatchMode):
         # copy is freed after backward and its memory reused, so it is held by a weak reference
         # and only counts while alive (a reused address must not make an activation a "weight").
         src = _storage_key(args[0]) if args else None
-        if isinstance(out, torch.Tensor) and (src in self.param_storages or self._live_cast(src)):
+        if not isinstance(out, torch.Tensor) or src is None:
+            return
+        if src in self.param_storages or self._live_cast(src):
             name = self.param_storages.get(src) or self.casts[src][1]
-            self.casts[_storage_key(out)] = (weakref.ref(out), name)
+        elif src in self._current_params(self.recorder.scope.current()[0]):
+            name = "unsharded parameter"
+        else:
+            return
+        self.casts[_storage_key(out)] = (weakref.ref(out), name)
+
+    def _current_params(self, module_name: str | None) -> set[int]:
+        """Storages of the parameters the module holds right now. FSDP2 swaps each sharded
+        parameter for a freshly all-gathered one around the module's forward and backward, so
+        the storages recorded at start do not match the weights its GEMMs use."""
+        module = self.recorder.scope.module(module_name)
+        if module is None:
+            return set()
+        return {k for p in module.parameters() if (k := _storage_key(p)) is not None}
 
     def _live_cast(self, key: int | None) -> bool:
         entry = self.casts.get(key)
@@ -140,9 +155,11 @@ class GemmDispatchMode(TorchDispatchMode):
             return False
         return True
 
-    def is_weight(self, t: Any) -> bool:
+    def is_weight(self, t: Any, module_name: str | None = None) -> bool:
         key = _storage_key(t)
-        return key in self.param_storages or self._live_cast(key)
+        if key is None:
+            return False
+        return key in self.param_storages or self._live_cast(key) or key in self._current_params(module_name)
 
     def _before(self, name: str, args: tuple, kwargs: dict) -> Any:
         rec = self.recorder
@@ -164,7 +181,7 @@ class GemmDispatchMode(TorchDispatchMode):
             else:  # reading device memory now would sync inside the step: resolve later
                 m_splits = rec.defer_copy(offs)
         operands = [x for x in args if isinstance(x, torch.Tensor) and x.dim() >= 2][:2]
-        has_weight = any(self.is_weight(x) for x in operands)
+        has_weight = any(self.is_weight(x, module_name) for x in operands)
         backward = not in_fwd and rec.in_backward()
         op = GemmOp.FPROP
         if backward:

@@ -1,0 +1,36 @@
+"""A 2-process Lightning job under ModelParallelStrategy with FSDP2 (fully_shard) on CPU (gloo), run
+by tests/test_distributed.py in a subprocess. Parameters are sharded DTensors between steps and
+all-gathered for the GEMMs; each rank must still capture the full per-layer shapes."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytorch_lightning as pl  # noqa: E402
+import torch  # noqa: E402
+from pytorch_lightning.strategies import ModelParallelStrategy  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+from te_gemm_callback import GemmProfilerCallback  # noqa: E402
+from test_callback import DemoTransformer  # noqa: E402
+
+
+class Sharded(DemoTransformer):
+    def configure_model(self) -> None:
+        mesh = self.device_mesh["data_parallel"]
+        for m in self.model.modules():
+            if isinstance(m, (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)):
+                fully_shard(m, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    cb = GemmProfilerCallback(wait=0, warmup=1, active=2, output_dir=sys.argv[1], verbose=False)
+    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=2, strategy=ModelParallelStrategy(),
+                         callbacks=[cb], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(Sharded())
+    print(f"rank {trainer.global_rank} done", flush=True)
