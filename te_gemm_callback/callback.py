@@ -243,6 +243,7 @@ class GemmProfilerCallback(Callback):
             us = kernel_times_us(kp)
             self._pending.meta.update({"kernel_breakdown_ms": breakdown_ms(us, steps),
                                        "kernel_top_ms": top_kernels_ms(us, steps), "kernel_breakdown_steps": steps,
+                                       "kernel_breakdown_window": "the step after the active ones",
                                        **comm_overlap_ms(kernel_intervals(kp), steps)})
         except Exception as err:
             log.warning("te-gemm: no kernel breakdown: %s: %s", type(err).__name__, err)

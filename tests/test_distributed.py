@@ -62,3 +62,36 @@ def test_fsdp2_model_parallel_strategy_two_ranks(tmp_path):
     lin1 = {(r.op, r.m, r.k, r.n) for r in ranks[0].records if r.module == "model.transformer.encoder.layers.0.linear1"}
     # DemoTransformer: d_model 32, feed-forward 48, 2 x 24 tokens per rank: unsharded 32 -> 48.
     assert lin1 == {("fprop", 48, 32, 48), ("dgrad", 48, 48, 32), ("wgrad", 32, 48, 48)}
+
+
+def test_report_renders_the_gathered_ranks(tmp_path):
+    """`te-gemm report` on a multi-rank run folder: the per-rank table and ranks.png, recomputed
+    from ranks/rank<N>.json (the captures of tests/ddp_job.py's shape, written by hand here)."""
+    import shutil
+
+    from te_gemm_callback.capture.record import GemmRecord, StepTime
+    from te_gemm_callback.render.report import render_run
+
+    def cap(rank, step, gemm, comm):
+        rec = GemmRecord(module="fc", gemm="", op="fprop", m=64, k=32, n=16, batch=1, precision="bf16",
+                         operands=[], source="torch", kernel="aten.mm", recompute=False, module_type="Linear",
+                         calls=2, calls_per_step=1.0, flops=2 * 64 * 32 * 16, times_ms=[gemm, gemm])
+        c = GemmCapture([rec], [StepTime(i, wall_ms=step, gpu_ms=step, gemm_ms=gemm) for i in range(2)],
+                        {"device": "test", "rank": rank, "world_size": 2, "comm_ms": comm, "comm_exposed_ms": comm / 2,
+                         "kernel_breakdown_window": "the step after the active ones"})
+        return c
+
+    caps = [cap(0, 10.0, 4.0, 2.0), cap(1, 12.0, 5.0, 1.0)]
+    caps[0].save(tmp_path / "gemm_capture.json")
+    for c in caps:
+        c.save(tmp_path / "ranks" / f"rank{c.meta['rank']}.json")
+    from te_gemm_callback.render.tables import console
+
+    con = console()
+    with con.capture() as out:
+        files = render_run(tmp_path, con)
+    text = out.get()
+    assert files["ranks"].stat().st_size > 0
+    assert "Per-rank capture" in text and "12.000" in text and "the step after the active ones" in text
+    shutil.rmtree(tmp_path / "ranks")
+    assert "ranks" not in render_run(tmp_path)

@@ -46,6 +46,9 @@ def rank_summary(caps: list[GemmCapture]) -> list[dict[str, Any]]:
         rows.append({"rank": c.meta.get("rank", i), "step_ms": c.step_ms(), "gemm_ms": c.gemm_ms_per_step(),
                      "gemm_tflop_per_step": c.flops_per_step / 1e12, "grouped_rows_per_step": tokens,
                      "comm_ms": c.meta.get("comm_ms"), "comm_exposed_ms": c.meta.get("comm_exposed_ms"),
+                     # Captures written before the window was recorded profiled the warm-up step.
+                     "comm_window": c.meta.get("kernel_breakdown_window",
+                                               "the warm-up step" if c.meta.get("comm_ms") is not None else None),
                      "records": len(c.records), "error": c.coverage.get("error")})
     steps = [r["step_ms"] for r in rows if r["step_ms"]]
     med = statistics.median(steps) if steps else None

@@ -69,3 +69,35 @@ def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, pat
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def ranks_figure(rows: list[dict], path: str | Path) -> Path:
+    """Per rank: step time split into GEMM, communication no compute overlapped, and the rest;
+    grouped-GEMM rows above each bar for MoE (token imbalance), errors in the label."""
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(rows) + 3), 4.2))
+    for i, r in enumerate(rows):
+        step, gemm, exposed = r.get("step_ms") or 0.0, r.get("gemm_ms") or 0.0, r.get("comm_exposed_ms") or 0.0
+        exposed = min(exposed, max(step - gemm, 0.0))  # a warm-up wait can exceed one step: clip to it
+        parts = (("GEMM", gemm, "#3182bd"), ("NCCL not overlapped", exposed, "#fd8d3c"),
+                 ("rest of the step", max(step - gemm - exposed, 0.0), "#bdbdbd"))
+        bottom = 0.0
+        for label, v, color in parts:
+            ax.bar(i, v, bottom=bottom, color=color, label=label if i == 0 else None)
+            bottom += v
+        top = f"{step:.1f} ms"
+        if r.get("grouped_rows_per_step"):
+            top += f"\n{r['grouped_rows_per_step']:.0f} rows"
+        ax.text(i, bottom, top, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)), [f"rank {r['rank']}" + (" (error)" if r.get("error") else "") for r in rows])
+    ax.set_ylim(0, 1.2 * max((r.get("step_ms") or 0.0 for r in rows), default=1.0) or 1.0)
+    ax.set_ylabel("ms per step")
+    window = next((r.get("comm_window") for r in rows if r.get("comm_window")), None)
+    ax.set_title("Per-rank step: GEMM, exposed communication, rest"
+                 + (f"\n(GEMM and step: captured steps; NCCL: {window})" if window else ""), fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path

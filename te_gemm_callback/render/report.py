@@ -134,7 +134,8 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     from ..bench.cells import items_from_capture
     from ..bench.engine import BenchResults
     from ..capture import GemmCapture
-    from .figures import stacked_gemm_figure
+    from ..capture.distributed import rank_summary
+    from .figures import ranks_figure, stacked_gemm_figure
 
     root = Path(run_dir)
     paths = sorted(root.rglob("gemm_capture.json"))
@@ -160,7 +161,15 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
         items = items_from_capture(job)
         for mode in bench.meta.get("modes", ["autocast"]):
             files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, root / f"gemm_{mode}.png")
+    rank_files = sorted((root / "ranks").glob("rank*.json"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
+    ranks = rank_summary([GemmCapture.load(p) for p in rank_files]) if rank_files else None
+    if ranks:
+        files["ranks"] = ranks_figure(ranks, root / "ranks.png")
     if out is not None:
+        if ranks:
+            from .tables import ranks_table
+
+            out.print(ranks_table(ranks))
         if bench is not None:  # the seed tool's per-GEMM table, on the job's real shapes
             from .bench_tables import totals_table
 

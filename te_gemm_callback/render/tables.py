@@ -117,6 +117,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> Table:
                   _ms(r["gemm_ms"]), _ms(r.get("comm_ms")), _ms(r.get("comm_exposed_ms")),
                   f"{r['gemm_tflop_per_step']:.4f}",
                   "-" if r["grouped_rows_per_step"] is None else f"{r['grouped_rows_per_step']:.0f}", r["error"] or "")
-    t.caption = ("NCCL: kernel time of the step after the active ones (torch.profiler); exposed = not overlapped "
+    window = next((r.get("comm_window") for r in rows if r.get("comm_window")), None) or "a profiled step"
+    t.caption = (f"NCCL: kernel time of {window} (torch.profiler), including waits for other ranks; exposed = not overlapped "
                  "by any compute kernel. Grouped rows: rows of all grouped-GEMM forwards (fc1 + fc2 count twice)")
     return t
