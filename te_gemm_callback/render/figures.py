@@ -16,6 +16,16 @@ from ..shapes import GemmOp  # noqa: E402
 from ..bench.engine import item_ms  # noqa: E402
 
 
+def save_figure(fig, path: str | Path) -> Path:
+    """Write a figure as PNG (parent folders created) and free it."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
     """Items that differ only in their layer index (blocks.0.fc1, blocks.1.fc1, ... with one
     shape) as one group, labelled blocks.*.fc1 (x4): the seed's per-layer view of a deep model."""
@@ -63,12 +73,7 @@ def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, pat
     if res.skipped:
         lines = [f"not run: {p}: {why[:70]}" for p, why in res.skipped.items()]
         fig.text(0.01, -0.02 * len(lines), "\n".join(lines), fontsize=7, va="bottom")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def ranks_figure(rows: list[dict], path: str | Path) -> Path:
@@ -95,9 +100,4 @@ def ranks_figure(rows: list[dict], path: str | Path) -> Path:
     ax.set_title("Per-rank step: GEMM, exposed communication, rest"
                  + (f"\n(GEMM and step: captured steps; NCCL: {window})" if window else ""), fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

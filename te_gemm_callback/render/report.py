@@ -16,6 +16,7 @@ from rich.table import Table  # noqa: E402
 
 from ..analysis import Report  # noqa: E402
 from ..jsonio import write_json  # noqa: E402
+from .figures import save_figure  # noqa: E402
 
 
 def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
@@ -77,7 +78,7 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
     ax.set_ylabel("speedup over BF16")
     ax.set_title(f"Predicted vs observed speedup — {rep.meta.get('device', '')}")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str, float]] | None = None) -> Path:
@@ -112,20 +113,12 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
     ax.set_ylabel("ms per step")
     ax.set_title("Step time split (GEMM: CUDA events; the rest: kernel time by category)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_report_json(rep: Report, path: str | Path) -> Path:
     return write_json(path, rep.to_dict())
 
-
-def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
 
 
 def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
