@@ -308,7 +308,7 @@ class GemmProfiler:
 
     def _coverage(self, records: list) -> dict[str, Any]:
         gemm_modules = [n for n, m in self.model.named_modules() if _bears_gemm(m)]
-        never_ran = [n for n in gemm_modules if n not in self.scope.ran]
+        never_ran = [n for n in gemm_modules if n not in self.scope.ran and n not in self.scope.weights_used]
         if never_ran and self.recorder.error is None:
             log.warning("te-gemm: %d GEMM-bearing module(s) never ran while capturing: %s",
                         len(never_ran), ", ".join(never_ran[:8]) + (" ..." if len(never_ran) > 8 else ""))

@@ -56,6 +56,9 @@ class ModuleScope:
         te_names = {n for n, m in self.modules.items() if is_te_module(m)}
         self.te_scoped: set[str] = {n for n in self.modules if self._has_te_ancestor(n, te_names)}
         self.ran: set[str] = set()  # modules whose forward ran while attached
+        # Modules whose weight a GEMM used without their forward running (MultiheadAttention
+        # hands out_proj.weight to F.multi_head_attention_forward): they ran, inside their parent.
+        self.weights_used: set[str] = set()
         self._local = threading.local()
         self._handles: list[Any] = []
         self._on_error = on_error

@@ -159,7 +159,11 @@ class GemmDispatchMode(TorchDispatchMode):
         key = _storage_key(t)
         if key is None:
             return False
-        return key in self.param_storages or self._live_cast(key) or key in self._current_params(module_name)
+        name = self.param_storages.get(key) or (self.casts[key][1] if self._live_cast(key) else None)
+        if name is not None:
+            self.recorder.scope.weights_used.add(name.rpartition(".")[0])
+            return True
+        return key in self._current_params(module_name)
 
     def _before(self, name: str, args: tuple, kwargs: dict) -> Any:
         rec = self.recorder
