@@ -131,7 +131,7 @@ class GemmDispatchMode(TorchDispatchMode):
         if src in self.param_storages or self._live_cast(src):
             name = self.param_storages.get(src) or self.casts[src][1]
         elif src in self._current_params(self.recorder.scope.current()[0]):
-            name = "unsharded parameter"
+            name = ""  # an FSDP2 unsharded parameter: a weight, owner unknown here
         else:
             return
         self.casts[_storage_key(out)] = (weakref.ref(out), name)
@@ -161,7 +161,8 @@ class GemmDispatchMode(TorchDispatchMode):
             return False
         name = self.param_storages.get(key) or (self.casts[key][1] if self._live_cast(key) else None)
         if name is not None:
-            self.recorder.scope.weights_used.add(name.rpartition(".")[0])
+            if name:
+                self.recorder.scope.weights_used.add(name.rpartition(".")[0])
             return True
         return key in self._current_params(module_name)
 
