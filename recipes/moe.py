@@ -86,6 +86,11 @@ class MoEMLP(nn.Module):
         """Rows of x grouped by local expert (``routed`` rows each) through the experts."""
         splits = [-(-n // FP8_ROW_MULTIPLE) * FP8_ROW_MULTIPLE for n in routed] if self.pad else routed
         self.routed, self.padded = routed, splits
+        if not sum(routed):
+            # No rows reached this rank's experts (expert parallelism). Grouped GEMMs reject empty
+            # inputs in backward; stay in the graph anyway, so the all-to-alls' backward
+            # (collectives) still runs here and no other rank waits forever.
+            return x * 0.0
         if not self.pad:
             return self._experts(x, splits)
         # Scatter each expert's rows into its padded slot; pad rows stay zero.

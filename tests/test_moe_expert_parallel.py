@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
 H, I, E, K, T = 16, 24, 4, 2, 20
 
 
-def _worker(rank: int, world: int, init: str, q) -> None:
+def _worker(rank: int, world: int, init: str, q, collapse: bool) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         moe = importlib.import_module("moe")
@@ -25,6 +26,8 @@ def _worker(rank: int, world: int, init: str, q) -> None:
         ep = moe.MoEMLP(H, I, E, K, te_experts=False, ep_group=dist.group.WORLD)
         lo, hi = rank * E // world, (rank + 1) * E // world
         with torch.no_grad():
+            if collapse:  # equal logits: top-2 picks the same two experts, on one rank; the other gets no rows
+                full.router.weight.zero_()
             ep.router.weight.copy_(full.router.weight)
             ep.w1.copy_(full.w1[lo:hi])
             ep.w2.copy_(full.w2[lo:hi])
@@ -40,8 +43,9 @@ def _worker(rank: int, world: int, init: str, q) -> None:
         dist.all_reduce(g1)
         torch.testing.assert_close(y_ep, y_full, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(x2.grad, x1.grad, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(ep.w1.grad, g1[lo:hi], rtol=1e-4, atol=1e-4)
-        assert sum(ep.routed) > 0 and ep.expert_parameter_names("m") == ["m.w1", "m.w2"]
+        torch.testing.assert_close(ep.w1.grad if ep.w1.grad is not None else torch.zeros_like(ep.w1), g1[lo:hi],
+                                   rtol=1e-4, atol=1e-4)
+        assert (sum(ep.routed) > 0 or collapse) and ep.expert_parameter_names("m") == ["m.w1", "m.w2"]
         q.put((rank, "ok", ep.routed))
     except Exception as err:  # report to the parent instead of hanging it
         q.put((rank, f"{type(err).__name__}: {err}", None))
@@ -49,11 +53,12 @@ def _worker(rank: int, world: int, init: str, q) -> None:
         dist.destroy_process_group()
 
 
-def test_expert_parallel_matches_single_process(tmp_path):
+@pytest.mark.parametrize("collapse", [False, True], ids=["routed", "one-rank-gets-nothing"])
+def test_expert_parallel_matches_single_process(tmp_path, collapse):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     init = f"file://{tmp_path / 'pg'}"
-    procs = [ctx.Process(target=_worker, args=(r, 2, init, q)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, 2, init, q, collapse)) for r in range(2)]
     for p in procs:
         p.start()
     results = dict((r, (msg, routed)) for r, msg, routed in (q.get(timeout=120) for _ in procs))
@@ -62,6 +67,8 @@ def test_expert_parallel_matches_single_process(tmp_path):
     assert results[0][0] == "ok" and results[1][0] == "ok", results
     # Each rank's experts received rows from both ranks: 2 ranks x T tokens x top-k in all.
     assert sum(results[0][1]) + sum(results[1][1]) == 2 * T * K
+    if collapse:
+        assert 0 in (sum(results[0][1]), sum(results[1][1]))
 
 
 def test_expert_parallel_recipe_rejects_uneven_split():
