@@ -134,6 +134,11 @@ class GemmProfilerCallback(Callback):
             return
         first, _, _ = self._micro(trainer, batch_idx)
         self._last_batch = (batch, batch_idx)
+        if first and self._pending is not None and self._kprof is None:
+            # The step after the active ones starts: profile it from here, not from the end of the
+            # last active step, so validation run between the two stays out of the window.
+            self._start_kernel_profile()
+            return
         if first:
             phase = self.phase(self.steps_seen)
             if phase in ("warmup", "active") and (self._prof is None or phase != self._phase):
@@ -174,9 +179,9 @@ class GemmProfilerCallback(Callback):
             self._micro_batches = 0
         elif self._phase == "active" and self._profile_next_step():
             # Same decision on every rank (it depends on flags and CUDA only), so the collective
-            # gather in _publish runs at the same step everywhere, profiler started or not.
+            # gather in _publish runs at the same step everywhere, profiler started or not. The
+            # profiler starts with the next step (on_train_batch_start).
             self._pending = self._stop()
-            self._start_kernel_profile()
         else:
             self._finish(trainer, keep=self._phase == "active")
             self.done = next_phase == "done"

@@ -256,4 +256,4 @@ def test_kernel_profile_covers_the_step_after_the_active_ones(tmp_path, max_step
         assert cb.events == [("start", 4), ("stop", 5)]
         assert cap.meta["kernel_breakdown_ms"] == {"gemm": 1.0} and cap.meta["global_step_end"] == 5
     else:
-        assert cb.events == [("start", 4), ("discard", 4)] and "kernel_breakdown_ms" not in cap.meta
+        assert cb.events == [] and "kernel_breakdown_ms" not in cap.meta  # no step left to profile
