@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback import GemmProfiler  # noqa: E402
+from te_gemm_callback.bench.clocks import ClockSampler  # noqa: E402
 from te_gemm_callback.bench.cells import ResultCache, items_from_capture  # noqa: E402
 from te_gemm_callback.bench.engine import run_bench  # noqa: E402
 from te_gemm_callback.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
@@ -34,10 +35,13 @@ def in_job(recipe: str, c: DemoConfig, steps: int):
     for _ in range(3):
         step()
     prof = GemmProfiler(model, dispatch_steps=0, nvtx=False).start()
-    for _ in range(steps):
-        step()
-        prof.step()
+    with ClockSampler() as clocks:  # SM clock and power during the training steps
+        for _ in range(steps):
+            step()
+            prof.step()
+        torch.cuda.synchronize()
     cap = prof.stop()
+    cap.meta["clocks_during_steps"] = clocks.summary()
     times = collections.defaultdict(list)
     for r in cap.records:
         times[(r.op, r.m, r.k, r.n)] += r.times_ms
@@ -55,12 +59,19 @@ def main() -> int:
     p.add_argument("--json")
     a = p.parse_args()
     c = codonfm(a.layers)
-    rows = []
+    rows, clocks = [], []
     for recipe in a.recipes.split(","):
         cap, job = in_job(recipe, c, a.steps)
         items = items_from_capture(cap)
         res = run_bench(items, [recipe], ["prequantized"], flush_l2=a.flush_l2, cache=ResultCache(enabled=False),
                         progress=False)
+        ck_job, ck_bench = cap.meta.get("clocks_during_steps"), res.meta.get("clocks_during_run")
+        clocks.append({"recipe": recipe, "in_job": ck_job, "bench": ck_bench})
+        if ck_job and ck_bench:
+            print(f"{recipe:22s} SM clock median (min) in-job {ck_job['sm_clock_mhz_median']:.0f} "
+                  f"({ck_job['sm_clock_mhz_min']:.0f}) MHz at {ck_job['power_w_median']:.0f} W; bench "
+                  f"{ck_bench['sm_clock_mhz_median']:.0f} ({ck_bench['sm_clock_mhz_min']:.0f}) MHz at "
+                  f"{ck_bench['power_w_median']:.0f} W")
         for (op, m, k, n), job_ms in sorted(job.items()):
             r = res.get(GemmShape(m, k, n, op), recipe, "prequantized")
             if r is None or not r.ok:
@@ -73,7 +84,7 @@ def main() -> int:
     print("worst |ratio - 1| per recipe:", {k: f"{100 * v:.1f}%" for k, v in worst.items()})
     if a.json:
         Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "config": c.__dict__, "rows": rows,
-                                            "worst": worst}, indent=1))
+                                            "worst": worst, "clocks": clocks}, indent=1))
     return 0
 
 

@@ -178,3 +178,22 @@ def test_repeated_layers_grouped_in_the_stacked_figure():
                                                                        WorkItem("lm_head", t, 1.0)]
     groups = layer_groups(items)
     assert [(label, len(g)) for label, g in groups] == [("blocks.*.fc1 (x3)", 3), ("blocks.*.fc2", 1), ("lm_head", 1)]
+
+
+def test_clock_sampler_summarises_and_survives_a_failing_reader():
+    import time
+
+    from te_gemm_callback.bench.clocks import ClockSampler
+
+    readings = iter([(1980.0, 400.0), (1700.0, 700.0), (1800.0, 690.0)])
+
+    def reader():
+        return next(readings)  # StopIteration after three: sampling ends, the work does not
+
+    with ClockSampler(reader, period_s=0.001) as s:
+        time.sleep(0.05)
+    assert s.summary() == {"sm_clock_mhz_median": 1800.0, "sm_clock_mhz_min": 1700.0, "power_w_median": 690.0,
+                           "power_w_max": 700.0, "samples": 3}
+    with ClockSampler(lambda: None, period_s=0.001) as garbage:  # a reader returning garbage stops at once
+        time.sleep(0.01)
+    assert garbage.summary() is None

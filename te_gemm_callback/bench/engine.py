@@ -30,6 +30,7 @@ from ..jsonio import read_json, write_json
 from ..precisions import availability, autocast, canonical, import_te, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
 from .cells import MODES, BenchResult, ResultCache, WorkItem, result_key
+from .clocks import ClockSampler
 from .timing import L2Flush, adaptive_iters, device_conditions, measure_peaks, stats, time_cpu, time_cuda, warm_up_gpu
 
 _LAYOUT_OP = {"TN": GemmOp.FPROP, "NN": GemmOp.DGRAD, "NT": GemmOp.WGRAD}
@@ -247,7 +248,8 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
             unique.setdefault((it.key, p), it)
     results: list[BenchResult] = []
     prog = _progress(progress, console)
-    with prog:
+    sampler = ClockSampler()  # no NVML (CPU): no samples, clocks_during_run None
+    with prog, sampler:
         task = prog.add_task("GEMM cells", total=len(unique) * 3 * len(modes))
         for (key, p), it in unique.items():
             shapes = gemm_passes(it.fprop)
@@ -273,7 +275,8 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
                     results.append(r)
                     prog.advance(task)
     cache.save()
-    meta = dict(cond, wall_s=time.perf_counter() - t_start, modes=modes, precisions=wanted)
+    meta = dict(cond, wall_s=time.perf_counter() - t_start, modes=modes, precisions=wanted,
+                clocks_during_run=sampler.summary())
     return BenchResults(results, skipped, meta)
 
 
