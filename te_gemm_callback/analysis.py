@@ -29,7 +29,7 @@ from typing import Any
 
 from .bench.cells import WorkItem, items_from_capture
 from .bench.engine import BenchResults
-from .bench.engine import fallback_items
+from .bench.engine import fallback_items, measured_items
 from .bench.engine import step_ms as bench_step_ms
 from .capture.record import GemmCapture
 from .precisions import padded_splits, row_alignment
@@ -148,6 +148,8 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
         o = observe(cap)
         runs.setdefault(o.recipe, o)
     items = items or items_from_capture(capture)
+    if bench is not None:
+        items = measured_items(bench, items)
     modes = bench.meta.get("modes", ["autocast"]) if bench else []
     mode = mode or ("prequantized" if "prequantized" in modes else "autocast")
     recipes = list(dict.fromkeys((bench.precisions if bench else []) + list(runs)))

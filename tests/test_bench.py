@@ -197,3 +197,31 @@ def test_clock_sampler_summarises_and_survives_a_failing_reader():
     with ClockSampler(lambda: None, period_s=0.001) as garbage:  # a reader returning garbage stops at once
         time.sleep(0.01)
     assert garbage.summary() is None
+
+
+def test_grouped_gemm_routing_that_changes_is_timed_at_representative_splits():
+    from te_gemm_callback.bench.cells import representative_splits
+
+    # Three distinct routings over four calls: each timed, weighted by how often it ran.
+    calls = [[8, 8], [4, 12], [8, 8], [16, 0]]
+    assert representative_splits(calls) == [((8, 8), 0.5), ((4, 12), 0.25), ((16, 0), 0.25)]
+    # Nine distinct ones: four, from the most balanced to the most imbalanced, equal shares.
+    many = [[8 + i, 8 - i] for i in range(9)]
+    reps = representative_splits(many, k=4)
+    assert [s for s, _ in reps] == [(8, 8), (11, 5), (13, 3), (16, 0)] and all(w == 0.25 for _, w in reps)
+
+
+def test_stored_run_with_first_call_splits_still_totals():
+    """A bench run made when only the first call's m_splits were timed: its totals still add up,
+    the timed splits carrying all the layer's calls (keeps stored runs re-renderable)."""
+    from te_gemm_callback.bench.engine import BenchResults, measured_items, step_ms
+
+    shape = GemmShape(32, 16, 24)
+    items = [WorkItem("moe.fc1", shape, 0.5, (8, 24)), WorkItem("moe.fc1", shape, 0.5, (20, 12))]
+    cells = [BenchResult(m, k, n, op, "BF16", "autocast", m_splits=[16, 16], median_ms=1.0)
+             for op, (m, k, n) in (("fprop", (32, 16, 24)), ("dgrad", (32, 24, 16)), ("wgrad", (16, 32, 24)))]
+    res = BenchResults(cells, {}, {"modes": ["autocast"]})
+    got = measured_items(res, items)
+    assert [(it.m_splits, it.count) for it in got] == [((16, 16), 1.0)]
+    assert step_ms(res, got, "BF16", "autocast") == 3.0
+    assert step_ms(res, items, "BF16", "autocast") is None  # without the adjustment: nothing adds up

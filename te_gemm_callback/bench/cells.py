@@ -39,21 +39,37 @@ def items_from_shapes(shapes: Iterable[GemmShape]) -> list[WorkItem]:
     return [WorkItem(s.mkn, fprop_of(s)) for s in shapes]
 
 
+def representative_splits(calls: list[list[int]], k: int = 3) -> list[tuple[tuple[int, ...], float]]:
+    """The m_splits to time for a grouped GEMM whose routing changed from call to call, each with
+    its share of the calls: every distinct split when there are at most ``k``, else ``k`` calls
+    evenly spaced in the order of their imbalance (largest group / mean), equal shares."""
+    distinct: dict[tuple[int, ...], int] = {}
+    for s in calls:
+        distinct[tuple(s)] = distinct.get(tuple(s), 0) + 1
+    if len(distinct) <= k:
+        return [(s, n / len(calls)) for s, n in distinct.items()]
+    ranked = sorted((tuple(s) for s in calls), key=lambda s: max(s) * len(s) / max(sum(s), 1))
+    picks = [ranked[round(i * (len(ranked) - 1) / (k - 1))] for i in range(k)]
+    return [(s, 1.0 / k) for s in picks]
+
+
 def items_from_capture(cap: GemmCapture) -> list[WorkItem]:
     """One item per captured weight GEMM (fprop records; recomputes excluded, they repeat fprop).
 
     Batched GEMMs without a weight (attention's bmm in eager code) are not linear layers that a
-    TE recipe changes; they are left out, and the report counts them as non-GEMM time.
+    TE recipe changes; they are left out, and the report counts them as non-GEMM time. A grouped
+    (MoE) GEMM whose routing changed between calls becomes a few items, one per representative
+    m_splits (:func:`representative_splits`), its calls shared between them.
     """
     items: dict[tuple, WorkItem] = {}
     for r in cap.records:
         if r.op != "fprop" or r.recompute or r.batch != 1:
             continue
-        splits = tuple(r.m_splits[0]) if r.m_splits else None
-        key = (r.name, r.m, r.k, r.n, splits)
-        prev = items.get(key)
-        count = r.calls_per_step + (prev.count if prev else 0.0)
-        items[key] = WorkItem(r.name, GemmShape(r.m, r.k, r.n), count, splits)
+        for splits, share in (representative_splits(r.m_splits) if r.m_splits else [(None, 1.0)]):
+            key = (r.name, r.m, r.k, r.n, splits)
+            prev = items.get(key)
+            count = r.calls_per_step * share + (prev.count if prev else 0.0)
+            items[key] = WorkItem(r.name, GemmShape(r.m, r.k, r.n), count, splits)
     return list(items.values())
 
 

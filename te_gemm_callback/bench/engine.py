@@ -318,6 +318,30 @@ def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
     return total
 
 
+def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
+    """Items as this bench run measured them: where a grouped GEMM's representative m_splits were
+    not all timed (a run made when only the first call's splits were), the timed ones carry the
+    layer's calls. Keeps stored runs re-renderable."""
+    timed = {(r.m, r.k, r.n, tuple(r.m_splits) if r.m_splits else None) for r in res.results}
+    groups: dict[tuple, list[WorkItem]] = {}
+    for it in items:
+        groups.setdefault((it.name, it.key[:4]), []).append(it)
+    out = []
+    for group in groups.values():
+        total = sum(it.count for it in group)
+        first = group[0]
+        kept = [it for it in group if (it.fprop.m, it.fprop.k, it.fprop.n, it.m_splits) in timed]
+        if not kept and first.m_splits:  # none of ours timed: the splits this run did time
+            other = [t[3] for t in timed if t[:3] == (first.fprop.m, first.fprop.k, first.fprop.n) and t[3]]
+            kept = [WorkItem(first.name, first.fprop, 1.0, sp) for sp in other]
+        if not kept:
+            out += group  # not measured at all: the totals say so
+            continue
+        scale = total / sum(it.count for it in kept)
+        out += [WorkItem(it.name, it.fprop, it.count * scale, it.m_splits) for it in kept]
+    return out
+
+
 def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
             fallback: str | None = None) -> float | None:
     """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config).

@@ -28,11 +28,13 @@ def save_figure(fig, path: str | Path) -> Path:
 
 def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
     """Items that differ only in their layer index (blocks.0.fc1, blocks.1.fc1, ... with one
-    shape) as one group, labelled blocks.*.fc1 (x4): the seed's per-layer view of a deep model."""
+    shape) as one group, labelled blocks.*.fc1 (x4): the seed's per-layer view of a deep model.
+    Items of one grouped GEMM that differ only in their m_splits stay one layer."""
     groups: dict[tuple, list[WorkItem]] = {}
     for it in items:
-        groups.setdefault((re.sub(r"\.\d+(?=\.|$)", ".*", it.name), it.key), []).append(it)
-    return [(name if len(g) == 1 else f"{name} (x{len(g)})", g) for (name, _), g in groups.items()]
+        groups.setdefault((re.sub(r"\.\d+(?=\.|$)", ".*", it.name), it.key[:4]), []).append(it)
+    return [(name if len(layers) == 1 else f"{name} (x{len(layers)})", g)
+            for (name, _), g in groups.items() for layers in [{it.name for it in g}]]
 
 
 def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, path: str | Path,

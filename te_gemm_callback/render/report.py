@@ -125,7 +125,7 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     """Re-render everything from a run folder (captures, optional bench.json): no GPU needed."""
     from ..analysis import analyze, capture_recipe, instrumented_step_note
     from ..bench.cells import items_from_capture
-    from ..bench.engine import BenchResults
+    from ..bench.engine import BenchResults, measured_items
     from ..capture import GemmCapture
     from ..capture.distributed import rank_summary
     from .figures import ranks_figure, stacked_gemm_figure
@@ -151,7 +151,7 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
              "step_split": step_split_figure(rep, root / "step_split.png",
                                              {capture_recipe(c): c.meta.get("kernel_breakdown_ms") or {} for c in caps})}
     if bench is not None:
-        items = items_from_capture(job)
+        items = measured_items(bench, items_from_capture(job))
         for mode in bench.meta.get("modes", ["autocast"]):
             files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, root / f"gemm_{mode}.png")
     rank_files = sorted((root / "ranks").glob("rank*.json"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
@@ -167,7 +167,7 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
             from .bench_tables import totals_table
 
             for mode in bench.meta.get("modes", ["autocast"]):
-                out.print(totals_table(bench, items_from_capture(job), mode))
+                out.print(totals_table(bench, items, mode))
         out.print(report_table(rep))
         out.print(verdict_panel(rep))
         for name, path in files.items():
