@@ -221,11 +221,11 @@ class GemmProfilerCallback(Callback):
         import torch
 
         try:
-            self._kprof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-            self._kprof.__enter__()
             # The step's own GPU time too: it runs without capture instruments, so it is the step
             # time to set against steps captured under the torch dispatch mode.
             self._kstart = torch.cuda.Event(enable_timing=True)
+            self._kprof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            self._kprof.__enter__()
             self._kstart.record()
         except Exception as err:  # e.g. another profiler is already running in this job
             self._kprof = None
