@@ -275,6 +275,7 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
     if a.predicted_step_speedup_unfused is not None:
         line += f"; with every quantization unfused {a.predicted_step_speedup_unfused:.2f}x"
     ev.append(line)
+    moved = idle = None
     if run is not None and bf16 is not None and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
         moved = run.non_gemm_ms - bf16.non_gemm_ms
         ev.append(f"non-GEMM time {bf16.non_gemm_ms:.2f} -> {run.non_gemm_ms:.2f} ms ({moved:+.2f} ms per step)")
@@ -291,5 +292,10 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
     if gap > 0:
         ev.append("likely cause: fused norm/activation kernels write FP8 outputs (half the bytes of BF16)")
         return "better than the GEMMs alone predict (non-GEMM time shrank too)", ev
-    ev.append("where it goes: quantization and cast kernels, amax reductions, layers left in high precision")
+    if idle is not None and moved is not None and idle > 0 and idle >= 0.5 * moved:
+        ev.append(f"where it goes: mostly host time: the GPU waits {idle:.2f} ms more per step between kernels "
+                  "(Python and launch cost of the recipe's quantization in every layer); larger micro-batches "
+                  "or CUDA graphs hide it")
+    else:
+        ev.append("where it goes: quantization and cast kernels, amax reductions, layers left in high precision")
     return "overhead eats the gain", ev

@@ -267,3 +267,16 @@ def test_instrumented_step_note():
     assert instrumented_step_note(cap).endswith("the next step without it took 100.00 ms (+20.0%)")
     cap.coverage["dispatch_steps"] = [0]  # TE model: only the first step
     assert instrumented_step_note(cap) is None
+
+
+def test_overhead_that_is_host_time_is_named_so():
+    # BF16: step 52, GEMM 22, kernels 40 ms (12 ms idle). FP8: step 55, GEMM 16.5, kernels 34 ms
+    # (21 ms idle). Non-GEMM +8.5 ms of which idle +9: the GPU waits on the host.
+    bf16, fp8 = capture(52, 22), capture(55, 16.5, "fp8_delayed")
+    bf16.meta["kernel_breakdown_ms"] = {"gemm": 22.0, "quantization/cast": 6.0, "other": 12.0}
+    fp8.meta["kernel_breakdown_ms"] = {"gemm": 16.5, "quantization/cast": 8.5, "other": 9.0}
+    rep = analyze(bf16, None, [fp8])
+    a = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
+    assert a.verdict == "overhead eats the gain"
+    assert "GPU time in no kernel (host-bound gaps) +9.00 ms per step" in a.evidence
+    assert any(e.startswith("where it goes: mostly host time: the GPU waits 9.00 ms more") for e in a.evidence)
