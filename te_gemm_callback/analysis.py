@@ -294,7 +294,7 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
         return "better than the GEMMs alone predict (non-GEMM time shrank too)", ev
     if idle is not None and moved is not None and idle > 0 and idle >= 0.5 * moved:
         ev.append(f"where it goes: mostly host time: the GPU waits {idle:.2f} ms more per step between kernels "
-                  "(Python and launch cost of the recipe's quantization in every layer); larger micro-batches "
+                  "(likely the Python and launch cost of the recipe's quantization in every layer); larger micro-batches "
                   "or CUDA graphs hide it")
     else:
         ev.append("where it goes: quantization and cast kernels, amax reductions, layers left in high precision")
