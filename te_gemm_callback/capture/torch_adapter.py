@@ -126,15 +126,9 @@ class GemmDispatchMode(TorchDispatchMode):
         # copy is freed after backward and its memory reused, so it is held by a weak reference
         # and only counts while alive (a reused address must not make an activation a "weight").
         src = _storage_key(args[0]) if args else None
-        if not isinstance(out, torch.Tensor) or src is None:
-            return
-        if src in self.param_storages or self._live_cast(src):
+        if isinstance(out, torch.Tensor) and (src in self.param_storages or self._live_cast(src)):
             name = self.param_storages.get(src) or self.casts[src][1]
-        elif src in self._current_params(self.recorder.scope.current()[0]):
-            name = ""  # an FSDP2 unsharded parameter: a weight, owner unknown here
-        else:
-            return
-        self.casts[_storage_key(out)] = (weakref.ref(out), name)
+            self.casts[_storage_key(out)] = (weakref.ref(out), name)
 
     def _current_params(self, module_name: str | None) -> set[int]:
         """Storages of the parameters the module holds right now. FSDP2 swaps each sharded
@@ -161,8 +155,7 @@ class GemmDispatchMode(TorchDispatchMode):
             return False
         name = self.param_storages.get(key) or (self.casts[key][1] if self._live_cast(key) else None)
         if name is not None:
-            if name:
-                self.recorder.scope.weights_used.add(name.rpartition(".")[0])
+            self.recorder.scope.weights_used.add(name.rpartition(".")[0])
             return True
         return key in self._current_params(module_name)
 
