@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Mixtral-style MoE transformer: a real top-k router, experts as grouped GEMMs.
 
-Experts run as te.GroupedLinear on a GPU host with TE (token rows padded per expert to a multiple
-of 16 under FP8 recipes, which TE requires), as torch._grouped_mm elsewhere. Routing is learned, so
-the per-expert token counts (m_splits) are uneven and change from step to step; the capture records
-them per call and the benchmark times grouped GEMMs with them.
+Experts run as te.GroupedLinear on a GPU host with TE (token rows padded per expert to TE's
+alignment under quantized recipes: 16 rows for FP8), as torch._grouped_mm elsewhere. Routing is
+learned, so the per-expert token counts (m_splits) are uneven and change from step to step; the
+capture records them per call and the benchmark times grouped GEMMs with them.
 
     python recipes/moe.py --experts 8 --top-k 2 --hidden-size 4096 --expert-intermediate 14336 --layers 1
     python recipes/moe.py --tiny
@@ -26,10 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from te_gemm_callback.demo import DemoConfig, RandomTokens, TorchBlock
-from te_gemm_callback.precisions import autocast, canonical, import_te
+from te_gemm_callback.demo import DemoConfig, RandomTokens, TorchBlock, next_token_loss
+from te_gemm_callback.precisions import autocast, canonical, import_te, padded_splits
 
-FP8_ROW_MULTIPLE = 16  # TE asserts every expert's rows are a multiple of 16 for FP8 GEMMs
 AUX_LOSS_COEF = 0.01  # load balancing (Switch Transformer, Fedus et al. 2021, eq. 4); Mixtral: 0.02
 
 
@@ -52,7 +51,7 @@ class MoEMLP(nn.Module):
         self.local = experts // self.ep  # experts this rank holds
         self.router = nn.Linear(hidden, experts, bias=False)
         self.te_experts = te_experts
-        self.pad = False  # set per step from the recipe (FP8 needs padded rows)
+        self.recipe = "BF16"  # set per step by the model: quantized recipes need aligned expert rows
         if te_experts:
             te = import_te()
             self.fc1 = te.GroupedLinear(self.local, hidden, 2 * inter, bias=False, params_dtype=torch.bfloat16)
@@ -84,14 +83,15 @@ class MoEMLP(nn.Module):
 
     def _local_experts(self, x: torch.Tensor, routed: list[int]) -> torch.Tensor:
         """Rows of x grouped by local expert (``routed`` rows each) through the experts."""
-        splits = [-(-n // FP8_ROW_MULTIPLE) * FP8_ROW_MULTIPLE for n in routed] if self.pad else routed
+        # TE's alignment per recipe (16 rows for FP8, 32 MXFP8, 128 NVFP4), as the benchmark pads.
+        splits = list(padded_splits(routed, self.recipe))
         self.routed, self.padded = routed, splits
         if not sum(routed):
             # No rows reached this rank's experts (expert parallelism). Grouped GEMMs reject empty
             # inputs in backward; stay in the graph anyway, so the all-to-alls' backward
             # (collectives) still runs here and no other rank waits forever.
             return x * 0.0
-        if not self.pad:
+        if splits == routed:
             return self._experts(x, splits)
         # Scatter each expert's rows into its padded slot; pad rows stay zero.
         seg = torch.repeat_interleave(torch.arange(len(routed), device=x.device),
@@ -189,9 +189,8 @@ class MoELM(pl.LightningModule):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
-        fp8 = self.recipe != "BF16"
         for blk in self.blocks:
-            blk.moe.pad = fp8
+            blk.moe.recipe = self.recipe
         dev = "cuda" if x.is_cuda else "cpu"
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=x.is_cuda), autocast(self.recipe):
             for blk in self.blocks:
@@ -199,9 +198,7 @@ class MoELM(pl.LightningModule):
             return self.lm_head(self.norm(x))
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        logits = self(batch[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
-        return loss + AUX_LOSS_COEF * sum(blk.moe.aux_loss for blk in self.blocks)
+        return next_token_loss(self, batch) + AUX_LOSS_COEF * sum(blk.moe.aux_loss for blk in self.blocks)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-4)

@@ -67,6 +67,12 @@ class TorchBlock(nn.Module):
         return x + self.fc2(h)
 
 
+def next_token_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of ``model``'s logits on ``batch[:, :-1]`` against ``batch[:, 1:]`` (fp32)."""
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+
+
 class DemoLM(pl.LightningModule):
     """Token model; ``recipe`` is a TE recipe name ("BF16" = no FP8 autocast)."""
 
@@ -93,8 +99,7 @@ class DemoLM(pl.LightningModule):
             return self.lm_head(self.norm(x))
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        logits = self(batch[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        loss = next_token_loss(self, batch)
         self.log("loss", loss, prog_bar=False)
         return loss
 
