@@ -16,7 +16,8 @@ from te_gemm_callback import GemmProfilerCallback  # noqa: E402
 from te_gemm_callback.precisions import RECIPES, canonical, te_available  # noqa: E402
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
+def base_parser(description: str, te_layers: bool = True) -> argparse.ArgumentParser:
+    """The flags every recipe has; ``te_layers``: the recipe builds TE layers itself (``--no-te``)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--tiny", action="store_true", help="a tiny configuration that runs on CPU in seconds")
     p.add_argument("--recipe", default="BF16", help="TE recipe the job trains in (BF16, DelayedScaling, ...)")
@@ -24,7 +25,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--sweep", default="all", help="recipes to sweep after capture: 'all', 'none', or a comma list")
     p.add_argument("--no-bench", action="store_true", help="skip the microbenchmarks and report")
     p.add_argument("--out", default=None, help="output folder (default runs/<recipe name>)")
-    p.add_argument("--no-te", action="store_true", help="plain torch layers even where TE is installed")
+    if te_layers:
+        p.add_argument("--no-te", action="store_true", help="plain torch layers even where TE is installed")
     p.add_argument("--devices", type=int, default=1, help="GPUs (processes) for Lightning DDP; rank 0 gathers "
                                                           "every rank's capture and writes the report")
     return p

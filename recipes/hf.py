@@ -38,7 +38,7 @@ class HFLlama(pl.LightningModule):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = base_parser(__doc__.splitlines()[0])
+    p = base_parser(__doc__.splitlines()[0], te_layers=False)  # TE layers come from --precision
     p.add_argument("--precision", default=None, help="Lightning precision: bf16-mixed (default on GPU), "
                                                       "transformer-engine, 32-true (default on CPU)")
     add_shape_flags(p, layers=16, hidden=2048, heads=32, kv_heads=8, seq_len=2048, micro_batch_size=4)
@@ -58,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
                                        num_hidden_layers=a.layers, vocab_size=32000)
         seq, mb = a.seq_len, a.micro_batch_size
     precision = a.precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
-    if a.no_te and "transformer-engine" in precision:
-        p.error("--no-te contradicts --precision transformer-engine: pick one")
     out = Path(a.out or f"runs/hf-{precision}")
     data = DemoConfig(vocab_size=cfg.vocab_size, sequence_length=seq - 1, micro_batch_size=mb)
     loader = DataLoader(RandomTokens(data, mb * a.steps * a.devices), batch_size=mb)

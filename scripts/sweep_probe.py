@@ -24,6 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep_vs_plain_loop import timed  # noqa: E402
+
 from te_gemm_callback.demo import DemoLM, RandomTokens  # noqa: E402
 from te_gemm_callback.models import codonfm  # noqa: E402
 from te_gemm_callback.precisions import autocast  # noqa: E402
@@ -77,7 +80,7 @@ def state_probe(c, recipes):
         def set_recipe(mod, rec, original=m.recipe):
             mod.recipe = original if rec is None else rec
 
-        run_sweep(m, lambda: m.training_step(batches[2], 0), [r], steps=2, set_recipe=set_recipe,
+        run_sweep(m, lambda m=m: m.training_step(batches[2], 0), [r], steps=2, set_recipe=set_recipe,
                   profile_kernels=False)
         params_same = all(torch.equal(p, before[n]) for n, p in m.named_parameters())
         grads_none = all(p.grad is None for p in m.parameters())
@@ -93,17 +96,10 @@ def state_probe(c, recipes):
     return rows
 
 
-def time_steps(step, n=12):
-    ts = []
-    for i in range(n + 3):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
+def time_steps(step, n=12, warmup=3):
+    for _ in range(warmup):
         step()
-        e.record()
-        e.synchronize()
-        if i >= 3:
-            ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
+    return statistics.median(timed(step)[0] for _ in range(n))
 
 
 def nesting_probe():

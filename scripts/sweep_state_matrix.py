@@ -25,7 +25,7 @@ import torch
 os.environ.setdefault("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweep_vs_plain_loop import max_diff, training_state  # noqa: E402
+from sweep_vs_plain_loop import max_diff, timed, train_step, training_state  # noqa: E402
 
 from te_gemm_callback.demo import DemoLM, RandomTokens  # noqa: E402
 from te_gemm_callback.models import codonfm  # noqa: E402
@@ -44,15 +44,8 @@ def run(m, batch, recipe, n):
     rows = []
     for _ in range(n):
         m.recipe = recipe
-        for p in m.parameters():
-            p.grad = None
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        loss = m.training_step(batch, 0)
-        loss.backward()
-        e.record()
-        e.synchronize()
-        rows.append((round(s.elapsed_time(e), 2), float(loss), first_scale(m)))
+        ms, loss = timed(lambda: train_step(m, batch))
+        rows.append((round(ms, 2), float(loss), first_scale(m)))
     return rows
 
 

@@ -81,19 +81,27 @@ def fresh_copy(c, fitted, use_te):
     return m
 
 
-def one_step_ms(model, batch) -> float:
+def timed(fn):
+    """(milliseconds, fn's result): GPU time by a CUDA-event pair, host time on CPU."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        out = fn()
+        return (time.perf_counter() - t0) * 1e3, out
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    out = fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e), out
+
+
+def train_step(model, batch):
+    """One forward and backward, no optimizer step; returns the loss."""
     for p in model.parameters():
         p.grad = None
-    if torch.cuda.is_available():
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        model.training_step(batch, 0).backward()
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e)
-    t0 = time.perf_counter()
-    model.training_step(batch, 0).backward()
-    return (time.perf_counter() - t0) * 1e3
+    loss = model.training_step(batch, 0)
+    loss.backward()
+    return loss
 
 
 def plain_loop(models: dict, batch, rounds=6, per_round=3, warmup=3) -> dict[str, float]:
@@ -105,10 +113,10 @@ def plain_loop(models: dict, batch, rounds=6, per_round=3, warmup=3) -> dict[str
         m.recipe = r
         m.log = lambda *a, **k: None  # outside Lightning's loop: nothing to log into
         for _ in range(warmup):  # quantizers and delayed-scaling history settle
-            one_step_ms(m, batch)
+            train_step(m, batch)
     for _ in range(rounds):
         for r, m in models.items():
-            times[r] += [one_step_ms(m, batch) for _ in range(per_round)]
+            times[r] += [timed(lambda: train_step(m, batch))[0] for _ in range(per_round)]
     return {r: statistics.median(t) for r, t in times.items()}
 
 
