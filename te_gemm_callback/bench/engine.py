@@ -284,8 +284,9 @@ def _result(s: GemmShape, it: WorkItem, precision: str, mode: str, times: list[f
             backend: str, cond: dict, peaks: dict) -> BenchResult:
     r = BenchResult(s.m, s.k, s.n, str(s.op), precision, mode, list(it.m_splits) if it.m_splits else None,
                     backend=backend, conditions=cond)
-    if it.m_splits and backend == "te" and padded_splits(it.m_splits, precision) != tuple(it.m_splits):
-        r.padded_m_splits = list(padded_splits(it.m_splits, precision))
+    padded = padded_splits(it.m_splits, precision) if it.m_splits and backend == "te" else None
+    if padded is not None and padded != tuple(it.m_splits):
+        r.padded_m_splits = list(padded)
     if error or not times:
         r.error = error or "no timing recorded for this pass"
         return r
