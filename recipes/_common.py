@@ -16,8 +16,10 @@ from te_gemm_callback import GemmProfilerCallback  # noqa: E402
 from te_gemm_callback.precisions import RECIPES, canonical, te_available  # noqa: E402
 
 
-def base_parser(description: str, te_layers: bool = True) -> argparse.ArgumentParser:
-    """The flags every recipe has; ``te_layers``: the recipe builds TE layers itself (``--no-te``)."""
+def base_parser(description: str, te_layers: bool = True, strategies: tuple[str, ...] = ("ddp",)
+                ) -> argparse.ArgumentParser:
+    """The flags every recipe has; ``te_layers``: the recipe builds TE layers itself (``--no-te``);
+    ``strategies``: the multi-device strategies its model supports (``--strategy``)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--tiny", action="store_true", help="a tiny configuration that runs on CPU in seconds")
     p.add_argument("--recipe", default="BF16", help="TE recipe the job trains in (BF16, DelayedScaling, ...)")
@@ -27,9 +29,25 @@ def base_parser(description: str, te_layers: bool = True) -> argparse.ArgumentPa
     p.add_argument("--out", default=None, help="output folder (default runs/<recipe name>)")
     if te_layers:
         p.add_argument("--no-te", action="store_true", help="plain torch layers even where TE is installed")
-    p.add_argument("--devices", type=int, default=1, help="GPUs (processes) for Lightning DDP; rank 0 gathers "
-                                                          "every rank's capture and writes the report")
+    p.add_argument("--devices", type=int, default=1, help="GPUs (processes); rank 0 gathers every rank's "
+                                                          "capture and writes the report")
+    if len(strategies) > 1:
+        p.add_argument("--strategy", choices=strategies, default="ddp",
+                       help="with --devices > 1: ddp (Lightning DDP), fsdp (FSDP2 fully_shard under "
+                            "ModelParallelStrategy), tp (TE tensor-parallel layers over all devices)")
     return p
+
+
+def strategy(a: argparse.Namespace) -> Any:
+    """The Lightning strategy for ``--strategy`` (None: one device)."""
+    if a.devices <= 1:
+        return None
+    if getattr(a, "strategy", "ddp") == "ddp":
+        return "ddp"
+    from pytorch_lightning.strategies import ModelParallelStrategy
+
+    tp = a.devices if a.strategy == "tp" else 1
+    return ModelParallelStrategy(data_parallel_size=a.devices // tp, tensor_parallel_size=tp)
 
 
 def add_shape_flags(p: argparse.ArgumentParser, *, layers: int, hidden: int, heads: int, kv_heads: int | None,
@@ -59,8 +77,8 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
     cb = GemmProfilerCallback(wait=1, warmup=1, active=max(a.steps - 3, 1), output_dir=out,
                               sweep=sweep_list(a.sweep), set_recipe=set_recipe, verbose=not a.tiny)
     kw = {"precision": precision} if precision else {}
-    if a.devices > 1:
-        kw["strategy"] = "ddp"
+    if strategy(a) is not None:
+        kw["strategy"] = strategy(a)
     trainer = pl.Trainer(max_steps=a.steps, accelerator="gpu" if torch.cuda.is_available() else "cpu",
                          devices=a.devices, callbacks=[cb], logger=pl.loggers.CSVLogger(out, name="logs"),
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

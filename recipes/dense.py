@@ -7,6 +7,7 @@ a SwiGLU MLP. On a machine without TE the same architecture is built from torch 
 
     python recipes/dense.py --layers 4 --sweep all          # GPU host with TE
     python recipes/dense.py --tiny --out runs/dense-tiny    # CPU, seconds
+    python recipes/dense.py --devices 2 --strategy tp       # TE tensor parallel over 2 GPUs
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from te_gemm_callback.precisions import canonical
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = base_parser(__doc__.splitlines()[0])
+    p = base_parser(__doc__.splitlines()[0], strategies=("ddp", "fsdp", "tp"))
     add_shape_flags(p, layers=4, hidden=4096, heads=32, kv_heads=None, seq_len=512, micro_batch_size=31)
     p.add_argument("--intermediate-size", type=int, default=16384)
     p.add_argument("--gated", action="store_true", help="SwiGLU MLP (gate+up fused, 2I) instead of GELU")
@@ -39,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
                        normalization="RMSNorm" if a.gated else "LayerNorm")
     recipe = canonical(a.recipe)
     out = Path(a.out or f"runs/dense-{recipe}")
-    model = DemoLM(c, use_te=use_te(a), recipe=recipe)
+    tp = a.devices > 1 and a.strategy == "tp"
+    if tp and not use_te(a):
+        p.error("--strategy tp needs TE layers: transformer-engine on a CUDA host, without --no-te")
+    model = DemoLM(c, use_te=use_te(a), recipe=recipe, tensor_parallel=tp)
     loader = DataLoader(RandomTokens(c, c.micro_batch_size * a.steps * a.devices), batch_size=c.micro_batch_size)
     cb = fit(model, loader, a, out)
     return finish(a, cb, out)

@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=cs
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
 
 only=${ONLY:-all}
-if [ "$only" != report ]; then
+if [ "$only" = all ]; then
 echo "== pytest (CPU and GPU tests)"
 python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
 fi
@@ -50,6 +50,9 @@ python scripts/overhead.py --layers 4 --reps 16 --block 3 \
     --recipes BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling --json "$out/overhead.json" 2>&1 | quiet
 fi
 
+echo "== where a cold command's wall time goes (imports, CUDA context)"
+python scripts/bench_wall_breakdown.py --json "$out/wall_breakdown.json" 2>&1 | quiet
+
 SEED="--hidden_size 4096 --intermediate_size 16384 --num_attention_heads 32 --num_hidden_layers 24 --micro_batch_size 31 --sequence_length 512"
 for mode in autocast prequantized; do
     flag=""; [ "$mode" = prequantized ] && flag="--pre-quantize"
@@ -58,6 +61,16 @@ for mode in autocast prequantized; do
         { time python scripts/benchmark.py $SEED $flag --no_cache --json "$out/seed_${mode}_$i.json" \
             -o "$out/seed_${mode}_$i.png" > "$out/seed_${mode}_$i.txt" 2>&1 ; } 2>&1
         grep -E "speedup|skipped" "$out/seed_${mode}_$i.txt" | head -8
+        python - "$out/seed_${mode}_$i.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))["meta"]
+t = m.get("timeline_s", {})
+print(f"  measurement {m['wall_s']:.2f} s: conditions {t.get('conditions', 0):.2f}, warm-up {t.get('warm_up', 0):.2f}, "
+      f"peaks {t.get('peaks', 0):.2f}, {len(t.get('jobs', []))} jobs {t.get('jobs_total', 0):.2f} (setup {t.get('setup_total', 0):.2f})")
+for j in t.get("jobs", []):
+    print(f"    {j['precision']:22s} {j['item']:20s} {j['s']:.3f} s setup {j.get('setup_s', 0):.3f} s "
+          f"clock {j.get('sm_clock_mhz', 0):.0f} MHz {j.get('power_w', 0):.0f} W")
+PY
     done
 done
 python - "$out" <<'PY'

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything docs/results/h200x2.md reports (issue 6), in one run on a 2-GPU host with TE installed.
-#   bash scripts/h200x2_validation.sh OUTDIR
+#   bash scripts/h200x2_validation.sh OUTDIR             # all sections (~8 min)
+#   ONLY=tests bash scripts/h200x2_validation.sh OUTDIR  # pytest, bench on 1 vs 2 GPUs
+#   ONLY=jobs bash scripts/h200x2_validation.sh OUTDIR   # DDP, MoE EP, FSDP2, TP recipe runs
 set -uo pipefail
 out=${1:-runs/h200x2}
 mkdir -p "$out"
@@ -10,9 +12,14 @@ quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|^ *$" ||
 TIMEFORMAT='wall %R s'
 nvidia-smi --query-gpu=index,name,clocks.max.sm,power.limit --format=csv,noheader
 
-echo "== pytest (CPU and GPU tests; the 2-GPU bench test runs here)"
-timeout 200 python -m pytest -q -p no:cacheprovider -rfE tests > "$out/pytest.txt" 2>&1
+only=${ONLY:-all}
+if [ "$only" != jobs ]; then
+echo "== pytest (CPU and GPU tests; the 2-GPU bench and tensor-parallel tests run here)"
+timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests > "$out/pytest.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.txt" | tail -8
+fi
+
+if [ "$only" != tests ]; then
 
 echo "== dense recipe, 4 layers, DDP over 2 GPUs (per-rank captures gathered on rank 0)"
 { time python recipes/dense.py --layers 4 --devices 2 --sweep BF16,DelayedScaling --no-bench \
@@ -26,6 +33,24 @@ echo "== MoE recipe, 8 experts top-2, experts split over the 2 GPUs (EP=2, all-t
 grep -E "rows per local expert" "$out/moe_ep.txt"
 sed -n '/Per-rank capture/,/NCCL:/p' "$out/moe_ep.txt"
 grep -E "Error|error" "$out/moe_ep.txt" | head -5
+
+for strat in fsdp tp; do
+    echo "== dense recipe, 4 layers, --strategy $strat over 2 GPUs"
+    { time python recipes/dense.py --layers 4 --devices 2 --strategy $strat --sweep BF16,Float8CurrentScaling \
+        --no-bench --out "$out/dense_$strat" > "$out/dense_$strat.txt" 2>&1 ; } 2>&1
+    sed -n '/Per-rank capture/,/NCCL:/p' "$out/dense_$strat.txt"
+    python - "$out/dense_$strat/ranks/rank0.json" <<'PY'
+import sys
+from te_gemm_callback import GemmCapture
+c = GemmCapture.load(sys.argv[1])
+for r in c.records:
+    if r.op == "fprop" and r.module.startswith("blocks.0."):
+        print(f"  rank 0 {r.module}.{r.gemm or ''} fprop {r.m}x{r.k}x{r.n} {r.precision}")
+PY
+    grep -E "Error|error" "$out/dense_$strat.txt" | head -5
+done
+fi
+[ "$only" = jobs ] && exit 0
 
 echo "== microbenchmarks of the seed config: 1 GPU vs 2 GPUs, same cells"
 SEED="--hidden-size 4096 --intermediate-size 16384 --num-attention-heads 32 --num-hidden-layers 24 --micro-batch-size 31 --sequence-length 512"
@@ -48,4 +73,9 @@ print(f"2-GPU / 1-GPU per-cell time: median {statistics.median(ratios):.4f}, min
 for n, d in ((1, one), (2, two)):
     m = d["meta"]
     print(f"{n} GPU(s): measurement wall {m.get('wall_s', 0):.2f} s, per-worker {m.get('worker_wall_s')}")
+    for t in m.get("worker_timeline_s") or [m.get("timeline_s")]:
+        if t:
+            print(f"  worker: conditions {t.get('conditions', 0):.2f} s, warm-up {t.get('warm_up', 0):.2f} s, "
+                  f"peaks {t.get('peaks', 0):.2f} s, {len(t['jobs'])} jobs {t['jobs_total']:.2f} s "
+                  f"(setup {t['setup_total']:.2f} s)")
 PY

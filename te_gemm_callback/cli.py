@@ -135,7 +135,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.devices > 1:
         from .bench.parallel import run_bench_parallel
 
-        res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2)
+        res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache)
     else:
         res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out)
     mode = modes[0]

@@ -76,11 +76,16 @@ def next_token_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
 class DemoLM(pl.LightningModule):
     """Token model; ``recipe`` is a TE recipe name ("BF16" = no FP8 autocast)."""
 
-    def __init__(self, c: DemoConfig, use_te: bool = False, recipe: str = "BF16", lr: float = 1e-3) -> None:
+    def __init__(self, c: DemoConfig, use_te: bool = False, recipe: str = "BF16", lr: float = 1e-3,
+                 tensor_parallel: bool = False) -> None:
         super().__init__()
         self.c, self.use_te, self.recipe, self.lr = c, use_te, recipe, lr
+        if tensor_parallel and not use_te:
+            raise ValueError("tensor parallelism needs TE layers: transformer-engine on a CUDA host")
         self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.blocks = te_layers(c, causal=True, bias=False) if use_te else nn.ModuleList(TorchBlock(c) for _ in range(c.num_hidden_layers))
+        # Tensor-parallel blocks need the process group: configure_model builds them.
+        self.blocks = nn.ModuleList() if tensor_parallel else (
+            te_layers(c, causal=True, bias=False) if use_te else nn.ModuleList(TorchBlock(c) for _ in range(c.num_hidden_layers)))
         self.norm = nn.RMSNorm(c.hidden_size) if c.normalization == "RMSNorm" else nn.LayerNorm(c.hidden_size)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
@@ -97,6 +102,23 @@ class DemoLM(pl.LightningModule):
                 for blk in self.blocks:
                     x = blk(x)
             return self.lm_head(self.norm(x))
+
+    def configure_model(self) -> None:
+        """Under Lightning's ModelParallelStrategy: TE tensor-parallel blocks over the mesh's
+        "tensor_parallel" dimension, FSDP2 (fully_shard) over its "data_parallel" dimension."""
+        mesh = getattr(self, "device_mesh", None)  # None under DDP and single-device runs
+        if mesh is None or getattr(self, "_parallel_done", False):
+            return
+        self._parallel_done = True
+        tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
+        if len(self.blocks) == 0:
+            self.blocks = te_layers(self.c, causal=True, bias=False, tp_group=tp.get_group())
+        if dp.size() > 1:
+            from torch.distributed.fsdp import fully_shard
+
+            # Every parameter in some FSDP group, so that each gets its gradient reduced.
+            for m in [*self.blocks, self.embed, self.norm, self.lm_head]:
+                fully_shard(m, mesh=dp)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = next_token_loss(self, batch)

@@ -47,15 +47,23 @@ def codonfm(layers: int = 4) -> DemoConfig:
     return replace(CODONFM_4L, num_hidden_layers=layers)
 
 
-def te_layers(c: DemoConfig, *, causal: bool, bias: bool, dtype: torch.dtype = torch.bfloat16) -> nn.ModuleList:
-    """``num_hidden_layers`` te.TransformerLayer blocks: 12 weight GEMMs per layer per step."""
+def te_layers(c: DemoConfig, *, causal: bool, bias: bool, dtype: torch.dtype = torch.bfloat16,
+              tp_group: "torch.distributed.ProcessGroup | None" = None, sequence_parallel: bool = False) -> nn.ModuleList:
+    """``num_hidden_layers`` te.TransformerLayer blocks: 12 weight GEMMs per layer per step.
+
+    With ``tp_group`` the layers are tensor-parallel over it (TE's column-parallel qkv and fc1,
+    row-parallel proj and fc2: each rank holds N / TP or K / TP of those weights)."""
     te = import_te()
+    tp = {}
+    if tp_group is not None:
+        tp = dict(set_parallel_mode=True, tp_group=tp_group, tp_size=tp_group.size(),
+                  sequence_parallel=sequence_parallel)
     return nn.ModuleList(
         te.TransformerLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads,
                             num_gqa_groups=c.num_key_value_heads, normalization=c.normalization,
                             activation="swiglu" if c.gated_mlp else "gelu", bias=bias,
                             self_attn_mask_type="causal" if causal else "no_mask",
-                            hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dtype, layer_number=i + 1)
+                            hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dtype, layer_number=i + 1, **tp)
         for i in range(c.num_hidden_layers))
 
 

@@ -144,14 +144,21 @@ def test_seed_script_flags(tmp_path, capsys, monkeypatch):
         assert section in out
 
 
-def test_partition_balances_flops():
-    from te_gemm_callback.bench.parallel import partition
+def test_partition_balances_cost_and_keeps_recipes_together():
+    from te_gemm_callback.bench.parallel import _RECIPE_FIRST_USE_S, _load, job_cost, partition
 
-    items = [WorkItem(str(i), GemmShape(64 * (i + 1), 64, 64)) for i in range(6)]
-    groups = partition(items, 2)
-    loads = [sum(i.fprop.flops for i in g) for g in groups]
-    assert sorted(i.name for g in groups for i in g) == sorted(i.name for i in items)
-    assert max(loads) / min(loads) < 1.2
+    big = [WorkItem(str(i), GemmShape(8192 * (i + 1), 4096, 4096)) for i in range(6)]
+    for recipes in (("BF16", "DelayedScaling"), ("BF16", "DelayedScaling", "Float8CurrentScaling")):
+        jobs = [(it, p) for it in big for p in recipes]
+        groups = partition(jobs, 2)
+        assert sorted((i.name, p) for g in groups for i, p in g) == sorted((i.name, p) for i, p in jobs)
+        # Estimated seconds, each recipe's setup included, against the best any split could do.
+        bound = (sum(job_cost(*j) for j in jobs) + _RECIPE_FIRST_USE_S * len(recipes)) / 2
+        assert max(_load(g) for g in groups) < 1.1 * bound
+    # Small jobs cost mostly their setup: a recipe's first use on a device is worth avoiding, so
+    # four tiny jobs of two recipes split by recipe, not alternately.
+    tiny = [(WorkItem(str(i), GemmShape(64, 64, 64)), p) for p in ("BF16", "DelayedScaling") for i in range(2)]
+    assert sorted(len({p for _, p in g}) for g in partition(tiny, 2)) == [1, 1]
 
 
 @cpu_path
@@ -166,6 +173,22 @@ def test_parallel_bench_same_cells_as_one_process(tmp_path):
     key = lambda r: (r.m, r.k, r.n, r.op, r.precision, r.mode)  # noqa: E731
     assert sorted(map(key, one.results)) == sorted(map(key, two.results))
     assert all(r.ok for r in two.results) and len(two.meta["devices"]) == 2
+    # Merged in the order one process lists them (tables and JSON diff cleanly).
+    assert list(map(key, one.results)) == list(map(key, two.results))
+    assert [t["jobs"] for t in two.meta["worker_timeline_s"]] and one.meta["timeline_s"]["jobs_total"] > 0
+
+
+@cpu_path
+def test_parallel_bench_fills_the_cache(tmp_path):
+    from te_gemm_callback.bench.parallel import run_bench_parallel
+
+    items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64))]
+    cache = ResultCache(tmp_path / "c.json")
+    run_bench_parallel(items, ["BF16"], ["autocast"], 2, cache=cache)
+    again = ResultCache(tmp_path / "c.json")
+    hit = run_bench(items, ["BF16"], ["autocast"], cache=again, progress=False)
+    # Every cell, measured in this process or in the worker, is a cache hit now: no job ran.
+    assert len(hit.results) == 6 and hit.meta["timeline_s"]["jobs"] == []
 
 
 def test_repeated_layers_grouped_in_the_stacked_figure():
@@ -194,6 +217,9 @@ def test_clock_sampler_summarises_and_survives_a_failing_reader():
         time.sleep(0.05)
     assert s.summary() == {"sm_clock_mhz_median": 1800.0, "sm_clock_mhz_min": 1700.0, "power_w_median": 690.0,
                            "power_w_max": 700.0, "samples": 3}
+    # A window picks the samples taken inside it (the bench reports each job's clock this way).
+    assert s.summary(since=s.times[1])["samples"] == 2 and s.summary(until=s.times[0])["samples"] == 1
+    assert s.summary(since=s.times[-1] + 1.0) is None
     with ClockSampler(lambda: None, period_s=0.001) as garbage:  # a reader returning garbage stops at once
         time.sleep(0.01)
     assert garbage.summary() is None

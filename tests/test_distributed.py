@@ -95,3 +95,29 @@ def test_report_renders_the_gathered_ranks(tmp_path):
     assert "Per-rank capture" in text and "12.000" in text and "the step after the active ones" in text
     shutil.rmtree(tmp_path / "ranks")
     assert "ranks" not in render_run(tmp_path)
+
+
+def test_dense_recipe_fsdp2_under_bf16_autocast_matches_one_process(tmp_path):
+    """The dense recipe with --strategy fsdp (FSDP2 fully_shard per block, ModelParallelStrategy),
+    2 ranks on CPU, in BF16 autocast: dgrad's weight operand is the autocast copy of a parameter
+    FSDP2 all-gathered after the capture started. Each rank's records (shape, pass, calls per step)
+    must equal a one-process run's; before the fix, square dgrads were taken for wgrads."""
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "dense.py"
+    common = ["--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench", "--no-te"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29523")
+    for out, extra in ((tmp_path / "one", []), (tmp_path / "fsdp", ["--devices", "2", "--strategy", "fsdp"])):
+        proc = subprocess.run([sys.executable, str(recipe), *common, *extra, "--out", str(out)], capture_output=True,
+                              text=True, timeout=240, env=env, cwd=recipe.parent)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    key = lambda c: sorted((r.name, r.op, r.m, r.k, r.n, r.calls_per_step) for r in c.records)  # noqa: E731
+    one = key(GemmCapture.load(tmp_path / "one" / "gemm_capture.json"))
+    assert {r[1] for r in one} == {"fprop", "dgrad", "wgrad"}
+    for r in (0, 1):
+        assert key(GemmCapture.load(tmp_path / "fsdp" / "ranks" / f"rank{r}.json")) == one
+
+
+def test_tensor_parallel_strategy_needs_te_layers():
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "dense.py"
+    proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--devices", "2", "--strategy", "tp", "--no-te"],
+                          capture_output=True, text=True, timeout=120, cwd=recipe.parent)
+    assert proc.returncode == 2 and "--strategy tp needs TE layers" in proc.stderr.strip().splitlines()[-1]

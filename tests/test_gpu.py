@@ -143,3 +143,38 @@ def test_sweep_guard_against_te_recipe_switch():
                     job_recipe="DelayedScaling")
     assert set(res.captures) == {"BF16", "DelayedScaling"}
     assert {"Float8CurrentScaling", "Float8BlockScaling"} <= set(res.skipped)
+
+
+@needs_te
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tensor_parallel_te_layer_shards_show_in_each_ranks_capture(tmp_path):
+    """TE tensor parallelism over 2 GPUs (tests/tp_job.py): column-parallel GEMMs (qkv, fc1) show
+    N / 2, row-parallel ones (proj, fc2) K / 2, on both ranks; with sequence parallelism every GEMM
+    still has the full sequence as M (TE all-gathers the norm's output before qkv and fc1), in BF16
+    and FP8 alike."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from te_gemm_callback import GemmCapture
+
+    job = Path(__file__).resolve().parent / "tp_job.py"
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", "29531", str(job), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    h, i, m = 1024, 4096, 512 * 4
+    want = {("self_attention.layernorm_qkv", ""): (m, h, 3 * h // 2),
+            ("self_attention.proj", ""): (m, h // 2, h),
+            ("layernorm_mlp", "fc1"): (m, h, i // 2),
+            ("layernorm_mlp", "fc2"): (m, i // 2, h)}
+    for recipe in ("BF16", "Float8CurrentScaling"):
+        for sp in (0, 1):
+            for rank in (0, 1):
+                cap = GemmCapture.load(tmp_path / f"tp_sp{sp}_{recipe}_rank{rank}.json")
+                fprop = {(r.module, r.gemm): (r.m, r.k, r.n) for r in cap.records if r.op == "fprop"}
+                assert fprop == want, (recipe, sp, rank, fprop)
+                assert len([r for r in cap.records for _ in range(r.calls)]) == 12
+                assert cap.meta["tp_input_rows"] == (m // 2 if sp else m)

@@ -111,6 +111,14 @@ def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int
                      "flush" if flush_l2 else "warm-l2"])
 
 
+def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | None, precision: str,
+             mode: str) -> str:
+    """The cache key of a cell measured under ``cond`` (a run's device conditions)."""
+    versions = f"torch {cond.get('torch')}, TE {cond.get('transformer_engine')}"
+    return result_key(cond.get("device", "?"), versions, shape, tuple(m_splits) if m_splits else None,
+                      precision, mode, bool(cond.get("flush_l2")))
+
+
 class ResultCache:
     """JSON cache of results and per-device peaks, so reports and reruns do not re-measure."""
 

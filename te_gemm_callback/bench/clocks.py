@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 from typing import Any, Callable
 
 Reading = tuple[float, float]  # (SM clock MHz, board power W)
@@ -43,6 +44,7 @@ class ClockSampler:
         self.reader = reader if reader is not None else nvml_reader()
         self.period_s = period_s
         self.samples: list[Reading] = []
+        self.times: list[float] = []  # time.perf_counter() of each sample
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -51,6 +53,7 @@ class ClockSampler:
             try:
                 clock, power = self.reader()
                 self.samples.append((float(clock), float(power)))
+                self.times.append(time.perf_counter())
             except Exception:  # a failing read ends sampling, never the measured work
                 return
             self._stop.wait(self.period_s)
@@ -66,10 +69,14 @@ class ClockSampler:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
 
-    def summary(self) -> dict[str, float] | None:
-        if not self.samples:
+    def summary(self, since: float | None = None, until: float | None = None) -> dict[str, float] | None:
+        """Median and extremes of the samples taken between ``since`` and ``until``
+        (``time.perf_counter()`` values; default: all)."""
+        picked = [r for r, t in zip(self.samples, self.times)
+                  if (since is None or t >= since) and (until is None or t <= until)]
+        if not picked:
             return None
-        clocks = [c for c, _ in self.samples]
-        power = [p for _, p in self.samples]
+        clocks = [c for c, _ in picked]
+        power = [p for _, p in picked]
         return {"sm_clock_mhz_median": statistics.median(clocks), "sm_clock_mhz_min": min(clocks),
-                "power_w_median": statistics.median(power), "power_w_max": max(power), "samples": len(self.samples)}
+                "power_w_median": statistics.median(power), "power_w_max": max(power), "samples": len(picked)}

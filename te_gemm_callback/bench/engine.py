@@ -29,7 +29,7 @@ import torch
 from ..jsonio import read_json, write_json
 from ..precisions import availability, autocast, canonical, import_te, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
-from .cells import MODES, BenchResult, ResultCache, WorkItem, result_key
+from .cells import MODES, BenchResult, ResultCache, WorkItem, cell_key
 from .clocks import ClockSampler
 from .timing import L2Flush, adaptive_iters, device_conditions, measure_peaks, stats, time_cpu, time_cuda, warm_up_gpu
 
@@ -111,8 +111,11 @@ class _GemmTap:
         return wrapper
 
 
-def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None) -> dict:
-    """Times of each (pass, mode) for one work item under one recipe."""
+def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
+            clock: dict[str, float] | None = None) -> dict:
+    """Times of each (pass, mode) for one work item under one recipe. ``clock`` receives the
+    host seconds spent before the first measurement (module build, TE/cuBLAS first calls)."""
+    t_job = time.perf_counter()
     te = import_te()
     m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
     bf16 = torch.bfloat16
@@ -143,6 +146,9 @@ def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush
     out: dict[tuple[GemmOp, str], list[float]] = {}
     with _GemmTap() as tap:
         iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
+        if clock is not None:
+            torch.cuda.synchronize()  # the first call's GPU work belongs to setup, not to the timed calls
+            clock["setup_s"] = time.perf_counter() - t_job
         t = time.perf_counter()
         iteration()
         host_s = time.perf_counter() - t
@@ -210,9 +216,13 @@ def _torch_job(item: WorkItem, modes: Iterable[str]) -> dict:
 
 def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
               *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
-              console: Any = None) -> BenchResults:
+              console: Any = None, only: set[tuple] | None = None) -> BenchResults:
     """Time every (work item, pass, precision, mode). Unsupported precisions are skipped with the
-    reason TE gives; a failing cell records its error and the run goes on."""
+    reason TE gives; a failing cell records its error and the run goes on.
+
+    ``only``: the (item key, precision) jobs to run, for a worker of a multi-GPU run.
+    ``meta["timeline_s"]`` says where the wall time went (conditions, warm-up, peaks, each job's
+    setup and total), so a slow run can be explained from its JSON."""
     t_start = time.perf_counter()
     modes = [m for m in MODES if m in set(modes)]
     if not modes:
@@ -230,11 +240,17 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
             skipped[p] = te_available()[1] or "transformer-engine not installed"
         else:
             wanted.append(p)
+    timeline: dict[str, Any] = {"jobs": []}
+    t = time.perf_counter()
     cond = device_conditions()
-    versions = f"torch {cond['torch']}, TE {cond.get('transformer_engine')}"
+    timeline["conditions"] = time.perf_counter() - t
     if cuda:
+        t = time.perf_counter()
         warm_up_gpu()
+        timeline["warm_up"] = time.perf_counter() - t
+        t = time.perf_counter()
         peaks = measure_peaks(cache.data["peaks"], cond["device"])
+        timeline["peaks"] = time.perf_counter() - t
     else:
         peaks = {}
     flush = L2Flush() if (flush_l2 and cuda) else None
@@ -245,7 +261,8 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     unique = {}
     for it in items:
         for p in wanted:
-            unique.setdefault((it.key, p), it)
+            if only is None or (it.key, p) in only:
+                unique.setdefault((it.key, p), it)
     results: list[BenchResult] = []
     prog = _progress(progress, console)
     sampler = ClockSampler()  # no NVML (CPU): no samples, clocks_during_run None
@@ -253,21 +270,27 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
         task = prog.add_task("GEMM cells", total=len(unique) * 3 * len(modes))
         for (key, p), it in unique.items():
             shapes = gemm_passes(it.fprop)
-            keys = {(s.op, mo): result_key(cond["device"], versions, s, it.m_splits, p, mo, bool(flush))
-                    for s in shapes for mo in modes}
+            keys = {(s.op, mo): cell_key(cond, s, it.m_splits, p, mo) for s in shapes for mo in modes}
             cached = {k: cache.get(v) for k, v in keys.items()}
             if all(cached.values()):
                 results += list(cached.values())
                 prog.advance(task, len(keys))
                 continue
             prog.update(task, description=f"{p} {it.fprop.mkn}")
+            job = {"item": it.fprop.mkn + (f" groups={len(it.m_splits)}" if it.m_splits else ""), "precision": p}
+            t_job = time.perf_counter()
             try:
-                times = _te_job(it, p, modes, flush) if use_te else _torch_job(it, modes)
+                times = _te_job(it, p, modes, flush, job) if use_te else _torch_job(it, modes)
                 error = None
             except Exception as err:  # OOM, kernel or shape error: record and go on
                 times, error = {}, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 if cuda:
                     torch.cuda.empty_cache()
+            job["s"] = time.perf_counter() - t_job
+            ck = sampler.summary(since=t_job + job.get("setup_s", 0.0), until=t_job + job["s"])
+            if ck:  # SM clock and power while this job's cells were timed (power-limited cells clock down)
+                job.update(sm_clock_mhz=ck["sm_clock_mhz_median"], power_w=ck["power_w_median"])
+            timeline["jobs"].append(job)
             for s in shapes:
                 for mo in modes:
                     r = _result(s, it, p, mo, times.get((s.op, mo)), error, backend, cond, peaks)
@@ -275,8 +298,10 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
                     results.append(r)
                     prog.advance(task)
     cache.save()
+    timeline["jobs_total"] = sum(j["s"] for j in timeline["jobs"])
+    timeline["setup_total"] = sum(j.get("setup_s", 0.0) for j in timeline["jobs"])
     meta = dict(cond, wall_s=time.perf_counter() - t_start, modes=modes, precisions=wanted,
-                clocks_during_run=sampler.summary())
+                clocks_during_run=sampler.summary(), timeline_s=timeline)
     return BenchResults(results, skipped, meta)
 
 

@@ -19,6 +19,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..shapes import GemmOp, GemmShape, backward_shapes
@@ -126,9 +127,23 @@ class GemmDispatchMode(TorchDispatchMode):
         # copy is freed after backward and its memory reused, so it is held by a weak reference
         # and only counts while alive (a reused address must not make an activation a "weight").
         src = _storage_key(args[0]) if args else None
-        if isinstance(out, torch.Tensor) and (src in self.param_storages or self._live_cast(src)):
-            name = self.param_storages.get(src) or self.casts[src][1]
+        if not isinstance(out, torch.Tensor) or src is None:
+            return
+        name = self.param_storages.get(src) or (self.casts[src][1] if self._live_cast(src) else None)
+        if name is None and isinstance(args[0], nn.Parameter):
+            # A parameter the model did not hold at start: FSDP2's all-gathered weight, whose
+            # bf16 autocast copy dgrad uses. Only parameters pay this lookup, never activations.
+            name = self._param_name(args[0])
+        if name is not None:
             self.casts[_storage_key(out)] = (weakref.ref(out), name)
+
+    def _param_name(self, p: torch.Tensor) -> str | None:
+        module_name, _ = self.recorder.scope.current()
+        module = self.recorder.scope.module(module_name)
+        for n, q in (module.named_parameters() if module is not None else ()):
+            if q is p:
+                return f"{module_name}.{n}" if module_name else n
+        return None
 
     def _current_params(self, module_name: str | None) -> set[int]:
         """Storages of the parameters the module holds right now. FSDP2 swaps each sharded
