@@ -3,6 +3,7 @@
 #   bash scripts/h200x2_validation.sh OUTDIR             # all sections (~8 min)
 #   ONLY=tests bash scripts/h200x2_validation.sh OUTDIR  # pytest, bench on 1 vs 2 GPUs
 #   ONLY=jobs bash scripts/h200x2_validation.sh OUTDIR   # DDP, MoE EP, FSDP2, TP recipe runs
+#   ONLY=bench bash scripts/h200x2_validation.sh OUTDIR  # bench on 1 vs 2 GPUs only
 set -uo pipefail
 out=${1:-runs/h200x2}
 mkdir -p "$out"
@@ -13,13 +14,13 @@ TIMEFORMAT='wall %R s'
 nvidia-smi --query-gpu=index,name,clocks.max.sm,power.limit --format=csv,noheader
 
 only=${ONLY:-all}
-if [ "$only" != jobs ]; then
+if [ "$only" = all ] || [ "$only" = tests ]; then
 echo "== pytest (CPU and GPU tests; the 2-GPU bench and tensor-parallel tests run here)"
 timeout 300 python -m pytest -q -p no:cacheprovider -rfE tests > "$out/pytest.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.txt" | tail -8
 fi
 
-if [ "$only" != tests ]; then
+if [ "$only" = all ] || [ "$only" = jobs ]; then
 
 echo "== dense recipe, 4 layers, DDP over 2 GPUs (per-rank captures gathered on rank 0)"
 { time python recipes/dense.py --layers 4 --devices 2 --sweep BF16,DelayedScaling --no-bench \

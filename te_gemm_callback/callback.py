@@ -177,7 +177,7 @@ class GemmProfilerCallback(Callback):
             self._prof.step(micro_batches=self._micro_batches)
             self._prof.pause()
             self._micro_batches = 0
-        elif self._phase == "active" and self._profile_next_step():
+        elif self._phase == "active" and self._profile_next_step(pl_module):
             # Same decision on every rank (it depends on flags and CUDA only), so the collective
             # gather in _publish runs at the same step everywhere, profiler started or not. The
             # profiler starts with the next step (on_train_batch_start).
@@ -191,6 +191,7 @@ class GemmProfilerCallback(Callback):
         if self._pending is not None:  # training ended before the profiled step: publish without it
             self._discard_kernel_profile()
             self._publish(trainer)
+            self.done = True
             return
         self._finish(trainer, keep=self._phase == "active")
 
@@ -212,10 +213,9 @@ class GemmProfilerCallback(Callback):
         self.path = Path(state_dict["path"]) if state_dict.get("path") else None
 
     # --- results ---------------------------------------------------------------------------
-    def _profile_next_step(self) -> bool:
-        import torch
-
-        return self.kernel_breakdown and torch.cuda.is_available()
+    def _profile_next_step(self, pl_module: "LightningModule") -> bool:
+        # The model's device, not the host's: a CPU job on a machine with a GPU has no kernels.
+        return self.kernel_breakdown and getattr(pl_module.device, "type", "cpu") == "cuda"
 
     def _start_kernel_profile(self) -> None:
         import torch

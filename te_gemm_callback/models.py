@@ -67,9 +67,9 @@ def te_layers(c: DemoConfig, *, causal: bool, bias: bool, dtype: torch.dtype = t
         for i in range(c.num_hidden_layers))
 
 
-def te_stack(c: DemoConfig, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
-    """The validation stack: TE's defaults (biases, no attention mask), on the GPU."""
-    return nn.Sequential(*te_layers(c, causal=False, bias=True, dtype=dtype)).cuda()
+def te_stack(c: DemoConfig, dtype: torch.dtype = torch.bfloat16, bias: bool = True) -> nn.Module:
+    """The validation stack: TE's defaults (biases unless ``bias=False``, no attention mask), on the GPU."""
+    return nn.Sequential(*te_layers(c, causal=False, bias=bias, dtype=dtype)).cuda()
 
 
 def stack_input(c: DemoConfig, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -80,11 +80,13 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
-# Measured with TE 2.20 on the H200 (scripts/sweep_state_matrix.py): once a TE module has run
-# another FP8 recipe, DelayedScaling in that module keeps its scales at 1.0 and its loss frozen,
-# with faster (mostly-zero) FP8 GEMMs. So DelayedScaling is swept before other FP8 recipes, not
-# after one, and a job that trains in DelayedScaling is never switched to another FP8 recipe.
-_SWITCH_NOTE = "TE stops updating DelayedScaling scales in a module that has run another FP8 recipe"
+# Measured with TE 2.20 on the H200 (scripts/sweep_state_matrix.py, tests/test_gpu.py): a TE module
+# that ran DelayedScaling, then another FP8 recipe, then DelayedScaling again keeps its scales at 1.0
+# and its loss frozen, with faster (mostly-zero) FP8 GEMMs; a module's first DelayedScaling use after
+# another FP8 recipe updates them normally. So DelayedScaling is swept before other FP8 recipes, and
+# a job that trains in DelayedScaling is never switched to another FP8 recipe.
+_SWITCH_NOTE = ("TE stops updating DelayedScaling scales in a module that returns to DelayedScaling after "
+                "another FP8 recipe")
 
 
 def sweep_order(recipes: Iterable[str]) -> list[str]:
@@ -102,9 +104,9 @@ def switch_conflict(recipe: str, job_recipe: str | None, fp8_used: set[str]) -> 
         return (f"not swept on a job that trains in DelayedScaling: {_SWITCH_NOTE}, which would freeze this "
                 "job's scaling; time it in a separate run and use `te-gemm compare`")
     others = sorted(fp8_used - {"DelayedScaling"})
-    if recipe == "DelayedScaling" and others:
-        return (f"not swept after {', '.join(others)} on the same modules: {_SWITCH_NOTE}, so the timing would "
-                "describe scales stuck at 1.0; time it in a separate run and use `te-gemm compare`")
+    if recipe == "DelayedScaling" and "DelayedScaling" in fp8_used and others:
+        return (f"not swept again after {', '.join(others)} on the same modules: {_SWITCH_NOTE}, so the timing "
+                "would describe scales stuck at 1.0; time it in a separate run and use `te-gemm compare`")
     return None
 
 

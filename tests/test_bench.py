@@ -144,6 +144,19 @@ def test_seed_script_flags(tmp_path, capsys, monkeypatch):
         assert section in out
 
 
+@cpu_path
+def test_two_visits_pool_samples_and_reverse_the_order():
+    items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64))]
+    one = run_bench(items, ["BF16"], ["autocast"], progress=False, visits=1)
+    two = run_bench(items, ["BF16"], ["autocast"], progress=False, visits=2)
+    jobs = [(j["item"], j["visit"]) for j in two.meta["timeline_s"]["jobs"]]
+    assert jobs == [("32x64x48", 0), ("16x32x64", 0), ("16x32x64", 1), ("32x64x48", 1)]
+    # Each visit takes about half of a cell's samples; pooled, a cell has as many as one visit of all.
+    for r1, r2 in zip(one.results, two.results):
+        assert (r1.m, r1.k, r1.n, r1.op) == (r2.m, r2.k, r2.n, r2.op) and r2.ok
+        assert abs(r2.iters - r1.iters) <= 2
+
+
 def test_partition_balances_cost_and_keeps_recipes_together():
     from te_gemm_callback.bench.parallel import _RECIPE_FIRST_USE_S, _load, job_cost, partition
 

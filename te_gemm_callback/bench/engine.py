@@ -19,6 +19,7 @@ Without TE (or without CUDA) the torch backend times BF16 matmuls with the same 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -112,9 +113,10 @@ class _GemmTap:
 
 
 def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
-            clock: dict[str, float] | None = None) -> dict:
+            clock: dict[str, float] | None = None, share: float = 1.0) -> dict:
     """Times of each (pass, mode) for one work item under one recipe. ``clock`` receives the
-    host seconds spent before the first measurement (module build, TE/cuBLAS first calls)."""
+    host seconds spent before the first measurement (module build, TE/cuBLAS first calls);
+    ``share``: this call's part of the cell's samples (run_bench measures each job in two visits)."""
     t_job = time.perf_counter()
     te = import_te()
     m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
@@ -153,8 +155,8 @@ def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush
         iteration()
         host_s = time.perf_counter() - t
         est = stats(time_cuda(iteration, 2))[0]
-        # At least 10 samples: the big BF16 cells run at the power limit and their clocks wander.
-        iters = adaptive_iters(est, target_ms=60.0, lo=10, hi=30)
+        # At least 10 samples per cell: the big BF16 cells run at the power limit and their clocks wander.
+        iters = _share_iters(est, share, target_ms=60.0, lo=10, hi=30)
         if "autocast" in modes:
             tap.mode = "events"
             marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(iters)]
@@ -182,7 +184,7 @@ def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush
             tap.events.clear()
         if "prequantized" in modes:
             tap.mode, tap.flush = "repeat", flush
-            tap.n = adaptive_iters(est / 3, target_ms=30.0, lo=10, hi=50)
+            tap.n = _share_iters(est / 3, share, target_ms=30.0, lo=10, hi=50)
             iteration()
             for layout, times in tap.repeats:
                 out[(_LAYOUT_OP[layout], "prequantized")] = times
@@ -190,7 +192,11 @@ def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush
     return out
 
 
-def _torch_job(item: WorkItem, modes: Iterable[str]) -> dict:
+def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int, hi: int) -> int:
+    return adaptive_iters(estimate_ms, target_ms * share, math.ceil(lo * share), math.ceil(hi * share))
+
+
+def _torch_job(item: WorkItem, modes: Iterable[str], share: float = 1.0) -> dict:
     """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
     time the same three products."""
     m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
@@ -208,7 +214,7 @@ def _torch_job(item: WorkItem, modes: Iterable[str]) -> dict:
     for op, fn in fns.items():
         fn()
         est = stats(timer(fn, 2))[0]
-        times = timer(fn, adaptive_iters(est, target_ms=30.0 if cuda else 20.0, lo=5, hi=50))
+        times = timer(fn, _share_iters(est, share, target_ms=30.0 if cuda else 20.0, lo=10 if cuda else 5, hi=50))
         for mode in modes:
             out[(op, mode)] = times
     return out
@@ -216,11 +222,12 @@ def _torch_job(item: WorkItem, modes: Iterable[str]) -> dict:
 
 def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
               *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
-              console: Any = None, only: set[tuple] | None = None) -> BenchResults:
+              console: Any = None, only: set[tuple] | None = None, visits: int | None = None) -> BenchResults:
     """Time every (work item, pass, precision, mode). Unsupported precisions are skipped with the
     reason TE gives; a failing cell records its error and the run goes on.
 
     ``only``: the (item key, precision) jobs to run, for a worker of a multi-GPU run.
+    ``visits``: how many times each job is measured, samples pooled (default 2 on a GPU, 1 on CPU).
     ``meta["timeline_s"]`` says where the wall time went (conditions, warm-up, peaks, each job's
     setup and total), so a slow run can be explained from its JSON."""
     t_start = time.perf_counter()
@@ -246,7 +253,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     timeline["conditions"] = time.perf_counter() - t
     if cuda:
         t = time.perf_counter()
-        warm_up_gpu()
+        warm_up_gpu(1.0)  # to the clock a sustained load runs at (the job's), not the idle boost
         timeline["warm_up"] = time.perf_counter() - t
         t = time.perf_counter()
         peaks = measure_peaks(cache.data["peaks"], cond["device"])
@@ -255,7 +262,8 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
         peaks = {}
     flush = L2Flush() if (flush_l2 and cuda) else None
     cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
-                timing="CUDA-event pair per call, launches queued behind a sleep kernel" if cuda
+                timing="CUDA-event pair per call, launches queued behind a sleep kernel; GPU pre-heated 1 s; "
+                "each job visited twice (second visit in reverse order), samples pooled" if cuda
                 else "host clock per call (CPU)")
     # One job per (shape, splits) and recipe: repeated layers share their measurement.
     unique = {}
@@ -263,40 +271,54 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
         for p in wanted:
             if only is None or (it.key, p) in only:
                 unique.setdefault((it.key, p), it)
-    results: list[BenchResult] = []
+    keys = {jk: {(s.op, mo): cell_key(cond, s, it.m_splits, jk[1], mo) for s in gemm_passes(it.fprop) for mo in modes}
+            for jk, it in unique.items()}
+    cached = {jk: {c: cache.get(v) for c, v in ks.items()} for jk, ks in keys.items()}
+    todo = [jk for jk in unique if not all(cached[jk].values())]
+    # On a GPU every job is visited twice, the second time in reverse order, and its samples
+    # pooled: the SM clock drifts during a run (power limit, temperature), and a cell timed only
+    # early or only late in the run would carry that position (seen as 10% spread between runs).
+    visits = visits or (2 if cuda else 1)
+    times: dict[tuple, dict] = {jk: {} for jk in todo}
+    errors: dict[tuple, str] = {}
     prog = _progress(progress, console)
     sampler = ClockSampler()  # no NVML (CPU): no samples, clocks_during_run None
     with prog, sampler:
-        task = prog.add_task("GEMM cells", total=len(unique) * 3 * len(modes))
-        for (key, p), it in unique.items():
-            shapes = gemm_passes(it.fprop)
-            keys = {(s.op, mo): cell_key(cond, s, it.m_splits, p, mo) for s in shapes for mo in modes}
-            cached = {k: cache.get(v) for k, v in keys.items()}
-            if all(cached.values()):
-                results += list(cached.values())
-                prog.advance(task, len(keys))
-                continue
-            prog.update(task, description=f"{p} {it.fprop.mkn}")
-            job = {"item": it.fprop.mkn + (f" groups={len(it.m_splits)}" if it.m_splits else ""), "precision": p}
-            t_job = time.perf_counter()
-            try:
-                times = _te_job(it, p, modes, flush, job) if use_te else _torch_job(it, modes)
-                error = None
-            except Exception as err:  # OOM, kernel or shape error: record and go on
-                times, error = {}, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-                if cuda:
-                    torch.cuda.empty_cache()
-            job["s"] = time.perf_counter() - t_job
-            ck = sampler.summary(since=t_job + job.get("setup_s", 0.0), until=t_job + job["s"])
-            if ck:  # SM clock and power while this job's cells were timed (power-limited cells clock down)
-                job.update(sm_clock_mhz=ck["sm_clock_mhz_median"], power_w=ck["power_w_median"])
-            timeline["jobs"].append(job)
-            for s in shapes:
-                for mo in modes:
-                    r = _result(s, it, p, mo, times.get((s.op, mo)), error, backend, cond, peaks)
-                    cache.put(keys[(s.op, mo)], r)
-                    results.append(r)
+        task = prog.add_task("GEMM cells", total=max(len(todo) * visits, 1))
+        for visit in range(visits):
+            for jk in (todo if visit == 0 else todo[::-1]):
+                it, p = unique[jk], jk[1]
+                prog.update(task, description=f"{p} {it.fprop.mkn}")
+                if jk in errors:
                     prog.advance(task)
+                    continue
+                job = {"item": it.fprop.mkn + (f" groups={len(it.m_splits)}" if it.m_splits else ""),
+                       "precision": p, "visit": visit}
+                t_job = time.perf_counter()
+                try:
+                    got = (_te_job(it, p, modes, flush, job, share=1 / visits) if use_te
+                           else _torch_job(it, modes, share=1 / visits))
+                    for cell, ts in got.items():
+                        times[jk].setdefault(cell, []).extend(ts)
+                except Exception as err:  # OOM, kernel or shape error: record and go on
+                    errors[jk] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                    if cuda:
+                        torch.cuda.empty_cache()
+                job["s"] = time.perf_counter() - t_job
+                ck = sampler.summary(since=t_job + job.get("setup_s", 0.0), until=t_job + job["s"])
+                if ck:  # SM clock and power while this job's cells were timed (power-limited cells clock down)
+                    job.update(sm_clock_mhz=ck["sm_clock_mhz_median"], power_w=ck["power_w_median"])
+                timeline["jobs"].append(job)
+                prog.advance(task)
+    results: list[BenchResult] = []
+    for jk, it in unique.items():
+        for s in gemm_passes(it.fprop):
+            for mo in modes:
+                r = cached[jk][(s.op, mo)]
+                if jk in todo:
+                    r = _result(s, it, jk[1], mo, times[jk].get((s.op, mo)), errors.get(jk), backend, cond, peaks)
+                    cache.put(keys[jk][(s.op, mo)], r)
+                results.append(r)
     cache.save()
     timeline["jobs_total"] = sum(j["s"] for j in timeline["jobs"])
     timeline["setup_total"] = sum(j.get("setup_s", 0.0) for j in timeline["jobs"])

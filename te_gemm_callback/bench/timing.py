@@ -81,9 +81,13 @@ def adaptive_iters(estimate_ms: float, target_ms: float = 40.0, lo: int = 7, hi:
     return int(min(hi, max(lo, target_ms / estimate_ms)))
 
 
-def warm_up_gpu(seconds: float = 0.25) -> None:
-    """Run dense matmuls until the SM clock has ramped up from idle (345 MHz idle, 1980 MHz under
-    load on the H200), so the first measured cell is not slower than the rest."""
+def warm_up_gpu(seconds: float = 1.0) -> None:
+    """Run dense matmuls for ``seconds`` before the first cell.
+
+    An idle H200 sits at 345 MHz; under load it first boosts to 1980 MHz and then, as its averaged
+    board power reaches the 700 W limit, settles near 1500 MHz, where sustained training runs
+    (NVML samples in docs/results/h200.md: cells timed in the first second of a cold run ran at
+    1965 MHz, later ones at 1400-1800 MHz). A second of load puts the first cells in that regime."""
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     t = time.perf_counter()
     while time.perf_counter() - t < seconds:
