@@ -58,6 +58,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
     p.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls in the microbenchmark")
+    p.add_argument("--visits", type=int, default=None, help="microbenchmark visits per job (default 2)")
     p.add_argument("--bias", action="store_true",
                    help="layers with biases (TE's default): the job's fprop GEMMs then carry a bias epilogue "
                         "that the microbenchmark's bias-free te.Linear does not")
@@ -68,7 +69,7 @@ def main() -> int:
     for recipe in a.recipes.split(","):
         cap, job = in_job(recipe, c, a.steps, a.bias)
         items = items_from_capture(cap)
-        res = run_bench(items, [recipe], ["prequantized"], flush_l2=a.flush_l2, cache=ResultCache(enabled=False),
+        res = run_bench(items, [recipe], ["prequantized"], flush_l2=a.flush_l2, cache=ResultCache(enabled=False), visits=a.visits,
                         progress=False)
         ck_job, ck_bench = cap.meta.get("clocks_during_steps"), res.meta.get("clocks_during_run")
         clocks.append({"recipe": recipe, "in_job": ck_job, "bench": ck_bench})

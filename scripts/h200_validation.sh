@@ -3,6 +3,7 @@
 #   bash scripts/h200_validation.sh OUTDIR            # all sections
 #   ONLY=bench bash scripts/h200_validation.sh OUTDIR # only the microbenchmark sections (issue 3)
 #   ONLY=report bash scripts/h200_validation.sh OUTDIR # sweep vs plain loop, recipes (issues 4, 5)
+#   VISITS=4 ONLY=spread bash scripts/h200_validation.sh OUTDIR # three-run spread and bench vs job only
 set -uo pipefail
 out=${1:-runs/h200}
 mkdir -p "$out"
@@ -60,7 +61,7 @@ for mode in autocast prequantized; do
     flag=""; [ "$mode" = prequantized ] && flag="--pre-quantize"
     for i in 1 2 3; do
         echo "== seed config, $mode, run $i (whole command, cold process, no cache)"
-        { time python scripts/benchmark.py $SEED $flag --no_cache --json "$out/seed_${mode}_$i.json" \
+        { time python scripts/benchmark.py $SEED $flag ${VISITS:+--visits $VISITS} --no_cache --json "$out/seed_${mode}_$i.json" \
             -o "$out/seed_${mode}_$i.png" > "$out/seed_${mode}_$i.txt" 2>&1 ; } 2>&1
         grep -E "speedup|skipped" "$out/seed_${mode}_$i.txt" | head -8
         python - "$out/seed_${mode}_$i.json" <<'PY'
@@ -90,14 +91,17 @@ for mode in ("autocast", "prequantized"):
           f"median {100 * spreads[len(spreads) // 2]:.2f}%, cells within 2%: {sum(s <= 0.02 for s in spreads)}/{len(spreads)}")
 PY
 
+if [ "$only" != spread ]; then
 echo "== real backward vs swapped-size forward (pre-quantized)"
 python -m te_gemm_callback.cli bench --hidden-size 4096 --intermediate-size 16384 --num-attention-heads 32 \
     --num-hidden-layers 24 --micro-batch-size 31 --sequence-length 512 --pre-quantize --compare-swapped \
     --precisions BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling > "$out/swapped.txt" 2>&1
 sed -n '/swapped sizes/,$p' "$out/swapped.txt"
+fi
 
 echo "== microbenchmark vs in-job GEMM time (issue 3)"
-python scripts/bench_vs_job.py --layers 4 --steps 6 --json "$out/bench_vs_job.json" 2>&1 | quiet
+python scripts/bench_vs_job.py --layers 4 --steps 6 ${VISITS:+--visits $VISITS} --json "$out/bench_vs_job.json" 2>&1 | quiet
+[ "$only" = spread ] && exit 0
 echo "== the same with biases in the job's layers (TE's default; the bench times bias-free GEMMs)"
 python scripts/bench_vs_job.py --layers 4 --steps 6 --bias --json "$out/bench_vs_job_bias.json" 2>&1 | quiet | tail -2
 if [ "$only" = all ]; then

@@ -3,7 +3,8 @@
 #   bash scripts/h200x2_validation.sh OUTDIR             # all sections (~8 min)
 #   ONLY=tests bash scripts/h200x2_validation.sh OUTDIR  # pytest, bench on 1 vs 2 GPUs
 #   ONLY=jobs bash scripts/h200x2_validation.sh OUTDIR   # DDP, MoE EP, FSDP2, TP recipe runs
-#   ONLY=bench bash scripts/h200x2_validation.sh OUTDIR  # bench on 1 vs 2 GPUs only
+#   ONLY=bench bash scripts/h200x2_validation.sh OUTDIR  # bench on 1 vs 2 GPUs only (seed config, 24 shapes)
+#   ONLY=many bash scripts/h200x2_validation.sh OUTDIR   # bench on 1 vs 2 GPUs, 24 shapes only
 set -uo pipefail
 out=${1:-runs/h200x2}
 mkdir -p "$out"
@@ -53,18 +54,19 @@ done
 fi
 [ "$only" = jobs ] && exit 0
 
-echo "== microbenchmarks of the seed config: 1 GPU vs 2 GPUs, same cells"
-SEED="--hidden-size 4096 --intermediate-size 16384 --num-attention-heads 32 --num-hidden-layers 24 --micro-batch-size 31 --sequence-length 512"
 P="--precisions BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling --no-cache"
-for n in 1 2; do
-    { time python -m te_gemm_callback.cli bench $SEED $P --devices $n --json "$out/bench_dev$n.json" \
-        > "$out/bench_dev$n.txt" 2>&1 ; } 2>&1
-done
-python - "$out" <<'PY'
+# compare NAME ARGS...: the same cells on 1 GPU and on 2 GPUs, whole command timed, cells matched.
+compare() {
+    name=$1; shift
+    for n in 1 2; do
+        { time python -m te_gemm_callback.cli bench "$@" $P --devices $n --json "$out/${name}_dev$n.json" \
+            > "$out/${name}_dev$n.txt" 2>&1 ; } 2>&1
+    done
+    python - "$out" "$name" <<'PY'
 import json, statistics, sys
-out = sys.argv[1]
-one, two = (json.load(open(f"{out}/bench_dev{n}.json")) for n in (1, 2))
-key = lambda r: (r["m"], r["k"], r["n"], r["op"], r["precision"], r["mode"]) if "m" in r else json.dumps(r.get("key"))
+out, name = sys.argv[1:3]
+one, two = (json.load(open(f"{out}/{name}_dev{n}.json")) for n in (1, 2))
+key = lambda r: (r["m"], r["k"], r["n"], r["op"], r["precision"], r["mode"])
 a = {key(r): r["median_ms"] for r in one["results"] if r.get("median_ms")}
 b = {key(r): r["median_ms"] for r in two["results"] if r.get("median_ms")}
 ratios = [b[k] / a[k] for k in a if k in b]
@@ -80,3 +82,15 @@ for n, d in ((1, one), (2, two)):
                   f"peaks {t.get('peaks', 0):.2f} s, {len(t['jobs'])} jobs {t['jobs_total']:.2f} s "
                   f"(setup {t['setup_total']:.2f} s)")
 PY
+}
+
+if [ "$only" != many ]; then
+echo "== microbenchmarks of the seed config: 1 GPU vs 2 GPUs, same cells"
+compare bench --hidden-size 4096 --intermediate-size 16384 --num-attention-heads 32 --num-hidden-layers 24 \
+    --micro-batch-size 31 --sequence-length 512
+fi
+# A larger cell set (24 shapes x 4 recipes = 96 jobs): where the per-GPU work outweighs each
+# worker's fixed start (interpreter, torch and TE imports, warm-up), which the seed config does not.
+echo "== microbenchmarks of 24 shapes (Llama-8B/70B-like, 3 token counts): 1 GPU vs 2 GPUs"
+MANY=$(python -c "print(','.join(f'{m}x{k}x{n}' for m in (4096, 8192, 16384) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096), (4096, 6144), (8192, 8192), (8192, 28672), (28672, 8192), (8192, 10240))))")
+compare many --shapes "$MANY"

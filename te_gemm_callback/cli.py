@@ -135,9 +135,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.devices > 1:
         from .bench.parallel import run_bench_parallel
 
-        res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache)
+        res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
+                                 visits=a.visits)
     else:
-        res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out)
+        res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits)
     mode = modes[0]
     for op in ("fprop", "dgrad", "wgrad"):
         from .shapes import GemmOp
@@ -152,7 +153,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         out.print(f"[yellow]{p} not run: {escape(why)}")
     if a.compare_swapped:
         sw_items = swapped_items(items)
-        sw = run_bench(sw_items, res.precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out)
+        sw = run_bench(sw_items, res.precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out,
+                       visits=a.visits)
         out.print(swapped_table(res, sw, items, mode))
     if a.json:
         res.save(a.json)
@@ -204,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precisions", help="comma-separated TE recipe names (default: all; unsupported ones are skipped with TE's reason)")
     s.add_argument("--pre-quantize", action="store_true", help="kernel time only: operands quantized outside the timed region")
     s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
+    s.add_argument("--visits", type=_positive, default=None,
+                   help="times each job is measured, spread over the run, samples pooled (default 2 on a GPU): "
+                        "more visits average the GPU's clock swings at the power limit, at more setup cost")
     s.add_argument("--compare-swapped", action="store_true", help="also time dgrad/wgrad as swapped-size forward GEMMs")
     s.add_argument("-o", "--output", help="write the stacked per-GEMM figure (PNG)")
     s.add_argument("--json", help="write all results (with device, clocks, versions) as JSON")

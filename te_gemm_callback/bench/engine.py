@@ -263,7 +263,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     flush = L2Flush() if (flush_l2 and cuda) else None
     cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
                 timing="CUDA-event pair per call, launches queued behind a sleep kernel; GPU pre-heated 1 s; "
-                "each job visited twice (second visit in reverse order), samples pooled" if cuda
+                f"each job visited {visits or 2} times (every other visit in reverse order), samples pooled" if cuda
                 else "host clock per call (CPU)")
     # One job per (shape, splits) and recipe: repeated layers share their measurement.
     unique = {}
@@ -275,9 +275,9 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
             for jk, it in unique.items()}
     cached = {jk: {c: cache.get(v) for c, v in ks.items()} for jk, ks in keys.items()}
     todo = [jk for jk in unique if not all(cached[jk].values())]
-    # On a GPU every job is visited twice, the second time in reverse order, and its samples
-    # pooled: the SM clock drifts during a run (power limit, temperature), and a cell timed only
-    # early or only late in the run would carry that position (seen as 10% spread between runs).
+    # On a GPU every job is visited twice (or ``visits`` times, every other visit in reverse
+    # order) and its samples pooled: the SM clock drifts during a run (power limit, temperature),
+    # and a cell timed only early or only late in the run would carry that position.
     visits = visits or (2 if cuda else 1)
     times: dict[tuple, dict] = {jk: {} for jk in todo}
     errors: dict[tuple, str] = {}
@@ -286,7 +286,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     with prog, sampler:
         task = prog.add_task("GEMM cells", total=max(len(todo) * visits, 1))
         for visit in range(visits):
-            for jk in (todo if visit == 0 else todo[::-1]):
+            for jk in (todo if visit % 2 == 0 else todo[::-1]):
                 it, p = unique[jk], jk[1]
                 prog.update(task, description=f"{p} {it.fprop.mkn}")
                 if jk in errors:

@@ -72,18 +72,19 @@ def partition(jobs: list[tuple[WorkItem, str]], n: int) -> list[list[tuple[WorkI
 
 
 def _worker(device: int, items: list[WorkItem], precisions: list[str], modes: list[str], flush_l2: bool,
-            only: set[tuple]) -> dict:
+            only: set[tuple], visits: int | None) -> dict:
     import torch
 
     if torch.cuda.is_available():
         torch.cuda.set_device(device)
     res = run_bench(items, precisions, modes, flush_l2=flush_l2, cache=ResultCache(enabled=False), progress=False,
-                    only=only)
+                    only=only, visits=visits)
     return {"results": [asdict(r) for r in res.results], "skipped": res.skipped, "meta": res.meta}
 
 
 def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list[str], devices: int, *,
-                       flush_l2: bool = False, cache: ResultCache | None = None) -> BenchResults:
+                       flush_l2: bool = False, cache: ResultCache | None = None,
+                       visits: int | None = None) -> BenchResults:
     """``run_bench`` over ``devices`` local GPUs; every measured cell goes into ``cache``. Device 0's
     share looks its cells up there first; the workers measure theirs (they start before this
     process knows the device and versions a cache key needs)."""
@@ -97,9 +98,9 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
     parts: list[dict] = []
     with cf.ProcessPoolExecutor(max_workers=max(len(groups) - 1, 1), mp_context=ctx) as pool:
-        futs = [pool.submit(_worker, d, unique, precisions, list(modes), flush_l2, {(it.key, p) for it, p in g})
+        futs = [pool.submit(_worker, d, unique, precisions, list(modes), flush_l2, {(it.key, p) for it, p in g}, visits)
                 for d, g in enumerate(groups) if d > 0]
-        own = run_bench(unique, precisions, modes, flush_l2=flush_l2, cache=cache, progress=False,
+        own = run_bench(unique, precisions, modes, flush_l2=flush_l2, cache=cache, progress=False, visits=visits,
                         only={(it.key, p) for it, p in groups[0]}) if groups else None
         parts = ([{"results": own.results, "skipped": own.skipped, "meta": own.meta}] if own else []) + \
             [{**f.result(), "results": [BenchResult(**r) for r in f.result()["results"]]} for f in futs]
