@@ -78,7 +78,7 @@ for n, d in ((1, one), (2, two)):
     print(f"{n} GPU(s): measurement wall {m.get('wall_s', 0):.2f} s, per-worker {m.get('worker_wall_s')}")
     for t in m.get("worker_timeline_s") or [m.get("timeline_s")]:
         if t:
-            print(f"  worker: conditions {t.get('conditions', 0):.2f} s, warm-up {t.get('warm_up', 0):.2f} s, "
+            print(f"  worker: TE import {t.get('import_and_checks', 0):.2f} s, conditions {t.get('conditions', 0):.2f} s, warm-up {t.get('warm_up', 0):.2f} s, "
                   f"peaks {t.get('peaks', 0):.2f} s, {len(t['jobs'])} jobs {t['jobs_total']:.2f} s "
                   f"(setup {t['setup_total']:.2f} s)")
 PY

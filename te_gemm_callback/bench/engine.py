@@ -116,7 +116,7 @@ def _te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush
             clock: dict[str, float] | None = None, share: float = 1.0) -> dict:
     """Times of each (pass, mode) for one work item under one recipe. ``clock`` receives the
     host seconds spent before the first measurement (module build, TE/cuBLAS first calls);
-    ``share``: this call's part of the cell's samples (run_bench measures each job in two visits)."""
+    ``share``: this call's part of the cell's samples (run_bench measures each job in several visits)."""
     t_job = time.perf_counter()
     te = import_te()
     m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
@@ -227,7 +227,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     reason TE gives; a failing cell records its error and the run goes on.
 
     ``only``: the (item key, precision) jobs to run, for a worker of a multi-GPU run.
-    ``visits``: how many times each job is measured, samples pooled (default 2 on a GPU, 1 on CPU).
+    ``visits``: how many times each job is measured, samples pooled (default 4 on a GPU, 1 on CPU).
     ``meta["timeline_s"]`` says where the wall time went (conditions, warm-up, peaks, each job's
     setup and total), so a slow run can be explained from its JSON."""
     t_start = time.perf_counter()
@@ -247,7 +247,8 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
             skipped[p] = te_available()[1] or "transformer-engine not installed"
         else:
             wanted.append(p)
-    timeline: dict[str, Any] = {"jobs": []}
+    # TE's import (about 6 s on the H200 host, most of it torch._dynamo) happens in te_available().
+    timeline: dict[str, Any] = {"jobs": [], "import_and_checks": time.perf_counter() - t_start}
     t = time.perf_counter()
     cond = device_conditions()
     timeline["conditions"] = time.perf_counter() - t
@@ -260,10 +261,16 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
         timeline["peaks"] = time.perf_counter() - t
     else:
         peaks = {}
+    # On a GPU every job is visited 4 (``visits``) times, every other visit in reverse order, and
+    # its samples pooled: at the power limit the SM clock swings within a run, and a cell timed in
+    # one stretch carries the clock it met. Measured on the H200 (docs/results/h200.md, issue 3):
+    # pre-quantized cells within 2% over three runs: 17/48 with one visit (0.25 s warm-up), 20 with
+    # two and 27 with four (1 s warm-up).
+    visits = visits or (4 if cuda else 1)
     flush = L2Flush() if (flush_l2 and cuda) else None
     cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
                 timing="CUDA-event pair per call, launches queued behind a sleep kernel; GPU pre-heated 1 s; "
-                f"each job visited {visits or 2} times (every other visit in reverse order), samples pooled" if cuda
+                f"each job visited {visits} times (every other visit in reverse order), samples pooled" if cuda
                 else "host clock per call (CPU)")
     # One job per (shape, splits) and recipe: repeated layers share their measurement.
     unique = {}
@@ -275,10 +282,6 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
             for jk, it in unique.items()}
     cached = {jk: {c: cache.get(v) for c, v in ks.items()} for jk, ks in keys.items()}
     todo = [jk for jk in unique if not all(cached[jk].values())]
-    # On a GPU every job is visited twice (or ``visits`` times, every other visit in reverse
-    # order) and its samples pooled: the SM clock drifts during a run (power limit, temperature),
-    # and a cell timed only early or only late in the run would carry that position.
-    visits = visits or (2 if cuda else 1)
     times: dict[tuple, dict] = {jk: {} for jk in todo}
     errors: dict[tuple, str] = {}
     prog = _progress(progress, console)
