@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .profiler import Recorder
 
 GEMM_FUNCS = ("general_gemm", "general_grouped_gemm")
-_LAYOUT_OP = {"TN": GemmOp.FPROP, "NN": GemmOp.DGRAD, "NT": GemmOp.WGRAD}
+LAYOUT_OP = {"TN": GemmOp.FPROP, "NN": GemmOp.DGRAD, "NT": GemmOp.WGRAD}  # TE layout -> pass
 _WRAPPED = "__te_gemm_wrapped__"
 
 # TE storage class -> precision family. Per-tensor FP8 is refined by its quantizer below.
@@ -213,7 +213,7 @@ class TEInterceptor:
         prec = self._precisions.get(pkey)
         if prec is None:
             prec = self._precisions[pkey] = precision_of(a, b)
-        op = _LAYOUT_OP[layout]
+        op = LAYOUT_OP[layout]
         module_name, _ = rec.scope.current()
         skey = (module_name, op, m, k, n, prec, grouped)
         site = self._sites.get(skey)

@@ -1,0 +1,183 @@
+"""One job of the microbenchmark: a work item's three GEMM passes in one recipe, in each mode.
+
+Each work item (a linear layer's fprop shape, or a grouped MoE GEMM with its m_splits) is run as
+a real ``te.Linear`` / ``te.GroupedLinear`` forward and backward under the recipe, so dgrad and
+wgrad are the GEMMs TE's backward really calls: same layouts ("NN", "NT"), operand formats and
+scaling (FP8 block scaling with the 1D x 2D scaling training uses), not a forward with swapped
+sizes. Two modes:
+
+- ``autocast`` (what training pays, quantization included), per-iteration CUDA events:
+  fprop = the module's forward (input and weight quantization + GEMM);
+  wgrad = the wgrad GEMM (its operands were quantized by fprop and dgrad);
+  dgrad = backward minus the wgrad GEMM (grad-output quantization + dgrad GEMM).
+- ``prequantized`` (kernel time only): inside that same forward/backward, each GEMM call is
+  re-issued back-to-back with the operands TE built for it, so the quantization happened once,
+  outside the timed region, in exactly TE's formats.
+
+Without TE (or without CUDA) the torch backend times BF16 matmuls with the same three passes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..capture.te_adapter import LAYOUT_OP
+from ..precisions import autocast, import_te, padded_splits
+from ..shapes import GemmOp
+from .cells import WorkItem
+from .timing import L2Flush, adaptive_iters, stats, time_cpu, time_cuda
+
+
+class _GemmTap:
+    """Sits on TE's GEMM entry points during a job: records event pairs, or re-issues each call."""
+
+    def __init__(self) -> None:
+        self.mode = "off"
+        self.n = 10
+        self.flush: Callable[[], None] | None = None
+        self.events: list[tuple[str, Any, Any]] = []
+        self.repeats: list[tuple[str, list[float]]] = []
+        self._patched: list = []
+
+    def __enter__(self) -> "_GemmTap":
+        from ..capture.te_adapter import patch_te_gemms
+
+        self._patched = patch_te_gemms(self._wrap)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from ..capture.te_adapter import unpatch
+
+        unpatch(self._patched)
+
+    def _wrap(self, orig: Callable, grouped: bool) -> Callable:
+        from ..capture.te_adapter import arg_reader
+
+        arg = arg_reader(orig)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            layout = arg(args, kwargs, "layout", "TN")
+            if self.mode == "repeat":  # operands are valid now: re-issue the call back-to-back
+                self.repeats.append((layout, time_cuda(lambda: orig(*args, **kwargs), self.n, self.flush)))
+            if self.mode == "events":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                out = orig(*args, **kwargs)
+                e.record()
+                self.events.append((layout, s, e))
+                return out
+            return orig(*args, **kwargs)
+
+        return wrapper
+
+
+def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
+            clock: dict[str, float] | None = None, share: float = 1.0) -> dict:
+    """Times of each (pass, mode) for one work item under one recipe. ``clock`` receives the
+    host seconds spent before the first measurement (module build, TE/cuBLAS first calls);
+    ``share``: this call's part of the cell's samples (run_bench measures each job in several visits)."""
+    t_job = time.perf_counter()
+    te = import_te()
+    m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
+    bf16 = torch.bfloat16
+    if item.m_splits:
+        mod = te.GroupedLinear(len(item.m_splits), k, n, bias=False, params_dtype=bf16, device="cuda")
+        # Quantized grouped GEMMs need each expert's rows aligned; the job pads them, so do we
+        # (the padding rows are part of what the recipe costs).
+        splits = list(padded_splits(item.m_splits, precision))
+        m = sum(splits)
+        fwd = lambda x: mod(x, splits)  # noqa: E731
+    else:
+        mod = te.Linear(k, n, bias=False, params_dtype=bf16, device="cuda")
+        fwd = mod
+    x = torch.randn(m, k, dtype=bf16, device="cuda", requires_grad=True)
+    dy = torch.randn(m, n, dtype=bf16, device="cuda")
+    params = list(mod.parameters())
+
+    def forward() -> torch.Tensor:
+        with autocast(precision):
+            return fwd(x)
+
+    def iteration() -> None:
+        for p in params:  # no gradient accumulation kernel between iterations
+            p.grad = None
+        x.grad = None
+        forward().backward(dy)
+
+    out: dict[tuple[GemmOp, str], list[float]] = {}
+    with _GemmTap() as tap:
+        iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
+        if clock is not None:
+            torch.cuda.synchronize()  # the first call's GPU work belongs to setup, not to the timed calls
+            clock["setup_s"] = time.perf_counter() - t_job
+        t = time.perf_counter()
+        iteration()
+        host_s = time.perf_counter() - t
+        est = stats(time_cuda(iteration, 2))[0]
+        # At least 10 samples per cell: the big BF16 cells run at the power limit and their clocks wander.
+        iters = _share_iters(est, share, target_ms=60.0, lo=10, hi=30)
+        if "autocast" in modes:
+            tap.mode = "events"
+            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(iters)]
+            # Hold the GPU while the host queues every iteration: TE's Python per iteration can
+            # exceed a small layer's GPU time, and a drained queue would put idle gaps in the pairs.
+            torch.cuda._sleep(int(min(1.5 * iters * host_s + 1e-3, 0.5) * 2e9))
+            for e0, e1, e2 in marks:
+                for p in params:
+                    p.grad = None
+                x.grad = None
+                if flush is not None:
+                    flush()
+                e0.record()
+                y = forward()
+                e1.record()
+                y.backward(dy)
+                e2.record()
+            torch.cuda.synchronize()
+            wgrad = [s.elapsed_time(e) for lay, s, e in tap.events if lay == "NT"]
+            fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
+            bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
+            out[(GemmOp.FPROP, "autocast")] = fwd_ms
+            out[(GemmOp.WGRAD, "autocast")] = wgrad
+            out[(GemmOp.DGRAD, "autocast")] = [b - w for b, w in zip(bwd_ms, wgrad)]
+            tap.events.clear()
+        if "prequantized" in modes:
+            tap.mode, tap.flush = "repeat", flush
+            tap.n = _share_iters(est / 3, share, target_ms=30.0, lo=10, hi=50)
+            iteration()
+            for layout, times in tap.repeats:
+                out[(LAYOUT_OP[layout], "prequantized")] = times
+        tap.mode = "off"
+    return out
+
+
+def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int, hi: int) -> int:
+    return adaptive_iters(estimate_ms, target_ms * share, math.ceil(lo * share), math.ceil(hi * share))
+
+
+def torch_job(item: WorkItem, modes: Iterable[str], share: float = 1.0) -> dict:
+    """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
+    time the same three products."""
+    m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
+    cuda = torch.cuda.is_available()
+    dev, dt = ("cuda" if cuda else "cpu"), torch.bfloat16
+    splits = list(item.m_splits) if item.m_splits else [m]
+    w = torch.randn(n, k, device=dev, dtype=dt)
+    xs = [torch.randn(s, k, device=dev, dtype=dt) for s in splits]
+    dys = [torch.randn(s, n, device=dev, dtype=dt) for s in splits]
+    fns = {GemmOp.FPROP: lambda: [x @ w.t() for x in xs],
+           GemmOp.DGRAD: lambda: [d @ w for d in dys],
+           GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
+    timer = time_cuda if cuda else time_cpu
+    out = {}
+    for op, fn in fns.items():
+        fn()
+        est = stats(timer(fn, 2))[0]
+        times = timer(fn, _share_iters(est, share, target_ms=30.0 if cuda else 20.0, lo=10 if cuda else 5, hi=50))
+        for mode in modes:
+            out[(op, mode)] = times
+    return out
