@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback.bench.cells import ResultCache, items_from_config, items_from_shapes  # noqa: E402
 from te_gemm_callback.bench.engine import run_bench  # noqa: E402
-from te_gemm_callback.render.bench_tables import pass_table, speedup_summary, totals_table  # noqa: E402
+from te_gemm_callback.render.bench_tables import pass_table, run_summary, speedup_summary, totals_table  # noqa: E402
 from te_gemm_callback.render.figures import stacked_gemm_figure  # noqa: E402
 from te_gemm_callback.render.tables import console  # noqa: E402
 from te_gemm_callback.shapes import GemmOp, ModelConfig, parse_shapes  # noqa: E402
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             out.print(f"Estimated GEMM speedup over BF16 ({mode}), {prec}: " + ("n/a" if sp is None else f"{sp:.2f}x"))
     for prec, why in res.skipped.items():
         out.print(f"[yellow]{prec} skipped: {escape(why)}")
+    out.print(run_summary(res))
     if a.json:
         res.save(a.json)
     if a.output:

@@ -109,7 +109,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from .bench.engine import run_bench
     from .capture import GemmCapture
     from .precisions import RECIPES
-    from .render.bench_tables import pass_table, speedup_summary, swapped_items, swapped_table, totals_table
+    from .render.bench_tables import (pass_table, run_summary, speedup_summary, swapped_items, swapped_table,
+                                      totals_table)
     from .render.figures import stacked_gemm_figure
     from .shapes import parse_shapes
 
@@ -160,7 +161,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         res.save(a.json)
     if a.output:
         stacked_gemm_figure(res, items, mode, a.output)
-    out.print(f"{len(res.results)} cells on {res.meta.get('device')}, measured in {res.meta.get('wall_s', 0):.1f} s")
+    out.print(run_summary(res))
     return 0
 
 

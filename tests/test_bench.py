@@ -264,3 +264,14 @@ def test_stored_run_with_first_call_splits_still_totals():
     assert [(it.m_splits, it.count) for it in got] == [((16, 16), 1.0)]
     assert step_ms(res, got, "BF16", "autocast") == 3.0
     assert step_ms(res, items, "BF16", "autocast") is None  # without the adjustment: nothing adds up
+
+
+def test_run_summary_states_the_clock_the_cells_ran_at():
+    from te_gemm_callback.render.bench_tables import run_summary
+
+    res = BenchResults([], meta={"device": "NVIDIA H200", "wall_s": 9.34, "clocks_during_run": {
+        "sm_clock_mhz_median": 1575.0, "sm_clock_mhz_min": 1455.0, "power_w_median": 616.0, "power_w_max": 700.0,
+        "samples": 400}})
+    assert run_summary(res) == ("0 cells on NVIDIA H200, measured in 9.3 s; SM clock median 1575 MHz (min 1455), "
+                                "board power median 616 W (NVML)")
+    assert run_summary(BenchResults([], meta={"device": "CPU", "wall_s": 0.01})).endswith("measured in 0.0 s")

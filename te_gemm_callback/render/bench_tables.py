@@ -105,3 +105,16 @@ def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkIte
                 t.add_row(it.name, str(s.op), s.mkn, p, f"{a.median_ms:.3f}", f"{b.median_ms:.3f}",
                           f"{b.median_ms / a.median_ms:.3f}")
     return t
+
+
+def run_summary(res: BenchResults) -> str:
+    """One line: how many cells, where, how long, and at what SM clock (the number a reader needs
+    to compare runs: at the power limit the clock, and with it every time, moves by up to 25%)."""
+    m = res.meta
+    line = f"{len(res.results)} cells on {m.get('device')}, measured in {m.get('wall_s', 0):.1f} s"
+    ck = m.get("clocks_during_run")
+    if ck:
+        line += (f"; SM clock median {ck['sm_clock_mhz_median']:.0f} MHz (min {ck['sm_clock_mhz_min']:.0f}), "
+                 f"board power median {ck['power_w_median']:.0f} W (NVML)")
+    return line
+
