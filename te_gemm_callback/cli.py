@@ -105,13 +105,10 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
+    # Nothing here imports torch or TE before run_bench_parallel has started its workers.
     from .bench.cells import ResultCache, items_from_capture, items_from_config, items_from_shapes
-    from .bench.engine import run_bench
     from .capture import GemmCapture
     from .precisions import RECIPES
-    from .render.bench_tables import (pass_table, run_summary, speedup_summary, swapped_items, swapped_table,
-                                      totals_table)
-    from .render.figures import stacked_gemm_figure
     from .shapes import parse_shapes
 
     sources = [a.shapes is not None, a.capture is not None, a.hidden_size is not None]
@@ -138,7 +135,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
                                  visits=a.visits)
-    else:
+    from .bench.engine import run_bench
+    from .render.bench_tables import (pass_table, run_summary, speedup_summary, swapped_items, swapped_table,
+                                      totals_table)
+    from .render.figures import stacked_gemm_figure
+
+    if a.devices == 1:
         res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits)
     mode = modes[0]
     for op in ("fprop", "dgrad", "wgrad"):

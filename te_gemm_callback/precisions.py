@@ -12,7 +12,6 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import torch
 
 # TE recipe class names, in the order tables print them. "BF16" means no FP8 autocast.
 RECIPES: tuple[str, ...] = (
@@ -100,6 +99,8 @@ class Availability:
 
 def availability(recipe: str) -> Availability:
     """Can this machine run ``recipe``? The reason comes from TE's own check where TE exists."""
+    import torch  # here, not at import: `te-gemm bench --devices N` names recipes before torch loads
+
     recipe = canonical(recipe)
     if recipe == "BF16":
         return Availability(recipe, True, "" if torch.cuda.is_available() else "CPU (torch only)")

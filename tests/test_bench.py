@@ -275,3 +275,31 @@ def test_run_summary_states_the_clock_the_cells_ran_at():
     assert run_summary(res) == ("0 cells on NVIDIA H200, measured in 9.3 s; SM clock median 1575 MHz (min 1455), "
                                 "board power median 616 W (NVML)")
     assert run_summary(BenchResults([], meta={"device": "CPU", "wall_s": 0.01})).endswith("measured in 0.0 s")
+
+
+@cpu_path
+def test_parallel_worker_that_dies_marks_its_cells_and_the_run_goes_on(monkeypatch):
+    import sys
+
+    from te_gemm_callback.bench.parallel import run_bench_parallel
+
+    items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64))]
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the worker's interpreter exits 1 at once
+    res = run_bench_parallel(items, ["BF16"], ["autocast"], 2)
+    ok, failed = [r for r in res.results if r.ok], [r for r in res.results if not r.ok]
+    assert len(ok) == 3 and len(failed) == 3  # device 0's item measured, the worker's item failed
+    assert all("worker process failed (exit 1)" in r.error for r in failed)
+
+
+def test_bench_cli_starts_gpu_workers_before_torch_loads():
+    """`te-gemm bench --devices N` launches its workers before this process imports torch or TE
+    (about 4 + 6 s on the H200 host), so their start-up overlaps ours: the modules on that path
+    must stay torch-free."""
+    import subprocess
+    import sys
+
+    code = ("import sys, te_gemm_callback.cli, te_gemm_callback.bench.parallel, te_gemm_callback.bench.cells, "
+            "te_gemm_callback.capture; from te_gemm_callback.precisions import canonical; canonical('fp8'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]

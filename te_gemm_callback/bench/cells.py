@@ -12,6 +12,7 @@ from ..jsonio import read_json, write_json
 from ..shapes import GemmOp, GemmShape, ModelConfig, config_gemms, fprop_of, gemm_passes
 
 MODES = ("autocast", "prequantized")
+FP8_FAMILY = {"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling"}
 
 
 @dataclass(frozen=True)

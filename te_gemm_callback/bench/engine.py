@@ -17,12 +17,11 @@ import torch
 from ..jsonio import read_json, write_json
 from ..precisions import availability, canonical, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
-from .cells import MODES, BenchResult, ResultCache, WorkItem, cell_key
+from .cells import FP8_FAMILY, MODES, BenchResult, ResultCache, WorkItem, cell_key
 from .clocks import ClockSampler
 from .jobs import te_job, torch_job
 from .timing import L2Flush, device_conditions, measure_peaks, stats, warm_up_gpu
 
-FP8_FAMILY = {"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling"}
 
 
 @dataclass

@@ -2,23 +2,30 @@
 
 The unit of work is a job: one work item in one recipe (its three passes in every mode). A
 recipe's first job on a device also pays that recipe's first-call setup there, so whole recipes
-are dealt first and single jobs then even out the loads (:func:`partition`). Device 0's share runs in this process while
-the others run in fresh processes pinned to their GPU (a crash or OOM there cannot take the caller
-down), started before this process touches CUDA or TE so that their start-up overlaps ours.
-Results come back as plain dicts and are merged in the order a one-GPU run would list them.
+are dealt first and single jobs then even out the loads (:func:`partition`).
+
+Device 0's share runs in this process; every other device gets a fresh interpreter
+(``python -m te_gemm_callback.bench.parallel SPEC OUT``) pinned to its GPU, so a crash or OOM there
+cannot take the caller down. Each worker pays about 11 s before its first cell on the H200 host
+(Python and torch 4 s, TE's import 6 s, a 1 s warm-up), so the workers are started before this
+module imports torch or TE (nothing above the launch needs them): their start-up overlaps this
+process's own. Results come back as JSON files and are merged in the order one GPU would list them.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing as mp
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import asdict
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ..precisions import canonical
-from .cells import BenchResult, ResultCache, WorkItem, cell_key
-from .engine import FP8_FAMILY, BenchResults, run_bench
+from ..shapes import GemmOp, GemmShape, gemm_passes
+from .cells import FP8_FAMILY, MODES, BenchResult, ResultCache, WorkItem, cell_key
 
 # Cost model of a job, in seconds (H200, TE 2.20, docs/results/h200.md "where the time goes").
 _JOB_SETUP_S = 0.25  # module build and the first forward/backward of a job
@@ -26,17 +33,22 @@ _RECIPE_FIRST_USE_S = 0.5  # a recipe's first job in a process (its kernels' fir
 _TIMED_CALLS = 40  # forward+backward calls a job runs, all modes together (order of magnitude)
 _BF16_FLOPS = 6.5e14  # sustained dense BF16 FLOP/s; FP8 recipes about 1.7x that
 
+if TYPE_CHECKING:
+    from .engine import BenchResults
+
+Job = tuple[WorkItem, str]
+
 
 def job_cost(item: WorkItem, precision: str) -> float:
     rate = _BF16_FLOPS * (1.7 if precision in FP8_FAMILY else 1.0)
     return _JOB_SETUP_S + _TIMED_CALLS * 3 * item.fprop.flops / rate
 
 
-def _load(group: list[tuple[WorkItem, str]]) -> float:
+def _load(group: list[Job]) -> float:
     return sum(job_cost(*j) for j in group) + _RECIPE_FIRST_USE_S * len({p for _, p in group})
 
 
-def _even_out(groups: list[list[tuple[WorkItem, str]]]) -> list[list[tuple[WorkItem, str]]]:
+def _even_out(groups: list[list[Job]]) -> list[list[Job]]:
     """Move single jobs from the most to the least loaded group while that lowers the larger load."""
     while len(groups) > 1:
         hi, lo = max(groups, key=_load), min(groups, key=_load)
@@ -52,65 +64,98 @@ def _even_out(groups: list[list[tuple[WorkItem, str]]]) -> list[list[tuple[WorkI
     return groups
 
 
-def partition(jobs: list[tuple[WorkItem, str]], n: int) -> list[list[tuple[WorkItem, str]]]:
+def partition(jobs: list[Job], n: int) -> list[list[Job]]:
     """Split (item, precision) jobs into n groups of about equal estimated time.
 
     Two candidates, the better kept: whole recipes dealt longest-first (each recipe's first-call
     setup is paid once per device that runs it), and single jobs dealt longest-first (better
     balance when a few recipes carry most of the FLOPs); each then evened out job by job.
     """
-    blocks: dict[str, list[tuple[WorkItem, str]]] = {}
+    blocks: dict[str, list[Job]] = {}
     for j in jobs:
         blocks.setdefault(j[1], []).append(j)
-    by_recipe: list[list[tuple[WorkItem, str]]] = [[] for _ in range(n)]
+    by_recipe: list[list[Job]] = [[] for _ in range(n)]
     for block in sorted(blocks.values(), key=lambda b: -_load(b)):
         min(by_recipe, key=_load).extend(block)
-    by_job: list[list[tuple[WorkItem, str]]] = [[] for _ in range(n)]
+    by_job: list[list[Job]] = [[] for _ in range(n)]
     for j in sorted(jobs, key=lambda j: -job_cost(*j)):
         min(by_job, key=lambda g: _load(g + [j])).append(j)
     return min((_even_out(by_recipe), _even_out(by_job)), key=lambda gs: max(map(_load, gs)))
 
 
-def _worker(device: int, items: list[WorkItem], precisions: list[str], modes: list[str], flush_l2: bool,
-            only: set[tuple], visits: int | None) -> dict:
-    import torch
+def _item_to_json(it: WorkItem) -> list:
+    s = it.fprop
+    return [it.name, s.m, s.k, s.n, str(s.op), s.batch, it.count, list(it.m_splits) if it.m_splits else None]
 
-    if torch.cuda.is_available():
-        torch.cuda.set_device(device)
-    res = run_bench(items, precisions, modes, flush_l2=flush_l2, cache=ResultCache(enabled=False), progress=False,
-                    only=only, visits=visits)
-    return {"results": [asdict(r) for r in res.results], "skipped": res.skipped, "meta": res.meta}
+
+def _item_from_json(row: list) -> WorkItem:
+    name, m, k, n, op, batch, count, splits = row
+    return WorkItem(name, GemmShape(m, k, n, GemmOp(op), batch), count, tuple(splits) if splits else None)
+
+
+def _launch(device: int, items: list[WorkItem], group: list[Job], precisions: list[str], modes: list[str],
+            flush_l2: bool, visits: int | None, tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
+    index = {it.key: i for i, it in enumerate(items)}
+    spec = {"device": device, "items": [_item_to_json(it) for it in items], "precisions": precisions,
+            "modes": modes, "flush_l2": flush_l2, "visits": visits,
+            "only": [[index[it.key], p] for it, p in group]}
+    spec_path, out_path, log_path = tmp / f"spec{device}.json", tmp / f"out{device}.json", tmp / f"log{device}.txt"
+    spec_path.write_text(json.dumps(spec))
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "te_gemm_callback.bench.parallel", str(spec_path), str(out_path)],
+                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    log.close()  # the child holds its own handle
+    return proc, out_path, log_path
+
+
+def _failed_part(group: list[Job], modes: list[str], reason: str) -> dict:
+    """A worker that died: its cells carry the reason, the run goes on."""
+    res = [BenchResult(s.m, s.k, s.n, str(s.op), p, mo, list(it.m_splits) if it.m_splits else None, error=reason)
+           for it, p in group for s in gemm_passes(it.fprop) for mo in modes]
+    return {"results": res, "skipped": {}, "meta": {}}
 
 
 def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list[str], devices: int, *,
                        flush_l2: bool = False, cache: ResultCache | None = None,
-                       visits: int | None = None) -> BenchResults:
-    """``run_bench`` over ``devices`` local GPUs; every measured cell goes into ``cache``. Device 0's
-    share looks its cells up there first; the workers measure theirs (they start before this
-    process knows the device and versions a cache key needs)."""
+                       visits: int | None = None) -> "BenchResults":
+    """``run_bench`` over ``devices`` local GPUs (returns its BenchResults); every measured cell
+    goes into ``cache``. Device 0's share looks its cells up there first; the workers measure
+    theirs (they start before this process knows the device and versions a cache key needs)."""
     if devices < 1:
         raise ValueError("--devices must be >= 1")
+    from ..precisions import canonical  # torch-free
+
     t0 = time.perf_counter()
     precisions = list(dict.fromkeys(canonical(p) for p in precisions))
+    modes = [m for m in MODES if m in set(modes)]
     unique = list(dict.fromkeys(items))
     jobs = [(it, p) for it in unique for p in precisions]
     groups = [g for g in partition(jobs, devices) if g]
-    ctx = mp.get_context("spawn")  # CUDA cannot be forked
-    parts: list[dict] = []
-    with cf.ProcessPoolExecutor(max_workers=max(len(groups) - 1, 1), mp_context=ctx) as pool:
-        futs = [pool.submit(_worker, d, unique, precisions, list(modes), flush_l2, {(it.key, p) for it, p in g}, visits)
-                for d, g in enumerate(groups) if d > 0]
+    with tempfile.TemporaryDirectory(prefix="te_gemm_bench_") as tmp:
+        workers = [(_launch(d, unique, g, precisions, modes, flush_l2, visits, Path(tmp)), g)
+                   for d, g in enumerate(groups) if d > 0]
+        from .engine import BenchResults, run_bench  # torch and TE: after the workers have started
+
         own = run_bench(unique, precisions, modes, flush_l2=flush_l2, cache=cache, progress=False, visits=visits,
                         only={(it.key, p) for it, p in groups[0]}) if groups else None
-        parts = ([{"results": own.results, "skipped": own.skipped, "meta": own.meta}] if own else []) + \
-            [{**f.result(), "results": [BenchResult(**r) for r in f.result()["results"]]} for f in futs]
+        parts = [{"results": own.results, "skipped": own.skipped, "meta": own.meta}] if own else []
+        for (proc, out_path, log_path), g in workers:
+            rc = proc.wait()
+            if rc == 0 and out_path.exists():
+                part = json.loads(out_path.read_text())
+                part["results"] = [BenchResult(**r) for r in part["results"]]
+            else:
+                tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+                part = _failed_part(g, modes, f"worker process failed (exit {rc}): {tail[0][:200] if tail else ''}")
+            parts.append(part)
     order = {(it.key, p): i for i, (it, p) in enumerate(jobs)}
     results = sorted((r for part in parts for r in part["results"]),
                      key=lambda r: order.get(_job_of(r, unique), len(order)))
     if cache is not None:
         for part in parts[1:]:  # device 0's share went through the cache already
             for r in part["results"]:
-                cache.put(cell_key(r.conditions, r.shape, r.m_splits, r.precision, r.mode), r)
+                if r.conditions:
+                    cache.put(cell_key(r.conditions, r.shape, r.m_splits, r.precision, r.mode), r)
         cache.save()
     meta: dict[str, Any] = dict(parts[0]["meta"]) if parts else {}
     meta.update(devices=[p["meta"].get("device") for p in parts], wall_s=time.perf_counter() - t0,
@@ -122,11 +167,30 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
 
 def _job_of(r: BenchResult, items: list[WorkItem]) -> tuple:
     """The (item key, precision) a result belongs to: the item whose passes include its shape."""
-    from ..shapes import gemm_passes
-
     splits = tuple(r.m_splits) if r.m_splits else None
     for it in items:
         if it.m_splits == splits and any((s.m, s.k, s.n, str(s.op)) == (r.m, r.k, r.n, r.op)
                                          for s in gemm_passes(it.fprop)):
             return (it.key, r.precision)
     return ()
+
+
+def _worker_main(spec_path: str, out_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
+
+    from .engine import run_bench
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(spec["device"])
+    items = [_item_from_json(row) for row in spec["items"]]
+    only = {(items[i].key, p) for i, p in spec["only"]}
+    res = run_bench(items, spec["precisions"], spec["modes"], flush_l2=spec["flush_l2"],
+                    cache=ResultCache(enabled=False), progress=False, only=only, visits=spec["visits"])
+    Path(out_path).write_text(json.dumps({"results": [asdict(r) for r in res.results], "skipped": res.skipped,
+                                          "meta": res.meta}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(*sys.argv[1:3]))
