@@ -102,8 +102,13 @@ def _launch(device: int, items: list[WorkItem], group: list[Job], precisions: li
     spec_path, out_path, log_path = tmp / f"spec{device}.json", tmp / f"out{device}.json", tmp / f"log{device}.txt"
     spec_path.write_text(json.dumps(spec))
     log = open(log_path, "w")
+    # The worker imports this package from where this process found it (a checkout on sys.path
+    # need not be installed or be the working directory).
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen([sys.executable, "-m", "te_gemm_callback.bench.parallel", str(spec_path), str(out_path)],
-                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            stdout=log, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path))
     log.close()  # the child holds its own handle
     return proc, out_path, log_path
 
