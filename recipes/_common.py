@@ -77,8 +77,8 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
     cb = GemmProfilerCallback(wait=1, warmup=1, active=max(a.steps - 3, 1), output_dir=out,
                               sweep=sweep_list(a.sweep), set_recipe=set_recipe, verbose=not a.tiny)
     kw = {"precision": precision} if precision else {}
-    if strategy(a) is not None:
-        kw["strategy"] = strategy(a)
+    if (st := strategy(a)) is not None:
+        kw["strategy"] = st
     trainer = pl.Trainer(max_steps=a.steps, accelerator="gpu" if torch.cuda.is_available() else "cpu",
                          devices=a.devices, callbacks=[cb], logger=pl.loggers.CSVLogger(out, name="logs"),
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

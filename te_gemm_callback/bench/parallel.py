@@ -153,9 +153,11 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
                 tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
                 part = _failed_part(g, modes, f"worker process failed (exit {rc}): {tail[0][:200] if tail else ''}")
             parts.append(part)
-    order = {(it.key, p): i for i, (it, p) in enumerate(jobs)}
-    results = sorted((r for part in parts for r in part["results"]),
-                     key=lambda r: order.get(_job_of(r, unique), len(order)))
+    # In the order one process lists them: job by job, pass by pass, mode by mode.
+    by_cell = {_cell(r.m, r.k, r.n, r.op, r.m_splits, r.precision, r.mode): r
+               for part in parts for r in part["results"]}
+    results = [by_cell[c] for it, p in jobs for s in gemm_passes(it.fprop) for mo in modes
+               if (c := _cell(s.m, s.k, s.n, str(s.op), it.m_splits, p, mo)) in by_cell]
     if cache is not None:
         for part in parts[1:]:  # device 0's share went through the cache already
             for r in part["results"]:
@@ -170,14 +172,8 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     return BenchResults(results, skipped, meta)
 
 
-def _job_of(r: BenchResult, items: list[WorkItem]) -> tuple:
-    """The (item key, precision) a result belongs to: the item whose passes include its shape."""
-    splits = tuple(r.m_splits) if r.m_splits else None
-    for it in items:
-        if it.m_splits == splits and any((s.m, s.k, s.n, str(s.op)) == (r.m, r.k, r.n, r.op)
-                                         for s in gemm_passes(it.fprop)):
-            return (it.key, r.precision)
-    return ()
+def _cell(m: int, k: int, n: int, op: str, splits: Any, precision: str, mode: str) -> tuple:
+    return (m, k, n, op, tuple(splits) if splits else None, precision, mode)
 
 
 def _worker_main(spec_path: str, out_path: str) -> int:
