@@ -1,0 +1,193 @@
+#!/usr/bin/env python
+"""Which kernel the training job and the microbenchmark launch for the same GEMM, and how long each runs.
+
+Issue 3's bench-vs-job gap (docs/results/h200.md): pre-quantized microbenchmark cells time 3-15%
+below the same GEMM inside training steps of the seed's te.TransformerLayer stack. This names the
+kernels both sides launched per (recipe, pass, shape), with CUPTI durations from torch.profiler:
+a different kernel name means the microbenchmark does not reproduce the job's call; the same name
+with a different duration points at the conditions (clock, memory, concurrent kernels). It also
+reports how much of the job's GEMM kernel time another kernel overlapped (a second stream taking SMs).
+
+    python scripts/kernel_match.py --layers 4 --steps 3 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from te_gemm_callback import GemmProfiler  # noqa: E402
+from te_gemm_callback.bench.cells import items_from_capture  # noqa: E402
+from te_gemm_callback.bench.jobs import te_job  # noqa: E402
+from te_gemm_callback.bench.timing import L2Flush, warm_up_gpu  # noqa: E402
+from te_gemm_callback.kernels import is_gemm_kernel, kernel_intervals  # noqa: E402
+from te_gemm_callback.models import codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
+from te_gemm_callback.precisions import availability  # noqa: E402
+from te_gemm_callback.shapes import gemm_passes  # noqa: E402
+
+ACTS = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
+
+class _Ranges:
+    """GemmProfiler's NVTX stand-in: a torch.profiler range per GEMM, so CUPTI attributes each
+    GEMM's kernels to it (as in validate_capture.py)."""
+
+    def start(self, name):
+        rf = torch.autograd.profiler.record_function(f"te_gemm: {name}")
+        rf.__enter__()
+        return rf
+
+    def end(self, rf):
+        rf.__exit__(None, None, None)
+
+    def push(self, name):
+        pass
+
+    def pop(self):
+        pass
+
+
+def kernels_under(prof, prefix: str) -> dict[str, list[tuple[str, float]]]:
+    """{range name: [(kernel name, µs), ...]} for every range whose name starts with ``prefix``."""
+    out: dict[str, list[tuple[str, float]]] = collections.defaultdict(list)
+    for ev in prof.events():
+        if not ev.name.startswith(prefix):
+            continue
+        todo = [ev]
+        while todo:
+            e = todo.pop()
+            out[ev.name] += [(k.name, float(k.duration)) for k in e.kernels if is_gemm_kernel(k.name)]
+            todo += e.cpu_children
+    return out
+
+
+def _summary(pairs: list[tuple[str, float]]) -> dict:
+    by_name: dict[str, list[float]] = collections.defaultdict(list)
+    for name, us in pairs:
+        by_name[name].append(us)
+    main = max(by_name, key=lambda n: sum(by_name[n]))  # the kernel that does the work
+    return {"kernel": main, "median_us": statistics.median(by_name[main]), "calls": len(by_name[main]),
+            "others": sorted(set(by_name) - {main})}
+
+
+def job_side(recipe: str, layers: int, steps: int):
+    torch.manual_seed(0)
+    c = codonfm(layers)
+    model = te_stack(c, bias=False)
+    step = train_step_fn(model, stack_input(c), recipe)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=ACTS) as tp:
+        prof = GemmProfiler(model, dispatch_steps=0, nvtx_backend=_Ranges()).start()
+        for _ in range(steps):
+            step()
+            prof.step()
+        cap = prof.stop()
+        torch.cuda.synchronize()
+    per: dict[tuple[str, str], list[tuple[str, float]]] = collections.defaultdict(list)
+    for name, ks in kernels_under(tp, "te_gemm: ").items():
+        parts = name[len("te_gemm: "):].split()
+        per[(parts[1], parts[2])] += ks  # (pass, MxKxN)
+    # Any kernel running while a GEMM kernel runs (another stream) takes SMs from it.
+    iv = kernel_intervals(tp)
+    gemms = sorted((s, e) for n, s, e in iv if is_gemm_kernel(n))
+    others = sorted((s, e) for n, s, e in iv if not is_gemm_kernel(n))
+    overlap = sum(max(0.0, min(e, oe) - max(s, os_)) for s, e in gemms for os_, oe in others if os_ < e and oe > s)
+    gemm_total = sum(e - s for s, e in gemms)
+    del model
+    torch.cuda.empty_cache()
+    return cap, {k: _summary(v) for k, v in per.items()}, {"gemm_us": gemm_total, "overlapped_us": overlap}
+
+
+def bench_side(cap, recipe: str) -> dict[tuple[str, str], dict]:
+    out = {}
+    seen = set()
+    for item in items_from_capture(cap):
+        if item.fprop.mkn in seen:
+            continue
+        seen.add(item.fprop.mkn)
+        with torch.profiler.profile(activities=ACTS) as tp:
+            te_job(item, recipe, ["prequantized"], None)
+            torch.cuda.synchronize()
+        for name, ks in kernels_under(tp, "te_gemm_bench: ").items():
+            op = name.split(": ")[1]
+            shape = {str(g.op): g for g in gemm_passes(item.fprop)}[op]
+            out[(op, shape.mkn)] = _summary(ks)
+    return out
+
+
+def fillers() -> dict:
+    """What runs between two timed GEMM calls (outside their events): nothing (the microbenchmark's
+    default), its L2 flush, a memory-bound copy like the casts and norms around a job's GEMMs, or an
+    idle spin. If a GEMM's time moves with what ran before it, the job's context is the difference."""
+    a = torch.empty(2**29, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return {"none": None, "l2_flush": L2Flush(), "copy_1GB": lambda: b.copy_(a),
+            "idle_0.3ms": lambda: torch.cuda._sleep(600_000)}
+
+
+def bench_with_fillers(cap, recipe: str, fills: dict) -> dict[tuple[str, str], dict[str, float]]:
+    out: dict[tuple[str, str], dict[str, float]] = collections.defaultdict(dict)
+    items = {i.fprop.mkn: i for i in items_from_capture(cap)}.values()
+    for fname, fn in fills.items():
+        for item in items:
+            times = te_job(item, recipe, ["prequantized"], fn)
+            for (op, _mode), ts in times.items():
+                shape = {g.op: g for g in gemm_passes(item.fprop)}[op]
+                out[(str(op), shape.mkn)][fname] = statistics.median(ts)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
+    p.add_argument("--json")
+    a = p.parse_args()
+    warm_up_gpu(1.0)
+    fills = fillers()
+    rows, overlaps = [], {}
+    for recipe in a.recipes.split(","):
+        av = availability(recipe)
+        if not av.ok:
+            print(f"{recipe}: skipped: {av.reason}")
+            continue
+        cap, job, ov = job_side(recipe, a.layers, a.steps)
+        overlaps[recipe] = ov
+        bench = bench_side(cap, recipe)
+        filled = bench_with_fillers(cap, recipe, fills)
+        print(f"{recipe}: job GEMM kernels {ov['gemm_us'] / 1e3:.1f} ms, overlapped by other kernels "
+              f"{ov['overlapped_us'] / 1e3:.3f} ms")
+        for key in sorted(job):
+            j, b = job[key], bench.get(key)
+            row = {"recipe": recipe, "op": key[0], "shape": key[1], "job": j, "bench": b,
+                   "same_kernel": b is not None and b["kernel"] == j["kernel"],
+                   "bench_over_job": b["median_us"] / j["median_us"] if b else None,
+                   "bench_ms_after": filled.get(key, {})}
+            rows.append(row)
+            bk = b["kernel"][:60] if b else "-"
+            print(f"  {key[0]:5s} {key[1]:18s} job {j['median_us']:8.1f} us {j['kernel'][:60]:60s} | bench "
+                  f"{(b or {}).get('median_us', float('nan')):8.1f} us "
+                  f"{'same kernel' if row['same_kernel'] else bk} | ratio {row['bench_over_job'] or float('nan'):.3f}")
+            after = row["bench_ms_after"]
+            print("        bench/job after a filler: " + ", ".join(
+                f"{f} {1e3 * ms / j['median_us']:.3f}" for f, ms in after.items()))
+    same = sum(r["same_kernel"] for r in rows)
+    print(f"same kernel in job and bench: {same}/{len(rows)}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                            "rows": rows, "overlap": overlaps}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
