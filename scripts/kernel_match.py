@@ -55,21 +55,25 @@ class _Ranges:
 
 
 def kernels_under(prof, prefix: str) -> dict[str, list[tuple[str, float]]]:
-    """{range name: [(kernel name, µs), ...]} for every range whose name starts with ``prefix``."""
+    """{range name: [(GEMM kernel name, µs), ...]} for every range whose name starts with ``prefix``.
+
+    CUPTI does not tie the kernels cuBLASLt launches (cuLaunchKernelEx) to their CPU op, so the
+    match is on the GPU timeline: a range's GPU-side annotation spans its kernels."""
+    events = [e for e in prof.events() if "CUDA" in str(getattr(e, "device_type", ""))]
+    ranges = [e for e in events if e.name.startswith(prefix)]
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                     if not e.name.startswith(prefix) and is_gemm_kernel(e.name))
     out: dict[str, list[tuple[str, float]]] = collections.defaultdict(list)
-    for ev in prof.events():
-        if not ev.name.startswith(prefix):
-            continue
-        todo = [ev]
-        while todo:
-            e = todo.pop()
-            out[ev.name] += [(k.name, float(k.duration)) for k in e.kernels if is_gemm_kernel(k.name)]
-            todo += e.cpu_children
+    for r in ranges:
+        rs, re_ = r.time_range.start, r.time_range.end
+        out[r.name] += [(n, e - s) for s, e, n in kernels if s >= rs - 1 and e <= re_ + 1]
     return out
 
 
 def _summary(pairs: list[tuple[str, float]]) -> dict:
     by_name: dict[str, list[float]] = collections.defaultdict(list)
+    if not pairs:
+        return {"kernel": "(none attributed)", "median_us": float("nan"), "calls": 0, "others": []}
     for name, us in pairs:
         by_name[name].append(us)
     main = max(by_name, key=lambda n: sum(by_name[n]))  # the kernel that does the work
