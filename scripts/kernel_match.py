@@ -18,6 +18,7 @@ import collections
 import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from te_gemm_callback import GemmProfiler  # noqa: E402
 from te_gemm_callback.bench.cells import items_from_capture  # noqa: E402
 from te_gemm_callback.bench.jobs import te_job  # noqa: E402
 from te_gemm_callback.bench.timing import L2Flush, warm_up_gpu  # noqa: E402
-from te_gemm_callback.kernels import is_gemm_kernel, kernel_intervals  # noqa: E402
+from te_gemm_callback.kernels import is_gemm_kernel  # noqa: E402
 from te_gemm_callback.models import codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
 from te_gemm_callback.precisions import availability  # noqa: E402
 from te_gemm_callback.shapes import gemm_passes  # noqa: E402
@@ -81,6 +82,30 @@ def _summary(pairs: list[tuple[str, float]]) -> dict:
             "others": sorted(set(by_name) - {main})}
 
 
+def overlap_report(prof) -> dict:
+    """GEMM kernel time, and how much of it other kernels overlapped, by their name and stream
+    (from the Chrome trace, which carries each kernel's stream). A kernel running beside a GEMM
+    takes SMs and memory bandwidth from it; the microbenchmark's GEMMs run alone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    ks = [(e["ts"], e["ts"] + e["dur"], e["name"], e.get("args", {}).get("stream"))
+          for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
+    gemms = [k for k in ks if is_gemm_kernel(k[2])]
+    others = sorted(k for k in ks if not is_gemm_kernel(k[2]))
+    by: dict[str, float] = collections.defaultdict(float)
+    for s, e, _, gstream in gemms:
+        for os_, oe, name, stream in others:
+            if os_ >= e:
+                break
+            if oe > s:
+                by[f"stream {stream}: {name[:90]}"] += min(e, oe) - max(s, os_)
+    return {"gemm_us": sum(e - s for s, e, _, _ in gemms), "overlapped_us": sum(by.values()),
+            "gemm_streams": sorted({str(k[3]) for k in gemms}),
+            "top_overlapping": sorted(by.items(), key=lambda kv: -kv[1])[:8]}
+
+
 def job_side(recipe: str, layers: int, steps: int):
     torch.manual_seed(0)
     c = codonfm(layers)
@@ -100,15 +125,10 @@ def job_side(recipe: str, layers: int, steps: int):
     for name, ks in kernels_under(tp, "te_gemm: ").items():
         parts = name[len("te_gemm: "):].split()
         per[(parts[1], parts[2])] += ks  # (pass, MxKxN)
-    # Any kernel running while a GEMM kernel runs (another stream) takes SMs from it.
-    iv = kernel_intervals(tp)
-    gemms = sorted((s, e) for n, s, e in iv if is_gemm_kernel(n))
-    others = sorted((s, e) for n, s, e in iv if not is_gemm_kernel(n))
-    overlap = sum(max(0.0, min(e, oe) - max(s, os_)) for s, e in gemms for os_, oe in others if os_ < e and oe > s)
-    gemm_total = sum(e - s for s, e in gemms)
+    ov = overlap_report(tp)
     del model
     torch.cuda.empty_cache()
-    return cap, {k: _summary(v) for k, v in per.items()}, {"gemm_us": gemm_total, "overlapped_us": overlap}
+    return cap, {k: _summary(v) for k, v in per.items()}, ov
 
 
 def bench_side(cap, recipe: str) -> dict[tuple[str, str], dict]:
@@ -170,7 +190,9 @@ def main() -> int:
         bench = bench_side(cap, recipe)
         filled = bench_with_fillers(cap, recipe, fills)
         print(f"{recipe}: job GEMM kernels {ov['gemm_us'] / 1e3:.1f} ms, overlapped by other kernels "
-              f"{ov['overlapped_us'] / 1e3:.3f} ms")
+              f"{ov['overlapped_us'] / 1e3:.3f} ms (GEMM streams {ov['gemm_streams']})")
+        for name, us in ov["top_overlapping"]:
+            print(f"    overlapping {us / 1e3:8.3f} ms  {name}")
         for key in sorted(job):
             j, b = job[key], bench.get(key)
             row = {"recipe": recipe, "op": key[0], "shape": key[1], "job": j, "bench": b,
