@@ -1,0 +1,83 @@
+#!/usr/bin/env python
+"""How one GEMM's time moves along a long back-to-back burst, after the GPU sat idle (issue 3).
+
+scripts/kernel_match.py showed the microbenchmark and the training job launch the same kernel for
+every GEMM, with no other kernel beside it, yet the bench's cells run 3-15% faster, most for the
+short cells. Hypothesis: a cell's burst (tens of ms) starts after idle time (module build, host
+work), while the board's averaged power is low, so it runs above the clock a sustained training
+job settles at. This times N consecutive calls of each pass (te_job's own pre-quantized re-issue)
+and prints the median per window of calls, with NVML's SM clock over each window.
+
+    python scripts/burst_profile.py --calls 400 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from te_gemm_callback.bench import jobs  # noqa: E402
+from te_gemm_callback.bench.cells import WorkItem  # noqa: E402
+from te_gemm_callback.bench.clocks import ClockSampler  # noqa: E402
+from te_gemm_callback.bench.timing import warm_up_gpu  # noqa: E402
+from te_gemm_callback.shapes import GemmShape  # noqa: E402
+
+WINDOWS = ((0, 10), (10, 30), (30, 100), (100, 200), (200, 400), (400, 10**9))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=400)
+    p.add_argument("--shapes", default="15872x4096x4096,15872x4096x16384")
+    p.add_argument("--recipes", default="BF16,Float8CurrentScaling")
+    p.add_argument("--idle-s", type=float, default=1.0, help="idle time before each burst")
+    p.add_argument("--json")
+    a = p.parse_args()
+    # Every pass re-issued `calls` times back-to-back (the bench's own code path, longer).
+    jobs._share_iters = lambda *args, **kw: a.calls
+    warm_up_gpu(1.0)
+    rows = []
+    for recipe in a.recipes.split(","):
+        for mkn in a.shapes.split(","):
+            m, k, n = map(int, mkn.split("x"))
+            item = WorkItem("probe", GemmShape(m, k, n), 1.0)
+            torch.cuda.synchronize()
+            time.sleep(a.idle_s)
+            with ClockSampler(period_s=0.005) as clk:
+                t0 = time.perf_counter()
+                out = jobs.te_job(item, recipe, ["prequantized"], None)
+            for (op, _mode), times in out.items():
+                # The passes ran one after another; place each window on the host clock to read NVML.
+                wins = []
+                for lo, hi in WINDOWS:
+                    part = times[lo:hi]
+                    if part:
+                        wins.append({"calls": f"{lo}-{lo + len(part)}", "median_ms": statistics.median(part)})
+                rows.append({"recipe": recipe, "shape": mkn, "op": str(op), "windows": wins,
+                             "steady_over_first": wins[-1]["median_ms"] / wins[0]["median_ms"]})
+                print(f"{recipe:22s} {str(op):5s} {mkn:18s} " + "  ".join(
+                    f"[{w['calls']}] {w['median_ms']:.3f}" for w in wins)
+                    + f"   last/first {rows[-1]['steady_over_first']:.3f}")
+            s = clk.summary(since=t0)
+            if s:
+                print(f"    SM clock over the job: median {s['sm_clock_mhz_median']:.0f} MHz, min "
+                      f"{s['sm_clock_mhz_min']:.0f}, power median {s['power_w_median']:.0f} W")
+                rows[-1]["clock"] = s
+                series = [(round(t - t0, 4), c, pw) for (c, pw), t in zip(clk.samples, clk.times) if t >= t0]
+                rows[-1]["clock_series"] = series
+                print("    clock (s: MHz/W): " + " ".join(f"{t:.2f}:{c:.0f}/{pw:.0f}" for t, c, pw in series[::8]))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "calls": a.calls, "rows": rows},
+                                           indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
