@@ -32,14 +32,82 @@ from te_gemm_callback.shapes import GemmShape  # noqa: E402
 WINDOWS = ((0, 10), (10, 30), (30, 100), (100, 200), (200, 400), (400, 10**9))
 
 
+def _burst(fn, n: int) -> list[float]:
+    """Per-call times of n back-to-back calls, no hold (torch.mm launches far faster than it runs)."""
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in ev]
+
+
+def _boost(times: list[float]) -> dict:
+    """Leading calls faster than the burst's settled time (median of its last 50 calls)."""
+    steady = statistics.median(times[-50:])
+    k = 0
+    while k < len(times) and times[k] < 0.95 * steady:
+        k += 1
+    return {"steady_ms": steady, "boost_calls": k, "boost_ms": sum(times[:k]),
+            "first10_over_steady": statistics.median(times[:10]) / steady}
+
+
+def recovery(reps: int) -> dict:
+    """How much boost an idle gap gives back, and how much load before a burst spends it; then the
+    shipped time_cuda (heated hold) after the same gaps."""
+    from te_gemm_callback.bench import timing
+
+    x = torch.randn(15872, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    fn = lambda: torch.mm(x, w)  # noqa: E731
+    heater = timing._heater()
+    out: dict = {"idle": [], "heat": [], "time_cuda": []}
+    for _ in range(reps):
+        for idle in (0.005, 0.02, 0.05, 0.1, 0.3, 1.0):
+            heater.hold(0.3)  # settled first
+            torch.cuda.synchronize()
+            time.sleep(idle)
+            out["idle"].append({"idle_s": idle, **_boost(_burst(fn, 200))})
+            print(f"after {1e3 * idle:6.0f} ms idle: {out['idle'][-1]}")
+        for heat in (0.0, 0.01, 0.03, 0.1, 0.2):
+            torch.cuda.synchronize()
+            time.sleep(1.0)
+            if heat:
+                n = max(1, round(heat / heater.call_s))
+                for _ in range(n):
+                    heater._mm()
+            out["heat"].append({"heat_s": heat, **_boost(_burst(fn, 200))})
+            print(f"1 s idle, then {1e3 * heat:4.0f} ms load: {out['heat'][-1]}")
+        for idle in (0.02, 0.1, 1.0):
+            heater.hold(0.3)
+            torch.cuda.synchronize()
+            steady = statistics.median(_burst(fn, 100)[-50:])
+            time.sleep(idle)
+            timing.gpu_drained()
+            heater.idle_since -= idle  # the idle the heater sees is the sleep above
+            med = statistics.median(timing.time_cuda(fn, 30))
+            out["time_cuda"].append({"idle_s": idle, "median_over_steady": med / steady})
+            print(f"time_cuda after {1e3 * idle:5.0f} ms idle: median / settled {med / steady:.3f}")
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=400)
     p.add_argument("--shapes", default="15872x4096x4096,15872x4096x16384")
     p.add_argument("--recipes", default="BF16,Float8CurrentScaling")
     p.add_argument("--idle-s", type=float, default=1.0, help="idle time before each burst")
+    p.add_argument("--recovery", type=int, default=0, metavar="REPS",
+                   help="instead: how much boost an idle gap gives back, how much load spends it (REPS repeats)")
     p.add_argument("--json")
     a = p.parse_args()
+    if a.recovery:
+        warm_up_gpu(1.0)
+        res = recovery(a.recovery)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), **res}, indent=1))
+        return 0
     # Every pass re-issued `calls` times back-to-back (the bench's own code path, longer).
     jobs._share_iters = lambda *args, **kw: a.calls
     warm_up_gpu(1.0)

@@ -8,7 +8,8 @@ import torch
 from te_gemm_callback.bench.cells import (BenchResult, ResultCache, WorkItem, items_from_capture,
                                           items_from_config, items_from_shapes, result_key)
 from te_gemm_callback.bench.engine import BenchResults, run_bench
-from te_gemm_callback.bench.timing import adaptive_iters, stats
+from te_gemm_callback.bench import timing
+from te_gemm_callback.bench.timing import adaptive_iters, heat_seconds, stats
 from te_gemm_callback.cli import main
 from te_gemm_callback.render.bench_tables import step_ms, swapped_items
 from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig
@@ -78,6 +79,19 @@ def test_cpu_bf16_end_to_end_with_skip_reasons_and_cache(tmp_path):
 def test_timing_helpers():
     assert stats([1.0, 2.0, 3.0, 4.0, 100.0])[0] == 3.0
     assert adaptive_iters(100.0) == 7 and adaptive_iters(0.001) == 60 and adaptive_iters(5.0) == 8
+
+
+def test_heat_before_a_burst_covers_the_idle_gap_within_bounds(monkeypatch):
+    # Each timed burst is preceded by dense load as long as the GPU idled (the boost budget an idle
+    # gives back), capped, and never shorter than the hold the host needs to queue the burst.
+    monkeypatch.setattr(timing, "HEAT_PER_IDLE", 1.0)
+    monkeypatch.setattr(timing, "HEAT_MAX_S", 0.1)
+    assert heat_seconds(0.001, 0.02) == pytest.approx(0.02)
+    assert heat_seconds(0.001, 5.0) == pytest.approx(0.1)
+    assert heat_seconds(0.001, None) == pytest.approx(0.1)  # never synced yet: assume a long idle
+    assert heat_seconds(0.3, 0.02) == pytest.approx(0.3)
+    monkeypatch.setattr(timing, "HEAT_PER_IDLE", 0.0)  # heat off: only the hold remains
+    assert heat_seconds(0.004, 5.0) == pytest.approx(0.004)
 
 
 def test_items_from_capture_skip_recompute_and_attention():

@@ -29,7 +29,7 @@ from ..capture.te_adapter import LAYOUT_OP
 from ..precisions import autocast, import_te, padded_splits
 from ..shapes import GemmOp
 from .cells import WorkItem
-from .timing import L2Flush, adaptive_iters, stats, time_cpu, time_cuda
+from .timing import L2Flush, adaptive_iters, gpu_drained, hold_gpu, stats, time_cpu, time_cuda
 
 
 class _GemmTap:
@@ -128,7 +128,7 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
             marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(iters)]
             # Hold the GPU while the host queues every iteration: TE's Python per iteration can
             # exceed a small layer's GPU time, and a drained queue would put idle gaps in the pairs.
-            torch.cuda._sleep(int(min(1.5 * iters * host_s + 1e-3, 0.5) * 2e9))
+            hold_gpu(min(1.5 * iters * host_s + 1e-3, 0.5))
             for e0, e1, e2 in marks:
                 for p in params:
                     p.grad = None
@@ -141,6 +141,7 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
                 y.backward(dy)
                 e2.record()
             torch.cuda.synchronize()
+            gpu_drained()
             wgrad = [s.elapsed_time(e) for lay, s, e in tap.events if lay == "NT"]
             fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
             bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
