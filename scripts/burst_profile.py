@@ -65,7 +65,7 @@ def recovery(reps: int) -> dict:
     out: dict = {"idle": [], "heat": [], "time_cuda": []}
     for _ in range(reps):
         for idle in (0.005, 0.02, 0.05, 0.1, 0.3, 1.0):
-            heater.hold(0.3)  # settled first
+            heater.load(0.3)  # settled first
             torch.cuda.synchronize()
             time.sleep(idle)
             out["idle"].append({"idle_s": idle, **_boost(_burst(fn, 200))})
@@ -76,16 +76,14 @@ def recovery(reps: int) -> dict:
             if heat:
                 n = max(1, round(heat / heater.call_s))
                 for _ in range(n):
-                    heater._mm()
+                    heater.mm()
             out["heat"].append({"heat_s": heat, **_boost(_burst(fn, 200))})
             print(f"1 s idle, then {1e3 * heat:4.0f} ms load: {out['heat'][-1]}")
         for idle in (0.02, 0.1, 1.0):
-            heater.hold(0.3)
+            heater.load(0.3)
             torch.cuda.synchronize()
             steady = statistics.median(_burst(fn, 100)[-50:])
             time.sleep(idle)
-            timing.gpu_drained()
-            heater.idle_since -= idle  # the idle the heater sees is the sleep above
             med = statistics.median(timing.time_cuda(fn, 30))
             out["time_cuda"].append({"idle_s": idle, "median_over_steady": med / steady})
             print(f"time_cuda after {1e3 * idle:5.0f} ms idle: median / settled {med / steady:.3f}")

@@ -81,17 +81,17 @@ def test_timing_helpers():
     assert adaptive_iters(100.0) == 7 and adaptive_iters(0.001) == 60 and adaptive_iters(5.0) == 8
 
 
-def test_heat_before_a_burst_covers_the_idle_gap_within_bounds(monkeypatch):
-    # Each timed burst is preceded by dense load as long as the GPU idled (the boost budget an idle
-    # gives back), capped, and never shorter than the hold the host needs to queue the burst.
-    monkeypatch.setattr(timing, "HEAT_PER_IDLE", 1.0)
-    monkeypatch.setattr(timing, "HEAT_MAX_S", 0.1)
-    assert heat_seconds(0.001, 0.02) == pytest.approx(0.02)
-    assert heat_seconds(0.001, 5.0) == pytest.approx(0.1)
-    assert heat_seconds(0.001, None) == pytest.approx(0.1)  # never synced yet: assume a long idle
-    assert heat_seconds(0.3, 0.02) == pytest.approx(0.3)
-    monkeypatch.setattr(timing, "HEAT_PER_IDLE", 0.0)  # heat off: only the hold remains
-    assert heat_seconds(0.004, 5.0) == pytest.approx(0.004)
+def test_heat_before_a_burst_only_on_an_idle_gpu_and_within_bounds(monkeypatch):
+    # A timed burst that finds the GPU idle (its boost back) follows dense load: HEAT_PER_BURST
+    # times the burst, capped; never shorter than the hold the host needs to queue it. A busy GPU
+    # gets the hold only.
+    monkeypatch.setattr(timing, "HEAT_PER_BURST", 4.0)
+    monkeypatch.setattr(timing, "HEAT_MAX_S", 0.15)
+    assert heat_seconds(0.001, idle=True, burst_s=0.01) == pytest.approx(0.04)
+    assert heat_seconds(0.001, idle=True, burst_s=1.0) == pytest.approx(0.15)
+    assert heat_seconds(0.001, idle=True) == pytest.approx(0.15)  # unknown burst: assume a long one
+    assert heat_seconds(0.3, idle=True, burst_s=0.01) == pytest.approx(0.3)
+    assert heat_seconds(0.004, idle=False, burst_s=1.0) == pytest.approx(0.004)
 
 
 def test_items_from_capture_skip_recompute_and_attention():

@@ -84,6 +84,28 @@ def test_bench_runs_every_hopper_recipe_in_both_modes():
 
 
 @needs_te
+def test_bench_job_never_idles_the_gpu_between_its_timed_calls(monkeypatch):
+    # An idle GPU gets its boost back within ~20 ms and runs the next 100-200 ms of load ~15%
+    # faster than a training job does (docs/results/h200.md, session 4): a job may wait for the
+    # GPU once, after its last timed call, and its first burst must not find the GPU idle.
+    from te_gemm_callback.bench import jobs, timing
+    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.shapes import GemmShape
+
+    syncs, idle_bursts = [], []
+    real_sync, real_heat = torch.cuda.synchronize, timing.heat_seconds
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (syncs.append(1), real_sync(*a))[1])
+    monkeypatch.setattr(timing, "heat_seconds", lambda h, idle, b=None: (idle_bursts.append(idle), real_heat(h, idle, b))[1])
+    timing.warm_up_gpu(0.05)
+    syncs.clear(), idle_bursts.clear()
+    out = jobs.te_job(WorkItem("x", GemmShape(8192, 4096, 4096)), "Float8CurrentScaling",
+                      ["autocast", "prequantized"], None)
+    assert len(syncs) == 1
+    assert idle_bursts[0] is True  # the job's start found the GPU idle (after a synchronize) and heated it
+    assert len(out) == 6 and all(len(t) >= 10 and min(t) > 0 for t in out.values())
+
+
+@needs_te
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_bench_over_two_gpus_matches_one():
     from te_gemm_callback.bench.cells import ResultCache, WorkItem

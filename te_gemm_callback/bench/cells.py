@@ -14,6 +14,15 @@ from ..shapes import GemmOp, GemmShape, ModelConfig, config_gemms, fprop_of, gem
 MODES = ("autocast", "prequantized")
 FP8_FAMILY = {"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling"}
 
+# Sustained dense GEMM rate (H200, TE 2.20, docs/results/h200.md): BF16 ~650 TFLOP/s, the FP8
+# recipes about 1.7x that. Only sizes things (iteration counts, heat, the split over GPUs).
+_BF16_FLOPS = 6.5e14
+
+
+def gemm_seconds(flops: float, precision: str) -> float:
+    """Model estimate of one GEMM's time: what the microbenchmark plans with before it measures."""
+    return flops / (_BF16_FLOPS * (1.7 if precision in FP8_FAMILY else 1.0))
+
 
 @dataclass(frozen=True)
 class WorkItem:

@@ -89,7 +89,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     timeline["conditions"] = time.perf_counter() - t
     if cuda:
         t = time.perf_counter()
-        warm_up_gpu(1.0)  # to the clock a sustained load runs at (the job's), not the idle boost
+        warm_up_gpu()  # initialisation, and the idle boost spent before the first cell
         timeline["warm_up"] = time.perf_counter() - t
         t = time.perf_counter()
         peaks = measure_peaks(cache.data["peaks"], cond["device"])
@@ -104,7 +104,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     visits = visits or (4 if cuda else 1)
     flush = L2Flush() if (flush_l2 and cuda) else None
     cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
-                timing="CUDA-event pair per call, launches queued behind a sleep kernel; GPU pre-heated 1 s; "
+                timing="CUDA-event pair per call, launches queued behind dense GEMMs (longer on an idle GPU, to spend its boost); "
                 f"each job visited {visits} times (every other visit in reverse order), samples pooled" if cuda
                 else "host clock per call (CPU)")
     # One job per (shape, splits) and recipe: repeated layers share their measurement.

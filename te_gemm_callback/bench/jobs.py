@@ -28,8 +28,8 @@ import torch
 from ..capture.te_adapter import LAYOUT_OP
 from ..precisions import autocast, import_te, padded_splits
 from ..shapes import GemmOp
-from .cells import WorkItem
-from .timing import L2Flush, adaptive_iters, gpu_drained, hold_gpu, stats, time_cpu, time_cuda
+from .cells import WorkItem, gemm_seconds
+from .timing import L2Flush, Pairs, adaptive_iters, elapsed, hold_gpu, launch_timed, stats, time_cpu, time_cuda
 
 
 class _GemmTap:
@@ -38,9 +38,10 @@ class _GemmTap:
     def __init__(self) -> None:
         self.mode = "off"
         self.n = 10
+        self.burst_s: float | None = None
         self.flush: Callable[[], None] | None = None
         self.events: list[tuple[str, Any, Any]] = []
-        self.repeats: list[tuple[str, list[float]]] = []
+        self.repeats: list[tuple[str, Pairs]] = []
         self._patched: list = []
 
     def __enter__(self) -> "_GemmTap":
@@ -65,7 +66,8 @@ class _GemmTap:
                 # A named range, so a profiler trace of the bench shows which pass each burst is
                 # (scripts/kernel_match.py reads the kernels under it); outside the timed events.
                 with torch.profiler.record_function(f"te_gemm_bench: {LAYOUT_OP[layout]}"):
-                    self.repeats.append((layout, time_cuda(lambda: orig(*args, **kwargs), self.n, self.flush)))
+                    self.repeats.append((layout, launch_timed(lambda: orig(*args, **kwargs), self.n, self.flush,
+                                                              self.burst_s)))
             if self.mode == "events":
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
@@ -111,24 +113,29 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
         x.grad = None
         forward().backward(dy)
 
+    # Planned from a FLOP model, not a timed trial: a synchronize here would idle the GPU, and an
+    # idle GPU gives its boost back (timing.hold_gpu). No synchronize until the job's last call.
+    gemm_ms = 1e3 * gemm_seconds(item.fprop.flops, precision)
+    iters = _share_iters(3 * gemm_ms, share, target_ms=60.0, lo=10, hi=30)
+    n_repeat = _share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50)
+    # Heat an idle GPU now, so the load overlaps this job's host-side setup (module build, TE's
+    # first calls) instead of following it.
+    hold_gpu(0.0, burst_s=1e-3 * gemm_ms * 3 * (iters * ("autocast" in modes) + n_repeat * ("prequantized" in modes)))
     out: dict[tuple[GemmOp, str], list[float]] = {}
     with _GemmTap() as tap:
         iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
-        if clock is not None:
-            torch.cuda.synchronize()  # the first call's GPU work belongs to setup, not to the timed calls
-            clock["setup_s"] = time.perf_counter() - t_job
         t = time.perf_counter()
         iteration()
         host_s = time.perf_counter() - t
-        est = stats(time_cuda(iteration, 2))[0]
-        # At least 10 samples per cell: the big BF16 cells run at the power limit and their clocks wander.
-        iters = _share_iters(est, share, target_ms=60.0, lo=10, hi=30)
+        if clock is not None:
+            clock["setup_s"] = time.perf_counter() - t_job  # host seconds before the first timed call
+        marks: list[list[Any]] = []
         if "autocast" in modes:
             tap.mode = "events"
             marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(iters)]
             # Hold the GPU while the host queues every iteration: TE's Python per iteration can
             # exceed a small layer's GPU time, and a drained queue would put idle gaps in the pairs.
-            hold_gpu(min(1.5 * iters * host_s + 1e-3, 0.5))
+            hold_gpu(min(1.5 * iters * host_s + 1e-3, 0.5), burst_s=1e-3 * 3 * gemm_ms * iters)
             for e0, e1, e2 in marks:
                 for p in params:
                     p.grad = None
@@ -140,22 +147,20 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
                 e1.record()
                 y.backward(dy)
                 e2.record()
-            torch.cuda.synchronize()
-            gpu_drained()
+        if "prequantized" in modes:
+            tap.mode, tap.flush, tap.n, tap.burst_s = "repeat", flush, n_repeat, 1e-3 * gemm_ms * n_repeat
+            iteration()
+        tap.mode = "off"
+        torch.cuda.synchronize()  # the job's only wait: every timed call is done
+        if marks:
             wgrad = [s.elapsed_time(e) for lay, s, e in tap.events if lay == "NT"]
             fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
             bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
             out[(GemmOp.FPROP, "autocast")] = fwd_ms
             out[(GemmOp.WGRAD, "autocast")] = wgrad
             out[(GemmOp.DGRAD, "autocast")] = [b - w for b, w in zip(bwd_ms, wgrad)]
-            tap.events.clear()
-        if "prequantized" in modes:
-            tap.mode, tap.flush = "repeat", flush
-            tap.n = _share_iters(est / 3, share, target_ms=30.0, lo=10, hi=50)
-            iteration()
-            for layout, times in tap.repeats:
-                out[(LAYOUT_OP[layout], "prequantized")] = times
-        tap.mode = "off"
+        for layout, pairs in tap.repeats:
+            out[(LAYOUT_OP[layout], "prequantized")] = elapsed(pairs)
     return out
 
 
@@ -176,12 +181,16 @@ def torch_job(item: WorkItem, modes: Iterable[str], share: float = 1.0) -> dict:
     fns = {GemmOp.FPROP: lambda: [x @ w.t() for x in xs],
            GemmOp.DGRAD: lambda: [d @ w for d in dys],
            GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
-    timer = time_cuda if cuda else time_cpu
+    gemm_s = gemm_seconds(item.fprop.flops, "BF16")
     out = {}
     for op, fn in fns.items():
         fn()
-        est = stats(timer(fn, 2))[0]
-        times = timer(fn, _share_iters(est, share, target_ms=30.0 if cuda else 20.0, lo=10 if cuda else 5, hi=50))
+        if cuda:
+            calls = _share_iters(1e3 * gemm_s, share, target_ms=30.0, lo=10, hi=50)
+            times = time_cuda(fn, calls, burst_s=calls * gemm_s)
+        else:  # the model rate is a GPU's: size CPU runs from a timed trial
+            calls = _share_iters(stats(time_cpu(fn, 2))[0], share, target_ms=20.0, lo=5, hi=50)
+            times = time_cpu(fn, calls)
         for mode in modes:
             out[(op, mode)] = times
     return out

@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..shapes import GemmOp, GemmShape, gemm_passes
-from .cells import FP8_FAMILY, MODES, BenchResult, ResultCache, WorkItem, cell_key
+from .cells import MODES, BenchResult, ResultCache, WorkItem, cell_key, gemm_seconds
 
 # Cost model of a job, in seconds (H200, TE 2.20, docs/results/h200.md "where the time goes").
 _JOB_SETUP_S = 0.25  # module build and the first forward/backward of a job
 _RECIPE_FIRST_USE_S = 0.5  # a recipe's first job in a process (its kernels' first calls)
 _TIMED_CALLS = 40  # forward+backward calls a job runs, all modes together (order of magnitude)
-_BF16_FLOPS = 6.5e14  # sustained dense BF16 FLOP/s; FP8 recipes about 1.7x that
 
 if TYPE_CHECKING:
     from .engine import BenchResults
@@ -40,8 +39,7 @@ Job = tuple[WorkItem, str]
 
 
 def job_cost(item: WorkItem, precision: str) -> float:
-    rate = _BF16_FLOPS * (1.7 if precision in FP8_FAMILY else 1.0)
-    return _JOB_SETUP_S + _TIMED_CALLS * 3 * item.fprop.flops / rate
+    return _JOB_SETUP_S + _TIMED_CALLS * 3 * gemm_seconds(item.fprop.flops, precision)
 
 
 def _load(group: list[Job]) -> float:

@@ -16,21 +16,23 @@ import torch
 _SLEEP_PER_CALL_S = 20e-6
 _SLEEP_MAX_S = 0.5
 
-# The boost budget (docs/results/h200.md, "Session 4"; scripts/burst_profile.py): after idling, an
-# H200 runs dense GEMMs ~17% faster for the first 30-75 ms of load, then settles at the clock that a
-# sustained training job runs at (the job's GEMMs take the settled time). A burst of timed calls
-# that starts after host work (a module build, a sync) would time the boost. So the hold before a
-# burst is dense GEMMs, not an idle spin, and lasts at least HEAT_PER_IDLE times as long as the GPU
-# idled since the last burst, up to HEAT_MAX_S: every timed call runs in the sustained regime.
-HEAT_PER_IDLE = 1.0
-HEAT_MAX_S = 0.1
+# The boost budget (docs/results/h200.md, "Session 4"; scripts/burst_profile.py): an H200 that
+# idled even 20 ms runs dense GEMMs ~15% faster for the next 100-200 ms of load (boost clock), then
+# settles at the clock a sustained training job runs at; the job's GEMMs take the settled time. So
+# a timed burst must never start on an idle GPU: when the stream has nothing queued, it is first
+# loaded with dense GEMMs for HEAT_PER_BURST times the burst's expected GPU time, at most
+# HEAT_MAX_S (a job whose GEMMs are that short does not hold the GPU at its power limit either).
+HEAT_MAX_S = 0.15
+HEAT_PER_BURST = 4.0
 
 
-def heat_seconds(hold_s: float, idle_s: float | None) -> float:
-    """How long to load the GPU before a burst: the hold the host needs to queue it, or enough to
-    spend the boost budget an idle of ``idle_s`` seconds gave back (None: unknown, assume long)."""
-    idle = HEAT_MAX_S if idle_s is None else idle_s
-    return max(hold_s, min(HEAT_PER_IDLE * idle, HEAT_MAX_S))
+def heat_seconds(hold_s: float, idle: bool, burst_s: float | None = None) -> float:
+    """How long to load the GPU before a burst: the hold the host needs to queue it, and, if the
+    GPU is idle, enough to spend the boost (``burst_s``: the burst's expected GPU time; None: long)."""
+    if not idle:
+        return hold_s
+    heat = HEAT_MAX_S if burst_s is None else min(HEAT_MAX_S, HEAT_PER_BURST * burst_s)
+    return max(hold_s, heat)
 
 
 class _Heater:
@@ -40,23 +42,21 @@ class _Heater:
         self.a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         self.b = torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16)
         self.c = torch.empty(8192, 2048, device="cuda", dtype=torch.bfloat16)
-        self.idle_since: float | None = None  # host time when the GPU last ran out of known work
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self._mm()
+        self.mm()
         s.record()
         for _ in range(4):
-            self._mm()
+            self.mm()
         e.record()
         e.synchronize()  # once per process: the heater's own call time, to size holds in calls
         self.call_s = max(s.elapsed_time(e) / 4e3, 1e-5)
 
-    def _mm(self) -> None:
+    def mm(self) -> None:
         torch.mm(self.a, self.b, out=self.c)
 
-    def hold(self, hold_s: float) -> None:
-        idle = None if self.idle_since is None else time.perf_counter() - self.idle_since
-        for _ in range(max(1, math.ceil(heat_seconds(hold_s, idle) / self.call_s))):
-            self._mm()
+    def load(self, seconds: float) -> None:
+        for _ in range(max(1, math.ceil(seconds / self.call_s))):
+            self.mm()
 
 
 _HEATERS: dict[int, _Heater] = {}
@@ -69,15 +69,12 @@ def _heater() -> _Heater:
     return _HEATERS[dev]
 
 
-def hold_gpu(seconds: float) -> None:
-    """Queue at least ``seconds`` of dense GEMMs ahead of what the caller launches next (and as long
-    as the GPU idled since the last burst, see HEAT_PER_IDLE), without waiting for them."""
-    _heater().hold(seconds)
-
-
-def gpu_drained() -> None:
-    """The caller just synchronized: the GPU has been idle since now."""
-    _heater().idle_since = time.perf_counter()
+def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
+    """Queue dense GEMMs ahead of what the caller launches next, without waiting for them: at
+    least ``hold_s`` (the host's time to queue the burst), and if the stream is empty (the GPU is
+    idle, its boost back) enough to spend the boost (:func:`heat_seconds`)."""
+    idle = torch.cuda.current_stream().query()  # non-blocking: True when nothing is queued
+    _heater().load(heat_seconds(hold_s, idle, burst_s))
 
 
 def stats(times: list[float]) -> tuple[float, float, float]:
@@ -100,29 +97,46 @@ class L2Flush:
         self.buf.zero_()
 
 
-def time_cuda(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None) -> list[float]:
-    """Per-call GPU times (ms) of ``n`` back-to-back calls of ``fn``.
+Pairs = list[tuple[Any, Any]]  # (start, end) CUDA events of one call each
+
+
+def launch_timed(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None,
+                 burst_s: float | None = None) -> Pairs:
+    """Queue ``n`` back-to-back calls of ``fn``, each between a CUDA event pair; read the times
+    with :func:`elapsed` after a synchronize. Nothing here waits for the GPU, so consecutive bursts
+    keep it busy (an idle gap would give the boost back).
 
     One untimed call first measures the host time per call; dense GEMMs then hold the GPU long
     enough for the host to queue all ``n`` calls, so a CPU-bound launch (TE's Python per call)
-    never leaves the GPU idle inside a timed pair, and long enough to spend the boost an idle gave
-    back (:func:`hold_gpu`), so the calls run at the sustained clock.
+    never leaves the GPU idle inside a timed pair, and on an idle GPU long enough to spend the
+    boost (:func:`hold_gpu`; ``burst_s``: the burst's expected GPU time), so the calls run at the
+    sustained clock.
     """
     t = time.perf_counter()
     fn()
     host_s = time.perf_counter() - t
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    hold_gpu(min(1.5 * n * (host_s + _SLEEP_PER_CALL_S), _SLEEP_MAX_S))
-    for i in range(n):
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    hold_gpu(min(1.5 * n * (host_s + _SLEEP_PER_CALL_S), _SLEEP_MAX_S), burst_s)
+    for start, end in pairs:
         if flush is not None:
             flush()
-        starts[i].record()
+        start.record()
         fn()
-        ends[i].record()
+        end.record()
+    return pairs
+
+
+def elapsed(pairs: Pairs) -> list[float]:
+    """Per-call GPU times (ms) of event pairs whose work has completed."""
+    return [s.elapsed_time(e) for s, e in pairs]
+
+
+def time_cuda(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None,
+              burst_s: float | None = None) -> list[float]:
+    """Per-call GPU times (ms) of ``n`` back-to-back calls of ``fn`` (:func:`launch_timed`)."""
+    pairs = launch_timed(fn, n, flush, burst_s)
     torch.cuda.synchronize()  # read back after the last call: nothing timed waits on the host
-    gpu_drained()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return elapsed(pairs)
 
 
 def time_cpu(fn: Callable[[], Any], n: int) -> list[float]:
@@ -142,20 +156,13 @@ def adaptive_iters(estimate_ms: float, target_ms: float = 40.0, lo: int = 7, hi:
     return int(min(hi, max(lo, target_ms / estimate_ms)))
 
 
-def warm_up_gpu(seconds: float = 1.0) -> None:
-    """Run dense matmuls for ``seconds`` before the first cell.
-
-    An idle H200 sits at 345 MHz; under load it first boosts to 1980 MHz and then, as its averaged
-    board power reaches the 700 W limit, settles near 1500 MHz, where sustained training runs
-    (NVML samples in docs/results/h200.md: cells timed in the first second of a cold run ran at
-    1965 MHz, later ones at 1400-1800 MHz). A second of load puts the first cells in that regime."""
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    t = time.perf_counter()
-    while time.perf_counter() - t < seconds:
-        for _ in range(10):
-            a @ a
-        torch.cuda.synchronize()
-    gpu_drained()
+def warm_up_gpu(seconds: float = 0.3) -> None:
+    """Load the GPU for ``seconds`` before the first cell: CUDA, cuBLAS and the heater initialise,
+    and the idle boost is spent. An idle H200 sits at 345 MHz; under load it boosts to 1980 MHz and,
+    after 100-200 ms, settles where sustained training runs; every burst after this one is heated
+    the same way when it finds the GPU idle (:func:`hold_gpu`)."""
+    _heater().load(seconds)
+    torch.cuda.synchronize()
 
 
 def device_conditions() -> dict[str, Any]:
@@ -196,14 +203,15 @@ def measure_peaks(cache: dict[str, Any], device: str) -> dict[str, float]:
     peaks: dict[str, float] = {}
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    peaks["bf16"] = flops / (stats(time_cuda(lambda: a @ b, 10))[0] * 1e-3) / 1e12
+    burst_s = 10 * flops / 6.5e14
+    peaks["bf16"] = flops / (stats(time_cuda(lambda: a @ b, 10, burst_s=burst_s))[0] * 1e-3) / 1e12
     if torch.cuda.get_device_capability() >= (8, 9) and hasattr(torch, "_scaled_mm"):
         try:
             a8 = a.to(torch.float8_e4m3fn)
             b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major second operand
             one = torch.ones((), device="cuda")
             fn = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
-            peaks["fp8"] = flops / (stats(time_cuda(fn, 10))[0] * 1e-3) / 1e12
+            peaks["fp8"] = flops / (stats(time_cuda(fn, 10, burst_s=burst_s / 1.7))[0] * 1e-3) / 1e12
         except (RuntimeError, TypeError):
             pass
     cache[device] = peaks
