@@ -69,6 +69,11 @@ def _heater() -> _Heater:
     return _HEATERS[dev]
 
 
+def heat_gpu(burst_s: float | None = None) -> None:
+    """Queue dense GEMMs that spend an idle GPU's boost before a burst of ``burst_s`` seconds."""
+    _heater().load(heat_seconds(0.0, True, burst_s))
+
+
 def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
     """Queue dense GEMMs ahead of what the caller launches next, without waiting for them: at
     least ``hold_s`` (the host's time to queue the burst), and if the stream is empty (the GPU is
