@@ -1,8 +1,9 @@
 """Offline microbenchmarks of a job's GEMMs in every precision: run every job (bench/jobs.py) on
 every requested recipe, pool, summarise, cache; and the totals the report takes from the results.
 
-Unsupported recipes are skipped with TE's reason; on a GPU the run pre-heats the device and visits
-each job several times (see run_bench); ``meta`` says where the time went and at what clocks.
+Unsupported recipes are skipped with TE's reason; on a GPU every timed burst runs at the sustained
+clock a training job meets (timing.hold_gpu) and each job is visited twice (see run_bench); ``meta``
+says where the time went and at what clocks.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     reason TE gives; a failing cell records its error and the run goes on.
 
     ``only``: the (item key, precision) jobs to run, for a worker of a multi-GPU run.
-    ``visits``: how many times each job is measured, samples pooled (default 4 on a GPU, 1 on CPU).
+    ``visits``: how many times each job is measured, samples pooled (default 2 on a GPU, 1 on CPU).
     ``meta["timeline_s"]`` says where the wall time went (conditions, warm-up, peaks, each job's
     setup and total), so a slow run can be explained from its JSON."""
     t_start = time.perf_counter()
@@ -96,12 +97,14 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
         timeline["peaks"] = time.perf_counter() - t
     else:
         peaks = {}
-    # On a GPU every job is visited 4 (``visits``) times, every other visit in reverse order, and
-    # its samples pooled: at the power limit the SM clock swings within a run, and a cell timed in
-    # one stretch carries the clock it met. Measured on the H200 (docs/results/h200.md, issue 3):
-    # pre-quantized cells within 2% over three runs: 17/48 with one visit (0.25 s warm-up), 20 with
-    # two and 27 with four (1 s warm-up).
-    visits = visits or (4 if cuda else 1)
+    # On a GPU every job is visited twice (``visits``), the second visit in reverse order, its
+    # samples pooled: every burst runs at the sustained, power-limited clock (timing.hold_gpu), and
+    # that clock still swings (1100-1950 MHz at 700 W), so a cell timed in one stretch carries the
+    # phase it met. Measured on the H200 (docs/results/h200.md, "Session 4"), three cold runs of the
+    # seed config: cells within 2% autocast / pre-quantized 26 / 26 of 48 with one visit, 34 / 27
+    # with two; the pre-quantized cells within 5% (BF16) / 8% (FP8) of the same GEMMs in training
+    # steps 41 and 45 of 48.
+    visits = visits or (2 if cuda else 1)
     flush = L2Flush() if (flush_l2 and cuda) else None
     cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
                 timing="CUDA-event pair per call, launches queued behind dense GEMMs (longer on an idle GPU, to spend its boost); "

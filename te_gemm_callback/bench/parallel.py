@@ -7,7 +7,7 @@ are dealt first and single jobs then even out the loads (:func:`partition`).
 Device 0's share runs in this process; every other device gets a fresh interpreter
 (``python -m te_gemm_callback.bench.parallel SPEC OUT``) pinned to its GPU, so a crash or OOM there
 cannot take the caller down. Each worker pays about 11 s before its first cell on the H200 host
-(Python and torch 4 s, TE's import 6 s, a 1 s warm-up), so the workers are started before this
+(Python and torch 4 s, TE's import 6 s, a 0.3-0.5 s warm-up), so the workers are started before this
 module imports torch or TE (nothing above the launch needs them): their start-up overlaps this
 process's own. Results come back as JSON files and are merged in the order one GPU would list them.
 """
