@@ -94,6 +94,25 @@ def test_heat_before_a_burst_only_on_an_idle_gpu_and_within_bounds(monkeypatch):
     assert heat_seconds(0.004, idle=False, burst_s=1.0) == pytest.approx(0.004)
 
 
+def test_heater_falls_back_to_smaller_sizes_then_a_spin_when_gpu_memory_is_full(monkeypatch):
+    # No CUDA here: the device index and the heater's allocation are stand-ins; what is tested is
+    # that a full GPU never makes the microbenchmark crash, and that the user is told what it costs.
+    tried = []
+
+    class Full:
+        def __init__(self, n):
+            tried.append(n)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(timing, "_Heater", Full)
+    monkeypatch.setattr(timing, "_HEATERS", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.warns(UserWarning, match="boost clock"):
+        h = timing._heater()
+    assert tried == [8192, 4096, 2048] and isinstance(h, timing._Spin)
+    assert timing._heater() is h  # decided once per device
+
+
 def test_items_from_capture_skip_recompute_and_attention():
     from te_gemm_callback import GemmProfiler
 
