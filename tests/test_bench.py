@@ -48,6 +48,13 @@ def test_cache_key_separates_every_condition(tmp_path):
     cache.save()
     again = ResultCache(tmp_path / "c.json")
     assert again.get("a") == ok and again.get("b") is None  # failures are re-measured
+    # A cache written by an older timing (no version: bursts partly at the boost clock) is dropped.
+    stale = json.loads((tmp_path / "c.json").read_text())
+    del stale["timing_version"]
+    stale["peaks"] = {"H200": {"bf16": 790.0}}
+    (tmp_path / "c.json").write_text(json.dumps(stale))
+    old = ResultCache(tmp_path / "c.json")
+    assert old.get("a") is None and old.data["peaks"] == {}
 
 
 cpu_path = pytest.mark.skipif(torch.cuda.is_available(), reason="covers the CPU/torch path; tests/test_gpu.py covers TE")

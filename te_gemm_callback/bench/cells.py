@@ -129,6 +129,12 @@ def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | N
                       precision, mode, bool(cond.get("flush_l2")))
 
 
+# Bumped when the timing changes what a cell measures; a cache written by another version is
+# dropped on load. 2: every timed burst at the sustained clock (version 1, no field, timed many
+# cells at the idle boost clock, 5-15% fast against training; docs/results/h200.md, session 4).
+TIMING_VERSION = 2
+
+
 class ResultCache:
     """JSON cache of results and per-device peaks, so reports and reruns do not re-measure."""
 
@@ -142,6 +148,9 @@ class ResultCache:
                 self.data = read_json(self.path)
             except (OSError, ValueError):  # json.JSONDecodeError is a ValueError
                 pass  # a corrupt cache is re-measured, never fatal
+        if self.data.get("timing_version") != TIMING_VERSION:  # measured another way: re-measure
+            self.data = {"results": {}, "peaks": {}}
+        self.data["timing_version"] = TIMING_VERSION
         self.data.setdefault("results", {})
         self.data.setdefault("peaks", {})
 
