@@ -1,4 +1,4 @@
-"""Timing a reviewer can trust: warm clocks, queued launches, per-call events, median and IQR."""
+"""Timing a reviewer can trust: the clock training runs at, queued launches, per-call events, median and IQR."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 
 # Hold the GPU long enough for the CPU to queue the timed launches ahead of it, so launch latency
 # and Python overhead never show between two GEMMs (the same idea as triton's do_bench).
-_SLEEP_PER_CALL_S = 20e-6
-_SLEEP_MAX_S = 0.5
+_HOLD_PER_CALL_S = 20e-6
+_HOLD_MAX_S = 0.5
 
 # The boost budget (docs/results/h200.md, "Session 4"; scripts/burst_profile.py): an H200 that
 # idled even 20 ms runs dense GEMMs ~15% faster for the next 100-200 ms of load (boost clock), then
@@ -144,7 +144,7 @@ def launch_timed(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None
     fn()
     host_s = time.perf_counter() - t
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    hold_gpu(min(1.5 * n * (host_s + _SLEEP_PER_CALL_S), _SLEEP_MAX_S), burst_s)
+    hold_gpu(min(1.5 * n * (host_s + _HOLD_PER_CALL_S), _HOLD_MAX_S), burst_s)
     for start, end in pairs:
         if flush is not None:
             flush()
