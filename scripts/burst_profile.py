@@ -79,8 +79,18 @@ def recovery(reps: int) -> dict:
                 n = max(1, round(heat / heater.call_s))
                 for _ in range(n):
                     heater.mm()
-            out["heat"].append({"heat_s": heat, **_boost(_burst(fn, 200))})
+            out["heat"].append({"idle_s": 1.0, "heat_s": heat, **_boost(_burst(fn, 200))})
             print(f"1 s idle, then {1e3 * heat:4.0f} ms load: {out['heat'][-1]}")
+        # What a job start meets (a few ms of host bookkeeping after a synchronize): how much load
+        # spends the boost a short idle gives back (sizes timing.HEAT_MAX_S).
+        for idle in (0.005, 0.02):
+            for heat in (0.025, 0.05, 0.1):
+                heater.load(0.3)
+                torch.cuda.synchronize()
+                time.sleep(idle)
+                heater.load(heat)
+                out["heat"].append({"idle_s": idle, "heat_s": heat, **_boost(_burst(fn, 200))})
+                print(f"{1e3 * idle:.0f} ms idle, then {1e3 * heat:4.0f} ms load: {out['heat'][-1]}")
         for idle in (0.02, 0.1, 1.0):
             heater.load(0.3)
             torch.cuda.synchronize()

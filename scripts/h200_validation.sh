@@ -3,7 +3,8 @@
 #   bash scripts/h200_validation.sh OUTDIR            # all sections
 #   ONLY=bench bash scripts/h200_validation.sh OUTDIR # only the microbenchmark sections (issue 3)
 #   ONLY=report bash scripts/h200_validation.sh OUTDIR # sweep vs plain loop, recipes (issues 4, 5)
-#   VISITS=4 ONLY=spread bash scripts/h200_validation.sh OUTDIR # three-run spread and bench vs job only
+#   VISITS=2 ONLY=spread bash scripts/h200_validation.sh OUTDIR # three-run spread and bench vs job only
+#   ONLY=diagnose bash scripts/h200_validation.sh OUTDIR # why bench and job differ: kernels, boost (~2 min)
 set -uo pipefail
 out=${1:-runs/h200}
 mkdir -p "$out"
@@ -17,6 +18,16 @@ only=${ONLY:-all}
 if [ "$only" = all ]; then
 echo "== pytest (CPU and GPU tests)"
 python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -4
+fi
+
+if [ "$only" = diagnose ]; then
+    echo "== the kernel each side launches per GEMM, and what overlaps the job's GEMMs"
+    timeout 240 python scripts/kernel_match.py --layers 4 --steps 3 --json "$out/kernel_match.json" 2>&1 | quiet \
+        | grep -E "job GEMM kernels|overlapping|same kernel in"
+    echo "== a GEMM's time along a long burst after idle; how much idle gives the boost back"
+    timeout 120 python scripts/burst_profile.py --calls 400 --json "$out/burst.json" 2>&1 | quiet | grep -v "clock (s"
+    timeout 120 python scripts/burst_profile.py --recovery 2 --json "$out/recovery.json" 2>&1 | quiet | cut -c1-160
+    exit 0
 fi
 
 if [ "$only" = report ]; then
