@@ -315,6 +315,24 @@ def test_run_summary_states_the_clock_the_cells_ran_at():
     assert run_summary(res) == ("0 cells on NVIDIA H200, measured in 9.3 s; SM clock median 1575 MHz (min 1455), "
                                 "board power median 616 W (NVML)")
     assert run_summary(BenchResults([], meta={"device": "CPU", "wall_s": 0.01})).endswith("measured in 0.0 s")
+    hot = BenchResults([], meta={"device": "NVIDIA H200", "wall_s": 9.34,
+                                 "timeline_s": {"heat": {"heat_s": 2.45, "idle_holds": 17, "holds": 80}}})
+    assert run_summary(hot).endswith("2.5 s of dense load to keep every burst at the sustained clock "
+                                     "(17 of 80 holds found the GPU idle)")
+
+
+def test_holds_heat_only_an_idle_gpu_and_account_for_it(monkeypatch):
+    # No CUDA here: the stream's idle query and the heater are stand-ins; what is tested is which
+    # holds get the extra load and what the run's timeline is told it cost.
+    loads, idle = [], iter([True, False])
+    monkeypatch.setattr(timing, "_heater", lambda: type("H", (), {"load": lambda self, s: loads.append(s)})())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"query": lambda self: next(idle)})())
+    monkeypatch.setattr(timing, "HEAT_LOG", {"heat_s": 0.0, "idle_holds": 0, "holds": 0})
+    timing.hold_gpu(0.002, burst_s=0.01)  # idle: 4 x the burst
+    timing.hold_gpu(0.002, burst_s=0.01)  # busy: the hold alone
+    timing.heat_gpu(burst_s=1.0)  # a job's start: capped
+    assert loads == pytest.approx([0.04, 0.002, timing.HEAT_MAX_S])
+    assert timing.HEAT_LOG == pytest.approx({"heat_s": 0.038 + timing.HEAT_MAX_S, "idle_holds": 2, "holds": 3})
 
 
 @cpu_path

@@ -21,7 +21,7 @@ from ..shapes import GemmOp, GemmShape, gemm_passes
 from .cells import FP8_FAMILY, MODES, BenchResult, ResultCache, WorkItem, cell_key
 from .clocks import ClockSampler
 from .jobs import te_job, torch_job
-from .timing import L2Flush, device_conditions, measure_peaks, stats, warm_up_gpu
+from .timing import HEAT_LOG, L2Flush, device_conditions, measure_peaks, stats, warm_up_gpu
 
 
 
@@ -85,6 +85,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
             wanted.append(p)
     # TE's import (about 6 s on the H200 host, most of it torch._dynamo) happens in te_available().
     timeline: dict[str, Any] = {"jobs": [], "import_and_checks": time.perf_counter() - t_start}
+    heat0 = dict(HEAT_LOG)
     t = time.perf_counter()
     cond = device_conditions()
     timeline["conditions"] = time.perf_counter() - t
@@ -163,6 +164,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     cache.save()
     timeline["jobs_total"] = sum(j["s"] for j in timeline["jobs"])
     timeline["setup_total"] = sum(j.get("setup_s", 0.0) for j in timeline["jobs"])
+    timeline["heat"] = {k: v - heat0[k] for k, v in HEAT_LOG.items()}  # what timing at the sustained clock cost
     meta = dict(cond, wall_s=time.perf_counter() - t_start, modes=modes, precisions=wanted,
                 clocks_during_run=sampler.summary(), timeline_s=timeline)
     return BenchResults(results, skipped, meta)

@@ -25,6 +25,9 @@ _HOLD_MAX_S = 0.5
 # HEAT_MAX_S (a job whose GEMMs are that short does not hold the GPU at its power limit either).
 HEAT_MAX_S = 0.15
 HEAT_PER_BURST = 4.0
+# What the heat cost, for the run's timeline: GPU seconds of dense load queued to spend the boost
+# (beyond the holds), and how many holds found the GPU idle.
+HEAT_LOG = {"heat_s": 0.0, "idle_holds": 0, "holds": 0}
 
 
 def heat_seconds(hold_s: float, idle: bool, burst_s: float | None = None) -> float:
@@ -94,15 +97,22 @@ def _heater() -> _Heater | _Spin:
 
 def heat_gpu(burst_s: float | None = None) -> None:
     """Queue dense GEMMs that spend an idle GPU's boost before a burst of ``burst_s`` seconds."""
-    _heater().load(heat_seconds(0.0, True, burst_s))
+    _load(0.0, True, burst_s)
+
+
+def _load(hold_s: float, idle: bool, burst_s: float | None) -> None:
+    seconds = heat_seconds(hold_s, idle, burst_s)
+    HEAT_LOG["holds"] += 1
+    HEAT_LOG["idle_holds"] += int(idle)
+    HEAT_LOG["heat_s"] += seconds - hold_s
+    _heater().load(seconds)
 
 
 def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
     """Queue dense GEMMs ahead of what the caller launches next, without waiting for them: at
     least ``hold_s`` (the host's time to queue the burst), and if the stream is empty (the GPU is
     idle, its boost back) enough to spend the boost (:func:`heat_seconds`)."""
-    idle = torch.cuda.current_stream().query()  # non-blocking: True when nothing is queued
-    _heater().load(heat_seconds(hold_s, idle, burst_s))
+    _load(hold_s, torch.cuda.current_stream().query(), burst_s)  # query: True when nothing is queued
 
 
 def stats(times: list[float]) -> tuple[float, float, float]:

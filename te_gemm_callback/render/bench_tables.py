@@ -116,5 +116,9 @@ def run_summary(res: BenchResults) -> str:
     if ck:
         line += (f"; SM clock median {ck['sm_clock_mhz_median']:.0f} MHz (min {ck['sm_clock_mhz_min']:.0f}), "
                  f"board power median {ck['power_w_median']:.0f} W (NVML)")
+    heat = (m.get("timeline_s") or {}).get("heat")
+    if heat and heat.get("holds"):
+        line += (f"; {heat['heat_s']:.1f} s of dense load to keep every burst at the sustained clock "
+                 f"({heat['idle_holds']} of {heat['holds']} holds found the GPU idle)")
     return line
 
