@@ -1,4 +1,4 @@
-"""A 2-process Lightning DDP job on CPU (gloo), run by tests/test_distributed.py in a subprocess.
+"""A Lightning DDP job on CPU (gloo; 2 processes, or argv[2]), run by tests/test_distributed.py.
 
 Rank 1's capture is made to fail inside a hook: the job must finish, rank 0 must still gather
 both captures (rank 1's with its error), and nothing may hang. The kernel-profiled step after the
@@ -26,9 +26,10 @@ class FailOnRank1(_FakeKernelProfile):
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])
+    devices = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     torch.manual_seed(0)
     cb = FailOnRank1(wait=0, warmup=1, active=2, output_dir=out, verbose=False)
-    trainer = pl.Trainer(max_steps=5, accelerator="cpu", devices=2, strategy="ddp", callbacks=[cb],
+    trainer = pl.Trainer(max_steps=5, accelerator="cpu", devices=devices, strategy="ddp", callbacks=[cb],
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0)
     trainer.fit(DemoTransformer())

@@ -4,25 +4,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from te_gemm_callback import GemmCapture
 
 
-def test_ddp_two_ranks_gathered_and_no_hang_when_one_capture_fails(tmp_path):
+@pytest.mark.parametrize("world", [2, 3])  # 3: an odd world size, nothing assumes pairs of ranks
+def test_ddp_ranks_gathered_and_no_hang_when_one_capture_fails(tmp_path, world):
     job = Path(__file__).resolve().parent / "ddp_job.py"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
-    # Lightning's "ddp" launcher re-runs this script for rank 1; a hang fails the timeout.
-    proc = subprocess.run([sys.executable, str(job), str(tmp_path)], capture_output=True, text=True,
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29517 + world))
+    # Lightning's "ddp" launcher re-runs this script for ranks 1..; a hang fails the timeout.
+    proc = subprocess.run([sys.executable, str(job), str(tmp_path), str(world)], capture_output=True, text=True,
                           timeout=240, env=env, cwd=job.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0 done" in proc.stdout
-    ranks = [GemmCapture.load(tmp_path / "ranks" / f"rank{r}.json") for r in (0, 1)]
-    assert [c.meta["rank"] for c in ranks] == [0, 1] and ranks[0].meta["world_size"] == 2
-    assert ranks[0].records and ranks[0].coverage["error"] is None
+    ranks = [GemmCapture.load(tmp_path / "ranks" / f"rank{r}.json") for r in range(world)]
+    assert [c.meta["rank"] for c in ranks] == list(range(world)) and ranks[0].meta["world_size"] == world
+    assert all(c.records and c.coverage["error"] is None for i, c in enumerate(ranks) if i != 1)
     assert ranks[1].coverage["error"] == "RuntimeError: injected on rank 1"
-    # Both ranks gathered after the (simulated) kernel-profiled step, not one step apart.
+    # Every rank gathered after the (simulated) kernel-profiled step, not one step apart.
     assert all(c.meta["kernel_breakdown_ms"] == {"gemm": 1.0} and c.meta["global_step_end"] == 4 for c in ranks)
     summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())
-    assert [r["rank"] for r in summary] == [0, 1] and summary[1]["error"]
+    assert [r["rank"] for r in summary] == list(range(world)) and summary[1]["error"]
     assert GemmCapture.load(tmp_path / "gemm_capture.json").meta["rank"] == 0
 
 
