@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback import GemmProfiler  # noqa: E402
-from te_gemm_callback.bench.clocks import ClockSampler  # noqa: E402
+from te_gemm_callback.clocks import ClockSampler  # noqa: E402
 from te_gemm_callback.bench.cells import ResultCache, items_from_capture  # noqa: E402
 from te_gemm_callback.bench.engine import run_bench  # noqa: E402
 from te_gemm_callback.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn  # noqa: E402

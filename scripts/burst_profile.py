@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback.bench import jobs  # noqa: E402
 from te_gemm_callback.bench.cells import WorkItem  # noqa: E402
-from te_gemm_callback.bench.clocks import ClockSampler  # noqa: E402
+from te_gemm_callback.clocks import ClockSampler  # noqa: E402
 from te_gemm_callback.bench.timing import warm_up_gpu  # noqa: E402
 from te_gemm_callback.shapes import GemmShape  # noqa: E402
 

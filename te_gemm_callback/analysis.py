@@ -196,6 +196,22 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                         "timing": "step: CUDA events between step boundaries; GEMM: CUDA-event pair per GEMM"})
 
 
+def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
+    """The SM clock the job's captured steps ran at against the microbenchmark's (NVML medians).
+    GEMM times scale with it: on the H200 a bench at the idle boost clock read 5-15% fast against
+    training (docs/results/h200.md, session 4), so a difference over 5% is called out."""
+    job = cap.meta.get("clocks_during_capture")
+    ran = bench.meta.get("clocks_during_run") if bench is not None else None
+    if not job or not ran:
+        return None
+    j, b = job["sm_clock_mhz_median"], ran["sm_clock_mhz_median"]
+    text = f"SM clock median: job {j:.0f} MHz over the captured steps, microbenchmark {b:.0f} MHz"
+    if abs(b / j - 1) > 0.05:
+        text += (f" ({100 * (b / j - 1):+.0f}%): the microbenchmark's absolute GEMM times are off by about as much; "
+                 "its speedups between recipes much less")
+    return text
+
+
 def instrumented_step_note(cap: GemmCapture) -> str | None:
     """When every captured step ran under the torch dispatch mode (plain torch models), its Python
     cost is in the step times; say how much, against the uninstrumented profiled step if any."""

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from te_gemm_callback.analysis import amdahl, analyze, capture_recipe
+from te_gemm_callback.analysis import amdahl, analyze, capture_recipe, clock_note
 from te_gemm_callback.bench.cells import BenchResult
 from te_gemm_callback.bench.engine import BenchResults
 from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
@@ -254,6 +254,44 @@ def test_moe_padding_rows_in_the_evidence():
     assert fp8.padded_rows_pct == pytest.approx(60.0)
     assert any("padded to a multiple of 16: +60.0% rows" in e for e in fp8.evidence)
     assert next(a for a in rep.recipes if a.recipe == "BF16").padded_rows_pct is None
+
+
+def test_clock_note_sets_the_jobs_clock_against_the_benchs(tmp_path):
+    ck = lambda mhz: {"sm_clock_mhz_median": mhz, "sm_clock_mhz_min": mhz - 100, "power_w_median": 650.0,  # noqa: E731
+                      "power_w_max": 700.0, "samples": 40}
+    job = capture(100, 60)
+    job.meta["clocks_during_capture"] = ck(1545.0)
+    at_boost = bench({"BF16": 20.0})
+    at_boost.meta["clocks_during_run"] = ck(1740.0)  # session 3's bench against its job on the H200
+    note = clock_note(job, at_boost)
+    assert note.startswith("SM clock median: job 1545 MHz over the captured steps, microbenchmark 1740 MHz (+13%)")
+    at_boost.meta["clocks_during_run"] = ck(1485.0)  # session 4: within 5%, stated without a warning
+    assert clock_note(job, at_boost).endswith("microbenchmark 1485 MHz")
+    assert clock_note(capture(100, 60), at_boost) is None  # no NVML during the capture: nothing said
+    run = tmp_path / "run"
+    job.save(run / "gemm_capture.json")
+    at_boost.meta["clocks_during_run"] = ck(1740.0)
+    at_boost.save(run / "bench.json")
+    render_run(run)
+    assert "(+13%)" in json.loads((run / "report.json").read_text())["meta"]["clock_note"]
+
+
+def test_capture_records_the_clock_it_ran_at():
+    # No GPU here: a stand-in reader plays NVML; what is tested is that the profiler samples while
+    # it captures and leaves the summary in the capture's meta.
+    import torch
+    from torch import nn
+
+    from te_gemm_callback import GemmProfiler
+
+    model = nn.Linear(8, 8)
+    with GemmProfiler(model, clock_reader=lambda: (1500.0, 600.0)) as prof:
+        model(torch.randn(4, 8)).sum().backward()
+    ck = prof.capture.meta["clocks_during_capture"]
+    assert ck["sm_clock_mhz_median"] == 1500.0 and ck["samples"] >= 1
+    with GemmProfiler(model) as prof:  # CPU, no reader: none
+        model(torch.randn(4, 8)).sum().backward()
+    assert prof.capture.meta["clocks_during_capture"] is None
 
 
 def test_instrumented_step_note():

@@ -259,7 +259,7 @@ def test_repeated_layers_grouped_in_the_stacked_figure():
 def test_clock_sampler_summarises_and_survives_a_failing_reader():
     import time
 
-    from te_gemm_callback.bench.clocks import ClockSampler
+    from te_gemm_callback.clocks import ClockSampler
 
     readings = iter([(1980.0, 400.0), (1700.0, 700.0), (1800.0, 690.0)])
 

@@ -9,11 +9,12 @@ import time
 import traceback
 from datetime import datetime, timezone
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
+from ..clocks import ClockSampler
 from ..precisions import te_version
 from ..shapes import GemmOp, GemmShape
 from .instruments import EventTimer, Nvtx, range_name
@@ -140,6 +141,10 @@ class GemmProfiler:
         timing: CUDA-event pairs per GEMM (ignored on CPU).
         nsys_capture: call cudaProfilerStart/Stop around the profiled steps, for
             ``nsys profile --capture-range=cudaProfilerApi``.
+        clock_reader: reads (SM clock MHz, board power W) on a background thread while capturing
+            (default: NVML on a CUDA host, nothing elsewhere); the summary goes to
+            ``meta["clocks_during_capture"]``, so a report can set the job's clock against the
+            microbenchmark's (GEMM times scale with it).
 
     Example:
         >>> with GemmProfiler(model) as prof:          # doctest: +SKIP
@@ -149,7 +154,8 @@ class GemmProfiler:
 
     def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
                  dispatch_steps: int | str | None = None, nvtx: bool = True, timing: bool = True,
-                 nsys_capture: bool = False, nvtx_backend: Any = None) -> None:
+                 nsys_capture: bool = False, nvtx_backend: Any = None,
+                 clock_reader: Callable[[], tuple[float, float]] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"GemmProfiler needs a torch.nn.Module, got {type(model).__name__}")
         bad = set(adapters) - {"te", "torch"}
@@ -173,6 +179,8 @@ class GemmProfiler:
         self.micro_batches: list[int] = []
         self._capture: GemmCapture | None = None
         self._started = False
+        self._clock_reader = clock_reader
+        self._clocks: ClockSampler | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> "GemmProfiler":
@@ -188,6 +196,10 @@ class GemmProfiler:
             raise
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.start()
+        if self._clock_reader is not None or torch.cuda.is_available():
+            # 20 reads a second on a background thread (NVML ~10-50 us each): the median over a
+            # few steps, at no cost the step can feel. Never raises into the job.
+            self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
         self.recorder.active = True
         self._open_step()
         return self
@@ -213,6 +225,8 @@ class GemmProfiler:
         self._exit_mode()
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.stop()
+        if self._clocks is not None:
+            self._clocks.__exit__(None, None, None)
         if self.te is not None:
             self.te.uninstall()
         self.scope.detach()
@@ -333,6 +347,7 @@ class GemmProfiler:
             "adapters": list(self.adapters),
             "timing": self.recorder.timer.kind,
             "model": type(self.model).__name__,
+            "clocks_during_capture": self._clocks.summary() if self._clocks is not None else None,
         }
 
 

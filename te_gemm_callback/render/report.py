@@ -40,10 +40,12 @@ def report_table(rep: Report) -> Table:
         t.add_row(*row, _x(a.observed_step_speedup), _x(a.observed_step_ms, "{:.2f}"))
     for r, why in rep.skipped.items():
         t.add_row(r, "not run", *[""] * (len(cols) - 2), style="dim")
+    notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
+        ([rep.meta["clock_note"]] if rep.meta.get("clock_note") else [])
     t.caption = (f"speedups over BF16. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the captured "
                  "shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. unfused: each GEMM "
                  "plus a standalone quantization of its inputs (autocast mode). Attention's QK^T and softmax·V "
-                 "count as non-GEMM time" + (f". Note: {rep.meta['step_note']}" if rep.meta.get("step_note") else ""))
+                 "count as non-GEMM time" + "".join(f". {n}" for n in notes))
     return t
 
 
@@ -123,7 +125,7 @@ def write_report_json(rep: Report, path: str | Path) -> Path:
 
 def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     """Re-render everything from a run folder (captures, optional bench.json): no GPU needed."""
-    from ..analysis import analyze, capture_recipe, instrumented_step_note
+    from ..analysis import analyze, capture_recipe, clock_note, instrumented_step_note
     from ..bench.cells import items_from_capture
     from ..bench.engine import BenchResults, measured_items
     from ..capture import GemmCapture
@@ -143,9 +145,9 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     base = next((c for c in caps if capture_recipe(c) == capture_recipe(job)), caps[0])
     bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
-    note = instrumented_step_note(job)
-    if note:
-        rep.meta["step_note"] = note
+    for key, note in (("step_note", instrumented_step_note(job)), ("clock_note", clock_note(job, bench))):
+        if note:
+            rep.meta[key] = note
     files = {"report": write_report_json(rep, root / "report.json"),
              "speedups": speedup_figure(rep, root / "speedups.png"),
              "step_split": step_split_figure(rep, root / "step_split.png",
