@@ -101,6 +101,22 @@ def test_heat_before_a_burst_only_on_an_idle_gpu_and_within_bounds(monkeypatch):
     assert heat_seconds(0.004, idle=False, burst_s=1.0) == pytest.approx(0.004)
 
 
+@pytest.mark.parametrize("visits", [1, 2, 4])
+def test_job_plan_gives_every_cell_at_least_10_samples_over_its_visits(visits):
+    # Planned from a FLOP model (no timed trial: a synchronize would idle the GPU): whatever the
+    # shape and recipe, the visits together pool at least 10 samples per cell.
+    from te_gemm_callback.bench.jobs import plan_job
+
+    shapes = [GemmShape(15872, 4096, 4096), GemmShape(15872, 16384, 4096), GemmShape(16384, 28672, 8192),
+              GemmShape(128, 64, 64), GemmShape(4096, 1024, 2048)]
+    for shape in shapes:
+        for precision in ("BF16", "Float8CurrentScaling", "NVFP4BlockScaling"):
+            plan = plan_job(WorkItem("x", shape), precision, ["autocast", "prequantized"], share=1 / visits)
+            assert visits * plan.iters >= 10 and visits * plan.repeats >= 10
+    small = plan_job(WorkItem("x", GemmShape(128, 64, 64)), "BF16", ["prequantized"])
+    assert small.repeats == 50 and small.timed_s < 1e-3  # tiny GEMMs: the cap, and almost no heat
+
+
 def test_heater_falls_back_to_smaller_sizes_then_a_spin_when_gpu_memory_is_full(monkeypatch):
     # No CUDA here: the device index and the heater's allocation are stand-ins; what is tested is
     # that a full GPU never makes the microbenchmark crash, and that the user is told what it costs.

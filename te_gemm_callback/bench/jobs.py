@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
@@ -87,14 +88,11 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
     ``share``: this call's part of the cell's samples (run_bench measures each job in several visits)."""
     t_job = time.perf_counter()
     te = import_te()
-    # Planned from a FLOP model, not a timed trial: a synchronize here would idle the GPU, and an
-    # idle GPU gives its boost back (timing.hold_gpu). No synchronize until the job's last call.
-    gemm_ms = 1e3 * gemm_seconds(item.fprop.flops, precision)
-    iters = _share_iters(3 * gemm_ms, share, target_ms=60.0, lo=10, hi=30)
-    n_repeat = _share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50)
+    plan = plan_job(item, precision, modes, share)
+    gemm_ms, iters, n_repeat = plan.gemm_ms, plan.iters, plan.repeats
     # The previous job ended with a synchronize, so the GPU is idle and has its boost back: heat
     # it first, so the load overlaps this job's host-side setup (module build, TE's first calls).
-    heat_gpu(1e-3 * gemm_ms * 3 * (iters * ("autocast" in modes) + n_repeat * ("prequantized" in modes)))
+    heat_gpu(plan.timed_s)
     m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
     bf16 = torch.bfloat16
     if item.m_splits:
@@ -162,6 +160,27 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
         for layout, pairs in tap.repeats:
             out[(LAYOUT_OP[layout], "prequantized")] = elapsed(pairs)
     return out
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """How many timed calls a job makes, planned from a FLOP model rather than a timed trial: a
+    trial needs a synchronize, which idles the GPU, and an idle GPU gives its boost back
+    (timing.hold_gpu). ``share``: this visit's part of the cell's samples."""
+
+    gemm_ms: float  # model estimate of one pass's GEMM
+    iters: int  # autocast: forward+backward iterations, one sample of each pass per iteration
+    repeats: int  # pre-quantized: back-to-back re-issues of each pass's GEMM
+    timed_s: float  # expected GPU time of the job's timed calls, all modes
+
+
+def plan_job(item: WorkItem, precision: str, modes: Iterable[str], share: float = 1.0) -> JobPlan:
+    modes = set(modes)
+    gemm_ms = 1e3 * gemm_seconds(item.fprop.flops, precision)
+    iters = _share_iters(3 * gemm_ms, share, target_ms=60.0, lo=10, hi=30)
+    repeats = _share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50)
+    timed_s = 1e-3 * gemm_ms * 3 * (iters * ("autocast" in modes) + repeats * ("prequantized" in modes))
+    return JobPlan(gemm_ms, iters, repeats, timed_s)
 
 
 def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int, hi: int) -> int:
