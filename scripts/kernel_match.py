@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback import GemmProfiler  # noqa: E402
+from te_gemm_callback.capture.instruments import ProfilerRanges  # noqa: E402
 from te_gemm_callback.bench.cells import items_from_capture  # noqa: E402
 from te_gemm_callback.bench.jobs import te_job  # noqa: E402
 from te_gemm_callback.bench.timing import L2Flush, warm_up_gpu  # noqa: E402
@@ -34,25 +35,6 @@ from te_gemm_callback.precisions import availability  # noqa: E402
 from te_gemm_callback.shapes import gemm_passes  # noqa: E402
 
 ACTS = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-
-
-class _Ranges:
-    """GemmProfiler's NVTX stand-in: a torch.profiler range per GEMM, so CUPTI attributes each
-    GEMM's kernels to it (as in validate_capture.py)."""
-
-    def start(self, name):
-        rf = torch.autograd.profiler.record_function(f"te_gemm: {name}")
-        rf.__enter__()
-        return rf
-
-    def end(self, rf):
-        rf.__exit__(None, None, None)
-
-    def push(self, name):
-        pass
-
-    def pop(self):
-        pass
 
 
 def kernels_under(prof, prefix: str) -> dict[str, list[tuple[str, float]]]:
@@ -115,7 +97,7 @@ def job_side(recipe: str, layers: int, steps: int):
         step()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=ACTS) as tp:
-        prof = GemmProfiler(model, dispatch_steps=0, nvtx_backend=_Ranges()).start()
+        prof = GemmProfiler(model, dispatch_steps=0, nvtx_backend=ProfilerRanges()).start()
         for _ in range(steps):
             step()
             prof.step()

@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback import GemmProfiler  # noqa: E402
+from te_gemm_callback.capture.instruments import ProfilerRanges  # noqa: E402
 from te_gemm_callback.kernels import is_gemm_kernel, kernel_times_us  # noqa: E402
 from te_gemm_callback.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
 from te_gemm_callback.precisions import availability  # noqa: E402
@@ -38,25 +39,6 @@ def expected_shapes(c: DemoConfig) -> collections.Counter:
     m, h, i = c.sequence_length * c.micro_batch_size, c.hidden_size, c.intermediate_size
     fprops = [GemmShape(m, h, 3 * h), GemmShape(m, h, h), GemmShape(m, h, i), GemmShape(m, i, h)]
     return collections.Counter((str(s.op), s.m, s.k, s.n) for f in fprops for s in gemm_passes(f))
-
-
-class ProfilerRanges:
-    """NVTX stand-in that opens a torch.profiler range per GEMM: CUPTI then attributes exactly the
-    kernels each intercepted GEMM launched to it, so both sides measure the same GEMMs."""
-
-    def start(self, name):
-        rf = torch.autograd.profiler.record_function(f"te_gemm: {name}")
-        rf.__enter__()
-        return rf
-
-    def end(self, rf):
-        rf.__exit__(None, None, None)
-
-    def push(self, name):
-        pass
-
-    def pop(self):
-        pass
 
 
 def validate(recipe: str, c: DemoConfig, steps: int, warmup: int) -> dict:

@@ -149,3 +149,18 @@ def test_bad_arguments():
         GemmProfiler(Net(), adapters=("cuda",))
     with pytest.raises(RuntimeError, match="no capture yet"):
         GemmProfiler(Net()).capture
+
+
+def test_profiler_ranges_backend_opens_a_torch_profiler_range_per_gemm():
+    import torch
+    from torch import nn
+
+    from te_gemm_callback import GemmProfiler
+    from te_gemm_callback.capture.instruments import ProfilerRanges
+
+    model = nn.Linear(8, 8)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
+        with GemmProfiler(model, nvtx_backend=ProfilerRanges()):
+            model(torch.randn(4, 8, requires_grad=True)).sum().backward()  # input grad: a dgrad too
+    names = [e.name for e in tp.events() if e.name.startswith("te_gemm: ")]
+    assert len(names) == 3 and {n.split()[2] for n in names} == {"fprop", "dgrad", "wgrad"}

@@ -15,11 +15,11 @@ from typing import Any, Iterable
 
 import torch
 
+from ..clocks import ClockSampler
 from ..jsonio import read_json, write_json
 from ..precisions import availability, canonical, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
 from .cells import FP8_FAMILY, MODES, BenchResult, ResultCache, WorkItem, cell_key
-from ..clocks import ClockSampler
 from .jobs import te_job, torch_job
 from .timing import HEAT_LOG, L2Flush, device_conditions, measure_peaks, stats, warm_up_gpu
 

@@ -89,7 +89,6 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
     t_job = time.perf_counter()
     te = import_te()
     plan = plan_job(item, precision, modes, share)
-    gemm_ms, iters, n_repeat = plan.gemm_ms, plan.iters, plan.repeats
     # The previous job ended with a synchronize, so the GPU is idle and has its boost back: heat
     # it first, so the load overlaps this job's host-side setup (module build, TE's first calls).
     heat_gpu(plan.timed_s)
@@ -113,10 +112,13 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
         with autocast(precision):
             return fwd(x)
 
-    def iteration() -> None:
+    def clear_grads() -> None:
         for p in params:  # no gradient accumulation kernel between iterations
             p.grad = None
         x.grad = None
+
+    def iteration() -> None:
+        clear_grads()
         forward().backward(dy)
 
     out: dict[tuple[GemmOp, str], list[float]] = {}
@@ -130,14 +132,12 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
         marks: list[list[Any]] = []
         if "autocast" in modes:
             tap.mode = "events"
-            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(iters)]
+            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(plan.iters)]
             # Hold the GPU while the host queues every iteration: TE's Python per iteration can
             # exceed a small layer's GPU time, and a drained queue would put idle gaps in the pairs.
-            hold_gpu(min(1.5 * iters * host_s + 1e-3, 0.5), burst_s=1e-3 * 3 * gemm_ms * iters)
+            hold_gpu(min(1.5 * plan.iters * host_s + 1e-3, 0.5), burst_s=plan.autocast_s)
             for e0, e1, e2 in marks:
-                for p in params:
-                    p.grad = None
-                x.grad = None
+                clear_grads()
                 if flush is not None:
                     flush()
                 e0.record()
@@ -146,7 +146,7 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
                 y.backward(dy)
                 e2.record()
         if "prequantized" in modes:
-            tap.mode, tap.flush, tap.n, tap.burst_s = "repeat", flush, n_repeat, 1e-3 * gemm_ms * n_repeat
+            tap.mode, tap.flush, tap.n, tap.burst_s = "repeat", flush, plan.repeats, plan.repeat_burst_s
             iteration()
         tap.mode = "off"
         torch.cuda.synchronize()  # the job's only wait: every timed call is done
@@ -171,16 +171,28 @@ class JobPlan:
     gemm_ms: float  # model estimate of one pass's GEMM
     iters: int  # autocast: forward+backward iterations, one sample of each pass per iteration
     repeats: int  # pre-quantized: back-to-back re-issues of each pass's GEMM
-    timed_s: float  # expected GPU time of the job's timed calls, all modes
+    modes: frozenset[str]
+
+    @property
+    def autocast_s(self) -> float:
+        """Expected GPU time of the autocast iterations (three GEMMs each)."""
+        return 3e-3 * self.gemm_ms * self.iters
+
+    @property
+    def repeat_burst_s(self) -> float:
+        """Expected GPU time of one pass's pre-quantized burst."""
+        return 1e-3 * self.gemm_ms * self.repeats
+
+    @property
+    def timed_s(self) -> float:
+        """Expected GPU time of the job's timed calls, all modes."""
+        return self.autocast_s * ("autocast" in self.modes) + 3 * self.repeat_burst_s * ("prequantized" in self.modes)
 
 
 def plan_job(item: WorkItem, precision: str, modes: Iterable[str], share: float = 1.0) -> JobPlan:
-    modes = set(modes)
     gemm_ms = 1e3 * gemm_seconds(item.fprop.flops, precision)
-    iters = _share_iters(3 * gemm_ms, share, target_ms=60.0, lo=10, hi=30)
-    repeats = _share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50)
-    timed_s = 1e-3 * gemm_ms * 3 * (iters * ("autocast" in modes) + repeats * ("prequantized" in modes))
-    return JobPlan(gemm_ms, iters, repeats, timed_s)
+    return JobPlan(gemm_ms, iters=_share_iters(3 * gemm_ms, share, target_ms=60.0, lo=10, hi=30),
+                   repeats=_share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50), modes=frozenset(modes))
 
 
 def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int, hi: int) -> int:

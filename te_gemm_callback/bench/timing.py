@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+from .cells import gemm_seconds
+
 # Hold the GPU long enough for the CPU to queue the timed launches ahead of it, so launch latency
 # and Python overhead never show between two GEMMs (the same idea as triton's do_bench).
 _HOLD_PER_CALL_S = 20e-6
@@ -241,15 +243,16 @@ def measure_peaks(cache: dict[str, Any], device: str) -> dict[str, float]:
     peaks: dict[str, float] = {}
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    burst_s = 10 * flops / 6.5e14
-    peaks["bf16"] = flops / (stats(time_cuda(lambda: a @ b, 10, burst_s=burst_s))[0] * 1e-3) / 1e12
+    peaks["bf16"] = flops / (stats(time_cuda(lambda: a @ b, 10, burst_s=10 * gemm_seconds(flops, "BF16")))[0]
+                             * 1e-3) / 1e12
     if torch.cuda.get_device_capability() >= (8, 9) and hasattr(torch, "_scaled_mm"):
         try:
             a8 = a.to(torch.float8_e4m3fn)
             b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major second operand
             one = torch.ones((), device="cuda")
             fn = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
-            peaks["fp8"] = flops / (stats(time_cuda(fn, 10, burst_s=burst_s / 1.7))[0] * 1e-3) / 1e12
+            burst_s = 10 * gemm_seconds(flops, "DelayedScaling")  # an FP8 recipe's rate
+            peaks["fp8"] = flops / (stats(time_cuda(fn, 10, burst_s=burst_s))[0] * 1e-3) / 1e12
         except (RuntimeError, TypeError):
             pass
     cache[device] = peaks
