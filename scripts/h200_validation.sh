@@ -80,10 +80,11 @@ import json, sys
 m = json.load(open(sys.argv[1]))["meta"]
 t = m.get("timeline_s", {})
 print(f"  measurement {m['wall_s']:.2f} s: TE import and recipe checks {t.get('import_and_checks', 0):.2f}, conditions {t.get('conditions', 0):.2f}, warm-up {t.get('warm_up', 0):.2f}, "
-      f"peaks {t.get('peaks', 0):.2f}, {len(t.get('jobs', []))} jobs {t.get('jobs_total', 0):.2f} (setup {t.get('setup_total', 0):.2f}), "
-      f"heat {t.get('heat', {}).get('heat_s', 0):.2f} s in {t.get('heat', {}).get('idle_holds', 0)} of {t.get('heat', {}).get('holds', 0)} holds")
+      f"peaks {t.get('peaks', 0):.2f}, {len(t.get('jobs', []))} jobs {t.get('jobs_total', 0):.2f} on the GPU (host {t.get('host_total', 0):.2f}, setup {t.get('setup_total', 0):.2f}), "
+      f"heat {t.get('heat', {}).get('heat_s', 0):.2f} s in {t.get('heat', {}).get('idle_holds', 0)} of {t.get('heat', {}).get('holds', 0)} holds, "
+      f"holds {t.get('heat', {}).get('hold_s', 0):.2f} s")
 for j in t.get("jobs", []):
-    print(f"    {j['precision']:22s} {j['item']:20s} {j['s']:.3f} s setup {j.get('setup_s', 0):.3f} s "
+    print(f"    {j['precision']:22s} {j['item']:20s} GPU {j['s']:.3f} s host {j.get('host_s', 0):.3f} s setup {j.get('setup_s', 0):.3f} s heat {j.get('heat_s', 0):.3f} s "
           f"clock {j.get('sm_clock_mhz', 0):.0f} MHz {j.get('power_w', 0):.0f} W")
 PY
     done

@@ -340,15 +340,17 @@ def test_run_summary_states_the_clock_the_cells_ran_at():
 def test_holds_heat_only_an_idle_gpu_and_account_for_it(monkeypatch):
     # No CUDA here: the stream's idle query and the heater are stand-ins; what is tested is which
     # holds get the extra load and what the run's timeline is told it cost.
-    loads, idle = [], iter([True, False])
+    loads, idle = [], iter([True, False, False, True])
     monkeypatch.setattr(timing, "_heater", lambda: type("H", (), {"load": lambda self, s: loads.append(s)})())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"query": lambda self: next(idle)})())
-    monkeypatch.setattr(timing, "HEAT_LOG", {"heat_s": 0.0, "idle_holds": 0, "holds": 0})
+    monkeypatch.setattr(timing, "HEAT_LOG", {"heat_s": 0.0, "hold_s": 0.0, "idle_holds": 0, "holds": 0})
     timing.hold_gpu(0.002, burst_s=0.01)  # idle: 4 x the burst
     timing.hold_gpu(0.002, burst_s=0.01)  # busy: the hold alone
-    timing.heat_gpu(burst_s=1.0)  # a job's start: capped
+    timing.hold_gpu(0.0, burst_s=1.0)  # a job's start behind the previous job: nothing queued
+    timing.hold_gpu(0.0, burst_s=1.0)  # a job's start on an idle GPU: capped
     assert loads == pytest.approx([0.04, 0.002, timing.HEAT_MAX_S])
-    assert timing.HEAT_LOG == pytest.approx({"heat_s": 0.038 + timing.HEAT_MAX_S, "idle_holds": 2, "holds": 3})
+    assert timing.HEAT_LOG == pytest.approx({"heat_s": 0.038 + timing.HEAT_MAX_S, "hold_s": 0.004,
+                                             "idle_holds": 2, "holds": 4})
 
 
 @cpu_path
@@ -377,3 +379,39 @@ def test_bench_cli_starts_gpu_workers_before_torch_loads():
             "assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@cpu_path
+def test_a_visit_queues_every_job_before_reading_any_and_survives_a_late_error(monkeypatch):
+    # The jobs of a visit are queued back to back and read after one wait (an idle GPU between
+    # jobs would get its boost back). On CPU the launches are stand-ins that log what happens when;
+    # what is tested is the order, the error path and the timeline, not GPU timing.
+    from rich.progress import Progress
+
+    from te_gemm_callback.bench import engine
+    from te_gemm_callback.clocks import ClockSampler
+
+    log, waits = [], []
+    monkeypatch.setattr(engine.StreamClock, "wait", lambda self: log.append("wait"))
+    monkeypatch.setattr(engine.StreamClock, "wait_for", lambda self, mark: waits.append(len(log)))
+
+    def launch(it, p, job):
+        log.append(f"launch {it.name}")
+        if it.name == "late":
+            return lambda: (_ for _ in ()).throw(RuntimeError("CUDA error: an illegal memory access"))
+        if it.name == "early":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        return lambda: (log.append(f"read {it.name}"), {(GemmOp.FPROP, "autocast"): [1.0, 2.0]})[1]
+
+    names = ["a", "early", "late", "b"]
+    unique = {(n, "BF16"): WorkItem(n, GemmShape(8, 8, 8)) for n in names}
+    times, errors = {jk: {} for jk in unique}, {}
+    with Progress(disable=True) as prog:
+        jobs = engine._run_visit(list(unique), 0, unique, times, errors, ClockSampler(reader=None), prog,
+                                 prog.add_task("x", total=4), launch)
+    assert log == ["launch a", "launch early", "launch late", "launch b", "wait", "read a", "read b"]
+    assert waits == [2, 3]  # before jobs 3 and 4: for job 1, then job 2 (one job stays queued)
+    assert errors == {("early", "BF16"): "OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB",
+                      ("late", "BF16"): "RuntimeError: CUDA error: an illegal memory access"}
+    assert times[("a", "BF16")] == {(GemmOp.FPROP, "autocast"): [1.0, 2.0]} and times[("late", "BF16")] == {}
+    assert [j["item"] for j in jobs] == ["8x8x8"] * 4 and all(j["s"] >= 0 and j["host_s"] >= 0 for j in jobs)

@@ -3,7 +3,6 @@ experts, outputs and gradients equal a single process holding all experts. Routi
 rank (each rank has its own tokens), so the all-to-all sends uneven splits both ways."""
 
 import importlib
-import os
 import sys
 from pathlib import Path
 

@@ -21,7 +21,7 @@ from ..precisions import availability, canonical, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
 from .cells import FP8_FAMILY, MODES, BenchResult, ResultCache, WorkItem, cell_key
 from .jobs import te_job, torch_job
-from .timing import HEAT_LOG, L2Flush, device_conditions, measure_peaks, stats, warm_up_gpu
+from .timing import HEAT_LOG, L2Flush, StreamClock, device_conditions, measure_peaks, stats, warm_up_gpu
 
 
 
@@ -109,7 +109,8 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     flush = L2Flush() if (flush_l2 and cuda) else None
     cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
                 timing="CUDA-event pair per call, launches queued behind dense GEMMs (longer on an idle GPU, to spend its boost); "
-                f"each job visited {visits} times (every other visit in reverse order), samples pooled" if cuda
+                f"jobs queued back to back, one synchronize per visit; each job visited {visits} times "
+                "(every other visit in reverse order), samples pooled" if cuda
                 else "host clock per call (CPU)")
     # One job per (shape, splits) and recipe: repeated layers share their measurement.
     unique = {}
@@ -128,30 +129,13 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     with prog, sampler:
         task = prog.add_task("GEMM cells", total=max(len(todo) * visits, 1))
         for visit in range(visits):
-            for jk in (todo if visit % 2 == 0 else todo[::-1]):
-                it, p = unique[jk], jk[1]
-                prog.update(task, description=f"{p} {it.fprop.mkn}")
-                if jk in errors:
-                    prog.advance(task)
-                    continue
-                job = {"item": it.fprop.mkn + (f" groups={len(it.m_splits)}" if it.m_splits else ""),
-                       "precision": p, "visit": visit}
-                t_job = time.perf_counter()
-                try:
-                    got = (te_job(it, p, modes, flush, job, share=1 / visits) if use_te
-                           else torch_job(it, modes, share=1 / visits))
-                    for cell, ts in got.items():
-                        times[jk].setdefault(cell, []).extend(ts)
-                except Exception as err:  # OOM, kernel or shape error: record and go on
-                    errors[jk] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-                    if cuda:
-                        torch.cuda.empty_cache()
-                job["s"] = time.perf_counter() - t_job
-                ck = sampler.summary(since=t_job + job.get("setup_s", 0.0), until=t_job + job["s"])
-                if ck:  # SM clock and power while this job's cells were timed (power-limited cells clock down)
-                    job.update(sm_clock_mhz=ck["sm_clock_mhz_median"], power_w=ck["power_w_median"])
-                timeline["jobs"].append(job)
-                prog.advance(task)
+            order = [jk for jk in (todo if visit % 2 == 0 else todo[::-1]) if jk not in errors]
+            t = time.perf_counter()
+            timeline["jobs"] += _run_visit(order, visit, unique, times, errors, sampler, prog, task,
+                                           lambda it, p, job: (te_job(it, p, modes, flush, job, share=1 / visits)
+                                                               if use_te else torch_job(it, modes, share=1 / visits)))
+            prog.advance(task, len(todo) - len(order))  # jobs skipped after an error in an earlier visit
+            timeline.setdefault("visits", []).append(time.perf_counter() - t)
     results: list[BenchResult] = []
     for jk, it in unique.items():
         for s in gemm_passes(it.fprop):
@@ -162,12 +146,65 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
                     cache.put(keys[jk][(s.op, mo)], r)
                 results.append(r)
     cache.save()
-    timeline["jobs_total"] = sum(j["s"] for j in timeline["jobs"])
+    timeline["jobs_total"] = sum(j["s"] for j in timeline["jobs"])  # GPU seconds, heat and holds included
+    timeline["host_total"] = sum(j["host_s"] for j in timeline["jobs"])  # host seconds to build and queue them
     timeline["setup_total"] = sum(j.get("setup_s", 0.0) for j in timeline["jobs"])
     timeline["heat"] = {k: v - heat0[k] for k, v in HEAT_LOG.items()}  # what timing at the sustained clock cost
     meta = dict(cond, wall_s=time.perf_counter() - t_start, modes=modes, precisions=wanted,
                 clocks_during_run=sampler.summary(), timeline_s=timeline)
     return BenchResults(results, skipped, meta)
+
+
+# How many jobs stay queued on the GPU while the host builds the next: one covers a job's host-side
+# setup (module build, TE's first calls: 20-50 ms against 50-150 ms of GPU time), so the GPU never
+# waits for the host; more would fill CUDA's launch queue, where a blocked launch inflates the
+# host-time estimate that sizes a hold (timing.launch_timed) and the progress bar runs ahead.
+_JOBS_QUEUED = 1
+
+
+def _run_visit(order: list[tuple], visit: int, unique: dict, times: dict, errors: dict, sampler: ClockSampler,
+               prog: Any, task: Any, launch: Any) -> list[dict[str, Any]]:
+    """Queue one visit's jobs back to back, the host at most ``_JOBS_QUEUED`` jobs ahead of the GPU,
+    then wait once and pool every job's samples into ``times``. Returns the visit's timeline."""
+    clock = StreamClock()
+    queued: list[tuple[tuple, dict, Any, Any, Any]] = []
+    for jk in order:
+        it, p = unique[jk], jk[1]
+        prog.update(task, description=f"{p} {it.fprop.mkn}")
+        if len(queued) > _JOBS_QUEUED:  # wait for an older job; the newer ones keep the GPU busy meanwhile
+            clock.wait_for(queued[-_JOBS_QUEUED - 1][4])
+        job = {"item": it.fprop.mkn + (f" groups={len(it.m_splits)}" if it.m_splits else ""),
+               "precision": p, "visit": visit}
+        heat0, t_job = HEAT_LOG["heat_s"], time.perf_counter()
+        start = clock.mark()
+        try:
+            collect = launch(it, p, job)
+        except Exception as err:  # OOM, kernel or shape error: record and go on
+            errors[jk] = _reason(err)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            collect = None
+        job.update(host_s=time.perf_counter() - t_job, heat_s=HEAT_LOG["heat_s"] - heat0)
+        queued.append((jk, job, collect, start, clock.mark()))
+        prog.advance(task)
+    clock.wait()  # the visit's one synchronize, after its last timed call
+    for jk, job, collect, start, end in queued:
+        if collect is not None:
+            try:
+                for cell, ts in collect().items():
+                    times[jk].setdefault(cell, []).extend(ts)
+            except Exception as err:  # an error the GPU reported late
+                errors[jk] = _reason(err)
+        t0, t1 = clock.at(start), clock.at(end)
+        job["s"] = t1 - t0  # when the GPU ran this job (on CPU: the host did)
+        ck = sampler.summary(since=t0, until=t1)
+        if ck:  # SM clock and power while this job ran on the GPU (power-limited cells clock down)
+            job.update(sm_clock_mhz=ck["sm_clock_mhz_median"], power_w=ck["power_w_median"])
+    return [job for _, job, *_ in queued]
+
+
+def _reason(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
 
 
 def _result(s: GemmShape, it: WorkItem, precision: str, mode: str, times: list[float] | None, error: str | None,

@@ -30,7 +30,10 @@ from ..capture.te_adapter import LAYOUT_OP
 from ..precisions import autocast, import_te, padded_splits
 from ..shapes import GemmOp
 from .cells import WorkItem, gemm_seconds
-from .timing import L2Flush, Pairs, adaptive_iters, elapsed, heat_gpu, hold_gpu, launch_timed, stats, time_cpu, time_cuda
+from .timing import L2Flush, Pairs, adaptive_iters, elapsed, hold_gpu, launch_timed, stats, time_cpu
+
+Times = dict[tuple[GemmOp, str], list[float]]  # (pass, mode) -> per-call milliseconds
+Collect = Callable[[], Times]  # reads a job's times once the GPU has run it (after a synchronize)
 
 
 class _GemmTap:
@@ -82,16 +85,19 @@ class _GemmTap:
 
 
 def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
-            clock: dict[str, float] | None = None, share: float = 1.0) -> dict:
-    """Times of each (pass, mode) for one work item under one recipe. ``clock`` receives the
-    host seconds spent before the first measurement (module build, TE/cuBLAS first calls);
-    ``share``: this call's part of the cell's samples (run_bench measures each job in several visits)."""
+           clock: dict[str, float] | None = None, share: float = 1.0) -> Collect:
+    """Queue one work item's timed calls under one recipe; returns what reads the times of each
+    (pass, mode) after the caller's synchronize. The job never waits for the GPU itself, so jobs
+    queue back to back and the GPU stays at the sustained clock from one to the next (an idle gap
+    between jobs would give it its boost back). ``clock`` receives the host seconds spent before
+    the first measurement (module build, TE/cuBLAS first calls); ``share``: this call's part of the
+    cell's samples (run_bench measures each job in several visits)."""
     t_job = time.perf_counter()
     te = import_te()
     plan = plan_job(item, precision, modes, share)
-    # The previous job ended with a synchronize, so the GPU is idle and has its boost back: heat
-    # it first, so the load overlaps this job's host-side setup (module build, TE's first calls).
-    heat_gpu(plan.timed_s)
+    # If the GPU is idle (the run's first job, or the host fell behind), it has its boost back:
+    # heat it before the module is built, so the load overlaps this job's host-side setup.
+    hold_gpu(0.0, plan.timed_s)
     m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
     bf16 = torch.bfloat16
     if item.m_splits:
@@ -121,7 +127,6 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
         clear_grads()
         forward().backward(dy)
 
-    out: dict[tuple[GemmOp, str], list[float]] = {}
     with _GemmTap() as tap:
         iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
         t = time.perf_counter()
@@ -149,17 +154,24 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
             tap.mode, tap.flush, tap.n, tap.burst_s = "repeat", flush, plan.repeats, plan.repeat_burst_s
             iteration()
         tap.mode = "off"
-        torch.cuda.synchronize()  # the job's only wait: every timed call is done
+    events, repeats = tap.events, tap.repeats
+
+    def collect() -> Times:
+        out: Times = {}
         if marks:
-            wgrad = [s.elapsed_time(e) for lay, s, e in tap.events if lay == "NT"]
+            wgrad = [s.elapsed_time(e) for lay, s, e in events if lay == "NT"]
             fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
             bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
             out[(GemmOp.FPROP, "autocast")] = fwd_ms
             out[(GemmOp.WGRAD, "autocast")] = wgrad
             out[(GemmOp.DGRAD, "autocast")] = [b - w for b, w in zip(bwd_ms, wgrad)]
-        for layout, pairs in tap.repeats:
+        for layout, pairs in repeats:
             out[(LAYOUT_OP[layout], "prequantized")] = elapsed(pairs)
-    return out
+        return out
+
+    # Only the events are kept: the module and tensors are freed now; the caching allocator
+    # reuses their memory in stream order, after the queued calls that read them.
+    return collect
 
 
 @dataclass(frozen=True)
@@ -199,9 +211,9 @@ def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int,
     return adaptive_iters(estimate_ms, target_ms * share, math.ceil(lo * share), math.ceil(hi * share))
 
 
-def torch_job(item: WorkItem, modes: Iterable[str], share: float = 1.0) -> dict:
+def torch_job(item: WorkItem, modes: Iterable[str], share: float = 1.0) -> Collect:
     """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
-    time the same three products."""
+    time the same three products. Queued like :func:`te_job` on a GPU."""
     m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
     cuda = torch.cuda.is_available()
     dev, dt = ("cuda" if cuda else "cpu"), torch.bfloat16
@@ -213,15 +225,15 @@ def torch_job(item: WorkItem, modes: Iterable[str], share: float = 1.0) -> dict:
            GemmOp.DGRAD: lambda: [d @ w for d in dys],
            GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
     gemm_s = gemm_seconds(item.fprop.flops, "BF16")
-    out = {}
+    timed: dict[GemmOp, Callable[[], list[float]]] = {}
     for op, fn in fns.items():
         fn()
         if cuda:
             calls = _share_iters(1e3 * gemm_s, share, target_ms=30.0, lo=10, hi=50)
-            times = time_cuda(fn, calls, burst_s=calls * gemm_s)
+            pairs = launch_timed(fn, calls, burst_s=calls * gemm_s)
+            timed[op] = lambda pairs=pairs: elapsed(pairs)
         else:  # the model rate is a GPU's: size CPU runs from a timed trial
             calls = _share_iters(stats(time_cpu(fn, 2))[0], share, target_ms=20.0, lo=5, hi=50)
             times = time_cpu(fn, calls)
-        for mode in modes:
-            out[(op, mode)] = times
-    return out
+            timed[op] = lambda times=times: times
+    return lambda: {(op, mode): read() for op, read in timed.items() for mode in modes}

@@ -28,8 +28,8 @@ _HOLD_MAX_S = 0.5
 HEAT_MAX_S = 0.15
 HEAT_PER_BURST = 4.0
 # What the heat cost, for the run's timeline: GPU seconds of dense load queued to spend the boost
-# (beyond the holds), and how many holds found the GPU idle.
-HEAT_LOG = {"heat_s": 0.0, "idle_holds": 0, "holds": 0}
+# (heat_s) and to cover the host's queuing time (hold_s), and how many holds found the GPU idle.
+HEAT_LOG = {"heat_s": 0.0, "hold_s": 0.0, "idle_holds": 0, "holds": 0}
 
 
 def heat_seconds(hold_s: float, idle: bool, burst_s: float | None = None) -> float:
@@ -97,17 +97,14 @@ def _heater() -> _Heater | _Spin:
     return _HEATERS[dev]
 
 
-def heat_gpu(burst_s: float | None = None) -> None:
-    """Queue dense GEMMs that spend an idle GPU's boost before a burst of ``burst_s`` seconds."""
-    _load(0.0, True, burst_s)
-
-
 def _load(hold_s: float, idle: bool, burst_s: float | None) -> None:
     seconds = heat_seconds(hold_s, idle, burst_s)
     HEAT_LOG["holds"] += 1
     HEAT_LOG["idle_holds"] += int(idle)
     HEAT_LOG["heat_s"] += seconds - hold_s
-    _heater().load(seconds)
+    HEAT_LOG["hold_s"] += hold_s
+    if seconds > 0:  # a busy GPU and nothing to hold: queue nothing
+        _heater().load(seconds)
 
 
 def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
@@ -115,6 +112,44 @@ def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
     least ``hold_s`` (the host's time to queue the burst), and if the stream is empty (the GPU is
     idle, its boost back) enough to spend the boost (:func:`heat_seconds`)."""
     _load(hold_s, torch.cuda.current_stream().query(), burst_s)  # query: True when nothing is queued
+
+
+class StreamClock:
+    """When the GPU reached points of the stream, in host time (``time.perf_counter()``), without
+    waiting at each point: an anchor event is recorded on an empty stream (its host time is then
+    known), later marks are read against it after the caller's one synchronize. On CPU a mark is
+    the host time itself. Lets a run that queues many jobs ahead of the GPU still say when each ran
+    on the GPU, and so at what SM clock (clocks.ClockSampler)."""
+
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available()
+        self.anchor: Any = None
+        self.t0 = time.perf_counter()
+        if self.cuda:
+            torch.cuda.synchronize()  # an empty stream: the anchor runs as soon as it is recorded
+            self.anchor = torch.cuda.Event(enable_timing=True)
+            self.anchor.record()
+            self.t0 = time.perf_counter()
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def wait(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def wait_for(self, mark: Any) -> None:
+        """Wait until the GPU has reached ``mark`` (work queued after it keeps it busy meanwhile)."""
+        if self.cuda:
+            mark.synchronize()
+
+    def at(self, mark: Any) -> float:
+        """Host time at which the GPU reached ``mark`` (after :meth:`wait`)."""
+        return mark if not self.cuda else self.t0 + self.anchor.elapsed_time(mark) / 1e3
 
 
 def stats(times: list[float]) -> tuple[float, float, float]:
