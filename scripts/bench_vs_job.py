@@ -58,7 +58,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
     p.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls in the microbenchmark")
-    p.add_argument("--visits", type=int, default=None, help="microbenchmark visits per job (default 2 on a GPU)")
+    p.add_argument("--visits", type=int, default=None, help="microbenchmark visits per job (default 4 on a GPU)")
     p.add_argument("--bias", action="store_true",
                    help="layers with biases (TE's default): the job's fprop GEMMs then carry a bias epilogue "
                         "that the microbenchmark's bias-free te.Linear does not")

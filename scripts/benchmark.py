@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", help="figure path (PNG)")
     p.add_argument("--json")
     p.add_argument("--flush_l2", action="store_true")
-    p.add_argument("--visits", type=int, default=None, help="times each job is measured, samples pooled (default 2 on a GPU)")
+    p.add_argument("--visits", type=int, default=None, help="times each job is measured, samples pooled (default 4 on a GPU)")
     p.add_argument("--no_cache", action="store_true")
     a = p.parse_args(argv)
     out = console()

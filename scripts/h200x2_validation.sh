@@ -80,7 +80,7 @@ for n, d in ((1, one), (2, two)):
         if t:
             print(f"  worker: TE import {t.get('import_and_checks', 0):.2f} s, conditions {t.get('conditions', 0):.2f} s, warm-up {t.get('warm_up', 0):.2f} s, "
                   f"peaks {t.get('peaks', 0):.2f} s, {len(t['jobs'])} jobs {t['jobs_total']:.2f} s on the GPU "
-                  f"(host {t.get('host_total', 0):.2f} s, setup {t['setup_total']:.2f} s), visits {t.get('visits')}")
+                  f"(host {t.get('host_total', 0):.2f} s, setup {t['setup_total']:.2f} s)")
 PY
 }
 

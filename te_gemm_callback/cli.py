@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pre-quantize", action="store_true", help="kernel time only: operands quantized outside the timed region")
     s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
     s.add_argument("--visits", type=_positive, default=None,
-                   help="times each job is measured, spread over the run, samples pooled (default 2 on a GPU): "
+                   help="times each job is measured, spread over the run, samples pooled (default 4 on a GPU): "
                         "more visits average the GPU's clock swings at the power limit, at more setup cost")
     s.add_argument("--compare-swapped", action="store_true", help="also time dgrad/wgrad as swapped-size forward GEMMs")
     s.add_argument("-o", "--output", help="write the stacked per-GEMM figure (PNG)")

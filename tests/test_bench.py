@@ -382,10 +382,11 @@ def test_bench_cli_starts_gpu_workers_before_torch_loads():
 
 
 @cpu_path
-def test_a_visit_queues_every_job_before_reading_any_and_survives_a_late_error(monkeypatch):
-    # The jobs of a visit are queued back to back and read after one wait (an idle GPU between
-    # jobs would get its boost back). On CPU the launches are stand-ins that log what happens when;
-    # what is tested is the order, the error path and the timeline, not GPU timing.
+def test_visits_queue_every_job_before_reading_any_and_survive_errors(monkeypatch):
+    # All visits of a batch are queued back to back and read after one wait (an idle GPU between
+    # jobs would get its boost back); each job is built once, before any timing. On CPU the jobs are
+    # stand-ins that log what happens when: what is tested is the order, the error paths and the
+    # timeline, not GPU timing.
     from rich.progress import Progress
 
     from te_gemm_callback.bench import engine
@@ -395,23 +396,66 @@ def test_a_visit_queues_every_job_before_reading_any_and_survives_a_late_error(m
     monkeypatch.setattr(engine.StreamClock, "wait", lambda self: log.append("wait"))
     monkeypatch.setattr(engine.StreamClock, "wait_for", lambda self, mark: waits.append(len(log)))
 
-    def launch(it, p, job):
-        log.append(f"launch {it.name}")
-        if it.name == "late":
-            return lambda: (_ for _ in ()).throw(RuntimeError("CUDA error: an illegal memory access"))
-        if it.name == "early":
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
-        return lambda: (log.append(f"read {it.name}"), {(GemmOp.FPROP, "autocast"): [1.0, 2.0]})[1]
+    class Job:
+        setup_s = 0.01
 
-    names = ["a", "early", "late", "b"]
+        def __init__(self, name):
+            if name == "bad":
+                raise ValueError("K=8 is not a multiple of 16")
+            self.name = name
+
+        def queue(self):
+            log.append(f"queue {self.name}")
+            if self.name == "early":
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+            if self.name == "late":
+                return lambda: (_ for _ in ()).throw(RuntimeError("CUDA error: an illegal memory access"))
+            return lambda: (log.append(f"read {self.name}"), {(GemmOp.FPROP, "autocast"): [1.0]})[1]
+
+    names = ["a", "bad", "early", "late", "b"]
     unique = {(n, "BF16"): WorkItem(n, GemmShape(8, 8, 8)) for n in names}
-    times, errors = {jk: {} for jk in unique}, {}
+    times, errors, timeline = {jk: {} for jk in unique}, {}, {}
     with Progress(disable=True) as prog:
-        jobs = engine._run_visit(list(unique), 0, unique, times, errors, ClockSampler(reader=None), prog,
-                                 prog.add_task("x", total=4), launch)
-    assert log == ["launch a", "launch early", "launch late", "launch b", "wait", "read a", "read b"]
-    assert waits == [2, 3]  # before jobs 3 and 4: for job 1, then job 2 (one job stays queued)
-    assert errors == {("early", "BF16"): "OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB",
-                      ("late", "BF16"): "RuntimeError: CUDA error: an illegal memory access"}
-    assert times[("a", "BF16")] == {(GemmOp.FPROP, "autocast"): [1.0, 2.0]} and times[("late", "BF16")] == {}
-    assert [j["item"] for j in jobs] == ["8x8x8"] * 4 and all(j["s"] >= 0 and j["host_s"] >= 0 for j in jobs)
+        task = prog.add_task("x", total=10)
+        batch = engine._build(list(unique), unique, lambda it, p: Job(it.name), errors, timeline, prog, task)
+        assert list(batch) == list(unique) and batch[("bad", "BF16")] is None
+        assert errors == {("bad", "BF16"): "ValueError: K=8 is not a multiple of 16"}
+        assert [s["item"] for s in timeline["setup"]] == ["8x8x8"] * 4
+        built = [jk for jk in batch if jk not in errors]
+        seq = [(v, jk) for v in range(2) for jk in (built if v == 0 else built[::-1])]
+        jobs = engine._run(seq, batch, unique, times, errors, ClockSampler(reader=None), prog, task)
+    assert log == ["queue a", "queue early", "queue late", "queue b", "queue b", "queue late", "queue a", "wait",
+                   "read a", "read b", "read b", "read a"]
+    assert waits == [2, 3, 4, 5, 6]  # from the third job on, for the job two back (one stays queued)
+    assert errors[("early", "BF16")] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
+    assert errors[("late", "BF16")] == "RuntimeError: CUDA error: an illegal memory access"
+    assert times[("a", "BF16")] == {(GemmOp.FPROP, "autocast"): [1.0, 1.0]} and times[("late", "BF16")] == {}
+    assert [(j["visit"], "s" in j) for j in jobs] == [(0, True)] * 4 + [(1, True)] * 3  # early: not revisited
+
+
+def test_a_job_that_does_not_fit_waits_for_the_next_batch():
+    # No CUDA here: the out-of-memory error is raised by a stand-in job. With jobs already built, it
+    # means they hold the memory, so the batch ends and that job is built again in the next one.
+    from rich.progress import Progress
+
+    from te_gemm_callback.bench import engine
+
+    class Job:
+        setup_s = 0.0
+
+    made = []
+
+    def make(it, p):
+        made.append(it.name)
+        if it.name == "c" and len(made) == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return Job()
+
+    unique = {(n, "BF16"): WorkItem(n, GemmShape(8, 8, 8)) for n in "abcd"}
+    errors, timeline = {}, {}
+    with Progress(disable=True) as prog:
+        task = prog.add_task("x", total=4)
+        first = engine._build(list(unique), unique, make, errors, timeline, prog, task)
+        assert list(first) == [("a", "BF16"), ("b", "BF16")] and errors == {}
+        second = engine._build(list(unique)[2:], unique, make, errors, timeline, prog, task)
+    assert list(second) == [("c", "BF16"), ("d", "BF16")] and made == ["a", "b", "c", "c", "d"]

@@ -20,8 +20,9 @@ from ..jsonio import read_json, write_json
 from ..precisions import availability, canonical, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
 from .cells import FP8_FAMILY, MODES, BenchResult, ResultCache, WorkItem, cell_key
-from .jobs import te_job, torch_job
-from .timing import HEAT_LOG, L2Flush, StreamClock, device_conditions, measure_peaks, stats, warm_up_gpu
+from .jobs import job_factory
+from .timing import (HEAT_LOG, L2Flush, StreamClock, device_conditions, measure_peaks, spend_boost, stats,
+                     warm_up_gpu)
 
 
 
@@ -63,7 +64,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     reason TE gives; a failing cell records its error and the run goes on.
 
     ``only``: the (item key, precision) jobs to run, for a worker of a multi-GPU run.
-    ``visits``: how many times each job is measured, samples pooled (default 2 on a GPU, 1 on CPU).
+    ``visits``: how many times each job is measured, samples pooled (default 4 on a GPU, 1 on CPU).
     ``meta["timeline_s"]`` says where the wall time went (conditions, warm-up, peaks, each job's
     setup and total), so a slow run can be explained from its JSON."""
     t_start = time.perf_counter()
@@ -105,7 +106,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     # seed config: cells within 2% autocast / pre-quantized 26 / 26 of 48 with one visit, 34 / 27
     # with two; the pre-quantized cells within 5% (BF16) / 8% (FP8) of the same GEMMs in training
     # steps 41 and 45 of 48.
-    visits = visits or (2 if cuda else 1)
+    visits = visits or (4 if cuda else 1)
     flush = L2Flush() if (flush_l2 and cuda) else None
     cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
                 timing="CUDA-event pair per call, launches queued behind dense GEMMs (longer on an idle GPU, to spend its boost); "
@@ -126,16 +127,21 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     errors: dict[tuple, str] = {}
     prog = _progress(progress, console)
     sampler = ClockSampler()  # no NVML (CPU): no samples, clocks_during_run None
-    with prog, sampler:
+    with prog, sampler, job_factory(use_te, modes, flush, share=1 / visits) as make_job:
         task = prog.add_task("GEMM cells", total=max(len(todo) * visits, 1))
-        for visit in range(visits):
-            order = [jk for jk in (todo if visit % 2 == 0 else todo[::-1]) if jk not in errors]
-            t = time.perf_counter()
-            timeline["jobs"] += _run_visit(order, visit, unique, times, errors, sampler, prog, task,
-                                           lambda it, p, job: (te_job(it, p, modes, flush, job, share=1 / visits)
-                                                               if use_te else torch_job(it, modes, share=1 / visits)))
-            prog.advance(task, len(todo) - len(order))  # jobs skipped after an error in an earlier visit
-            timeline.setdefault("visits", []).append(time.perf_counter() - t)
+        pending = list(todo)
+        while pending:
+            batch = _build(pending, unique, make_job, errors, timeline, prog, task)
+            pending = pending[len(batch):]  # a job that did not fit is first in the next batch
+            built = [jk for jk in batch if jk not in errors]
+            # Every visit of the batch in one queue, every other visit in reverse order.
+            sequence = [(v, jk) for v in range(visits) for jk in (built if v % 2 == 0 else built[::-1])]
+            timeline["jobs"] += _run(sequence, {jk: batch[jk] for jk in built}, unique, times, errors,
+                                     sampler, prog, task)
+            prog.advance(task, (len(batch) - len(built)) * visits)
+            del batch
+            if cuda:
+                torch.cuda.empty_cache()
     results: list[BenchResult] = []
     for jk, it in unique.items():
         for s in gemm_passes(it.fprop):
@@ -148,48 +154,89 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     cache.save()
     timeline["jobs_total"] = sum(j["s"] for j in timeline["jobs"])  # GPU seconds, heat and holds included
     timeline["host_total"] = sum(j["host_s"] for j in timeline["jobs"])  # host seconds to build and queue them
-    timeline["setup_total"] = sum(j.get("setup_s", 0.0) for j in timeline["jobs"])
+    timeline["setup_total"] = sum(j["s"] for j in timeline.get("setup", []))
     timeline["heat"] = {k: v - heat0[k] for k, v in HEAT_LOG.items()}  # what timing at the sustained clock cost
     meta = dict(cond, wall_s=time.perf_counter() - t_start, modes=modes, precisions=wanted,
                 clocks_during_run=sampler.summary(), timeline_s=timeline)
     return BenchResults(results, skipped, meta)
 
 
-# How many jobs stay queued on the GPU while the host builds the next: one covers a job's host-side
-# setup (module build, TE's first calls: 20-50 ms against 50-150 ms of GPU time), so the GPU never
-# waits for the host; more would fill CUDA's launch queue, where a blocked launch inflates the
-# host-time estimate that sizes a hold (timing.launch_timed) and the progress bar runs ahead.
+# How many jobs stay queued on the GPU while the host queues the next: one covers the host's
+# time to queue a job (TE's Python per iteration), so the GPU never waits for the host; more would
+# fill CUDA's launch queue, where a blocked launch inflates the host-time estimate that sizes a hold
+# (timing.launch_timed) and the progress bar runs ahead of the GPU.
 _JOBS_QUEUED = 1
+# Jobs are built (and kept for all their visits) until they hold this share of the GPU's memory;
+# the rest wait for the next batch.
+_MEMORY_SHARE = 0.5
 
 
-def _run_visit(order: list[tuple], visit: int, unique: dict, times: dict, errors: dict, sampler: ClockSampler,
-               prog: Any, task: Any, launch: Any) -> list[dict[str, Any]]:
-    """Queue one visit's jobs back to back, the host at most ``_JOBS_QUEUED`` jobs ahead of the GPU,
-    then wait once and pool every job's samples into ``times``. Returns the visit's timeline."""
+def _build(pending: list[tuple], unique: dict, make_job: Any, errors: dict, timeline: dict, prog: Any,
+           task: Any) -> dict[tuple, Any]:
+    """Build the next batch of jobs (module, operands, TE's first calls): host work, done before
+    any timing so that no timed call waits behind it. A job that fails to build records why;
+    running out of memory with jobs already built ends the batch instead (they hold the memory)."""
+    cuda = torch.cuda.is_available()
+    limit = _MEMORY_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if cuda else None
+    batch: dict[tuple, Any] = {}
+    for jk in pending:
+        it, p = unique[jk], jk[1]
+        prog.update(task, description=f"setting up {p} {it.fprop.mkn}")
+        try:
+            job = make_job(it, p)
+        except torch.cuda.OutOfMemoryError as err:
+            torch.cuda.empty_cache()
+            if batch:  # the built jobs hold the memory: this one goes in the next batch
+                break
+            errors[jk] = _reason(err)
+            batch[jk] = None
+            continue
+        except Exception as err:  # a shape or kernel the recipe cannot run: record and go on
+            errors[jk] = _reason(err)
+            batch[jk] = None
+            continue
+        batch[jk] = job
+        timeline.setdefault("setup", []).append({"item": _label(it), "precision": p, "s": job.setup_s})
+        if limit is not None and torch.cuda.memory_allocated() > limit:
+            break
+    return batch
+
+
+def _label(it: WorkItem) -> str:
+    return it.fprop.mkn + (f" groups={len(it.m_splits)}" if it.m_splits else "")
+
+
+def _run(sequence: list[tuple[int, tuple]], jobs: dict[tuple, Any], unique: dict, times: dict, errors: dict,
+         sampler: ClockSampler, prog: Any, task: Any) -> list[dict[str, Any]]:
+    """Queue every (visit, job) of ``sequence`` back to back, the host at most ``_JOBS_QUEUED``
+    jobs ahead of the GPU, then wait once and pool each job's samples into ``times``. Returns one
+    timeline entry per visit of a job: its GPU span and the SM clock over it."""
     clock = StreamClock()
+    if clock.cuda:  # the GPU idled while the host built the jobs: spend its boost before the first
+        spend_boost()
     queued: list[tuple[tuple, dict, Any, Any, Any]] = []
-    for jk in order:
+    for visit, jk in sequence:
         it, p = unique[jk], jk[1]
         prog.update(task, description=f"{p} {it.fprop.mkn}")
+        if jk in errors:  # failed in an earlier visit
+            prog.advance(task)
+            continue
         if len(queued) > _JOBS_QUEUED:  # wait for an older job; the newer ones keep the GPU busy meanwhile
             clock.wait_for(queued[-_JOBS_QUEUED - 1][4])
-        job = {"item": it.fprop.mkn + (f" groups={len(it.m_splits)}" if it.m_splits else ""),
-               "precision": p, "visit": visit}
+        job = {"item": _label(it), "precision": p, "visit": visit}
         heat0, t_job = HEAT_LOG["heat_s"], time.perf_counter()
         start = clock.mark()
         try:
-            collect = launch(it, p, job)
+            collect = jobs[jk].queue()
         except Exception as err:  # OOM, kernel or shape error: record and go on
             errors[jk] = _reason(err)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
             collect = None
         job.update(host_s=time.perf_counter() - t_job, heat_s=HEAT_LOG["heat_s"] - heat0)
         queued.append((jk, job, collect, start, clock.mark()))
         prog.advance(task)
-    clock.wait()  # the visit's one synchronize, after its last timed call
+    clock.wait()  # the one synchronize, after the last timed call
     for jk, job, collect, start, end in queued:
-        if collect is not None:
+        if collect is not None and jk not in errors:
             try:
                 for cell, ts in collect().items():
                     times[jk].setdefault(cell, []).extend(ts)

@@ -19,10 +19,11 @@ Without TE (or without CUDA) the torch backend times BF16 matmuls with the same 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -84,94 +85,161 @@ class _GemmTap:
         return wrapper
 
 
-def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
-           clock: dict[str, float] | None = None, share: float = 1.0) -> Collect:
-    """Queue one work item's timed calls under one recipe; returns what reads the times of each
-    (pass, mode) after the caller's synchronize. The job never waits for the GPU itself, so jobs
-    queue back to back and the GPU stays at the sustained clock from one to the next (an idle gap
-    between jobs would give it its boost back). ``clock`` receives the host seconds spent before
-    the first measurement (module build, TE/cuBLAS first calls); ``share``: this call's part of the
-    cell's samples (run_bench measures each job in several visits)."""
-    t_job = time.perf_counter()
-    te = import_te()
-    plan = plan_job(item, precision, modes, share)
-    # If the GPU is idle (the run's first job, or the host fell behind), it has its boost back:
-    # heat it before the module is built, so the load overlaps this job's host-side setup.
-    hold_gpu(0.0, plan.timed_s)
-    m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
-    bf16 = torch.bfloat16
-    if item.m_splits:
-        mod = te.GroupedLinear(len(item.m_splits), k, n, bias=False, params_dtype=bf16, device="cuda")
-        # Quantized grouped GEMMs need each expert's rows aligned; the job pads them, so do we
-        # (the padding rows are part of what the recipe costs).
-        splits = list(padded_splits(item.m_splits, precision))
-        m = sum(splits)
-        fwd = lambda x: mod(x, splits)  # noqa: E731
-    else:
-        mod = te.Linear(k, n, bias=False, params_dtype=bf16, device="cuda")
-        fwd = mod
-    x = torch.randn(m, k, dtype=bf16, device="cuda", requires_grad=True)
-    dy = torch.randn(m, n, dtype=bf16, device="cuda")
-    params = list(mod.parameters())
+class TeJob:
+    """One work item under one recipe: a real ``te.Linear`` / ``te.GroupedLinear`` with its input
+    and output gradient, built once (:attr:`setup_s`: module build and TE/cuBLAS first calls) and
+    then measured in several visits (:meth:`queue`), so a cell's samples spread over the whole run
+    the way a training job's GEMMs spread over its steps."""
 
-    def forward() -> torch.Tensor:
-        with autocast(precision):
-            return fwd(x)
-
-    def clear_grads() -> None:
-        for p in params:  # no gradient accumulation kernel between iterations
-            p.grad = None
-        x.grad = None
-
-    def iteration() -> None:
-        clear_grads()
-        forward().backward(dy)
-
-    with _GemmTap() as tap:
-        iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
+    def __init__(self, item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
+                 tap: _GemmTap, share: float = 1.0) -> None:
+        t0 = time.perf_counter()
+        te = import_te()
+        self.precision, self.modes, self.flush, self.tap = precision, set(modes), flush, tap
+        self.plan = plan_job(item, precision, modes, share)
+        m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
+        bf16 = torch.bfloat16
+        if item.m_splits:
+            mod = te.GroupedLinear(len(item.m_splits), k, n, bias=False, params_dtype=bf16, device="cuda")
+            # Quantized grouped GEMMs need each expert's rows aligned; the job pads them, so do we
+            # (the padding rows are part of what the recipe costs).
+            splits = list(padded_splits(item.m_splits, precision))
+            m = sum(splits)
+            self.fwd: Callable[[torch.Tensor], torch.Tensor] = lambda x: mod(x, splits)
+        else:
+            mod = te.Linear(k, n, bias=False, params_dtype=bf16, device="cuda")
+            self.fwd = mod
+        self.x = torch.randn(m, k, dtype=bf16, device="cuda", requires_grad=True)
+        self.dy = torch.randn(m, n, dtype=bf16, device="cuda")
+        self.params = list(mod.parameters())
+        self.iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
         t = time.perf_counter()
-        iteration()
-        host_s = time.perf_counter() - t
-        if clock is not None:
-            clock["setup_s"] = time.perf_counter() - t_job  # host seconds before the first timed call
+        self.iteration()
+        self.host_s = time.perf_counter() - t  # host time of one forward+backward (sizes the holds)
+        self.setup_s = time.perf_counter() - t0
+
+    def forward(self) -> torch.Tensor:
+        with autocast(self.precision):
+            return self.fwd(self.x)
+
+    def clear_grads(self) -> None:
+        for p in self.params:  # no gradient accumulation kernel between iterations
+            p.grad = None
+        self.x.grad = None
+
+    def iteration(self) -> None:
+        self.clear_grads()
+        self.forward().backward(self.dy)
+
+    def queue(self) -> Collect:
+        """Queue one visit's timed calls; returns what reads their times after the caller's
+        synchronize. Never waits for the GPU: consecutive visits keep it at the sustained clock."""
+        plan, tap, flush = self.plan, self.tap, self.flush
+        # If the GPU is idle (the run's first visit, or the host fell behind), it has its boost
+        # back: spend it before the first timed call (a busy GPU gets nothing extra).
+        hold_gpu(0.0, plan.timed_s)
+        tap.events, tap.repeats = [], []
         marks: list[list[Any]] = []
-        if "autocast" in modes:
+        if "autocast" in self.modes:
             tap.mode = "events"
             marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(plan.iters)]
             # Hold the GPU while the host queues every iteration: TE's Python per iteration can
             # exceed a small layer's GPU time, and a drained queue would put idle gaps in the pairs.
-            hold_gpu(min(1.5 * plan.iters * host_s + 1e-3, 0.5), burst_s=plan.autocast_s)
+            hold_gpu(min(1.5 * plan.iters * self.host_s + 1e-3, 0.5), burst_s=plan.autocast_s)
             for e0, e1, e2 in marks:
-                clear_grads()
+                self.clear_grads()
                 if flush is not None:
                     flush()
                 e0.record()
-                y = forward()
+                y = self.forward()
                 e1.record()
-                y.backward(dy)
+                y.backward(self.dy)
                 e2.record()
-        if "prequantized" in modes:
+        if "prequantized" in self.modes:
             tap.mode, tap.flush, tap.n, tap.burst_s = "repeat", flush, plan.repeats, plan.repeat_burst_s
-            iteration()
+            self.iteration()
         tap.mode = "off"
-    events, repeats = tap.events, tap.repeats
+        events, repeats = tap.events, tap.repeats
 
-    def collect() -> Times:
-        out: Times = {}
-        if marks:
-            wgrad = [s.elapsed_time(e) for lay, s, e in events if lay == "NT"]
-            fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
-            bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
-            out[(GemmOp.FPROP, "autocast")] = fwd_ms
-            out[(GemmOp.WGRAD, "autocast")] = wgrad
-            out[(GemmOp.DGRAD, "autocast")] = [b - w for b, w in zip(bwd_ms, wgrad)]
-        for layout, pairs in repeats:
-            out[(LAYOUT_OP[layout], "prequantized")] = elapsed(pairs)
-        return out
+        def collect() -> Times:
+            out: Times = {}
+            if marks:
+                wgrad = [s.elapsed_time(e) for lay, s, e in events if lay == "NT"]
+                fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
+                bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
+                out[(GemmOp.FPROP, "autocast")] = fwd_ms
+                out[(GemmOp.WGRAD, "autocast")] = wgrad
+                out[(GemmOp.DGRAD, "autocast")] = [b - w for b, w in zip(bwd_ms, wgrad)]
+            for layout, pairs in repeats:
+                out[(LAYOUT_OP[layout], "prequantized")] = elapsed(pairs)
+            return out
 
-    # Only the events are kept: the module and tensors are freed now; the caching allocator
-    # reuses their memory in stream order, after the queued calls that read them.
-    return collect
+        return collect
+
+
+class TorchJob:
+    """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
+    time the same three products. Same interface as :class:`TeJob`."""
+
+    def __init__(self, item: WorkItem, modes: Iterable[str], share: float = 1.0) -> None:
+        t0 = time.perf_counter()
+        m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
+        self.cuda = torch.cuda.is_available()
+        self.modes = list(modes)
+        dev, dt = ("cuda" if self.cuda else "cpu"), torch.bfloat16
+        splits = list(item.m_splits) if item.m_splits else [m]
+        w = torch.randn(n, k, device=dev, dtype=dt)
+        xs = [torch.randn(s, k, device=dev, dtype=dt) for s in splits]
+        dys = [torch.randn(s, n, device=dev, dtype=dt) for s in splits]
+        self.fns = {GemmOp.FPROP: lambda: [x @ w.t() for x in xs],
+                    GemmOp.DGRAD: lambda: [d @ w for d in dys],
+                    GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
+        self.gemm_s = gemm_seconds(item.fprop.flops, "BF16")
+        self.calls = {}
+        for op, fn in self.fns.items():
+            fn()
+            # On CPU the model rate (a GPU's) does not apply: size from a timed trial.
+            est_ms = 1e3 * self.gemm_s if self.cuda else stats(time_cpu(fn, 2))[0]
+            self.calls[op] = (_share_iters(est_ms, share, target_ms=30.0, lo=10, hi=50) if self.cuda
+                              else _share_iters(est_ms, share, target_ms=20.0, lo=5, hi=50))
+        self.setup_s = time.perf_counter() - t0
+
+    def queue(self) -> Collect:
+        timed: dict[GemmOp, Callable[[], list[float]]] = {}
+        for op, fn in self.fns.items():
+            n = self.calls[op]
+            if self.cuda:
+                pairs = launch_timed(fn, n, burst_s=n * self.gemm_s)
+                timed[op] = lambda pairs=pairs: elapsed(pairs)
+            else:
+                times = time_cpu(fn, n)
+                timed[op] = lambda times=times: times
+        return lambda: {(op, mode): read() for op, read in timed.items() for mode in self.modes}
+
+
+Job = TeJob | TorchJob
+
+
+@contextlib.contextmanager
+def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None,
+                share: float) -> Iterator[Callable[[WorkItem, str], Job]]:
+    """``with job_factory(...) as make: job = make(item, precision)``. With TE, TE's GEMM entry
+    points are tapped for the whole block (the jobs' timed calls go through them)."""
+    modes = list(modes)
+    if not use_te:
+        yield lambda item, precision: TorchJob(item, modes, share)
+        return
+    with _GemmTap() as tap:
+        yield lambda item, precision: TeJob(item, precision, modes, flush, tap, share)
+
+
+def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
+           share: float = 1.0) -> Times:
+    """One job, built, measured once and read back (scripts that time a single job)."""
+    with job_factory(True, modes, flush, share) as make:
+        collect = make(item, precision).queue()
+    torch.cuda.synchronize()
+    return collect()
 
 
 @dataclass(frozen=True)
@@ -209,31 +277,3 @@ def plan_job(item: WorkItem, precision: str, modes: Iterable[str], share: float 
 
 def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int, hi: int) -> int:
     return adaptive_iters(estimate_ms, target_ms * share, math.ceil(lo * share), math.ceil(hi * share))
-
-
-def torch_job(item: WorkItem, modes: Iterable[str], share: float = 1.0) -> Collect:
-    """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
-    time the same three products. Queued like :func:`te_job` on a GPU."""
-    m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
-    cuda = torch.cuda.is_available()
-    dev, dt = ("cuda" if cuda else "cpu"), torch.bfloat16
-    splits = list(item.m_splits) if item.m_splits else [m]
-    w = torch.randn(n, k, device=dev, dtype=dt)
-    xs = [torch.randn(s, k, device=dev, dtype=dt) for s in splits]
-    dys = [torch.randn(s, n, device=dev, dtype=dt) for s in splits]
-    fns = {GemmOp.FPROP: lambda: [x @ w.t() for x in xs],
-           GemmOp.DGRAD: lambda: [d @ w for d in dys],
-           GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
-    gemm_s = gemm_seconds(item.fprop.flops, "BF16")
-    timed: dict[GemmOp, Callable[[], list[float]]] = {}
-    for op, fn in fns.items():
-        fn()
-        if cuda:
-            calls = _share_iters(1e3 * gemm_s, share, target_ms=30.0, lo=10, hi=50)
-            pairs = launch_timed(fn, calls, burst_s=calls * gemm_s)
-            timed[op] = lambda pairs=pairs: elapsed(pairs)
-        else:  # the model rate is a GPU's: size CPU runs from a timed trial
-            calls = _share_iters(stats(time_cpu(fn, 2))[0], share, target_ms=20.0, lo=5, hi=50)
-            times = time_cpu(fn, calls)
-            timed[op] = lambda times=times: times
-    return lambda: {(op, mode): read() for op, read in timed.items() for mode in modes}

@@ -231,11 +231,20 @@ def adaptive_iters(estimate_ms: float, target_ms: float = 40.0, lo: int = 7, hi:
     return int(min(hi, max(lo, target_ms / estimate_ms)))
 
 
-def warm_up_gpu(seconds: float = 0.3) -> None:
-    """Load the GPU for ``seconds`` before the first cell: CUDA, cuBLAS and the heater initialise,
-    and the idle boost is spent. An idle H200 sits at 345 MHz; under load it boosts to 1980 MHz and,
-    after 100-200 ms, settles where sustained training runs; every burst after this one is heated
-    the same way when it finds the GPU idle (:func:`hold_gpu`)."""
+WARM_UP_S = 0.3
+
+
+def spend_boost(seconds: float = WARM_UP_S) -> None:
+    """Queue ``seconds`` of dense load without waiting: an idle H200 sits at 345 MHz; under load it
+    boosts to 1980 MHz and, after 100-200 ms, settles where sustained training runs."""
+    HEAT_LOG["heat_s"] += seconds
+    _heater().load(seconds)
+
+
+def warm_up_gpu(seconds: float = WARM_UP_S) -> None:
+    """Load the GPU for ``seconds`` before the first cell (CUDA, cuBLAS and the heater initialise,
+    the idle boost is spent) and wait for it; every burst after this one is heated the same way
+    when it finds the GPU idle (:func:`hold_gpu`)."""
     _heater().load(seconds)
     torch.cuda.synchronize()
 
