@@ -58,7 +58,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
     p.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls in the microbenchmark")
-    p.add_argument("--visits", type=int, default=None, help="microbenchmark visits per job (default 4 on a GPU)")
+    p.add_argument("--visits", type=int, default=None, help="microbenchmark visits per job (default 8 on a GPU)")
+    p.add_argument("--gemm-duty", type=float, default=1.0, help="microbenchmark GEMM duty (te-gemm bench --gemm-duty)")
+    p.add_argument("--duty-from-job", action="store_true",
+                   help="microbenchmark each recipe at its job's measured GEMM share of the step (GEMM time / step time)")
     p.add_argument("--bias", action="store_true",
                    help="layers with biases (TE's default): the job's fprop GEMMs then carry a bias epilogue "
                         "that the microbenchmark's bias-free te.Linear does not")
@@ -69,10 +72,13 @@ def main() -> int:
     for recipe in a.recipes.split(","):
         cap, job = in_job(recipe, c, a.steps, a.bias)
         items = items_from_capture(cap)
+        share = (cap.gemm_ms_per_step() or 0) / (cap.step_ms() or float("inf"))
+        duty = min(max(share, 0.05), 1.0) if a.duty_from_job else a.gemm_duty
+        print(f"{recipe:22s} GEMM share of the job's step {share:.3f}; microbenchmark GEMM duty {duty:.3f}")
         res = run_bench(items, [recipe], ["prequantized"], flush_l2=a.flush_l2, cache=ResultCache(enabled=False), visits=a.visits,
-                        progress=False)
+                        progress=False, gemm_duty=duty)
         ck_job, ck_bench = cap.meta.get("clocks_during_steps"), res.meta.get("clocks_during_run")
-        clocks.append({"recipe": recipe, "in_job": ck_job, "bench": ck_bench})
+        clocks.append({"recipe": recipe, "in_job": ck_job, "bench": ck_bench, "gemm_share": share, "gemm_duty": duty})
         if ck_job and ck_bench:
             print(f"{recipe:22s} SM clock median (min) in-job {ck_job['sm_clock_mhz_median']:.0f} "
                   f"({ck_job['sm_clock_mhz_min']:.0f}) MHz at {ck_job['power_w_median']:.0f} W; bench "

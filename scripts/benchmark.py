@@ -8,7 +8,7 @@ Differences from the seed tool: dgrad and wgrad are timed as the GEMMs te.Linear
 runs (not forwards with swapped sizes); every recipe this GPU supports runs (DelayedScaling and
 Float8BlockScaling included in --pre-quantize), unsupported ones are skipped with TE's reason
 (--no-fp8/--no-fp4 only narrow the list); results carry median, spread, device and versions.
-Extra flags: --shapes, --num_key_value_heads, --gated_mlp, --json, --flush_l2, --no_cache, --visits.
+Extra flags: --shapes, --num_key_value_heads, --gated_mlp, --json, --flush_l2, --no_cache, --visits, --gemm_duty.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", help="figure path (PNG)")
     p.add_argument("--json")
     p.add_argument("--flush_l2", action="store_true")
-    p.add_argument("--visits", type=int, default=None, help="times each job is measured, samples pooled (default 4 on a GPU)")
+    p.add_argument("--visits", type=int, default=None, help="times each job is measured, samples pooled (default 8 on a GPU)")
+    p.add_argument("--gemm_duty", type=float, default=1.0,
+                   help="share of GPU time the timed GEMMs get (te-gemm bench --gemm-duty)")
     p.add_argument("--no_cache", action="store_true")
     a = p.parse_args(argv)
     out = console()
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     precisions = ["BF16"] + ([] if a.no_fp8 else FP8) + ([] if a.no_fp4 else ["NVFP4BlockScaling"])
     mode = "prequantized" if a.pre_quantize else "autocast"
     res = run_bench(items, precisions, [mode], flush_l2=a.flush_l2, cache=ResultCache(enabled=not a.no_cache),
-                    visits=a.visits, console=out)
+                    visits=a.visits, gemm_duty=a.gemm_duty, console=out)
     for op in GemmOp:
         out.print(pass_table(res, items, op, mode))
     layer = [type(it)(it.name, it.fprop, 1.0, it.m_splits) for it in items]  # one layer

@@ -4,6 +4,7 @@
 #   ONLY=bench bash scripts/h200_validation.sh OUTDIR # only the microbenchmark sections (issue 3)
 #   ONLY=report bash scripts/h200_validation.sh OUTDIR # sweep vs plain loop, recipes (issues 4, 5)
 #   VISITS=2 ONLY=spread bash scripts/h200_validation.sh OUTDIR # three-run spread and bench vs job only
+#   (DUTY=0.8: microbenchmark GEMM duty; JOBDUTY=1: bench vs job at each job's own GEMM share)
 #   ONLY=diagnose bash scripts/h200_validation.sh OUTDIR # why bench and job differ: kernels, boost (~2 min)
 set -uo pipefail
 out=${1:-runs/h200}
@@ -72,7 +73,7 @@ for mode in autocast prequantized; do
     flag=""; [ "$mode" = prequantized ] && flag="--pre-quantize"
     for i in 1 2 3; do
         echo "== seed config, $mode, run $i (whole command, cold process, no cache)"
-        { time python scripts/benchmark.py $SEED $flag ${VISITS:+--visits $VISITS} --no_cache --json "$out/seed_${mode}_$i.json" \
+        { time python scripts/benchmark.py $SEED $flag ${VISITS:+--visits $VISITS} ${DUTY:+--gemm_duty $DUTY} --no_cache --json "$out/seed_${mode}_$i.json" \
             -o "$out/seed_${mode}_$i.png" > "$out/seed_${mode}_$i.txt" 2>&1 ; } 2>&1
         grep -E "speedup|skipped" "$out/seed_${mode}_$i.txt" | head -8
         python - "$out/seed_${mode}_$i.json" <<'PY'
@@ -113,7 +114,7 @@ sed -n '/swapped sizes/,$p' "$out/swapped.txt"
 fi
 
 echo "== microbenchmark vs in-job GEMM time (issue 3)"
-python scripts/bench_vs_job.py --layers 4 --steps 6 ${VISITS:+--visits $VISITS} --json "$out/bench_vs_job.json" 2>&1 | quiet
+python scripts/bench_vs_job.py --layers 4 --steps 6 ${VISITS:+--visits $VISITS} ${DUTY:+--gemm-duty $DUTY} ${JOBDUTY:+--duty-from-job} --json "$out/bench_vs_job.json" 2>&1 | quiet
 [ "$only" = spread ] && exit 0
 echo "== the same with biases in the job's layers (TE's default; the bench times bias-free GEMMs)"
 python scripts/bench_vs_job.py --layers 4 --steps 6 --bias --json "$out/bench_vs_job_bias.json" 2>&1 | quiet | tail -2

@@ -29,6 +29,16 @@ def _positive(text: str) -> int:
     return v
 
 
+def _duty(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {v}")
+    return v
+
+
 def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g = p.add_argument_group("model config")
     g.add_argument("--hidden-size", type=_positive, required=required)
@@ -134,14 +144,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
         from .bench.parallel import run_bench_parallel
 
         res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
-                                 visits=a.visits)
+                                 visits=a.visits, gemm_duty=a.gemm_duty)
     from .bench.engine import run_bench
     from .render.bench_tables import (pass_table, run_summary, speedup_summary, swapped_items, swapped_table,
                                       totals_table)
     from .render.figures import stacked_gemm_figure
 
     if a.devices == 1:
-        res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits)
+        res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits,
+                        gemm_duty=a.gemm_duty)
     mode = modes[0]
     for op in ("fprop", "dgrad", "wgrad"):
         from .shapes import GemmOp
@@ -157,7 +168,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.compare_swapped:
         sw_items = swapped_items(items)
         sw = run_bench(sw_items, res.precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out,
-                       visits=a.visits)
+                       visits=a.visits, gemm_duty=a.gemm_duty)
         out.print(swapped_table(res, sw, items, mode))
     if a.json:
         res.save(a.json)
@@ -210,8 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pre-quantize", action="store_true", help="kernel time only: operands quantized outside the timed region")
     s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
     s.add_argument("--visits", type=_positive, default=None,
-                   help="times each job is measured, spread over the run, samples pooled (default 4 on a GPU): "
+                   help="times each job is measured, spread over the run, samples pooled (default 8 on a GPU): "
                         "more visits average the GPU's clock swings at the power limit, at more setup cost")
+    s.add_argument("--gemm-duty", type=_duty, default=1.0,
+                   help="share of GPU time the timed GEMMs get, a low-power rest between calls the rest (default 1: "
+                        "back to back); a training step's GEMM share gives its clock under a power limit")
     s.add_argument("--compare-swapped", action="store_true", help="also time dgrad/wgrad as swapped-size forward GEMMs")
     s.add_argument("-o", "--output", help="write the stacked per-GEMM figure (PNG)")
     s.add_argument("--json", help="write all results (with device, clocks, versions) as JSON")

@@ -459,3 +459,29 @@ def test_a_job_that_does_not_fit_waits_for_the_next_batch():
         assert list(first) == [("a", "BF16"), ("b", "BF16")] and errors == {}
         second = engine._build(list(unique)[2:], unique, make, errors, timeline, prog, task)
     assert list(second) == [("c", "BF16"), ("d", "BF16")] and made == ["a", "b", "c", "c", "d"]
+
+
+def test_gemm_duty_rests_between_calls_and_keys_the_cache(monkeypatch, capsys):
+    # No CUDA here: the spin kernel is a stand-in that logs its cycles. What is tested is the duty
+    # arithmetic (the timed call gets `duty` of the GPU time), the order flush-then-rest, the bounds,
+    # and that a cell measured at another duty is another cache entry.
+    spins, flushes = [], []
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles))
+    assert timing.between_calls(None, 1.0, 1e-3) is None
+    flush = lambda: flushes.append(len(spins))  # noqa: E731
+    assert timing.between_calls(flush, 1.0, 1e-3) is flush
+    rest = timing.between_calls(flush, 0.8, 2e-3)  # a 2 ms call at 80%: 0.5 ms of rest
+    rest()
+    assert flushes == [0] and spins == [pytest.approx(0.5e-3 * timing._SPIN_HZ, rel=1e-6)]
+    for bad in (0.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match="gemm_duty must be in"):
+            timing.between_calls(None, bad, 1e-3)
+    cond = {"device": "NVIDIA H200", "torch": "2.11", "transformer_engine": "2.20.2"}
+    shape = GemmShape(4096, 4096, 4096)
+    from te_gemm_callback.bench.cells import cell_key
+
+    assert cell_key(cond, shape, None, "BF16", "autocast") == cell_key(dict(cond, gemm_duty=1.0), shape, None, "BF16", "autocast")
+    assert cell_key(cond, shape, None, "BF16", "autocast") != cell_key(dict(cond, gemm_duty=0.8), shape, None, "BF16", "autocast")
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--shapes", "64x64x64", "--gemm-duty", "0"])
+    assert exc.value.code == 2 and "expected a number in (0, 1], got 0.0" in capsys.readouterr().err

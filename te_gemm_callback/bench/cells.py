@@ -103,6 +103,7 @@ class BenchResult:
     error: str | None = None
     backend: str = ""  # "te" or "torch"
     padded_m_splits: list[int] | None = None  # rows per group as timed, where the recipe needs alignment
+    sm_clock_mhz: float | None = None  # median SM clock (NVML) over the visits that timed this cell
     conditions: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -115,10 +116,10 @@ class BenchResult:
 
 
 def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int, ...] | None,
-               precision: str, mode: str, flush_l2: bool) -> str:
+               precision: str, mode: str, flush_l2: bool, gemm_duty: float = 1.0) -> str:
     splits = ",".join(map(str, m_splits)) if m_splits else "-"
     return "|".join([device, versions, f"{shape.op}:{shape.mkn}", splits, precision, mode,
-                     "flush" if flush_l2 else "warm-l2"])
+                     "flush" if flush_l2 else "warm-l2"] + ([f"duty {gemm_duty:g}"] if gemm_duty != 1.0 else []))
 
 
 def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | None, precision: str,
@@ -126,7 +127,7 @@ def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | N
     """The cache key of a cell measured under ``cond`` (a run's device conditions)."""
     versions = f"torch {cond.get('torch')}, TE {cond.get('transformer_engine')}"
     return result_key(cond.get("device", "?"), versions, shape, tuple(m_splits) if m_splits else None,
-                      precision, mode, bool(cond.get("flush_l2")))
+                      precision, mode, bool(cond.get("flush_l2")), cond.get("gemm_duty", 1.0))
 
 
 # Bumped when the timing changes what a cell measures; a cache written by another version is

@@ -8,6 +8,7 @@ says where the time went and at what clocks.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,18 +60,23 @@ class BenchResults:
 
 def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
               *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
-              console: Any = None, only: set[tuple] | None = None, visits: int | None = None) -> BenchResults:
+              console: Any = None, only: set[tuple] | None = None, visits: int | None = None,
+              gemm_duty: float = 1.0) -> BenchResults:
     """Time every (work item, pass, precision, mode). Unsupported precisions are skipped with the
     reason TE gives; a failing cell records its error and the run goes on.
 
     ``only``: the (item key, precision) jobs to run, for a worker of a multi-GPU run.
-    ``visits``: how many times each job is measured, samples pooled (default 4 on a GPU, 1 on CPU).
+    ``visits``: how many times each job is measured, samples pooled (default 8 on a GPU, 1 on CPU).
+    ``gemm_duty``: the share of GPU time the timed calls get, the rest a low-power rest between them
+    (timing.between_calls): a training step's GEMM share, for the clock its GEMMs run at.
     ``meta["timeline_s"]`` says where the wall time went (conditions, warm-up, peaks, each job's
     setup and total), so a slow run can be explained from its JSON."""
     t_start = time.perf_counter()
     modes = [m for m in MODES if m in set(modes)]
     if not modes:
         raise ValueError(f"modes must be among {MODES}")
+    if not 0.0 < gemm_duty <= 1.0:
+        raise ValueError(f"gemm_duty must be in (0, 1], got {gemm_duty}")
     cache = cache or ResultCache(enabled=False)
     cuda = torch.cuda.is_available()
     use_te = cuda and te_available()[0]
@@ -106,9 +112,9 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     # seed config: cells within 2% autocast / pre-quantized 26 / 26 of 48 with one visit, 34 / 27
     # with two; the pre-quantized cells within 5% (BF16) / 8% (FP8) of the same GEMMs in training
     # steps 41 and 45 of 48.
-    visits = visits or (4 if cuda else 1)
+    visits = visits or (8 if cuda else 1)
     flush = L2Flush() if (flush_l2 and cuda) else None
-    cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks,
+    cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks, gemm_duty=gemm_duty,
                 timing="CUDA-event pair per call, launches queued behind dense GEMMs (longer on an idle GPU, to spend its boost); "
                 f"jobs queued back to back, one synchronize per visit; each job visited {visits} times "
                 "(every other visit in reverse order), samples pooled" if cuda
@@ -127,7 +133,8 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     errors: dict[tuple, str] = {}
     prog = _progress(progress, console)
     sampler = ClockSampler()  # no NVML (CPU): no samples, clocks_during_run None
-    with prog, sampler, job_factory(use_te, modes, flush, share=1 / visits) as make_job:
+    clocks: dict[tuple, list[float]] = {jk: [] for jk in todo}  # SM clock of each visit of a job
+    with prog, sampler, job_factory(use_te, modes, flush, 1 / visits, gemm_duty) as make_job:
         task = prog.add_task("GEMM cells", total=max(len(todo) * visits, 1))
         pending = list(todo)
         while pending:
@@ -137,7 +144,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
             # Every visit of the batch in one queue, every other visit in reverse order.
             sequence = [(v, jk) for v in range(visits) for jk in (built if v % 2 == 0 else built[::-1])]
             timeline["jobs"] += _run(sequence, {jk: batch[jk] for jk in built}, unique, times, errors,
-                                     sampler, prog, task)
+                                     sampler, prog, task, clocks)
             prog.advance(task, (len(batch) - len(built)) * visits)
             del batch
             if cuda:
@@ -149,6 +156,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
                 r = cached[jk][(s.op, mo)]
                 if jk in todo:
                     r = _result(s, it, jk[1], mo, times[jk].get((s.op, mo)), errors.get(jk), backend, cond, peaks)
+                    r.sm_clock_mhz = statistics.median(clocks[jk]) if clocks[jk] else None
                     cache.put(keys[jk][(s.op, mo)], r)
                 results.append(r)
     cache.save()
@@ -207,7 +215,7 @@ def _label(it: WorkItem) -> str:
 
 
 def _run(sequence: list[tuple[int, tuple]], jobs: dict[tuple, Any], unique: dict, times: dict, errors: dict,
-         sampler: ClockSampler, prog: Any, task: Any) -> list[dict[str, Any]]:
+         sampler: ClockSampler, prog: Any, task: Any, clocks: dict[tuple, list[float]] | None = None) -> list[dict[str, Any]]:
     """Queue every (visit, job) of ``sequence`` back to back, the host at most ``_JOBS_QUEUED``
     jobs ahead of the GPU, then wait once and pool each job's samples into ``times``. Returns one
     timeline entry per visit of a job: its GPU span and the SM clock over it."""
@@ -247,6 +255,8 @@ def _run(sequence: list[tuple[int, tuple]], jobs: dict[tuple, Any], unique: dict
         ck = sampler.summary(since=t0, until=t1)
         if ck:  # SM clock and power while this job ran on the GPU (power-limited cells clock down)
             job.update(sm_clock_mhz=ck["sm_clock_mhz_median"], power_w=ck["power_w_median"])
+            if clocks is not None:
+                clocks[jk].append(ck["sm_clock_mhz_median"])
     return [job for _, job, *_ in queued]
 
 

@@ -31,7 +31,8 @@ from ..capture.te_adapter import LAYOUT_OP
 from ..precisions import autocast, import_te, padded_splits
 from ..shapes import GemmOp
 from .cells import WorkItem, gemm_seconds
-from .timing import L2Flush, Pairs, adaptive_iters, elapsed, hold_gpu, launch_timed, stats, time_cpu
+from .timing import (L2Flush, Pairs, adaptive_iters, between_calls, elapsed, hold_gpu, launch_timed, stats,
+                     time_cpu)
 
 Times = dict[tuple[GemmOp, str], list[float]]  # (pass, mode) -> per-call milliseconds
 Collect = Callable[[], Times]  # reads a job's times once the GPU has run it (after a synchronize)
@@ -92,11 +93,14 @@ class TeJob:
     the way a training job's GEMMs spread over its steps."""
 
     def __init__(self, item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
-                 tap: _GemmTap, share: float = 1.0) -> None:
+                 tap: _GemmTap, share: float = 1.0, gemm_duty: float = 1.0) -> None:
         t0 = time.perf_counter()
         te = import_te()
-        self.precision, self.modes, self.flush, self.tap = precision, set(modes), flush, tap
+        self.precision, self.modes, self.tap = precision, set(modes), tap
         self.plan = plan_job(item, precision, modes, share)
+        # Between two timed calls: a forward+backward (three GEMMs) in autocast, one GEMM pre-quantized.
+        self.between_iters = between_calls(flush, gemm_duty, 3e-3 * self.plan.gemm_ms)
+        self.between_repeats = between_calls(flush, gemm_duty, 1e-3 * self.plan.gemm_ms)
         m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
         bf16 = torch.bfloat16
         if item.m_splits:
@@ -134,7 +138,7 @@ class TeJob:
     def queue(self) -> Collect:
         """Queue one visit's timed calls; returns what reads their times after the caller's
         synchronize. Never waits for the GPU: consecutive visits keep it at the sustained clock."""
-        plan, tap, flush = self.plan, self.tap, self.flush
+        plan, tap, between = self.plan, self.tap, self.between_iters
         # If the GPU is idle (the run's first visit, or the host fell behind), it has its boost
         # back: spend it before the first timed call (a busy GPU gets nothing extra).
         hold_gpu(0.0, plan.timed_s)
@@ -148,15 +152,15 @@ class TeJob:
             hold_gpu(min(1.5 * plan.iters * self.host_s + 1e-3, 0.5), burst_s=plan.autocast_s)
             for e0, e1, e2 in marks:
                 self.clear_grads()
-                if flush is not None:
-                    flush()
+                if between is not None:
+                    between()
                 e0.record()
                 y = self.forward()
                 e1.record()
                 y.backward(self.dy)
                 e2.record()
         if "prequantized" in self.modes:
-            tap.mode, tap.flush, tap.n, tap.burst_s = "repeat", flush, plan.repeats, plan.repeat_burst_s
+            tap.mode, tap.flush, tap.n, tap.burst_s = "repeat", self.between_repeats, plan.repeats, plan.repeat_burst_s
             self.iteration()
         tap.mode = "off"
         events, repeats = tap.events, tap.repeats
@@ -181,7 +185,7 @@ class TorchJob:
     """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
     time the same three products. Same interface as :class:`TeJob`."""
 
-    def __init__(self, item: WorkItem, modes: Iterable[str], share: float = 1.0) -> None:
+    def __init__(self, item: WorkItem, modes: Iterable[str], share: float = 1.0, gemm_duty: float = 1.0) -> None:
         t0 = time.perf_counter()
         m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
         self.cuda = torch.cuda.is_available()
@@ -195,6 +199,7 @@ class TorchJob:
                     GemmOp.DGRAD: lambda: [d @ w for d in dys],
                     GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
         self.gemm_s = gemm_seconds(item.fprop.flops, "BF16")
+        self.between = between_calls(None, gemm_duty, self.gemm_s) if self.cuda else None
         self.calls = {}
         for op, fn in self.fns.items():
             fn()
@@ -209,7 +214,7 @@ class TorchJob:
         for op, fn in self.fns.items():
             n = self.calls[op]
             if self.cuda:
-                pairs = launch_timed(fn, n, burst_s=n * self.gemm_s)
+                pairs = launch_timed(fn, n, self.between, burst_s=n * self.gemm_s)
                 timed[op] = lambda pairs=pairs: elapsed(pairs)
             else:
                 times = time_cpu(fn, n)
@@ -221,16 +226,16 @@ Job = TeJob | TorchJob
 
 
 @contextlib.contextmanager
-def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None,
-                share: float) -> Iterator[Callable[[WorkItem, str], Job]]:
+def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share: float,
+                gemm_duty: float = 1.0) -> Iterator[Callable[[WorkItem, str], Job]]:
     """``with job_factory(...) as make: job = make(item, precision)``. With TE, TE's GEMM entry
     points are tapped for the whole block (the jobs' timed calls go through them)."""
     modes = list(modes)
     if not use_te:
-        yield lambda item, precision: TorchJob(item, modes, share)
+        yield lambda item, precision: TorchJob(item, modes, share, gemm_duty)
         return
     with _GemmTap() as tap:
-        yield lambda item, precision: TeJob(item, precision, modes, flush, tap, share)
+        yield lambda item, precision: TeJob(item, precision, modes, flush, tap, share, gemm_duty)
 
 
 def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,

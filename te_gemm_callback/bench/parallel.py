@@ -92,10 +92,10 @@ def _item_from_json(row: list) -> WorkItem:
 
 
 def _launch(device: int, items: list[WorkItem], group: list[Job], precisions: list[str], modes: list[str],
-            flush_l2: bool, visits: int | None, tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
+            flush_l2: bool, visits: int | None, gemm_duty: float, tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
     index = {it.key: i for i, it in enumerate(items)}
     spec = {"device": device, "items": [_item_to_json(it) for it in items], "precisions": precisions,
-            "modes": modes, "flush_l2": flush_l2, "visits": visits,
+            "modes": modes, "flush_l2": flush_l2, "visits": visits, "gemm_duty": gemm_duty,
             "only": [[index[it.key], p] for it, p in group]}
     spec_path, out_path, log_path = tmp / f"spec{device}.json", tmp / f"out{device}.json", tmp / f"log{device}.txt"
     spec_path.write_text(json.dumps(spec))
@@ -120,7 +120,7 @@ def _failed_part(group: list[Job], modes: list[str], reason: str) -> dict:
 
 def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list[str], devices: int, *,
                        flush_l2: bool = False, cache: ResultCache | None = None,
-                       visits: int | None = None) -> "BenchResults":
+                       visits: int | None = None, gemm_duty: float = 1.0) -> "BenchResults":
     """``run_bench`` over ``devices`` local GPUs (returns its BenchResults); every measured cell
     goes into ``cache``. Device 0's share looks its cells up there first; the workers measure
     theirs (they start before this process knows the device and versions a cache key needs)."""
@@ -135,12 +135,12 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     jobs = [(it, p) for it in unique for p in precisions]
     groups = [g for g in partition(jobs, devices) if g]
     with tempfile.TemporaryDirectory(prefix="te_gemm_bench_") as tmp:
-        workers = [(_launch(d, unique, g, precisions, modes, flush_l2, visits, Path(tmp)), g)
+        workers = [(_launch(d, unique, g, precisions, modes, flush_l2, visits, gemm_duty, Path(tmp)), g)
                    for d, g in enumerate(groups) if d > 0]
         from .engine import BenchResults, run_bench  # torch and TE: after the workers have started
 
         own = run_bench(unique, precisions, modes, flush_l2=flush_l2, cache=cache, progress=False, visits=visits,
-                        only={(it.key, p) for it, p in groups[0]}) if groups else None
+                        gemm_duty=gemm_duty, only={(it.key, p) for it, p in groups[0]}) if groups else None
         parts = [{"results": own.results, "skipped": own.skipped, "meta": own.meta}] if own else []
         for (proc, out_path, log_path), g in workers:
             rc = proc.wait()
@@ -185,7 +185,8 @@ def _worker_main(spec_path: str, out_path: str) -> int:
     items = [_item_from_json(row) for row in spec["items"]]
     only = {(items[i].key, p) for i, p in spec["only"]}
     res = run_bench(items, spec["precisions"], spec["modes"], flush_l2=spec["flush_l2"],
-                    cache=ResultCache(enabled=False), progress=False, only=only, visits=spec["visits"])
+                    cache=ResultCache(enabled=False), progress=False, only=only, visits=spec["visits"],
+                    gemm_duty=spec.get("gemm_duty", 1.0))
     Path(out_path).write_text(json.dumps({"results": [asdict(r) for r in res.results], "skipped": res.skipped,
                                           "meta": res.meta}))
     return 0

@@ -152,6 +152,28 @@ class StreamClock:
         return mark if not self.cuda else self.t0 + self.anchor.elapsed_time(mark) / 1e3
 
 
+# A spin kernel counts SM cycles; at the sustained clock of a power-limited H200 (~1.5 GHz) this
+# many make a second. The rest only needs to be about right: it sets a duty cycle, not a time.
+_SPIN_HZ = 1.5e9
+
+
+def between_calls(flush: Callable[[], None] | None, gemm_duty: float,
+                  call_s: float) -> Callable[[], None] | None:
+    """What runs between two timed calls, outside their events: the L2 flush if asked, then, with
+    ``gemm_duty`` < 1, a low-power rest (a one-thread spin) of ``call_s * (1 / gemm_duty - 1)``, so
+    the timed GEMMs get ``gemm_duty`` of the GPU's time, as in a training step whose other kernels
+    (norms, casts, attention, optimizer) draw less power. Under a power limit that share sets the
+    clock the GEMMs run at (docs/results/h200.md, session 5)."""
+    if not 0.0 < gemm_duty <= 1.0:
+        raise ValueError(f"gemm_duty must be in (0, 1], got {gemm_duty}")
+    cycles = int(call_s * (1.0 / gemm_duty - 1.0) * _SPIN_HZ)
+    if cycles <= 0:
+        return flush
+    if flush is None:
+        return lambda: torch.cuda._sleep(cycles)
+    return lambda: (flush(), torch.cuda._sleep(cycles))[0]
+
+
 def stats(times: list[float]) -> tuple[float, float, float]:
     """(median, first quartile, third quartile)."""
     if len(times) == 1:
