@@ -26,6 +26,7 @@ from te_gemm_callback import GemmProfiler  # noqa: E402
 from te_gemm_callback.clocks import ClockSampler  # noqa: E402
 from te_gemm_callback.bench.cells import ResultCache, items_from_capture  # noqa: E402
 from te_gemm_callback.bench.engine import run_bench  # noqa: E402
+from te_gemm_callback.bench.timing import GEMM_DUTY  # noqa: E402
 from te_gemm_callback.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
 from te_gemm_callback.shapes import GemmShape  # noqa: E402
 
@@ -59,7 +60,7 @@ def main() -> int:
     p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
     p.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls in the microbenchmark")
     p.add_argument("--visits", type=int, default=None, help="microbenchmark visits per job (default 8 on a GPU)")
-    p.add_argument("--gemm-duty", type=float, default=1.0, help="microbenchmark GEMM duty (te-gemm bench --gemm-duty)")
+    p.add_argument("--gemm-duty", type=float, default=None, help="microbenchmark GEMM duty (default 0.75; te-gemm bench --gemm-duty)")
     p.add_argument("--duty-from-job", action="store_true",
                    help="microbenchmark each recipe at its job's measured GEMM share of the step (GEMM time / step time)")
     p.add_argument("--bias", action="store_true",
@@ -73,7 +74,7 @@ def main() -> int:
         cap, job = in_job(recipe, c, a.steps, a.bias)
         items = items_from_capture(cap)
         share = (cap.gemm_ms_per_step() or 0) / (cap.step_ms() or float("inf"))
-        duty = min(max(share, 0.05), 1.0) if a.duty_from_job else a.gemm_duty
+        duty = min(max(share, 0.05), 1.0) if a.duty_from_job else (a.gemm_duty or GEMM_DUTY)
         print(f"{recipe:22s} GEMM share of the job's step {share:.3f}; microbenchmark GEMM duty {duty:.3f}")
         res = run_bench(items, [recipe], ["prequantized"], flush_l2=a.flush_l2, cache=ResultCache(enabled=False), visits=a.visits,
                         progress=False, gemm_duty=duty)

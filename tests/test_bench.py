@@ -331,9 +331,10 @@ def test_run_summary_states_the_clock_the_cells_ran_at():
     assert run_summary(res) == ("0 cells on NVIDIA H200, measured in 9.3 s; SM clock median 1575 MHz (min 1455), "
                                 "board power median 616 W (NVML)")
     assert run_summary(BenchResults([], meta={"device": "CPU", "wall_s": 0.01})).endswith("measured in 0.0 s")
-    hot = BenchResults([], meta={"device": "NVIDIA H200", "wall_s": 9.34,
+    hot = BenchResults([], meta={"device": "NVIDIA H200", "wall_s": 9.34, "backend": "te", "gemm_duty": 0.75,
                                  "timeline_s": {"heat": {"heat_s": 2.45, "idle_holds": 17, "holds": 80}}})
-    assert run_summary(hot).endswith("2.5 s of dense load to keep every burst at the sustained clock "
+    assert run_summary(hot).endswith("measured in 9.3 s; timed GEMMs at 0.75 of the GPU's time (--gemm-duty); "
+                                     "2.5 s of dense load to keep every burst at the sustained clock "
                                      "(17 of 80 holds found the GPU idle)")
 
 

@@ -22,7 +22,7 @@ from ..precisions import availability, canonical, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
 from .cells import FP8_FAMILY, MODES, BenchResult, ResultCache, WorkItem, cell_key
 from .jobs import job_factory
-from .timing import (HEAT_LOG, L2Flush, StreamClock, device_conditions, measure_peaks, spend_boost, stats,
+from .timing import (GEMM_DUTY, HEAT_LOG, L2Flush, StreamClock, device_conditions, measure_peaks, spend_boost, stats,
                      warm_up_gpu)
 
 
@@ -61,20 +61,22 @@ class BenchResults:
 def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
               *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
               console: Any = None, only: set[tuple] | None = None, visits: int | None = None,
-              gemm_duty: float = 1.0) -> BenchResults:
+              gemm_duty: float | None = None) -> BenchResults:
     """Time every (work item, pass, precision, mode). Unsupported precisions are skipped with the
     reason TE gives; a failing cell records its error and the run goes on.
 
     ``only``: the (item key, precision) jobs to run, for a worker of a multi-GPU run.
     ``visits``: how many times each job is measured, samples pooled (default 8 on a GPU, 1 on CPU).
     ``gemm_duty``: the share of GPU time the timed calls get, the rest a low-power rest between them
-    (timing.between_calls): a training step's GEMM share, for the clock its GEMMs run at.
+    (timing.between_calls): a training step's GEMM share, for the clock its GEMMs run at (default
+    timing.GEMM_DUTY).
     ``meta["timeline_s"]`` says where the wall time went (conditions, warm-up, peaks, each job's
     setup and total), so a slow run can be explained from its JSON."""
     t_start = time.perf_counter()
     modes = [m for m in MODES if m in set(modes)]
     if not modes:
         raise ValueError(f"modes must be among {MODES}")
+    gemm_duty = GEMM_DUTY if gemm_duty is None else gemm_duty
     if not 0.0 < gemm_duty <= 1.0:
         raise ValueError(f"gemm_duty must be in (0, 1], got {gemm_duty}")
     cache = cache or ResultCache(enabled=False)

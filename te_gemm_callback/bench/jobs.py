@@ -31,7 +31,7 @@ from ..capture.te_adapter import LAYOUT_OP
 from ..precisions import autocast, import_te, padded_splits
 from ..shapes import GemmOp
 from .cells import WorkItem, gemm_seconds
-from .timing import (L2Flush, Pairs, adaptive_iters, between_calls, elapsed, hold_gpu, launch_timed, stats,
+from .timing import (GEMM_DUTY, L2Flush, Pairs, adaptive_iters, between_calls, elapsed, hold_gpu, launch_timed, stats,
                      time_cpu)
 
 Times = dict[tuple[GemmOp, str], list[float]]  # (pass, mode) -> per-call milliseconds
@@ -93,7 +93,7 @@ class TeJob:
     the way a training job's GEMMs spread over its steps."""
 
     def __init__(self, item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
-                 tap: _GemmTap, share: float = 1.0, gemm_duty: float = 1.0) -> None:
+                 tap: _GemmTap, share: float = 1.0, gemm_duty: float = GEMM_DUTY) -> None:
         t0 = time.perf_counter()
         te = import_te()
         self.precision, self.modes, self.tap = precision, set(modes), tap
@@ -185,7 +185,7 @@ class TorchJob:
     """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
     time the same three products. Same interface as :class:`TeJob`."""
 
-    def __init__(self, item: WorkItem, modes: Iterable[str], share: float = 1.0, gemm_duty: float = 1.0) -> None:
+    def __init__(self, item: WorkItem, modes: Iterable[str], share: float = 1.0, gemm_duty: float = GEMM_DUTY) -> None:
         t0 = time.perf_counter()
         m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
         self.cuda = torch.cuda.is_available()
@@ -227,7 +227,7 @@ Job = TeJob | TorchJob
 
 @contextlib.contextmanager
 def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share: float,
-                gemm_duty: float = 1.0) -> Iterator[Callable[[WorkItem, str], Job]]:
+                gemm_duty: float = GEMM_DUTY) -> Iterator[Callable[[WorkItem, str], Job]]:
     """``with job_factory(...) as make: job = make(item, precision)``. With TE, TE's GEMM entry
     points are tapped for the whole block (the jobs' timed calls go through them)."""
     modes = list(modes)

@@ -120,7 +120,7 @@ def _failed_part(group: list[Job], modes: list[str], reason: str) -> dict:
 
 def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list[str], devices: int, *,
                        flush_l2: bool = False, cache: ResultCache | None = None,
-                       visits: int | None = None, gemm_duty: float = 1.0) -> "BenchResults":
+                       visits: int | None = None, gemm_duty: float | None = None) -> "BenchResults":
     """``run_bench`` over ``devices`` local GPUs (returns its BenchResults); every measured cell
     goes into ``cache``. Device 0's share looks its cells up there first; the workers measure
     theirs (they start before this process knows the device and versions a cache key needs)."""
@@ -186,7 +186,7 @@ def _worker_main(spec_path: str, out_path: str) -> int:
     only = {(items[i].key, p) for i, p in spec["only"]}
     res = run_bench(items, spec["precisions"], spec["modes"], flush_l2=spec["flush_l2"],
                     cache=ResultCache(enabled=False), progress=False, only=only, visits=spec["visits"],
-                    gemm_duty=spec.get("gemm_duty", 1.0))
+                    gemm_duty=spec.get("gemm_duty"))
     Path(out_path).write_text(json.dumps({"results": [asdict(r) for r in res.results], "skipped": res.skipped,
                                           "meta": res.meta}))
     return 0

@@ -116,6 +116,8 @@ def run_summary(res: BenchResults) -> str:
     if ck:
         line += (f"; SM clock median {ck['sm_clock_mhz_median']:.0f} MHz (min {ck['sm_clock_mhz_min']:.0f}), "
                  f"board power median {ck['power_w_median']:.0f} W (NVML)")
+    if m.get("gemm_duty") is not None and m.get("backend") == "te":
+        line += f"; timed GEMMs at {m['gemm_duty']:g} of the GPU's time (--gemm-duty)"
     heat = (m.get("timeline_s") or {}).get("heat")
     if heat and heat.get("holds"):
         line += (f"; {heat['heat_s']:.1f} s of dense load to keep every burst at the sustained clock "
