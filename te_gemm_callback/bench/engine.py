@@ -98,28 +98,18 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     t = time.perf_counter()
     cond = device_conditions()
     timeline["conditions"] = time.perf_counter() - t
-    if cuda:
-        t = time.perf_counter()
-        warm_up_gpu()  # initialisation, and the idle boost spent before the first cell
-        timeline["warm_up"] = time.perf_counter() - t
-        t = time.perf_counter()
-        peaks = measure_peaks(cache.data["peaks"], cond["device"])
-        timeline["peaks"] = time.perf_counter() - t
-    else:
-        peaks = {}
-    # On a GPU every job is visited twice (``visits``), the second visit in reverse order, its
-    # samples pooled: every burst runs at the sustained, power-limited clock (timing.hold_gpu), and
-    # that clock still swings (1100-1950 MHz at 700 W), so a cell timed in one stretch carries the
-    # phase it met. Measured on the H200 (docs/results/h200.md, "Session 4"), three cold runs of the
-    # seed config: cells within 2% autocast / pre-quantized 26 / 26 of 48 with one visit, 34 / 27
-    # with two; the pre-quantized cells within 5% (BF16) / 8% (FP8) of the same GEMMs in training
-    # steps 41 and 45 of 48.
+    # Every job is built once and visited ``visits`` times, all visits queued back to back (every
+    # other one in reverse order), samples pooled: the power limiter swings the clock a few times a
+    # second, and a cell's samples spread over the run average it as a training job's steps do.
+    # Measured on the H200 (docs/results/h200.md, "Session 5"), three cold runs of the seed config
+    # at GEMM duty 1: cells within 2% autocast / pre-quantized 40 / 30 of 48 with four visits, 45 /
+    # 39 with eight.
     visits = visits or (8 if cuda else 1)
     flush = L2Flush() if (flush_l2 and cuda) else None
-    cond.update(flush_l2=bool(flush), backend=backend, peaks_tflops=peaks, gemm_duty=gemm_duty,
-                timing="CUDA-event pair per call, launches queued behind dense GEMMs (longer on an idle GPU, to spend its boost); "
-                f"jobs queued back to back, one synchronize per visit; each job visited {visits} times "
-                "(every other visit in reverse order), samples pooled" if cuda
+    cond.update(flush_l2=bool(flush), backend=backend, gemm_duty=gemm_duty,
+                timing="CUDA-event pair per call, launches queued behind dense GEMMs; each job built once, then "
+                f"visited {visits} times (every other visit in reverse order), all visits queued back to back with "
+                f"one synchronize, samples pooled; timed GEMMs at {gemm_duty:g} of the GPU's time" if cuda
                 else "host clock per call (CPU)")
     # One job per (shape, splits) and recipe: repeated layers share their measurement.
     unique = {}
@@ -131,6 +121,15 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
             for jk, it in unique.items()}
     cached = {jk: {c: cache.get(v) for c, v in ks.items()} for jk, ks in keys.items()}
     todo = [jk for jk in unique if not all(cached[jk].values())]
+    peaks = cache.data["peaks"].get(cond["device"], {})
+    if cuda and todo:  # nothing to measure (all cached): no warm-up either
+        t = time.perf_counter()
+        warm_up_gpu()  # initialisation, and the idle boost spent before the first cell
+        timeline["warm_up"] = time.perf_counter() - t
+        t = time.perf_counter()
+        peaks = measure_peaks(cache.data["peaks"], cond["device"])
+        timeline["peaks"] = time.perf_counter() - t
+    cond["peaks_tflops"] = peaks
     times: dict[tuple, dict] = {jk: {} for jk in todo}
     errors: dict[tuple, str] = {}
     prog = _progress(progress, console)
