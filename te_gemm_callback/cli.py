@@ -222,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
     s.add_argument("--visits", type=_positive, default=None,
                    help="times each job is measured, spread over the run, samples pooled (default 8 on a GPU): "
-                        "more visits average the GPU's clock swings at the power limit, at more setup cost")
+                        "more visits average the GPU's clock swings at the power limit (a job is built once; "
+                        "a visit costs host time only)")
     s.add_argument("--gemm-duty", type=_duty, default=None,
                    help="share of GPU time the timed GEMMs get, a low-power rest between calls the rest (default 0.75, "
                         "a transformer step's; 1: back to back). Under a power limit it sets the clock the GEMMs run at: "

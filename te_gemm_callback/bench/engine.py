@@ -1,9 +1,10 @@
 """Offline microbenchmarks of a job's GEMMs in every precision: run every job (bench/jobs.py) on
 every requested recipe, pool, summarise, cache; and the totals the report takes from the results.
 
-Unsupported recipes are skipped with TE's reason; on a GPU every timed burst runs at the sustained
-clock a training job meets (timing.hold_gpu) and each job is visited twice (see run_bench); ``meta``
-says where the time went and at what clocks.
+Unsupported recipes are skipped with TE's reason. On a GPU each job is built once, then visited
+several times, all visits queued back to back with one synchronize (see run_bench), its timed
+GEMMs given a training step's share of the GPU's time (timing.GEMM_DUTY), so they run at the clock
+a training job's GEMMs get; ``meta`` says where the time went and at what clocks.
 """
 
 from __future__ import annotations

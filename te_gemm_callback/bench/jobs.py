@@ -14,7 +14,10 @@ sizes. Two modes:
   re-issued back-to-back with the operands TE built for it, so the quantization happened once,
   outside the timed region, in exactly TE's formats.
 
-Without TE (or without CUDA) the torch backend times BF16 matmuls with the same three passes.
+A job is built once (module, operands, TE's first calls) and queued for several visits
+(:meth:`TeJob.queue`), none of which waits for the GPU; between timed calls a low-power rest gives
+the GEMMs a training step's share of the GPU's time (timing.between_calls). Without TE (or without
+CUDA) the torch backend times BF16 matmuls with the same three passes.
 """
 
 from __future__ import annotations
@@ -239,9 +242,10 @@ def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share
 
 
 def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
-           share: float = 1.0) -> Times:
-    """One job, built, measured once and read back (scripts that time a single job)."""
-    with job_factory(True, modes, flush, share) as make:
+           share: float = 1.0, gemm_duty: float = 1.0) -> Times:
+    """One job, built, measured once and read back: for the diagnostic scripts (kernel_match.py,
+    burst_profile.py), whose calls run back to back (``gemm_duty`` 1) unless asked otherwise."""
+    with job_factory(True, modes, flush, share, gemm_duty) as make:
         collect = make(item, precision).queue()
     torch.cuda.synchronize()
     return collect()
