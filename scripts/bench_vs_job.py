@@ -59,7 +59,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
     p.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls in the microbenchmark")
-    p.add_argument("--visits", type=int, default=None, help="microbenchmark visits per job (default 8 on a GPU)")
+    p.add_argument("--visits", type=int, default=None, help="microbenchmark visits per job (default 16 on a GPU)")
     p.add_argument("--gemm-duty", type=float, default=None, help="microbenchmark GEMM duty (default 0.75; te-gemm bench --gemm-duty)")
     p.add_argument("--duty-from-job", action="store_true",
                    help="microbenchmark each recipe at its job's measured GEMM share of the step (GEMM time / step time)")

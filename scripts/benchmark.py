@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", help="figure path (PNG)")
     p.add_argument("--json")
     p.add_argument("--flush_l2", action="store_true")
-    p.add_argument("--visits", type=int, default=None, help="times each job is measured, samples pooled (default 8 on a GPU)")
+    p.add_argument("--visits", type=int, default=None, help="times each job is measured, samples pooled (default 16 on a GPU)")
     p.add_argument("--gemm_duty", type=float, default=None,
                    help="share of GPU time the timed GEMMs get (te-gemm bench --gemm-duty)")
     p.add_argument("--no_cache", action="store_true")

@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pre-quantize", action="store_true", help="kernel time only: operands quantized outside the timed region")
     s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
     s.add_argument("--visits", type=_positive, default=None,
-                   help="times each job is measured, spread over the run, samples pooled (default 8 on a GPU): "
+                   help="times each job is measured, spread over the run, samples pooled (default 16 on a GPU): "
                         "more visits average the GPU's clock swings at the power limit (a job is built once; "
                         "a visit costs host time only)")
     s.add_argument("--gemm-duty", type=_duty, default=None,

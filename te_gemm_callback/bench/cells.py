@@ -134,7 +134,7 @@ def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | N
 # dropped on load. 2: every timed burst at the sustained clock (version 1, no field, timed many
 # cells at the idle boost clock, 5-15% fast against training; docs/results/h200.md, session 4).
 # 3: jobs queued back to back, no synchronize between them (session 5). 4: each job built once and
-# visited 8 times; timed GEMMs at a training step's duty (timing.GEMM_DUTY).
+# visited 16 times; timed GEMMs at a training step's duty (timing.GEMM_DUTY).
 TIMING_VERSION = 4
 
 

@@ -67,7 +67,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     reason TE gives; a failing cell records its error and the run goes on.
 
     ``only``: the (item key, precision) jobs to run, for a worker of a multi-GPU run.
-    ``visits``: how many times each job is measured, samples pooled (default 8 on a GPU, 1 on CPU).
+    ``visits``: how many times each job is measured, samples pooled (default 16 on a GPU, 1 on CPU).
     ``gemm_duty``: the share of GPU time the timed calls get, the rest a low-power rest between them
     (timing.between_calls): a training step's GEMM share, for the clock its GEMMs run at (default
     timing.GEMM_DUTY).
@@ -102,10 +102,10 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     # Every job is built once and visited ``visits`` times, all visits queued back to back (every
     # other one in reverse order), samples pooled: the power limiter swings the clock a few times a
     # second, and a cell's samples spread over the run average it as a training job's steps do.
-    # Measured on the H200 (docs/results/h200.md, "Session 5"), three cold runs of the seed config
-    # at GEMM duty 1: cells within 2% autocast / pre-quantized 40 / 30 of 48 with four visits, 45 /
-    # 39 with eight.
-    visits = visits or (8 if cuda else 1)
+    # Measured on the H200 (docs/results/h200.md, "Session 5"), three cold runs of the seed config,
+    # cells within 2% autocast / pre-quantized: at GEMM duty 1, 40 / 30 of 48 with four visits, 45 /
+    # 39 with eight; at duty 0.75 (the default), 32 / 31 with eight, 41 / 44 with sixteen.
+    visits = visits or (16 if cuda else 1)
     flush = L2Flush() if (flush_l2 and cuda) else None
     cond.update(flush_l2=bool(flush), backend=backend, gemm_duty=gemm_duty,
                 timing="CUDA-event pair per call, launches queued behind dense GEMMs; each job built once, then "

@@ -158,7 +158,7 @@ class StreamClock:
 # te.TransformerLayer stack (docs/results/h200.md, session 5): GEMMs are 0.81 of a BF16 step and
 # 0.63-0.68 of an FP8 step; back to back (duty 1) the microbenchmark ran at 0.91-0.95 of the job's
 # clock and its FP8 cells read 8-12% slow; at 0.75 every one of the 48 GEMMs is within 5% (BF16) /
-# 8% (FP8) of its in-job time (medians 0.944-1.013).
+# 8% (FP8) of its in-job time (medians 0.944-1.013 with 8 visits, 1.004-1.038 with 16).
 GEMM_DUTY = 0.75
 # A spin kernel counts SM cycles; at the sustained clock of a power-limited H200 (~1.5 GHz) this
 # many make a second. The rest only needs to be about right: it sets a duty cycle, not a time.
