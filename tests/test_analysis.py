@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from te_gemm_callback.analysis import amdahl, analyze, capture_recipe, clock_note
+from te_gemm_callback.analysis import amdahl, analyze, capture_recipe, clock_note, duty_note
 from te_gemm_callback.bench.cells import BenchResult
 from te_gemm_callback.bench.engine import BenchResults
 from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
@@ -318,3 +318,22 @@ def test_overhead_that_is_host_time_is_named_so():
     assert a.verdict == "overhead eats the gain"
     assert "GPU time in no kernel (host-bound gaps) +9.00 ms per step" in a.evidence
     assert any(e.startswith("where it goes: mostly host time: the GPU waits 9.00 ms more") for e in a.evidence)
+
+
+def test_duty_note_sets_the_benchs_gemm_duty_against_the_jobs_gemm_share(tmp_path):
+    job = capture(100, 81)  # GEMMs 0.81 of the step: the seed stack in BF16 on the H200
+    res = bench({"BF16": 20.0})
+    res.meta.update(backend="te", gemm_duty=0.75)
+    assert duty_note(job, res) == ("microbenchmark GEMMs ran at 0.75 of the GPU's time (--gemm-duty); "
+                                   "this job's GEMMs are 0.81 of its step")
+    host_bound = capture(100, 30)  # a job whose GEMMs are a third of its step: told how to match it
+    assert duty_note(host_bound, res).endswith("te-gemm bench --capture gemm_capture.json --gemm-duty 0.30 "
+                                               "--json bench.json in the run folder, then te-gemm report")
+    res.meta["backend"] = "torch"  # CPU timings have no power limit: nothing to say
+    assert duty_note(job, res) is None and duty_note(job, None) is None
+    res.meta["backend"] = "te"
+    run = tmp_path / "run"
+    host_bound.save(run / "gemm_capture.json")
+    res.save(run / "bench.json")
+    render_run(run)
+    assert "--gemm-duty 0.30" in json.loads((run / "report.json").read_text())["meta"]["duty_note"]

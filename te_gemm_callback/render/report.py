@@ -41,7 +41,7 @@ def report_table(rep: Report) -> Table:
     for r, why in rep.skipped.items():
         t.add_row(r, "not run", *[""] * (len(cols) - 2), style="dim")
     notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
-        ([rep.meta["clock_note"]] if rep.meta.get("clock_note") else [])
+        [rep.meta[k] for k in ("clock_note", "duty_note") if rep.meta.get(k)]
     t.caption = (f"speedups over BF16. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the captured "
                  "shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. unfused: each GEMM "
                  "plus a standalone quantization of its inputs (autocast mode). Attention's QK^T and softmax·V "
@@ -125,7 +125,7 @@ def write_report_json(rep: Report, path: str | Path) -> Path:
 
 def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     """Re-render everything from a run folder (captures, optional bench.json): no GPU needed."""
-    from ..analysis import analyze, capture_recipe, clock_note, instrumented_step_note
+    from ..analysis import analyze, capture_recipe, clock_note, duty_note, instrumented_step_note
     from ..bench.cells import items_from_capture
     from ..bench.engine import BenchResults, measured_items
     from ..capture import GemmCapture
@@ -145,7 +145,8 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     base = next((c for c in caps if capture_recipe(c) == capture_recipe(job)), caps[0])
     bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
-    for key, note in (("step_note", instrumented_step_note(job)), ("clock_note", clock_note(job, bench))):
+    for key, note in (("step_note", instrumented_step_note(job)), ("clock_note", clock_note(job, bench)),
+                      ("duty_note", duty_note(job, bench))):
         if note:
             rep.meta[key] = note
     files = {"report": write_report_json(rep, root / "report.json"),
