@@ -24,15 +24,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from te_gemm_callback import GemmProfiler  # noqa: E402
-from te_gemm_callback.capture.instruments import ProfilerRanges  # noqa: E402
 from te_gemm_callback.bench.cells import items_from_capture  # noqa: E402
 from te_gemm_callback.bench.jobs import te_job  # noqa: E402
 from te_gemm_callback.bench.timing import L2Flush, warm_up_gpu  # noqa: E402
 from te_gemm_callback.kernels import is_gemm_kernel  # noqa: E402
-from te_gemm_callback.models import codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
+from te_gemm_callback.models import codonfm  # noqa: E402
 from te_gemm_callback.precisions import availability  # noqa: E402
 from te_gemm_callback.shapes import gemm_passes  # noqa: E402
+from validate_capture import profiled_steps  # noqa: E402  (scripts/, this script's folder)
 
 ACTS = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
 
@@ -89,27 +88,12 @@ def overlap_report(prof) -> dict:
 
 
 def job_side(recipe: str, layers: int, steps: int):
-    torch.manual_seed(0)
-    c = codonfm(layers)
-    model = te_stack(c, bias=False)
-    step = train_step_fn(model, stack_input(c), recipe)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=ACTS) as tp:
-        prof = GemmProfiler(model, dispatch_steps=0, nvtx_backend=ProfilerRanges()).start()
-        for _ in range(steps):
-            step()
-            prof.step()
-        cap = prof.stop()
-        torch.cuda.synchronize()
+    cap, tp = profiled_steps(recipe, codonfm(layers), steps, bias=False)
     per: dict[tuple[str, str], list[tuple[str, float]]] = collections.defaultdict(list)
     for name, ks in kernels_under(tp, "te_gemm: ").items():
         parts = name[len("te_gemm: "):].split()
         per[(parts[1], parts[2])] += ks  # (pass, MxKxN)
     ov = overlap_report(tp)
-    del model
-    torch.cuda.empty_cache()
     return cap, {k: _summary(v) for k, v in per.items()}, ov
 
 

@@ -41,9 +41,11 @@ def expected_shapes(c: DemoConfig) -> collections.Counter:
     return collections.Counter((str(s.op), s.m, s.k, s.n) for f in fprops for s in gemm_passes(f))
 
 
-def validate(recipe: str, c: DemoConfig, steps: int, warmup: int) -> dict:
+def profiled_steps(recipe: str, c: DemoConfig, steps: int, warmup: int = 3, bias: bool = True):
+    """(capture, torch.profiler trace) of ``steps`` training steps of the te.TransformerLayer stack,
+    captured by GemmProfiler with its ranges in the trace (kernel_match.py uses it too)."""
     torch.manual_seed(0)
-    model = te_stack(c)
+    model = te_stack(c, bias=bias)
     step = train_step_fn(model, stack_input(c), recipe)
     for _ in range(warmup):  # TE/cuBLAS initialisation and FP8 amax history stay out
         step()
@@ -56,6 +58,13 @@ def validate(recipe: str, c: DemoConfig, steps: int, warmup: int) -> dict:
             prof.step()
         cap = prof.stop()
         torch.cuda.synchronize()
+    del model
+    torch.cuda.empty_cache()
+    return cap, tp
+
+
+def validate(recipe: str, c: DemoConfig, steps: int, warmup: int) -> dict:
+    cap, tp = profiled_steps(recipe, c, steps, warmup)
     kernels = kernel_times_us(tp)
     gemm_kernels = {k: v for k, v in kernels.items() if is_gemm_kernel(k)}
     # Kernel time under our ranges (device time of the children of each "te_gemm: ..." op).
