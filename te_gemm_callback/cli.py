@@ -144,7 +144,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         from .bench.parallel import run_bench_parallel
 
         res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
-                                 visits=a.visits, gemm_duty=a.gemm_duty)
+                                 visits=a.visits, gemm_duty=a.gemm_duty, progress=True, console=out)
     from .bench.engine import run_bench
     from .render.bench_tables import (pass_table, run_summary, speedup_summary, swapped_items, swapped_table,
                                       totals_table)
@@ -233,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write all results (with device, clocks, versions) as JSON")
     s.add_argument("--cache", help="result cache file (default ~/.cache/te_gemm_callback/bench.json or $TE_GEMM_CACHE)")
     s.add_argument("--no-cache", action="store_true", help="measure everything again")
-    s.add_argument("--devices", type=_positive, default=1, help="spread cells over N local GPUs, one process each")
+    s.add_argument("--devices", type=_positive, default=1, help="spread the visits over N local GPUs, one process each: every GPU runs every job (the same "
+                        "power mix, so the same clocks), each cell's samples pooled")
     s.set_defaults(fn=cmd_bench)
     s = sub.add_parser("compare", help="compare captures of separate runs (one per recipe): GEMM vs step speedup")
     s.add_argument("captures", nargs="+", help="gemm_capture.json files; the first is the baseline job")

@@ -1,6 +1,7 @@
 """Benchmark engine on the CPU path (torch BF16), caching, skip reasons, CLI and figures."""
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -213,51 +214,79 @@ def test_two_visits_pool_samples_and_reverse_the_order():
         assert abs(r2.iters - r1.iters) <= 2
 
 
-def test_partition_balances_cost_and_keeps_recipes_together():
-    from te_gemm_callback.bench.parallel import _RECIPE_FIRST_USE_S, _load, job_cost, partition
+def test_visits_split_evenly_over_devices():
+    from te_gemm_callback.bench.parallel import visit_shares
 
-    big = [WorkItem(str(i), GemmShape(8192 * (i + 1), 4096, 4096)) for i in range(6)]
-    for recipes in (("BF16", "DelayedScaling"), ("BF16", "DelayedScaling", "Float8CurrentScaling")):
-        jobs = [(it, p) for it in big for p in recipes]
-        groups = partition(jobs, 2)
-        assert sorted((i.name, p) for g in groups for i, p in g) == sorted((i.name, p) for i, p in jobs)
-        # Estimated seconds, each recipe's setup included, against the best any split could do.
-        bound = (sum(job_cost(*j) for j in jobs) + _RECIPE_FIRST_USE_S * len(recipes)) / 2
-        assert max(_load(g) for g in groups) < 1.1 * bound
-    # Small jobs cost mostly their setup: a recipe's first use on a device is worth avoiding, so
-    # four tiny jobs of two recipes split by recipe, not alternately.
-    tiny = [(WorkItem(str(i), GemmShape(64, 64, 64)), p) for p in ("BF16", "DelayedScaling") for i in range(2)]
-    assert sorted(len({p for _, p in g}) for g in partition(tiny, 2)) == [1, 1]
+    assert visit_shares(16, 2) == [8, 8] and visit_shares(16, 3) == [6, 5, 5] and sum(visit_shares(7, 8)) == 7
+    assert visit_shares(1, 2) == [1]  # a device without a visit is not used
+
+
+def test_pooled_cells_are_summarised_over_every_gpus_samples():
+    # Two parts of a 2-GPU run measured the same cell; a third cell was cached (no samples) and one
+    # failed on device 0 but ran on device 1. Pooling must give the statistics of all samples together.
+    from te_gemm_callback.bench.engine import BenchResults, pool_parts
+
+    def res(median, error=None, **kw):
+        return BenchResult(64, 32, 16, "fprop", "BF16", "autocast", median_ms=median, tflops=None if error else
+                           2 * 64 * 32 * 16 / (median * 1e-3) / 1e12, error=error, **kw)
+
+    a, b = [1.0, 1.2, 1.1], [2.0, 2.2, 2.1]
+    cached = BenchResult(8, 8, 8, "fprop", "BF16", "autocast", median_ms=5.0, iters=3)
+    failed0 = BenchResult(8, 8, 8, "dgrad", "BF16", "autocast", error="OutOfMemoryError")
+    ran1 = BenchResult(8, 8, 8, "dgrad", "BF16", "autocast", median_ms=0.5, tflops=2 * 8 ** 3 / 0.5e-3 / 1e12)
+    p0 = BenchResults([res(1.1), cached, failed0], meta={"peaks_tflops": {"bf16": 1.0}},
+                      samples={res(1.1).cell: (a, [1500.0])})
+    p1 = BenchResults([res(2.1), cached, ran1], samples={res(1.1).cell: (b, [1700.0]), ran1.cell: ([0.5, 0.7], [1600.0])})
+    out = pool_parts([p0, p1])
+    assert [r.cell for r in out] == [r.cell for r in p0.results]  # device 0's order
+    pooled = out[0]
+    assert pooled.iters == 6 and pooled.median_ms == pytest.approx(statistics.median(a + b))
+    assert pooled.sm_clock_mhz == 1600.0
+    assert pooled.tflops == pytest.approx(2 * 64 * 32 * 16 / (pooled.median_ms * 1e-3) / 1e12)
+    assert pooled.peak_fraction == pytest.approx(pooled.tflops)
+    assert out[1] is cached  # not measured by any part: as it was
+    assert out[2].ok and out[2].median_ms == pytest.approx(0.6) and out[2].iters == 2
 
 
 @cpu_path
 def test_parallel_bench_same_cells_as_one_process(tmp_path):
-    # On CPU the two workers are processes without GPUs: the split and merge are what is tested.
+    # On CPU the two workers are processes without GPUs: the split of the visits, the workers' own
+    # measurements and the pooling are what is tested, not GPU agreement (scripts/h200x2_validation.sh).
     from te_gemm_callback.bench.parallel import run_bench_parallel
 
     items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64)),
              WorkItem("c", GemmShape(8, 16, 16))]
-    one = run_bench(items, ["BF16"], ["prequantized"], progress=False)
-    two = run_bench_parallel(items, ["BF16"], ["prequantized"], 2)
+    one = run_bench(items, ["BF16"], ["prequantized"], progress=False, visits=4)
+    two = run_bench_parallel(items, ["BF16"], ["prequantized"], 2, visits=4)
     key = lambda r: (r.m, r.k, r.n, r.op, r.precision, r.mode)  # noqa: E731
-    assert sorted(map(key, one.results)) == sorted(map(key, two.results))
-    assert all(r.ok for r in two.results) and len(two.meta["devices"]) == 2
     # Merged in the order one process lists them (tables and JSON diff cleanly).
     assert list(map(key, one.results)) == list(map(key, two.results))
-    assert [t["jobs"] for t in two.meta["worker_timeline_s"]] and one.meta["timeline_s"]["jobs_total"] > 0
+    assert all(r.ok for r in two.results) and len(two.meta["devices"]) == 2
+    assert two.meta["visits_per_device"] == [2, 2] and two.meta["device_indices"] == [0, 1]
+    # Every worker ran every job, its two visits; each cell pooled both workers' samples.
+    for t in two.meta["worker_timeline_s"]:
+        assert sorted({j["item"] for j in t["jobs"]}) == ["16x32x64", "32x64x48", "8x16x16"]
+        assert {j["visit"] for j in t["jobs"]} == {0, 1}
+    for r1, r2 in zip(one.results, two.results):
+        assert abs(r2.iters - r1.iters) <= 0.5 * r1.iters, (r1.iters, r2.iters)
 
 
 @cpu_path
-def test_parallel_bench_fills_the_cache(tmp_path):
+def test_parallel_bench_fills_the_cache_and_a_cached_run_waits_for_no_worker(tmp_path):
     from te_gemm_callback.bench.parallel import run_bench_parallel
 
     items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64))]
     cache = ResultCache(tmp_path / "c.json")
-    run_bench_parallel(items, ["BF16"], ["autocast"], 2, cache=cache)
+    first = run_bench_parallel(items, ["BF16"], ["autocast"], 2, cache=cache, visits=2)
     again = ResultCache(tmp_path / "c.json")
     hit = run_bench(items, ["BF16"], ["autocast"], cache=again, progress=False)
-    # Every cell, measured in this process or in the worker, is a cache hit now: no job ran.
+    # Every cell is a cache hit now, stored as pooled over both workers: no job ran.
     assert len(hit.results) == 6 and hit.meta["timeline_s"]["jobs"] == []
+    assert [r.median_ms for r in hit.results] == [r.median_ms for r in first.results]
+    # The same run again over 2 devices: all cached, the worker is stopped, not waited for.
+    cached = run_bench_parallel(items, ["BF16"], ["autocast"], 2, cache=ResultCache(tmp_path / "c.json"), visits=2)
+    assert [r.median_ms for r in cached.results] == [r.median_ms for r in first.results]
+    assert cached.meta["devices"] == [] and "failed_devices" not in cached.meta
 
 
 def test_repeated_layers_grouped_in_the_stacked_figure():
@@ -355,17 +384,18 @@ def test_holds_heat_only_an_idle_gpu_and_account_for_it(monkeypatch):
 
 
 @cpu_path
-def test_parallel_worker_that_dies_marks_its_cells_and_the_run_goes_on(monkeypatch):
+def test_parallel_worker_that_dies_leaves_its_visits_out_and_the_run_goes_on(monkeypatch):
     import sys
 
     from te_gemm_callback.bench.parallel import run_bench_parallel
+    from te_gemm_callback.render.bench_tables import run_summary
 
     items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64))]
     monkeypatch.setattr(sys, "executable", "/bin/false")  # the worker's interpreter exits 1 at once
-    res = run_bench_parallel(items, ["BF16"], ["autocast"], 2)
-    ok, failed = [r for r in res.results if r.ok], [r for r in res.results if not r.ok]
-    assert len(ok) == 3 and len(failed) == 3  # device 0's item measured, the worker's item failed
-    assert all("worker process failed (exit 1)" in r.error for r in failed)
+    res = run_bench_parallel(items, ["BF16"], ["autocast"], 2, visits=2)
+    assert len(res.results) == 6 and all(r.ok for r in res.results)  # device 0's visit of every job
+    assert res.meta["visits_per_device"] == [1] and "exit 1" in res.meta["failed_devices"][1]
+    assert "GPU 1's worker failed (exit 1" in run_summary(res)
 
 
 def test_bench_cli_starts_gpu_workers_before_torch_loads():

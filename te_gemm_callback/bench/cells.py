@@ -114,6 +114,12 @@ class BenchResult:
     def ok(self) -> bool:
         return self.error is None and self.median_ms is not None
 
+    @property
+    def cell(self) -> tuple:
+        """What identifies the cell within a run: shape, pass, grouped splits, precision, mode."""
+        return (self.m, self.k, self.n, self.op, tuple(self.m_splits) if self.m_splits else None, self.precision,
+                self.mode)
+
 
 def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int, ...] | None,
                precision: str, mode: str, flush_l2: bool, gemm_duty: float = 1.0) -> str:
@@ -141,10 +147,11 @@ TIMING_VERSION = 4
 class ResultCache:
     """JSON cache of results and per-device peaks, so reports and reruns do not re-measure."""
 
-    def __init__(self, path: str | Path | None = None, enabled: bool = True) -> None:
+    def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False) -> None:
         default = Path(os.environ.get("TE_GEMM_CACHE", Path.home() / ".cache" / "te_gemm_callback" / "bench.json"))
         self.path = Path(path) if path else default
         self.enabled = enabled
+        self.read_only = read_only  # lookups only: a multi-GPU run's parts, whose caller stores the pooled cells
         self.data: dict[str, Any] = {"results": {}, "peaks": {}}
         if enabled and self.path.exists():
             try:
@@ -162,11 +169,11 @@ class ResultCache:
         return BenchResult(**d) if d else None
 
     def put(self, key: str, r: BenchResult) -> None:
-        if r.ok:  # failures are re-tried next time
+        if r.ok and not self.read_only:  # failures are re-tried next time
             self.data["results"][key] = asdict(r)
 
     def save(self) -> None:
-        if not self.enabled:
+        if not self.enabled or self.read_only:
             return
         write_json(self.path, self.data, indent=None)
 

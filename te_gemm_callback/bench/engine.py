@@ -33,6 +33,9 @@ class BenchResults:
     results: list[BenchResult]
     skipped: dict[str, str] = field(default_factory=dict)  # precision -> reason it did not run
     meta: dict[str, Any] = field(default_factory=dict)
+    # Cells this run measured (not cached): BenchResult.cell -> (every sample in ms, the SM clock of
+    # each visit). Kept out of the JSON; what a multi-GPU run pools (pool_parts).
+    samples: dict[tuple, tuple[list[float], list[float]]] = field(default_factory=dict, repr=False)
 
     def get(self, shape: GemmShape, precision: str, mode: str,
             m_splits: tuple[int, ...] | None = None) -> BenchResult | None:
@@ -61,13 +64,15 @@ class BenchResults:
 
 def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
               *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
-              console: Any = None, only: set[tuple] | None = None, visits: int | None = None,
-              gemm_duty: float | None = None) -> BenchResults:
+              console: Any = None, visits: int | None = None, gemm_duty: float | None = None,
+              visits_of: int | None = None) -> BenchResults:
     """Time every (work item, pass, precision, mode). Unsupported precisions are skipped with the
     reason TE gives; a failing cell records its error and the run goes on.
 
-    ``only``: the (item key, precision) jobs to run, for a worker of a multi-GPU run.
-    ``visits``: how many times each job is measured, samples pooled (default 16 on a GPU, 1 on CPU).
+    ``visits``: how many times each job is measured, samples pooled (default ``default_visits()``).
+    ``visits_of``: when this run is one GPU's share of a multi-GPU run (bench/parallel.py), the
+    visits of all GPUs together: each visit then takes that share of a cell's samples, so the pooled
+    cell has as many as one GPU would time and each GPU does its share of the work.
     ``gemm_duty``: the share of GPU time the timed calls get, the rest a low-power rest between them
     (timing.between_calls): a training step's GEMM share, for the clock its GEMMs run at (default
     timing.GEMM_DUTY).
@@ -105,7 +110,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     # Measured on the H200 (docs/results/h200.md, "Session 5"), three cold runs of the seed config,
     # cells within 2% autocast / pre-quantized: at GEMM duty 1, 40 / 30 of 48 with four visits, 45 /
     # 39 with eight; at duty 0.75 (the default), 32 / 31 with eight, 41 / 44 with sixteen.
-    visits = visits or (16 if cuda else 1)
+    visits = visits or default_visits(cuda)
     flush = L2Flush() if (flush_l2 and cuda) else None
     cond.update(flush_l2=bool(flush), backend=backend, gemm_duty=gemm_duty,
                 timing="CUDA-event pair per call, launches queued behind dense GEMMs; each job built once, then "
@@ -116,8 +121,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     unique = {}
     for it in items:
         for p in wanted:
-            if only is None or (it.key, p) in only:
-                unique.setdefault((it.key, p), it)
+            unique.setdefault((it.key, p), it)
     keys = {jk: {(s.op, mo): cell_key(cond, s, it.m_splits, jk[1], mo) for s in gemm_passes(it.fprop) for mo in modes}
             for jk, it in unique.items()}
     cached = {jk: {c: cache.get(v) for c, v in ks.items()} for jk, ks in keys.items()}
@@ -136,7 +140,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     prog = _progress(progress, console)
     sampler = ClockSampler()  # no NVML (CPU): no samples, clocks_during_run None
     clocks: dict[tuple, list[float]] = {jk: [] for jk in todo}  # SM clock of each visit of a job
-    with prog, sampler, job_factory(use_te, modes, flush, 1 / visits, gemm_duty) as make_job:
+    with prog, sampler, job_factory(use_te, modes, flush, 1 / (visits_of or visits), gemm_duty) as make_job:
         task = prog.add_task("GEMM cells", total=max(len(todo) * visits, 1))
         pending = list(todo)
         while pending:
@@ -152,13 +156,16 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
             if cuda:
                 torch.cuda.empty_cache()
     results: list[BenchResult] = []
+    samples: dict[tuple, tuple[list[float], list[float]]] = {}
     for jk, it in unique.items():
         for s in gemm_passes(it.fprop):
             for mo in modes:
                 r = cached[jk][(s.op, mo)]
                 if jk in todo:
-                    r = _result(s, it, jk[1], mo, times[jk].get((s.op, mo)), errors.get(jk), backend, cond, peaks)
-                    r.sm_clock_mhz = statistics.median(clocks[jk]) if clocks[jk] else None
+                    ts = times[jk].get((s.op, mo))
+                    r = _result(s, it, jk[1], mo, ts, clocks[jk], errors.get(jk), backend, cond, peaks)
+                    if r.ok:
+                        samples[r.cell] = (ts, clocks[jk])
                     cache.put(keys[jk][(s.op, mo)], r)
                 results.append(r)
     cache.save()
@@ -166,9 +173,15 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     timeline["host_total"] = sum(j["host_s"] for j in timeline["jobs"])  # host seconds to build and queue them
     timeline["setup_total"] = sum(j["s"] for j in timeline.get("setup", []))
     timeline["heat"] = {k: v - heat0[k] for k, v in HEAT_LOG.items()}  # what timing at the sustained clock cost
-    meta = dict(cond, wall_s=time.perf_counter() - t_start, modes=modes, precisions=wanted,
+    meta = dict(cond, wall_s=time.perf_counter() - t_start, modes=modes, precisions=wanted, visits=visits,
                 clocks_during_run=sampler.summary(), timeline_s=timeline)
-    return BenchResults(results, skipped, meta)
+    return BenchResults(results, skipped, meta, samples)
+
+
+def default_visits(cuda: bool) -> int:
+    """Visits per job when none are asked for: 16 on a GPU (each cell's samples then span the
+    power limiter's clock swings; docs/results/h200.md "Session 5"), 1 on the CPU (no limiter)."""
+    return 16 if cuda else 1
 
 
 # How many jobs stay queued on the GPU while the host queues the next: one covers the host's
@@ -266,8 +279,8 @@ def _reason(err: Exception) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
 
 
-def _result(s: GemmShape, it: WorkItem, precision: str, mode: str, times: list[float] | None, error: str | None,
-            backend: str, cond: dict, peaks: dict) -> BenchResult:
+def _result(s: GemmShape, it: WorkItem, precision: str, mode: str, times: list[float] | None, clocks: list[float],
+            error: str | None, backend: str, cond: dict, peaks: dict) -> BenchResult:
     r = BenchResult(s.m, s.k, s.n, str(s.op), precision, mode, list(it.m_splits) if it.m_splits else None,
                     backend=backend, conditions=cond)
     padded = padded_splits(it.m_splits, precision) if it.m_splits and backend == "te" else None
@@ -276,12 +289,35 @@ def _result(s: GemmShape, it: WorkItem, precision: str, mode: str, times: list[f
     if error or not times:
         r.error = error or "no timing recorded for this pass"
         return r
+    return _summarise(r, s.flops, times, clocks, peaks)
+
+
+def _summarise(r: BenchResult, flops: float, times: list[float], clocks: list[float], peaks: dict) -> BenchResult:
     r.median_ms, r.q1_ms, r.q3_ms = stats(times)
     r.iters = len(times)
-    r.tflops = s.flops / (r.median_ms * 1e-3) / 1e12
-    peak = peaks.get("fp8" if precision in FP8_FAMILY else "bf16")
+    r.tflops = flops / (r.median_ms * 1e-3) / 1e12
+    peak = peaks.get("fp8" if r.precision in FP8_FAMILY else "bf16")
     r.peak_fraction = r.tflops / peak if peak else None
+    r.sm_clock_mhz = statistics.median(clocks) if clocks else None
     return r
+
+
+def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
+    """One run's results from the parts of a multi-GPU run (bench/parallel.py): each part ran the
+    same jobs in the same order, its share of the visits, so a cell is summarised over the samples
+    of every part that measured it. The first part's list gives the order, its cached and failed
+    cells stay as they are; a cell that failed on one GPU and ran on another keeps the samples it has."""
+    peaks = parts[0].meta.get("peaks_tflops") or {}
+    out = []
+    for r in parts[0].results:
+        measured = [p.samples[r.cell] for p in parts if r.cell in p.samples]
+        if measured:
+            ok = r if r.ok else next(x for p in parts for x in p.results if x.cell == r.cell and x.ok)
+            flops = ok.tflops * 1e12 * ok.median_ms * 1e-3
+            r = _summarise(BenchResult(**{**asdict(ok), "error": None}), flops, [t for ts, _ in measured for t in ts],
+                           [c for _, cs in measured for c in cs], peaks)
+        out.append(r)
+    return out
 
 
 def _progress(enabled: bool, console: Any) -> Any:

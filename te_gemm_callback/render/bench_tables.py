@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.markup import escape
-
 from rich.table import Table
 
 from ..bench.cells import WorkItem
@@ -112,6 +111,13 @@ def run_summary(res: BenchResults) -> str:
     to compare runs: at the power limit the clock, and with it every time, moves by up to 25%)."""
     m = res.meta
     line = f"{len(res.results)} cells on {m.get('device')}, measured in {m.get('wall_s', 0):.1f} s"
+    if len(m.get("visits_per_device") or []) > 1:
+        line += (f" over {len(m['visits_per_device'])} devices (visits {'+'.join(map(str, m['visits_per_device']))}, "
+                 "samples pooled)")
+    for d, why in (m.get("failed_devices") or {}).items():
+        line += f"; [red]GPU {d}'s worker failed ({escape(why)}): its visits are missing"
+    if m.get("mixed_devices"):
+        line += f"; [yellow]{', '.join(dict.fromkeys(m['devices']))}: {m['mixed_devices']}"
     ck = m.get("clocks_during_run")
     if ck:
         line += (f"; SM clock median {ck['sm_clock_mhz_median']:.0f} MHz (min {ck['sm_clock_mhz_min']:.0f}), "
