@@ -212,17 +212,17 @@ def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
     return text
 
 
-def duty_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
+def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | None:
     """The share of GPU time the microbenchmark gave its GEMMs against this job's GEMM share of the
-    step. Under a power limit it sets the clock: on the H200 the seed stack's GEMMs were 0.81 of a
-    BF16 step and 0.63-0.68 of an FP8 one, and the default 0.75 put all 48 GEMMs within 5-8% of
-    their in-job time, where back-to-back GEMMs read 8-12% slow (docs/results/h200.md, session 5).
-    Beyond 0.15 apart the user is told how to bench at the job's own share."""
+    step (``Report.gemm_share``: the report's baseline run, the figure its table shows). Under a
+    power limit it sets the clock: on the H200 the seed stack's GEMMs were 0.81 of a BF16 step and
+    0.63-0.68 of an FP8 one, and the default 0.75 put all 48 GEMMs within 5-8% of their in-job time,
+    where back-to-back GEMMs read 8-12% slow (docs/results/h200.md, session 5). Beyond 0.15 apart the
+    user is told how to bench at the job's own share."""
     duty = bench.meta.get("gemm_duty") if bench is not None else None
-    gemm, step = cap.gemm_ms_per_step(), cap.step_ms()
-    if duty is None or bench.meta.get("backend") != "te" or not gemm or not step:
+    if duty is None or bench.meta.get("backend") != "te" or not gemm_share:
         return None
-    share = min(gemm / step, 1.0)
+    share = min(gemm_share, 1.0)
     text = (f"microbenchmark GEMMs ran at {duty:g} of the GPU's time (--gemm-duty); this job's GEMMs are "
             f"{share:.2f} of its step")
     if abs(share - duty) > 0.15:

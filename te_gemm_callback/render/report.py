@@ -146,7 +146,7 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
     for key, note in (("step_note", instrumented_step_note(job)), ("clock_note", clock_note(job, bench)),
-                      ("duty_note", duty_note(job, bench))):
+                      ("duty_note", duty_note(rep.gemm_share, bench))):
         if note:
             rep.meta[key] = note
     files = {"report": write_report_json(rep, root / "report.json"),
