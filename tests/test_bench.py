@@ -398,6 +398,30 @@ def test_parallel_worker_that_dies_leaves_its_visits_out_and_the_run_goes_on(mon
     assert "GPU 1's worker failed (exit 1" in run_summary(res)
 
 
+@cpu_path
+def test_parallel_bench_with_more_devices_than_gpus_says_so_and_stops_its_workers(monkeypatch):
+    # A host with one GPU, asked for two: the check runs after the workers have started (they start
+    # before torch is imported, see below), so it must stop them. CUDA is faked in this process only
+    # (the test host has no GPU); the worker is a real process.
+    import subprocess
+
+    from te_gemm_callback.bench import parallel
+
+    started = []
+
+    class Popen(subprocess.Popen):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            started.append(self)
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", Popen)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"--devices 2, but this host has 1 visible GPU"):
+        parallel.run_bench_parallel([WorkItem("a", GemmShape(32, 64, 48))], ["BF16"], ["autocast"], 2)
+    assert len(started) == 1 and started[0].returncode is not None  # stopped and reaped, not left running
+
+
 def test_bench_cli_starts_gpu_workers_before_torch_loads():
     """`te-gemm bench --devices N` launches its workers before this process imports torch or TE
     (about 4 + 6 s on the H200 host), so their start-up overlaps ours: the modules on that path

@@ -141,13 +141,18 @@ def test_bench_over_two_gpus_matches_one():
                     cache=ResultCache(enabled=False))
     two = run_bench_parallel(items, ["BF16", "DelayedScaling"], ["prequantized"], 2)
     assert {(r.shape, r.precision) for r in one.results} == {(r.shape, r.precision) for r in two.results}
-    assert len(set(two.meta["devices"])) == 1 and len(two.meta["worker_wall_s"]) == 2
+    assert len(set(two.meta["devices"])) == 1 and two.meta["visits_per_device"] == [8, 8]
+    # Both GPUs ran every job (the same power mix, so the same clocks), 8 visits each, and each
+    # cell pooled both GPUs' samples: as many as one GPU's 16 visits.
+    for t in two.meta["worker_timeline_s"]:
+        assert len(t["jobs"]) == 8 * 4 and len({(j["item"], j["precision"]) for j in t["jobs"]}) == 4
     for r in one.results:
         other = two.get(r.shape, r.precision, r.mode)
-        # Same GPU model, separate processes: the per-cell agreement itself is measured by
-        # scripts/h200x2_validation.sh over the seed's 48 cells; here only a gross mismatch (a
-        # wrong shape or recipe on one worker) fails.
-        assert other.median_ms == pytest.approx(r.median_ms, rel=0.15)
+        assert abs(other.iters - r.iters) <= 0.25 * r.iters, (other.iters, r.iters)
+        # Per-cell agreement over many cells is measured by scripts/h200x2_validation.sh (2 x H200,
+        # session 6: 288 of 288 within 3%, as close as one GPU to itself); here a cell more than 6%
+        # off means the GPUs did not run the same work.
+        assert other.median_ms == pytest.approx(r.median_ms, rel=0.06)
 
 
 @needs_te

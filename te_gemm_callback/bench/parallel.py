@@ -101,15 +101,13 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
             "cache": str(cache.path) if cache.enabled else None}
     with tempfile.TemporaryDirectory(prefix="te_gemm_bench_") as tmp:
         workers = [(d, *_launch(d, devices, spec, Path(tmp))) for d in range(1, devices)]
-        import torch  # after the workers have started
-
-        from .engine import BenchResults, pool_parts, run_bench
-
-        share, total = _share(dict(spec, device=0, devices=devices), torch.cuda.is_available())
-        lookups = ResultCache(cache.path, enabled=cache.enabled, read_only=True)
-        own = run_bench(unique, precisions, modes, flush_l2=flush_l2, progress=progress, console=console,
-                        visits=share, visits_of=total, gemm_duty=gemm_duty, cache=lookups)
-        own.meta["device_index"] = 0
+        try:
+            own = _own_share(unique, devices, spec, progress, console)
+        except BaseException:  # bad --devices, an error or Ctrl-C here: no worker outlives the caller
+            for _, proc, _, _ in workers:
+                proc.kill()
+                proc.wait()
+            raise
         parts, failed = [own], {}
         for d, proc, out_path, log_path in workers:
             if not own.samples and proc.poll() is None:
@@ -120,6 +118,8 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
             elif own.samples:
                 tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
                 failed[d] = f"exit {rc}: {tail[0][:200] if tail else 'no output'}"
+    from .engine import BenchResults, pool_parts
+
     results = pool_parts([p for p in parts if p.results])
     if own.samples:
         from .cells import cell_key
@@ -142,6 +142,37 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     return BenchResults(results, own.skipped, meta)
 
 
+def _own_share(items: list[WorkItem], devices: int, spec: dict[str, Any], progress: bool,
+               console: Any) -> "BenchResults":
+    """Device 0's share, in this process, once the workers have started."""
+    import torch
+
+    if torch.cuda.is_available() and devices > torch.cuda.device_count():
+        raise ValueError(f"--devices {devices}, but this host has {torch.cuda.device_count()} visible GPU(s) "
+                         "(CUDA_VISIBLE_DEVICES counts): pass at most that many")
+    own = _run_share(items, dict(spec, device=0, devices=devices), progress, console)
+    assert own is not None  # device 0 always has a visit (visit_shares)
+    return own
+
+
+def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = False,
+               console: Any = None) -> "BenchResults | None":
+    """Device ``spec["device"]``'s share of the visits (None if it has none), cells looked up in the
+    caller's cache file, read only."""
+    import torch
+
+    from .engine import run_bench
+
+    share, total = _share(spec, torch.cuda.is_available())
+    if not share:
+        return None
+    cache = ResultCache(spec["cache"], read_only=True) if spec["cache"] else ResultCache(enabled=False)
+    res = run_bench(items, spec["precisions"], spec["modes"], flush_l2=spec["flush_l2"], cache=cache,
+                    progress=progress, console=console, visits=share, visits_of=total, gemm_duty=spec["gemm_duty"])
+    res.meta["device_index"] = spec["device"]
+    return res
+
+
 def _part_from_json(d: dict[str, Any]) -> "BenchResults":
     from .engine import BenchResults
 
@@ -153,20 +184,12 @@ def _worker_main(spec_path: str, out_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     import torch
 
-    from .engine import run_bench
-
-    cuda = torch.cuda.is_available()
-    if cuda:
+    if torch.cuda.is_available():
         torch.cuda.set_device(spec["device"])
-    share, total = _share(spec, cuda)
-    if not share:  # fewer visits than devices (the CPU's default is one): nothing for this one
+    res = _run_share([_item_from_json(row) for row in spec["items"]], spec)
+    if res is None:  # fewer visits than devices (the CPU's default is one): nothing for this one
         Path(out_path).write_text(json.dumps({"results": [], "skipped": {}, "meta": {}, "samples": []}))
         return 0
-    items = [_item_from_json(row) for row in spec["items"]]
-    cache = ResultCache(spec["cache"], read_only=True) if spec["cache"] else ResultCache(enabled=False)
-    res = run_bench(items, spec["precisions"], spec["modes"], flush_l2=spec["flush_l2"], cache=cache,
-                    progress=False, visits=share, visits_of=total, gemm_duty=spec.get("gemm_duty"))
-    res.meta["device_index"] = spec["device"]
     Path(out_path).write_text(json.dumps({
         "results": [asdict(r) for r in res.results], "skipped": res.skipped, "meta": res.meta,
         "samples": [[list(cell), ts, cs] for cell, (ts, cs) in res.samples.items()]}))
