@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..shapes import GemmOp, GemmShape
-from .cells import MODES, BenchResult, ResultCache, WorkItem
+from .cells import MODES, BenchResult, ResultCache, WorkItem, cell_key
 
 if TYPE_CHECKING:
     from .engine import BenchResults
@@ -122,8 +122,6 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
 
     results = pool_parts([p for p in parts if p.results])
     if own.samples:
-        from .cells import cell_key
-
         for r in results:
             if r.ok and r.cell in own.samples:
                 cache.put(cell_key(r.conditions, r.shape, r.m_splits, r.precision, r.mode), r)
@@ -135,6 +133,8 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
                 worker_wall_s=[p.meta.get("wall_s") for p in used],
                 worker_timeline_s=[p.meta.get("timeline_s") for p in used],
                 clocks_per_device=[p.meta.get("clocks_during_run") for p in used])
+    if used:
+        meta["visits"] = sum(meta["visits_per_device"])
     if failed:  # their visits are missing; the cells stand on the other GPUs' samples
         meta["failed_devices"] = failed
     if len(set(meta["devices"])) > 1:
