@@ -112,11 +112,13 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     # 39 with eight; at duty 0.75 (the default), 32 / 31 with eight, 41 / 44 with sixteen.
     visits = visits or default_visits(cuda)
     flush = L2Flush() if (flush_l2 and cuda) else None
-    cond.update(flush_l2=bool(flush), backend=backend, gemm_duty=gemm_duty,
-                timing="CUDA-event pair per call, launches queued behind dense GEMMs; each job built once, then "
-                f"visited {visits} times (every other visit in reverse order), all visits queued back to back with "
-                f"one synchronize, samples pooled; timed GEMMs at {gemm_duty:g} of the GPU's time" if cuda
-                else "host clock per call (CPU)")
+    timing = "host clock per call (CPU)"
+    if cuda:
+        of = f" on this GPU of {visits_of} over all GPUs of a --devices run" if visits_of and visits_of != visits else ""
+        timing = ("CUDA-event pair per call, launches queued behind dense GEMMs; each job built once, then "
+                  f"visited {visits} times{of} (every other visit in reverse order), all visits queued back to back "
+                  f"with one synchronize, samples pooled; timed GEMMs at {gemm_duty:g} of the GPU's time")
+    cond.update(flush_l2=bool(flush), backend=backend, gemm_duty=gemm_duty, timing=timing)
     # One job per (shape, splits) and recipe: repeated layers share their measurement.
     unique = {}
     for it in items:
