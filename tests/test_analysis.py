@@ -307,6 +307,25 @@ def test_instrumented_step_note():
     assert instrumented_step_note(cap) is None
 
 
+def test_step_note_speaks_of_the_run_the_table_shows(tmp_path):
+    # A plain torch job: every captured step ran under the dispatch mode (21 ms), its sweep's
+    # baseline without it (5 ms). The table shows the sweep's step; a note about the job's inflated
+    # step beside it would contradict the table (the CPU demo printed both).
+    job = capture(21.0, 1.2)
+    job.coverage["dispatch_steps"] = [0, 1, 2]
+    job.save(tmp_path / "run" / "gemm_capture.json")
+    sweep = capture(5.0, 1.2)
+    sweep.coverage["dispatch_steps"] = [0]
+    sweep.save(tmp_path / "run" / "sweep" / "BF16" / "gemm_capture.json")
+    render_run(tmp_path / "run")
+    rep = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert rep["step_ms"] == 5.0 and "step_note" not in rep["meta"]
+    job.save(tmp_path / "alone" / "gemm_capture.json")  # no sweep: the table shows the job's step
+    render_run(tmp_path / "alone")
+    rep = json.loads((tmp_path / "alone" / "report.json").read_text())
+    assert rep["step_ms"] == 21.0 and "torch dispatch mode on every step" in rep["meta"]["step_note"]
+
+
 def test_overhead_that_is_host_time_is_named_so():
     # BF16: step 52, GEMM 22, kernels 40 ms (12 ms idle). FP8: step 55, GEMM 16.5, kernels 34 ms
     # (21 ms idle). Non-GEMM +8.5 ms of which idle +9: the GPU waits on the host.

@@ -145,7 +145,9 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     base = next((c for c in caps if capture_recipe(c) == capture_recipe(job)), caps[0])
     bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
-    for key, note in (("step_note", instrumented_step_note(job)), ("clock_note", clock_note(job, bench)),
+    # The step note speaks of the run whose step time the table shows (the sweep's baseline when
+    # there is one, whose steps ran without the dispatch mode).
+    for key, note in (("step_note", instrumented_step_note(base)), ("clock_note", clock_note(job, bench)),
                       ("duty_note", duty_note(rep.gemm_share, bench))):
         if note:
             rep.meta[key] = note
