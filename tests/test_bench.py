@@ -398,6 +398,19 @@ def test_parallel_worker_that_dies_leaves_its_visits_out_and_the_run_goes_on(mon
     assert "GPU 1's worker failed (exit 1" in run_summary(res)
 
 
+def test_run_summary_of_a_two_gpu_run_gives_each_gpus_clock():
+    # 2 x H200, session 6: at one 700 W limit GPU 0 held 1575 MHz and GPU 1 1605 over a long run;
+    # the pooled cells average the two, so the summary shows both, not device 0's alone.
+    from te_gemm_callback.render.bench_tables import run_summary
+
+    ck = lambda mhz, w: {"sm_clock_mhz_median": mhz, "sm_clock_mhz_min": 1080, "power_w_median": w}  # noqa: E731
+    meta = {"device": "NVIDIA H200", "wall_s": 60.7, "visits_per_device": [8, 8], "device_indices": [0, 1],
+            "clocks_per_device": [ck(1575, 688), ck(1605, 690)], "clocks_during_run": ck(1575, 688)}
+    line = run_summary(BenchResults([], {}, meta))
+    assert "over 2 devices (visits 8+8, samples pooled)" in line
+    assert "SM clock median 1575 / 1605 MHz (GPU 0 / 1), board power median 688 / 690 W" in line
+
+
 @cpu_path
 def test_parallel_bench_with_more_devices_than_gpus_says_so_and_stops_its_workers(monkeypatch):
     # A host with one GPU, asked for two: the check runs after the workers have started (they start

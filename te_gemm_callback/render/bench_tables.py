@@ -115,11 +115,16 @@ def run_summary(res: BenchResults) -> str:
         line += (f" over {len(m['visits_per_device'])} devices (visits {'+'.join(map(str, m['visits_per_device']))}, "
                  "samples pooled)")
     for d, why in (m.get("failed_devices") or {}).items():
-        line += f"; [red]GPU {d}'s worker failed ({escape(why)}): its visits are missing"
+        line += f"; [red]GPU {d}'s worker failed ({escape(why)}): its visits are missing[/red]"
     if m.get("mixed_devices"):
-        line += f"; [yellow]{', '.join(dict.fromkeys(m['devices']))}: {m['mixed_devices']}"
-    ck = m.get("clocks_during_run")
-    if ck:
+        line += f"; [yellow]{escape(', '.join(dict.fromkeys(m['devices'])))}: {m['mixed_devices']}[/yellow]"
+    per_gpu = [c for c in m.get("clocks_per_device") or [] if c]
+    if len(per_gpu) > 1:  # each GPU's own: two GPUs of one model can hold different clocks at one power limit
+        clocks = " / ".join(f"{c['sm_clock_mhz_median']:.0f}" for c in per_gpu)
+        gpus = " / ".join(str(i) for i in (m.get("device_indices") or range(len(per_gpu))))
+        power = " / ".join(f"{c['power_w_median']:.0f}" for c in per_gpu)
+        line += f"; SM clock median {clocks} MHz (GPU {gpus}), board power median {power} W (NVML)"
+    elif ck := m.get("clocks_during_run"):
         line += (f"; SM clock median {ck['sm_clock_mhz_median']:.0f} MHz (min {ck['sm_clock_mhz_min']:.0f}), "
                  f"board power median {ck['power_w_median']:.0f} W (NVML)")
     if m.get("gemm_duty") is not None and m.get("backend") == "te":
