@@ -6,7 +6,7 @@ import pytest
 
 from te_gemm_callback.analysis import amdahl, analyze, capture_recipe, clock_note, duty_note
 from te_gemm_callback.bench.cells import BenchResult
-from te_gemm_callback.bench.engine import BenchResults
+from te_gemm_callback.bench.results import BenchResults
 from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
 from te_gemm_callback.cli import main
 from te_gemm_callback.render.report import render_run

@@ -8,7 +8,8 @@ import torch
 
 from te_gemm_callback.bench.cells import (BenchResult, ResultCache, WorkItem, items_from_capture,
                                           items_from_config, items_from_shapes, result_key)
-from te_gemm_callback.bench.engine import BenchResults, run_bench
+from te_gemm_callback.bench.engine import run_bench
+from te_gemm_callback.bench.results import BenchResults
 from te_gemm_callback.bench import timing
 from te_gemm_callback.bench.timing import adaptive_iters, heat_seconds, stats
 from te_gemm_callback.cli import main
@@ -224,7 +225,7 @@ def test_visits_split_evenly_over_devices():
 def test_pooled_cells_are_summarised_over_every_gpus_samples():
     # Two parts of a 2-GPU run measured the same cell; a third cell was cached (no samples) and one
     # failed on device 0 but ran on device 1. Pooling must give the statistics of all samples together.
-    from te_gemm_callback.bench.engine import BenchResults, pool_parts
+    from te_gemm_callback.bench.results import BenchResults, pool_parts
 
     def res(median, error=None, **kw):
         return BenchResult(64, 32, 16, "fprop", "BF16", "autocast", median_ms=median, tflops=None if error else
@@ -338,7 +339,7 @@ def test_grouped_gemm_routing_that_changes_is_timed_at_representative_splits():
 def test_stored_run_with_first_call_splits_still_totals():
     """A bench run made when only the first call's m_splits were timed: its totals still add up,
     the timed splits carrying all the layer's calls (keeps stored runs re-renderable)."""
-    from te_gemm_callback.bench.engine import BenchResults, measured_items, step_ms
+    from te_gemm_callback.bench.results import BenchResults, measured_items, step_ms
 
     shape = GemmShape(32, 16, 24)
     items = [WorkItem("moe.fc1", shape, 0.5, (8, 24)), WorkItem("moe.fc1", shape, 0.5, (20, 12))]

@@ -34,7 +34,7 @@ from ..shapes import GemmOp, GemmShape
 from .cells import MODES, BenchResult, ResultCache, WorkItem, cell_key
 
 if TYPE_CHECKING:
-    from .engine import BenchResults
+    from .results import BenchResults
 
 
 def visit_shares(visits: int, devices: int) -> list[int]:
@@ -118,7 +118,7 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
             elif own.samples:
                 tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
                 failed[d] = f"exit {rc}: {tail[0][:200] if tail else 'no output'}"
-    from .engine import BenchResults, pool_parts
+    from .results import BenchResults, pool_parts
 
     results = pool_parts([p for p in parts if p.results])
     if own.samples:
@@ -174,7 +174,7 @@ def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = Fal
 
 
 def _part_from_json(d: dict[str, Any]) -> "BenchResults":
-    from .engine import BenchResults
+    from .results import BenchResults
 
     samples = {tuple(tuple(x) if isinstance(x, list) else x for x in cell): (ts, cs) for cell, ts, cs in d["samples"]}
     return BenchResults([BenchResult(**r) for r in d["results"]], d["skipped"], d["meta"], samples)

@@ -6,7 +6,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..bench.cells import WorkItem
-from ..bench.engine import BenchResults, item_ms, step_ms
+from ..bench.results import BenchResults, item_ms, step_ms
 from ..shapes import GemmOp, gemm_passes
 
 PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad"}

@@ -127,7 +127,7 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     """Re-render everything from a run folder (captures, optional bench.json): no GPU needed."""
     from ..analysis import analyze, capture_recipe, clock_note, duty_note, instrumented_step_note
     from ..bench.cells import items_from_capture
-    from ..bench.engine import BenchResults, measured_items
+    from ..bench.results import BenchResults, measured_items
     from ..capture import GemmCapture
     from ..capture.distributed import rank_summary
     from .figures import ranks_figure, stacked_gemm_figure
