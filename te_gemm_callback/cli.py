@@ -29,6 +29,10 @@ def _positive(text: str) -> int:
     return v
 
 
+def _devices(text: str) -> int | str:
+    return "all" if text == "all" else _positive(text)
+
+
 def _duty(text: str) -> float:
     try:
         v = float(text)
@@ -140,6 +144,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     modes = ["prequantized"] if a.pre_quantize else ["autocast"]
     cache = ResultCache(a.cache, enabled=not a.no_cache)
     out = console()
+    if a.devices == "all":
+        from .bench.parallel import local_gpu_count
+
+        a.devices = local_gpu_count()
     if a.devices > 1:
         from .bench.parallel import run_bench_parallel
 
@@ -233,8 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write all results (with device, clocks, versions) as JSON")
     s.add_argument("--cache", help="result cache file (default ~/.cache/te_gemm_callback/bench.json or $TE_GEMM_CACHE)")
     s.add_argument("--no-cache", action="store_true", help="measure everything again")
-    s.add_argument("--devices", type=_positive, default=1, help="spread the visits over N local GPUs, one process each: every GPU runs every job (the same "
-                        "power mix, so the same clocks), each cell's samples pooled")
+    s.add_argument("--devices", type=_devices, default=1,
+                   help="spread the visits over N local GPUs ('all': every visible one), one process each: every "
+                        "GPU runs every job (the same power mix, so the same clocks), each cell's samples pooled")
     s.set_defaults(fn=cmd_bench)
     s = sub.add_parser("compare", help="compare captures of separate runs (one per recipe): GEMM vs step speedup")
     s.add_argument("captures", nargs="+", help="gemm_capture.json files; the first is the baseline job")

@@ -176,6 +176,37 @@ def test_cli_bench_errors(capsys, args, needle):
     assert needle in err and len(err.strip().splitlines()) == 1
 
 
+def test_devices_all_counts_the_visible_gpus_without_torch(monkeypatch, capsys):
+    from te_gemm_callback.bench import parallel
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,GPU-5c2a")
+    assert parallel.local_gpu_count() == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # every GPU hidden: one process, on the CPU
+    assert parallel.local_gpu_count() == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(parallel.subprocess, "run", lambda *a, **k: subprocess_result(
+        "GPU 0: NVIDIA H200 (UUID: GPU-1)\nGPU 1: NVIDIA H200 (UUID: GPU-2)\n"))
+    assert parallel.local_gpu_count() == 2
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(parallel.subprocess, "run", missing)  # no driver tools: a CPU host
+    assert parallel.local_gpu_count() == 1
+    # `--devices all` on this CPU host: one process, the plain path.
+    assert main(["bench", "--shapes", "16x16x16", "--precisions", "BF16", "--devices", "all", "--no-cache"]) == 0
+    assert "over 2 devices" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:  # argparse's own one-line error
+        main(["bench", "--shapes", "8x8x8", "--devices", "some"])
+    assert exit_.value.code == 2 and "--devices: expected a positive integer, got 'some'" in capsys.readouterr().err
+
+
+def subprocess_result(stdout: str):
+    import subprocess
+
+    return subprocess.CompletedProcess([], 0, stdout=stdout, stderr="")
+
+
 def test_swapped_items_are_forward_shapes_of_the_backward_passes():
     it = WorkItem("fc1", GemmShape(512, 64, 256))
     d, w = swapped_items([it])

@@ -37,6 +37,20 @@ if TYPE_CHECKING:
     from .results import BenchResults
 
 
+def local_gpu_count() -> int:
+    """Visible GPUs without importing torch (the workers start before it loads): the entries of
+    CUDA_VISIBLE_DEVICES when set, else the GPUs ``nvidia-smi -L`` lists; 1 when neither says
+    (a CPU host runs one process)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return max(1, len([d for d in visible.split(",") if d.strip()]))
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 1
+    return max(1, sum(line.startswith("GPU ") for line in out.splitlines()))
+
+
 def visit_shares(visits: int, devices: int) -> list[int]:
     """Visits per device, as even as they go (the first devices take the remainder); a device with
     no visit is not used."""
