@@ -4,6 +4,7 @@
 #   ONLY=tests bash scripts/h200x2_validation.sh OUTDIR  # pytest, bench on 1 vs 2 GPUs
 #   ONLY=jobs bash scripts/h200x2_validation.sh OUTDIR   # DDP, MoE EP, FSDP2, TP recipe runs
 #   ONLY=bench bash scripts/h200x2_validation.sh OUTDIR  # bench on 1 vs 2 GPUs only (seed config, 24 shapes)
+#   ONLY=seed bash scripts/h200x2_validation.sh OUTDIR   # bench on 1 vs 2 GPUs, seed config only (~1 min)
 #   ONLY=many bash scripts/h200x2_validation.sh OUTDIR   # bench on 1 vs 2 GPUs, 24 shapes only
 #   ONLY=large bash scripts/h200x2_validation.sh OUTDIR  # bench on 1 vs 2 GPUs, 96 shapes (~3 min)
 set -uo pipefail
@@ -110,6 +111,7 @@ echo "== microbenchmarks of the seed config: 1 GPU vs 2 GPUs, same cells"
 compare bench --hidden-size 4096 --intermediate-size 16384 --num-attention-heads 32 --num-hidden-layers 24 \
     --micro-batch-size 31 --sequence-length 512
 fi
+[ "$only" = seed ] && exit 0
 # A larger cell set (24 shapes x 4 recipes = 96 jobs): where the per-GPU work outweighs each
 # worker's fixed start (interpreter, torch and TE imports, warm-up), which the seed config does not.
 echo "== microbenchmarks of 24 shapes (Llama-8B/70B-like, 3 token counts): 1 GPU vs 2 GPUs"
