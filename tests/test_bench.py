@@ -286,8 +286,9 @@ def test_parallel_bench_same_cells_as_one_process(tmp_path):
     # measurements and the pooling are what is tested, not GPU agreement (scripts/h200x2_validation.sh).
     from te_gemm_callback.bench.parallel import run_bench_parallel
 
+    # "moe" is a grouped GEMM: its cell identity carries the m_splits through the workers' JSON.
     items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64)),
-             WorkItem("c", GemmShape(8, 16, 16))]
+             WorkItem("c", GemmShape(8, 16, 16)), WorkItem("moe", GemmShape(48, 32, 16), 1.0, (16, 32))]
     one = run_bench(items, ["BF16"], ["prequantized"], progress=False, visits=4)
     two = run_bench_parallel(items, ["BF16"], ["prequantized"], 2, visits=4)
     key = lambda r: (r.m, r.k, r.n, r.op, r.precision, r.mode)  # noqa: E731
@@ -297,10 +298,11 @@ def test_parallel_bench_same_cells_as_one_process(tmp_path):
     assert two.meta["visits_per_device"] == [2, 2] and two.meta["device_indices"] == [0, 1]
     # Every worker ran every job, its two visits; each cell pooled both workers' samples.
     for t in two.meta["worker_timeline_s"]:
-        assert sorted({j["item"] for j in t["jobs"]}) == ["16x32x64", "32x64x48", "8x16x16"]
+        assert sorted({j["item"] for j in t["jobs"]}) == ["16x32x64", "32x64x48", "48x32x16 groups=2", "8x16x16"]
         assert {j["visit"] for j in t["jobs"]} == {0, 1}
     for r1, r2 in zip(one.results, two.results):
         assert abs(r2.iters - r1.iters) <= 0.5 * r1.iters, (r1.iters, r2.iters)
+    assert [r.m_splits for r in two.results][-3:] == [[16, 32]] * 3
 
 
 @cpu_path
