@@ -301,7 +301,8 @@ def test_parallel_bench_same_cells_as_one_process(tmp_path):
         assert sorted({j["item"] for j in t["jobs"]}) == ["16x32x64", "32x64x48", "48x32x16 groups=2", "8x16x16"]
         assert {j["visit"] for j in t["jobs"]} == {0, 1}
     for r1, r2 in zip(one.results, two.results):
-        assert abs(r2.iters - r1.iters) <= 0.5 * r1.iters, (r1.iters, r2.iters)
+        # Pooled: about one process's count (device 0's visits alone would give half).
+        assert abs(r2.iters - r1.iters) <= 0.25 * r1.iters, (r1.iters, r2.iters)
     assert [r.m_splits for r in two.results][-3:] == [[16, 32]] * 3
 
 
