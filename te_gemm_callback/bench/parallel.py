@@ -7,12 +7,12 @@ each its own mix: on 2 x H200 the GPU running BF16 + Float8BlockScaling held its
 1616-1633 MHz, the one running DelayedScaling + Float8CurrentScaling at 1575-1582, one GPU running
 everything at 1590-1616, and 72 of 288 cells came out more than 3% off one GPU's numbers, each in
 the direction of its clock (docs/results/h200x2.md, "Session 6"). Each GPU builds every job (host
-work, ~0.4 s for the seed's 16 jobs), then the visits, the GPU work, split N ways.
+work not divided: 0.3 s for the seed's 16 jobs, 3.3-3.9 s for 384), then runs its share of the visits.
 
 Device 0's share runs in this process; every other device gets a fresh interpreter
 (``python -m te_gemm_callback.bench.parallel SPEC OUT``) pinned to its GPU, so a crash or OOM there
-cannot take the caller down: its samples are missing and the run says so. Each worker pays about
-11 s before its first job on the H200 host (Python and torch 4 s, TE's import 6 s, a 0.5 s
+cannot take the caller down: its samples are missing and the run says so. Each worker pays 9-11 s
+before its first job on the H200 host (Python and torch ~3.5 s, TE's import 4.3-6 s, a 0.5 s
 warm-up), so the workers are started before this module imports torch or TE (nothing above the
 launch needs them): their start-up overlaps this process's own. Every part looks cells up in the
 caller's cache file (read only), so all measure the same cells; the caller stores the pooled ones.
