@@ -300,9 +300,10 @@ def test_parallel_bench_same_cells_as_one_process(tmp_path):
     for t in two.meta["worker_timeline_s"]:
         assert sorted({j["item"] for j in t["jobs"]}) == ["16x32x64", "32x64x48", "48x32x16 groups=2", "8x16x16"]
         assert {j["visit"] for j in t["jobs"]} == {0, 1}
-    for r1, r2 in zip(one.results, two.results):
-        # Pooled: about one process's count (device 0's visits alone would give half).
-        assert abs(r2.iters - r1.iters) <= 0.25 * r1.iters, (r1.iters, r2.iters)
+    # Pooled: every cell's samples are both workers' (on CPU each process sizes its calls from its
+    # own timing, so counts are compared with what the parts measured, not with one process's).
+    assert all(n > 0 for n in two.meta["samples_per_device"])
+    assert sum(two.meta["samples_per_device"]) == sum(r.iters for r in two.results)
     assert [r.m_splits for r in two.results][-3:] == [[16, 32]] * 3
 
 

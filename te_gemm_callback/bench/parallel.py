@@ -144,6 +144,7 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     meta: dict[str, Any] = dict(own.meta)
     meta.update(devices=[p.meta.get("device") for p in used], device_indices=[p.meta.get("device_index") for p in used],
                 visits_per_device=[p.meta.get("visits") for p in used], wall_s=time.perf_counter() - t0,
+                samples_per_device=[sum(len(ts) for ts, _ in p.samples.values()) for p in used],
                 worker_wall_s=[p.meta.get("wall_s") for p in used],
                 worker_timeline_s=[p.meta.get("timeline_s") for p in used],
                 clocks_per_device=[p.meta.get("clocks_during_run") for p in used])
