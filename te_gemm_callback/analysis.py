@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .bench.cells import WorkItem, items_from_capture
-from .bench.results import BenchResults, fallback_items, measured_items
-from .bench.results import step_ms as bench_step_ms
+from .bench.results import BenchResults, fallback_items, measured_items, step_ms as bench_step_ms
 from .capture.record import GemmCapture
 from .precisions import padded_splits, row_alignment
 

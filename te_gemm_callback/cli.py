@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gemm-duty", type=_duty, default=None,
                    help="share of GPU time the timed GEMMs get, a low-power rest between calls the rest (default 0.75, "
                         "a transformer step's; 1: back to back). Under a power limit it sets the clock the GEMMs run at: "
-                        "pass your job's GEMM share of the step (the capture report shows it)"),
+                        "pass your job's GEMM share of the step (the capture report shows it)")
     s.add_argument("--compare-swapped", action="store_true", help="also time dgrad/wgrad as swapped-size forward GEMMs")
     s.add_argument("-o", "--output", help="write the stacked per-GEMM figure (PNG)")
     s.add_argument("--json", help="write all results (with device, clocks, versions) as JSON")

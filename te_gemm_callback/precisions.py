@@ -12,7 +12,6 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-
 # TE recipe class names, in the order tables print them. "BF16" means no FP8 autocast.
 RECIPES: tuple[str, ...] = (
     "BF16",

@@ -134,4 +134,3 @@ def run_summary(res: BenchResults) -> str:
         line += (f"; {heat['heat_s']:.1f} s of dense load to keep every burst at the sustained clock "
                  f"({heat['idle_holds']} of {heat['holds']} holds found the GPU idle)")
     return line
-

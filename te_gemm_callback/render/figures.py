@@ -11,9 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..bench.cells import WorkItem  # noqa: E402
-from ..bench.results import BenchResults  # noqa: E402
+from ..bench.results import BenchResults, item_ms  # noqa: E402
 from ..shapes import GemmOp  # noqa: E402
-from ..bench.results import item_ms  # noqa: E402
 
 
 def save_figure(fig, path: str | Path) -> Path:
