@@ -67,9 +67,9 @@ def _item_from_json(row: list) -> WorkItem:
     return WorkItem(name, GemmShape(m, k, n, GemmOp(op), batch), count, tuple(splits) if splits else None)
 
 
-def _launch(device: int, devices: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
+def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
     spec_path, out_path, log_path = tmp / f"spec{device}.json", tmp / f"out{device}.json", tmp / f"log{device}.txt"
-    spec_path.write_text(json.dumps(dict(spec, device=device, devices=devices)))
+    spec_path.write_text(json.dumps(dict(spec, device=device)))
     log = open(log_path, "w")
     # The worker imports this package from where this process found it (a checkout on sys.path
     # need not be installed or be the working directory).
@@ -80,16 +80,6 @@ def _launch(device: int, devices: int, spec: dict[str, Any], tmp: Path) -> tuple
                             env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path))
     log.close()  # the child holds its own handle
     return proc, out_path, log_path
-
-
-def _share(spec: dict[str, Any], cuda: bool) -> tuple[int, int]:
-    """(this device's visits, all devices' visits): the caller and every worker split the same
-    total the same way."""
-    from .engine import default_visits
-
-    total = spec["visits"] or default_visits(cuda)
-    shares = visit_shares(total, spec["devices"])
-    return (shares[spec["device"]] if spec["device"] < len(shares) else 0), total
 
 
 def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list[str], devices: int, *,
@@ -111,12 +101,12 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     unique = list(dict.fromkeys(items))
     cache = cache or ResultCache(enabled=False)
     spec = {"items": [_item_to_json(it) for it in unique], "precisions": precisions, "modes": modes,
-            "flush_l2": flush_l2, "visits": visits, "gemm_duty": gemm_duty,
+            "flush_l2": flush_l2, "visits": visits, "gemm_duty": gemm_duty, "devices": devices,
             "cache": str(cache.path) if cache.enabled else None}
     with tempfile.TemporaryDirectory(prefix="te_gemm_bench_") as tmp:
-        workers = [(d, *_launch(d, devices, spec, Path(tmp))) for d in range(1, devices)]
+        workers = [(d, *_launch(d, spec, Path(tmp))) for d in range(1, devices)]
         try:
-            own = _own_share(unique, devices, spec, progress, console)
+            own = _own_share(unique, spec, progress, console)
         except BaseException:  # bad --devices, an error or Ctrl-C here: no worker outlives the caller
             for _, proc, _, _ in workers:
                 proc.kill()
@@ -157,15 +147,14 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     return BenchResults(results, own.skipped, meta)
 
 
-def _own_share(items: list[WorkItem], devices: int, spec: dict[str, Any], progress: bool,
-               console: Any) -> "BenchResults":
+def _own_share(items: list[WorkItem], spec: dict[str, Any], progress: bool, console: Any) -> "BenchResults":
     """Device 0's share, in this process, once the workers have started."""
     import torch
 
-    if torch.cuda.is_available() and devices > torch.cuda.device_count():
-        raise ValueError(f"--devices {devices}, but this host has {torch.cuda.device_count()} visible GPU(s) "
+    if torch.cuda.is_available() and spec["devices"] > torch.cuda.device_count():
+        raise ValueError(f"--devices {spec['devices']}, but this host has {torch.cuda.device_count()} visible GPU(s) "
                          "(CUDA_VISIBLE_DEVICES counts): pass at most that many")
-    own = _run_share(items, dict(spec, device=0, devices=devices), progress, console)
+    own = _run_share(items, dict(spec, device=0), progress, console)
     assert own is not None  # device 0 always has a visit (visit_shares)
     return own
 
@@ -173,17 +162,19 @@ def _own_share(items: list[WorkItem], devices: int, spec: dict[str, Any], progre
 def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = False,
                console: Any = None) -> "BenchResults | None":
     """Device ``spec["device"]``'s share of the visits (None if it has none), cells looked up in the
-    caller's cache file, read only."""
+    caller's cache file, read only. The caller and every worker split the same total the same way."""
     import torch
 
-    from .engine import run_bench
+    from .engine import default_visits, run_bench
 
-    share, total = _share(spec, torch.cuda.is_available())
-    if not share:
+    total = spec["visits"] or default_visits(torch.cuda.is_available())
+    shares = visit_shares(total, spec["devices"])
+    if spec["device"] >= len(shares):
         return None
     cache = ResultCache(spec["cache"], read_only=True) if spec["cache"] else ResultCache(enabled=False)
     res = run_bench(items, spec["precisions"], spec["modes"], flush_l2=spec["flush_l2"], cache=cache,
-                    progress=progress, console=console, visits=share, visits_of=total, gemm_duty=spec["gemm_duty"])
+                    progress=progress, console=console, visits=shares[spec["device"]], visits_of=total,
+                    gemm_duty=spec["gemm_duty"])
     res.meta["device_index"] = spec["device"]
     return res
 
