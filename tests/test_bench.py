@@ -177,6 +177,8 @@ def test_cli_bench_errors(capsys, args, needle):
 
 
 def test_devices_all_counts_the_visible_gpus_without_torch(monkeypatch, capsys):
+    import subprocess
+
     from te_gemm_callback.bench import parallel
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,GPU-5c2a")
@@ -184,8 +186,8 @@ def test_devices_all_counts_the_visible_gpus_without_torch(monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # every GPU hidden: one process, on the CPU
     assert parallel.local_gpu_count() == 1
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(parallel.subprocess, "run", lambda *a, **k: subprocess_result(
-        "GPU 0: NVIDIA H200 (UUID: GPU-1)\nGPU 1: NVIDIA H200 (UUID: GPU-2)\n"))
+    listing = "GPU 0: NVIDIA H200 (UUID: GPU-1)\nGPU 1: NVIDIA H200 (UUID: GPU-2)\n"
+    monkeypatch.setattr(parallel.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess([], 0, listing, ""))
     assert parallel.local_gpu_count() == 2
 
     def missing(*a, **k):
@@ -199,12 +201,6 @@ def test_devices_all_counts_the_visible_gpus_without_torch(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:  # argparse's own one-line error
         main(["bench", "--shapes", "8x8x8", "--devices", "some"])
     assert exit_.value.code == 2 and "--devices: expected a positive integer, got 'some'" in capsys.readouterr().err
-
-
-def subprocess_result(stdout: str):
-    import subprocess
-
-    return subprocess.CompletedProcess([], 0, stdout=stdout, stderr="")
 
 
 def test_swapped_items_are_forward_shapes_of_the_backward_passes():
