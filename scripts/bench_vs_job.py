@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_gemm_callback import GemmProfiler  # noqa: E402
+from te_gemm_callback.clocks import ClockSampler  # noqa: E402
 from te_gemm_callback.bench.cells import ResultCache, items_from_capture  # noqa: E402
 from te_gemm_callback.bench.engine import run_bench  # noqa: E402
 from te_gemm_callback.bench.timing import GEMM_DUTY  # noqa: E402
@@ -36,12 +37,14 @@ def in_job(recipe: str, c: DemoConfig, steps: int, bias: bool):
     step = train_step_fn(model, stack_input(c), recipe)
     for _ in range(3):
         step()
-    prof = GemmProfiler(model, dispatch_steps=0, nvtx=False).start()  # samples SM clock and power meanwhile
-    for _ in range(steps):
-        step()
-        prof.step()
-    torch.cuda.synchronize()
+    prof = GemmProfiler(model, dispatch_steps=0, nvtx=False).start()
+    with ClockSampler() as clocks:  # SM clock and power during the training steps
+        for _ in range(steps):
+            step()
+            prof.step()
+        torch.cuda.synchronize()
     cap = prof.stop()
+    cap.meta["clocks_during_steps"] = clocks.summary()
     times = collections.defaultdict(list)
     for r in cap.records:
         times[(r.op, r.m, r.k, r.n)] += r.times_ms
@@ -75,7 +78,7 @@ def main() -> int:
         print(f"{recipe:22s} GEMM share of the job's step {share:.3f}; microbenchmark GEMM duty {duty:.3f}")
         res = run_bench(items, [recipe], ["prequantized"], flush_l2=a.flush_l2, cache=ResultCache(enabled=False), visits=a.visits,
                         progress=False, gemm_duty=duty)
-        ck_job, ck_bench = cap.meta.get("clocks_during_capture"), res.meta.get("clocks_during_run")
+        ck_job, ck_bench = cap.meta.get("clocks_during_steps"), res.meta.get("clocks_during_run")
         clocks.append({"recipe": recipe, "in_job": ck_job, "bench": ck_bench, "gemm_share": share, "gemm_duty": duty})
         if ck_job and ck_bench:
             print(f"{recipe:22s} SM clock median (min) in-job {ck_job['sm_clock_mhz_median']:.0f} "
