@@ -39,8 +39,9 @@ def in_job(recipe: str, c: DemoConfig, steps: int, bias: bool):
         step()
     prof = GemmProfiler(model, dispatch_steps=0, nvtx=False).start()
     # Its own sampler, not the profiler's clocks_during_capture: a few steps of a small stack last
-    # 0.2-0.5 s, which the profiler's 20 reads a second cover too coarsely (a review that switched
-    # to it read 1860 MHz at 417 W for an FP8 job on 2 x H200); this one reads 50 a second.
+    # 0.2-0.5 s, which the profiler's 20 reads a second cover coarsely; this one reads 50 a second
+    # (2 x H200, --layers 2 --steps 4, Float8CurrentScaling in-job median: 1860 MHz from the
+    # profiler's reads, 1620 MHz from this one's in the next run; the BF16 job 1575 and 1590).
     with ClockSampler() as clocks:  # SM clock and power during the training steps
         for _ in range(steps):
             step()
