@@ -84,6 +84,12 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0, **kw)
     trainer.fit(model, loader)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Lightning leaves its process group up; one left to interpreter exit can abort the process
+        # as gloo's worker threads are torn down ("terminate called without an active exception",
+        # exit -6: seen once in CI on the MoE expert-parallel test; pytorch/pytorch#190489). Nothing
+        # after training communicates (rank 0 gathered the captures inside the callback).
+        torch.distributed.destroy_process_group()
     return cb
 
 
