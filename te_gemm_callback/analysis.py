@@ -191,7 +191,16 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                   meta={"device": capture.meta.get("device"), "mode": mode,
                         "prediction": "Amdahl over the measured GEMM share with microbenchmarked GEMM speedups "
                                       f"({mode} mode)",
-                        "timing": "step: CUDA events between step boundaries; GEMM: CUDA-event pair per GEMM"})
+                        "timing": ("step: median of clean steps (nothing attached), CUDA events between step "
+                                   "boundaries; GEMM: " + _gemm_timing(capture))})
+
+
+def _gemm_timing(cap: GemmCapture) -> str:
+    src = cap.meta.get("gemm_time_source")
+    if src == "kernel_records" or any(s.kind == "kernels" and s.gemm_ms is not None for s in cap.steps):
+        return "kernel durations (torch.profiler kernel records of a kernels step)"
+    return {"cuda_events": "CUDA-event pair per GEMM", "host_clock": "host clock per GEMM (CPU)"}.get(
+        src or cap.meta.get("timing", ""), "CUDA-event pair per GEMM")
 
 
 def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
@@ -230,19 +239,30 @@ def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | Non
     return text
 
 
-def instrumented_step_note(cap: GemmCapture) -> str | None:
-    """When every captured step ran under the torch dispatch mode (plain torch models), its Python
-    cost is in the step times; say how much, against the uninstrumented profiled step if any."""
-    disp = cap.coverage.get("dispatch_steps") or []
-    step = cap.step_ms()
-    if not step or not cap.steps or len(disp) < len(cap.steps):
+INSTRUMENT_WARN_PCT = 5.0  # instrumented steps this much slower than clean ones: a host-bound job
+
+
+def instrument_note(cap: GemmCapture) -> str | None:
+    """What the capture instruments cost this job: instrumented against clean step time. Step
+    times, shares and verdicts come from the clean steps either way; a large cost says the job is
+    host-bound (the host, not the GPU, sets its pace)."""
+    cost = cap.instrument_cost()
+    if cost is None:
+        if cap.steps and not cap.steps_of("clean"):
+            return ("no clean step was captured: the step time includes the capture instruments "
+                    "(give the capture more active steps)")
         return None
-    clean = cap.meta.get("profiled_step_ms")
-    if not clean:
-        return (f"step time {step:.2f} ms measured with the torch dispatch mode on every step (plain torch "
-                "model): host-bound steps are slower than without it")
-    return (f"step time {step:.2f} ms measured with the torch dispatch mode on every step (plain torch model); "
-            f"the next step without it took {clean:.2f} ms ({100 * (step / clean - 1):+.1f}%)")
+    parts = []
+    if "instrumented_pct" in cost:
+        parts.append(f"instrumented steps {cost['instrumented_ms']:.2f} ms ({cost['instrumented_pct']:+.1f}%)")
+    if "dispatch_pct" in cost:
+        parts.append(f"the shape-discovery step (torch dispatch mode) {cost['dispatch_ms']:.2f} ms "
+                     f"({cost['dispatch_pct']:+.1f}%)")
+    text = f"step times from clean steps ({cost['clean_ms']:.2f} ms, nothing attached); " + ", ".join(parts)
+    if cost.get("instrumented_pct", 0.0) > INSTRUMENT_WARN_PCT:
+        text += (": the job is host-bound (the host's Python and launch time, not the GPU, sets the step), so every "
+                 "microsecond of host work shows in its step time")
+    return text
 
 
 def _padding_pct(items: list[WorkItem], recipe: str) -> float | None:

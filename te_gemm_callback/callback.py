@@ -29,65 +29,82 @@ if TYPE_CHECKING:
 log = logging.getLogger("te_gemm_callback")
 
 
+def _check_int(name: str, v: Any, least: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
+
+
 class GemmProfilerCallback(Callback):
     """Capture the GEMMs of a Lightning training job.
 
     Steps are optimizer steps (all micro-batches of gradient accumulation count as one), scheduled
     like ``torch.profiler.schedule``: ``wait`` steps untouched, ``warmup`` steps instrumented but
     discarded (first-step TE and cuBLAS initialisation stays out), then ``active`` steps recorded.
-    Validation is never captured. Hooks and modes are removed when the active steps end, when
-    training ends, or on an exception.
+    The active steps are, in order: ``instrumented_steps`` with the capture instruments attached
+    (shapes, owners, precisions), on CUDA one kernels step (kernel records only: per-GEMM GPU time
+    and the kernel breakdown), and clean steps with nothing attached, whose median is the step
+    time (see :class:`~te_gemm_callback.capture.profiler.StepPlan`). Validation is never captured.
+    Hooks and modes are removed when the active steps end, when training ends, or on an exception.
+    Nothing the callback does can stop the fit: a failure of ours is logged once and skipped.
 
     Args:
         wait, warmup, active: the schedule, in optimizer steps.
+        instrumented_steps: how many of the active steps run instrumented.
         output_dir: where ``gemm_capture.json`` is written (rank zero only).
         nvtx: NVTX range per GEMM and per step (domain ``te_gemm``).
         nsys_capture: cudaProfilerStart/Stop around the active steps; run the job under
             ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop``.
         adapters, dispatch_steps: see :class:`~te_gemm_callback.GemmProfiler`.
         sweep: recipes to time on the job's own model and last batch once the active steps end
-            (forward+backward, ``sweep_steps`` each after ``sweep_warmup`` untimed ones, no optimizer step; model
-            state, gradients and RNG put back), written to ``output_dir/sweep/<recipe>/``. The
-            observed step speedups in the report come from here.
+            (forward+backward, ``sweep_steps`` clean steps each after ``sweep_warmup`` untimed ones, no
+            optimizer step; model state, gradients and RNG put back), written to
+            ``output_dir/sweep/<recipe>/``. The observed step speedups in the report come from here.
         set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves
             (default: set ``module.recipe`` when the module has that attribute).
-        kernel_breakdown: on CUDA, run torch.profiler (kernels only) over the one step after the
-            active ones (steady state, no capture instruments) and store kernel time per category
-            (GEMM, attention, quantization/cast, norm, communication, optimizer, other) and the
-            communication time no compute kernel overlapped in the capture's meta; the capture is
-            written when that step ends. Also one extra profiled step per swept recipe, for the
-            verdicts' "where the time went".
+        kernel_breakdown: on CUDA, the kernels step among the active ones (and one per swept
+            recipe): per-GEMM kernel times, kernel time per category (GEMM, attention,
+            quantization/cast, norm, communication, optimizer, other) and the communication time
+            no compute kernel overlapped, in the capture's meta.
         verbose: print the capture table when done.
 
     Example:
-        >>> trainer = pl.Trainer(callbacks=[GemmProfilerCallback(active=3)])   # doctest: +SKIP
+        >>> trainer = pl.Trainer(callbacks=[GemmProfilerCallback(active=5)])   # doctest: +SKIP
     """
 
-    def __init__(self, wait: int = 1, warmup: int = 1, active: int = 3, output_dir: str | Path = "te_gemm",
+    def __init__(self, wait: int = 1, warmup: int = 1, active: int = 5, output_dir: str | Path = "te_gemm",
                  nvtx: bool = True, nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
                  dispatch_steps: int | str | None = None, verbose: bool = True,
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True,
-                 sweep_warmup: int = 2) -> None:
-        for name, v in (("wait", wait), ("warmup", warmup), ("active", active)):
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+                 sweep_warmup: int = 2, instrumented_steps: int = 1) -> None:
+        for name, v in (("wait", wait), ("warmup", warmup), ("active", active),
+                        ("sweep_warmup", sweep_warmup)):
+            _check_int(name, v, 0)
+        _check_int("sweep_steps", sweep_steps, 1)
+        _check_int("instrumented_steps", instrumented_steps, 1)
         if active < 1:
             raise ValueError("active must be >= 1: at least one step has to be captured")
+        if instrumented_steps > active:
+            raise ValueError(f"instrumented_steps ({instrumented_steps}) must not exceed active ({active})")
+        if dispatch_steps is not None and dispatch_steps != "all":
+            _check_int("dispatch_steps", dispatch_steps, 0)
+        if isinstance(adapters, str) or not adapters or set(adapters) - {"te", "torch"}:
+            raise ValueError(f"adapters must be a list of 'te' and/or 'torch', got {adapters!r}")
+        if not isinstance(filename, str) or not filename.strip() or Path(filename).name != filename:
+            raise ValueError(f"filename must be a plain file name such as 'gemm_capture.json', got {filename!r}")
+        if sweep is not None:
+            from .precisions import canonical
+
+            if isinstance(sweep, str):
+                raise ValueError(f"sweep must be a list of recipe names, e.g. [{sweep!r}], not a string")
+            sweep = [canonical(r) for r in sweep]  # bad names fail here, not after training
         self.wait, self.warmup, self.active = wait, warmup, active
+        self.instrumented_steps = instrumented_steps
         self.output_dir = Path(output_dir)
         self.filename = filename
         self.profiler_kwargs = dict(adapters=tuple(adapters), dispatch_steps=dispatch_steps, nvtx=nvtx)
         self.nsys_capture = nsys_capture
         self.verbose = verbose
-        if sweep is not None:
-            from .precisions import canonical
-
-            sweep = [canonical(r) for r in sweep]  # bad names fail here, not after training
-        if sweep_steps < 1:
-            raise ValueError("sweep_steps must be >= 1")
-        if sweep_warmup < 0:
-            raise ValueError("sweep_warmup must be >= 0")
         self.sweep_warmup = sweep_warmup
         self.sweep, self.sweep_steps, self.set_recipe = sweep, sweep_steps, set_recipe
         self.sweep_result: Any = None
@@ -98,13 +115,10 @@ class GemmProfilerCallback(Callback):
         self.done = False
         self.capture: GemmCapture | None = None
         self.path: Path | None = None
+        self.kernel_breakdown = kernel_breakdown
         self._prof: GemmProfiler | None = None
         self._phase: str | None = None
         self._micro_batches = 0
-        self.kernel_breakdown = kernel_breakdown
-        self._kprof: Any = None  # torch.profiler over the step after the active ones
-        self._pending: GemmCapture | None = None  # captured, waiting for its kernel-profiled step
-        self._kstart: Any = None  # CUDA event at the start of the profiled step
 
     # --- schedule --------------------------------------------------------------------------
     def phase(self, step: int) -> str:
@@ -134,24 +148,36 @@ class GemmProfilerCallback(Callback):
             return
         first, _, _ = self._micro(trainer, batch_idx)
         self._last_batch = (batch, batch_idx)
-        if first and self._pending is not None and self._kprof is None:
-            # The step after the active ones starts: profile it from here, not from the end of the
-            # last active step, so validation run between the two stays out of the window.
-            self._start_kernel_profile()
-            return
         if first:
             phase = self.phase(self.steps_seen)
             if phase in ("warmup", "active") and (self._prof is None or phase != self._phase):
                 self._finish(trainer, keep=False)
-                # Attach now, not in setup: the precision plugin has already swapped in TE layers.
-                self._prof = GemmProfiler(pl_module, nsys_capture=self.nsys_capture and phase == "active",
-                                          **self.profiler_kwargs).start()
-                self._phase = phase
+                self._prof = self._guard(lambda: self._new_profiler(pl_module, phase), "could not start capturing")
+                self._phase = phase if self._prof is not None else None
                 self._micro_batches = 1
                 return
         if self._prof is not None:
             self._prof.resume()
             self._micro_batches += 1
+
+    def _new_profiler(self, pl_module: "LightningModule", phase: str) -> GemmProfiler:
+        # Attach now, not in setup: the precision plugin has already swapped in TE layers.
+        active = phase == "active"
+        kernels = active and self.kernel_breakdown and self._kernels_possible(pl_module)
+        return GemmProfiler(pl_module, nsys_capture=self.nsys_capture and active,
+                            instrumented_steps=self.instrumented_steps if active else "all",
+                            kernel_steps=1 if kernels else 0,
+                            kernel_profile=self._kernel_recorder() if kernels else None,
+                            **self.profiler_kwargs).start()
+
+    @staticmethod
+    def _kernels_possible(pl_module: "LightningModule") -> bool:
+        # The model's device, not the host's: a CPU job on a machine with a GPU has no kernels.
+        return getattr(pl_module.device, "type", "cpu") == "cuda"
+
+    @staticmethod
+    def _kernel_recorder() -> Any:
+        return None  # GemmProfiler's own KernelProfile; tests put a stand-in here
 
     @override
     def on_train_batch_end(self, trainer: "Trainer", pl_module: "LightningModule", outputs: Any, batch: Any,
@@ -164,41 +190,32 @@ class GemmProfilerCallback(Callback):
         if not last:
             return
         self.steps_seen += 1
-        if self._pending is not None:  # the kernel-profiled step after the active ones just ended
-            self._stop_kernel_profile(steps=1)
-            self._publish(trainer)
-            self.done = True
-            return
         if self._prof is None:
             return
         next_phase = self.phase(self.steps_seen)
         if next_phase == self._phase:
-            self._prof.resume()
-            self._prof.step(micro_batches=self._micro_batches)
-            self._prof.pause()
+            prof = self._prof
+
+            def advance() -> None:
+                prof.resume()
+                prof.step(micro_batches=self._micro_batches)
+                prof.pause()
+
+            if self._guard(advance, "capture stopped") is False:
+                self._drop()
             self._micro_batches = 0
-        elif self._phase == "active" and self._profile_next_step(pl_module):
-            # Same decision on every rank (it depends on flags and CUDA only), so the collective
-            # gather in _publish runs at the same step everywhere, profiler started or not. The
-            # profiler starts with the next step (on_train_batch_start).
-            self._pending = self._stop()
         else:
             self._finish(trainer, keep=self._phase == "active")
             self.done = next_phase == "done"
 
     @override
     def on_train_end(self, trainer: "Trainer", pl_module: "LightningModule") -> None:
-        if self._pending is not None:  # training ended before the profiled step: publish without it
-            self._discard_kernel_profile()
-            self._publish(trainer)
-            self.done = True
-            return
+        if self._prof is None and not self.done and self.capture is None:
+            self._warn_incomplete(trainer)
         self._finish(trainer, keep=self._phase == "active")
 
     @override
     def on_exception(self, trainer: "Trainer", pl_module: "LightningModule", exception: BaseException) -> None:
-        self._discard_kernel_profile()
-        self._pending = None
         self._finish(trainer, keep=False)
 
     @override
@@ -213,93 +230,82 @@ class GemmProfilerCallback(Callback):
         self.path = Path(state_dict["path"]) if state_dict.get("path") else None
 
     # --- results ---------------------------------------------------------------------------
-    def _profile_next_step(self, pl_module: "LightningModule") -> bool:
-        # The model's device, not the host's: a CPU job on a machine with a GPU has no kernels.
-        return self.kernel_breakdown and getattr(pl_module.device, "type", "cpu") == "cuda"
-
-    def _start_kernel_profile(self) -> None:
-        import torch
-
+    def _guard(self, fn: Any, what: str) -> Any:
+        """Run one piece of our own work; a failure is logged once and never reaches the fit."""
         try:
-            # The step's own GPU time too: it runs without capture instruments, so it is the step
-            # time to set against steps captured under the torch dispatch mode.
-            self._kstart = torch.cuda.Event(enable_timing=True)
-            self._kprof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-            self._kprof.__enter__()
-            self._kstart.record()
-        except Exception as err:  # e.g. another profiler is already running in this job
-            self._kprof = None
-            log.warning("te-gemm: no kernel breakdown (torch.profiler could not start: %s)", err)
-
-    def _stop_kernel_profile(self, steps: int) -> None:
-        import torch
-
-        from .kernels import breakdown_ms, comm_overlap_ms, kernel_intervals, kernel_times_us, top_kernels_ms
-
-        kp, self._kprof = self._kprof, None
-        if kp is None or self._pending is None:
-            return
-        try:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            torch.cuda.synchronize()  # the profiled step's kernels must finish inside the window
-            kp.__exit__(None, None, None)
-            self._pending.meta["profiled_step_ms"] = self._kstart.elapsed_time(end)
-            us = kernel_times_us(kp)
-            self._pending.meta.update({"kernel_breakdown_ms": breakdown_ms(us, steps),
-                                       "kernel_top_ms": top_kernels_ms(us, steps), "kernel_breakdown_steps": steps,
-                                       "kernel_breakdown_window": "the step after the active ones",
-                                       **comm_overlap_ms(kernel_intervals(kp), steps)})
+            return fn()
         except Exception as err:
-            log.warning("te-gemm: no kernel breakdown: %s: %s", type(err).__name__, err)
+            log.warning("te-gemm: %s: %s: %s (training goes on)", what, type(err).__name__, err)
+            return False
 
-    def _discard_kernel_profile(self) -> None:
-        kp, self._kprof = self._kprof, None
-        if kp is not None:
-            try:
-                kp.__exit__(None, None, None)
-            except Exception:  # already broken: nothing of it is used
-                pass
+    def _drop(self) -> None:
+        prof, self._prof, self._phase = self._prof, None, None
+        if prof is not None:
+            self._drop_profiler(prof)
+
+    def _warn_incomplete(self, trainer: "Trainer") -> None:
+        first = self.wait + self.warmup
+        log.warning("te-gemm: training ended after %d step(s), before the capture window (steps %d-%d): nothing "
+                    "was captured; lower wait/warmup or train longer", self.steps_seen, first + 1, first + self.active)
 
     def _stop(self) -> GemmCapture | None:
         prof, self._prof = self._prof, None
         if prof is None:
             return None
-        prof.resume()  # stop() closes the open step with its boundary event
-        cap = prof.stop(micro_batches=max(self._micro_batches, 1))
         self._phase = None
+
+        def stop() -> GemmCapture:
+            prof.resume()  # stop() closes the open step with its boundary event
+            return prof.stop(micro_batches=max(self._micro_batches, 1))
+
+        cap = self._guard(stop, "capture could not be finished")
+        if cap is False:
+            self._drop_profiler(prof)
+            return None
         return cap
 
-    def _finish(self, trainer: "Trainer", keep: bool) -> None:
-        cap = self._stop()
-        if cap is not None and keep:
-            self._pending = cap
-            self._publish(trainer)
+    @staticmethod
+    def _drop_profiler(prof: GemmProfiler) -> None:
+        try:
+            prof._detach()
+        except Exception:  # already broken: nothing of it is used
+            pass
 
-    def _publish(self, trainer: "Trainer") -> None:
+    def _finish(self, trainer: "Trainer", keep: bool) -> None:
+        phase = self._phase
+        cap = self._stop()
+        if cap is not None and keep and phase == "active":
+            if len(cap.steps) < self.active:
+                log.warning("te-gemm: training ended inside the capture window: %d of %d active step(s) captured "
+                            "(kinds: %s)", len(cap.steps), self.active, ", ".join(s.kind for s in cap.steps))
+            self._publish(trainer, cap)
+            self.done = True
+
+    def _publish(self, trainer: "Trainer", cap: GemmCapture) -> None:
         """Gather (collective), save, print, sweep and log the active steps' capture."""
-        cap, self._pending = self._pending, None
-        if cap is None:
-            return
         cap.meta["accumulate_grad_batches"] = int(trainer.accumulate_grad_batches)
         cap.meta["global_step_end"] = int(trainer.global_step)
         # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.
-        gathered = gather_captures(cap)
+        gathered = self._guard(lambda: gather_captures(cap), "captures of the other ranks not gathered")
         if not cap.steps:
             return
         self.capture = cap
         if trainer.is_global_zero:
-            self.path = cap.save(self.output_dir / self.filename)
-            if gathered is not None and len(gathered) > 1:
-                self._write_ranks(gathered)
-            if self.verbose:
-                print_table(capture_table(cap, limit=40))
-                log.info("te-gemm: capture written to %s", self.path)
-        metrics = summary_metrics(cap)
+            self._guard(lambda: self._save(cap, gathered or None), f"capture not written to {self.output_dir}")
+        metrics = self._guard(lambda: summary_metrics(cap), "no summary metrics") or {}
         if self.sweep and self._last_batch is not None:
-            metrics.update(self._run_sweep(trainer, cap))
+            metrics.update(self._guard(lambda: self._run_sweep(trainer, cap), "recipe sweep failed and was skipped")
+                           or {})
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            self._guard(lambda: logger.log_metrics(metrics, step=trainer.global_step), "metrics not logged")
+
+    def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
+        if self.verbose:
+            print_table(capture_table(cap, limit=40))
+        self.path = cap.save(self.output_dir / self.filename)
+        if gathered is not None and len(gathered) > 1:
+            self._write_ranks(gathered)
+        log.info("te-gemm: capture written to %s", self.path)
 
     def _write_ranks(self, caps: list[GemmCapture]) -> None:
         for c in caps:
@@ -334,15 +340,10 @@ class GemmProfilerCallback(Callback):
         plugin = getattr(trainer.strategy, "precision_plugin", None)
         context = getattr(plugin, "forward_context", None)
         out_dir = self.output_dir / "sweep" if trainer.is_global_zero else None
-        try:
-            res = self.sweep_result = run_sweep(module, step, self.sweep, steps=self.sweep_steps,
-                                                warmup=self.sweep_warmup, profile_kernels=self.kernel_breakdown,
-                                                set_recipe=set_recipe, context=context, out_dir=out_dir,
-                                                job_recipe=capture_recipe(cap),
-                                                nvtx=self.profiler_kwargs["nvtx"])
-        except Exception as err:  # the sweep is extra: never fail the job for it
-            log.warning("te-gemm: recipe sweep failed and was skipped: %s: %s", type(err).__name__, err)
-            return {}
+        res = self.sweep_result = run_sweep(module, step, self.sweep, steps=self.sweep_steps,
+                                            warmup=self.sweep_warmup, profile_kernels=self.kernel_breakdown,
+                                            set_recipe=set_recipe, context=context, out_dir=out_dir,
+                                            job_recipe=capture_recipe(cap), nvtx=self.profiler_kwargs["nvtx"])
         for r, why in res.skipped.items():
             log.warning("te-gemm: sweep skipped %s: %s", r, why)
         if not res.captures:

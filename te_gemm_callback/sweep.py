@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from .capture import GemmCapture, GemmProfiler
-from .capture.scope import is_te_module
 from .precisions import autocast, availability, canonical
 
 log = logging.getLogger("te_gemm_callback")
@@ -121,18 +120,6 @@ def _loss(out: Any) -> torch.Tensor:
     raise TypeError("the sweep's step function must return a loss tensor, a dict with 'loss', or an output with .loss")
 
 
-def _kernel_breakdown(one_step: Callable[[], None], steps: int = 1) -> dict[str, Any]:
-    """Capture meta entries from ``steps`` profiled steps (kernels only)."""
-    from .kernels import breakdown_ms, kernel_times_us, top_kernels_ms
-
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as tp:
-        for _ in range(steps):
-            one_step()
-        torch.cuda.synchronize()
-    us = kernel_times_us(tp)
-    return {"kernel_breakdown_ms": breakdown_ms(us, steps), "kernel_top_ms": top_kernels_ms(us, steps)}
-
-
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
               warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
               context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
@@ -148,22 +135,19 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         job_recipe: the recipe the job trains in (read from its capture); decides which FP8
             recipes can be swept on its modules without breaking DelayedScaling (see
             :func:`switch_conflict`). Recipes run BF16 first, then DelayedScaling, then the rest.
-        profile_kernels: on CUDA, one more step under torch.profiler, its kernels split into GEMM,
-            attention, quantization/cast, norm, communication, optimizer and other
+        profile_kernels: on CUDA, one kernels step (torch.profiler, kernels only) after the
+            instrumented one: per-GEMM GPU time, and kernel time split into GEMM, attention,
+            quantization/cast, norm, communication, optimizer and other
             (``meta["kernel_breakdown_ms"]``): where the time went that the GEMMs did not explain.
+
+    Per recipe: ``warmup`` untimed steps, one instrumented step (shapes and precisions), the
+    kernels step, then ``steps`` clean steps with nothing attached: the observed step time is
+    their median, so the profiler's own host cost never enters a speedup or a verdict.
     """
     if steps < 1:
         raise ValueError("sweep steps must be >= 1")
-    if steps < 3:
-        log.info("te-gemm: with fewer than 3 sweep steps the median step of a plain torch model "
-                 "includes the one its GEMMs were captured on")
     res = SweepResult()
     snap = _Snapshot(model)
-    # TE models: TE GEMMs are timed by the cheap interceptor, so no dispatch mode distorts the
-    # step times being compared. Plain torch models need it to see their GEMMs at all, but only on
-    # the first timed step: the median step time then comes from uninstrumented steps (the mode's
-    # Python cost lengthens host-bound steps; DESIGN.md measured +53% on an HF Llama).
-    dispatch = 0 if any(is_te_module(m) for m in model.modules()) else 1
     on_cuda = any(p.is_cuda for p in model.parameters())
     fp8_used = {job_recipe} if job_recipe and job_recipe != "BF16" else set()
     try:
@@ -197,14 +181,14 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
 
             for _ in range(warmup):  # a recipe's first step initialises its quantizers
                 one_step()
-            prof = GemmProfiler(model, dispatch_steps=dispatch, nvtx=nvtx).start()
-            for _ in range(steps):
+            kernel_steps = 1 if profile_kernels and on_cuda else 0
+            prof = GemmProfiler(model, nvtx=nvtx, kernel_steps=kernel_steps).start()
+            for i in range(1 + kernel_steps + steps):
                 one_step()
-                prof.step()
+                if i < kernel_steps + steps:
+                    prof.step()
             cap = prof.stop()
             cap.meta.update(recipe=recipe, sweep=True, note="forward+backward only, no optimizer step")
-            if profile_kernels and torch.cuda.is_available():
-                cap.meta.update(_kernel_breakdown(one_step))
             res.captures[recipe] = cap
             if out_dir is not None:
                 res.paths[recipe] = cap.save(Path(out_dir) / recipe / "gemm_capture.json")

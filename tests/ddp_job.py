@@ -1,8 +1,8 @@
 """A Lightning DDP job on CPU (gloo; 2 processes, or argv[2]), run by tests/test_distributed.py.
 
 Rank 1's capture is made to fail inside a hook: the job must finish, rank 0 must still gather
-both captures (rank 1's with its error), and nothing may hang. The kernel-profiled step after the
-active ones is simulated (no CUDA here), so the gather runs where it runs on a GPU job.
+both captures (rank 1's with its error), and nothing may hang. The kernels step among the active
+ones runs with a stand-in recorder (no CUDA here), so the schedule is the one of a GPU job.
 """
 
 import sys

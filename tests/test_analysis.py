@@ -294,36 +294,43 @@ def test_capture_records_the_clock_it_ran_at():
     assert prof.capture.meta["clocks_during_capture"] is None
 
 
-def test_instrumented_step_note():
-    from te_gemm_callback.analysis import instrumented_step_note
+def kinds(cap, *spec):
+    """Give the capture's steps kinds and times: spec items are (kind, ms, dispatch)."""
+    cap.steps = [StepTime(i, wall_ms=ms, gpu_ms=ms, gemm_ms=cap.steps[0].gemm_ms if k != "clean" else None,
+                          kind=k, dispatch=d) for i, (k, ms, d) in enumerate(spec)]
+    return cap
 
-    cap = capture(120, 60)
-    assert instrumented_step_note(cap) is None  # no dispatch-mode steps recorded
-    cap.coverage["dispatch_steps"] = [0, 1, 2]  # every captured step under the dispatch mode
-    assert "torch dispatch mode on every step" in instrumented_step_note(cap)
-    cap.meta["profiled_step_ms"] = 100.0
-    assert instrumented_step_note(cap).endswith("the next step without it took 100.00 ms (+20.0%)")
-    cap.coverage["dispatch_steps"] = [0]  # TE model: only the first step
-    assert instrumented_step_note(cap) is None
+
+def test_instrument_note_states_the_cost_and_warns_when_host_bound():
+    from te_gemm_callback.analysis import instrument_note
+
+    assert instrument_note(capture(120, 60)).startswith("no clean step")  # all steps instrumented
+    cap = kinds(capture(0, 6), ("instrumented", 90.0, True), ("instrumented", 62.7, False),
+                ("kernels", 61.0, False), ("clean", 60.0, False), ("clean", 60.0, False))
+    assert cap.step_ms() == 60.0
+    note = instrument_note(cap)
+    assert note == ("step times from clean steps (60.00 ms, nothing attached); instrumented steps 62.70 ms (+4.5%), "
+                    "the shape-discovery step (torch dispatch mode) 90.00 ms (+50.0%)")
+    cap.steps[1].wall_ms = cap.steps[1].gpu_ms = 66.0  # +10%: host-bound, said so
+    assert "66.00 ms (+10.0%)" in instrument_note(cap) and "the job is host-bound" in instrument_note(cap)
 
 
 def test_step_note_speaks_of_the_run_the_table_shows(tmp_path):
-    # A plain torch job: every captured step ran under the dispatch mode (21 ms), its sweep's
-    # baseline without it (5 ms). The table shows the sweep's step; a note about the job's inflated
-    # step beside it would contradict the table (the CPU demo printed both).
-    job = capture(21.0, 1.2)
-    job.coverage["dispatch_steps"] = [0, 1, 2]
+    # A plain torch job: its instrumented step ran the dispatch mode (21 ms), its clean steps 5 ms;
+    # the sweep's baseline 5 ms. The table shows the sweep's step; the job's own cost is given apart.
+    job = kinds(capture(0, 1.2), ("instrumented", 21.0, True), ("clean", 5.0, False), ("clean", 5.0, False))
     job.save(tmp_path / "run" / "gemm_capture.json")
-    sweep = capture(5.0, 1.2)
-    sweep.coverage["dispatch_steps"] = [0]
+    sweep = kinds(capture(0, 1.2), ("instrumented", 5.5, False), ("clean", 5.0, False))
     sweep.save(tmp_path / "run" / "sweep" / "BF16" / "gemm_capture.json")
     render_run(tmp_path / "run")
     rep = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert rep["step_ms"] == 5.0 and "step_note" not in rep["meta"]
+    assert rep["step_ms"] == 5.0 and "instrumented steps 5.50 ms (+10.0%)" in rep["meta"]["step_note"]
+    assert rep["meta"]["job_step_note"].startswith("training job: step times from clean steps (5.00 ms")
     job.save(tmp_path / "alone" / "gemm_capture.json")  # no sweep: the table shows the job's step
     render_run(tmp_path / "alone")
     rep = json.loads((tmp_path / "alone" / "report.json").read_text())
-    assert rep["step_ms"] == 21.0 and "torch dispatch mode on every step" in rep["meta"]["step_note"]
+    assert rep["step_ms"] == 5.0 and "(torch dispatch mode) 21.00 ms (+320.0%)" in rep["meta"]["step_note"]
+    assert "job_step_note" not in rep["meta"]
 
 
 def test_overhead_that_is_host_time_is_named_so():

@@ -1,5 +1,6 @@
 """The Lightning adapter on Lightning's own demo Transformer and on the bundled demo model."""
 
+import logging
 
 import pytest
 import pytorch_lightning as pl
@@ -146,7 +147,8 @@ def test_sweep_leaves_training_state_unchanged(tmp_path):
     res = cb.sweep_result
     assert set(res.captures) == {"BF16"} and "DelayedScaling" in res.skipped
     sweep_cap = GemmCapture.load(tmp_path / "True" / "sweep" / "BF16" / "gemm_capture.json")
-    assert sweep_cap.meta["sweep"] and len(sweep_cap.steps) == 2
+    # One instrumented step for shapes, then sweep_steps clean ones that time the recipe.
+    assert sweep_cap.meta["sweep"] and [s.kind for s in sweep_cap.steps] == ["instrumented", "clean", "clean"]
     assert {r.op for r in sweep_cap.records} == {"fprop", "dgrad", "wgrad"}
 
 
@@ -218,44 +220,40 @@ def test_sweep_order_and_delayed_scaling_switch_guard():
 
 
 class _FakeKernelProfile(GemmProfilerCallback):
-    """torch.profiler's CUDA activity cannot run on CPU: record where the kernel-profiled step
-    falls instead, and attach what the real one would."""
+    """torch.profiler's CUDA activity cannot run on CPU: a stand-in kernel recorder makes the
+    callback plan its kernels step as it does on a GPU."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.events = []
+        self.recorders = []
 
-    def _profile_next_step(self, pl_module):
+    @staticmethod
+    def _kernels_possible(pl_module):
         return True
 
-    def _start_kernel_profile(self):
-        self.events.append(("start", self.steps_seen))
-        self._kprof = object()
+    def _kernel_recorder(self):
+        from helpers.fakes import FakeKernels
 
-    def _stop_kernel_profile(self, steps):
-        self.events.append(("stop", self.steps_seen))
-        self._kprof = None
-        self._pending.meta["kernel_breakdown_ms"] = {"gemm": 1.0}
-
-    def _discard_kernel_profile(self):
-        if self._kprof is not None:
-            self.events.append(("discard", self.steps_seen))
-        self._kprof = None
+        self.recorders.append(FakeKernels(gemms=0))
+        return self.recorders[-1]
 
 
 @pytest.mark.parametrize("max_steps", [7, 4])
-def test_kernel_profile_covers_the_step_after_the_active_ones(tmp_path, max_steps):
-    # wait 1, warmup 1, active 2: steps 3-4 captured; step 5 profiled, then the capture is written.
-    # With max_steps=4 training ends first: the capture is written without a kernel breakdown.
-    cb = _FakeKernelProfile(wait=1, warmup=1, active=2, output_dir=tmp_path / "gemm", verbose=False)
+def test_active_steps_are_instrumented_then_kernels_then_clean(tmp_path, max_steps, caplog):
+    # wait 1, warmup 1, active 3: step 3 instrumented, step 4 kernels, step 5 clean, then written.
+    # With max_steps=4 training ends inside the window: what was captured is written, with a warning.
+    cb = _FakeKernelProfile(wait=1, warmup=1, active=3, output_dir=tmp_path / "gemm", verbose=False)
     trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", callbacks=[cb], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          limit_val_batches=0)
-    trainer.fit(DemoTransformer())
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        trainer.fit(DemoTransformer())
     cap = GemmCapture.load(tmp_path / "gemm" / "gemm_capture.json")
-    assert len(cap.steps) == 2 and cb.done  # also when training ended before the profiled step
+    assert cb.done and [r.started for r in cb.recorders] == [1]
+    assert "kernel_breakdown_ms" in cap.meta
     if max_steps == 7:
-        assert cb.events == [("start", 4), ("stop", 5)]
-        assert cap.meta["kernel_breakdown_ms"] == {"gemm": 1.0} and cap.meta["global_step_end"] == 5
+        assert [s.kind for s in cap.steps] == ["instrumented", "kernels", "clean"]
+        assert cap.meta["global_step_end"] == 5 and cap.step_ms() == cap.steps[2].wall_ms
     else:
-        assert cb.events == [] and "kernel_breakdown_ms" not in cap.meta  # no step left to profile
+        assert [s.kind for s in cap.steps] == ["instrumented", "kernels"]
+        assert any("2 of 3 active step(s) captured" in r.message for r in caplog.records)

@@ -22,8 +22,9 @@ def test_ddp_ranks_gathered_and_no_hang_when_one_capture_fails(tmp_path, world):
     assert [c.meta["rank"] for c in ranks] == list(range(world)) and ranks[0].meta["world_size"] == world
     assert all(c.records and c.coverage["error"] is None for i, c in enumerate(ranks) if i != 1)
     assert ranks[1].coverage["error"] == "RuntimeError: injected on rank 1"
-    # Every rank gathered after the (simulated) kernel-profiled step, not one step apart.
-    assert all(c.meta["kernel_breakdown_ms"] == {"gemm": 1.0} and c.meta["global_step_end"] == 4 for c in ranks)
+    # Every rank gathered at the same step, after its (stand-in) kernels step.
+    assert all("kernel_breakdown_ms" in c.meta and c.meta["global_step_end"] == 3 for c in ranks)
+    assert all([s.kind for s in c.steps] == ["instrumented", "kernels"] for c in ranks)
     summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())
     assert [r["rank"] for r in summary] == list(range(world)) and summary[1]["error"]
     assert GemmCapture.load(tmp_path / "gemm_capture.json").meta["rank"] == 0

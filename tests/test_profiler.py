@@ -73,7 +73,7 @@ def test_hf_gradient_checkpointing():
 
 def test_steps_calls_and_roundtrip(tmp_path):
     model, x = Net(), torch.randn(4, 16)
-    prof = GemmProfiler(model).start()
+    prof = GemmProfiler(model, instrumented_steps=3).start()
     for _ in range(3):
         step(model, x)
         prof.step()
@@ -136,7 +136,7 @@ def test_nvtx_ranges_name_module_pass_shape_precision():
     fake, model, x = FakeNvtx(), Net(), torch.randn(4, 16, requires_grad=True)
     with GemmProfiler(model, nvtx_backend=fake):
         step(model, x)
-    assert fake.open == {} and fake.pushed == ["step 0"]
+    assert fake.open == {} and fake.pushed == ["step 0 (instrumented)"]
     assert "a.up fprop 4x16x48 fp32" in fake.ranges
     assert "b.down wgrad 48x4x16 fp32" in fake.ranges
     assert len(fake.ranges) == 12

@@ -19,7 +19,8 @@ from ..precisions import te_version
 from ..shapes import GemmOp, GemmShape
 from .instruments import EventTimer, Nvtx, range_name
 from .record import GemmCapture, GemmEvent, StepTime, aggregate
-from .scope import ModuleScope, in_backward, is_te_module
+from .kernel_records import KernelProfile, KernelStep, breakdown_meta, join_by_order
+from .scope import ModuleScope, bears_gemm, in_backward, is_te_module
 from .te_adapter import TEInterceptor
 from .torch_adapter import GemmDispatchMode, apply_splits, splits_from_offs
 
@@ -38,8 +39,11 @@ class Recorder:
         self.scope, self.timer, self.nvtx = scope, timer, nvtx
         self.active = False
         self.step = 0
-        self.raw: list[tuple] = []  # (step, site, recompute, m_splits, event pair)
+        self.raw: list[tuple] = []  # (step, site, recompute, m_splits, event pair), launch order
         self.events: list[GemmEvent] = []
+        # Per step, the key of each GEMM call in launch order; None for an aten GEMM that ran but
+        # is counted elsewhere (inside a TE module). Kernel records are joined against it.
+        self.sequences: dict[int, list[tuple | None]] = {}
         self.error: str | None = None
         self._sites: dict[tuple, GemmSite] = {}
 
@@ -68,6 +72,10 @@ class Recorder:
         except Exception as err:
             self.fail(err)
 
+    def skip(self) -> None:
+        """A GEMM ran that another adapter counts: keep its place in the launch order only."""
+        self.raw.append((self.step, None, False, None, None))
+
     def defer_copy(self, t: torch.Tensor) -> torch.Tensor:
         # Async copy into pinned memory: read after the capture, never synchronising the step.
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
@@ -88,12 +96,17 @@ class Recorder:
         if torch.cuda.is_available() and any(r[4] is not None or isinstance(r[3], torch.Tensor) for r in self.raw):
             torch.cuda.synchronize()
         for step, site, recompute, m_splits, pair in self.raw:
+            seq = self.sequences.setdefault(step, [])
+            if site is None:
+                seq.append(None)
+                continue
             ev = GemmEvent(step=step, recompute=recompute, time_ms=EventTimer.elapsed_ms(pair),
                            m_splits=m_splits, **site.fields())
             if isinstance(m_splits, torch.Tensor):
                 ev.m_splits = splits_from_offs(m_splits)
                 apply_splits(ev)
             self.events.append(ev)
+            seq.append(ev.key())
         self.raw.clear()
 
 
@@ -128,84 +141,166 @@ class GemmSite:
                           self.precision, True)
 
 
+INSTRUMENTED, KERNELS, CLEAN = "instrumented", "kernels", "clean"
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Which instrument a profiled step runs under, by its index.
+
+    - ``instrumented``: module hooks, TE GEMM interception, the torch dispatch mode on the first
+      ``dispatch`` of them, NVTX: shapes, owners and precisions. Never timed for a speedup.
+    - ``kernels`` (CUDA only): nothing of ours but kernel activity records (torch.profiler, CUDA
+      kernels only): per-GEMM GPU time, joined to the instrumented step's GEMMs by launch order.
+    - ``clean``: nothing attached at all; the step times every speedup, share and verdict uses.
+
+    Example:
+        >>> [StepPlan(instrumented=1, kernels=1).kind(i) for i in range(4)]
+        ['instrumented', 'kernels', 'clean', 'clean']
+    """
+
+    instrumented: int | str = 1  # or "all": every step instrumented (no clean step)
+    kernels: int = 0
+    dispatch: int | str = 1  # instrumented steps that also run the torch dispatch mode, or "all"
+
+    def kind(self, i: int) -> str:
+        if self.instrumented == "all" or i < self.instrumented:
+            return INSTRUMENTED
+        return KERNELS if i < self.instrumented + self.kernels else CLEAN
+
+    def dispatches(self, i: int) -> bool:
+        return self.kind(i) == INSTRUMENTED and (self.dispatch == "all" or i < self.dispatch)
+
+
+def _count(name: str, v: Any, allow_all: bool = False) -> int | str:
+    if allow_all and v == "all":
+        return v
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name} must be {'all or ' if allow_all else ''}a non-negative integer, got {v!r}")
+    return v
+
+
 class GemmProfiler:
     """Record every GEMM a model runs: shapes, pass, precision, GPU time, owning module.
+
+    Profiled steps come in three kinds (:class:`StepPlan`): first ``instrumented_steps`` with the
+    capture instruments attached (shapes, owners, precisions), then ``kernel_steps`` with only
+    kernel activity records (per-GEMM GPU time, CUDA), then clean steps with nothing attached, whose
+    times are the step times. Each :class:`StepTime` in the capture says which kind it was.
 
     Args:
         model: the module to profile (after any precision plugin has swapped in TE layers).
         adapters: "te" (intercept TE's general_gemm), "torch" (aten dispatch), or both.
-        dispatch_steps: steps on which the torch dispatch mode runs (it costs Python time on every
-            aten op): "all", or the first N steps. Default: all steps for plain torch models, the
-            first step for models with TE modules (TE's own GEMMs are timed cheaply on every step).
+        instrumented_steps: how many steps run instrumented (``"all"``: every step, no clean one).
+        kernel_steps: steps with kernel records after them; default 1 on a CUDA host, else 0.
+        dispatch_steps: instrumented steps on which the torch dispatch mode runs (it costs Python
+            time on every aten op): "all", or the first N. Default: all instrumented steps for plain
+            torch models, the first for models with TE modules.
         nvtx: push an NVTX range per GEMM (domain ``te_gemm``) and per step.
-        timing: CUDA-event pairs per GEMM (ignored on CPU).
+        timing: per-GEMM time source. "auto" (True): kernel records where kernel steps run, else
+            CUDA-event pairs on the instrumented steps (host clock on a CPU); "events": event pairs
+            on the instrumented steps as well; "none" (False): no per-GEMM time.
         nsys_capture: call cudaProfilerStart/Stop around the profiled steps, for
             ``nsys profile --capture-range=cudaProfilerApi``.
         clock_reader: reads (SM clock MHz, board power W) on a background thread while capturing
             (default: NVML on a CUDA host, nothing elsewhere); the summary goes to
             ``meta["clocks_during_capture"]``, so a report can set the job's clock against the
             microbenchmark's (GEMM times scale with it).
+        kernel_profile, clock: stand-ins for the kernel recorder and the host clock (tests: kernel
+            steps then run without CUDA).
 
     Example:
         >>> with GemmProfiler(model) as prof:          # doctest: +SKIP
-        ...     model(batch).loss.backward()
+        ...     for batch in batches:
+        ...         model(batch).loss.backward(); opt.step(); prof.step()
         >>> prof.capture.save("gemm_capture.json")     # doctest: +SKIP
     """
 
     def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
-                 dispatch_steps: int | str | None = None, nvtx: bool = True, timing: bool = True,
+                 instrumented_steps: int | str = 1, kernel_steps: int | None = None,
+                 dispatch_steps: int | str | None = None, nvtx: bool = True, timing: bool | str = "auto",
                  nsys_capture: bool = False, nvtx_backend: Any = None,
-                 clock_reader: Callable[[], tuple[float, float]] | None = None) -> None:
+                 clock_reader: Callable[[], tuple[float, float]] | None = None,
+                 kernel_profile: KernelProfile | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"GemmProfiler needs a torch.nn.Module, got {type(model).__name__}")
-        bad = set(adapters) - {"te", "torch"}
-        if bad or not adapters:
-            raise ValueError(f"adapters must be 'te' and/or 'torch', got {sorted(adapters)}")
+        if isinstance(adapters, str) or not adapters or set(adapters) - {"te", "torch"}:
+            raise ValueError(f"adapters must be a list of 'te' and/or 'torch', got {adapters!r}")
+        timing = {True: "auto", False: "none"}.get(timing, timing)  # type: ignore[arg-type]
+        if timing not in ("auto", "events", "none"):
+            raise ValueError(f"timing must be 'auto', 'events' or 'none', got {timing!r}")
         self.model = model
         self.adapters = tuple(adapters)
         has_te = any(is_te_module(m) for m in model.modules())
         if dispatch_steps is None:
             dispatch_steps = 1 if has_te else "all"
-        if dispatch_steps != "all" and (not isinstance(dispatch_steps, int) or dispatch_steps < 0):
-            raise ValueError("dispatch_steps must be 'all' or a non-negative integer")
+        cuda = torch.cuda.is_available() or kernel_profile is not None
+        if kernel_steps is None:
+            kernel_steps = 1 if cuda and timing != "none" else 0
+        self.plan = StepPlan(instrumented=_count("instrumented_steps", instrumented_steps, True),
+                             kernels=_count("kernel_steps", kernel_steps) if cuda else 0,
+                             dispatch=_count("dispatch_steps", dispatch_steps, True))
+        if self.plan.instrumented == 0 and self.plan.kernels == 0:
+            log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
         self.dispatch_steps = dispatch_steps
         self.nsys_capture = nsys_capture
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
-        self.recorder = Recorder(self.scope, EventTimer(timing), Nvtx(nvtx, nvtx_backend))
+        # Event pairs only where no kernel records will time the GEMMs: the pair and its record
+        # calls are most of the instrumented step's host cost per GEMM.
+        events = timing == "events" or (timing == "auto" and self.plan.kernels == 0)
+        self.timing = timing
+        self.recorder = Recorder(self.scope, EventTimer(events), Nvtx(nvtx, nvtx_backend))
         self.te = TEInterceptor(self.recorder) if "te" in self.adapters else None
+        self.kernel_profile = kernel_profile or KernelProfile()
+        self._clock = clock
         self._mode: GemmDispatchMode | None = None
-        self._boundaries: list[tuple[float, Any]] = []
-        self._dispatch_step_ids: set[int] = set()
-        self.micro_batches: list[int] = []
-        self._capture: GemmCapture | None = None
-        self._started = False
+        self._paused_mode = False
+        self._attached: bool | None = None  # None: nothing attached; else whether all modules are hooked
+        self._reset()
         self._clock_reader = clock_reader
         self._clocks: ClockSampler | None = None
 
+    def _reset(self) -> None:
+        self._boundaries: list[tuple[float, Any]] = []
+        self._kinds: list[str] = []
+        self._dispatch_step_ids: set[int] = set()
+        self._kernel_steps: dict[int, KernelStep] = {}
+        self.micro_batches: list[int] = []
+        self._capture: GemmCapture | None = None
+        self._started = False
+        self.recorder.step = 0
+        self.recorder.raw.clear()
+        self.recorder.events.clear()
+        self.recorder.sequences.clear()
+
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> "GemmProfiler":
+        """Begin the first profiled step. A profiler may be started again after :meth:`stop`;
+        each start begins a new capture."""
         if self._started:
             raise RuntimeError("GemmProfiler already started")
+        self._reset()
         self._started = True
-        self.scope.attach()
-        try:
-            if self.te is not None:
-                self.te.install()
-        except Exception:
-            self.scope.detach()
-            raise
+        self.scope.ran.clear()
+        self.scope.weights_used.clear()
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.start()
         if self._clock_reader is not None or torch.cuda.is_available():
             # 20 reads a second on a background thread (NVML ~10-50 us each): the median over a
             # few steps, at no cost the step can feel. Never raises into the job.
             self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
-        self.recorder.active = True
-        self._open_step()
+        try:
+            self._open_step()
+        except Exception:
+            self._detach()
+            self._started = False
+            raise
         return self
 
     def step(self, micro_batches: int = 1) -> None:
         """Close the current step and open the next (call once per optimizer step)."""
+        if not self._started:
+            raise RuntimeError("GemmProfiler.step() before start(): start the profiler first")
         self._close_step(micro_batches)
         self.scope.release()
         self.recorder.step += 1
@@ -214,22 +309,24 @@ class GemmProfiler:
     def stop(self, micro_batches: int = 1) -> GemmCapture:
         if not self._started:
             raise RuntimeError("GemmProfiler was not started")
-        empty_tail = self.recorder.step > 0 and not any(
-            r[0] == self.recorder.step for r in self.recorder.raw)
+        i = self.recorder.step
+        # stop() right after step(): the step opened by that step() never ran (a plain loop calls
+        # step() after every iteration, then leaves the with-block). Autograd's node counter tells,
+        # with nothing attached: no forward with grad since the step opened -> nothing ran.
+        empty_tail = i > 0 and self.scope._current_seq() <= self._seq_open + 1 and \
+            not any(r[0] == i for r in self.recorder.raw)
         self._close_step(micro_batches)
-        if empty_tail:  # step() was called after the last step: nothing ran in the open one
-            self._boundaries.pop()
+        if empty_tail:
+            self._boundaries[-2:] = []
             self.micro_batches.pop()
-            self._dispatch_step_ids.discard(self.recorder.step)
-        self.recorder.active = False
-        self._exit_mode()
+            self._kinds.pop()
+            self._dispatch_step_ids.discard(i)
+            self._kernel_steps.pop(i, None)
+        self._detach()
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.stop()
         if self._clocks is not None:
             self._clocks.__exit__(None, None, None)
-        if self.te is not None:
-            self.te.uninstall()
-        self.scope.detach()
         self._started = False
         self.recorder.resolve()
         self._capture = self._build()
@@ -237,7 +334,7 @@ class GemmProfiler:
 
     def pause(self) -> None:
         """Stop recording without detaching (between training batches: validation, logging)."""
-        if self._started and self.recorder.error is None:
+        if self._started and self.recorder.error is None and self._attached is not None:
             self.recorder.active = False
             self.scope.enabled = False
             if self._mode is not None:
@@ -245,19 +342,19 @@ class GemmProfiler:
                 self._paused_mode = True
 
     def resume(self) -> None:
-        if self._started and self.recorder.error is None:
+        if self._started and self.recorder.error is None and self._attached is not None:
             self.scope.enabled = True
             self.recorder.active = True
-            if getattr(self, "_paused_mode", False):
+            if self._paused_mode:
                 self._paused_mode = False
-                self._mode = GemmDispatchMode(self.recorder)
-                self._mode.__enter__()
+                self._enter_mode()
 
     def __enter__(self) -> "GemmProfiler":
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        if self._started:
+            self.stop()
 
     @property
     def capture(self) -> GemmCapture:
@@ -269,38 +366,91 @@ class GemmProfiler:
     def error(self) -> str | None:
         return self.recorder.error
 
-    # --- steps -----------------------------------------------------------------------------
-    def _boundary(self) -> tuple[float, Any]:
-        ev = None
-        if self.recorder.timer.enabled and self.recorder.timer.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-        return time.perf_counter(), ev
+    @property
+    def step_kind(self) -> str | None:
+        """The kind of the step now open (:class:`StepPlan`), or None when not started."""
+        return self._kinds[-1] if self._started and self._kinds else None
 
-    def _open_step(self) -> None:
-        i = self.recorder.step
-        dispatch = "torch" in self.adapters and self.recorder.active and (
-            self.dispatch_steps == "all" or i < self.dispatch_steps)
-        if dispatch and self._mode is None:
-            self._mode = GemmDispatchMode(self.recorder)
-            self._mode.__enter__()
-        elif not dispatch and self._mode is not None:
-            self._exit_mode()
-        if self._mode is not None:
-            self._mode.forward_shapes.clear()
-            self._dispatch_step_ids.add(i)
-        self.recorder.nvtx.push(f"step {i}")
-        self._boundaries.append(self._boundary())
+    # --- instruments -----------------------------------------------------------------------
+    def _attach(self, full: bool) -> None:
+        """Hooks, TE interception. ``full``: hook every module (the dispatch mode attributes
+        aten GEMMs of any module); otherwise only the TE modules that own GEMMs, which is all the
+        TE adapter needs and keeps the per-module cost off every other module."""
+        if self._attached is not None and self._attached != full:
+            self.scope.detach()
+            self._attached = None
+        if self._attached is None:
+            self.scope.attach(None if full else self.scope.te_gemm_modules())
+            self._attached = full
+            if self.te is not None and not self.te.installed:
+                try:
+                    self.te.install()
+                except Exception:
+                    self.scope.detach()
+                    self._attached = None
+                    raise
+        if self.recorder.error is None:
+            self.recorder.active = True
+            self.scope.enabled = True
 
-    def _close_step(self, micro_batches: int) -> None:
-        self._boundaries.append(self._boundary())
-        self.micro_batches.append(micro_batches)
-        self.recorder.nvtx.pop()
+    def _detach(self) -> None:
+        self.recorder.active = False
+        self._exit_mode()
+        self._paused_mode = False
+        if self.te is not None:
+            self.te.uninstall()
+        if self._attached is not None:
+            self.scope.detach()
+            self._attached = None
+        self.kernel_profile.discard()
+
+    def _enter_mode(self) -> None:
+        self._mode = GemmDispatchMode(self.recorder)
+        self._mode.__enter__()
 
     def _exit_mode(self) -> None:
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None
+
+    # --- steps -----------------------------------------------------------------------------
+    def _boundary(self) -> tuple[float, Any]:
+        ev = None
+        if self.recorder.timer.cuda:  # one event per step boundary: nothing per GEMM
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        return self._clock(), ev
+
+    def _open_step(self) -> None:
+        i = self.recorder.step
+        kind = self.plan.kind(i)
+        if kind == INSTRUMENTED and self.recorder.error is None:
+            dispatch = "torch" in self.adapters and self.plan.dispatches(i)
+            self._attach(full=dispatch or self.te is None)
+            if dispatch and self._mode is None:
+                self._enter_mode()
+            elif not dispatch:
+                self._exit_mode()
+            if self._mode is not None:
+                self._mode.forward_shapes.clear()
+                self._dispatch_step_ids.add(i)
+        else:
+            self._detach()
+        self._kinds.append(kind)
+        self._seq_open = self.scope._current_seq()
+        self.recorder.nvtx.push(f"step {i} ({kind})")
+        self._boundaries.append(self._boundary())
+        if kind == KERNELS:
+            self.kernel_profile.start()  # after the boundary: starting the profiler is not the step's
+
+    def _close_step(self, micro_batches: int) -> None:
+        self._boundaries.append(self._boundary())
+        self.micro_batches.append(micro_batches)
+        self.recorder.nvtx.pop()
+        if self.kernel_profile.running:
+            ks = self.kernel_profile.stop()  # synchronizes: after the step's end boundary
+            if ks is not None:
+                self._kernel_steps[self.recorder.step] = ks
 
     # --- results ---------------------------------------------------------------------------
     def _build(self) -> GemmCapture:
@@ -310,20 +460,64 @@ class GemmProfiler:
         steps = []
         for i in range(n_steps):
             (t0, e0), (t1, e1) = bounds[2 * i], bounds[2 * i + 1]
-            evs = [e for e in rec.events if e.step == i]
-            times = [e.time_ms for e in evs if e.time_ms is not None]
+            kind = self._kinds[i]
+            gemm_ms = None
+            if kind == KERNELS and i in self._kernel_steps:
+                gemm_ms = self._kernel_steps[i].gemm_ms()
+            elif kind == INSTRUMENTED:
+                times = [e.time_ms for e in rec.events if e.step == i and e.time_ms is not None]
+                gemm_ms = sum(times) if times else None
             steps.append(StepTime(
                 index=i, wall_ms=(t1 - t0) * 1e3,
                 gpu_ms=float(e0.elapsed_time(e1)) if e0 is not None and e1 is not None else None,
-                gemm_ms=sum(times) if times else None, micro_batches=self.micro_batches[i]))
-        per_source = {"te": n_steps, "torch": max(len(self._dispatch_step_ids), 1)}
+                gemm_ms=gemm_ms, micro_batches=self.micro_batches[i], kind=kind,
+                dispatch=i in self._dispatch_step_ids))
+        n_instr = sum(k == INSTRUMENTED for k in self._kinds)
+        per_source = {"te": max(n_instr, 1), "torch": max(len(self._dispatch_step_ids), 1)}
         records = aggregate(rec.events, per_source)
-        return GemmCapture(records=records, steps=steps, meta=self._meta(), coverage=self._coverage(records))
+        meta = self._meta()
+        join = self._join_kernels(records)
+        meta.update(join)
+        if self._kernel_steps:
+            meta.update(breakdown_meta(list(self._kernel_steps.values())))
+        return GemmCapture(records=records, steps=steps, meta=meta, coverage=self._coverage(records))
+
+    def _join_kernels(self, records: list) -> dict[str, Any]:
+        """Per-GEMM kernel times from the kernels steps, joined by launch order to the reference
+        instrumented step (the last one that ran the dispatch mode: it saw every GEMM)."""
+        seqs = self.recorder.sequences
+        ref_ids = sorted(self._dispatch_step_ids) or [i for i, k in enumerate(self._kinds) if k == INSTRUMENTED]
+        ref = seqs.get(ref_ids[-1], []) if ref_ids else []
+        source = self.recorder.timer.kind if any(r.times_ms for r in records) else "none"
+        out: dict[str, Any] = {"gemm_time_source": source}
+        if not self._kernel_steps:
+            if self.plan.kernels:
+                out["kernel_join"] = f"no kernel records ({self.kernel_profile.error or 'no kernels step ran'})"
+            return out
+        times: dict[tuple, list[float]] = {}
+        failed = []
+        for i, ks in sorted(self._kernel_steps.items()):
+            pairs = join_by_order(ref, ks)
+            if pairs is None:
+                failed.append(f"step {i}: {len(ks.gemm_kernels())} GEMM kernels, {len(ref)} GEMM calls captured")
+                continue
+            for key, ms in pairs:
+                times.setdefault(key, []).append(ms)
+        if times:
+            for r in records:
+                if r.key() in times:
+                    r.times_ms = times[r.key()]
+            out["gemm_time_source"] = "kernel_records"
+        out["kernel_join"] = "; ".join(failed) if failed else "joined by launch order"
+        if failed:
+            log.warning("te-gemm: per-GEMM kernel times not joined (%s): per-GEMM times left to %s",
+                        out["kernel_join"], source)
+        return out
 
     def _coverage(self, records: list) -> dict[str, Any]:
-        gemm_modules = [n for n, m in self.model.named_modules() if _bears_gemm(m)]
+        gemm_modules = [n for n, m in self.model.named_modules() if bears_gemm(m)]
         never_ran = [n for n in gemm_modules if n not in self.scope.ran and n not in self.scope.weights_used]
-        if never_ran and self.recorder.error is None:
+        if never_ran and self.recorder.error is None and any(k == INSTRUMENTED for k in self._kinds):
             log.warning("te-gemm: %d GEMM-bearing module(s) never ran while capturing: %s",
                         len(never_ran), ", ".join(never_ran[:8]) + (" ..." if len(never_ran) > 8 else ""))
         return {
@@ -331,6 +525,7 @@ class GemmProfiler:
             "never_ran": never_ran,
             "captured_flops_per_step": sum(r.flops_per_step for r in records),
             "dispatch_steps": sorted(self._dispatch_step_ids),
+            "step_kinds": list(self._kinds),
             "error": self.recorder.error,
         }
 
@@ -346,14 +541,8 @@ class GemmProfiler:
             "python": platform.python_version(),
             "adapters": list(self.adapters),
             "timing": self.recorder.timer.kind,
+            "step_time": "clean steps (nothing attached)" if CLEAN in self._kinds else
+                         "no clean step: step times include the capture instruments",
             "model": type(self.model).__name__,
             "clocks_during_capture": self._clocks.summary() if self._clocks is not None else None,
         }
-
-
-def _bears_gemm(m: nn.Module) -> bool:
-    if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":
-        return True
-    if is_te_module(m):
-        return any(p.dim() >= 2 for _, p in m.named_parameters(recurse=False))
-    return any(p.dim() >= 3 for _, p in m.named_parameters(recurse=False))

@@ -79,6 +79,11 @@ class GemmRecord:
     def shape(self) -> GemmShape:
         return GemmShape(self.m, self.k, self.n, GemmOp(self.op), self.batch)
 
+    def key(self) -> tuple:
+        """The grouping key: equal to :meth:`GemmEvent.key` of the calls it groups."""
+        return (self.module, self.gemm, self.op, self.m, self.k, self.n, self.batch,
+                self.precision, self.recompute, self.source, self.kernel)
+
     @property
     def median_ms(self) -> float | None:
         return statistics.median(self.times_ms) if self.times_ms else None
@@ -97,8 +102,20 @@ class StepTime:
     index: int
     wall_ms: float  # host clock between step boundaries
     gpu_ms: float | None = None  # CUDA events between step boundaries (stream time, gaps included)
-    gemm_ms: float | None = None  # sum of this step's GEMM event times
+    gemm_ms: float | None = None  # GEMM time in this step: kernel records, or the sum of event pairs
     micro_batches: int = 1
+    # "instrumented" (hooks, interception: shapes), "kernels" (kernel records only: per-GEMM GPU
+    # time) or "clean" (nothing attached: the step time); see capture.profiler.StepPlan.
+    kind: str = "instrumented"
+    dispatch: bool = False  # instrumented step that also ran the torch dispatch mode
+
+    @property
+    def ms(self) -> float:
+        return self.gpu_ms if self.gpu_ms is not None else self.wall_ms
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 @dataclass
@@ -123,13 +140,41 @@ class GemmCapture:
     def flops_per_step(self) -> float:
         return sum(r.flops_per_step for r in self.records)
 
+    def steps_of(self, kind: str) -> list[StepTime]:
+        return [s for s in self.steps if s.kind == kind]
+
     def gemm_ms_per_step(self) -> float | None:
-        times = [s.gemm_ms for s in self.steps if s.gemm_ms is not None]
-        return statistics.median(times) if times else None
+        """GEMM GPU time per step: kernel records where kernels steps ran (the GPU's own time per
+        kernel), else the instrumented steps' event pairs."""
+        for kind in ("kernels", "instrumented"):
+            times = [s.gemm_ms for s in self.steps_of(kind) if s.gemm_ms is not None]
+            if times:
+                return statistics.median(times)
+        return None
 
     def step_ms(self) -> float | None:
-        times = [s.gpu_ms if s.gpu_ms is not None else s.wall_ms for s in self.steps]
-        return statistics.median(times) if times else None
+        """Median step time of the clean steps (nothing attached); without any, of the kernels
+        steps, and only failing both of the instrumented ones (see ``meta["step_time"]``)."""
+        for kind in ("clean", "kernels", "instrumented"):
+            times = [s.ms for s in self.steps_of(kind)]
+            if times:
+                return statistics.median(times)
+        return None
+
+    def instrument_cost(self) -> dict[str, float] | None:
+        """Instrumented against clean step time (medians): what the capture instruments cost this
+        job. The dispatch-mode steps are given apart: they cost more and are fewer."""
+        clean = _median([s.ms for s in self.steps_of("clean")])
+        instr = _median([s.ms for s in self.steps_of("instrumented") if not s.dispatch])
+        disp = _median([s.ms for s in self.steps_of("instrumented") if s.dispatch])
+        if not clean or (instr is None and disp is None):
+            return None
+        out = {"clean_ms": clean}
+        if instr is not None:
+            out.update(instrumented_ms=instr, instrumented_pct=100 * (instr / clean - 1))
+        if disp is not None:
+            out.update(dispatch_ms=disp, dispatch_pct=100 * (disp / clean - 1))
+        return out
 
     def by_module(self) -> dict[str, list[GemmRecord]]:
         out: dict[str, list[GemmRecord]] = {}
@@ -149,6 +194,7 @@ class GemmCapture:
                 "gemm_flops_per_step": self.flops_per_step,
                 "step_ms_median": self.step_ms(),
                 "gemm_ms_per_step_median": self.gemm_ms_per_step(),
+                "instrument_cost": self.instrument_cost(),
             },
             "steps": [asdict(s) for s in self.steps],
             "records": [asdict(r) for r in self.records],

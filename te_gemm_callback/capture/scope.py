@@ -29,6 +29,15 @@ def is_te_module(module: nn.Module) -> bool:
     return type(module).__module__.startswith("transformer_engine")
 
 
+def bears_gemm(m: nn.Module) -> bool:
+    """Whether a module holds a weight that its own forward runs a GEMM with."""
+    if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":
+        return True
+    if is_te_module(m):
+        return any(p.dim() >= 2 for _, p in m.named_parameters(recurse=False))
+    return any(p.dim() >= 3 for _, p in m.named_parameters(recurse=False))
+
+
 def in_backward() -> bool:
     """True while the autograd engine runs a backward graph task on this thread."""
     return torch._C._current_graph_task_id() != -1
@@ -91,8 +100,18 @@ class ModuleScope:
             st = self._local.stack = []
         return st
 
-    def attach(self) -> None:
+    def te_gemm_modules(self) -> list[str]:
+        """The TE modules that run GEMMs themselves (Linear, LayerNormLinear, LayerNormMLP,
+        GroupedLinear): the only owners the TE adapter needs named."""
+        return [n for n, m in self.modules.items() if is_te_module(m) and bears_gemm(m)]
+
+    def attach(self, names: Iterable[str] | None = None) -> None:
+        """Hook every module, or only ``names``. A leaf owner's tag walk covers the one or two
+        autograd nodes its forward made; hooking a parent would walk all of its children's."""
+        chosen = None if names is None else set(names)
         for name, module in self.model.named_modules():
+            if chosen is not None and name not in chosen:
+                continue
             self._handles.append(module.register_forward_pre_hook(self._make_pre(name)))
             # always_call: pop even when forward raises, so the stack never drifts.
             self._handles.append(module.register_forward_hook(self._make_post(name), always_call=True))

@@ -162,6 +162,10 @@ class TEInterceptor:
         self._precisions: dict[tuple, tuple[str, tuple[str, ...]]] = {}
         self._sites: dict[tuple, Any] = {}
 
+    @property
+    def installed(self) -> bool:
+        return bool(self._patched)
+
     @staticmethod
     def te_loaded() -> bool:
         return "transformer_engine.pytorch" in sys.modules

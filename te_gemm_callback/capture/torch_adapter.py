@@ -182,10 +182,12 @@ class GemmDispatchMode(TorchDispatchMode):
                 in_fwd and rec.scope.te_scoped and any(x in rec.scope.te_scoped for x in rec.scope.stack)):
             if in_fwd:
                 self.te_forward.add((m, k, n, batch))
-            return None  # inside a TE module: its GEMMs are counted by the TE adapter
+            rec.skip()  # inside a TE module: the TE adapter counts it (or nobody: unfused attention)
+            return None
         if module_name is None and not in_fwd and self._from_te(m, k, n, batch):
             # An untagged backward node (seen for TE's unfused attention bmm on the H200) whose
             # GEMM is the backward of one that ran inside a TE module: it belongs to TE too.
+            rec.skip()
             return None
         m_splits = None
         if offs is not None:

@@ -41,7 +41,7 @@ def report_table(rep: Report) -> Table:
     for r, why in rep.skipped.items():
         t.add_row(r, "not run", *[""] * (len(cols) - 2), style="dim")
     notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
-        [rep.meta[k] for k in ("clock_note", "duty_note") if rep.meta.get(k)]
+        [rep.meta[k] for k in ("job_step_note", "clock_note", "duty_note") if rep.meta.get(k)]
     t.caption = (f"speedups over BF16. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the captured "
                  "shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. unfused: each GEMM "
                  "plus a standalone quantization of its inputs (autocast mode). Attention's QK^T and softmax·V "
@@ -125,7 +125,7 @@ def write_report_json(rep: Report, path: str | Path) -> Path:
 
 def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     """Re-render everything from a run folder (captures, optional bench.json): no GPU needed."""
-    from ..analysis import analyze, capture_recipe, clock_note, duty_note, instrumented_step_note
+    from ..analysis import analyze, capture_recipe, clock_note, duty_note, instrument_note
     from ..bench.cells import items_from_capture
     from ..bench.results import BenchResults, measured_items
     from ..capture import GemmCapture
@@ -146,8 +146,10 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
     # The step note speaks of the run whose step time the table shows (the sweep's baseline when
-    # there is one, whose steps ran without the dispatch mode).
-    for key, note in (("step_note", instrumented_step_note(base)), ("clock_note", clock_note(job, bench)),
+    # there is one); the job's own instrument cost is given beside it.
+    job_note = instrument_note(job) if sweep and main else None
+    for key, note in (("step_note", instrument_note(base)), ("job_step_note", job_note and f"training job: {job_note}"),
+                      ("clock_note", clock_note(job, bench)),
                       ("duty_note", duty_note(rep.gemm_share, bench))):
         if note:
             rep.meta[key] = note
@@ -175,6 +177,9 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
                 out.print(totals_table(bench, items, mode))
         out.print(report_table(rep))
         out.print(verdict_panel(rep))
+        for key in ("step_note", "job_step_note"):
+            if "host-bound" in (rep.meta.get(key) or ""):
+                out.print(f"[yellow]warning: {escape(rep.meta[key])}[/yellow]")
         for name, path in files.items():
             out.print(f"{name}: {path}")
     return files

@@ -1,0 +1,131 @@
+"""Per-GEMM GPU time without a Python instrument in the step: kernel activity records.
+
+A *kernels* step runs with nothing of ours in it but ``torch.profiler`` collecting CUDA kernel
+activity (CUPTI: each kernel's start and end on the GPU, no host-side op tracing). Its GEMM
+kernels are then joined to the GEMMs an *instrumented* step captured, by launch order: within one
+step a model launches its GEMMs in the same order every step, and each captured call
+(``general_gemm``, aten ``mm``) launches one GEMM kernel. The join is only made when the two
+counts agree; otherwise the capture says so and keeps its CUDA-event times.
+
+Kernel durations are the GPU's own time for each kernel: unlike an event pair around a launch
+they hold no idle gap while the host is still launching, which is what a host-bound step is full of.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..kernels import (breakdown_ms, classify_kernel, comm_overlap_ms, is_gemm_kernel, top_kernels_ms)
+
+log = logging.getLogger("te_gemm_callback")
+
+
+@dataclass
+class KernelStep:
+    """Kernels of one profiled step, in start order: (name, start µs, end µs)."""
+
+    kernels: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def gemm_kernels(self) -> list[tuple[str, float, float]]:
+        return [k for k in self.kernels if is_gemm_kernel(k[0])]
+
+    def gemm_ms(self) -> float:
+        return sum(e - s for _, s, e in self.gemm_kernels()) / 1e3
+
+    def kernel_us(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for n, s, e in self.kernels:
+            out[n] = out.get(n, 0.0) + (e - s)
+        return out
+
+
+class KernelProfile:
+    """``torch.profiler`` with CUDA kernel activity only, over one step at a time.
+
+    Used the same way by the profiler's kernels steps (callback, sweep and plain loops alike).
+    Starting fails softly: another profiler already running in the job leaves ``error`` set and
+    the step simply unprofiled.
+
+    Example:
+        >>> kp = KernelProfile()                        # doctest: +SKIP
+        >>> kp.start(); train_step(); step = kp.stop()  # doctest: +SKIP
+        >>> step.gemm_ms()                              # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self._prof: Any = None
+        self.error: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._prof is not None
+
+    def start(self) -> bool:
+        import torch
+
+        try:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
+        except Exception as err:  # e.g. the job runs its own torch.profiler
+            self.error = f"torch.profiler could not start: {type(err).__name__}: {err}"
+            log.warning("te-gemm: no kernel records (%s)", self.error)
+            return False
+        self._prof = prof
+        return True
+
+    def stop(self) -> KernelStep | None:
+        import torch
+
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return None
+        try:
+            # The step's kernels must have finished before the window closes: this sync sits
+            # after the step's end boundary, so no measured step contains it.
+            torch.cuda.synchronize()
+            prof.__exit__(None, None, None)
+            ks = sorted((e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+                        if "CUDA" in str(getattr(e, "device_type", "")))
+            return KernelStep(sorted(ks, key=lambda k: k[1]))
+        except Exception as err:
+            self.error = f"{type(err).__name__}: {err}"
+            log.warning("te-gemm: kernel records lost: %s", self.error)
+            return None
+
+    def discard(self) -> None:
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            try:
+                prof.__exit__(None, None, None)
+            except Exception:  # already broken: nothing of it is used
+                pass
+
+
+def join_by_order(sequence: list[Any], step: KernelStep) -> list[tuple[Any, float]] | None:
+    """Pair each captured GEMM call of a step (``sequence``, launch order; ``None`` marks an aten
+    GEMM that ran but is counted elsewhere) with the GEMM kernel launched in the same position.
+    Returns (call, kernel ms) for the counted calls, or None when the counts differ."""
+    gemms = step.gemm_kernels()
+    if not sequence or len(gemms) != len(sequence):
+        return None
+    return [(call, (e - s) / 1e3) for call, (_, s, e) in zip(sequence, gemms) if call is not None]
+
+
+def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
+    """The capture meta of the kernels steps: kernel time per category and step, the top kernels
+    per category, and communication time with its part no compute kernel overlapped."""
+    n = len(steps)
+    us: dict[str, float] = {}
+    intervals: list[tuple[str, float, float]] = []
+    for st in steps:
+        for name, t in st.kernel_us().items():
+            us[name] = us.get(name, 0.0) + t
+        intervals += st.kernels
+    return {"kernel_breakdown_ms": breakdown_ms(us, n), "kernel_top_ms": top_kernels_ms(us, n),
+            "kernel_breakdown_steps": n, "kernel_breakdown_window": "the capture's kernels steps",
+            **comm_overlap_ms(intervals, n)}
+
+
+__all__ = ["KernelProfile", "KernelStep", "join_by_order", "breakdown_meta", "classify_kernel"]

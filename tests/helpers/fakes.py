@@ -1,0 +1,36 @@
+"""A kernel recorder and a host clock that tests control (torch.profiler's CUDA activity needs a GPU)."""
+
+from te_gemm_callback.capture.kernel_records import KernelStep
+
+
+class FakeKernels:
+    """What CUPTI would record for one step of MLP: 6 GEMM kernels (fprop up/down, then backward
+    down dgrad/wgrad, up dgrad/wgrad, in the order autograd runs them) between other kernels.
+    GEMM kernel i lasts (i + 1) * 100 µs, so the join can be read back exactly."""
+
+    def __init__(self, gemms=6):
+        self.gemms, self.running, self.error, self.started = gemms, False, None, 0
+
+    def start(self):
+        self.running, self.started = True, self.started + 1
+        return True
+
+    def stop(self):
+        self.running = False
+        ks, t = [], 0.0
+        for i in range(self.gemms):
+            ks.append(("vectorized_elementwise_kernel", t, t + 5.0))
+            ks.append((f"nvjet_hsh_{i}_gemm", t + 10.0, t + 10.0 + (i + 1) * 100.0))
+            t += 1000.0
+        return KernelStep(ks)
+
+    def discard(self):
+        self.running = False
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t

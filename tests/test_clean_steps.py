@@ -1,0 +1,144 @@
+"""Step bookkeeping: which profiled steps are instrumented, kernels or clean, and which numbers
+come from which. A fake host clock makes the instruments' cost exact; a fake kernel recorder
+stands in for torch.profiler's CUDA activity, which cannot run without a GPU."""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from te_gemm_callback import GemmCapture, GemmProfiler
+from te_gemm_callback.capture.kernel_records import KernelStep, join_by_order
+from te_gemm_callback.capture.profiler import StepPlan
+
+from helpers.fakes import Clock, FakeKernels
+from test_profiler import MLP
+
+
+def hooks_on(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def run(prof, model, x, clock, n, instrumented_s=0.015, plain_s=0.010):
+    """n training steps; each advances the fake clock by more when the capture instruments are on."""
+    seen = []
+    prof.start()
+    for i in range(n):
+        kind = prof.step_kind
+        attached = hooks_on(model) > 0 or _get_current_dispatch_mode() is not None
+        seen.append((kind, attached))
+        model(x).sum().backward()
+        clock.t += instrumented_s if attached else plain_s
+        if i < n - 1:
+            prof.step()
+    return prof.stop(), seen
+
+
+def test_plan_kinds():
+    plan = StepPlan(instrumented=2, kernels=1, dispatch=1)
+    assert [plan.kind(i) for i in range(5)] == ["instrumented", "instrumented", "kernels", "clean", "clean"]
+    assert [plan.dispatches(i) for i in range(4)] == [True, False, False, False]
+    assert StepPlan(instrumented="all").kind(7) == "instrumented"
+
+
+def test_clean_steps_carry_no_instrument_and_time_the_step():
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    kp = FakeKernels()
+    prof = GemmProfiler(model, kernel_profile=kp, clock=clock)
+    cap, seen = run(prof, model, x, clock, n=5)
+    assert seen == [("instrumented", True), ("kernels", False), ("clean", False), ("clean", False),
+                    ("clean", False)]
+    assert [s.kind for s in cap.steps] == ["instrumented", "kernels", "clean", "clean", "clean"]
+    assert cap.coverage["step_kinds"] == ["instrumented", "kernels", "clean", "clean", "clean"]
+    assert cap.steps[0].dispatch and not any(s.dispatch for s in cap.steps[1:])
+    assert cap.step_ms() == pytest.approx(10.0)  # the clean steps, not the 15 ms instrumented one
+    cost = cap.instrument_cost()
+    assert cost["clean_ms"] == pytest.approx(10.0) and cost["dispatch_pct"] == pytest.approx(50.0)
+    assert "instrumented_ms" not in cost  # the only instrumented step ran the dispatch mode
+    assert kp.started == 1 and hooks_on(model) == 0 and _get_current_dispatch_mode() is None
+    # Shapes come from the instrumented step: one call per step each, 6 GEMMs.
+    assert len(cap.records) == 6 and all(r.calls == 1 and r.calls_per_step == 1 for r in cap.records)
+
+
+def test_kernel_times_join_the_captured_gemms_by_launch_order():
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    prof = GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock)
+    cap, _ = run(prof, model, x, clock, n=3)
+    assert cap.meta["gemm_time_source"] == "kernel_records"
+    assert cap.meta["kernel_join"] == "joined by launch order"
+    by = {(r.module, r.op): r.times_ms for r in cap.records}
+    # Launch order: up fprop, down fprop, then backward from the loss: down first.
+    assert by[("up", "fprop")] == [pytest.approx(0.1)] and by[("down", "fprop")] == [pytest.approx(0.2)]
+    assert sorted(round(by[("down", op)][0], 6) for op in ("dgrad", "wgrad")) == [0.3, 0.4]
+    assert cap.gemm_ms_per_step() == pytest.approx(2.1)  # 0.1 + ... + 0.6: all GEMM kernels of the step
+    assert cap.steps[1].gemm_ms == pytest.approx(2.1) and cap.steps[2].gemm_ms is None
+    assert cap.meta["kernel_breakdown_ms"]["gemm"] == pytest.approx(2.1)
+
+
+def test_a_count_mismatch_is_reported_not_guessed(caplog):
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    prof = GemmProfiler(model, kernel_profile=FakeKernels(gemms=7), clock=clock)
+    cap, _ = run(prof, model, x, clock, n=3)
+    assert "7 GEMM kernels, 6 GEMM calls captured" in cap.meta["kernel_join"]
+    assert cap.meta["gemm_time_source"] == "none"  # no event pairs when kernel records were planned
+    assert all(r.times_ms == [] for r in cap.records)
+    assert cap.gemm_ms_per_step() == pytest.approx(2.8)  # the step's GEMM kernels still count
+    assert any("not joined" in r.message for r in caplog.records)
+
+
+def test_join_by_order_skips_placeholders():
+    step = KernelStep([("a_gemm", 0.0, 1000.0), ("x", 0, 1), ("b_gemm", 2000.0, 4000.0)])
+    assert join_by_order(["k1", None], step) == [("k1", 1.0)]
+    assert join_by_order(["k1"], step) is None
+
+
+def test_without_kernel_steps_cpu_times_come_from_the_instrumented_steps():
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    prof = GemmProfiler(model, clock=clock, instrumented_steps=2)
+    cap, seen = run(prof, model, x, clock, n=4)
+    assert [k for k, _ in seen] == ["instrumented", "instrumented", "clean", "clean"]
+    assert cap.meta["gemm_time_source"] == "host_clock" and all(len(r.times_ms) == 2 for r in cap.records)
+    assert cap.step_ms() == pytest.approx(10.0)
+    # A plain torch model runs the dispatch mode on every instrumented step: that is their cost.
+    assert cap.coverage["dispatch_steps"] == [0, 1]
+    assert cap.instrument_cost() == {"clean_ms": pytest.approx(10.0), "dispatch_ms": pytest.approx(15.0),
+                                     "dispatch_pct": pytest.approx(50.0)}
+
+
+def test_every_step_instrumented_says_so():
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    cap, _ = run(GemmProfiler(model, clock=clock, instrumented_steps="all"), model, x, clock, n=3)
+    assert cap.step_ms() == pytest.approx(15.0) and cap.instrument_cost() is None
+    assert cap.meta["step_time"].startswith("no clean step")
+
+
+def test_te_only_steps_hook_only_te_gemm_modules():
+    """Without the dispatch mode only TE modules that own GEMMs are hooked: here there are none."""
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    prof = GemmProfiler(model, clock=clock, adapters=("te", "torch"), instrumented_steps=2, dispatch_steps=1)
+    prof.start()
+    full = hooks_on(model)
+    model(x).sum().backward()
+    prof.step()
+    assert full == 2 * len(list(model.modules())) and hooks_on(model) == 0
+    model(x).sum().backward()
+    prof.stop()
+
+
+def test_restart_and_step_before_start():
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    prof = GemmProfiler(model, clock=clock)
+    with pytest.raises(RuntimeError, match="before start"):
+        prof.step()
+    first, _ = run(prof, model, x, clock, n=3)
+    second, _ = run(prof, model, x, clock, n=2)
+    assert len(first.steps) == 3 and len(second.steps) == 2  # the second capture holds its own steps only
+    assert all(r.calls == 1 for r in second.records)
+
+
+def test_capture_roundtrip_keeps_step_kinds(tmp_path):
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    cap, _ = run(GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock), model, x, clock, n=3)
+    back = GemmCapture.load(cap.save(tmp_path / "c.json"))
+    assert back.steps == cap.steps and back.step_ms() == cap.step_ms()
+    assert back.to_dict()["summary"]["instrument_cost"]["dispatch_pct"] == pytest.approx(50.0)
