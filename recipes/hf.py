@@ -16,25 +16,10 @@ from pathlib import Path
 
 from _common import add_shape_flags, base_parser, finish, fit
 
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from te_gemm_callback.demo import DemoConfig, RandomTokens
-
-
-class HFLlama(pl.LightningModule):
-    def __init__(self, cfg) -> None:
-        super().__init__()
-        import transformers
-
-        self.model = transformers.LlamaForCausalLM(cfg)
-
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        return self.model(input_ids=batch, labels=batch).loss
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=1e-4)
+from te_gemm_callback.demo import DemoConfig, HFLlama, RandomTokens
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ On CPU it is a plain-torch model in BF16 autocast. On a GPU host with Transforme
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -19,7 +20,7 @@ from .callback import GemmProfilerCallback
 from .models import CODONFM_4L, TINY, DemoConfig, te_layers
 from .precisions import autocast, import_te
 
-__all__ = ["CODONFM_4L", "TINY", "DemoConfig", "DemoLM", "RandomTokens", "TorchBlock", "run_demo"]
+__all__ = ["CODONFM_4L", "TINY", "DemoConfig", "DemoLM", "HFLlama", "RandomTokens", "TorchBlock", "run_demo"]
 
 
 class TorchBlock(nn.Module):
@@ -127,6 +128,22 @@ class DemoLM(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+class HFLlama(pl.LightningModule):
+    """A Hugging Face transformers Llama built from a config (no download): a model nobody here wrote."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        import transformers
+
+        self.model = transformers.LlamaForCausalLM(cfg)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.model(input_ids=batch, labels=batch).loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
 
 class RandomTokens(Dataset):

@@ -21,7 +21,7 @@ class EventTimer:
 
     def __init__(self, enabled: bool) -> None:
         self.cuda = torch.cuda.is_available()
-        self.enabled = enabled
+        self.enabled = enabled  # switched per step by the profiler
         self.kind = ("cuda_events" if self.cuda else "host_clock") if enabled else "none"
 
     def start(self) -> Any:

@@ -245,11 +245,8 @@ class GemmProfiler:
         self.dispatch_steps = dispatch_steps
         self.nsys_capture = nsys_capture
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
-        # Event pairs only where no kernel records will time the GEMMs: the pair and its record
-        # calls are most of the instrumented step's host cost per GEMM.
-        events = timing == "events" or (timing == "auto" and self.plan.kernels == 0)
         self.timing = timing
-        self.recorder = Recorder(self.scope, EventTimer(events), Nvtx(nvtx, nvtx_backend))
+        self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(nvtx, nvtx_backend))
         self.te = TEInterceptor(self.recorder) if "te" in self.adapters else None
         self.kernel_profile = kernel_profile or KernelProfile()
         self._clock = clock
@@ -424,6 +421,11 @@ class GemmProfiler:
     def _open_step(self) -> None:
         i = self.recorder.step
         kind = self.plan.kind(i)
+        # Event pairs where no kernel records will time the GEMMs, and on the first step (already
+        # the costly shape-discovery one) as a fallback should the kernels step not come or not
+        # join: elsewhere the pair and its record calls would be most of the per-GEMM host cost.
+        self.recorder.timer.enabled = self.timing == "events" or (
+            self.timing == "auto" and (self.plan.kernels == 0 or i == 0))
         if kind == INSTRUMENTED and self.recorder.error is None:
             dispatch = "torch" in self.adapters and self.plan.dispatches(i)
             self._attach(full=dispatch or self.te is None)

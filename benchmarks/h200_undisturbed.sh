@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The measurements behind docs/results/h200.md "Measuring without disturbing the job", on one GPU
+# with TE installed. Sections: ONLY=tests|cost|kernels|fit|sweep|recipes (default: all but recipes).
+#   ONLY=fit bash benchmarks/h200_undisturbed.sh OUTDIR
+set -uo pipefail
+out=${1:-runs/undisturbed}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
+quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogger|tpu|gpu available|cuda_visible|^ *$" || true; }
+TIMEFORMAT='wall %R s'
+only=${ONLY:-tests,cost,kernels,fit,sweep}
+has() { [[ ",$only," == *",$1,"* ]]; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
+if has tests; then
+    echo "== GPU tests"
+    python -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -3
+fi
+if has cost; then
+    echo "== host cost per instrument"
+    python benchmarks/instrument_cost.py --json "$out/instrument_cost.json" 2>&1 | quiet
+fi
+if has kernels; then
+    echo "== per-GEMM kernel records vs torch.profiler"
+    python benchmarks/undisturbed.py kernels --model hostbound --model codonfm --recipes BF16,Float8CurrentScaling \
+        --json "$out/kernels.json" 2>&1 | quiet | grep -E "^kernels|Error"
+fi
+if has fit; then
+    echo "== Lightning fits with and without the callback, host-bound stack"
+    { time python benchmarks/undisturbed.py fit --model hostbound --recipes BF16,Float8CurrentScaling \
+        --out "$out/fit" --json "$out/fit.json" 2>&1 | quiet | grep -E "^fit|Error" ; } 2>&1
+    python benchmarks/undisturbed.py fit --model codonfm --recipes BF16 --reps 2 --clean 10 --instrumented 4 \
+        --out "$out/fit" --json "$out/fit_codonfm.json" 2>&1 | quiet | grep -E "^fit|Error"
+fi
+if has sweep; then
+    echo "== in-job sweep vs plain loop"
+    python benchmarks/undisturbed.py sweep --model hostbound --recipes BF16,Float8CurrentScaling --steps 20 \
+        --out "$out/sweep" --json "$out/sweep_hostbound.json" 2>&1 | quiet | grep -E "^sweep|Error"
+    python benchmarks/undisturbed.py sweep --model hf --recipes BF16,DelayedScaling --steps 10 \
+        --out "$out/sweep" --json "$out/sweep_hf.json" 2>&1 | quiet | grep -E "^sweep|Error"
+fi
+if has recipes; then
+    for r in "hf.py --precision transformer-engine --sweep BF16,DelayedScaling" \
+             "moe.py --sweep BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling --seq-len 2048 --micro-batch-size 2" \
+             "dense.py --layers 4 --sweep all"; do
+        name=${r%%.py*}
+        echo "== recipes/$r"
+        { time timeout 280 python recipes/$r --out "$out/$name" > "$out/$name.txt" 2>&1 ; } 2>&1
+        grep -E "GEMM-bound|eats|better than|no gain|fallback|step times from|host-bound|Error" "$out/$name.txt" | cut -c1-300 | head -12
+    done
+fi

@@ -1,0 +1,318 @@
+#!/usr/bin/env python
+"""Does the profiler change what it measures? Three checks, each against a measurement without it.
+
+``fit``: Lightning fits of a model, with GemmProfilerCallback and without, interleaved in one
+    process. An independent timer callback (a CUDA event at every batch start) times every step of
+    both; the callback's clean steps are compared with the same steps of the fits without it, and
+    its instrumented steps likewise (medians).
+``kernels``: per-GEMM in-job times from the kernels step (kernel records joined by launch order)
+    against torch.profiler's kernel times for the same GEMMs, attributed through a torch.profiler
+    range per GEMM on separate instrumented steps.
+``sweep``: the callback's in-job sweep (observed step speedup per recipe, clean steps) against a
+    plain loop of the same module and batch with no profiler at all (forward+backward, as the sweep
+    steps are; interleaved blocks per recipe, CUDA events at step boundaries, no sync inside).
+
+    python benchmarks/undisturbed.py fit --model hostbound --recipes BF16,Float8CurrentScaling
+    python benchmarks/undisturbed.py kernels --model hostbound --model codonfm
+    python benchmarks/undisturbed.py sweep --model hf --recipes BF16,DelayedScaling
+    python benchmarks/undisturbed.py fit --model tiny --reps 1      # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+from te_gemm_callback import GemmProfiler, GemmProfilerCallback
+from te_gemm_callback.demo import DemoConfig, DemoLM, HFLlama, RandomTokens
+from te_gemm_callback.models import codonfm
+from te_gemm_callback.precisions import autocast, te_available
+
+# The host-bound stack: the GPU works a few ms of a ~60 ms step on the H200.
+HOSTBOUND = DemoConfig(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=16,
+                       num_hidden_layers=12, vocab_size=128, sequence_length=256, micro_batch_size=2,
+                       gated_mlp=False, normalization="LayerNorm")
+TINY = DemoConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  num_hidden_layers=2, vocab_size=64, sequence_length=16, micro_batch_size=2)
+
+
+class FusedAdamLM(DemoLM):
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-4, fused=self.device.type == "cuda")
+
+
+class StepTimer(pl.Callback):
+    """A CUDA event (host clock on CPU) at every batch start: step i = start i -> start i+1."""
+
+    def __init__(self) -> None:
+        self.marks: list[Any] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if torch.cuda.is_available():
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            import time
+
+            self.marks.append(time.perf_counter())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.on_train_batch_start(trainer, pl_module, None, -1)
+
+    def steps_ms(self) -> list[float]:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
+
+
+def build(name: str, recipe: str) -> tuple[pl.LightningModule, DemoConfig, dict]:
+    """(module, data config, Trainer kwargs) of a named model."""
+    use_te = torch.cuda.is_available() and te_available()[0]
+    if name in ("hostbound", "codonfm", "tiny"):
+        c = {"hostbound": HOSTBOUND, "codonfm": codonfm(4), "tiny": TINY}[name]
+        return FusedAdamLM(c, use_te=use_te and name != "tiny", recipe=recipe), c, {}
+    if name == "hf":
+        import transformers
+
+        cfg = transformers.LlamaConfig(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                                       num_key_value_heads=8, num_hidden_layers=16, vocab_size=32000)
+        c = DemoConfig(vocab_size=32000, sequence_length=2047, micro_batch_size=4)
+        return HFLlama(cfg), c, {"precision": "transformer-engine" if use_te else "bf16-mixed"}
+    raise SystemExit(f"unknown model {name!r}: hostbound, codonfm, hf or tiny")
+
+
+def trainer(steps: int, callbacks: list, **kw: Any) -> pl.Trainer:
+    return pl.Trainer(max_steps=steps, accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1,
+                      callbacks=callbacks, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, **kw)
+
+
+def med(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+# --- fit ------------------------------------------------------------------------------------
+def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented: int, out: Path) -> dict:
+    wait, warmup = 2, 1
+    active = instrumented + 1 + clean
+    steps = wait + warmup + active
+    torch.manual_seed(0)
+    module, c, kw = build(model_name, recipe)
+    loader = DataLoader(RandomTokens(c, c.micro_batch_size * steps), batch_size=c.micro_batch_size)
+    trainer(3, [], **kw).fit(module, loader)  # first fit of the process: compile, cuBLAS, TE init
+    with_cb, without, caps = [], [], []
+    for rep in range(reps):
+        for on in (True, False):  # interleaved: drift and clocks hit both alike
+            timer = StepTimer()
+            cbs: list = [timer]
+            if on:
+                cbs.append(GemmProfilerCallback(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented,
+                                                output_dir=out / f"{model_name}-{recipe}-{rep}", verbose=False))
+            trainer(steps, cbs, **kw).fit(module, loader)
+            (with_cb if on else without).append(timer.steps_ms())
+            if on:
+                caps.append(cbs[1].capture)
+    kinds = [s.kind for s in caps[0].steps]
+    first = wait + warmup
+    idx = {k: [first + i for i, kk in enumerate(kinds) if kk == k] for k in ("instrumented", "clean")}
+    disp = {first + s.index for s in caps[0].steps if s.dispatch}
+    pick = lambda runs, ids: [r[i] for r in runs for i in ids if i < len(r)]  # noqa: E731
+    res: dict[str, Any] = {"model": model_name, "recipe": recipe, "reps": reps, "step_kinds": kinds}
+    for k in ("clean", "instrumented"):
+        ids = [i for i in idx[k] if i not in disp]
+        a, b = med(pick(with_cb, ids)), med(pick(without, ids))
+        res[k] = {"steps": len(pick(with_cb, ids)), "with_callback_ms": a, "without_ms": b,
+                  "pct": None if not (a and b) else 100 * (a / b - 1)}
+    res["dispatch_step"] = {"with_callback_ms": med(pick(with_cb, sorted(disp))),
+                            "without_ms": med(pick(without, sorted(disp)))}
+    res["capture_step_ms"] = [cap.step_ms() for cap in caps]
+    res["capture_instrument_cost"] = [cap.instrument_cost() for cap in caps]
+    res["capture_gemm_ms"] = [cap.gemm_ms_per_step() for cap in caps]
+    res["kernel_join"] = [cap.meta.get("kernel_join") for cap in caps]
+    return res
+
+
+# --- kernels --------------------------------------------------------------------------------
+def check_kernels(model_name: str, recipe: str, steps: int) -> dict:
+    from te_gemm_callback.capture.instruments import ProfilerRanges, range_name
+    from te_gemm_callback.kernels import is_gemm_kernel
+    from te_gemm_callback.models import stack_input, te_stack, train_step_fn
+
+    c = {"hostbound": HOSTBOUND, "codonfm": codonfm(4)}[model_name]
+    torch.manual_seed(0)
+    model = te_stack(c)
+    step = train_step_fn(model, stack_input(c), recipe)
+    for _ in range(3):  # TE/cuBLAS initialisation and the FP8 amax history stay out
+        step()
+    prof = GemmProfiler(model, kernel_steps=steps, instrumented_steps=1)
+    prof.start()
+    for i in range(1 + steps):
+        step()
+        if i < steps:
+            prof.step()
+    cap = prof.stop()
+    # Oracle: torch.profiler with a range per GEMM on instrumented steps; a kernel belongs to the
+    # range whose GPU-side span holds it (cuBLASLt launches are not tied to a CPU op by CUPTI).
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as tp:
+        p2 = GemmProfiler(model, instrumented_steps="all", timing="none", dispatch_steps=0,
+                          nvtx_backend=ProfilerRanges()).start()
+        for i in range(steps):
+            step()
+            if i < steps - 1:
+                p2.step()
+        p2.stop()
+        torch.cuda.synchronize()
+    events = [e for e in tp.events() if "CUDA" in str(getattr(e, "device_type", ""))]
+    ranges = [e for e in events if e.name.startswith("te_gemm: ")]
+    gemms = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if not e.name.startswith("te_gemm: ") and is_gemm_kernel(e.name))
+    oracle: dict[str, list[float]] = {}
+    for r in ranges:
+        us = sum(e - s for s, e in gemms if s >= r.time_range.start - 1 and e <= r.time_range.end + 1)
+        oracle.setdefault(r.name[len("te_gemm: "):], []).append(us / 1e3)
+    rows = []
+    for r in cap.records:
+        name = range_name(r.module, r.gemm, r.op, r.shape.mkn, r.precision, r.recompute)
+        ours, ref = r.median_ms, med(oracle.get(name, []))
+        rows.append({"gemm": name, "ours_ms": ours, "profiler_ms": ref,
+                     "ratio": None if not (ours and ref) else ours / ref})
+    ratios = [x["ratio"] for x in rows if x["ratio"] is not None]
+    total_ref = sum(e - s for s, e in gemms) / 1e3 / steps
+    return {"model": model_name, "recipe": recipe, "kernel_join": cap.meta.get("kernel_join"),
+            "records": len(rows), "compared": len(ratios),
+            "within_3pct": sum(abs(x - 1) <= 0.03 for x in ratios),
+            "max_abs_pct": 100 * max((abs(x - 1) for x in ratios), default=float("nan")),
+            "median_ratio": med(ratios), "gemm_ms_per_step": cap.gemm_ms_per_step(),
+            "profiler_gemm_ms_per_step": total_ref, "rows": rows}
+
+
+# --- sweep ----------------------------------------------------------------------------------
+def plain_loop(module: pl.LightningModule, batch: Any, recipes: list[str], context: Any, block: int,
+               reps: int) -> dict[str, float]:
+    """The sweep's own step (grads cleared, forward under the recipe, backward) with no profiler:
+    median step per recipe over interleaved blocks, CUDA events at step boundaries."""
+    has_recipe = hasattr(module, "recipe")
+    original = getattr(module, "recipe", None)
+    times: dict[str, list[float]] = {r: [] for r in recipes}
+
+    def one(recipe: str) -> None:
+        for p in module.parameters():
+            p.grad = None
+        with context() if context is not None else contextlib.nullcontext():
+            if has_recipe:
+                module.recipe = recipe
+                out = module.training_step(batch, 0)
+            else:
+                with autocast(recipe):
+                    out = module.training_step(batch, 0)
+        out.backward()
+
+    log = module.log
+    module.log = lambda *a, **k: None
+    try:
+        for r in recipes:  # warm each recipe once, as the sweep does
+            for _ in range(2):
+                one(r)
+        for _ in range(reps):
+            for r in recipes:
+                evs = [torch.cuda.Event(enable_timing=True) for _ in range(block + 1)]
+                evs[0].record()
+                for i in range(block):
+                    one(r)
+                    evs[i + 1].record()
+                torch.cuda.synchronize()  # after the block's last event: outside every timed step
+                times[r] += [a.elapsed_time(b) for a, b in zip(evs, evs[1:])]
+    finally:
+        module.log = log
+        if has_recipe:
+            module.recipe = original
+    return {r: statistics.median(v) for r, v in times.items()}
+
+
+def check_sweep(model_name: str, recipes: list[str], sweep_steps: int, out: Path) -> dict:
+    torch.manual_seed(0)
+    module, c, kw = build(model_name, recipes[0])
+    steps = 8
+    loader = DataLoader(RandomTokens(c, c.micro_batch_size * steps), batch_size=c.micro_batch_size)
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=5, output_dir=out / f"sweep-{model_name}", verbose=False,
+                              sweep=recipes, sweep_steps=sweep_steps)
+    tr = trainer(steps, [cb], **kw)
+    tr.fit(module, loader)
+    sweep_ms = {r: cap.step_ms() for r, cap in cb.sweep_result.captures.items()}
+    costs = {r: cap.instrument_cost() for r, cap in cb.sweep_result.captures.items()}
+    plugin = getattr(tr.strategy, "precision_plugin", None)
+    batch = cb._last_batch[0].to(module.device)
+    loop_ms = plain_loop(module, batch, list(sweep_ms), getattr(plugin, "forward_context", None),
+                         block=10, reps=3)
+    base = recipes[0]
+    res = {"model": model_name, "recipes": recipes, "sweep_step_ms": sweep_ms, "plain_loop_step_ms": loop_ms,
+           "sweep_instrument_cost": costs, "skipped": cb.sweep_result.skipped, "speedups": {}}
+    for r in sweep_ms:
+        s, p = sweep_ms[base] / sweep_ms[r], loop_ms[base] / loop_ms[r]
+        res["speedups"][r] = {"sweep": s, "plain_loop": p, "pct": 100 * (s / p - 1)}
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("check", choices=("fit", "kernels", "sweep"))
+    p.add_argument("--model", action="append", help="hostbound (default), codonfm, hf, tiny")
+    p.add_argument("--recipes", default="BF16,Float8CurrentScaling")
+    p.add_argument("--reps", type=int, default=3, help="fit: fits with and without the callback, each")
+    p.add_argument("--clean", type=int, default=30, help="fit: clean steps per fit")
+    p.add_argument("--instrumented", type=int, default=11, help="fit: instrumented steps per fit (first: dispatch)")
+    p.add_argument("--steps", type=int, default=5, help="kernels: kernels steps; sweep: clean steps per recipe")
+    p.add_argument("--out", default="runs/undisturbed")
+    p.add_argument("--json")
+    a = p.parse_args()
+    recipes = a.recipes.split(",")
+    out = Path(a.out)
+    results = []
+    for name in a.model or ["hostbound"]:
+        if a.check == "fit":
+            for r in recipes:
+                res = check_fit(name, r, a.reps, a.clean, a.instrumented, out)
+                results.append(res)
+                cl, ins = res["clean"], res["instrumented"]
+                print(f"fit {name} {r}: clean {cl['with_callback_ms']:.2f} vs without {cl['without_ms']:.2f} ms "
+                      f"({cl['pct']:+.2f}%, n={cl['steps']}); instrumented {ins['with_callback_ms'] or 0:.2f} ms "
+                      f"({(ins['pct'] or 0):+.2f}%, n={ins['steps']}); capture's own step "
+                      f"{med(res['capture_step_ms']):.2f} ms; join: {res['kernel_join'][0]}", flush=True)
+        elif a.check == "kernels":
+            for r in recipes:
+                res = check_kernels(name, r, a.steps)
+                results.append(res)
+                print(f"kernels {name} {r}: {res['within_3pct']}/{res['compared']} GEMMs within 3% of torch.profiler "
+                      f"(max {res['max_abs_pct']:.2f}%, median ratio {res['median_ratio']:.4f}); GEMM ms/step "
+                      f"{res['gemm_ms_per_step']:.3f} vs {res['profiler_gemm_ms_per_step']:.3f}; {res['kernel_join']}",
+                      flush=True)
+        else:
+            res = check_sweep(name, recipes, a.steps, out)
+            results.append(res)
+            for r, s in res["speedups"].items():
+                print(f"sweep {name} {r}: sweep {res['sweep_step_ms'][r]:.2f} ms, plain loop "
+                      f"{res['plain_loop_step_ms'][r]:.2f} ms; speedup {s['sweep']:.3f}x vs {s['plain_loop']:.3f}x "
+                      f"({s['pct']:+.2f}%)", flush=True)
+            for r, why in res["skipped"].items():
+                print(f"sweep {name} {r}: skipped: {why}")
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name() if torch.cuda.is_available()
+                                            else "cpu", "torch": torch.__version__, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
