@@ -89,6 +89,7 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--profile", action="store_true", help="cProfile the TE instrumented steps: where the host time goes")
     p.add_argument("--json")
     a = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -127,6 +128,21 @@ def main() -> int:
                                "us_per_gemm": 1e3 * (k["instrumented"] - clean) / gemms}
             print(f"TE GEMM interception, {name}: {res['te'][name]['us_per_gemm']:.1f} µs per GEMM "
                   "(its module's hooks included)")
+        if a.profile:
+            import cProfile
+            import pstats
+
+            prof = GemmProfiler(model, instrumented_steps="all", dispatch_steps=0, kernel_steps=0).start()
+            step()
+            prof.step()
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(10):
+                step()
+                prof.step()
+            pr.disable()
+            prof.stop()
+            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
         k = per_kind_ms(model, step, a.steps, a.reps, instrumented_steps=0, kernel_steps=a.steps // 2)
         res["kernels_step"] = {**k, "pct": 100 * (k["kernels"] / k["clean"] - 1)}
         print(f"kernels step: {k['kernels']:.3f} ms vs clean {k['clean']:.3f} ms ({res['kernels_step']['pct']:+.1f}%)")

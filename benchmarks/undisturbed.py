@@ -111,16 +111,18 @@ def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented:
     module, c, kw = build(model_name, recipe)
     loader = DataLoader(RandomTokens(c, c.micro_batch_size * steps), batch_size=c.micro_batch_size)
     trainer(3, [], **kw).fit(module, loader)  # first fit of the process: compile, cuBLAS, TE init
-    with_cb, without, caps = [], [], []
+    with_cb, without, control, caps = [], [], [], []
     for rep in range(reps):
-        for on in (True, False):  # interleaved: drift and clocks hit both alike
+        # Interleaved: drift and clocks hit all alike. The second fit without the callback is the
+        # control: how far two fits without it differ is the noise floor.
+        for on in (True, False, None):
             timer = StepTimer()
             cbs: list = [timer]
             if on:
                 cbs.append(GemmProfilerCallback(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented,
                                                 output_dir=out / f"{model_name}-{recipe}-{rep}", verbose=False))
             trainer(steps, cbs, **kw).fit(module, loader)
-            (with_cb if on else without).append(timer.steps_ms())
+            {True: with_cb, False: without, None: control}[on].append(timer.steps_ms())
             if on:
                 caps.append(cbs[1].capture)
     kinds = [s.kind for s in caps[0].steps]
@@ -131,9 +133,10 @@ def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented:
     res: dict[str, Any] = {"model": model_name, "recipe": recipe, "reps": reps, "step_kinds": kinds}
     for k in ("clean", "instrumented"):
         ids = [i for i in idx[k] if i not in disp]
-        a, b = med(pick(with_cb, ids)), med(pick(without, ids))
-        res[k] = {"steps": len(pick(with_cb, ids)), "with_callback_ms": a, "without_ms": b,
-                  "pct": None if not (a and b) else 100 * (a / b - 1)}
+        a, b, c0 = med(pick(with_cb, ids)), med(pick(without, ids)), med(pick(control, ids))
+        res[k] = {"steps": len(pick(with_cb, ids)), "with_callback_ms": a, "without_ms": b, "control_ms": c0,
+                  "pct": None if not (a and b) else 100 * (a / b - 1),
+                  "control_pct": None if not (c0 and b) else 100 * (c0 / b - 1)}
     res["dispatch_step"] = {"with_callback_ms": med(pick(with_cb, sorted(disp))),
                             "without_ms": med(pick(without, sorted(disp)))}
     res["capture_step_ms"] = [cap.step_ms() for cap in caps]
@@ -287,7 +290,7 @@ def main() -> int:
                 results.append(res)
                 cl, ins = res["clean"], res["instrumented"]
                 print(f"fit {name} {r}: clean {cl['with_callback_ms']:.2f} vs without {cl['without_ms']:.2f} ms "
-                      f"({cl['pct']:+.2f}%, n={cl['steps']}); instrumented {ins['with_callback_ms'] or 0:.2f} ms "
+                      f"({cl['pct']:+.2f}%, n={cl['steps']}; control without/without {cl['control_pct']:+.2f}%); instrumented {ins['with_callback_ms'] or 0:.2f} ms "
                       f"({(ins['pct'] or 0):+.2f}%, n={ins['steps']}); capture's own step "
                       f"{med(res['capture_step_ms']):.2f} ms; join: {res['kernel_join'][0]}", flush=True)
         elif a.check == "kernels":

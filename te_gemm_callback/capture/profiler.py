@@ -283,8 +283,8 @@ class GemmProfiler:
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.start()
         if self._clock_reader is not None or torch.cuda.is_available():
-            # 20 reads a second on a background thread (NVML ~10-50 us each): the median over a
-            # few steps, at no cost the step can feel. Never raises into the job.
+            # 20 reads a second on a background thread (NVML ~10-50 us each) over the instrumented
+            # and kernels steps (stopped for the clean ones). Never raises into the job.
             self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
         try:
             self._open_step()
@@ -325,6 +325,8 @@ class GemmProfiler:
         if self._clocks is not None:
             self._clocks.__exit__(None, None, None)
         self._started = False
+        if any(e is not None for _, e in self._boundaries):
+            torch.cuda.synchronize()  # the last boundary event must complete; after every step
         self.recorder.resolve()
         self._capture = self._build()
         return self._capture
@@ -438,6 +440,9 @@ class GemmProfiler:
                 self._dispatch_step_ids.add(i)
         else:
             self._detach()
+            if kind == CLEAN and self._clocks is not None:
+                # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
+                self._clocks.__exit__(None, None, None)
         self._kinds.append(kind)
         self._seq_open = self.scope._current_seq()
         self.recorder.nvtx.push(f"step {i} ({kind})")
@@ -492,6 +497,8 @@ class GemmProfiler:
         ref = seqs.get(ref_ids[-1], []) if ref_ids else []
         source = self.recorder.timer.kind if any(r.times_ms for r in records) else "none"
         out: dict[str, Any] = {"gemm_time_source": source}
+        if not ref:
+            return out  # nothing captured to join kernels to (no instrumented step, or no GEMM)
         if not self._kernel_steps:
             if self.plan.kernels:
                 out["kernel_join"] = f"no kernel records ({self.kernel_profile.error or 'no kernels step ran'})"

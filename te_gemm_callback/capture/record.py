@@ -174,6 +174,9 @@ class GemmCapture:
             out.update(instrumented_ms=instr, instrumented_pct=100 * (instr / clean - 1))
         if disp is not None:
             out.update(dispatch_ms=disp, dispatch_pct=100 * (disp / clean - 1))
+        kern = _median([s.ms for s in self.steps_of("kernels")])
+        if kern is not None:  # CUPTI's per-launch cost: shown, though no step time comes from it
+            out.update(kernels_ms=kern, kernels_pct=100 * (kern / clean - 1))
         return out
 
     def by_module(self) -> dict[str, list[GemmRecord]]:
