@@ -103,7 +103,8 @@ def med(xs: list[float]) -> float | None:
 
 
 # --- fit ------------------------------------------------------------------------------------
-def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented: int, out: Path) -> dict:
+def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented: int, out: Path,
+              kernels: bool = True) -> dict:
     wait, warmup = 2, 1
     active = instrumented + 1 + clean
     steps = wait + warmup + active
@@ -120,7 +121,8 @@ def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented:
             cbs: list = [timer]
             if on:
                 cbs.append(GemmProfilerCallback(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented,
-                                                output_dir=out / f"{model_name}-{recipe}-{rep}", verbose=False))
+                                                output_dir=out / f"{model_name}-{recipe}-{rep}", verbose=False,
+                                                kernel_breakdown=kernels))
             trainer(steps, cbs, **kw).fit(module, loader)
             {True: with_cb, False: without, None: control}[on].append(timer.steps_ms())
             if on:
@@ -130,7 +132,8 @@ def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented:
     idx = {k: [first + i for i, kk in enumerate(kinds) if kk == k] for k in ("instrumented", "clean")}
     disp = {first + s.index for s in caps[0].steps if s.dispatch}
     pick = lambda runs, ids: [r[i] for r in runs for i in ids if i < len(r)]  # noqa: E731
-    res: dict[str, Any] = {"model": model_name, "recipe": recipe, "reps": reps, "step_kinds": kinds}
+    res: dict[str, Any] = {"model": model_name, "recipe": recipe, "reps": reps, "step_kinds": kinds,
+                           "kernels_step": kernels, "series": {"with": with_cb, "without": without, "control": control}}
     for k in ("clean", "instrumented"):
         ids = [i for i in idx[k] if i not in disp]
         a, b, c0 = med(pick(with_cb, ids)), med(pick(without, ids)), med(pick(control, ids))
@@ -149,7 +152,6 @@ def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented:
 # --- kernels --------------------------------------------------------------------------------
 def check_kernels(model_name: str, recipe: str, steps: int) -> dict:
     from te_gemm_callback.capture.instruments import ProfilerRanges, range_name
-    from te_gemm_callback.kernels import is_gemm_kernel
     from te_gemm_callback.models import stack_input, te_stack, train_step_fn
 
     c = {"hostbound": HOSTBOUND, "codonfm": codonfm(4)}[model_name]
@@ -158,25 +160,65 @@ def check_kernels(model_name: str, recipe: str, steps: int) -> dict:
     step = train_step_fn(model, stack_input(c), recipe)
     for _ in range(3):  # TE/cuBLAS initialisation and the FP8 amax history stay out
         step()
-    prof = GemmProfiler(model, kernel_steps=steps, instrumented_steps=1)
-    prof.start()
-    for i in range(1 + steps):
-        step()
-        if i < steps:
-            prof.step()
-    cap = prof.stop()
-    # Oracle: torch.profiler with a range per GEMM on instrumented steps; a kernel belongs to the
-    # range whose GPU-side span holds it (cuBLASLt launches are not tied to a CPU op by CUPTI).
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as tp:
-        p2 = GemmProfiler(model, instrumented_steps="all", timing="none", dispatch_steps=0,
-                          nvtx_backend=ProfilerRanges()).start()
-        for i in range(steps):
-            step()
-            if i < steps - 1:
-                p2.step()
-        p2.stop()
-        torch.cuda.synchronize()
+    from te_gemm_callback.clocks import ClockSampler
+
+    caps, oracle_runs, clocks = [], [], {"ours": [], "profiler": []}
+    for _ in range(2):  # interleaved rounds: the GPU's clock drifts under its power limit
+        with ClockSampler(period_s=0.02) as ck:
+            prof = GemmProfiler(model, kernel_steps=steps, instrumented_steps=1)
+            prof.start()
+            for i in range(1 + steps):
+                step()
+                if i < steps:
+                    prof.step()
+            caps.append(prof.stop())
+        clocks["ours"].append(ck.summary())
+        # Oracle: torch.profiler with a range per GEMM on instrumented steps; a kernel belongs to the
+        # range whose GPU-side span holds it (cuBLASLt launches are not tied to a CPU op by CUPTI).
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with ClockSampler(period_s=0.02) as ck, torch.profiler.profile(activities=acts) as tp:
+            p2 = GemmProfiler(model, instrumented_steps="all", timing="none", dispatch_steps=0,
+                              nvtx_backend=ProfilerRanges()).start()
+            for i in range(steps):
+                step()
+                if i < steps - 1:
+                    p2.step()
+            p2.stop()
+            torch.cuda.synchronize()
+        clocks["profiler"].append(ck.summary())
+        oracle_runs.append(tp)
+    cap = caps[0]
+    for other in caps[1:]:
+        by = {r.key(): r for r in other.records}
+        for r in cap.records:
+            r.times_ms += by[r.key()].times_ms if r.key() in by else []
+    oracle: dict[str, list[float]] = {}
+    gemm_total = 0.0
+    for tp in oracle_runs:
+        t, o = _attribute(tp)
+        gemm_total += t
+        for k, v in o.items():
+            oracle.setdefault(k, []).extend(v)
+    rows = []
+    for r in cap.records:
+        name = range_name(r.module, r.gemm, r.op, r.shape.mkn, r.precision, r.recompute)
+        ours, ref = r.median_ms, med(oracle.get(name, []))
+        rows.append({"gemm": name, "ours_ms": ours, "profiler_ms": ref,
+                     "ratio": None if not (ours and ref) else ours / ref})
+    ratios = [x["ratio"] for x in rows if x["ratio"] is not None]
+    total_ref = gemm_total / len(oracle_runs) / steps
+    return {"model": model_name, "recipe": recipe, "kernel_join": cap.meta.get("kernel_join"), "clocks": clocks,
+            "records": len(rows), "compared": len(ratios),
+            "within_3pct": sum(abs(x - 1) <= 0.03 for x in ratios),
+            "max_abs_pct": 100 * max((abs(x - 1) for x in ratios), default=float("nan")),
+            "median_ratio": med(ratios), "gemm_ms_per_step": cap.gemm_ms_per_step(),
+            "profiler_gemm_ms_per_step": total_ref, "rows": rows}
+
+
+def _attribute(tp: Any) -> tuple[float, dict[str, list[float]]]:
+    """(GEMM kernel µs in the trace, {range name: [ms per range]})."""
+    from te_gemm_callback.kernels import is_gemm_kernel
+
     events = [e for e in tp.events() if "CUDA" in str(getattr(e, "device_type", ""))]
     ranges = [e for e in events if e.name.startswith("te_gemm: ")]
     gemms = sorted((e.time_range.start, e.time_range.end) for e in events
@@ -185,20 +227,46 @@ def check_kernels(model_name: str, recipe: str, steps: int) -> dict:
     for r in ranges:
         us = sum(e - s for s, e in gemms if s >= r.time_range.start - 1 and e <= r.time_range.end + 1)
         oracle.setdefault(r.name[len("te_gemm: "):], []).append(us / 1e3)
-    rows = []
-    for r in cap.records:
-        name = range_name(r.module, r.gemm, r.op, r.shape.mkn, r.precision, r.recompute)
-        ours, ref = r.median_ms, med(oracle.get(name, []))
-        rows.append({"gemm": name, "ours_ms": ours, "profiler_ms": ref,
-                     "ratio": None if not (ours and ref) else ours / ref})
-    ratios = [x["ratio"] for x in rows if x["ratio"] is not None]
-    total_ref = sum(e - s for s, e in gemms) / 1e3 / steps
-    return {"model": model_name, "recipe": recipe, "kernel_join": cap.meta.get("kernel_join"),
-            "records": len(rows), "compared": len(ratios),
-            "within_3pct": sum(abs(x - 1) <= 0.03 for x in ratios),
-            "max_abs_pct": 100 * max((abs(x - 1) for x in ratios), default=float("nan")),
-            "median_ratio": med(ratios), "gemm_ms_per_step": cap.gemm_ms_per_step(),
-            "profiler_gemm_ms_per_step": total_ref, "rows": rows}
+    return sum(e - s for s, e in gemms) / 1e3, oracle
+
+
+def check_cupti(model_name: str, recipe: str, steps: int) -> dict:
+    """Does a kernels step leave the job slower afterwards? Plain-loop training steps timed before
+    and after one torch.profiler (CUDA kernels only) step, alternating."""
+    from te_gemm_callback.capture.kernel_records import KernelProfile
+    from te_gemm_callback.models import stack_input, te_stack, train_step_fn
+
+    c = {"hostbound": HOSTBOUND, "codonfm": codonfm(4)}[model_name]
+    torch.manual_seed(0)
+    model = te_stack(c)
+    step = train_step_fn(model, stack_input(c), recipe)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+
+    def train() -> None:
+        step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def block() -> list[float]:
+        evs = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        evs[0].record()
+        for i in range(steps):
+            train()
+            evs[i + 1].record()
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) for a, b in zip(evs, evs[1:])]
+
+    for _ in range(5):
+        train()
+    series = {"before": block()}
+    for k in ("after 1 kernels step", "after 2 kernels steps"):
+        kp = KernelProfile()
+        kp.start()
+        train()
+        kp.stop()
+        series[k] = block()
+    return {"model": model_name, "recipe": recipe, "median_ms": {k: med(v) for k, v in series.items()},
+            "series": series}
 
 
 # --- sweep ----------------------------------------------------------------------------------
@@ -270,13 +338,14 @@ def check_sweep(model_name: str, recipes: list[str], sweep_steps: int, out: Path
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("check", choices=("fit", "kernels", "sweep"))
+    p.add_argument("check", choices=("fit", "kernels", "sweep", "cupti"))
     p.add_argument("--model", action="append", help="hostbound (default), codonfm, hf, tiny")
     p.add_argument("--recipes", default="BF16,Float8CurrentScaling")
     p.add_argument("--reps", type=int, default=3, help="fit: fits with and without the callback, each")
     p.add_argument("--clean", type=int, default=30, help="fit: clean steps per fit")
     p.add_argument("--instrumented", type=int, default=11, help="fit: instrumented steps per fit (first: dispatch)")
     p.add_argument("--steps", type=int, default=5, help="kernels: kernels steps; sweep: clean steps per recipe")
+    p.add_argument("--no-kernels", action="store_true", help="fit: the callback without its kernels step")
     p.add_argument("--out", default="runs/undisturbed")
     p.add_argument("--json")
     a = p.parse_args()
@@ -286,13 +355,19 @@ def main() -> int:
     for name in a.model or ["hostbound"]:
         if a.check == "fit":
             for r in recipes:
-                res = check_fit(name, r, a.reps, a.clean, a.instrumented, out)
+                res = check_fit(name, r, a.reps, a.clean, a.instrumented, out, kernels=not a.no_kernels)
                 results.append(res)
                 cl, ins = res["clean"], res["instrumented"]
                 print(f"fit {name} {r}: clean {cl['with_callback_ms']:.2f} vs without {cl['without_ms']:.2f} ms "
                       f"({cl['pct']:+.2f}%, n={cl['steps']}; control without/without {cl['control_pct']:+.2f}%); instrumented {ins['with_callback_ms'] or 0:.2f} ms "
                       f"({(ins['pct'] or 0):+.2f}%, n={ins['steps']}); capture's own step "
                       f"{med(res['capture_step_ms']):.2f} ms; join: {res['kernel_join'][0]}", flush=True)
+        elif a.check == "cupti":
+            for r in recipes:
+                res = check_cupti(name, r, a.steps)
+                results.append(res)
+                print(f"cupti {name} {r}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in res["median_ms"].items()),
+                      flush=True)
         elif a.check == "kernels":
             for r in recipes:
                 res = check_kernels(name, r, a.steps)
