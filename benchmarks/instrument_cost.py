@@ -84,6 +84,37 @@ def module_hook_cost(layers: int, reps: int, device: str) -> dict[str, float]:
             "us_per_module_call": 1e3 * (statistics.median(hooked) - statistics.median(bare)) / calls}
 
 
+def clean_step_cost(n: int = 2000) -> float:
+    """µs of GemmProfiler.step() between two clean steps: the whole of what a clean step carries
+    (two boundary reads, an NVTX push/pop), measured with no work in the step."""
+    import time
+
+    model = nn.Linear(4, 4)
+    prof = GemmProfiler(model, instrumented_steps=0, kernel_steps=0).start()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        prof.step()
+    dt = time.perf_counter() - t0
+    prof.stop()
+    return dt / n * 1e6
+
+
+def launch_cost_us(n: int = 2000, reps: int = 15) -> float:
+    """Median host µs per launch of a tiny CUDA kernel (the host side of every kernel in a step)."""
+    import time
+
+    x = torch.zeros(16, device="cuda")
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x.add_(1.0)
+        out.append((time.perf_counter() - t0) / n * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(out)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=32)
@@ -108,6 +139,20 @@ def main() -> int:
     res["dispatch"] = {"aten_ops_per_step": c.ops, **k,
                        "us_per_aten_op": 1e3 * (k["instrumented (dispatch)"] - k["clean"]) / c.ops}
     print(f"dispatch mode: {res['dispatch']['us_per_aten_op']:.1f} µs per aten op ({c.ops} ops per step)")
+
+    res["clean_step_us"] = clean_step_cost()
+    print(f"clean step: {res['clean_step_us']:.1f} µs of profiler work per step")
+    if device == "cuda":
+        from te_gemm_callback.capture.kernel_records import KernelProfile
+
+        before = launch_cost_us()
+        kp = KernelProfile()
+        kp.start()
+        launch_cost_us(200, 1)
+        kp.stop()
+        after = launch_cost_us()
+        res["launch_us"] = {"before_any_kernels_step": before, "after_a_kernels_step": after}
+        print(f"host µs per kernel launch: {before:.2f} before any kernels step, {after:.2f} after one")
 
     if device == "cuda" and te_available()[0]:
         import transformer_engine.pytorch as te
