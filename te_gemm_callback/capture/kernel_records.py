@@ -14,10 +14,11 @@ they hold no idle gap while the host is still launching, which is what a host-bo
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..kernels import (breakdown_ms, classify_kernel, comm_overlap_ms, is_gemm_kernel, top_kernels_ms)
+from ..kernels import breakdown_ms, comm_overlap_ms, is_gemm_kernel, top_kernels_ms
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -56,6 +57,7 @@ class KernelProfile:
 
     def __init__(self) -> None:
         self._prof: Any = None
+        self._env: str | None = None
         self.error: str | None = None
 
     @property
@@ -65,10 +67,18 @@ class KernelProfile:
     def start(self) -> bool:
         import torch
 
+        # Kineto leaves CUPTI attached after a session unless TEARDOWN_CUPTI=1: every later kernel
+        # launch of the job then costs more host time (H200, torch 2.11+cu130: 7.6 -> 11.5 µs per
+        # launch; pytorch/pytorch#144455), which a host-bound job pays on every step. A user's own
+        # setting wins (CUDA graphs with CUDA < 12.6 crash on re-init after a teardown).
+        self._env = os.environ.get("TEARDOWN_CUPTI")
+        if self._env is None:
+            os.environ["TEARDOWN_CUPTI"] = "1"
         try:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()
         except Exception as err:  # e.g. the job runs its own torch.profiler
+            self._restore_env()
             self.error = f"torch.profiler could not start: {type(err).__name__}: {err}"
             log.warning("te-gemm: no kernel records (%s)", self.error)
             return False
@@ -93,6 +103,12 @@ class KernelProfile:
             self.error = f"{type(err).__name__}: {err}"
             log.warning("te-gemm: kernel records lost: %s", self.error)
             return None
+        finally:
+            self._restore_env()
+
+    def _restore_env(self) -> None:
+        if self._env is None:
+            os.environ.pop("TEARDOWN_CUPTI", None)
 
     def discard(self) -> None:
         prof, self._prof = self._prof, None
@@ -101,6 +117,8 @@ class KernelProfile:
                 prof.__exit__(None, None, None)
             except Exception:  # already broken: nothing of it is used
                 pass
+            finally:
+                self._restore_env()
 
 
 def join_by_order(sequence: list[Any], step: KernelStep) -> list[tuple[Any, float]] | None:
@@ -128,4 +146,4 @@ def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
             **comm_overlap_ms(intervals, n)}
 
 
-__all__ = ["KernelProfile", "KernelStep", "join_by_order", "breakdown_meta", "classify_kernel"]
+__all__ = ["KernelProfile", "KernelStep", "join_by_order", "breakdown_meta"]
