@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from pytorch_lightning.callbacks import Callback
 
 from .capture import GemmCapture, GemmProfiler
-from .capture.distributed import gather_captures, rank_summary
+from .capture.distributed import RANKS_SCHEMA, gather_captures, rank_summary
 from .jsonio import write_json
 from .render import capture_table, print_table, summary_metrics
 from .render.tables import ranks_table
@@ -311,7 +311,8 @@ class GemmProfilerCallback(Callback):
         for c in caps:
             c.save(self.output_dir / "ranks" / f"rank{c.meta.get('rank')}.json")
         summary = rank_summary(caps)
-        write_json(self.output_dir / "ranks" / "summary.json", summary)
+        write_json(self.output_dir / "ranks" / "summary.json", {"schema": RANKS_SCHEMA, "ranks": summary},
+                   schema=RANKS_SCHEMA)
         self.rank_summary = summary
         if self.verbose:
             print_table(ranks_table(summary))

@@ -19,14 +19,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+def _int(text: str, least: int, what: str) -> int:
+    # ASCII digits only: int() takes other scripts' digits but not, say, superscripts ("²").
+    t = text.strip()
+    if not (t.lstrip("+-").isascii() and t.lstrip("+-").isdigit()):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    v = int(t)
+    if v < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
     return v
+
+
+def _positive(text: str) -> int:
+    return _int(text, 1, "a positive integer")
+
+
+def _non_negative(text: str) -> int:
+    return _int(text, 0, "a non-negative integer")
+
+
+def _run_steps(text: str) -> int:
+    # 1 untouched step, 1 warm-up, then at least one captured: fewer would capture nothing.
+    return _int(text, 3, "at least 3 steps (1 untouched, 1 warm-up, 1 captured)")
 
 
 def _devices(text: str) -> int | str:
@@ -55,7 +69,7 @@ def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--fused-gate-up", action=argparse.BooleanOptionalAction, default=True,
                    help="gate+up as one 2I GEMM (TE LayerNormMLP) or two I GEMMs")
     g.add_argument("--fused-qkv", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--num-experts", type=int, default=0)
+    g.add_argument("--num-experts", type=_non_negative, default=0)
     g.add_argument("--top-k", type=_positive, default=1)
     g.add_argument("--tensor-parallel", type=_positive, default=1)
     g.add_argument("--vocab-size", type=_positive, help="adds the lm_head GEMM")
@@ -109,12 +123,15 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .pipeline import bench_and_report
     from .precisions import RECIPES, canonical
 
+    from .bench.cells import ResultCache
+
     recipes = [canonical(r) for r in a.precisions.split(",")] if a.precisions else list(RECIPES)
+    cache = ResultCache()  # checked before training: a file that is not a cache stops us here, not after
     path = run_demo(a.out, steps=a.steps, recipes=recipes)
     if path is None:
         print("te-gemm run: no capture was written", file=sys.stderr)
         return 1
-    bench_and_report(a.out, path, recipes, console())
+    bench_and_report(a.out, path, recipes, console(), cache=cache)
     return 0
 
 
@@ -183,6 +200,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.output:
         stacked_gemm_figure(res, items, mode, a.output)
     out.print(run_summary(res))
+    if cache.save_error:  # after the results: a cache that could not be written loses nothing shown
+        out.print(f"[yellow]warning: {escape(cache.save_error)}")
+    failed = [r for r in res.results if not r.ok]
+    if res.results and len(failed) == len(res.results):
+        reasons = sorted({(r.error or "no time")[:160] for r in failed})
+        print(f"te-gemm bench: error: every cell failed ({len(failed)}): " + "; ".join(reasons[:3]), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -198,6 +222,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from .capture import GemmCapture
 
     caps = [GemmCapture.load(p) for p in a.captures]
+    base = _weight_gemms(caps[0])
+    for path, cap in zip(a.captures[1:], caps[1:]):
+        if _weight_gemms(cap) != base:
+            raise ValueError(f"{path} is a capture of another model than {a.captures[0]} (its GEMM shapes differ): "
+                             "compare runs of the same model in different recipes")
     rep = analyze(caps[0], None, caps[1:])
     _print_report(rep, console())
     if a.json:
@@ -205,6 +234,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
         write_report_json(rep, a.json)
     return 0
+
+
+def _weight_gemms(cap) -> set[tuple]:
+    # What must match between runs of one model in different recipes: who runs which GEMM shape.
+    return {(r.module, r.gemm, r.op, r.m, r.k, r.n, r.batch) for r in cap.records if not r.m_splits}
 
 
 def cmd_report(a: argparse.Namespace) -> int:
@@ -258,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_show)
     s = sub.add_parser("run", help="profile the bundled demo model (BF16 on CPU; every supported recipe on GPU)")
     s.add_argument("--out", default="runs/demo")
-    s.add_argument("--steps", type=_positive, default=6)
+    s.add_argument("--steps", type=_run_steps, default=6)
     s.add_argument("--precisions", help="comma-separated TE recipe names (default: all this GPU runs)")
     s.set_defaults(fn=cmd_run)
     return p
@@ -269,8 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         return a.fn(a)
-    except ValueError as err:  # bad input: one line that says what to fix
-        print(f"te-gemm {a.cmd}: error: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:  # bad input, an unwritable path: one line that says what to fix
+        what = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
+        print(f"te-gemm {a.cmd}: error: {what}", file=sys.stderr)
         return 2
 
 

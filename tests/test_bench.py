@@ -167,7 +167,7 @@ def test_cli_bench_end_to_end(tmp_path, capsys, monkeypatch):
     (["--shapes", "8x8"], "bad shape"),
     (["--shapes", "8x8x8", *CFG], "exactly one"),
     (["--hidden-size", "64"], "missing config flags"),
-    (["--capture", "/nonexistent.json"], "cannot read capture"),
+    (["--capture", "/nonexistent.json"], "cannot read te-gemm capture /nonexistent.json"),
     (["--shapes", "8x8x8", "--precisions", "fp9"], "unknown precision"),
 ])
 def test_cli_bench_errors(capsys, args, needle):

@@ -25,7 +25,7 @@ def test_ddp_ranks_gathered_and_no_hang_when_one_capture_fails(tmp_path, world):
     # Every rank gathered at the same step, after its (stand-in) kernels step.
     assert all("kernel_breakdown_ms" in c.meta and c.meta["global_step_end"] == 3 for c in ranks)
     assert all([s.kind for s in c.steps] == ["instrumented", "kernels"] for c in ranks)
-    summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())["ranks"]
     assert [r["rank"] for r in summary] == list(range(world)) and summary[1]["error"]
     assert GemmCapture.load(tmp_path / "gemm_capture.json").meta["rank"] == 0
 
@@ -47,7 +47,7 @@ def test_moe_recipe_expert_parallel_two_ranks(tmp_path):
         rows.append([sum(s) for r in fc1 for s in r.m_splits])
     # Per step, the two ranks' experts together received all rows: 2 ranks x 32 tokens x top-2.
     assert [a + b for a, b in zip(*rows)] == [2 * 32 * 2] * len(rows[0])
-    summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())["ranks"]
     assert [r["rank"] for r in summary] == [0, 1]
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..capture.record import GemmCapture
-from ..jsonio import read_json, write_json
+from ..jsonio import from_fields, read_json, schema_of, write_json
 from ..shapes import GemmOp, GemmShape, ModelConfig, config_gemms, fprop_of, gemm_passes
+
+log = logging.getLogger("te_gemm_callback")
 
 MODES = ("autocast", "prequantized")
 FP8_FAMILY = {"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling"}
@@ -144,38 +148,100 @@ def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | N
 TIMING_VERSION = 4
 
 
+CACHE_SCHEMA = "te-gemm-cache/1"
+
+
 class ResultCache:
-    """JSON cache of results and per-device peaks, so reports and reruns do not re-measure."""
+    """JSON cache of results and per-device peaks, so reports and reruns do not re-measure.
+
+    Safe to share between processes: saving takes a file lock (``<cache>.lock``), reads what the
+    file holds now, merges this run's cells into it and replaces it atomically, so two benches on
+    one cache lose nothing. A file that is not a cache is refused at once (one line, nothing
+    measured, the file untouched); a corrupt cache is moved aside with a warning; a cache that
+    cannot be written is a warning (``save_error``), never a lost run.
+    """
 
     def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False) -> None:
-        default = Path(os.environ.get("TE_GEMM_CACHE", Path.home() / ".cache" / "te_gemm_callback" / "bench.json"))
+        env = os.environ.get("TE_GEMM_CACHE") or None  # set but empty: the default
+        default = Path(env) if env else Path.home() / ".cache" / "te_gemm_callback" / "bench.json"
         self.path = Path(path) if path else default
         self.enabled = enabled
         self.read_only = read_only  # lookups only: a multi-GPU run's parts, whose caller stores the pooled cells
-        self.data: dict[str, Any] = {"results": {}, "peaks": {}}
-        if enabled and self.path.exists():
+        self.save_error: str | None = None
+        self._new: dict[str, Any] = {}  # cells this run measured: what save() merges into the file
+        self.data: dict[str, Any] = self._empty()
+        if enabled:
+            self.data = self._read(warn=True)
+
+    @staticmethod
+    def _empty() -> dict[str, Any]:
+        return {"schema": CACHE_SCHEMA, "timing_version": TIMING_VERSION, "results": {}, "peaks": {}}
+
+    def _read(self, warn: bool) -> dict[str, Any]:
+        """The cache file's contents now (empty if absent, corrupt or of an older timing)."""
+        p = self.path
+        if not p.exists() or p.is_dir():
+            return self._empty()
+        try:
+            data = read_json(p)
+        except (OSError, UnicodeDecodeError) as err:
+            if warn:
+                log.warning("te-gemm: cache %s unreadable (%s): measuring without it", p, err)
+            return self._empty()
+        except ValueError:  # json.JSONDecodeError: a torn or damaged cache, not someone else's file
+            aside = p.with_name(f"{p.name}.corrupt-{int(time.time())}")
             try:
-                self.data = read_json(self.path)
-            except (OSError, ValueError):  # json.JSONDecodeError is a ValueError
-                pass  # a corrupt cache is re-measured, never fatal
-        if self.data.get("timing_version") != TIMING_VERSION:  # measured another way: re-measure
-            self.data = {"results": {}, "peaks": {}}
-        self.data["timing_version"] = TIMING_VERSION
-        self.data.setdefault("results", {})
-        self.data.setdefault("peaks", {})
+                os.replace(p, aside)
+                log.warning("te-gemm: cache %s was corrupt: moved aside to %s, starting empty", p, aside)
+            except OSError:
+                log.warning("te-gemm: cache %s is corrupt and could not be moved aside", p)
+            return self._empty()
+        if not _is_cache(data):
+            raise ValueError(f"{p} is not a te-gemm cache (it holds {schema_of(data) or type(data).__name__}); "
+                             "give --cache a new path or set TE_GEMM_CACHE to one")
+        if data.get("timing_version") != TIMING_VERSION:  # measured another way: re-measure
+            return self._empty()
+        data.setdefault("results", {})
+        data.setdefault("peaks", {})
+        data["schema"] = CACHE_SCHEMA
+        return data
 
     def get(self, key: str) -> BenchResult | None:
         d = self.data["results"].get(key) if self.enabled else None
-        return BenchResult(**d) if d else None
+        return from_fields(BenchResult, d) if d else None
 
     def put(self, key: str, r: BenchResult) -> None:
         if r.ok and not self.read_only:  # failures are re-tried next time
-            self.data["results"][key] = asdict(r)
+            self.data["results"][key] = self._new[key] = asdict(r)
 
-    def save(self) -> None:
+    def save(self) -> str | None:
+        """Merge this run's cells into the file under a lock; returns (and logs) why it could not."""
         if not self.enabled or self.read_only:
-            return
-        write_json(self.path, self.data, indent=None)
+            return None
+        try:
+            from filelock import FileLock, Timeout
+
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with FileLock(f"{self.path}.lock", timeout=60):
+                    data = self._read(warn=False)
+                    data["results"].update(self._new)
+                    data["peaks"].update(self.data.get("peaks", {}))
+                    write_json(self.path, data, indent=None)
+            except Timeout:
+                raise OSError(f"lock {self.path}.lock held by another process for 60 s") from None
+            self.data = data
+            self._new = {}
+            self.save_error = None
+        except (OSError, ValueError) as err:
+            self.save_error = f"results not cached in {self.path}: {err}"
+            log.warning("te-gemm: %s", self.save_error)
+        return self.save_error
+
+
+def _is_cache(data: Any) -> bool:
+    return isinstance(data, dict) and (data.get("schema") == CACHE_SCHEMA or (
+        "schema" not in data and "timing_version" in data and isinstance(data.get("results"), dict)))
 
 
 def passes_of(item: WorkItem) -> tuple[GemmShape, GemmShape, GemmShape]:

@@ -8,10 +8,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..jsonio import read_json, write_json
+from ..jsonio import from_fields, read_schema, write_json
 from ..shapes import GemmOp, GemmShape, gemm_passes
 from .cells import FP8_FAMILY, BenchResult, WorkItem
 from .timing import stats
+
+
+SCHEMA = "te-gemm-bench/1"
 
 
 @dataclass
@@ -39,16 +42,19 @@ class BenchResults:
         return list(dict.fromkeys(r.precision for r in self.results))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "te-gemm-bench/1", "meta": self.meta, "skipped": self.skipped,
+        return {"schema": SCHEMA, "meta": self.meta, "skipped": self.skipped,
                 "results": [asdict(r) for r in self.results]}
 
     def save(self, path: str | Path) -> Path:
-        return write_json(path, self.to_dict())
+        return write_json(path, self.to_dict(), schema=SCHEMA)
 
     @classmethod
     def load(cls, path: str | Path) -> "BenchResults":
-        d = read_json(path)
-        return cls([BenchResult(**r) for r in d["results"]], d.get("skipped", {}), d.get("meta", {}))
+        d = read_schema(path, SCHEMA, "te-gemm bench result")
+        try:
+            return cls([from_fields(BenchResult, r) for r in d["results"]], d.get("skipped") or {}, d.get("meta") or {})
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path}: malformed te-gemm bench result: {type(err).__name__}: {err}") from None
 
 
 def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[float], peaks: dict) -> BenchResult:

@@ -15,6 +15,8 @@ import torch.distributed as dist
 
 from .record import GemmCapture
 
+RANKS_SCHEMA = "te-gemm-ranks/1"  # ranks/summary.json: {"schema": ..., "ranks": [rank_summary rows]}
+
 
 def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..jsonio import read_json, write_json
+import math
+
+from ..jsonio import from_fields, read_schema, write_json
 from ..shapes import GemmOp, GemmShape
 
 SCHEMA = "te-gemm-capture/1"
@@ -205,26 +207,49 @@ class GemmCapture:
         }
 
     def save(self, path: str | Path) -> Path:
-        return write_json(path, self.to_dict())
+        """Write atomically; an existing file at ``path`` that is not a capture is never replaced."""
+        return write_json(path, self.to_dict(), schema=SCHEMA)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GemmCapture":
-        if d.get("schema") != SCHEMA:
-            raise ValueError(f"not a te-gemm capture (schema {d.get('schema')!r}, want {SCHEMA!r})")
-        return cls(
-            records=[GemmRecord(**r) for r in d["records"]],
-            steps=[StepTime(**s) for s in d["steps"]],
-            meta=d.get("meta", {}),
-            coverage=d.get("coverage", {}),
-        )
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            got = d.get("schema") if isinstance(d, dict) else type(d).__name__
+            raise ValueError(f"not a te-gemm capture (schema {got!r}, want {SCHEMA!r})")
+        try:
+            cap = cls(records=[from_fields(GemmRecord, r) for r in d["records"]],
+                      steps=[from_fields(StepTime, s) for s in d["steps"]],
+                      meta=d.get("meta") or {}, coverage=d.get("coverage") or {})
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"malformed te-gemm capture: {type(err).__name__}: {err}") from None
+        cap.validate()
+        return cap
+
+    def validate(self) -> None:
+        """Raise ValueError on a record no GEMM can have (negative or zero dims, negative counts,
+        non-finite or negative times): such a file is damaged, and its numbers would print as garbage."""
+        def bad(x: Any, least: float) -> bool:
+            return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < least
+
+        for r in self.records:
+            if bad(r.m, 0) or bad(r.k, 1) or bad(r.n, 1) or bad(r.batch, 1):
+                raise ValueError(f"GEMM {r.name} {r.op} has impossible dimensions {r.m}x{r.k}x{r.n} (batch {r.batch})")
+            if r.op not in ("fprop", "dgrad", "wgrad"):
+                raise ValueError(f"GEMM {r.name} has an unknown pass {r.op!r}")
+            if bad(r.calls, 0) or bad(r.calls_per_step, 0):
+                raise ValueError(f"GEMM {r.name} {r.op} has an impossible call count ({r.calls}, {r.calls_per_step} per step)")
+            if any(bad(t, 0) for t in r.times_ms):
+                raise ValueError(f"GEMM {r.name} {r.op} has negative or non-finite times")
+        for s in self.steps:
+            if bad(s.wall_ms, 0) or any(v is not None and bad(v, 0) for v in (s.gpu_ms, s.gemm_ms)):
+                raise ValueError(f"step {s.index} has negative or non-finite times")
 
     @classmethod
     def load(cls, path: str | Path) -> "GemmCapture":
+        data = read_schema(path, SCHEMA, "te-gemm capture")
         try:
-            data = read_json(path)
-        except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
-            raise ValueError(f"cannot read capture {path}: {err}") from err
-        return cls.from_dict(data)
+            return cls.from_dict(data)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
 
 def aggregate(events: list[GemmEvent], num_steps: dict[str, int]) -> list[GemmRecord]:

@@ -119,7 +119,7 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
 
 
 def write_report_json(rep: Report, path: str | Path) -> Path:
-    return write_json(path, rep.to_dict())
+    return write_json(path, rep.to_dict(), schema="te-gemm-report/1")
 
 
 
