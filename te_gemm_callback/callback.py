@@ -119,6 +119,7 @@ class GemmProfilerCallback(Callback):
         self._prof: GemmProfiler | None = None
         self._phase: str | None = None
         self._micro_batches = 0
+        self._resumed = False
 
     # --- schedule --------------------------------------------------------------------------
     def phase(self, step: int) -> str:
@@ -140,6 +141,18 @@ class GemmProfilerCallback(Callback):
     @override
     def setup(self, trainer: "Trainer", pl_module: "LightningModule", stage: str) -> None:
         self.rank = int(trainer.global_rank)
+
+    @override
+    def on_fit_start(self, trainer: "Trainer", pl_module: "LightningModule") -> None:
+        end = self.wait + self.warmup + self.active
+        if self.done and not self._resumed:
+            log.warning("te-gemm: this GemmProfilerCallback already captured a fit (%s): it captures nothing in this one; "
+                        "give each fit its own callback", self.path or "its capture")
+        elif trainer.max_steps is not None and 0 <= trainer.max_steps < end:
+            log.warning("te-gemm: max_steps=%d ends before the capture window (steps %d-%d): %s", trainer.max_steps,
+                        self.wait + self.warmup + 1, end,
+                        "nothing will be captured" if trainer.max_steps <= self.wait + self.warmup else
+                        f"only {trainer.max_steps - self.wait - self.warmup} of {self.active} active step(s) will be")
 
     @override
     def on_train_batch_start(self, trainer: "Trainer", pl_module: "LightningModule", batch: Any,
@@ -228,6 +241,13 @@ class GemmProfilerCallback(Callback):
         self.steps_seen = int(state_dict.get("steps_seen", 0))
         self.done = bool(state_dict.get("done", False))
         self.path = Path(state_dict["path"]) if state_dict.get("path") else None
+        self._resumed = True
+        if not self.done and self.wait <= self.steps_seen < self.wait + self.warmup + self.active:
+            # Resumed inside the window: the new process has neither warmed up nor captured the
+            # window's first steps. Start the window again from here, warm-up first.
+            log.warning("te-gemm: resumed at step %d, inside the capture window: capturing again from here "
+                        "(warm-up first)", self.steps_seen)
+            self.wait = self.steps_seen
 
     # --- results ---------------------------------------------------------------------------
     def _guard(self, fn: Any, what: str) -> Any:
@@ -302,7 +322,12 @@ class GemmProfilerCallback(Callback):
     def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
         if self.verbose:
             print_table(capture_table(cap, limit=40))
-        self.path = cap.save(self.output_dir / self.filename)
+        path = self.output_dir / self.filename
+        if self._resumed and path.exists():  # the capture of the run before the resume stays as it was
+            path = path.with_name(f"{path.stem}.step{cap.meta['global_step_end']}{path.suffix}")
+            log.warning("te-gemm: %s exists from before the resume: this capture goes to %s",
+                        self.output_dir / self.filename, path)
+        self.path = cap.save(path)
         if gathered is not None and len(gathered) > 1:
             self._write_ranks(gathered)
         log.info("te-gemm: capture written to %s", self.path)

@@ -303,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         return a.fn(a)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM during a multi-GPU bench: workers already stopped
+        print(f"te-gemm {a.cmd}: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, OSError) as err:  # bad input, an unwritable path: one line that says what to fix
         what = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
         print(f"te-gemm {a.cmd}: error: {what}", file=sys.stderr)

@@ -152,11 +152,16 @@ class ModelConfig:
             raise ValueError("hidden size is not divisible by the number of heads: pass --head-dim")
         if self.num_attention_heads % self.kv_heads:
             raise ValueError("--num-attention-heads must be a multiple of --num-key-value-heads")
-        if self.num_experts < 0 or (self.num_experts and self.top_k > self.num_experts):
+        if self.num_experts < 0:
+            raise ValueError("--num-experts must be >= 0 (0: a dense MLP)")
+        if self.num_experts and self.top_k > self.num_experts:
             raise ValueError("--top-k must be <= --num-experts")
         tp = self.tensor_parallel
         if self.num_attention_heads % tp or self.intermediate_size % tp:
             raise ValueError("--tensor-parallel must divide the head count and intermediate size")
+        if self.vocab_size is not None and (self.vocab_size <= 0 or self.vocab_size % tp):
+            raise ValueError(f"--vocab-size ({self.vocab_size}) must be positive and divisible by --tensor-parallel ({tp}): "
+                             "pad the vocabulary as the model does")
 
     @property
     def kv_heads(self) -> int:

@@ -33,5 +33,5 @@ if __name__ == "__main__":
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0)
     trainer.fit(DemoTransformer())
-    print(f"rank {trainer.global_rank} done", flush=True)
+    print(f"rank {trainer.global_rank} done after {trainer.global_step} steps", flush=True)
     torch.distributed.destroy_process_group()  # see recipes/_common.py: a gloo group left to exit can abort

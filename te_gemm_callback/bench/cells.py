@@ -188,7 +188,10 @@ class ResultCache:
             if warn:
                 log.warning("te-gemm: cache %s unreadable (%s): measuring without it", p, err)
             return self._empty()
-        except ValueError:  # json.JSONDecodeError: a torn or damaged cache, not someone else's file
+        except ValueError:  # json.JSONDecodeError: a damaged cache, or someone else's file
+            if not _looks_like_cache(p):
+                raise ValueError(f"{p} is not a te-gemm cache (not JSON); give --cache a new path or set "
+                                 "TE_GEMM_CACHE to one") from None
             aside = p.with_name(f"{p.name}.corrupt-{int(time.time())}")
             try:
                 os.replace(p, aside)
@@ -237,6 +240,15 @@ class ResultCache:
             self.save_error = f"results not cached in {self.path}: {err}"
             log.warning("te-gemm: %s", self.save_error)
         return self.save_error
+
+
+def _looks_like_cache(p: Path) -> bool:
+    """A cache file torn or damaged after its first bytes still opens the way ours do."""
+    try:
+        head = p.read_bytes()[:64].lstrip()
+    except OSError:
+        return False
+    return head.startswith((b'{"schema": "te-gemm-cache', b'{"results"', b'{"timing_version"', b'{"peaks"'))
 
 
 def _is_cache(data: Any) -> bool:

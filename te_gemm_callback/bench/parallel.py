@@ -2,12 +2,12 @@
 in the same order for its share of the visits, each cell's samples pooled over the GPUs.
 
 Why visits and not cells: under the power limit a GEMM's clock depends on the power of the work
-around it, so the GPUs must run the same mix. Dealing whole recipes to the GPUs (sessions 2-5) gave
+around it, so the GPUs must run the same mix. Dealing whole recipes to the GPUs gave
 each its own mix: on 2 x H200 the GPU running BF16 + Float8BlockScaling held its cells at a median
 1616-1633 MHz, the one running DelayedScaling + Float8CurrentScaling at 1575-1582, one GPU running
 everything at 1590-1616, and 72 of 288 cells came out more than 3% off one GPU's numbers, each in
-the direction of its clock (docs/results/h200x2.md, "Session 6"). Each GPU builds every job (host
-work not divided: 0.3 s for the seed's 16 jobs, 3.3-3.9 s for 384), then runs its share of the visits.
+the direction of its clock (docs/results/h200x2.md). Each GPU builds every job (host work not
+divided: 0.3 s for the CodonFM stack's 16 jobs, 3.3-3.9 s for 384), then runs its share of the visits.
 
 Device 0's share runs in this process; every other device gets a fresh interpreter
 (``python -m te_gemm_callback.bench.parallel SPEC OUT``) pinned to its GPU, so a crash or OOM there
@@ -20,15 +20,18 @@ caller's cache file (read only), so all measure the same cells; the caller store
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..shapes import GemmOp, GemmShape
 from .cells import MODES, BenchResult, ResultCache, WorkItem, cell_key
@@ -67,6 +70,24 @@ def _item_from_json(row: list) -> WorkItem:
     return WorkItem(name, GemmShape(m, k, n, GemmOp(op), batch), count, tuple(splits) if splits else None)
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (timeout, SLURM, Kubernetes) handled as Ctrl-C is: the run unwinds, its workers are
+    stopped and its temporary folder removed. Only the main thread can take signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
     spec_path, out_path, log_path = tmp / f"spec{device}.json", tmp / f"out{device}.json", tmp / f"log{device}.txt"
     spec_path.write_text(json.dumps(dict(spec, device=device)))
@@ -103,25 +124,27 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     spec = {"items": [_item_to_json(it) for it in unique], "precisions": precisions, "modes": modes,
             "flush_l2": flush_l2, "visits": visits, "gemm_duty": gemm_duty, "devices": devices,
             "cache": str(cache.path) if cache.enabled else None}
-    with tempfile.TemporaryDirectory(prefix="te_gemm_bench_") as tmp:
-        workers = [(d, *_launch(d, spec, Path(tmp))) for d in range(1, devices)]
+    with _sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="te_gemm_bench_") as tmp:
+        workers: list[tuple] = []
         try:
+            workers = [(d, *_launch(d, spec, Path(tmp))) for d in range(1, devices)]
             own = _own_share(unique, spec, progress, console)
-        except BaseException:  # bad --devices, an error or Ctrl-C here: no worker outlives the caller
+            parts, failed = [own], {}
+            for d, proc, out_path, log_path in workers:
+                if not own.samples and proc.poll() is None:
+                    proc.terminate()  # every cell was cached here, so in the worker too: nothing to wait for
+                rc = proc.wait()
+                if rc == 0 and out_path.exists():
+                    parts.append(_part_from_json(json.loads(out_path.read_text())))
+                elif own.samples:
+                    tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+                    failed[d] = f"exit {rc}: {tail[0][:200] if tail else 'no output'}"
+        except BaseException:  # an error, Ctrl-C or SIGTERM anywhere: no worker outlives the caller
             for _, proc, _, _ in workers:
-                proc.kill()
+                if proc.poll() is None:
+                    proc.kill()
                 proc.wait()
             raise
-        parts, failed = [own], {}
-        for d, proc, out_path, log_path in workers:
-            if not own.samples and proc.poll() is None:
-                proc.terminate()  # every cell was cached here, so in the worker too: nothing to wait for
-            rc = proc.wait()
-            if rc == 0 and out_path.exists():
-                parts.append(_part_from_json(json.loads(out_path.read_text())))
-            elif own.samples:
-                tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
-                failed[d] = f"exit {rc}: {tail[0][:200] if tail else 'no output'}"
     from .results import BenchResults, pool_parts
 
     results = pool_parts([p for p in parts if p.results])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import platform
+import threading
 import time
 import traceback
 from datetime import datetime, timezone
@@ -278,6 +279,7 @@ class GemmProfiler:
             raise RuntimeError("GemmProfiler already started")
         self._reset()
         self._started = True
+        self._thread = threading.get_ident()
         self.scope.ran.clear()
         self.scope.weights_used.clear()
         if self.nsys_capture and torch.cuda.is_available():
@@ -306,6 +308,9 @@ class GemmProfiler:
     def stop(self, micro_batches: int = 1) -> GemmCapture:
         if not self._started:
             raise RuntimeError("GemmProfiler was not started")
+        if threading.get_ident() != self._thread:
+            # The dispatch mode is thread-local: only the starting thread can take it off.
+            raise RuntimeError("GemmProfiler.stop() must be called from the thread that called start()")
         i = self.recorder.step
         # stop() right after step(): the step opened by that step() never ran (a plain loop calls
         # step() after every iteration, then leaves the with-block). Autograd's node counter tells,

@@ -1,4 +1,5 @@
-"""Benchmark tables in the seed tool's sections: per pass, per item totals, full model, speedups."""
+"""Benchmark tables in the sections of TE's benchmarks/gemm/benchmark_gemm.py: per pass, per item totals,
+full model, speedups."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from ..shapes import GemmOp, gemm_passes
 PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad"}
 
 
-def _fmt(ms: float | None, base: float | None) -> str:
+def _fmt(ms: float | None, base: float | None, measured: bool = True) -> str:
     if ms is None:
-        return "failed"
+        return "failed" if measured else "[dim]not measured[/dim]"
     sp = f" ({base / ms:.2f}x)" if base and ms else ""
     return f"{ms:.3f}{sp}"
 
@@ -38,7 +39,7 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
         base_ms = base.median_ms if base is not None and base.ok else None
         for p in precs:
             r = res.get(s, p, mode, it.m_splits)
-            cells.append(_fmt(r.median_ms if r is not None and r.ok else None, base_ms))
+            cells.append(_fmt(r.median_ms if r is not None and r.ok else None, base_ms, r is not None))
             if r is not None and r.ok and r.median_ms:
                 spread = max(spread, (r.q3_ms - r.q1_ms) / r.median_ms)
         label = s.mkn + (f" [{len(it.m_splits)} groups]" if it.m_splits else "")
@@ -56,13 +57,20 @@ def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
         t.add_column(p, justify="right", no_wrap=True)
     for it in items:
         base = item_ms(res, it, "BF16", mode)
-        t.add_row(it.name, f"{it.count:g}", *[_fmt(item_ms(res, it, p, mode), base) for p in precs])
+        t.add_row(it.name, f"{it.count:g}", *[_fmt(item_ms(res, it, p, mode), base, _measured(res, it, p, mode))
+                                               for p in precs])
     t.add_section()
     base = step_ms(res, items, "BF16", mode)
-    t.add_row("[b]full step[/b]", "", *[_fmt(step_ms(res, items, p, mode), base) for p in precs])
+    t.add_row("[b]full step[/b]", "", *[_fmt(step_ms(res, items, p, mode), base,
+                                             any(_measured(res, it, p, mode) for it in items)) for p in precs])
     if res.skipped:
         t.caption = escape("not run: " + "; ".join(f"{p}: {why}" for p, why in res.skipped.items()))
     return t
+
+
+def _measured(res: BenchResults, it: WorkItem, precision: str, mode: str) -> bool:
+    """Whether the bench holds any cell of this item (a bench of other shapes holds none)."""
+    return any(res.get(s, precision, mode, it.m_splits) is not None for s in gemm_passes(it.fprop))
 
 
 def speedup_summary(res: BenchResults, items: list[WorkItem], mode: str) -> dict[str, float | None]:
