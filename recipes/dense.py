@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Dense Llama-style transformer from TE layers (te.TransformerLayer), trained with the callback.
 
-Default: the seed's CodonFM-5B layer (hidden 4096, intermediate 16384, 32 heads, MHA, GELU MLP,
+Default: the CodonFM-5B layer of TE's benchmark_gemm.py (hidden 4096, intermediate 16384, 32 heads, MHA, GELU MLP,
 LayerNorm; micro-batch 31 x 512 tokens) with --layers layers. --kv-heads and --gated select GQA and
 a SwiGLU MLP. On a machine without TE the same architecture is built from torch layers (BF16).
 

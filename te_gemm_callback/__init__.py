@@ -1,24 +1,55 @@
-"""te-gemm-callback: the GEMMs your training job really runs, and what each precision does to them."""
+"""te-gemm-callback: the GEMMs your training job really runs, and what each precision does to them.
+
+Public API, by what users touch:
+
+- capture: :class:`GemmProfiler` (any training loop), :class:`GemmProfilerCallback` (Lightning),
+  :class:`GemmCapture` / :class:`GemmRecord` (the capture file), :class:`KernelProfile` (kernel
+  records of one step);
+- measure: :func:`bench` (microbenchmarks of the captured shapes), :func:`run_sweep` (observed step
+  time per recipe on the live model);
+- report: :func:`report` (a run folder's tables, figures, verdicts), :func:`analyze_run` (the same
+  without drawing);
+- shapes: :class:`GemmShape`, :class:`GemmOp`, :class:`ModelConfig`, :func:`backward_shapes`,
+  :func:`config_gemms`.
+
+Everything else (``bench.engine``, ``capture.scope``, ...) is internal and may change.
+"""
 
 from .shapes import GemmOp, GemmShape, ModelConfig, backward_shapes, config_gemms
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "GemmCapture", "GemmProfiler", "GemmRecord", "GemmOp", "GemmShape", "ModelConfig",
-    "backward_shapes", "config_gemms", "GemmProfilerCallback",
+    # capture
+    "GemmProfiler", "GemmProfilerCallback", "GemmCapture", "GemmRecord", "KernelProfile",
+    # measure
+    "bench", "run_sweep",
+    # report
+    "report", "analyze_run",
+    # shapes
+    "GemmOp", "GemmShape", "ModelConfig", "backward_shapes", "config_gemms",
 ]
+
+# Imported on demand: the Lightning adapter (the core never imports Lightning), and everything that
+# needs torch (`te-gemm bench --devices N` starts its GPU workers before this process pays for it).
+_LAZY = {
+    "GemmProfilerCallback": ("callback", "GemmProfilerCallback"),
+    "GemmCapture": ("capture", "GemmCapture"),
+    "GemmProfiler": ("capture", "GemmProfiler"),
+    "GemmRecord": ("capture", "GemmRecord"),
+    "KernelProfile": ("capture.kernel_records", "KernelProfile"),
+    "bench": ("bench", None),  # the package, callable: bench(...) (see bench/__init__.py)
+    "run_sweep": ("sweep", "run_sweep"),
+    "report": ("render.report", "report"),
+    "analyze_run": ("runs", "analyze_run"),
+}
 
 
 def __getattr__(name: str):
-    # Imported on demand: the Lightning adapter (the core never imports Lightning) and the capture
-    # (torch: `te-gemm bench --devices N` starts its GPU workers before this process pays for it).
-    if name == "GemmProfilerCallback":
-        from .callback import GemmProfilerCallback
+    if name in _LAZY:
+        import importlib
 
-        return GemmProfilerCallback
-    if name in ("GemmCapture", "GemmProfiler", "GemmRecord"):
-        from . import capture
-
-        return getattr(capture, name)
+        mod, attr = _LAZY[name]
+        module = importlib.import_module(f".{mod}", __name__)
+        return module if attr is None else getattr(module, attr)
     raise AttributeError(name)

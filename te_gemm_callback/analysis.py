@@ -3,7 +3,7 @@
 Inputs are measurements only: captures of the live job (step time, in-job GEMM time, operand
 precisions), one per recipe where available, and microbenchmark results on the captured shapes.
 
-Prediction (Amdahl's law, Amdahl 1967; DESIGN.md "Speedup accounting"). With the job observed in
+Prediction (Amdahl's law, Amdahl 1967; docs/benchmark-methodology.md). With the job observed in
 recipe r0 (step time T, in-job GEMM time G) and microbenchmarked GEMM time B(r) per step for each
 recipe r, the step time if only the GEMMs changed is
 
@@ -30,12 +30,8 @@ from typing import Any
 from .bench.cells import WorkItem, items_from_capture
 from .bench.results import BenchResults, fallback_items, measured_items, step_ms as bench_step_ms
 from .capture.record import GemmCapture
-from .precisions import padded_splits, row_alignment
+from .precisions import FAMILY_RECIPE, RECIPE_FAMILY, padded_splits, row_alignment
 
-# Precision families a TE recipe's GEMMs should show in a capture.
-RECIPE_FAMILY = {"BF16": "bf16", "DelayedScaling": "fp8_delayed", "Float8CurrentScaling": "fp8_current",
-                 "Float8BlockScaling": "fp8_block", "MXFP8BlockScaling": "mxfp8", "NVFP4BlockScaling": "nvfp4"}
-FAMILY_RECIPE = {v: k for k, v in RECIPE_FAMILY.items()}
 GEMM_BOUND_TOL = 0.05  # |observed / predicted - 1| within this: the GEMMs explain the step
 NO_GAIN = 1.05  # GEMM speedup below this: no gain at these shapes
 
@@ -206,7 +202,7 @@ def _gemm_timing(cap: GemmCapture) -> str:
 def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
     """The SM clock the job's captured steps ran at against the microbenchmark's (NVML medians).
     GEMM times scale with it: on the H200 a bench at the idle boost clock read 5-15% fast against
-    training (docs/results/h200.md, session 4), so a difference over 5% is called out."""
+    training (docs/results/h200.md), so a difference over 5% is called out."""
     job = cap.meta.get("clocks_during_capture")
     ran = bench.meta.get("clocks_during_run") if bench is not None else None
     if not job or not ran:
@@ -222,9 +218,9 @@ def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
 def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | None:
     """The share of GPU time the microbenchmark gave its GEMMs against this job's GEMM share of the
     step (``Report.gemm_share``: the report's baseline run, the figure its table shows). Under a
-    power limit it sets the clock: on the H200 the seed stack's GEMMs were 0.81 of a BF16 step and
+    power limit it sets the clock: on the H200 the CodonFM-layer stack's GEMMs were 0.81 of a BF16 step and
     0.63-0.68 of an FP8 one, and the default 0.75 put all 48 GEMMs within 5-8% of their in-job time,
-    where back-to-back GEMMs read 8-12% slow (docs/results/h200.md, session 5). Beyond 0.15 apart the
+    where back-to-back GEMMs read 8-12% slow (docs/results/h200.md). Beyond 0.15 apart the
     user is told how to bench at the job's own share."""
     duty = bench.meta.get("gemm_duty") if bench is not None else None
     if duty is None or bench.meta.get("backend") != "te" or not gemm_share:

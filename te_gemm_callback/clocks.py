@@ -2,7 +2,7 @@
 
 Why: an H200 at its 700 W limit lowers its SM clock under sustained dense GEMMs; isolated
 microbenchmark cells and long training steps can then run at different clocks. Recording both
-says whether a bench-vs-job difference is the clock (docs/results/h200.md, issue 3).
+says whether a bench-vs-job difference is the clock (docs/results/h200.md).
 """
 
 from __future__ import annotations

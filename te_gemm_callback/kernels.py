@@ -4,7 +4,7 @@ from __future__ import annotations
 
 # cuBLAS(Lt) and CUTLASS GEMM kernels on Hopper/Blackwell: "sm90_xmma_gemm_...", "nvjet_...",
 # "cutlass3x_sm90_..._gemm...". Fused attention kernels also use tensor cores but are not GEMMs
-# in our accounting (DESIGN.md): they are matched first.
+# in our accounting (docs/design.md): they are matched first.
 _ATTENTION = ("fmha", "flash", "sdpa", "attn", "attention")
 _GEMM = ("gemm", "nvjet", "xmma", "cutlass", "gemv")
 
@@ -31,7 +31,7 @@ def kernel_times_us(prof) -> dict[str, float]:
     return out
 
 
-# Where step time goes besides GEMMs (issue: "overhead eats the gain — say where it went").
+# Where step time goes besides GEMMs: the "overhead eats the gain" verdict says where it went.
 # TE's kernels are named after what they do: cast_transpose, (multi_)amax, compute_scale, quantize.
 _QUANT = ("quantize", "cast", "amax", "compute_scale", "scale_inv", "fp8", "transpose")
 _NORM = ("norm",)

@@ -1,7 +1,7 @@
 """Model shapes and the TE layer stacks built from them (no Lightning here).
 
 One config type serves the bundled demo, the recipes, the validation scripts and the GPU tests.
-CODONFM_4L is the seed's CodonFM-5B layer (hidden 4096, intermediate 16384, 32 heads, MHA, GELU,
+CODONFM_4L is the CodonFM-5B layer of TE's benchmark_gemm.py (hidden 4096, intermediate 16384, 32 heads, MHA, GELU,
 LayerNorm; sequence 512, micro-batch 31), 4 layers.
 """
 
@@ -37,7 +37,7 @@ TINY = DemoConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, 
                   num_hidden_layers=2, vocab_size=128, sequence_length=32, micro_batch_size=2,
                   gated_mlp=True, normalization="RMSNorm")
 
-# The dense recipe's default on a GPU: the seed's CodonFM-5B layer (MHA, GELU MLP, LayerNorm), 4 layers.
+# The dense recipe's default on a GPU: the CodonFM-5B layer (MHA, GELU MLP, LayerNorm), 4 layers.
 CODONFM_4L = DemoConfig(hidden_size=4096, intermediate_size=16384, num_attention_heads=32,
                         num_key_value_heads=32, num_hidden_layers=4, vocab_size=128, sequence_length=512,
                         micro_batch_size=31, gated_mlp=False, normalization="LayerNorm")

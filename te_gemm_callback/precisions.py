@@ -12,29 +12,47 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-# TE recipe class names, in the order tables print them. "BF16" means no FP8 autocast.
-RECIPES: tuple[str, ...] = (
-    "BF16",
-    "DelayedScaling",
-    "Float8CurrentScaling",
-    "Float8BlockScaling",
-    "MXFP8BlockScaling",
-    "NVFP4BlockScaling",
+@dataclass(frozen=True)
+class RecipeInfo:
+    """What the package knows of one precision, in one place.
+
+    Attributes:
+        name: TE's recipe class name ("BF16": no FP8 autocast).
+        family: the precision label a capture gives GEMMs that ran in it (from the operand types).
+        check: the TE function that says whether this machine runs it (``return_reason=True``).
+        min_capability: the compute capability TE documents for it (words the reason without TE).
+        row_alignment: rows per grouped-GEMM group must be a multiple of this (TE's
+            get_align_size_for_quantization: MXFP8 32, NVFP4 128, other FP8 16).
+        low_precision_peak: its GEMMs run at the FP8 tensor-core peak rather than BF16's.
+    """
+
+    name: str
+    family: str
+    check: str | None
+    min_capability: tuple[int, int] | None
+    row_alignment: int
+    low_precision_peak: bool
+
+
+# In the order tables print them.
+RECIPE_TABLE: tuple[RecipeInfo, ...] = (
+    RecipeInfo("BF16", "bf16", None, None, 1, False),
+    RecipeInfo("DelayedScaling", "fp8_delayed", "is_fp8_available", (8, 9), 16, True),
+    RecipeInfo("Float8CurrentScaling", "fp8_current", "is_fp8_available", (8, 9), 16, True),
+    RecipeInfo("Float8BlockScaling", "fp8_block", "is_fp8_block_scaling_available", (9, 0), 16, True),
+    RecipeInfo("MXFP8BlockScaling", "mxfp8", "is_mxfp8_available", (10, 0), 32, True),
+    RecipeInfo("NVFP4BlockScaling", "nvfp4", "is_nvfp4_available", (10, 0), 128, False),
 )
+RECIPE_INFO = {r.name: r for r in RECIPE_TABLE}
+RECIPES: tuple[str, ...] = tuple(r.name for r in RECIPE_TABLE)
+FP8_RECIPES: tuple[str, ...] = tuple(r.name for r in RECIPE_TABLE if r.family.startswith(("fp8", "mxfp8")))
+RECIPE_FAMILY = {r.name: r.family for r in RECIPE_TABLE}
+FAMILY_RECIPE = {r.family: r.name for r in RECIPE_TABLE}
 ALIASES = {
     "bf16": "BF16", "fp8": "DelayedScaling", "fp8_delayed": "DelayedScaling", "delayed": "DelayedScaling",
     "fp8_current": "Float8CurrentScaling", "current": "Float8CurrentScaling",
     "fp8_block": "Float8BlockScaling", "block": "Float8BlockScaling",
     "mxfp8": "MXFP8BlockScaling", "nvfp4": "NVFP4BlockScaling",
-}
-# The TE availability function that decides each recipe, and the minimum compute capability
-# TE documents for it (used only to word the reason when TE is absent).
-_CHECKS = {
-    "DelayedScaling": ("is_fp8_available", (8, 9)),
-    "Float8CurrentScaling": ("is_fp8_available", (8, 9)),
-    "Float8BlockScaling": ("is_fp8_block_scaling_available", (9, 0)),
-    "MXFP8BlockScaling": ("is_mxfp8_available", (10, 0)),
-    "NVFP4BlockScaling": ("is_nvfp4_available", (10, 0)),
 }
 
 CUDNN_HINT = (
@@ -75,7 +93,7 @@ def te_version() -> str | None:
     try:
         import_te()
         return importlib.import_module("transformer_engine").__version__
-    except (TEUnavailable, AttributeError):
+    except (TEUnavailable, AttributeError, ImportError):
         return None
 
 
@@ -109,7 +127,7 @@ def availability(recipe: str) -> Availability:
     if not ok_te:
         return Availability(recipe, False, why)
     te = import_te()
-    fn_name, _ = _CHECKS[recipe]
+    fn_name = RECIPE_INFO[recipe].check
     fn = getattr(te, fn_name, None)
     if fn is None:
         return Availability(recipe, False, f"this transformer_engine has no {fn_name}()")
@@ -130,7 +148,7 @@ def make_recipe(recipe: str) -> Any:
 def row_alignment(recipe: str) -> int:
     """Rows per grouped-GEMM group must be a multiple of this under the recipe: 1 for BF16, else
     TE's get_align_size_for_quantization (MXFP8 32, NVFP4 128, other FP8 16)."""
-    return {"BF16": 1, "MXFP8BlockScaling": 32, "NVFP4BlockScaling": 128}.get(canonical(recipe), 16)
+    return RECIPE_INFO[canonical(recipe)].row_alignment
 
 
 def padded_splits(splits: Iterable[int], recipe: str) -> tuple[int, ...]:

@@ -98,7 +98,7 @@ def fprop_of(shape: GemmShape) -> GemmShape:
 
 
 def parse_shapes(text: str) -> list[GemmShape]:
-    """Parse ``"MxKxN,MxKxN"`` (the seed tool's ``--shapes`` format) into fprop shapes."""
+    """Parse ``"MxKxN,MxKxN"`` (the ``--shapes`` format of TE's benchmark_gemm.py) into fprop shapes."""
     shapes = []
     for item in filter(None, (s.strip() for s in text.split(","))):
         parts = item.lower().split("x")

@@ -79,7 +79,7 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
-# Measured with TE 2.20 on the H200 (scripts/sweep_state_matrix.py, tests/test_gpu.py): a TE module
+# Measured with TE 2.20 on the H200 (benchmarks/sweep_state_matrix.py, tests/test_gpu.py): a TE module
 # that ran DelayedScaling, then another FP8 recipe, then DelayedScaling again keeps its scales at 1.0
 # and its loss frozen, with faster (mostly-zero) FP8 GEMMs; a module's first DelayedScaling use after
 # another FP8 recipe updates them normally. So DelayedScaling is swept before other FP8 recipes, and

@@ -8,8 +8,6 @@ ones runs with a stand-in recorder (no CUDA here), so the schedule is the one of
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402

@@ -3,10 +3,7 @@ by tests/test_distributed.py in a subprocess. Parameters are sharded DTensors be
 all-gathered for the GEMMs; each rank must still capture the full per-layer shapes."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402

@@ -262,10 +262,10 @@ def test_clock_note_sets_the_jobs_clock_against_the_benchs(tmp_path):
     job = capture(100, 60)
     job.meta["clocks_during_capture"] = ck(1545.0)
     at_boost = bench({"BF16": 20.0})
-    at_boost.meta["clocks_during_run"] = ck(1740.0)  # session 3's bench against its job on the H200
+    at_boost.meta["clocks_during_run"] = ck(1740.0)  # a bench at the boost clock against its job on the H200
     note = clock_note(job, at_boost)
     assert note.startswith("SM clock median: job 1545 MHz over the captured steps, microbenchmark 1740 MHz (+13%)")
-    at_boost.meta["clocks_during_run"] = ck(1485.0)  # session 4: within 5%, stated without a warning
+    at_boost.meta["clocks_during_run"] = ck(1485.0)  # at the sustained clock: within 5%, stated without a warning
     assert clock_note(job, at_boost).endswith("microbenchmark 1485 MHz")
     assert clock_note(capture(100, 60), at_boost) is None  # no NVML during the capture: nothing said
     run = tmp_path / "run"
@@ -349,7 +349,7 @@ def test_overhead_that_is_host_time_is_named_so():
 def test_duty_note_sets_the_benchs_gemm_duty_against_the_jobs_gemm_share(tmp_path):
     res = bench({"BF16": 20.0})
     res.meta.update(backend="te", gemm_duty=0.75)
-    # GEMMs 0.81 of the step: the seed stack in BF16 on the H200
+    # GEMMs 0.81 of the step: the CodonFM-layer stack in BF16 on the H200
     assert duty_note(0.81, res) == ("microbenchmark GEMMs ran at 0.75 of the GPU's time (--gemm-duty); "
                                     "this job's GEMMs are 0.81 of its step")
     # A job whose GEMMs are under a third of its step: told how to bench at its share.

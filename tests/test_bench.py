@@ -210,22 +210,27 @@ def test_swapped_items_are_forward_shapes_of_the_backward_passes():
     assert (w.fprop.m, w.fprop.k, w.fprop.n) == (64, 512, 256)
 
 
-def test_seed_script_flags(tmp_path, capsys, monkeypatch):
+def test_benchmark_script_takes_te_flags(tmp_path, capsys, monkeypatch):
+    """scripts/benchmark.py: TE's benchmark_gemm.py flags, run as ``te-gemm bench``."""
     import importlib.util
     import pathlib
 
     monkeypatch.setenv("TE_GEMM_CACHE", str(tmp_path / "cache.json"))
     path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
-    spec = importlib.util.spec_from_file_location("seed_benchmark", path)
+    spec = importlib.util.spec_from_file_location("te_flags_benchmark", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    fig = tmp_path / "seed.png"
-    rc = mod.main(["--hidden_size", "64", "--intermediate_size", "128", "--num_attention_heads", "4",
-                   "--num_hidden_layers", "2", "--micro_batch_size", "2", "--sequence_length", "16",
-                   "--pre-quantize", "--no-fp8", "--no-fp4", "-o", str(fig)])
+    fig = tmp_path / "fig.png"
+    argv = mod.translate(["--hidden_size", "64", "--intermediate_size", "128", "--num_attention_heads", "4",
+                          "--num_hidden_layers", "2", "--micro_batch_size", "2", "--sequence_length", "16",
+                          "--pre-quantize", "--no-fp8", "--no-fp4", "-o", str(fig)])
+    assert argv[:3] == ["bench", "--hidden-size", "64"] and "--precisions" in argv
+    assert argv[argv.index("--precisions") + 1] == "BF16" and "--pre-quantize" in argv
+    assert mod.translate(["--no-fp4"])[-2:] == ["--precisions", "BF16,DelayedScaling,Float8CurrentScaling,"
+                                                "Float8BlockScaling,MXFP8BlockScaling"]
+    assert mod.te_gemm(argv) == 0 and fig.stat().st_size > 10_000
     out = capsys.readouterr().out
-    assert rc == 0 and fig.stat().st_size > 10_000
-    for section in ("Fprop GEMMs", "Dgrad GEMMs", "Wgrad GEMMs", "Per layer", "Full model (2 layers)"):
+    for section in ("Fprop GEMMs", "Dgrad GEMMs", "Wgrad GEMMs", "full step"):
         assert section in out
 
 
@@ -281,10 +286,11 @@ def test_pooled_cells_are_summarised_over_every_gpus_samples():
     assert out[2].ok and out[2].median_ms == pytest.approx(0.6) and out[2].iters == 2
 
 
+@pytest.mark.multiprocess
 @cpu_path
 def test_parallel_bench_same_cells_as_one_process(tmp_path):
     # On CPU the two workers are processes without GPUs: the split of the visits, the workers' own
-    # measurements and the pooling are what is tested, not GPU agreement (scripts/h200x2_validation.sh).
+    # measurements and the pooling are what is tested, not GPU agreement (benchmarks/h200x2_validation.sh).
     from te_gemm_callback.bench.parallel import run_bench_parallel
 
     # "moe" is a grouped GEMM: its cell identity carries the m_splits through the workers' JSON.
@@ -308,6 +314,7 @@ def test_parallel_bench_same_cells_as_one_process(tmp_path):
     assert [r.m_splits for r in two.results][-3:] == [[16, 32]] * 3
 
 
+@pytest.mark.multiprocess
 @cpu_path
 def test_parallel_bench_fills_the_cache_and_a_cached_run_waits_for_no_worker(tmp_path):
     from te_gemm_callback.bench.parallel import run_bench_parallel
@@ -436,7 +443,7 @@ def test_parallel_worker_that_dies_leaves_its_visits_out_and_the_run_goes_on(mon
 
 
 def test_run_summary_of_a_two_gpu_run_gives_each_gpus_clock():
-    # 2 x H200, session 6: at one 700 W limit GPU 0 held 1575 MHz and GPU 1 1605 over a long run;
+    # 2 x H200: at one 700 W limit GPU 0 held 1575 MHz and GPU 1 1605 over a long run;
     # the pooled cells average the two, so the summary shows both, not device 0's alone.
     from te_gemm_callback.render.bench_tables import run_summary
 

@@ -200,7 +200,7 @@ def test_sweep_restores_module_extra_state_and_weights_bitwise():
 
 def test_sweep_order_and_delayed_scaling_switch_guard():
     """TE 2.20 freezes DelayedScaling scales in a module that ran another FP8 recipe (measured on
-    the H200 by scripts/sweep_state_matrix.py); the sweep must neither measure that state nor
+    the H200 by benchmarks/sweep_state_matrix.py); the sweep must neither measure that state nor
     leave a DelayedScaling job in it."""
     from te_gemm_callback.sweep import sweep_order, switch_conflict
 

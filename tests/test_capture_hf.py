@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from oracles import TrackerRecorder, flop_counter_mm
+from helpers.oracles import TrackerRecorder, flop_counter_mm
 from te_gemm_callback import GemmProfiler
 from te_gemm_callback.shapes import backward_shapes
 

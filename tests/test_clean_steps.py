@@ -4,7 +4,7 @@ stands in for torch.profiler's CUDA activity, which cannot run without a GPU."""
 
 import pytest
 import torch
-from torch import nn
+
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from te_gemm_callback import GemmCapture, GemmProfiler

@@ -8,6 +8,8 @@ import pytest
 
 from te_gemm_callback import GemmCapture
 
+pytestmark = pytest.mark.multiprocess  # DDP ranks / spawned workers
+
 
 @pytest.mark.parametrize("world", [2, 3])  # 3: an odd world size, nothing assumes pairs of ranks
 def test_ddp_ranks_gathered_and_no_hang_when_one_capture_fails(tmp_path, world):

@@ -57,6 +57,7 @@ def test_unwritable_output_dir_leaves_the_fit_running(tmp_path, caplog):
     assert blocker.read_text().startswith("a file")
 
 
+@pytest.mark.multiprocess
 def test_unwritable_output_dir_under_ddp_no_rank_left_waiting(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_text("x")
@@ -90,6 +91,7 @@ def _saver(path, worker, rounds):
         assert c.save() is None
 
 
+@pytest.mark.multiprocess
 def test_concurrent_saves_keep_every_cell(tmp_path):
     path = tmp_path / "cache.json"
     ctx = multiprocessing.get_context("fork")
@@ -138,6 +140,7 @@ def test_unwritable_cache_warns_after_the_results(tmp_path, monkeypatch, capsys,
 
 
 # 5. SIGTERM stops a multi-process bench's workers and removes their temporary folder.
+@pytest.mark.multiprocess
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU workers; the GPU path is covered on the GPU host")
 def test_sigterm_stops_the_workers(tmp_path):
     tmp = tmp_path / "tmp"

@@ -86,7 +86,7 @@ def test_bench_runs_every_hopper_recipe_in_both_modes():
 @needs_te
 def test_bench_job_never_idles_the_gpu_between_its_timed_calls(monkeypatch):
     # An idle GPU gets its boost back within ~20 ms and runs the next 100-200 ms of load ~15%
-    # faster than a training job does (docs/results/h200.md, session 4): a job never waits for the
+    # faster than a training job does (docs/results/h200.md): a job never waits for the
     # GPU (its caller reads it after one synchronize per visit), and its first burst must not find
     # the GPU idle.
     from te_gemm_callback.bench import jobs, timing
@@ -149,15 +149,15 @@ def test_bench_over_two_gpus_matches_one():
     for r in one.results:
         other = two.get(r.shape, r.precision, r.mode)
         assert abs(other.iters - r.iters) <= 0.25 * r.iters, (other.iters, r.iters)
-        # Per-cell agreement over many cells is measured by scripts/h200x2_validation.sh (2 x H200,
-        # session 6: 288 of 288 within 3%, as close as one GPU to itself); here a cell more than 6%
+        # Per-cell agreement over many cells is measured by benchmarks/h200x2_validation.sh (2 x H200,
+        # 288 of 288 within 3%, as close as one GPU to itself); here a cell more than 6%
         # off means the GPUs did not run the same work.
         assert other.median_ms == pytest.approx(r.median_ms, rel=0.06)
 
 
 @needs_te
 def test_sweep_guard_against_te_recipe_switch():
-    """Pins what TE 2.20 does on recipe switches (first seen by scripts/sweep_state_matrix.py):
+    """Pins what TE 2.20 does on recipe switches (first seen by benchmarks/sweep_state_matrix.py):
     a te.Linear that ran DelayedScaling, then another FP8 recipe, then DelayedScaling again keeps
     its forward scale at 1.0; one whose first DelayedScaling use follows another FP8 recipe updates
     it. If a TE release changes the first, the sweep's guard (sweep.switch_conflict) can go. Then the

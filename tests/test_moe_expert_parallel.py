@@ -2,16 +2,15 @@
 experts, outputs and gradients equal a single process holding all experts. Routing differs per
 rank (each rank has its own tokens), so the all-to-all sends uneven splits both ways."""
 
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+from helpers import import_recipe
+
+pytestmark = pytest.mark.multiprocess  # DDP ranks / spawned workers
 
 H, I, E, K, T = 16, 24, 4, 2, 20
 
@@ -19,7 +18,7 @@ H, I, E, K, T = 16, 24, 4, 2, 20
 def _worker(rank: int, world: int, init: str, q, collapse: bool) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        moe = importlib.import_module("moe")
+        moe = import_recipe("moe")
         torch.manual_seed(0)
         full = moe.MoEMLP(H, I, E, K, te_experts=False)  # same weights on both ranks
         ep = moe.MoEMLP(H, I, E, K, te_experts=False, ep_group=dist.group.WORLD)
@@ -71,7 +70,7 @@ def test_expert_parallel_matches_single_process(tmp_path, collapse):
 
 
 def test_expert_parallel_recipe_rejects_uneven_split():
-    moe = importlib.import_module("moe")
+    moe = import_recipe("moe")
     try:
         moe.main(["--tiny", "--experts", "3", "--devices", "2", "--expert-parallel", "--no-bench"])
     except SystemExit as e:

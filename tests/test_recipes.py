@@ -1,20 +1,16 @@
 """Each training recipe's --tiny run on CPU, as an end-to-end test of the tool."""
 
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from te_gemm_callback import GemmCapture
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-sys.path.insert(0, str(RECIPES))
+from helpers import import_recipe
 
 
 def run(name, tmp_path, *extra):
-    mod = importlib.import_module(name)
+    mod = import_recipe(name)
     out = tmp_path / name
     assert mod.main(["--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench", "--out", str(out), *extra]) == 0
     return GemmCapture.load(out / "gemm_capture.json"), out
@@ -48,7 +44,7 @@ def test_moe_tiny_splits_add_up_to_tokens_times_top_k(tmp_path):
 
 
 def test_moe_fp8_padding_does_not_change_the_output():
-    moe_mod = importlib.import_module("moe")
+    moe_mod = import_recipe("moe")
     torch.manual_seed(0)
     layer = moe_mod.MoEMLP(16, 24, 4, 2, te_experts=False)
     x = torch.randn(20, 16)

@@ -62,7 +62,11 @@ def fake_te(monkeypatch):
             gemm.__name__: gemm, linear.__name__: linear, grouped.__name__: grouped}
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    return linear, grouped
+    from te_gemm_callback.precisions import import_te
+
+    import_te.cache_clear()
+    yield linear, grouped
+    import_te.cache_clear()  # the stand-in must not stay cached as "TE" for later tests
 
 
 class _LinearFn(torch.autograd.Function):

@@ -11,12 +11,13 @@ from typing import Any, Iterable
 
 from ..capture.record import GemmCapture
 from ..jsonio import from_fields, read_json, schema_of, write_json
+from ..precisions import RECIPE_TABLE
 from ..shapes import GemmOp, GemmShape, ModelConfig, config_gemms, fprop_of, gemm_passes
 
 log = logging.getLogger("te_gemm_callback")
 
 MODES = ("autocast", "prequantized")
-FP8_FAMILY = {"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling"}
+FP8_FAMILY = {r.name for r in RECIPE_TABLE if r.low_precision_peak}  # timed against the FP8 peak
 
 # Sustained dense GEMM rate (H200, TE 2.20, docs/results/h200.md): BF16 ~650 TFLOP/s, the FP8
 # recipes about 1.7x that. Only sizes things (iteration counts, heat, the split over GPUs).
@@ -142,8 +143,8 @@ def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | N
 
 # Bumped when the timing changes what a cell measures; a cache written by another version is
 # dropped on load. 2: every timed burst at the sustained clock (version 1, no field, timed many
-# cells at the idle boost clock, 5-15% fast against training; docs/results/h200.md, session 4).
-# 3: jobs queued back to back, no synchronize between them (session 5). 4: each job built once and
+# cells at the idle boost clock, 5-15% fast against training; docs/results/h200.md).
+# 3: jobs queued back to back, no synchronize between them. 4: each job built once and
 # visited 16 times; timed GEMMs at a training step's duty (timing.GEMM_DUTY).
 TIMING_VERSION = 4
 

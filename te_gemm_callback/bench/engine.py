@@ -69,7 +69,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     # Every job is built once and visited ``visits`` times, all visits queued back to back (every
     # other one in reverse order), samples pooled: the power limiter swings the clock a few times a
     # second, and a cell's samples spread over the run average it as a training job's steps do.
-    # Measured on the H200 (docs/results/h200.md, "Session 5"), three cold runs of the seed config,
+    # Measured on the H200 (docs/results/h200.md), three cold runs of the CodonFM-5B config,
     # cells within 2% autocast / pre-quantized: at GEMM duty 1, 40 / 30 of 48 with four visits, 45 /
     # 39 with eight; at duty 0.75 (the default), 32 / 31 with eight, 41 / 44 with sixteen.
     visits = visits or default_visits(cuda)
@@ -144,7 +144,7 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
 
 def default_visits(cuda: bool) -> int:
     """Visits per job when none are asked for: 16 on a GPU (each cell's samples then span the
-    power limiter's clock swings; docs/results/h200.md "Session 5"), 1 on the CPU (no limiter)."""
+    power limiter's clock swings; docs/results/h200.md), 1 on the CPU (no limiter)."""
     return 16 if cuda else 1
 
 

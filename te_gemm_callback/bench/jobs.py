@@ -73,7 +73,7 @@ class _GemmTap:
             layout = arg(args, kwargs, "layout", "TN")
             if self.mode == "repeat":  # operands are valid now: re-issue the call back-to-back
                 # A named range, so a profiler trace of the bench shows which pass each burst is
-                # (scripts/kernel_match.py reads the kernels under it); outside the timed events.
+                # (benchmarks/kernel_match.py reads the kernels under it); outside the timed events.
                 with torch.profiler.record_function(f"te_gemm_bench: {LAYOUT_OP[layout]}"):
                     self.repeats.append((layout, launch_timed(lambda: orig(*args, **kwargs), self.n, self.flush,
                                                               self.burst_s)))

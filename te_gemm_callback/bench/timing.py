@@ -1,4 +1,4 @@
-"""Timing a reviewer can trust: the clock training runs at, queued launches, per-call events, median and IQR."""
+"""Microbenchmark timing: the clock training runs at, queued launches, per-call events, median and IQR."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .cells import gemm_seconds
 _HOLD_PER_CALL_S = 20e-6
 _HOLD_MAX_S = 0.5
 
-# The boost budget (docs/results/h200.md, "Session 4"; scripts/burst_profile.py): an H200 that
+# The boost budget (docs/results/h200.md; benchmarks/burst_profile.py): an H200 that
 # idled even 20 ms runs dense GEMMs ~15% faster for the next 100-200 ms of load (boost clock), then
 # settles at the clock a sustained training job runs at; the job's GEMMs take the settled time. So
 # a timed burst must never start on an idle GPU: when the stream has nothing queued, it is first
@@ -154,8 +154,8 @@ class StreamClock:
 
 # The share of GPU time the timed GEMMs get by default. In a training step the GEMMs share the GPU
 # with norms, casts, attention and the optimizer, which draw less power; under the power limit that
-# leaves the GEMMs a higher clock than back-to-back GEMMs get. Measured on the H200 with the seed's
-# te.TransformerLayer stack (docs/results/h200.md, session 5): GEMMs are 0.81 of a BF16 step and
+# leaves the GEMMs a higher clock than back-to-back GEMMs get. Measured on the H200 with the CodonFM-layer
+# te.TransformerLayer stack (docs/results/h200.md): GEMMs are 0.81 of a BF16 step and
 # 0.63-0.68 of an FP8 step; back to back (duty 1) the microbenchmark ran at 0.91-0.95 of the job's
 # clock and its FP8 cells read 8-12% slow; at 0.75 every one of the 48 GEMMs is within 5% (BF16) /
 # 8% (FP8) of its in-job time (medians 0.944-1.013 with 8 visits, 1.004-1.038 with 16).
@@ -171,7 +171,7 @@ def between_calls(flush: Callable[[], None] | None, gemm_duty: float,
     ``gemm_duty`` < 1, a low-power rest (a one-thread spin) of ``call_s * (1 / gemm_duty - 1)``, so
     the timed GEMMs get ``gemm_duty`` of the GPU's time, as in a training step whose other kernels
     (norms, casts, attention, optimizer) draw less power. Under a power limit that share sets the
-    clock the GEMMs run at (docs/results/h200.md, session 5)."""
+    clock the GEMMs run at (docs/results/h200.md)."""
     if not 0.0 < gemm_duty <= 1.0:
         raise ValueError(f"gemm_duty must be in (0, 1], got {gemm_duty}")
     cycles = int(call_s * (1.0 / gemm_duty - 1.0) * _SPIN_HZ)
@@ -308,7 +308,7 @@ def measure_peaks(cache: dict[str, Any], device: str) -> dict[str, float]:
     """Dense-GEMM ceilings of this device (TFLOP/s), measured once and cached per device.
 
     8192^3 products: BF16 through torch.matmul, FP8 through torch._scaled_mm (E4M3, per-tensor
-    scales). DESIGN.md measured ~790 and ~1390 TFLOP/s on an H200 SXM.
+    scales). Measured on an H200 SXM: ~790 and ~1390 TFLOP/s.
     """
     if device in cache:
         return cache[device]

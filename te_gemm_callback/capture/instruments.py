@@ -121,7 +121,7 @@ class _TorchNvtx:
 class ProfilerRanges:
     """An ``nvtx_backend`` for GemmProfiler that opens a torch.profiler range per GEMM
     (``"te_gemm: <range name>"``), so a torch.profiler trace attributes each GEMM's kernels to it
-    (scripts/validate_capture.py and scripts/kernel_match.py read them). Step ranges are left out."""
+    (benchmarks/validate_capture.py and benchmarks/kernel_match.py read them). Step ranges are left out."""
 
     def start(self, name: str) -> Any:
         rf = torch.autograd.profiler.record_function(f"{NVTX_DOMAIN}: {name}")

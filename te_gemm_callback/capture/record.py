@@ -1,4 +1,4 @@
-"""What a capture holds, and its JSON file (schema ``te-gemm-capture/1``, see README).
+"""What a capture holds, and its JSON file (schema ``te-gemm-capture/1``, see docs/capture-format.md).
 
 A :class:`GemmEvent` is one GEMM call; a :class:`GemmRecord` groups identical calls (same module,
 pass, shape, precision) across the captured steps; :class:`GemmCapture` holds records, per-step

@@ -3,7 +3,7 @@
 nn.Linear, F.linear, HF's Conv1D (addmm with a (in, out) weight), einsum layers (bmm), Mixtral's
 3-D expert weights (mm on a slice, or ``torch._grouped_mm``) and ``F.multi_head_attention_forward``
 all end in the ops below. The mode costs Python dispatch on every aten op of the step, so the
-profiler runs it only on the steps chosen for shape discovery (DESIGN.md: +53% step time on a
+profiler runs it only on the steps chosen for shape discovery (measured on an H200: +53% step time on a
 Llama when on every step).
 
 Pass of a backward GEMM: autograd's mm backward computes ``grad @ W^T`` (dgrad, one operand is the

@@ -27,7 +27,7 @@ def save_figure(fig, path: str | Path) -> Path:
 
 def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
     """Items that differ only in their layer index (blocks.0.fc1, blocks.1.fc1, ... with one
-    shape) as one group, labelled blocks.*.fc1 (x4): the seed's per-layer view of a deep model.
+    shape) as one group, labelled blocks.*.fc1 (x4): the per-layer view TE's benchmark_gemm.py gives of a deep model.
     Items of one grouped GEMM that differ only in their m_splits stay one layer."""
     groups: dict[tuple, list[WorkItem]] = {}
     for it in items:
@@ -40,7 +40,7 @@ def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, pat
                         title: str | None = None) -> Path:
     """One bar per precision; per work item a Fprop+Dgrad segment and a Wgrad segment, weighted
     by calls per step, repeated layers stacked as one group; speedup over BF16 above each bar (the
-    seed tool's figure, on real shapes). A GEMM a recipe cannot run is drawn at its BF16 time,
+    figure of TE's benchmark_gemm.py, on real shapes). A GEMM a recipe cannot run is drawn at its BF16 time,
     hatched (the job keeps it in BF16)."""
     precs = [p for p in res.precisions]
     cmap = plt.get_cmap("tab20")

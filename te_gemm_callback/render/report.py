@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -15,6 +15,9 @@ from rich.panel import Panel  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from ..analysis import Report  # noqa: E402
+
+if TYPE_CHECKING:
+    from ..runs import RunReport
 from ..jsonio import write_json  # noqa: E402
 from .figures import save_figure  # noqa: E402
 
@@ -124,45 +127,30 @@ def write_report_json(rep: Report, path: str | Path) -> Path:
 
 
 def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
-    """Re-render everything from a run folder (captures, optional bench.json): no GPU needed."""
-    from ..analysis import analyze, capture_recipe, clock_note, duty_note, instrument_note
-    from ..bench.cells import items_from_capture
-    from ..bench.results import BenchResults, measured_items
-    from ..capture import GemmCapture
-    from ..capture.distributed import rank_summary
+    """:func:`report`'s files."""
+    return report(run_dir, out).files
+
+
+def report(run_dir: str | Path, out: Any = None) -> "RunReport":
+    """Analyse a run folder (:func:`te_gemm_callback.runs.analyze_run`), write report.json and the
+    figures into it, and print the tables and verdicts to ``out`` (a rich Console) if given.
+
+    Example:
+        >>> rr = report("runs/demo")                              # doctest: +SKIP
+        >>> rr.files["speedups"], rr.report.recipes[1].verdict    # doctest: +SKIP
+    """
+    from ..runs import analyze_run
     from .figures import ranks_figure, stacked_gemm_figure
 
     root = Path(run_dir)
-    paths = sorted(root.rglob("gemm_capture.json"))
-    if not paths:
-        raise ValueError(f"{run_dir} holds no gemm_capture.json: point at the callback's output folder")
-    sweep = [p for p in paths if "sweep" in p.relative_to(root).parts]
-    main = [p for p in paths if p not in sweep]
-    job = GemmCapture.load(main[0] if main else sweep[0])
-    # Observed runs: the callback's sweep (same model, batch and step definition) when present,
-    # else one capture per recipe (separate runs). The baseline is the job's own recipe.
-    caps = [GemmCapture.load(p) for p in (sweep or paths)]
-    base = next((c for c in caps if capture_recipe(c) == capture_recipe(job)), caps[0])
-    bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
-    rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
-    # The step note speaks of the run whose step time the table shows (the sweep's baseline when
-    # there is one); the job's own instrument cost is given beside it.
-    job_note = instrument_note(job) if sweep and main else None
-    for key, note in (("step_note", instrument_note(base)), ("job_step_note", job_note and f"training job: {job_note}"),
-                      ("clock_note", clock_note(job, bench)),
-                      ("duty_note", duty_note(rep.gemm_share, bench))):
-        if note:
-            rep.meta[key] = note
+    rr = analyze_run(root)
+    rep, bench, items, ranks = rr.report, rr.bench, rr.items, rr.ranks
     files = {"report": write_report_json(rep, root / "report.json"),
              "speedups": speedup_figure(rep, root / "speedups.png"),
-             "step_split": step_split_figure(rep, root / "step_split.png",
-                                             {capture_recipe(c): c.meta.get("kernel_breakdown_ms") or {} for c in caps})}
+             "step_split": step_split_figure(rep, root / "step_split.png", rr.kernels)}
     if bench is not None:
-        items = measured_items(bench, items_from_capture(job))
         for mode in bench.meta.get("modes", ["autocast"]):
             files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, root / f"gemm_{mode}.png")
-    rank_files = sorted((root / "ranks").glob("rank*.json"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
-    ranks = rank_summary([GemmCapture.load(p) for p in rank_files]) if rank_files else None
     if ranks:
         files["ranks"] = ranks_figure(ranks, root / "ranks.png")
     if out is not None:
@@ -170,7 +158,7 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
             from .tables import ranks_table
 
             out.print(ranks_table(ranks))
-        if bench is not None:  # the seed tool's per-GEMM table, on the job's real shapes
+        if bench is not None:  # TE's benchmark_gemm.py per-GEMM table, on the job's real shapes
             from .bench_tables import totals_table
 
             for mode in bench.meta.get("modes", ["autocast"]):
@@ -182,4 +170,5 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
                 out.print(f"[yellow]warning: {escape(rep.meta[key])}[/yellow]")
         for name, path in files.items():
             out.print(f"{name}: {path}")
-    return files
+    rr.files = files
+    return rr

@@ -1,0 +1,69 @@
+"""A run folder and the report analysed from it, with no drawing (``render.report`` draws it).
+
+A run folder is what the callback (or ``te-gemm run``) writes: ``gemm_capture.json`` of the job,
+``sweep/<recipe>/gemm_capture.json`` of the in-job sweep, ``bench.json`` of the microbenchmarks,
+``ranks/rank<N>.json`` of a multi-process job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .analysis import Report, analyze, capture_recipe, clock_note, duty_note, instrument_note
+from .bench.cells import WorkItem, items_from_capture
+from .bench.results import BenchResults, measured_items
+from .capture import GemmCapture
+from .capture.distributed import rank_summary
+
+
+@dataclass
+class RunReport:
+    """The report of a run folder and what it was made from."""
+
+    report: Report
+    job: GemmCapture
+    captures: list[GemmCapture]  # the observed runs: the sweep's, else one per recipe
+    bench: BenchResults | None
+    items: list[WorkItem]  # the job's GEMMs, as measured by the bench where it holds them
+    ranks: list[dict[str, Any]] | None = None
+    kernels: dict[str, dict[str, float]] = field(default_factory=dict)  # recipe -> kernel ms by category
+    files: dict[str, Path] = field(default_factory=dict)  # what render.report wrote, once it has
+
+
+def analyze_run(run_dir: str | Path) -> RunReport:
+    """Analyse a run folder: no GPU, no drawing.
+
+    Example:
+        >>> rr = analyze_run("runs/demo")          # doctest: +SKIP
+        >>> [a.verdict for a in rr.report.recipes]  # doctest: +SKIP
+    """
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ValueError(f"{run_dir} is not a folder: point at the callback's output folder")
+    paths = sorted(root.rglob("gemm_capture.json"))
+    if not paths:
+        raise ValueError(f"{run_dir} holds no gemm_capture.json: point at the callback's output folder")
+    sweep = [p for p in paths if "sweep" in p.relative_to(root).parts]
+    main = [p for p in paths if p not in sweep]
+    job = GemmCapture.load(main[0] if main else sweep[0])
+    # Observed runs: the callback's sweep (same model, batch and step definition) when present,
+    # else one capture per recipe (separate runs). The baseline is the job's own recipe.
+    caps = [GemmCapture.load(p) for p in (sweep or paths)]
+    base = next((c for c in caps if capture_recipe(c) == capture_recipe(job)), caps[0])
+    bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
+    rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
+    # The step note speaks of the run whose step time the table shows (the sweep's baseline when
+    # there is one); the job's own instrument cost is given beside it.
+    job_note = instrument_note(job) if sweep and main else None
+    for key, note in (("step_note", instrument_note(base)), ("job_step_note", job_note and f"training job: {job_note}"),
+                      ("clock_note", clock_note(job, bench)), ("duty_note", duty_note(rep.gemm_share, bench))):
+        if note:
+            rep.meta[key] = note
+    items = measured_items(bench, items_from_capture(job)) if bench is not None else items_from_capture(job)
+    rank_files = sorted((root / "ranks").glob("rank*.json"),
+                        key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
+    ranks = rank_summary([GemmCapture.load(p) for p in rank_files]) if rank_files else None
+    kernels = {capture_recipe(c): c.meta.get("kernel_breakdown_ms") or {} for c in caps}
+    return RunReport(rep, job, caps, bench, items, ranks, kernels)

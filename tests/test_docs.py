@@ -1,0 +1,55 @@
+"""The README's Python snippets run as written (on CPU), and every path the README and docs name
+exists: the documentation is tested like the code."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_python_snippets_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything a snippet writes lands here
+    blocks = python_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) >= 3
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_named_path_exists(doc):
+    text = doc.read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)  # markdown links, anchors dropped
+    named = re.findall(r"`((?:te_gemm_callback|recipes|scripts|benchmarks|tests|docs)/[\w./-]+)`", text)
+    missing = []
+    for target in links:
+        if target.startswith(("http://", "https://")):
+            continue
+        if not (doc.parent / target).exists():
+            missing.append(target)
+    for target in named:
+        path = target.split("::")[0]
+        if not (ROOT / path).exists() and not (doc.parent / path).exists():
+            missing.append(target)
+    assert not missing, f"{doc.name} names paths that do not exist: {missing}"
+
+
+def test_no_history_in_the_product():
+    """Code, docs and tests speak of the product; history lives in CHANGELOG.md and git."""
+    pattern = re.compile(r"session [0-9]|issue [0-9]|reviewer|seed (tool|config|script)|seed's", re.I)
+    hits = []
+    for base in ("te_gemm_callback", "scripts", "benchmarks", "docs", "tests", "recipes"):
+        for p in (ROOT / base).rglob("*"):
+            if p.is_file() and p.suffix in (".py", ".md", ".sh", ".toml"):
+                hits += [f"{p.relative_to(ROOT)}:{i}" for i, line in enumerate(p.read_text().splitlines(), 1)
+                         if pattern.search(line) and "pattern = re.compile" not in line]
+    hits += [f"README.md:{i}" for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
+             if pattern.search(line)]
+    assert not hits, hits
