@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from te_gemm_callback import GemmCapture, GemmProfiler
 from te_gemm_callback.capture.kernel_records import KernelStep, join_by_order
-from te_gemm_callback.capture.profiler import StepPlan
+from te_gemm_callback.capture.steps import StepPlan
 
 from helpers.fakes import Clock, FakeKernels
 from test_profiler import MLP

@@ -71,14 +71,16 @@ def _item_from_json(row: list) -> WorkItem:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (timeout, SLURM, Kubernetes) handled as Ctrl-C is: the run unwinds, its workers are
-    stopped and its temporary folder removed. Only the main thread can take signals."""
+def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
+    """SIGTERM (timeout, SLURM, Kubernetes) handled as Ctrl-C is: ``stop()`` kills the workers
+    at once, in the handler, whatever the main thread was doing; then the run unwinds and its
+    temporary folder is removed. Only the main thread can take signals."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum: int, frame: Any) -> None:
+        stop()
         raise KeyboardInterrupt(f"signal {signum}")
 
     old = signal.signal(signal.SIGTERM, interrupt)
@@ -124,10 +126,18 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     spec = {"items": [_item_to_json(it) for it in unique], "precisions": precisions, "modes": modes,
             "flush_l2": flush_l2, "visits": visits, "gemm_duty": gemm_duty, "devices": devices,
             "cache": str(cache.path) if cache.enabled else None}
-    with _sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="te_gemm_bench_") as tmp:
-        workers: list[tuple] = []
+    workers: list[tuple] = []
+
+    def stop_workers() -> None:
+        for _, proc, _, _ in workers:
+            if proc.poll() is None:
+                proc.kill()
+        for _, proc, _, _ in workers:
+            proc.wait()
+
+    with _sigterm_as_interrupt(stop_workers), tempfile.TemporaryDirectory(prefix="te_gemm_bench_") as tmp:
         try:
-            workers = [(d, *_launch(d, spec, Path(tmp))) for d in range(1, devices)]
+            workers += [(d, *_launch(d, spec, Path(tmp))) for d in range(1, devices)]
             own = _own_share(unique, spec, progress, console)
             parts, failed = [own], {}
             for d, proc, out_path, log_path in workers:
@@ -140,10 +150,7 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
                     tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
                     failed[d] = f"exit {rc}: {tail[0][:200] if tail else 'no output'}"
         except BaseException:  # an error, Ctrl-C or SIGTERM anywhere: no worker outlives the caller
-            for _, proc, _, _ in workers:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
+            stop_workers()
             raise
     from .results import BenchResults, pool_parts
 

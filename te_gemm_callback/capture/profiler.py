@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import platform
 import threading
 import time
-import traceback
 from datetime import datetime, timezone
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -17,168 +14,16 @@ from torch import nn
 
 from ..clocks import ClockSampler
 from ..precisions import te_version
-from ..shapes import GemmOp, GemmShape
-from .instruments import EventTimer, Nvtx, range_name
-from .record import GemmCapture, GemmEvent, StepTime, aggregate
+from .instruments import EventTimer, Nvtx
 from .kernel_records import KernelProfile, KernelStep, breakdown_meta, join_by_order
-from .scope import ModuleScope, bears_gemm, in_backward, is_te_module
+from .record import GemmCapture, StepTime, aggregate
+from .recorder import Recorder
+from .scope import ModuleScope, bears_gemm, is_te_module
+from .steps import CLEAN, INSTRUMENTED, KERNELS, StepPlan, count_arg
 from .te_adapter import TEInterceptor
-from .torch_adapter import GemmDispatchMode, apply_splits, splits_from_offs
+from .torch_adapter import GemmDispatchMode
 
 log = logging.getLogger("te_gemm_callback")
-
-
-class Recorder:
-    """Shared state of one capture: events, instruments, and the failure switch.
-
-    The hot path (one call per GEMM) does two dict look-ups in the adapters, then ``begin`` and
-    ``end`` here: no dataclass is built and no string formatted per call; events are tuples turned
-    into :class:`GemmEvent` after the capture.
-    """
-
-    def __init__(self, scope: ModuleScope, timer: EventTimer, nvtx: Nvtx) -> None:
-        self.scope, self.timer, self.nvtx = scope, timer, nvtx
-        self.active = False
-        self.step = 0
-        self.raw: list[tuple] = []  # (step, site, recompute, m_splits, event pair), launch order
-        self.events: list[GemmEvent] = []
-        # Per step, the key of each GEMM call in launch order; None for an aten GEMM that ran but
-        # is counted elsewhere (inside a TE module). Kernel records are joined against it.
-        self.sequences: dict[int, list[tuple | None]] = {}
-        self.error: str | None = None
-        self._sites: dict[tuple, GemmSite] = {}
-
-    in_backward = staticmethod(in_backward)
-
-    def site(self, **fields: Any) -> "GemmSite":
-        """The static description of a GEMM call site, built once per distinct site."""
-        key = tuple(fields.values())
-        s = self._sites.get(key)
-        if s is None:
-            s = self._sites[key] = GemmSite(**fields)
-        return s
-
-    def begin(self, site: "GemmSite", recompute: bool = False, m_splits: Any = None) -> tuple:
-        handle = self.nvtx.start(site.range_recompute if recompute else site.range) if self.nvtx.enabled else None
-        # Start event last, end event first: the pair brackets the GEMM launch tightly.
-        return site, recompute, m_splits, self.timer.start(), handle
-
-    def end(self, token: tuple) -> None:
-        site, recompute, m_splits, start, handle = token
-        try:
-            pair = self.timer.stop(start) if start is not None else None
-            if handle is not None:
-                self.nvtx.end(handle)
-            self.raw.append((self.step, site, recompute, m_splits, pair))
-        except Exception as err:
-            self.fail(err)
-
-    def skip(self) -> None:
-        """A GEMM ran that another adapter counts: keep its place in the launch order only."""
-        self.raw.append((self.step, None, False, None, None))
-
-    def defer_copy(self, t: torch.Tensor) -> torch.Tensor:
-        # Async copy into pinned memory: read after the capture, never synchronising the step.
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        host.copy_(t, non_blocking=True)
-        return host
-
-    def fail(self, err: BaseException) -> None:
-        """Report once, then capture turns itself off; the job goes on untouched."""
-        if self.error is None:
-            self.error = f"{type(err).__name__}: {err}"
-            log.warning("te-gemm: capture turned off after an error inside a hook: %s\n%s",
-                        self.error, "".join(traceback.format_exception(err)[-3:]))
-        self.active = False
-        self.scope.enabled = False
-
-    def resolve(self) -> None:
-        """Read back event times and deferred splits: one synchronize, after the profiled steps."""
-        if torch.cuda.is_available() and any(r[4] is not None or isinstance(r[3], torch.Tensor) for r in self.raw):
-            torch.cuda.synchronize()
-        for step, site, recompute, m_splits, pair in self.raw:
-            seq = self.sequences.setdefault(step, [])
-            if site is None:
-                seq.append(None)
-                continue
-            ev = GemmEvent(step=step, recompute=recompute, time_ms=EventTimer.elapsed_ms(pair),
-                           m_splits=m_splits, **site.fields())
-            if isinstance(m_splits, torch.Tensor):
-                ev.m_splits = splits_from_offs(m_splits)
-                apply_splits(ev)
-            self.events.append(ev)
-            seq.append(ev.key())
-        self.raw.clear()
-
-
-@dataclass(frozen=True)
-class GemmSite:
-    """Everything about a GEMM call that does not change from call to call."""
-
-    module: str
-    gemm: str
-    op: GemmOp
-    m: int
-    k: int
-    n: int
-    precision: str
-    operands: tuple[str, ...]
-    source: str
-    kernel: str
-    module_type: str
-    batch: int = 1
-
-    def fields(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
-
-    @functools.cached_property
-    def range(self) -> str:
-        return range_name(self.module, self.gemm, str(self.op), GemmShape(self.m, self.k, self.n, self.op, self.batch).mkn,
-                          self.precision, False)
-
-    @functools.cached_property
-    def range_recompute(self) -> str:
-        return range_name(self.module, self.gemm, str(self.op), GemmShape(self.m, self.k, self.n, self.op, self.batch).mkn,
-                          self.precision, True)
-
-
-INSTRUMENTED, KERNELS, CLEAN = "instrumented", "kernels", "clean"
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """Which instrument a profiled step runs under, by its index.
-
-    - ``instrumented``: module hooks, TE GEMM interception, the torch dispatch mode on the first
-      ``dispatch`` of them, NVTX: shapes, owners and precisions. Never timed for a speedup.
-    - ``kernels`` (CUDA only): nothing of ours but kernel activity records (torch.profiler, CUDA
-      kernels only): per-GEMM GPU time, joined to the instrumented step's GEMMs by launch order.
-    - ``clean``: nothing attached at all; the step times every speedup, share and verdict uses.
-
-    Example:
-        >>> [StepPlan(instrumented=1, kernels=1).kind(i) for i in range(4)]
-        ['instrumented', 'kernels', 'clean', 'clean']
-    """
-
-    instrumented: int | str = 1  # or "all": every step instrumented (no clean step)
-    kernels: int = 0
-    dispatch: int | str = 1  # instrumented steps that also run the torch dispatch mode, or "all"
-
-    def kind(self, i: int) -> str:
-        if self.instrumented == "all" or i < self.instrumented:
-            return INSTRUMENTED
-        return KERNELS if i < self.instrumented + self.kernels else CLEAN
-
-    def dispatches(self, i: int) -> bool:
-        return self.kind(i) == INSTRUMENTED and (self.dispatch == "all" or i < self.dispatch)
-
-
-def _count(name: str, v: Any, allow_all: bool = False) -> int | str:
-    if allow_all and v == "all":
-        return v
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{name} must be {'all or ' if allow_all else ''}a non-negative integer, got {v!r}")
-    return v
 
 
 class GemmProfiler:
@@ -238,9 +83,9 @@ class GemmProfiler:
         cuda = torch.cuda.is_available() or kernel_profile is not None
         if kernel_steps is None:
             kernel_steps = 1 if cuda and timing != "none" else 0
-        self.plan = StepPlan(instrumented=_count("instrumented_steps", instrumented_steps, True),
-                             kernels=_count("kernel_steps", kernel_steps) if cuda else 0,
-                             dispatch=_count("dispatch_steps", dispatch_steps, True))
+        self.plan = StepPlan(instrumented=count_arg("instrumented_steps", instrumented_steps, True),
+                             kernels=count_arg("kernel_steps", kernel_steps) if cuda else 0,
+                             dispatch=count_arg("dispatch_steps", dispatch_steps, True))
         if self.plan.instrumented == 0 and self.plan.kernels == 0:
             log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
         self.dispatch_steps = dispatch_steps

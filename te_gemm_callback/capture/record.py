@@ -107,7 +107,7 @@ class StepTime:
     gemm_ms: float | None = None  # GEMM time in this step: kernel records, or the sum of event pairs
     micro_batches: int = 1
     # "instrumented" (hooks, interception: shapes), "kernels" (kernel records only: per-GEMM GPU
-    # time) or "clean" (nothing attached: the step time); see capture.profiler.StepPlan.
+    # time) or "clean" (nothing attached: the step time); see capture.steps.StepPlan.
     kind: str = "instrumented"
     dispatch: bool = False  # instrumented step that also ran the torch dispatch mode
 

@@ -24,7 +24,7 @@ import torch
 from ..shapes import GemmOp
 
 if TYPE_CHECKING:
-    from .profiler import Recorder
+    from .recorder import Recorder
 
 GEMM_FUNCS = ("general_gemm", "general_grouped_gemm")
 LAYOUT_OP = {"TN": GemmOp.FPROP, "NN": GemmOp.DGRAD, "NT": GemmOp.WGRAD}  # TE layout -> pass

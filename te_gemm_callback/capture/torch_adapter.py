@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..shapes import GemmOp, GemmShape, backward_shapes
 
 if TYPE_CHECKING:
-    from .profiler import Recorder
+    from .recorder import Recorder
 
 aten = torch.ops.aten
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",

@@ -1,0 +1,138 @@
+"""The recorder behind one capture: GEMM events, the instruments, and the failure switch.
+
+The hot path (one call per GEMM) does two dict look-ups in the adapters, then ``begin`` and ``end``
+here: no dataclass is built and no string formatted per call; events are tuples turned into
+:class:`GemmEvent` after the capture.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..shapes import GemmOp, GemmShape
+from .instruments import EventTimer, Nvtx, range_name
+from .record import GemmEvent
+from .scope import ModuleScope, in_backward
+from .torch_adapter import apply_splits, splits_from_offs
+
+log = logging.getLogger("te_gemm_callback")
+
+
+class Recorder:
+    """Shared state of one capture: events, instruments, and the failure switch.
+
+    The hot path (one call per GEMM) does two dict look-ups in the adapters, then ``begin`` and
+    ``end`` here: no dataclass is built and no string formatted per call; events are tuples turned
+    into :class:`GemmEvent` after the capture.
+    """
+
+    def __init__(self, scope: ModuleScope, timer: EventTimer, nvtx: Nvtx) -> None:
+        self.scope, self.timer, self.nvtx = scope, timer, nvtx
+        self.active = False
+        self.step = 0
+        self.raw: list[tuple] = []  # (step, site, recompute, m_splits, event pair), launch order
+        self.events: list[GemmEvent] = []
+        # Per step, the key of each GEMM call in launch order; None for an aten GEMM that ran but
+        # is counted elsewhere (inside a TE module). Kernel records are joined against it.
+        self.sequences: dict[int, list[tuple | None]] = {}
+        self.error: str | None = None
+        self._sites: dict[tuple, GemmSite] = {}
+
+    in_backward = staticmethod(in_backward)
+
+    def site(self, **fields: Any) -> "GemmSite":
+        """The static description of a GEMM call site, built once per distinct site."""
+        key = tuple(fields.values())
+        s = self._sites.get(key)
+        if s is None:
+            s = self._sites[key] = GemmSite(**fields)
+        return s
+
+    def begin(self, site: "GemmSite", recompute: bool = False, m_splits: Any = None) -> tuple:
+        handle = self.nvtx.start(site.range_recompute if recompute else site.range) if self.nvtx.enabled else None
+        # Start event last, end event first: the pair brackets the GEMM launch tightly.
+        return site, recompute, m_splits, self.timer.start(), handle
+
+    def end(self, token: tuple) -> None:
+        site, recompute, m_splits, start, handle = token
+        try:
+            pair = self.timer.stop(start) if start is not None else None
+            if handle is not None:
+                self.nvtx.end(handle)
+            self.raw.append((self.step, site, recompute, m_splits, pair))
+        except Exception as err:
+            self.fail(err)
+
+    def skip(self) -> None:
+        """A GEMM ran that another adapter counts: keep its place in the launch order only."""
+        self.raw.append((self.step, None, False, None, None))
+
+    def defer_copy(self, t: torch.Tensor) -> torch.Tensor:
+        # Async copy into pinned memory: read after the capture, never synchronising the step.
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        return host
+
+    def fail(self, err: BaseException) -> None:
+        """Report once, then capture turns itself off; the job goes on untouched."""
+        if self.error is None:
+            self.error = f"{type(err).__name__}: {err}"
+            log.warning("te-gemm: capture turned off after an error inside a hook: %s\n%s",
+                        self.error, "".join(traceback.format_exception(err)[-3:]))
+        self.active = False
+        self.scope.enabled = False
+
+    def resolve(self) -> None:
+        """Read back event times and deferred splits: one synchronize, after the profiled steps."""
+        if torch.cuda.is_available() and any(r[4] is not None or isinstance(r[3], torch.Tensor) for r in self.raw):
+            torch.cuda.synchronize()
+        for step, site, recompute, m_splits, pair in self.raw:
+            seq = self.sequences.setdefault(step, [])
+            if site is None:
+                seq.append(None)
+                continue
+            ev = GemmEvent(step=step, recompute=recompute, time_ms=EventTimer.elapsed_ms(pair),
+                           m_splits=m_splits, **site.fields())
+            if isinstance(m_splits, torch.Tensor):
+                ev.m_splits = splits_from_offs(m_splits)
+                apply_splits(ev)
+            self.events.append(ev)
+            seq.append(ev.key())
+        self.raw.clear()
+
+
+@dataclass(frozen=True)
+class GemmSite:
+    """Everything about a GEMM call that does not change from call to call."""
+
+    module: str
+    gemm: str
+    op: GemmOp
+    m: int
+    k: int
+    n: int
+    precision: str
+    operands: tuple[str, ...]
+    source: str
+    kernel: str
+    module_type: str
+    batch: int = 1
+
+    def fields(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+    @functools.cached_property
+    def range(self) -> str:
+        return range_name(self.module, self.gemm, str(self.op), GemmShape(self.m, self.k, self.n, self.op, self.batch).mkn,
+                          self.precision, False)
+
+    @functools.cached_property
+    def range_recompute(self) -> str:
+        return range_name(self.module, self.gemm, str(self.op), GemmShape(self.m, self.k, self.n, self.op, self.batch).mkn,
+                          self.precision, True)
