@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Does the profiler change what it measures? Three checks, each against a measurement without it.
 
-``fit``: Lightning fits of a model, with GemmProfilerCallback and without, interleaved in one
-    process. An independent timer callback (a CUDA event at every batch start) times every step of
-    both; the callback's clean steps are compared with the same steps of the fits without it, and
-    its instrumented steps likewise (medians).
+``fit``: Lightning fits of a model, with GemmProfilerCallback and without, alternating in one
+    process (W C W C ... W). An independent timer callback (a CUDA event at every batch start)
+    times every step of all fits; each fit's clean steps are compared with the same steps of the
+    two fits without the callback around it, and its instrumented steps likewise (medians).
 ``kernels``: per-GEMM in-job times from the kernels step (kernel records joined by launch order)
     against torch.profiler's kernel times for the same GEMMs, attributed through a torch.profiler
     range per GEMM on separate instrumented steps.
@@ -112,36 +112,45 @@ def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented:
     module, c, kw = build(model_name, recipe)
     loader = DataLoader(RandomTokens(c, c.micro_batch_size * steps), batch_size=c.micro_batch_size)
     trainer(3, [], **kw).fit(module, loader)  # first fit of the process: compile, cuBLAS, TE init
-    with_cb, without, control, caps = [], [], [], []
-    for rep in range(reps):
-        # Interleaved: drift and clocks hit all alike. The second fit without the callback is the
-        # control: how far two fits without it differ is the noise floor.
-        for on in (True, False, None):
-            timer = StepTimer()
-            cbs: list = [timer]
-            if on:
-                cbs.append(GemmProfilerCallback(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented,
-                                                output_dir=out / f"{model_name}-{recipe}-{rep}", verbose=False,
-                                                kernel_breakdown=kernels))
-            trainer(steps, cbs, **kw).fit(module, loader)
-            {True: with_cb, False: without, None: control}[on].append(timer.steps_ms())
-            if on:
-                caps.append(cbs[1].capture)
+    # W C W C ... W: every fit with the callback (C) sits between two fits without it (W), and is
+    # compared with their mean, so the host's drift over a run (steps of this job wandered 41-98 ms
+    # within one fit on the H200 host) cancels to first order. The control: each inner W against
+    # the mean of its own neighbours, the floor this comparison can reach.
+    fits: list[tuple[bool, list[float]]] = []
+    caps = []
+    for i in range(2 * reps + 1):
+        on = i % 2 == 1
+        timer = StepTimer()
+        cbs: list = [timer]
+        if on:
+            cbs.append(GemmProfilerCallback(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented,
+                                            output_dir=out / f"{model_name}-{recipe}-{i // 2}", verbose=False,
+                                            kernel_breakdown=kernels))
+        trainer(steps, cbs, **kw).fit(module, loader)
+        fits.append((on, timer.steps_ms()))
+        if on:
+            caps.append(cbs[1].capture)
     kinds = [s.kind for s in caps[0].steps]
     first = wait + warmup
     idx = {k: [first + i for i, kk in enumerate(kinds) if kk == k] for k in ("instrumented", "clean")}
     disp = {first + s.index for s in caps[0].steps if s.dispatch}
-    pick = lambda runs, ids: [r[i] for r in runs for i in ids if i < len(r)]  # noqa: E731
     res: dict[str, Any] = {"model": model_name, "recipe": recipe, "reps": reps, "step_kinds": kinds,
-                           "kernels_step": kernels, "series": {"with": with_cb, "without": without, "control": control}}
+                           "kernels_step": kernels, "series": [{"callback": on, "steps_ms": t} for on, t in fits]}
+
+    def bracketed(i: int, ids: list[int]) -> float | None:
+        mid = med([fits[i][1][j] for j in ids])
+        sides = [med([fits[n][1][j] for j in ids]) for n in (i - 1, i + 1)]
+        return None if mid is None or None in sides else 100 * (mid / (sum(sides) / 2) - 1)
+
     for k in ("clean", "instrumented"):
         ids = [i for i in idx[k] if i not in disp]
-        a, b, c0 = med(pick(with_cb, ids)), med(pick(without, ids)), med(pick(control, ids))
-        res[k] = {"steps": len(pick(with_cb, ids)), "with_callback_ms": a, "without_ms": b, "control_ms": c0,
-                  "pct": None if not (a and b) else 100 * (a / b - 1),
-                  "control_pct": None if not (c0 and b) else 100 * (c0 / b - 1)}
-    res["dispatch_step"] = {"with_callback_ms": med(pick(with_cb, sorted(disp))),
-                            "without_ms": med(pick(without, sorted(disp)))}
+        with_cb = [bracketed(i, ids) for i in range(1, 2 * reps, 2)]
+        control = [bracketed(i, ids) for i in range(2, 2 * reps - 1, 2)]
+        res[k] = {"steps_per_fit": len(ids), "pct_per_fit": with_cb, "pct": med([x for x in with_cb if x is not None]),
+                  "control_pct_per_fit": control, "control_pct": med([x for x in control if x is not None]),
+                  "with_callback_ms": med([fits[i][1][j] for i in range(1, 2 * reps, 2) for j in ids]),
+                  "without_ms": med([fits[i][1][j] for i in range(0, 2 * reps + 1, 2) for j in ids])}
+    res["dispatch_step_ms"] = med([fits[i][1][j] for i in range(1, 2 * reps, 2) for j in sorted(disp)])
     res["capture_step_ms"] = [cap.step_ms() for cap in caps]
     res["capture_instrument_cost"] = [cap.instrument_cost() for cap in caps]
     res["capture_gemm_ms"] = [cap.gemm_ms_per_step() for cap in caps]
@@ -323,6 +332,8 @@ def check_sweep(model_name: str, recipes: list[str], sweep_steps: int, out: Path
     tr.fit(module, loader)
     sweep_ms = {r: cap.step_ms() for r, cap in cb.sweep_result.captures.items()}
     costs = {r: cap.instrument_cost() for r, cap in cb.sweep_result.captures.items()}
+    if torch.cuda.is_available():
+        module.cuda()  # Lightning moves the module back to the CPU when the fit ends
     plugin = getattr(tr.strategy, "precision_plugin", None)
     batch = cb._last_batch[0].to(module.device)
     loop_ms = plain_loop(module, batch, list(sweep_ms), getattr(plugin, "forward_context", None),
@@ -358,9 +369,10 @@ def main() -> int:
                 res = check_fit(name, r, a.reps, a.clean, a.instrumented, out, kernels=not a.no_kernels)
                 results.append(res)
                 cl, ins = res["clean"], res["instrumented"]
-                print(f"fit {name} {r}: clean {cl['with_callback_ms']:.2f} vs without {cl['without_ms']:.2f} ms "
-                      f"({cl['pct']:+.2f}%, n={cl['steps']}; control without/without {cl['control_pct']:+.2f}%); instrumented {ins['with_callback_ms'] or 0:.2f} ms "
-                      f"({(ins['pct'] or 0):+.2f}%, n={ins['steps']}); capture's own step "
+                pct = lambda x: "-" if x is None else f"{x:+.2f}%"  # noqa: E731
+                print(f"fit {name} {r}: clean steps vs the fits around them {pct(cl['pct'])} (per fit "
+                      f"{', '.join(map(pct, cl['pct_per_fit']))}; control {pct(cl['control_pct'])}); instrumented "
+                      f"{pct(ins['pct'])} (control {pct(ins['control_pct'])}); capture's own step "
                       f"{med(res['capture_step_ms']):.2f} ms; join: {res['kernel_join'][0]}", flush=True)
         elif a.check == "cupti":
             for r in recipes:

@@ -80,7 +80,9 @@ class GemmProfiler:
         has_te = any(is_te_module(m) for m in model.modules())
         if dispatch_steps is None:
             dispatch_steps = 1 if has_te else "all"
-        cuda = torch.cuda.is_available() or kernel_profile is not None
+        # Kernel records need the model's kernels on a GPU: a CPU model on a GPU host has none.
+        on_gpu = torch.cuda.is_available() and next((p.is_cuda for p in model.parameters()), True)
+        cuda = on_gpu or kernel_profile is not None
         if kernel_steps is None:
             kernel_steps = 1 if cuda and timing != "none" else 0
         self.plan = StepPlan(instrumented=count_arg("instrumented_steps", instrumented_steps, True),
