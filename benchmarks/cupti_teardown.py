@@ -9,26 +9,13 @@ before and after one torch.profiler session (CUDA kernels only), in a fresh proc
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 
 import torch
 
+from instrument_cost import launch_cost_us as launch_us  # this script's folder
 from te_gemm_callback.capture.kernel_records import KernelProfile
-
-
-def launch_us(n: int = 2000, reps: int = 15) -> float:
-    x = torch.zeros(16, device="cuda")
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()  # outside the timed launches
-        t0 = time.perf_counter()
-        for _ in range(n):
-            x.add_(1.0)
-        out.append((time.perf_counter() - t0) / n * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(out)
 
 
 def main() -> int:

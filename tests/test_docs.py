@@ -43,13 +43,14 @@ def test_every_named_path_exists(doc):
 
 def test_no_history_in_the_product():
     """Code, docs and tests speak of the product; history lives in CHANGELOG.md and git."""
-    pattern = re.compile(r"session [0-9]|issue [0-9]|reviewer|seed (tool|config|script)|seed's", re.I)
+    # (bracketed letters: this line must not match itself)
+    pattern = re.compile(r"sessio[n] [0-9]|issu[e] [0-9]|reviewe[r]|see[d] (tool|config|script)|see[d]'s", re.I)
     hits = []
     for base in ("te_gemm_callback", "scripts", "benchmarks", "docs", "tests", "recipes"):
         for p in (ROOT / base).rglob("*"):
             if p.is_file() and p.suffix in (".py", ".md", ".sh", ".toml"):
                 hits += [f"{p.relative_to(ROOT)}:{i}" for i, line in enumerate(p.read_text().splitlines(), 1)
-                         if pattern.search(line) and "pattern = re.compile" not in line]
+                         if pattern.search(line)]
     hits += [f"README.md:{i}" for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
              if pattern.search(line)]
     assert not hits, hits
