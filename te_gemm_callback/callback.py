@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from pytorch_lightning.callbacks import Callback
 
+from .adapting import check_arguments, guard, phase, save_capture, sweep_metrics, write_ranks
 from .capture import GemmCapture, GemmProfiler
-from .capture.distributed import RANKS_SCHEMA, gather_captures, rank_summary
-from .jsonio import write_json
+from .capture.distributed import gather_captures
 from .render import capture_table, print_table, summary_metrics
 from .render.tables import ranks_table
 
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("te_gemm_callback")
 
-
-def _check_int(name: str, v: Any, least: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
 
 
 class GemmProfilerCallback(Callback):
@@ -77,27 +73,9 @@ class GemmProfilerCallback(Callback):
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True,
                  sweep_warmup: int = 2, instrumented_steps: int = 1) -> None:
-        for name, v in (("wait", wait), ("warmup", warmup), ("active", active),
-                        ("sweep_warmup", sweep_warmup)):
-            _check_int(name, v, 0)
-        _check_int("sweep_steps", sweep_steps, 1)
-        _check_int("instrumented_steps", instrumented_steps, 1)
-        if active < 1:
-            raise ValueError("active must be >= 1: at least one step has to be captured")
-        if instrumented_steps > active:
-            raise ValueError(f"instrumented_steps ({instrumented_steps}) must not exceed active ({active})")
-        if dispatch_steps is not None and dispatch_steps != "all":
-            _check_int("dispatch_steps", dispatch_steps, 0)
-        if isinstance(adapters, str) or not adapters or set(adapters) - {"te", "torch"}:
-            raise ValueError(f"adapters must be a list of 'te' and/or 'torch', got {adapters!r}")
-        if not isinstance(filename, str) or not filename.strip() or Path(filename).name != filename:
-            raise ValueError(f"filename must be a plain file name such as 'gemm_capture.json', got {filename!r}")
-        if sweep is not None:
-            from .precisions import canonical
-
-            if isinstance(sweep, str):
-                raise ValueError(f"sweep must be a list of recipe names, e.g. [{sweep!r}], not a string")
-            sweep = [canonical(r) for r in sweep]  # bad names fail here, not after training
+        sweep = check_arguments(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps,
+                                sweep_warmup=sweep_warmup, sweep_steps=sweep_steps, dispatch_steps=dispatch_steps,
+                                adapters=adapters, filename=filename, sweep=sweep)
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps = instrumented_steps
         self.output_dir = Path(output_dir)
@@ -123,13 +101,7 @@ class GemmProfilerCallback(Callback):
 
     # --- schedule --------------------------------------------------------------------------
     def phase(self, step: int) -> str:
-        if step < self.wait:
-            return "wait"
-        if step < self.wait + self.warmup:
-            return "warmup"
-        if step < self.wait + self.warmup + self.active:
-            return "active"
-        return "done"
+        return phase(step, self.wait, self.warmup, self.active)
 
     @staticmethod
     def _micro(trainer: "Trainer", batch_idx: int) -> tuple[bool, bool, int]:
@@ -250,13 +222,7 @@ class GemmProfilerCallback(Callback):
             self.wait = self.steps_seen
 
     # --- results ---------------------------------------------------------------------------
-    def _guard(self, fn: Any, what: str) -> Any:
-        """Run one piece of our own work; a failure is logged once and never reaches the fit."""
-        try:
-            return fn()
-        except Exception as err:
-            log.warning("te-gemm: %s: %s: %s (training goes on)", what, type(err).__name__, err)
-            return False
+    _guard = staticmethod(guard)
 
     def _drop(self) -> None:
         prof, self._prof, self._phase = self._prof, None, None
@@ -322,28 +288,15 @@ class GemmProfilerCallback(Callback):
     def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
         if self.verbose:
             print_table(capture_table(cap, limit=40))
-        path = self.output_dir / self.filename
-        if self._resumed and path.exists():  # the capture of the run before the resume stays as it was
-            path = path.with_name(f"{path.stem}.step{cap.meta['global_step_end']}{path.suffix}")
-            log.warning("te-gemm: %s exists from before the resume: this capture goes to %s",
-                        self.output_dir / self.filename, path)
-        self.path = cap.save(path)
+        self.path = save_capture(cap, self.output_dir, self.filename, keep_existing=self._resumed)
         if gathered is not None and len(gathered) > 1:
-            self._write_ranks(gathered)
+            self.rank_summary = write_ranks(gathered, self.output_dir)
+            if self.verbose:
+                print_table(ranks_table(self.rank_summary))
         log.info("te-gemm: capture written to %s", self.path)
 
-    def _write_ranks(self, caps: list[GemmCapture]) -> None:
-        for c in caps:
-            c.save(self.output_dir / "ranks" / f"rank{c.meta.get('rank')}.json")
-        summary = rank_summary(caps)
-        write_json(self.output_dir / "ranks" / "summary.json", {"schema": RANKS_SCHEMA, "ranks": summary},
-                   schema=RANKS_SCHEMA)
-        self.rank_summary = summary
-        if self.verbose:
-            print_table(ranks_table(summary))
-
     def _run_sweep(self, trainer: "Trainer", cap: GemmCapture) -> dict[str, float]:
-        from .analysis import analyze, capture_recipe
+        from .analysis import capture_recipe
         from .sweep import run_sweep
 
         module = trainer.lightning_module
@@ -370,19 +323,4 @@ class GemmProfilerCallback(Callback):
                                             warmup=self.sweep_warmup, profile_kernels=self.kernel_breakdown,
                                             set_recipe=set_recipe, context=context, out_dir=out_dir,
                                             job_recipe=capture_recipe(cap), nvtx=self.profiler_kwargs["nvtx"])
-        for r, why in res.skipped.items():
-            log.warning("te-gemm: sweep skipped %s: %s", r, why)
-        if not res.captures:
-            return {}
-        caps = list(res.captures.values())
-        try:
-            rep = analyze(caps[0], None, caps[1:])
-        except ValueError:
-            return {}
-        out = {}
-        for a in rep.recipes:
-            if a.observed_step_speedup is not None:
-                out[f"te_gemm/observed_step_speedup/{a.recipe}"] = a.observed_step_speedup
-            if a.observed_step_ms is not None:
-                out[f"te_gemm/sweep_step_ms/{a.recipe}"] = a.observed_step_ms
-        return out
+        return sweep_metrics(res)

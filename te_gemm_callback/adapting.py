@@ -1,0 +1,113 @@
+"""What the training-framework adapters share (Lightning's callback, Hugging Face's TrainerCallback):
+argument checks, the schedule's phases, publishing a capture, and the failure guard. No framework
+is imported here.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .capture import GemmCapture
+from .capture.distributed import RANKS_SCHEMA, rank_summary
+from .jsonio import write_json
+
+log = logging.getLogger("te_gemm_callback")
+
+
+def check_int(name: str, v: Any, least: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
+
+
+def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: int, sweep_warmup: int,
+                    sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
+                    sweep: Sequence[str] | None) -> list[str] | None:
+    """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
+    sweep's recipes in TE's names. Called where the arguments are given, not once training runs."""
+    for name, v in (("wait", wait), ("warmup", warmup), ("active", active), ("sweep_warmup", sweep_warmup)):
+        check_int(name, v, 0)
+    check_int("sweep_steps", sweep_steps, 1)
+    check_int("instrumented_steps", instrumented_steps, 1)
+    if active < 1:
+        raise ValueError("active must be >= 1: at least one step has to be captured")
+    if instrumented_steps > active:
+        raise ValueError(f"instrumented_steps ({instrumented_steps}) must not exceed active ({active})")
+    if dispatch_steps is not None and dispatch_steps != "all":
+        check_int("dispatch_steps", dispatch_steps, 0)
+    if isinstance(adapters, str) or not adapters or set(adapters) - {"te", "torch"}:
+        raise ValueError(f"adapters must be a list of 'te' and/or 'torch', got {adapters!r}")
+    if not isinstance(filename, str) or not filename.strip() or Path(filename).name != filename:
+        raise ValueError(f"filename must be a plain file name such as 'gemm_capture.json', got {filename!r}")
+    if sweep is None:
+        return None
+    from .precisions import canonical
+
+    if isinstance(sweep, str):
+        raise ValueError(f"sweep must be a list of recipe names, e.g. [{sweep!r}], not a string")
+    return [canonical(r) for r in sweep]  # bad names fail here, not after training
+
+
+def phase(step: int, wait: int, warmup: int, active: int) -> str:
+    """The schedule of ``torch.profiler.schedule``: untouched, warm-up (discarded), active, done."""
+    if step < wait:
+        return "wait"
+    if step < wait + warmup:
+        return "warmup"
+    if step < wait + warmup + active:
+        return "active"
+    return "done"
+
+
+def guard(fn: Callable[[], Any], what: str) -> Any:
+    """Run one piece of our own work; a failure is logged once and never reaches the training job
+    (returns False then)."""
+    try:
+        return fn()
+    except Exception as err:
+        log.warning("te-gemm: %s: %s: %s (training goes on)", what, type(err).__name__, err)
+        return False
+
+
+def save_capture(cap: GemmCapture, output_dir: Path, filename: str, *, keep_existing: bool = False) -> Path:
+    """Write the capture; with ``keep_existing`` (a resumed job), a capture already at the path
+    stays as it was and this one goes beside it, named after its last step."""
+    path = output_dir / filename
+    if keep_existing and path.exists():
+        path = path.with_name(f"{path.stem}.step{cap.meta.get('global_step_end', 'resumed')}{path.suffix}")
+        log.warning("te-gemm: %s exists from before the resume: this capture goes to %s", output_dir / filename, path)
+    return cap.save(path)
+
+
+def write_ranks(caps: list[GemmCapture], output_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's capture and the per-rank summary under ``output_dir/ranks/``."""
+    for c in caps:
+        c.save(output_dir / "ranks" / f"rank{c.meta.get('rank')}.json")
+    summary = rank_summary(caps)
+    write_json(output_dir / "ranks" / "summary.json", {"schema": RANKS_SCHEMA, "ranks": summary},
+               schema=RANKS_SCHEMA)
+    return summary
+
+
+def sweep_metrics(res: Any) -> dict[str, float]:
+    """Logger scalars from a :class:`~te_gemm_callback.sweep.SweepResult`: observed step time and
+    speedup per recipe."""
+    from .analysis import analyze
+
+    for r, why in res.skipped.items():
+        log.warning("te-gemm: sweep skipped %s: %s", r, why)
+    caps = list(res.captures.values())
+    if not caps:
+        return {}
+    try:
+        rep = analyze(caps[0], None, caps[1:])
+    except ValueError:
+        return {}
+    out = {}
+    for a in rep.recipes:
+        if a.observed_step_speedup is not None:
+            out[f"te_gemm/observed_step_speedup/{a.recipe}"] = a.observed_step_speedup
+        if a.observed_step_ms is not None:
+            out[f"te_gemm/sweep_step_ms/{a.recipe}"] = a.observed_step_ms
+    return out
