@@ -62,3 +62,14 @@ def test_hf_tiny(tmp_path):
     assert r[("model.model.layers.0.self_attn.k_proj", "fprop")].n == 2 * 8  # GQA: 2 kv heads x 8
     assert r[("model.model.layers.1.mlp.down_proj", "wgrad")].op == "wgrad"
     assert not cap.coverage["never_ran"]
+
+
+def test_accelerate_loop_counts_accumulated_micro_batches_as_one_step(tmp_path):
+    pytest.importorskip("accelerate")
+    pytest.importorskip("transformers")
+    mod = import_recipe("accelerate_loop")
+    assert mod.main(["--tiny", "--steps", "4", "--accumulate", "2", "--out", str(tmp_path)]) == 0
+    cap = GemmCapture.load(tmp_path / "gemm_capture.json")
+    assert [(s.kind, s.micro_batches) for s in cap.steps] == [("instrumented", 2)] + [("clean", 2)] * 3
+    q = next(r for r in cap.records if r.module.endswith("layers.0.self_attn.q_proj") and r.op == "fprop")
+    assert (q.m, q.calls_per_step) == (2 * 16, 2)  # micro-batch 2 x 16 tokens, two micro-batches a step
