@@ -144,3 +144,24 @@ def test_capture_roundtrip_keeps_step_kinds(tmp_path):
     back = GemmCapture.load(cap.save(tmp_path / "c.json"))
     assert back.steps == cap.steps and back.step_ms() == cap.step_ms()
     assert back.to_dict()["summary"]["instrument_cost"]["dispatch_pct"] == pytest.approx(50.0)
+
+
+def test_compiled_model_same_gemms_as_eager_no_recompile_and_no_launch_order_join():
+    """torch.compile on CPU: under the dispatch mode dynamo runs the model eagerly, so the capture
+    holds eager's GEMMs and owners; the profiler causes no recompile or graph break; the kernels
+    step (compiled kernels, possibly fused) is not joined by launch order to the eager capture."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    eager, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    cm = torch.compile(eager)
+    cm(x).sum().backward()  # compiled before profiling
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    cap, _ = run(GemmProfiler(cm, kernel_profile=FakeKernels(), clock=clock), cm, x, clock, n=3)
+    assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
+    with GemmProfiler(eager) as ref:
+        eager(x).sum().backward()
+    key = lambda c: sorted((r.module.removeprefix("_orig_mod."), r.op, r.m, r.k, r.n) for r in c.records)  # noqa: E731
+    assert key(cap) == key(ref.capture) and cap.meta["compiled"] is True
+    assert cap.meta["kernel_join"].startswith("not joined: a torch.compile model")
+    assert cap.gemm_ms_per_step() == pytest.approx(2.1)  # the kernels step's GEMM time still counts

@@ -26,6 +26,11 @@ from .torch_adapter import GemmDispatchMode
 log = logging.getLogger("te_gemm_callback")
 
 
+def compiled(model: nn.Module) -> bool:
+    """Whether the model, or a module inside it, is a ``torch.compile`` OptimizedModule."""
+    return any(type(m).__name__ == "OptimizedModule" for m in model.modules())
+
+
 class GemmProfiler:
     """Record every GEMM a model runs: shapes, pass, precision, GPU time, owning module.
 
@@ -351,6 +356,13 @@ class GemmProfiler:
         out: dict[str, Any] = {"gemm_time_source": source}
         if not ref:
             return out  # nothing captured to join kernels to (no instrumented step, or no GEMM)
+        if self._kernel_steps and compiled(self.model):
+            # Seen on CPU (torch 2.13): under the dispatch mode dynamo runs the model eagerly, so the
+            # captured order is eager's, while the kernels step runs the compiled graph, whose
+            # kernels may be fused or reordered: a launch-order join could pair the wrong GEMMs.
+            out["kernel_join"] = ("not joined: a torch.compile model runs its compiled kernels on the kernels step, "
+                                  "its eager ones while instrumented; per-step GEMM kernel time is kept")
+            return out
         if not self._kernel_steps:
             if self.plan.kernels:
                 out["kernel_join"] = f"no kernel records ({self.kernel_profile.error or 'no kernels step ran'})"
@@ -405,5 +417,8 @@ class GemmProfiler:
             "step_time": "clean steps (nothing attached)" if CLEAN in self._kinds else
                          "no clean step: step times include the capture instruments",
             "model": type(self.model).__name__,
+            # torch.compile: shapes come from an eager run (dynamo steps aside under the dispatch
+            # mode); clean and kernels steps run the compiled code.
+            "compiled": compiled(self.model),
             "clocks_during_capture": self._clocks.summary() if self._clocks is not None else None,
         }
