@@ -8,7 +8,7 @@ Public API, by what users touch:
 - measure: :func:`bench` (microbenchmarks of the captured shapes), :func:`run_sweep` (observed step
   time per recipe on the live model);
 - report: :func:`report` (a run folder's tables, figures, verdicts), :func:`analyze_run` (the same
-  without drawing);
+  without drawing), :func:`make_plan` / :func:`apply_precision_plan` (which modules to keep in BF16);
 - shapes: :class:`GemmShape`, :class:`GemmOp`, :class:`ModelConfig`, :func:`backward_shapes`,
   :func:`config_gemms`.
 
@@ -25,7 +25,7 @@ __all__ = [
     # measure
     "bench", "run_sweep",
     # report
-    "report", "analyze_run",
+    "report", "analyze_run", "make_plan", "apply_precision_plan",
     # shapes
     "GemmOp", "GemmShape", "ModelConfig", "backward_shapes", "config_gemms",
 ]
@@ -42,6 +42,8 @@ _LAZY = {
     "run_sweep": ("sweep", "run_sweep"),
     "report": ("render.report", "report"),
     "analyze_run": ("runs", "analyze_run"),
+    "make_plan": ("plan", "make_plan"),
+    "apply_precision_plan": ("plan", "apply_precision_plan"),
 }
 
 

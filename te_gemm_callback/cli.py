@@ -248,6 +248,30 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(a: argparse.Namespace) -> int:
+    from .plan import make_plan
+    from .render.tables import plan_table
+    from .runs import analyze_run
+
+    rr = analyze_run(a.run_dir)
+    if rr.bench is None:
+        raise ValueError(f"{a.run_dir} has no bench.json: te-gemm bench --capture {a.run_dir}/gemm_capture.json "
+                         f"--json {a.run_dir}/bench.json first")
+    base = next((c for c in rr.captures if c.meta.get("sweep") and c.meta.get("recipe") == rr.report.current_recipe),
+                None)
+    plan = make_plan(rr.job, rr.bench, rr.items, observed=base)
+    out = console()
+    out.print(plan_table(plan))
+    plan.save(a.json or f"{a.run_dir}/precision_plan.json")
+    yaml = a.yaml or f"{a.run_dir}/precision_plan_nvdlfw.yaml"
+    from .jsonio import write_text
+
+    write_text(yaml, plan.nvdlfw_yaml())
+    out.print(f"plan: {a.json or f'{a.run_dir}/precision_plan.json'} (apply_precision_plan(model, path)); "
+              f"TE debug config: {yaml}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="te-gemm", description="The GEMMs your training job really runs.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -286,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="re-render tables, figures and report.json from a run folder (no GPU needed)")
     s.add_argument("run_dir")
     s.set_defaults(fn=cmd_report)
+    s = sub.add_parser("plan", help="which modules to keep in BF16 under an FP8 recipe, from a run folder with bench.json")
+    s.add_argument("run_dir")
+    s.add_argument("--json", help="where to write the plan (default RUN_DIR/precision_plan.json)")
+    s.add_argument("--yaml", help="where to write TE's debug-API config (default RUN_DIR/precision_plan_nvdlfw.yaml)")
+    s.set_defaults(fn=cmd_plan)
     s = sub.add_parser("show", help="print a capture file as a table")
     s.add_argument("capture")
     s.add_argument("--limit", type=_positive, default=None)

@@ -46,11 +46,17 @@ def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str 
     path = Path(path)
     if schema is not None:
         check_replaceable(path, schema)
+    return write_text(path, json.dumps(data, indent=indent))
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a text file atomically (a temporary file in the same folder, then a rename)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=indent))
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())  # the rename must not publish a file whose bytes are not on disk
         os.replace(tmp, path)

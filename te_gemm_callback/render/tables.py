@@ -124,3 +124,24 @@ def ranks_table(rows: list[dict[str, Any]]) -> Table:
     t.caption = (f"NCCL: kernel time of {window} (torch.profiler), including waits for other ranks; exposed = not overlapped "
                  "by any compute kernel. Grouped rows: rows of all grouped-GEMM forwards (fc1 + fc2 count twice)")
     return t
+
+
+def plan_table(plan: Any, limit: int | None = 40) -> Table:
+    """A precision plan: per module its GEMM time in BF16 and in the plan's recipe, and the choice;
+    the caption sets the plan's predicted step against BF16 and every single recipe."""
+    t = Table(title=f"Precision plan: {plan.recipe}, {len(plan.keep_bf16)} module(s) kept in BF16")
+    for c in ("module", "BF16 ms/step", f"{plan.recipe} ms/step", "FP8 - BF16", "runs in"):
+        t.add_column(c, justify="left" if c in ("module", "runs in") else "right", no_wrap=c != "module")
+    rows = sorted(plan.modules, key=lambda m: -(m.fp8_loss_ms if m.fp8_loss_ms is not None else float("inf")))
+    for m in rows[:limit] if limit else rows:
+        loss = m.fp8_loss_ms
+        t.add_row(m.module, _ms(m.bf16_ms), "cannot run" if m.fp8_ms is None else _ms(m.fp8_ms),
+                  "-" if loss is None else f"{loss:+.3f}", "BF16" if m.keep_bf16 else plan.recipe,
+                  style="yellow" if m.keep_bf16 else None)
+    if limit and len(rows) > limit:
+        t.add_row(f"... {len(rows) - limit} more", "", "", "", "")
+    if plan.predicted_step_ms:
+        parts = [f"{k} {v:.2f} ms ({plan.predicted_speedup[k]:.2f}x)" for k, v in plan.predicted_step_ms.items()]
+        t.caption = ("predicted step (Amdahl over the job's GEMM share, autocast-mode microbenchmarks): "
+                     + ", ".join(parts) + f". Best single recipe: {plan.best_single}")
+    return t

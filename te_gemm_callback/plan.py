@@ -1,0 +1,205 @@
+"""Per-layer precision plan: which modules to keep in BF16 under an FP8 recipe.
+
+For each GEMM-owning module of the captured job, the autocast-mode microbenchmarks (each GEMM plus
+the quantization of its inputs, what training pays) give its GEMM time per step under every recipe
+that ran. A plan is one FP8 recipe with the modules where that recipe loses kept in BF16; the best
+plan is the one with the least GEMM time. Step times are predicted the way the report predicts
+them (Amdahl over the job's measured GEMM share: T - G + G x B(plan) / B(job recipe)).
+
+A module that TE cannot run in the recipe (FP8 needs dims divisible by 16; a cell that failed) is
+kept in BF16: a plan never asks TE for what it refused in the microbenchmark.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .bench.cells import WorkItem
+from .bench.results import BenchResults, item_ms
+from .capture.record import GemmCapture
+from .jsonio import read_schema, write_json
+
+SCHEMA = "te-gemm-plan/1"
+MODE = "autocast"
+
+
+@dataclass
+class ModuleChoice:
+    module: str
+    bf16_ms: float | None  # GEMM (+ quantization) time per step in BF16
+    fp8_ms: float | None  # ... in the plan's recipe (None: TE cannot run it)
+    keep_bf16: bool
+
+    @property
+    def fp8_loss_ms(self) -> float | None:
+        """How much slower the recipe is than BF16 on this module, per step (> 0: FP8 loses)."""
+        return None if self.fp8_ms is None or self.bf16_ms is None else self.fp8_ms - self.bf16_ms
+
+
+@dataclass
+class PrecisionPlan:
+    """One FP8 recipe, and the modules kept in BF16 under it.
+
+    Example:
+        >>> plan = PrecisionPlan("Float8CurrentScaling", ["lm_head"])
+        >>> plan.keep_bf16
+        ['lm_head']
+    """
+
+    recipe: str
+    keep_bf16: list[str]
+    modules: list[ModuleChoice] = field(default_factory=list)
+    predicted_step_ms: dict[str, float] = field(default_factory=dict)  # "BF16", each recipe, "plan"
+    predicted_speedup: dict[str, float] = field(default_factory=dict)  # over BF16
+    gemm_ms: dict[str, float] = field(default_factory=dict)  # bench GEMM time per step, same keys
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best_single(self) -> str | None:
+        singles = {k: v for k, v in self.predicted_step_ms.items() if k != "plan"}
+        return min(singles, key=singles.get) if singles else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+    def save(self, path: str | Path) -> Path:
+        return write_json(path, self.to_dict(), schema=SCHEMA)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PrecisionPlan":
+        d = read_schema(path, SCHEMA, "te-gemm precision plan")
+        mods = [ModuleChoice(**m) for m in d.get("modules", [])]
+        return cls(d["recipe"], list(d["keep_bf16"]), mods, d.get("predicted_step_ms", {}),
+                   d.get("predicted_speedup", {}), d.get("gemm_ms", {}), d.get("meta", {}))
+
+    def nvdlfw_yaml(self) -> str:
+        """A config for TE's debug API (nvdlfw_inspect) that keeps the same modules out of FP8,
+        without this package: ``debug_api.initialize(config_file=...)``. Layer names are this
+        capture's module paths; where TE's inferred names differ (another root), edit the pattern."""
+        pattern = "^(" + "|".join(re.escape(m) for m in self.keep_bf16) + ")$"
+        return ("te_gemm_plan_keep_bf16:\n"
+                f"  enabled: {bool(self.keep_bf16)}\n"
+                "  layers:\n"
+                f"    layer_name_regex_pattern: '{pattern}'\n"
+                "  transformer_engine:\n"
+                "    DisableFP8Layer:\n"
+                "      enabled: True\n")
+
+
+def module_times(items: list[WorkItem], owner: dict[str, str], bench: BenchResults,
+                 recipe: str) -> dict[str, float | None]:
+    """GEMM time per step of each module under ``recipe`` (None where a cell failed)."""
+    out: dict[str, float | None] = {}
+    for it in items:
+        mod = owner.get(it.name, it.name)
+        t = item_ms(bench, it, recipe, MODE)
+        prev = out.get(mod, 0.0)
+        out[mod] = None if t is None or prev is None else prev + t * it.count
+    return out
+
+
+def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] | None = None,
+              observed: GemmCapture | None = None) -> PrecisionPlan:
+    """The best plan among the FP8 recipes the bench ran, against BF16 and every single recipe.
+
+    ``observed``: the run whose clean step time and GEMM time anchor the prediction (the sweep's
+    baseline when there is one; default the capture itself)."""
+    from .analysis import capture_recipe
+    from .bench.cells import items_from_capture
+
+    if MODE not in bench.meta.get("modes", [MODE]):
+        raise ValueError("the plan needs autocast-mode microbenchmarks (GEMM + quantization): run te-gemm bench "
+                         "without --pre-quantize")
+    items = items if items is not None else items_from_capture(capture)
+    owner = {r.name: r.module for r in capture.records}
+    recipes = [r for r in bench.precisions if r != "BF16"]
+    if "BF16" not in bench.precisions or not recipes:
+        raise ValueError("the plan needs BF16 and at least one FP8 recipe in the microbenchmarks")
+    bf16 = module_times(items, owner, bench, "BF16")
+    if any(v is None for v in bf16.values()):
+        raise ValueError("some GEMMs have no BF16 time in the microbenchmarks: bench this capture again")
+    totals = {"BF16": sum(bf16.values())}
+    plans = {}
+    for r in recipes:
+        times = module_times(items, owner, bench, r)
+        choices = [ModuleChoice(m, bf16[m], times.get(m), keep_bf16=times.get(m) is None or times[m] >= bf16[m])
+                   for m in bf16]
+        # The single recipe as TE would run it: modules it cannot run stay BF16, the rest in r.
+        totals[r] = sum(c.fp8_ms if c.fp8_ms is not None else c.bf16_ms for c in choices)
+        plans[r] = (sum(c.bf16_ms if c.keep_bf16 else c.fp8_ms for c in choices), choices)
+    best = min(plans, key=lambda r: plans[r][0])
+    plan_ms, choices = plans[best]
+    totals["plan"] = plan_ms
+    base = observed or capture
+    step, gemm, job = base.step_ms(), base.gemm_ms_per_step(), capture_recipe(base)
+    pred: dict[str, float] = {}
+    if step and gemm is not None and totals.get(job):
+        pred = {k: step - gemm + gemm * v / totals[job] for k, v in totals.items()}
+    plan = PrecisionPlan(best, [c.module for c in choices if c.keep_bf16], choices, pred,
+                         {k: pred["BF16"] / v for k, v in pred.items()} if pred else {}, totals,
+                         {"device": bench.meta.get("device"), "mode": MODE, "job_recipe": job,
+                          "prediction": "Amdahl over the job's measured GEMM share, autocast-mode microbenchmarks"})
+    return plan
+
+
+class PlanHandle:
+    """What :func:`apply_precision_plan` changed; ``remove()`` puts it back."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[nn.Module, Any]] = []
+
+    def remove(self) -> None:
+        for module, had in reversed(self._undo):
+            if had is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = had
+        self._undo.clear()
+
+
+def apply_precision_plan(model: nn.Module, plan: PrecisionPlan | str | Path) -> PlanHandle:
+    """Keep the plan's modules out of FP8 inside the job's own ``te.autocast``: each listed module's
+    forward runs under ``te.autocast(enabled=False)`` (its backward follows its forward's
+    precision). No hook is registered and no weight touched; ``.remove()`` undoes it.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        >>> h = apply_precision_plan(model, PrecisionPlan("Float8CurrentScaling", ["1"]))
+        >>> model(torch.randn(3, 4)).shape
+        torch.Size([3, 2])
+        >>> h.remove()
+    """
+    from .precisions import autocast
+
+    if not isinstance(plan, PrecisionPlan):
+        plan = PrecisionPlan.load(plan)
+    handle = PlanHandle()
+    missing = [name for name in plan.keep_bf16 if _get(model, name) is None]
+    if missing:
+        raise ValueError(f"the plan names modules this model does not have: {', '.join(missing[:5])} "
+                         "(was it made for another model, or another root module?)")
+    for name in plan.keep_bf16:
+        module = _get(model, name)
+        had = module.__dict__.get("forward")
+        orig = module.forward
+
+        def forward(*args: Any, _orig: Any = orig, **kwargs: Any) -> Any:
+            with autocast("BF16"):  # explicitly off inside the job's FP8 autocast
+                return _orig(*args, **kwargs)
+
+        module.forward = forward
+        handle._undo.append((module, had))
+    return handle
+
+
+def _get(model: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(name) if name else model
+    except AttributeError:
+        return None

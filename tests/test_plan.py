@@ -1,0 +1,101 @@
+"""The precision plan from a hand-made microbenchmark (TE cannot run on CPU, so the bench's cells are
+written out: which module wins or loses in FP8 is then known exactly)."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from te_gemm_callback.bench.cells import BenchResult
+from te_gemm_callback.bench.results import BenchResults
+from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
+from te_gemm_callback.cli import main
+from te_gemm_callback.plan import PrecisionPlan, apply_precision_plan, make_plan
+
+# Three modules: "big" where FP8 wins, "small" where it loses, "router" (8 wide) it cannot run.
+SHAPES = {"big": (1024, 1024, 4096), "small": (64, 32, 32), "router": (1024, 1024, 8)}
+# ms per pass (fprop, dgrad, wgrad each) per recipe; None: the cell failed (FP8 needs dims % 16).
+TIMES = {"big": {"BF16": 1.0, "Float8CurrentScaling": 0.5, "DelayedScaling": 0.55},
+         "small": {"BF16": 0.01, "Float8CurrentScaling": 0.03, "DelayedScaling": 0.04},
+         "router": {"BF16": 0.02, "Float8CurrentScaling": None, "DelayedScaling": None}}
+
+
+def capture(step_ms=10.0, gemm_ms=3.06):
+    recs = []
+    for mod, (m, k, n) in SHAPES.items():
+        for op, (a, b, c) in (("fprop", (m, k, n)), ("dgrad", (m, n, k)), ("wgrad", (k, m, n))):
+            recs.append(GemmRecord(module=mod, gemm="", op=op, m=a, k=b, n=c, batch=1, precision="bf16", operands=[],
+                                   source="te", kernel="general_gemm", recompute=False, module_type="Linear", calls=1,
+                                   calls_per_step=1.0, flops=2 * m * k * n))
+    steps = [StepTime(0, wall_ms=15.0, kind="instrumented", dispatch=True),
+             StepTime(1, wall_ms=step_ms, gpu_ms=step_ms, gemm_ms=gemm_ms, kind="kernels"),
+             StepTime(2, wall_ms=step_ms, gpu_ms=step_ms, kind="clean")]
+    return GemmCapture(recs, steps, {"device": "test"})
+
+
+def bench():
+    res = []
+    for mod, (m, k, n) in SHAPES.items():
+        for op, (a, b, c) in (("fprop", (m, k, n)), ("dgrad", (m, n, k)), ("wgrad", (k, m, n))):
+            for recipe, ms in TIMES[mod].items():
+                res.append(BenchResult(a, b, c, op, recipe, "autocast", median_ms=ms, iters=5,
+                                       error=None if ms is not None else "Assertion failed: ret.lda % 16 == 0"))
+    return BenchResults(res, {"NVFP4BlockScaling": "needs sm_100"}, {"modes": ["autocast"], "device": "test"})
+
+
+def test_plan_keeps_the_losers_and_the_unrunnable_in_bf16():
+    plan = make_plan(capture(), bench())
+    assert plan.recipe == "Float8CurrentScaling" and sorted(plan.keep_bf16) == ["router", "small"]
+    by = {m.module: m for m in plan.modules}
+    assert by["small"].fp8_loss_ms == pytest.approx(3 * 0.02) and by["router"].fp8_ms is None
+    # GEMM time per step: BF16 3.09; the single recipe 1.5 + 0.09 + 0.06 (router at BF16); the plan 1.5 + 0.03 + 0.06.
+    assert plan.gemm_ms["BF16"] == pytest.approx(3.09)
+    assert plan.gemm_ms["Float8CurrentScaling"] == pytest.approx(1.65)
+    assert plan.gemm_ms["plan"] == pytest.approx(1.59)
+    # Amdahl on the clean step (10 ms) and the kernels step's GEMM time (3.06 ms), job in BF16.
+    assert plan.predicted_step_ms["plan"] == pytest.approx(10 - 3.06 + 3.06 * 1.59 / 3.09)
+    assert plan.predicted_step_ms["plan"] < plan.predicted_step_ms[plan.best_single]
+    assert plan.best_single == "Float8CurrentScaling"
+
+
+def test_everything_in_fp8_when_fp8_wins_everywhere():
+    b = bench()
+    for r in b.results:  # "small" no longer loses; the router stays BF16 (it cannot run)
+        if sorted((r.m, r.k, r.n)) == [32, 32, 64] and r.precision != "BF16":
+            r.median_ms = 0.005
+    plan = make_plan(capture(), b)
+    assert plan.keep_bf16 == ["router"]
+    assert plan.gemm_ms["plan"] == pytest.approx(plan.gemm_ms[plan.recipe])  # the plan is the single recipe
+
+
+def test_plan_files_and_cli(tmp_path, capsys):
+    run = tmp_path / "run"
+    capture().save(run / "gemm_capture.json")
+    bench().save(run / "bench.json")
+    assert main(["plan", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "Precision plan: Float8CurrentScaling, 2 module(s) kept in BF16" in out and "cannot run" in out
+    plan = PrecisionPlan.load(run / "precision_plan.json")
+    assert sorted(plan.keep_bf16) == ["router", "small"]
+    yaml = (run / "precision_plan_nvdlfw.yaml").read_text()
+    assert "DisableFP8Layer" in yaml and "layer_name_regex_pattern: '^(small|router)$'" in yaml
+    assert json.loads((run / "precision_plan.json").read_text())["schema"] == "te-gemm-plan/1"
+
+
+def test_apply_precision_plan_leaves_no_hooks_and_changes_no_weights():
+    model = nn.Sequential()
+    model.add_module("big", nn.Linear(8, 8))
+    model.add_module("small", nn.Linear(8, 8))
+    x = torch.randn(2, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    expected = model(x)
+    handle = apply_precision_plan(model, PrecisionPlan("Float8CurrentScaling", ["small"]))
+    assert torch.equal(model(x), expected)  # BF16 autocast off is a no-op without TE
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert "forward" in model.small.__dict__
+    handle.remove()
+    assert "forward" not in model.small.__dict__
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="does not have: nope"):
+        apply_precision_plan(model, PrecisionPlan("Float8CurrentScaling", ["nope"]))
