@@ -70,6 +70,27 @@ def guard(fn: Callable[[], Any], what: str) -> Any:
         return False
 
 
+def drop_profiler(prof: Any) -> None:
+    """Take a profiler's instruments off after a failure; it is not used again."""
+    try:
+        prof._detach()
+    except Exception:  # already broken: nothing of it is used
+        pass
+
+
+def finish_profiler(prof: Any, micro_batches: int) -> GemmCapture | None:
+    """Close the open step and stop; on a failure of ours, log it, take everything off, return None."""
+    def stop() -> GemmCapture:
+        prof.resume()  # stop() closes the open step with its boundary event
+        return prof.stop(micro_batches=max(micro_batches, 1))
+
+    cap = guard(stop, "capture could not be finished")
+    if cap is False:
+        drop_profiler(prof)
+        return None
+    return cap
+
+
 def save_capture(cap: GemmCapture, output_dir: Path, filename: str, *, keep_existing: bool = False) -> Path:
     """Write the capture; with ``keep_existing`` (a resumed job), a capture already at the path
     stays as it was and this one goes beside it, named after its last step."""

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from pytorch_lightning.callbacks import Callback
 
-from .adapting import check_arguments, guard, phase, save_capture, sweep_metrics, write_ranks
+from .adapting import (check_arguments, drop_profiler, finish_profiler, guard, phase, save_capture, sweep_metrics,
+                       write_ranks)
 from .capture import GemmCapture, GemmProfiler
 from .capture.distributed import gather_captures
 from .render import capture_table, print_table, summary_metrics
@@ -227,7 +228,7 @@ class GemmProfilerCallback(Callback):
     def _drop(self) -> None:
         prof, self._prof, self._phase = self._prof, None, None
         if prof is not None:
-            self._drop_profiler(prof)
+            drop_profiler(prof)
 
     def _warn_incomplete(self, trainer: "Trainer") -> None:
         first = self.wait + self.warmup
@@ -239,23 +240,7 @@ class GemmProfilerCallback(Callback):
         if prof is None:
             return None
         self._phase = None
-
-        def stop() -> GemmCapture:
-            prof.resume()  # stop() closes the open step with its boundary event
-            return prof.stop(micro_batches=max(self._micro_batches, 1))
-
-        cap = self._guard(stop, "capture could not be finished")
-        if cap is False:
-            self._drop_profiler(prof)
-            return None
-        return cap
-
-    @staticmethod
-    def _drop_profiler(prof: GemmProfiler) -> None:
-        try:
-            prof._detach()
-        except Exception:  # already broken: nothing of it is used
-            pass
+        return finish_profiler(prof, self._micro_batches)
 
     def _finish(self, trainer: "Trainer", keep: bool) -> None:
         phase = self._phase

@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
-from .adapting import check_arguments, guard, phase, save_capture, sweep_metrics, write_ranks
+from .adapting import (check_arguments, drop_profiler, finish_profiler, guard, phase, save_capture, sweep_metrics,
+                       write_ranks)
 from .capture import GemmCapture, GemmProfiler
 from .capture.distributed import gather_captures
 from .render import capture_table, print_table, summary_metrics
@@ -130,21 +131,13 @@ class GemmProfilerTrainerCallback(TrainerCallback):
     def _drop(self) -> None:
         prof, self._prof, self._phase = self._prof, None, None
         if prof is not None:
-            guard(prof._detach, "capture could not be taken off")
+            drop_profiler(prof)
 
     def _finish(self, args: Any, state: Any, kwargs: dict, keep: bool) -> None:
         prof, ph = self._prof, self._phase
         self._prof, self._phase = None, None
-        if prof is None:
-            return
-
-        def stop() -> GemmCapture:
-            prof.resume()  # stop() closes the open step with its boundary event
-            return prof.stop(micro_batches=max(self._micro_batches, 1))
-
-        cap = guard(stop, "capture could not be finished")
-        if cap is False:
-            guard(prof._detach, "capture could not be taken off")
+        cap = finish_profiler(prof, self._micro_batches) if prof is not None else None
+        if cap is None:
             return
         if keep and ph == "active":
             if len(cap.steps) < self.active:

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..kernels import breakdown_ms, comm_overlap_ms, is_gemm_kernel, top_kernels_ms
+from ..kernels import breakdown_ms, comm_overlap_ms, is_gemm_kernel, kernel_intervals, top_kernels_ms
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -96,9 +96,7 @@ class KernelProfile:
             # after the step's end boundary, so no measured step contains it.
             torch.cuda.synchronize()
             prof.__exit__(None, None, None)
-            ks = sorted((e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
-                        if "CUDA" in str(getattr(e, "device_type", "")))
-            return KernelStep(sorted(ks, key=lambda k: k[1]))
+            return KernelStep(sorted(kernel_intervals(prof), key=lambda k: k[1]))
         except Exception as err:
             self.error = f"{type(err).__name__}: {err}"
             log.warning("te-gemm: kernel records lost: %s", self.error)

@@ -95,7 +95,6 @@ class GemmProfiler:
                              dispatch=count_arg("dispatch_steps", dispatch_steps, True))
         if self.plan.instrumented == 0 and self.plan.kernels == 0:
             log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
-        self.dispatch_steps = dispatch_steps
         self.nsys_capture = nsys_capture
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
         self.timing = timing
