@@ -106,7 +106,7 @@ def med(xs: list[float]) -> float | None:
 def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented: int, out: Path,
               kernels: bool = True) -> dict:
     wait, warmup = 2, 1
-    active = instrumented + 1 + clean
+    active = instrumented + (2 if kernels else 0) + clean  # kernels: a warm-up step, then the kernels step
     steps = wait + warmup + active
     torch.manual_seed(0)
     module, c, kw = build(model_name, recipe)
@@ -176,9 +176,9 @@ def check_kernels(model_name: str, recipe: str, steps: int) -> dict:
         with ClockSampler(period_s=0.02) as ck:
             prof = GemmProfiler(model, kernel_steps=steps, instrumented_steps=1)
             prof.start()
-            for i in range(1 + steps):
+            for i in range(prof.plan.profiled):
                 step()
-                if i < steps:
+                if i < prof.plan.profiled - 1:
                     prof.step()
             caps.append(prof.stop())
         clocks["ours"].append(ck.summary())

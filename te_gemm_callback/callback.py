@@ -38,8 +38,8 @@ class GemmProfilerCallback(Callback):
     like ``torch.profiler.schedule``: ``wait`` steps untouched, ``warmup`` steps instrumented but
     discarded (first-step TE and cuBLAS initialisation stays out), then ``active`` steps recorded.
     The active steps are, in order: ``instrumented_steps`` with the capture instruments attached
-    (shapes, owners, precisions), on CUDA one kernels step (kernel records only: per-GEMM GPU time
-    and the kernel breakdown), and clean steps with nothing attached, whose median is the step
+    (shapes, owners, precisions), on CUDA a kernels warm-up step and one kernels step (kernel
+    records only: per-GEMM GPU time and the kernel breakdown), and clean steps with nothing attached, whose median is the step
     time (see :class:`~te_gemm_callback.capture.steps.StepPlan`). Validation is never captured.
     Hooks and modes are removed when the active steps end, when training ends, or on an exception.
     Nothing the callback does can stop the fit: a failure of ours is logged once and skipped.

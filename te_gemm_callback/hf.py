@@ -30,7 +30,7 @@ class GemmProfilerTrainerCallback(TrainerCallback):
 
     The schedule is the Lightning callback's, in optimizer steps (all micro-batches of gradient
     accumulation are one step): ``wait`` untouched, ``warmup`` instrumented and discarded, then
-    ``active`` steps: ``instrumented_steps`` instrumented, on CUDA one kernels step, the rest clean
+    ``active`` steps: ``instrumented_steps`` instrumented, on CUDA a kernels warm-up and one kernels step, the rest clean
     (nothing attached: the step time). ``output_dir/gemm_capture.json`` is written on the main
     process (every rank's under ``ranks/`` in a multi-process job); with ``sweep``, each recipe is
     timed on the job's model once training ends (a batch of its training data; model state,

@@ -135,13 +135,13 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         job_recipe: the recipe the job trains in (read from its capture); decides which FP8
             recipes can be swept on its modules without breaking DelayedScaling (see
             :func:`switch_conflict`). Recipes run BF16 first, then DelayedScaling, then the rest.
-        profile_kernels: on CUDA, one kernels step (torch.profiler, kernels only) after the
-            instrumented one: per-GEMM GPU time, and kernel time split into GEMM, attention,
+        profile_kernels: on CUDA, one kernels step (torch.profiler, kernels only, after a warm-up
+            step with the records already running) following the instrumented one: per-GEMM GPU time, and kernel time split into GEMM, attention,
             quantization/cast, norm, communication, optimizer and other
             (``meta["kernel_breakdown_ms"]``): where the time went that the GEMMs did not explain.
 
     Per recipe: ``warmup`` untimed steps, one instrumented step (shapes and precisions), the
-    kernels step, then ``steps`` clean steps with nothing attached: the observed step time is
+    kernels warm-up and kernels steps, then ``steps`` clean steps with nothing attached: the observed step time is
     their median, so the profiler's own host cost never enters a speedup or a verdict.
     """
     if steps < 1:
@@ -183,9 +183,10 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
                 one_step()
             kernel_steps = 1 if profile_kernels and on_cuda else 0
             prof = GemmProfiler(model, nvtx=nvtx, kernel_steps=kernel_steps).start()
-            for i in range(1 + kernel_steps + steps):
+            n = prof.plan.profiled + steps  # instrumented, kernels warm-up and kernels, then clean
+            for i in range(n):
                 one_step()
-                if i < kernel_steps + steps:
+                if i < n - 1:
                     prof.step()
             cap = prof.stop()
             cap.meta.update(recipe=recipe, sweep=True, note="forward+backward only, no optimizer step")

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from te_gemm_callback import GemmCapture, GemmProfiler
-from te_gemm_callback.capture.kernel_records import KernelStep, join_by_order
+from te_gemm_callback.capture.kernel_records import KernelStep, join_by_order, split_at_marks
 from te_gemm_callback.capture.steps import StepPlan
 
 from helpers.fakes import Clock, FakeKernels
@@ -39,17 +39,19 @@ def test_plan_kinds():
     assert [plan.kind(i) for i in range(5)] == ["instrumented", "instrumented", "kernels", "clean", "clean"]
     assert [plan.dispatches(i) for i in range(4)] == [True, False, False, False]
     assert StepPlan(instrumented="all").kind(7) == "instrumented"
+    plan = StepPlan(instrumented=1, kernels=2, kernels_warmup=1)
+    assert [plan.kind(i) for i in range(5)] == ["instrumented", "kernels-warmup", "kernels", "kernels", "clean"]
+    assert plan.profiled == 4 and StepPlan(instrumented=1, kernels_warmup=1).profiled == 1
 
 
 def test_clean_steps_carry_no_instrument_and_time_the_step():
     model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
     kp = FakeKernels()
     prof = GemmProfiler(model, kernel_profile=kp, clock=clock)
-    cap, seen = run(prof, model, x, clock, n=5)
-    assert seen == [("instrumented", True), ("kernels", False), ("clean", False), ("clean", False),
-                    ("clean", False)]
-    assert [s.kind for s in cap.steps] == ["instrumented", "kernels", "clean", "clean", "clean"]
-    assert cap.coverage["step_kinds"] == ["instrumented", "kernels", "clean", "clean", "clean"]
+    cap, seen = run(prof, model, x, clock, n=6)
+    kinds = ["instrumented", "kernels-warmup", "kernels", "clean", "clean", "clean"]
+    assert seen == [(k, k == "instrumented") for k in kinds]
+    assert [s.kind for s in cap.steps] == kinds and cap.coverage["step_kinds"] == kinds
     assert cap.steps[0].dispatch and not any(s.dispatch for s in cap.steps[1:])
     assert cap.step_ms() == pytest.approx(10.0)  # the clean steps, not the 15 ms instrumented one
     cost = cap.instrument_cost()
@@ -63,22 +65,24 @@ def test_clean_steps_carry_no_instrument_and_time_the_step():
 def test_kernel_times_join_the_captured_gemms_by_launch_order():
     model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
     prof = GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock)
-    cap, _ = run(prof, model, x, clock, n=3)
+    cap, _ = run(prof, model, x, clock, n=4)
     assert cap.meta["gemm_time_source"] == "kernel_records"
     assert cap.meta["kernel_join"] == "joined by launch order"
+    # The warm-up step's kernels (1 µs GEMMs in the fake) stay out: only the marked step counts.
     by = {(r.module, r.op): r.times_ms for r in cap.records}
     # Launch order: up fprop, down fprop, then backward from the loss: down first.
     assert by[("up", "fprop")] == [pytest.approx(0.1)] and by[("down", "fprop")] == [pytest.approx(0.2)]
     assert sorted(round(by[("down", op)][0], 6) for op in ("dgrad", "wgrad")) == [0.3, 0.4]
     assert cap.gemm_ms_per_step() == pytest.approx(2.1)  # 0.1 + ... + 0.6: all GEMM kernels of the step
-    assert cap.steps[1].gemm_ms == pytest.approx(2.1) and cap.steps[2].gemm_ms is None
+    assert cap.steps[2].gemm_ms == pytest.approx(2.1) and cap.steps[1].gemm_ms is None
+    assert cap.steps[3].gemm_ms is None
     assert cap.meta["kernel_breakdown_ms"]["gemm"] == pytest.approx(2.1)
 
 
 def test_a_count_mismatch_is_reported_not_guessed(caplog):
     model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
     prof = GemmProfiler(model, kernel_profile=FakeKernels(gemms=7), clock=clock)
-    cap, _ = run(prof, model, x, clock, n=3)
+    cap, _ = run(prof, model, x, clock, n=3)  # instrumented, warm-up, kernels
     assert "7 GEMM kernels, 6 GEMM calls captured" in cap.meta["kernel_join"]
     # Left to the event pairs (host clock here) of the first step, the only one that has them
     # when kernel records were planned.
@@ -86,6 +90,25 @@ def test_a_count_mismatch_is_reported_not_guessed(caplog):
     assert all(len(r.times_ms) == 1 for r in cap.records)
     assert cap.gemm_ms_per_step() == pytest.approx(2.8)  # the step's GEMM kernels still count
     assert any("not joined" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_kernels_steps_share_one_session_split_at_step_markers(warmup):
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    kp = FakeKernels()
+    prof = GemmProfiler(model, kernel_profile=kp, clock=clock, kernel_steps=2, kernel_warmup_steps=warmup)
+    cap, seen = run(prof, model, x, clock, n=1 + warmup + 3)
+    assert [k for k, _ in seen] == ["instrumented"] + ["kernels-warmup"] * warmup + ["kernels", "kernels", "clean"]
+    assert kp.started == 1 and kp.marks == 2 and not kp.running  # stopped before the clean step
+    assert all(len(r.times_ms) == 2 for r in cap.records) and cap.gemm_ms_per_step() == pytest.approx(2.1)
+
+
+def test_split_at_marks():
+    ks = [("warm_gemm", 0, 1), ("spin_kernel", 2, 3), ("a_gemm", 4, 5), ("spin_kernel", 6, 7), ("b_gemm", 8, 9)]
+    assert [[k[0] for k in st.kernels] for st in split_at_marks(ks, 2)] == [["a_gemm"], ["b_gemm"]]
+    assert len(split_at_marks(ks, 0)) == 1
+    with pytest.raises(RuntimeError, match="3 step marker"):
+        split_at_marks(ks, 3)
 
 
 def test_join_by_order_skips_placeholders():
@@ -140,7 +163,7 @@ def test_restart_and_step_before_start():
 
 def test_capture_roundtrip_keeps_step_kinds(tmp_path):
     model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
-    cap, _ = run(GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock), model, x, clock, n=3)
+    cap, _ = run(GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock), model, x, clock, n=4)
     back = GemmCapture.load(cap.save(tmp_path / "c.json"))
     assert back.steps == cap.steps and back.step_ms() == cap.step_ms()
     assert back.to_dict()["summary"]["instrument_cost"]["dispatch_pct"] == pytest.approx(50.0)

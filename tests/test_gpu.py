@@ -231,3 +231,40 @@ def test_tensor_parallel_te_layer_shards_show_in_each_ranks_capture(tmp_path):
                 assert fprop == want, (recipe, sp, rank, fprop)
                 assert len([r for r in cap.records for _ in range(r.calls)]) == 12
                 assert cap.meta["tp_input_rows"] == (m // 2 if sp else m)
+
+
+def test_kernel_records_keep_only_the_marked_steps_and_join_every_gemm():
+    """A real CUPTI session over a warm-up and two kernels steps of a plain CUDA MLP: the step
+    markers are in the records, the warm-up's kernels are dropped, and each kernels step's GEMM
+    kernels join the 6 captured GEMMs (2 fprop, 2 dgrad, 2 wgrad) one to one."""
+    from te_gemm_callback.capture.kernel_records import KernelProfile
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
+    x = torch.randn(512, 256, device="cuda", requires_grad=True)
+
+    def step():
+        model(x).sum().backward()
+
+    step()
+    kp = KernelProfile()
+    assert kp.start()
+    step()  # warm-up: recorded, not kept
+    steps = []
+    for _ in range(2):
+        kp.mark()
+        step()
+    steps = kp.stop()
+    assert kp.error is None and len(steps) == 2
+    assert [len(s.gemm_kernels()) for s in steps] == [6, 6]
+    assert not any("spin_kernel" in k[0] for s in steps for k in s.kernels)
+
+    prof = GemmProfiler(model, kernel_steps=2).start()
+    for i in range(prof.plan.profiled + 1):
+        step()
+        if i < prof.plan.profiled:
+            prof.step()
+    cap = prof.stop()
+    assert [s.kind for s in cap.steps] == ["instrumented", "kernels-warmup", "kernels", "kernels", "clean"]
+    assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
+    assert all(len(r.times_ms) == 2 for r in cap.records) and len(cap.records) == 6

@@ -19,7 +19,7 @@ from .kernel_records import KernelProfile, KernelStep, breakdown_meta, join_by_o
 from .record import GemmCapture, StepTime, aggregate
 from .recorder import Recorder
 from .scope import ModuleScope, bears_gemm, is_te_module
-from .steps import CLEAN, INSTRUMENTED, KERNELS, StepPlan, count_arg
+from .steps import CLEAN, INSTRUMENTED, KERNELS, WARMUP, StepPlan, count_arg
 from .te_adapter import TEInterceptor
 from .torch_adapter import GemmDispatchMode
 
@@ -34,16 +34,20 @@ def compiled(model: nn.Module) -> bool:
 class GemmProfiler:
     """Record every GEMM a model runs: shapes, pass, precision, GPU time, owning module.
 
-    Profiled steps come in three kinds (:class:`StepPlan`): first ``instrumented_steps`` with the
-    capture instruments attached (shapes, owners, precisions), then ``kernel_steps`` with only
-    kernel activity records (per-GEMM GPU time, CUDA), then clean steps with nothing attached, whose
-    times are the step times. Each :class:`StepTime` in the capture says which kind it was.
+    Profiled steps come in kinds (:class:`StepPlan`): first ``instrumented_steps`` with the
+    capture instruments attached (shapes, owners, precisions), then ``kernel_warmup_steps`` and
+    ``kernel_steps`` with only kernel activity records (per-GEMM GPU time, CUDA; the warm-up's are
+    not kept), then clean steps with nothing attached, whose times are the step times. Each
+    :class:`StepTime` in the capture says which kind it was.
 
     Args:
         model: the module to profile (after any precision plugin has swapped in TE layers).
         adapters: "te" (intercept TE's general_gemm), "torch" (aten dispatch), or both.
         instrumented_steps: how many steps run instrumented (``"all"``: every step, no clean one).
         kernel_steps: steps with kernel records after them; default 1 on a CUDA host, else 0.
+        kernel_warmup_steps: steps before them with the records already running, not kept
+            (default 1): the GPU then runs the kernels steps as it runs the job's other steps, not
+            right after an idle gap while CUPTI starts, when its clock is higher.
         dispatch_steps: instrumented steps on which the torch dispatch mode runs (it costs Python
             time on every aten op): "all", or the first N. Default: all instrumented steps for plain
             torch models, the first for models with TE modules.
@@ -68,7 +72,7 @@ class GemmProfiler:
     """
 
     def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
-                 instrumented_steps: int | str = 1, kernel_steps: int | None = None,
+                 instrumented_steps: int | str = 1, kernel_steps: int | None = None, kernel_warmup_steps: int = 1,
                  dispatch_steps: int | str | None = None, nvtx: bool = True, timing: bool | str = "auto",
                  nsys_capture: bool = False, nvtx_backend: Any = None,
                  clock_reader: Callable[[], tuple[float, float]] | None = None,
@@ -92,7 +96,8 @@ class GemmProfiler:
             kernel_steps = 1 if cuda and timing != "none" else 0
         self.plan = StepPlan(instrumented=count_arg("instrumented_steps", instrumented_steps, True),
                              kernels=count_arg("kernel_steps", kernel_steps) if cuda else 0,
-                             dispatch=count_arg("dispatch_steps", dispatch_steps, True))
+                             dispatch=count_arg("dispatch_steps", dispatch_steps, True),
+                             kernels_warmup=count_arg("kernel_warmup_steps", kernel_warmup_steps))
         if self.plan.instrumented == 0 and self.plan.kernels == 0:
             log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
         self.nsys_capture = nsys_capture
@@ -151,7 +156,7 @@ class GemmProfiler:
         """Close the current step and open the next (call once per optimizer step)."""
         if not self._started:
             raise RuntimeError("GemmProfiler.step() before start(): start the profiler first")
-        self._close_step(micro_batches)
+        self._close_step(micro_batches, last=False)
         self.scope.release()
         self.recorder.step += 1
         self._open_step()
@@ -248,7 +253,7 @@ class GemmProfiler:
             self.recorder.active = True
             self.scope.enabled = True
 
-    def _detach(self) -> None:
+    def _detach(self, keep_kernels: bool = False) -> None:
         self.recorder.active = False
         self._exit_mode()
         self._paused_mode = False
@@ -257,7 +262,8 @@ class GemmProfiler:
         if self._attached is not None:
             self.scope.detach()
             self._attached = None
-        self.kernel_profile.discard()
+        if not keep_kernels:  # a session across the warm-up and kernels steps stays open
+            self.kernel_profile.discard()
 
     def _enter_mode(self) -> None:
         self._mode = GemmDispatchMode(self.recorder)
@@ -295,25 +301,31 @@ class GemmProfiler:
                 self._mode.forward_shapes.clear()
                 self._dispatch_step_ids.add(i)
         else:
-            self._detach()
+            self._detach(keep_kernels=True)
             if kind == CLEAN and self._clocks is not None:
                 # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
                 self._clocks.__exit__(None, None, None)
+        if kind in (WARMUP, KERNELS) and not self.kernel_profile.running and self.kernel_profile.error is None:
+            self.kernel_profile.start()  # before the boundary: starting the profiler is not the step's
+        if kind == KERNELS:
+            self.kernel_profile.mark()
         self._kinds.append(kind)
         self._seq_open = self.scope._current_seq()
         self.recorder.nvtx.push(f"step {i} ({kind})")
         self._boundaries.append(self._boundary())
-        if kind == KERNELS:
-            self.kernel_profile.start()  # after the boundary: starting the profiler is not the step's
 
-    def _close_step(self, micro_batches: int) -> None:
+    def _close_step(self, micro_batches: int, last: bool = True) -> None:
         self._boundaries.append(self._boundary())
         self.micro_batches.append(micro_batches)
         self.recorder.nvtx.pop()
-        if self.kernel_profile.running:
-            ks = self.kernel_profile.stop()  # synchronizes: after the step's end boundary
-            if ks is not None:
-                self._kernel_steps[self.recorder.step] = ks
+        i = self.recorder.step
+        # One kernel-records session over the warm-up and kernels steps; it ends (with a sync)
+        # after the last kernels step, or with the capture.
+        if self.kernel_profile.running and (last or self.plan.kind(i + 1) not in (WARMUP, KERNELS)):
+            steps = self.kernel_profile.stop()  # synchronizes: after the step's end boundary
+            ids = [j for j, k in enumerate(self._kinds) if k == KERNELS]
+            if steps is not None and len(steps) == len(ids):
+                self._kernel_steps.update(zip(ids, steps))
 
     # --- results ---------------------------------------------------------------------------
     def _build(self) -> GemmCapture:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-INSTRUMENTED, KERNELS, CLEAN = "instrumented", "kernels", "clean"
+INSTRUMENTED, WARMUP, KERNELS, CLEAN = "instrumented", "kernels-warmup", "kernels", "clean"
 
 
 @dataclass(frozen=True)
@@ -14,23 +14,38 @@ class StepPlan:
 
     - ``instrumented``: module hooks, TE GEMM interception, the torch dispatch mode on the first
       ``dispatch`` of them, NVTX: shapes, owners and precisions. Never timed for a speedup.
+    - ``kernels-warmup`` (before the kernels steps, ``kernels_warmup`` of them): kernel records
+      already running but not kept, so the kernels steps run on a GPU in its usual state rather than
+      right after CUPTI's start. Never timed.
     - ``kernels`` (CUDA only): nothing of ours but kernel activity records (torch.profiler, CUDA
       kernels only): per-GEMM GPU time, joined to the instrumented step's GEMMs by launch order.
     - ``clean``: nothing attached at all; the step times every speedup, share and verdict uses.
 
     Example:
-        >>> [StepPlan(instrumented=1, kernels=1).kind(i) for i in range(4)]
-        ['instrumented', 'kernels', 'clean', 'clean']
+        >>> [StepPlan(instrumented=1, kernels=1, kernels_warmup=1).kind(i) for i in range(5)]
+        ['instrumented', 'kernels-warmup', 'kernels', 'clean', 'clean']
     """
 
     instrumented: int | str = 1  # or "all": every step instrumented (no clean step)
     kernels: int = 0
     dispatch: int | str = 1  # instrumented steps that also run the torch dispatch mode, or "all"
+    kernels_warmup: int = 0  # only planned when kernels > 0
 
     def kind(self, i: int) -> str:
         if self.instrumented == "all" or i < self.instrumented:
             return INSTRUMENTED
-        return KERNELS if i < self.instrumented + self.kernels else CLEAN
+        i -= self.instrumented
+        warm = self.kernels_warmup if self.kernels else 0
+        if i < warm:
+            return WARMUP
+        return KERNELS if i < warm + self.kernels else CLEAN
+
+    @property
+    def profiled(self) -> int:
+        """Steps before the first clean one (instrumented, kernels warm-up and kernels)."""
+        if self.instrumented == "all":
+            raise ValueError("every step is instrumented")
+        return self.instrumented + (self.kernels_warmup + self.kernels if self.kernels else 0)
 
     def dispatches(self, i: int) -> bool:
         return self.kind(i) == INSTRUMENTED and (self.dispatch == "all" or i < self.dispatch)
