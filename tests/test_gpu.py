@@ -268,3 +268,49 @@ def test_kernel_records_keep_only_the_marked_steps_and_join_every_gemm():
     assert [s.kind for s in cap.steps] == ["instrumented", "kernels-warmup", "kernels", "kernels", "clean"]
     assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
     assert all(len(r.times_ms) == 2 for r in cap.records) and len(cap.records) == 6
+
+
+@needs_te
+def test_te_ops_gemms_owned_by_their_linear_ops(caplog):
+    import transformer_engine.pytorch as te
+
+    model = te.ops.Sequential(te.ops.LayerNorm(256), te.ops.Linear(256, 1024), te.ops.GELU(),
+                              te.ops.Linear(1024, 256)).cuda()
+    x = torch.randn(512, 256, device="cuda", requires_grad=True)
+    model(x).sum().backward()
+    with caplog.at_level("WARNING", logger="te_gemm_callback"), GemmProfiler(model, kernel_steps=0) as prof:
+        model(x).sum().backward()
+    got = sorted((r.module, r.op, r.shape.mkn) for r in prof.capture.records)
+    assert got == sorted([("1", "fprop", "512x256x1024"), ("1", "dgrad", "512x1024x256"), ("1", "wgrad", "256x512x1024"),
+                          ("3", "fprop", "512x1024x256"), ("3", "dgrad", "512x256x1024"), ("3", "wgrad", "1024x512x256")])
+    assert prof.capture.coverage["never_ran"] == [] and not caplog.records
+
+
+@needs_te
+@pytest.mark.parametrize("recipe", ["BF16", "DelayedScaling"])
+def test_graphed_te_layers_captured_from_an_eager_step_and_timed_from_replays(recipe):
+    import transformer_engine.pytorch as te
+
+    from te_gemm_callback.models import DemoConfig, stack_input, te_stack, train_step_fn
+    from te_gemm_callback.precisions import make_recipe
+
+    c = DemoConfig(hidden_size=512, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
+                   num_hidden_layers=2, vocab_size=128, sequence_length=128, micro_batch_size=2,
+                   gated_mlp=False, normalization="LayerNorm")
+    model = te_stack(c)
+    x = stack_input(c)
+    kw = {} if recipe == "BF16" else {"enabled": True, "recipe": make_recipe(recipe)}
+    te.make_graphed_callables(tuple(model), tuple((torch.randn_like(x).requires_grad_(),) for _ in model), **kw)
+    step = train_step_fn(model, x, recipe)
+    step()
+    prof = GemmProfiler(model).start()
+    for i in range(prof.plan.profiled + 1):
+        step()
+        if i < prof.plan.profiled:
+            prof.step()
+    cap = prof.stop()
+    assert cap.meta["graphed_modules"] == ["0", "1"]
+    per_layer = collections.Counter(r.module.split(".")[0] for r in cap.records for _ in range(r.calls))
+    assert per_layer == {"0": 12, "1": 12}
+    assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
+    assert all(len(r.times_ms) == 1 for r in cap.records)

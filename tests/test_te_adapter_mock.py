@@ -192,3 +192,96 @@ def test_operand_formats():
 
     assert te_adapter.operand_format(Float8TensorStorage(torch.zeros(1), Float8Quantizer()))[0] == "fp8_delayed"
     assert te_adapter.precision_of(torch.zeros(1), torch.zeros(1)) == ("fp32", ("Tensor[torch.float32]",) * 2)
+
+
+# --- te.ops (fusible ops) -------------------------------------------------------------------
+# The structure TE 2.20's te.ops has where the adapter touches it: te.ops.Sequential runs one
+# autograd Function over its ops; each te.ops.Linear holds its BasicLinear in ``basic_ops``; the
+# fuser makes fused ops that are not submodules of the model and call the linear's functional
+# forward with a ``linear_op`` local; backward calls ``BasicLinear.op_backward``. No module forward
+# of an op ever runs, so hooks cannot name the owner.
+def _ops_class(name, module, base=nn.Module, **methods):
+    cls = type(name, (base,), methods)
+    cls.__module__ = f"transformer_engine.pytorch.ops.{module}"
+    return cls
+
+
+def make_te_ops(lin, h, i):
+    def basic_init(self, k, n):
+        nn.Module.__init__(self)
+        self.weight = nn.Parameter(torch.randn(n, k) / k**0.5)
+
+    def functional_forward(x, weight):  # a staticmethod in TE: no ``self`` in this frame
+        return lin.general_gemm(weight, x, layout="TN")[0]
+
+    def op_forward(self, x):
+        return BasicLinear._functional_forward(x, self.weight)
+
+    def op_backward(self, x, dy):
+        dx = lin.general_gemm(self.weight, dy, layout="NN", grad=True)[0]
+        dw = lin.general_gemm(x, dy, layout="NT", grad=True)[0]
+        return dx, dw
+
+    BasicLinear = _ops_class("BasicLinear", "basic.basic_linear", __init__=basic_init,
+                             _functional_forward=staticmethod(functional_forward), op_forward=op_forward,
+                             op_backward=op_backward)
+
+    def linear_init(self, k, n):
+        nn.Module.__init__(self)
+        self.basic_ops = nn.ModuleList([BasicLinear(k, n)])
+
+    Linear = _ops_class("Linear", "linear", __init__=linear_init)
+
+    def fused_init(self, basic_ops):
+        nn.Module.__init__(self)
+        self.basic_ops = nn.ModuleList(basic_ops)
+
+    def fuser_forward(self, x):
+        linear_op = self.basic_ops[0]
+        return torch.relu(BasicLinear._functional_forward(x, linear_op.weight))
+
+    Fused = _ops_class("ForwardLinearBiasActivation", "fused.forward_linear_bias_activation",
+                       __init__=fused_init, fuser_forward=fuser_forward)
+
+    class FuserFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, fused, second, *weights):
+            y = fused.fuser_forward(x)
+            ctx.save_for_backward(x, y)
+            ctx.ops = (fused.basic_ops[0], second)
+            return second.op_forward(y)
+
+        @staticmethod
+        def backward(ctx, dz):
+            x, y = ctx.saved_tensors
+            first, second = ctx.ops
+            dy, dw2 = second.op_backward(y, dz)
+            dx, dw1 = first.op_backward(x, dy * (y > 0))
+            return dx, None, None, dw1, dw2
+
+    def seq_init(self):
+        nn.Module.__init__(self)
+        self.add_module("0", Linear(h, i))
+        self.add_module("1", Linear(i, h))
+
+    def seq_forward(self, x):
+        a, b = self._modules["0"].basic_ops[0], self._modules["1"].basic_ops[0]
+        return FuserFn.apply(x, Fused([a]), b, a.weight, b.weight)
+
+    return _ops_class("Sequential", "sequential", __init__=seq_init, forward=seq_forward)()
+
+
+@pytest.mark.parametrize("dispatch_steps", [0, 1])
+def test_te_ops_gemms_are_owned_by_their_linear_ops(fake_te, caplog, dispatch_steps):
+    lin, _ = fake_te
+    model = make_te_ops(lin, 16, 32)
+    x = torch.randn(6, 16, requires_grad=True)
+    with caplog.at_level("WARNING", logger="te_gemm_callback"):
+        with GemmProfiler(model, dispatch_steps=dispatch_steps) as prof:
+            model(x).sum().backward()
+    cap = prof.capture
+    got = sorted((r.module, r.op, r.shape.mkn, r.module_type) for r in cap.records)
+    assert got == sorted([("0", "fprop", "6x16x32", "Linear"), ("0", "dgrad", "6x32x16", "Linear"),
+                          ("0", "wgrad", "16x6x32", "Linear"), ("1", "fprop", "6x32x16", "Linear"),
+                          ("1", "dgrad", "6x16x32", "Linear"), ("1", "wgrad", "32x6x16", "Linear")])
+    assert cap.coverage["never_ran"] == [] and not any("never ran" in r.message for r in caplog.records)

@@ -15,6 +15,7 @@ from torch import nn
 from ..clocks import ClockSampler
 from ..precisions import te_version
 from .instruments import EventTimer, Nvtx
+from .graphs import EagerForwards, graphed_modules
 from .kernel_records import KernelProfile, KernelStep, breakdown_meta, join_by_order
 from .record import GemmCapture, StepTime, aggregate
 from .recorder import Recorder
@@ -119,6 +120,7 @@ class GemmProfiler:
         self._kinds: list[str] = []
         self._dispatch_step_ids: set[int] = set()
         self._kernel_steps: dict[int, KernelStep] = {}
+        self._eager = EagerForwards({})
         self.micro_batches: list[int] = []
         self._capture: GemmCapture | None = None
         self._started = False
@@ -138,6 +140,8 @@ class GemmProfiler:
         self._thread = threading.get_ident()
         self.scope.ran.clear()
         self.scope.weights_used.clear()
+        # CUDA graphs made after the profiler was built count too: looked up at each start.
+        self._eager = EagerForwards(graphed_modules(self.model))
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.start()
         if self._clock_reader is not None or torch.cuda.is_available():
@@ -239,6 +243,8 @@ class GemmProfiler:
         if self._attached is not None and self._attached != full:
             self.scope.detach()
             self._attached = None
+        # Graph replays run no Python of the module: instrumented steps run its eager forward.
+        self._eager.enter()
         if self._attached is None:
             self.scope.attach(None if full else self.scope.te_gemm_modules())
             self._attached = full
@@ -255,6 +261,7 @@ class GemmProfiler:
 
     def _detach(self, keep_kernels: bool = False) -> None:
         self.recorder.active = False
+        self._eager.exit()
         self._exit_mode()
         self._paused_mode = False
         if self.te is not None:
@@ -431,5 +438,8 @@ class GemmProfiler:
             # torch.compile: shapes come from an eager run (dynamo steps aside under the dispatch
             # mode); clean and kernels steps run the compiled code.
             "compiled": compiled(self.model),
+            # CUDA graphs: these modules replay a graph on kernels and clean steps; their GEMMs
+            # were captured from their eager forward on the instrumented steps.
+            "graphed_modules": sorted(self._eager.graphed),
             "clocks_during_capture": self._clocks.summary() if self._clocks is not None else None,
         }

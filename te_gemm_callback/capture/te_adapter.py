@@ -219,6 +219,8 @@ class TEInterceptor:
             prec = self._precisions[pkey] = precision_of(a, b)
         op = LAYOUT_OP[layout]
         module_name, _ = rec.scope.current()
+        if rec.scope.ops_owners and module_name not in rec.scope.te_gemm_set:
+            module_name = rec.scope.ops_owner() or module_name
         skey = (module_name, op, m, k, n, prec, grouped)
         site = self._sites.get(skey)
         if site is None:

@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..capture.graphs import in_graphed
 from ..capture.record import GemmCapture
 from ..shapes import ConfigGemm, ModelConfig, gemm_passes
 
@@ -59,8 +60,9 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
         t.add_column(c, justify="left" if c in ("module", "pass", "M x K x N", "precision") else "right",
                      no_wrap=c != "module")
     rows = cap.records if limit is None else cap.records[:limit]
+    graphed = cap.meta.get("graphed_modules") or []
     for r in rows:
-        op = r.op + (" (recompute)" if r.recompute else "")
+        op = r.op + (" (recompute)" if r.recompute else "") + (" (graphed)" if in_graphed(r.module, graphed) else "")
         shape = r.shape.mkn + (f" [{len(r.m_splits[0])} groups]" if r.m_splits else "")
         row = [r.name, op, shape, r.precision, f"{r.calls_per_step:g}", f"{r.flops_per_step / 1e9:.3f}"]
         if timed:

@@ -1,0 +1,170 @@
+"""Jobs beyond plain eager TE layers, on one GPU with TE: CUDA graphs, te.ops, torch.compile.
+
+    python benchmarks/jobs_check.py graphs --recipes BF16,DelayedScaling   # CodonFM stack, 4 layers
+    python benchmarks/jobs_check.py ops
+    python benchmarks/jobs_check.py compile
+
+graphs: the stack captured eagerly, then graphed with ``te.make_graphed_callables`` (one graph per
+layer) and captured again: GEMMs per layer and shapes; per-GEMM kernel times of the replays (kernels
+steps joined to the eager instrumented step by launch order) against the same GEMMs' kernel times
+in the eager stack, same process; the replayed clean steps against a plain loop of the graphed
+stack with no profiler (interleaved blocks).
+ops: ``te.ops.Sequential(LayerNorm, Linear, GELU, Linear)``: owners of its 6 GEMMs and warnings.
+compile: a te.TransformerLayer stack under torch.compile: shapes as eager, dynamo's counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from te_gemm_callback import GemmProfiler
+from te_gemm_callback.models import codonfm, stack_input, te_stack, train_step_fn
+from te_gemm_callback.precisions import make_recipe
+
+
+def profiled(model: torch.nn.Module, step: Any, kernel_steps: int = 3, clean: int = 3) -> Any:
+    prof = GemmProfiler(model, kernel_steps=kernel_steps).start()
+    n = prof.plan.profiled + clean
+    for i in range(n):
+        step()
+        if i < n - 1:
+            prof.step()
+    return prof.stop()
+
+
+def per_layer(cap: Any) -> dict[str, int]:
+    return dict(collections.Counter(r.module.split(".")[0] for r in cap.records for _ in range(int(r.calls_per_step))))
+
+
+def check_graphs(recipe: str, blocks: int = 6, block: int = 10) -> dict:
+    import transformer_engine.pytorch as te
+
+    c = codonfm(4)
+    torch.manual_seed(0)
+    model = te_stack(c)
+    x = stack_input(c)
+    step = train_step_fn(model, x, recipe)
+    for _ in range(3):
+        step()
+    eager = profiled(model, step)
+    # One graph per layer; each layer's sample input is the previous layer's output shape.
+    samples = tuple((torch.randn_like(x).requires_grad_(),) for _ in model)
+    kw: dict[str, Any] = {}
+    if recipe != "BF16":
+        kw = {"enabled": True, "recipe": make_recipe(recipe)}
+    te.make_graphed_callables(tuple(model), samples, **kw)
+    for _ in range(3):
+        step()
+    graphed = profiled(model, step)
+    ours = {r.key(): r.median_ms for r in graphed.records}
+    rows = []
+    for r in eager.records:
+        g = ours.get(r.key())
+        rows.append({"gemm": r.name, "op": r.op, "mkn": r.shape.mkn, "eager_ms": r.median_ms, "graphed_ms": g,
+                     "ratio": g / r.median_ms if g and r.median_ms else None})
+    ratios = [x["ratio"] for x in rows if x["ratio"] is not None]
+
+    # Replayed clean steps against a plain loop of the graphed stack, interleaved blocks.
+    def plain(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            out.append((time.perf_counter() - t) * 1e3)
+        return out
+
+    without, with_clean = [], []
+    for _ in range(blocks):
+        without += plain(block)
+        cap = profiled(model, step, kernel_steps=1, clean=block)
+        with_clean += [s.wall_ms for s in cap.steps_of("clean")]
+    # The plain loop syncs around each step and the profiler's clean steps do not: compare GPU
+    # time per step (the stack is GPU-bound, so wall and GPU time agree to within the launch gap).
+    gpu_clean = statistics.median([s.gpu_ms for s in cap.steps_of("clean") if s.gpu_ms])
+    return {"recipe": recipe, "graphed_modules": graphed.meta.get("graphed_modules"),
+            "gemms_per_layer_eager": per_layer(eager), "gemms_per_layer_graphed": per_layer(graphed),
+            "same_shapes": sorted(r.key() for r in eager.records) == sorted(r.key() for r in graphed.records),
+            "kernel_join": graphed.meta.get("kernel_join"), "eager_kernel_join": eager.meta.get("kernel_join"),
+            "compared": len(ratios), "within_5pct": sum(abs(r - 1) <= 0.05 for r in ratios),
+            "median_ratio": statistics.median(ratios) if ratios else None,
+            "max_abs_pct": 100 * max((abs(r - 1) for r in ratios), default=float("nan")),
+            "gemm_ms_per_step": {"eager": eager.gemm_ms_per_step(), "graphed": graphed.gemm_ms_per_step()},
+            "clean_vs_plain_pct": 100 * (statistics.median(with_clean) / statistics.median(without) - 1),
+            "clean_ms": statistics.median(with_clean), "plain_ms": statistics.median(without),
+            "clean_gpu_ms_last_block": gpu_clean, "rows": rows}
+
+
+def check_ops(recipe: str) -> dict:
+    import transformer_engine.pytorch as te
+
+    h, i = 1024, 4096
+    model = te.ops.Sequential(te.ops.LayerNorm(h), te.ops.Linear(h, i), te.ops.GELU(), te.ops.Linear(i, h)).cuda()
+    x = torch.randn(2048, h, device="cuda", requires_grad=True)
+    step = train_step_fn(model, x, recipe)
+    step()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("te_gemm_callback").addHandler(handler)
+    cap = profiled(model, step, kernel_steps=1, clean=2)
+    logging.getLogger("te_gemm_callback").removeHandler(handler)
+    return {"recipe": recipe, "gemms": [(r.module, r.module_type, r.op, r.shape.mkn, r.precision) for r in cap.records],
+            "never_ran": cap.coverage["never_ran"], "warnings": [r.getMessage() for r in records],
+            "kernel_join": cap.meta.get("kernel_join")}
+
+
+def check_compile(recipe: str) -> dict:
+    import torch._dynamo.utils as du
+
+    c = codonfm(2)
+    torch.manual_seed(0)
+    model = te_stack(c)
+    x = stack_input(c)
+    eager = profiled(model, train_step_fn(model, x, recipe), kernel_steps=0, clean=1)
+    cmodel = torch.compile(model)
+    step = train_step_fn(cmodel, x, recipe)
+    for _ in range(3):
+        step()
+    before = {k: dict(v) for k, v in du.counters.items()}
+    cap = profiled(cmodel, step, kernel_steps=1, clean=2)
+    step()
+    after = {k: dict(v) for k, v in du.counters.items()}
+    grew = {f"{k}.{n}": v - before.get(k, {}).get(n, 0) for k, d in after.items() for n, v in d.items()
+            if v != before.get(k, {}).get(n, 0)}
+    key = lambda r: (r.module.removeprefix("_orig_mod."), r.op, r.shape.mkn, r.precision)  # noqa: E731
+    return {"recipe": recipe, "compiled": cap.meta.get("compiled"), "gemms": len(cap.records),
+            "same_shapes_as_eager": sorted(map(key, eager.records)) == sorted(map(key, cap.records)),
+            "dynamo_counters_grew": grew, "kernel_join": cap.meta.get("kernel_join")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("check", choices=["graphs", "ops", "compile"])
+    ap.add_argument("--recipes", default="BF16")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    fn = {"graphs": check_graphs, "ops": check_ops, "compile": check_compile}[a.check]
+    out = []
+    for r in a.recipes.split(","):
+        res = fn(r)
+        out.append(res)
+        print(json.dumps({k: v for k, v in res.items() if k != "rows"}, default=str))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
