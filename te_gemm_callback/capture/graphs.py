@@ -15,9 +15,10 @@ in CUPTI's records like any other) join the eager step's GEMMs by launch order.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from torch import nn
+if TYPE_CHECKING:  # the report imports in_graphed; the CLI must start without loading torch
+    from torch import nn
 
 
 def graphed_modules(model: nn.Module) -> dict[str, tuple[nn.Module, Callable[..., Any]]]:
