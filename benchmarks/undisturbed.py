@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -172,6 +173,9 @@ def check_kernels(model_name: str, recipe: str, steps: int) -> dict:
     from te_gemm_callback.clocks import ClockSampler
 
     caps, oracle_runs, clocks = [], [], {"ours": [], "profiler": []}
+    # The oracle's own torch.profiler sessions must not leave CUPTI attached either: seen on the
+    # H200, a KernelProfile session after an oracle session without the teardown got no records.
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     for _ in range(2):  # interleaved rounds: the GPU's clock drifts under its power limit
         with ClockSampler(period_s=0.02) as ck:
             prof = GemmProfiler(model, kernel_steps=steps, instrumented_steps=1)

@@ -146,7 +146,7 @@ def split_at_marks(kernels: list[tuple[str, float, float]], marks: int) -> list[
         return [KernelStep(kernels)]
     at = [i for i, k in enumerate(kernels) if MARKER in k[0]]
     if len(at) != marks:
-        raise RuntimeError(f"{marks} step marker(s) launched, {len(at)} in the kernel records")
+        raise RuntimeError(f"{marks} step marker(s) launched, {len(at)} among the {len(kernels)} kernel records")
     return [KernelStep(kernels[a + 1:b]) for a, b in zip(at, at[1:] + [len(kernels)])]
 
 
