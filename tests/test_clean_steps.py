@@ -188,3 +188,12 @@ def test_compiled_model_same_gemms_as_eager_no_recompile_and_no_launch_order_joi
     assert key(cap) == key(ref.capture) and cap.meta["compiled"] is True
     assert cap.meta["kernel_join"].startswith("not joined: a torch.compile model")
     assert cap.gemm_ms_per_step() == pytest.approx(2.1)  # the kernels step's GEMM time still counts
+
+
+def test_split_k_reduction_kernels_fold_into_their_gemm():
+    # Names as cuBLAS launched them for one fp32 dgrad on the H200: main kernel, then its split-K reduce.
+    main = "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_execute_kernel__5x_cublas"
+    tail = "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_execute_split_k_kernel__5x_cublas"
+    step = KernelStep([(main, 0.0, 100.0), (tail, 101.0, 111.0), ("reduce_kernel", 120.0, 130.0), (main, 200.0, 300.0)])
+    assert [(s, e) for _, s, e in step.gemm_kernels()] == [(0.0, 110.0), (200.0, 300.0)]
+    assert step.gemm_ms() == pytest.approx(0.21)

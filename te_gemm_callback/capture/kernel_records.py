@@ -30,7 +30,20 @@ class KernelStep:
     kernels: list[tuple[str, float, float]] = field(default_factory=list)
 
     def gemm_kernels(self) -> list[tuple[str, float, float]]:
-        return [k for k in self.kernels if is_gemm_kernel(k[0])]
+        """One entry per GEMM call. cuBLAS's split-K GEMMs launch a second kernel that reduces
+        the partial sums (``..._execute_split_k_kernel``, ``splitKreduce_kernel``; H200, fp32
+        nn.Linear backward): it is the tail of the GEMM before it, so its time is added there and
+        it does not count as a GEMM of its own."""
+        out: list[tuple[str, float, float]] = []
+        for k in self.kernels:
+            if not is_gemm_kernel(k[0]):
+                continue
+            if out and _split_k_tail(k[0]):
+                name, s, e = out[-1]
+                out[-1] = (name, s, e + (k[2] - k[1]))
+            else:
+                out.append(k)
+        return out
 
     def gemm_ms(self) -> float:
         return sum(e - s for _, s, e in self.gemm_kernels()) / 1e3
@@ -46,6 +59,11 @@ class KernelStep:
 # a name no model kernel has. Launched on the current stream at a kernels step's start, it follows
 # every kernel of the steps before it in stream order, so the step's kernels are those after it.
 MARKER = "spin_kernel"
+
+
+def _split_k_tail(name: str) -> bool:
+    low = name.lower()
+    return "split_k_kernel" in low or "splitkreduce" in low
 
 
 class KernelProfile:
