@@ -49,6 +49,33 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
     return [canonical(r) for r in sweep]  # bad names fail here, not after training
 
 
+def sweep_with_plan(sweep: list[str] | None, sweep_plan: Any) -> tuple[list[str] | None, Any]:
+    """Load a precision plan to sweep (a :class:`~te_gemm_callback.plan.PrecisionPlan` or its JSON
+    path) and add what it is measured against, BF16 and its own recipe, to the sweep's recipes."""
+    if sweep_plan is None:
+        return sweep, None
+    from .plan import PrecisionPlan
+
+    try:
+        plan = sweep_plan if isinstance(sweep_plan, PrecisionPlan) else PrecisionPlan.load(sweep_plan)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # read_schema names the file already
+        raise ValueError(f"sweep_plan: {err}; make one with `te-gemm plan RUN_DIR`") from None
+    out = list(sweep or [])
+    for r in ("BF16", plan.recipe):
+        if r not in out:
+            out.append(r)
+    return out, plan
+
+
+def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int]:
+    """GemmProfiler's kernel arguments for an active window: one kernels step, after a warm-up step
+    where the window still has room for a clean step after both (a shorter window keeps the kernels
+    step and its clean step time, and goes without the warm-up)."""
+    if not kernels or active <= instrumented:
+        return {"kernel_steps": 0}
+    return {"kernel_steps": 1, "kernel_warmup_steps": 1 if active >= instrumented + 3 else 0}
+
+
 def phase(step: int, wait: int, warmup: int, active: int) -> str:
     """The schedule of ``torch.profiler.schedule``: untouched, warm-up (discarded), active, done."""
     if step < wait:

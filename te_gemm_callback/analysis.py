@@ -72,8 +72,12 @@ class Observed:
 
 def observe(cap: GemmCapture) -> Observed:
     recipe = capture_recipe(cap)
-    fam = RECIPE_FAMILY.get(recipe, "bf16")
-    left = sorted({r.name for r in cap.records if r.op == "fprop" and fam not in r.precision.split("+")}) \
+    plan = cap.meta.get("plan") or {}
+    # A precision plan's run: its recipe's format, and its BF16 modules left out on purpose.
+    fam = RECIPE_FAMILY.get(plan.get("recipe", recipe), "bf16")
+    kept = tuple(plan.get("keep_bf16", ()))
+    left = sorted({r.name for r in cap.records if r.op == "fprop" and fam not in r.precision.split("+")
+                   and not any(r.module == k or r.module.startswith(k + ".") for k in kept)}) \
         if recipe != "BF16" else []
     step = cap.step_ms()
     if step is None:
@@ -138,9 +142,11 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
     if base.gemm_ms is None:
         raise ValueError("the capture has no GEMM times (captured on CPU?): time it on the GPU to analyse")
     runs = {base.recipe: base}
+    plan_meta = next((c.meta["plan"] for c in observed if c.meta.get("plan")), None)
     for cap in observed:
         o = observe(cap)
         runs.setdefault(o.recipe, o)
+    plan_run = runs.pop("plan", None)
     items = items or items_from_capture(capture)
     if bench is not None:
         items = measured_items(bench, items)
@@ -182,6 +188,8 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                 a.predicted_step_speedup = amdahl(bf.step_ms, bf.gemm_ms, a.gemm_speedup)
         a.verdict, a.evidence = verdict(a, runs.get(r), runs.get("BF16"))
         out.append(a)
+    if plan_run is not None and plan_meta is not None:
+        out.append(_plan_analysis(plan_run, plan_meta, runs))
     skipped = dict(bench.skipped) if bench else {}
     return Report(base.recipe, base.step_ms, base.gemm_ms, out, skipped,
                   meta={"device": capture.meta.get("device"), "mode": mode,
@@ -189,6 +197,27 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                                       f"({mode} mode)",
                         "timing": ("step: median of clean steps (nothing attached), CUDA events between step "
                                    "boundaries; GEMM: " + _gemm_timing(capture))})
+
+
+def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed]) -> RecipeAnalysis:
+    """The swept precision plan against its prediction (made by ``te-gemm plan`` from the
+    autocast-mode microbenchmarks) and against the best single recipe observed in the same sweep."""
+    a = RecipeAnalysis("plan", predicted_step_ms=plan.get("predicted_step_ms"),
+                       predicted_step_speedup=plan.get("predicted_speedup"),
+                       observed_step_ms=run.step_ms, observed_gemm_ms=run.gemm_ms)
+    bf16 = runs.get("BF16")
+    if bf16 is not None:
+        a.observed_step_speedup = bf16.step_ms / run.step_ms
+    a.verdict, a.evidence = verdict(a, run, bf16)
+    kept = plan.get("keep_bf16", [])
+    a.evidence.insert(0, f"{plan.get('recipe')} with {len(kept)} module(s) kept in BF16"
+                      + (": " + ", ".join(kept[:6]) + (" ..." if len(kept) > 6 else "") if kept else ""))
+    singles = {r: o.step_ms for r, o in runs.items()}
+    if singles:
+        best = min(singles, key=singles.get)
+        a.evidence.append(f"best single recipe observed: {best} {singles[best]:.2f} ms per step; the plan "
+                          f"{run.step_ms:.2f} ms ({100 * (run.step_ms / singles[best] - 1):+.1f}%)")
+    return a
 
 
 def _gemm_timing(cap: GemmCapture) -> str:

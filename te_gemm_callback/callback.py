@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from pytorch_lightning.callbacks import Callback
 
 from .adapting import (check_arguments, drop_profiler, finish_profiler, guard, phase, save_capture, sweep_metrics,
+                       kernel_steps, sweep_with_plan,
                        write_ranks)
 from .capture import GemmCapture, GemmProfiler
 from .capture.distributed import gather_captures
@@ -38,8 +39,9 @@ class GemmProfilerCallback(Callback):
     like ``torch.profiler.schedule``: ``wait`` steps untouched, ``warmup`` steps instrumented but
     discarded (first-step TE and cuBLAS initialisation stays out), then ``active`` steps recorded.
     The active steps are, in order: ``instrumented_steps`` with the capture instruments attached
-    (shapes, owners, precisions), on CUDA a kernels warm-up step and one kernels step (kernel
-    records only: per-GEMM GPU time and the kernel breakdown), and clean steps with nothing attached, whose median is the step
+    (shapes, owners, precisions), on CUDA a kernels warm-up step (where the window leaves room
+    for a clean step after the kernels step) and one kernels step (kernel records only: per-GEMM
+    GPU time and the kernel breakdown), and clean steps with nothing attached, whose median is the step
     time (see :class:`~te_gemm_callback.capture.steps.StepPlan`). Validation is never captured.
     Hooks and modes are removed when the active steps end, when training ends, or on an exception.
     Nothing the callback does can stop the fit: a failure of ours is logged once and skipped.
@@ -58,6 +60,10 @@ class GemmProfilerCallback(Callback):
             ``output_dir/sweep/<recipe>/``. The observed step speedups in the report come from here.
         set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves
             (default: set ``module.recipe`` when the module has that attribute).
+        sweep_plan: a precision plan (``te-gemm plan``'s ``precision_plan.json``, or a
+            :class:`~te_gemm_callback.plan.PrecisionPlan`) swept after the recipes as ``"plan"``,
+            observed against its predicted speedup and the best single recipe (BF16 and the
+            plan's recipe are added to ``sweep``).
         kernel_breakdown: on CUDA, the kernels step among the active ones (and one per swept
             recipe): per-GEMM kernel times, kernel time per category (GEMM, attention,
             quantization/cast, norm, communication, optimizer, other) and the communication time
@@ -73,10 +79,11 @@ class GemmProfilerCallback(Callback):
                  dispatch_steps: int | str | None = None, verbose: bool = True,
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True,
-                 sweep_warmup: int = 2, instrumented_steps: int = 1) -> None:
+                 sweep_warmup: int = 2, instrumented_steps: int = 1, sweep_plan: Any = None) -> None:
         sweep = check_arguments(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps,
                                 sweep_warmup=sweep_warmup, sweep_steps=sweep_steps, dispatch_steps=dispatch_steps,
                                 adapters=adapters, filename=filename, sweep=sweep)
+        sweep, self.sweep_plan = sweep_with_plan(sweep, sweep_plan)
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps = instrumented_steps
         self.output_dir = Path(output_dir)
@@ -152,7 +159,7 @@ class GemmProfilerCallback(Callback):
         kernels = active and self.kernel_breakdown and self._kernels_possible(pl_module)
         return GemmProfiler(pl_module, nsys_capture=self.nsys_capture and active,
                             instrumented_steps=self.instrumented_steps if active else "all",
-                            kernel_steps=1 if kernels else 0,
+                            **kernel_steps(kernels, self.active, self.instrumented_steps),
                             kernel_profile=self._kernel_recorder() if kernels else None,
                             **self.profiler_kwargs).start()
 
@@ -307,5 +314,6 @@ class GemmProfilerCallback(Callback):
         res = self.sweep_result = run_sweep(module, step, self.sweep, steps=self.sweep_steps,
                                             warmup=self.sweep_warmup, profile_kernels=self.kernel_breakdown,
                                             set_recipe=set_recipe, context=context, out_dir=out_dir,
-                                            job_recipe=capture_recipe(cap), nvtx=self.profiler_kwargs["nvtx"])
+                                            job_recipe=capture_recipe(cap), nvtx=self.profiler_kwargs["nvtx"],
+                                            plan=self.sweep_plan)
         return sweep_metrics(res)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .adapting import (check_arguments, drop_profiler, finish_profiler, guard, phase, save_capture, sweep_metrics,
+                       kernel_steps, sweep_with_plan,
                        write_ranks)
 from .capture import GemmCapture, GemmProfiler
 from .capture.distributed import gather_captures
@@ -48,10 +49,11 @@ class GemmProfilerTrainerCallback(TrainerCallback):
                  nvtx: bool = True, adapters: Sequence[str] = ("te", "torch"), dispatch_steps: int | str | None = None,
                  verbose: bool = True, filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, sweep_warmup: int = 2, kernel_breakdown: bool = True,
-                 instrumented_steps: int = 1) -> None:
-        self.sweep = check_arguments(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps,
-                                     sweep_warmup=sweep_warmup, sweep_steps=sweep_steps, dispatch_steps=dispatch_steps,
-                                     adapters=adapters, filename=filename, sweep=sweep)
+                 instrumented_steps: int = 1, sweep_plan: Any = None) -> None:
+        sweep = check_arguments(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps,
+                                sweep_warmup=sweep_warmup, sweep_steps=sweep_steps, dispatch_steps=dispatch_steps,
+                                adapters=adapters, filename=filename, sweep=sweep)
+        self.sweep, self.sweep_plan = sweep_with_plan(sweep, sweep_plan)
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps, self.kernel_breakdown = instrumented_steps, kernel_breakdown
         self.output_dir, self.filename, self.verbose = Path(output_dir), filename, verbose
@@ -125,7 +127,8 @@ class GemmProfilerTrainerCallback(TrainerCallback):
         active = ph == "active"
         on_cuda = any(p.is_cuda for p in model.parameters())
         return GemmProfiler(model, instrumented_steps=self.instrumented_steps if active else "all",
-                            kernel_steps=1 if active and self.kernel_breakdown and on_cuda else 0,
+                            **kernel_steps(active and self.kernel_breakdown and on_cuda, self.active,
+                                           self.instrumented_steps),
                             **self.profiler_kwargs).start()
 
     def _drop(self) -> None:
@@ -190,5 +193,6 @@ class GemmProfilerTrainerCallback(TrainerCallback):
         model.train()
         self.sweep_result = run_sweep(model, step, self.sweep, steps=self.sweep_steps, warmup=self.sweep_warmup,
                                       profile_kernels=self.kernel_breakdown, context=context, out_dir=out,
-                                      job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"])
+                                      job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"],
+                                      plan=self.sweep_plan)
         return sweep_metrics(self.sweep_result)

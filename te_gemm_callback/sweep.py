@@ -109,6 +109,10 @@ def switch_conflict(recipe: str, job_recipe: str | None, fp8_used: set[str]) -> 
     return None
 
 
+def _on_cuda(model: nn.Module) -> bool:
+    return any(p.is_cuda for p in model.parameters())
+
+
 def _loss(out: Any) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
@@ -123,7 +127,8 @@ def _loss(out: Any) -> torch.Tensor:
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
               warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
               context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
-              nvtx: bool = True, profile_kernels: bool = True, job_recipe: str | None = None) -> SweepResult:
+              nvtx: bool = True, profile_kernels: bool = True, job_recipe: str | None = None,
+              plan: Any = None) -> SweepResult:
     """Time ``steps`` forward+backward steps of ``step_fn`` under each recipe.
 
     Args:
@@ -135,6 +140,10 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         job_recipe: the recipe the job trains in (read from its capture); decides which FP8
             recipes can be swept on its modules without breaking DelayedScaling (see
             :func:`switch_conflict`). Recipes run BF16 first, then DelayedScaling, then the rest.
+        plan: a :class:`~te_gemm_callback.plan.PrecisionPlan` (or its JSON path) swept last, as
+            ``"plan"``: its recipe with its ``keep_bf16`` modules under ``te.autocast(enabled=False)``
+            (:func:`~te_gemm_callback.plan.apply_precision_plan`, removed after its steps). Its
+            capture holds the plan and its predicted speedup, to set against the observed one.
         profile_kernels: on CUDA, one kernels step (torch.profiler, kernels only, after a warm-up
             step with the records already running) following the instrumented one: per-GEMM GPU time, and kernel time split into GEMM, attention,
             quantization/cast, norm, communication, optimizer and other
@@ -146,25 +155,34 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
     """
     if steps < 1:
         raise ValueError("sweep steps must be >= 1")
+    from .plan import PrecisionPlan, apply_precision_plan
+
+    if plan is not None and not isinstance(plan, PrecisionPlan):
+        plan = PrecisionPlan.load(plan)
     res = SweepResult()
     snap = _Snapshot(model)
-    on_cuda = any(p.is_cuda for p in model.parameters())
+    on_cuda = _on_cuda(model)
     fp8_used = {job_recipe} if job_recipe and job_recipe != "BF16" else set()
+    # (name in the results, recipe, plan): the plan runs last, after every single recipe it is
+    # measured against, under the same DelayedScaling state rules as they are.
+    entries = [(r, r, None) for r in sweep_order(recipes)] + ([("plan", plan.recipe, plan)] if plan else [])
+    handle = None
     try:
-        for recipe in sweep_order(recipes):
+        for label, recipe, entry_plan in entries:
             av = availability(recipe)
             if not av.ok:
-                res.skipped[recipe] = av.reason
+                res.skipped[label] = av.reason
                 continue
             if recipe != "BF16" and not on_cuda:
-                res.skipped[recipe] = "the model runs on the CPU: TE recipes need its layers on a CUDA GPU"
+                res.skipped[label] = "the model runs on the CPU: TE recipes need its layers on a CUDA GPU"
                 continue
             conflict = switch_conflict(recipe, job_recipe, fp8_used)
             if conflict:
-                res.skipped[recipe] = conflict
+                res.skipped[label] = conflict
                 continue
             if recipe != "BF16":
                 fp8_used.add(recipe)
+            handle = apply_precision_plan(model, entry_plan) if entry_plan is not None else None
 
             def one_step() -> None:
                 for p in model.parameters():
@@ -189,11 +207,20 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
                 if i < n - 1:
                     prof.step()
             cap = prof.stop()
-            cap.meta.update(recipe=recipe, sweep=True, note="forward+backward only, no optimizer step")
-            res.captures[recipe] = cap
+            if handle is not None:
+                handle.remove()
+                handle = None
+            cap.meta.update(recipe=label, sweep=True, note="forward+backward only, no optimizer step")
+            if entry_plan is not None:
+                cap.meta["plan"] = {"recipe": entry_plan.recipe, "keep_bf16": list(entry_plan.keep_bf16),
+                                    "predicted_speedup": entry_plan.predicted_speedup.get("plan"),
+                                    "predicted_step_ms": entry_plan.predicted_step_ms.get("plan")}
+            res.captures[label] = cap
             if out_dir is not None:
-                res.paths[recipe] = cap.save(Path(out_dir) / recipe / "gemm_capture.json")
+                res.paths[label] = cap.save(Path(out_dir) / label / "gemm_capture.json")
     finally:
+        if handle is not None:  # a step raised while the plan was applied
+            handle.remove()
         if set_recipe is not None:
             set_recipe(model, None)
         snap.restore(model)

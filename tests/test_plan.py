@@ -99,3 +99,76 @@ def test_apply_precision_plan_leaves_no_hooks_and_changes_no_weights():
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match="does not have: nope"):
         apply_precision_plan(model, PrecisionPlan("Float8CurrentScaling", ["nope"]))
+
+
+class _Autocast:
+    """TE's autocast cannot run on CPU: this stand-in keeps the stack of recipes entered, so a module
+    can tell which precision its forward ran under (the plan's modules must see BF16)."""
+
+    def __init__(self):
+        self.stack = []
+
+    def __call__(self, recipe):
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            self.stack.append(recipe)
+            try:
+                yield
+            finally:
+                self.stack.pop()
+
+        return ctx()
+
+
+def test_sweep_measures_the_plan_beside_the_single_recipes(monkeypatch, tmp_path):
+    from te_gemm_callback import analysis, precisions, sweep
+    from te_gemm_callback.precisions import Availability
+
+    fake = _Autocast()
+    monkeypatch.setattr(sweep, "autocast", fake)
+    monkeypatch.setattr(precisions, "autocast", fake)  # the plan's BF16 wrapper imports it from here
+    monkeypatch.setattr(sweep, "availability", lambda r: Availability(r, True))
+    monkeypatch.setattr(sweep, "_on_cuda", lambda m: True)  # FP8 recipes are swept only on a GPU
+    torch.manual_seed(0)
+    seen = []
+
+    class Probe(nn.Linear):  # notes the precision its own forward runs under
+        def forward(self, x):
+            seen.append(fake.stack[-1])
+            return super().forward(x)
+
+    model = nn.Sequential(nn.Linear(16, 64), Probe(64, 16))
+    x = torch.randn(8, 16)
+    weights = [p.detach().clone() for p in model.parameters()]
+    plan = PrecisionPlan("Float8CurrentScaling", ["1"], predicted_step_ms={"plan": 1.0},
+                         predicted_speedup={"plan": 1.25})
+    res = sweep.run_sweep(model, lambda: model(x).square().mean(), ["BF16", "Float8CurrentScaling"],
+                          steps=2, warmup=1, profile_kernels=False, plan=plan, out_dir=tmp_path)
+    assert list(res.captures) == ["BF16", "Float8CurrentScaling", "plan"]
+    per = len(seen) // 3  # the same number of forwards per entry
+    assert seen[per - 1] == "BF16" and set(seen[per:2 * per]) == {"Float8CurrentScaling"}
+    assert set(seen[2 * per:]) == {"BF16"}  # the plan keeps module 1 out of FP8, inside the FP8 autocast
+    assert "forward" not in model[1].__dict__  # the plan is removed after its steps
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+    meta = GemmCapture.load(res.paths["plan"]).meta["plan"]
+    assert meta == {"recipe": "Float8CurrentScaling", "keep_bf16": ["1"], "predicted_speedup": 1.25,
+                    "predicted_step_ms": 1.0}
+    caps = list(res.captures.values())
+    rep = analysis.analyze(caps[0], None, caps[1:])
+    a = next(r for r in rep.recipes if r.recipe == "plan")
+    assert a.predicted_step_speedup == 1.25 and a.observed_step_speedup == pytest.approx(
+        caps[0].step_ms() / caps[2].step_ms())
+    assert a.evidence[0] == "Float8CurrentScaling with 1 module(s) kept in BF16: 1"
+    assert any(e.startswith("best single recipe observed:") for e in a.evidence)
+
+
+def test_sweep_plan_argument(tmp_path):
+    from te_gemm_callback import GemmProfilerCallback
+
+    with pytest.raises(ValueError, match="te-gemm plan"):
+        GemmProfilerCallback(sweep_plan=tmp_path / "missing.json")
+    path = PrecisionPlan("DelayedScaling", ["lm_head"]).save(tmp_path / "precision_plan.json")
+    cb = GemmProfilerCallback(sweep=["Float8CurrentScaling"], sweep_plan=path)
+    assert cb.sweep == ["Float8CurrentScaling", "BF16", "DelayedScaling"] and cb.sweep_plan.keep_bf16 == ["lm_head"]
