@@ -25,6 +25,8 @@ def base_parser(description: str, te_layers: bool = True, strategies: tuple[str,
     p.add_argument("--recipe", default="BF16", help="TE recipe the job trains in (BF16, DelayedScaling, ...)")
     p.add_argument("--steps", type=int, default=8, help="optimizer steps to train")
     p.add_argument("--sweep", default="all", help="recipes to sweep after capture: 'all', 'none', or a comma list")
+    p.add_argument("--sweep-plan", default=None, metavar="PLAN_JSON",
+                   help="also sweep a precision plan (`te-gemm plan RUN_DIR` writes precision_plan.json)")
     p.add_argument("--no-bench", action="store_true", help="skip the microbenchmarks and report")
     p.add_argument("--out", default=None, help="output folder (default runs/<recipe name>)")
     if te_layers:
@@ -75,7 +77,8 @@ def sweep_list(text: str) -> list[str] | None:
 def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path, precision: Any = None,
         set_recipe: Callable | None = None) -> GemmProfilerCallback:
     cb = GemmProfilerCallback(wait=1, warmup=1, active=max(a.steps - 3, 1), output_dir=out,
-                              sweep=sweep_list(a.sweep), set_recipe=set_recipe, verbose=not a.tiny)
+                              sweep=sweep_list(a.sweep), set_recipe=set_recipe, verbose=not a.tiny,
+                              sweep_plan=a.sweep_plan)
     kw = {"precision": precision} if precision else {}
     if (st := strategy(a)) is not None:
         kw["strategy"] = st
@@ -106,3 +109,13 @@ def finish(a: argparse.Namespace, cb: GemmProfilerCallback, out: Path) -> int:
         bench_and_report(out, cb.path, sweep_list(a.sweep) or [a.recipe], console())
     print(f"capture: {cb.path}")
     return 0
+
+
+def run(main: Callable[[], int]) -> int:
+    """A recipe's entry point: bad input (an unknown recipe, a missing plan file) is one line that
+    says what to fix, not a traceback."""
+    try:
+        return main()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

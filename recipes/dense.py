@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from _common import add_shape_flags, base_parser, finish, fit, use_te
+from _common import add_shape_flags, base_parser, finish, fit, use_te, run
 
 from torch.utils.data import DataLoader
 
@@ -50,4 +50,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

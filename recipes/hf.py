@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from _common import add_shape_flags, base_parser, finish, fit
+from _common import add_shape_flags, base_parser, finish, fit, run
 
 import torch
 from torch.utils.data import DataLoader
@@ -51,4 +51,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import add_shape_flags, base_parser, finish, fit, use_te
+from _common import add_shape_flags, base_parser, finish, fit, use_te, run
 
 import pytorch_lightning as pl
 import torch
@@ -238,4 +238,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

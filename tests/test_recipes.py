@@ -73,3 +73,18 @@ def test_accelerate_loop_counts_accumulated_micro_batches_as_one_step(tmp_path):
     assert [(s.kind, s.micro_batches) for s in cap.steps] == [("instrumented", 2)] + [("clean", 2)] * 3
     q = next(r for r in cap.records if r.module.endswith("layers.0.self_attn.q_proj") and r.op == "fprop")
     assert (q.m, q.calls_per_step) == (2 * 16, 2)  # micro-batch 2 x 16 tokens, two micro-batches a step
+
+
+@pytest.mark.parametrize("flags, says", [(["--sweep", "Foo"], "unknown precision 'Foo'"),
+                                         (["--sweep-plan", "missing.json"], "te-gemm plan RUN_DIR")])
+def test_recipe_bad_input_is_one_line(tmp_path, flags, says):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "dense.py"
+    proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--no-bench", "--out", str(tmp_path), *flags],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "warn" not in ln.lower()]
+    assert proc.returncode == 2 and lines[-1].startswith("error: ") and says in lines[-1], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
