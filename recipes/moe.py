@@ -207,23 +207,24 @@ class MoELM(pl.LightningModule):
 def main(argv: list[str] | None = None) -> int:
     p = base_parser(__doc__.splitlines()[0])
     add_shape_flags(p, layers=1, hidden=4096, heads=32, kv_heads=8, seq_len=4096, micro_batch_size=2)
-    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--experts", type=int, default=None, help="experts per layer (default 8; --tiny: 4)")
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--expert-intermediate", type=int, default=14336)
     p.add_argument("--expert-parallel", action="store_true",
                    help="split the experts over the --devices ranks (EP = devices), all-to-all token dispatch")
     a = p.parse_args(argv)
-    if a.expert_parallel and a.experts % a.devices:
-        p.error(f"--experts {a.experts} must be a multiple of --devices {a.devices} for --expert-parallel")
+    experts = a.experts or (4 if a.tiny else 8)
+    if a.expert_parallel and experts % a.devices:
+        p.error(f"--experts {experts} must be a multiple of --devices {a.devices} for --expert-parallel")
     if a.tiny:
         c = DemoConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                        num_hidden_layers=1, vocab_size=64, sequence_length=16, micro_batch_size=2)
-        experts, top_k = 4, 2
+        top_k = 2
     else:
         c = DemoConfig(hidden_size=a.hidden_size, intermediate_size=a.expert_intermediate,
                        num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, num_hidden_layers=a.layers,
                        vocab_size=1024, sequence_length=a.seq_len, micro_batch_size=a.micro_batch_size)
-        experts, top_k = a.experts, a.top_k
+        top_k = a.top_k
     recipe = canonical(a.recipe)
     out = Path(a.out or f"runs/moe-{recipe}")
     model = MoELM(c, experts, top_k, use_te(a), recipe, expert_parallel=a.expert_parallel)

@@ -32,25 +32,28 @@ def test_ddp_ranks_gathered_and_no_hang_when_one_capture_fails(tmp_path, world):
     assert GemmCapture.load(tmp_path / "gemm_capture.json").meta["rank"] == 0
 
 
-def test_moe_recipe_expert_parallel_two_ranks(tmp_path):
-    """The MoE recipe under Lightning DDP with its experts split over 2 ranks (gloo, CPU): each
-    rank's capture holds its own 2 of 4 experts; together they account for every routed row."""
+@pytest.mark.parametrize("world, experts", [(2, 4), (8, 8)])
+def test_moe_recipe_expert_parallel(tmp_path, world, experts):
+    """The MoE recipe under Lightning DDP with its experts split over the ranks (gloo, CPU): each
+    rank's capture holds its own experts (2 of 4 on 2 ranks; 1 of 8 on 8 ranks, the EP=8 layout of
+    the Mixtral-like run); together they account for every routed row, and rank 0 gathers all."""
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "moe.py"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29519")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29519 + world))
     proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench",
-                           "--devices", "2", "--expert-parallel", "--no-te", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=recipe.parent)
+                           "--devices", str(world), "--experts", str(experts), "--expert-parallel", "--no-te",
+                           "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=480, env=env, cwd=recipe.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [GemmCapture.load(tmp_path / "ranks" / f"rank{r}.json") for r in (0, 1)]
+    ranks = [GemmCapture.load(tmp_path / "ranks" / f"rank{r}.json") for r in range(world)]
     rows = []
     for c in ranks:
         fc1 = [r for r in c.records if r.kernel == "aten._grouped_mm" and r.op == "fprop" and r.n == 2 * 48]
-        assert fc1 and all(len(s) == 2 for r in fc1 for s in r.m_splits)  # 2 local experts per rank
+        assert fc1 and all(len(s) == experts // world for r in fc1 for s in r.m_splits)  # local experts
         rows.append([sum(s) for r in fc1 for s in r.m_splits])
-    # Per step, the two ranks' experts together received all rows: 2 ranks x 32 tokens x top-2.
-    assert [a + b for a, b in zip(*rows)] == [2 * 32 * 2] * len(rows[0])
+    # Per step, all ranks' experts together received all rows: ranks x 32 tokens x top-2.
+    assert [sum(step) for step in zip(*rows)] == [world * 32 * 2] * len(rows[0])
     summary = json.loads((tmp_path / "ranks" / "summary.json").read_text())["ranks"]
-    assert [r["rank"] for r in summary] == [0, 1]
+    assert [r["rank"] for r in summary] == list(range(world))
 
 
 def test_fsdp2_model_parallel_strategy_two_ranks(tmp_path):
