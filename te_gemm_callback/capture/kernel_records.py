@@ -100,6 +100,10 @@ class KernelProfile:
         # launch of the job then costs more host time (H200, torch 2.11+cu130: 7.6 -> 11.5 µs per
         # launch; pytorch/pytorch#144455), which a host-bound job pays on every step. A user's own
         # setting wins (CUDA graphs with CUDA < 12.6 crash on re-init after a teardown).
+        # The teardown is asynchronous in Kineto: a session started before the previous one's
+        # teardown finished waits for it (up to 10 s) and may then record no GPU activity (seen
+        # once on the H200: markers launched, no kernel record at all). One session therefore
+        # spans a capture's warm-up and kernels steps; a lost session is said in meta.kernel_join.
         self._env = os.environ.get("TEARDOWN_CUPTI")
         if self._env is None:
             os.environ["TEARDOWN_CUPTI"] = "1"
