@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/h200.md "Measuring without disturbing the job", on one GPU
-# with TE installed. Sections: ONLY=tests|cost|kernels|fit|sweep|recipes (default: all but recipes).
+# with TE installed. Sections: ONLY=tests|cost|kernels|fit|interleaved|sweep|recipes (default: all
+# but recipes).
 #   ONLY=fit bash benchmarks/h200_undisturbed.sh OUTDIR
 set -uo pipefail
 out=${1:-runs/undisturbed}
@@ -8,7 +9,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogger|tpu|gpu available|cuda_visible|^ *$" || true; }
 TIMEFORMAT='wall %R s'
-only=${ONLY:-tests,cost,kernels,fit,sweep}
+only=${ONLY:-tests,cost,kernels,fit,interleaved,sweep}
 has() { [[ ",$only," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
@@ -31,6 +32,11 @@ if has fit; then
         --out "$out/fit" --json "$out/fit.json" 2>&1 | quiet | grep -E "^fit|Error" ; } 2>&1
     python benchmarks/undisturbed.py fit --model codonfm --recipes BF16 --reps 2 --clean 10 --instrumented 4 \
         --out "$out/fit" --json "$out/fit_codonfm.json" 2>&1 | quiet | grep -E "^fit|Error"
+fi
+if has interleaved; then
+    echo "== one fit, profiled windows between plain blocks, host-bound stack"
+    python benchmarks/undisturbed.py interleaved --model hostbound --recipes BF16,Float8CurrentScaling \
+        --blocks 6 --block 10 --json "$out/interleaved.json" 2>&1 | quiet | grep -E "^interleaved|Error"
 fi
 if has sweep; then
     echo "== in-job sweep vs plain loop"

@@ -159,6 +159,77 @@ def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented:
     return res
 
 
+class Alternating(StepTimer):
+    """In one fit, blocks of ``block`` steps alternate between nothing attached and a GemmProfiler
+    window (instrumented, kernels warm-up and kernels steps on CUDA, then clean steps), after
+    ``start`` steps untouched. Every step is timed by CUDA events (host clock on CPU) recorded
+    before the profiler's own transition, so a profiler's start/stop cost falls on a step it
+    belongs to (the window's first step, or the first step of the next plain block)."""
+
+    def __init__(self, start: int, block: int) -> None:
+        super().__init__()
+        self.start, self.block = start, block
+        self.prof: Any = None
+        self.caps: list = []
+        self.windows: list[int] = []  # global step of each window's first step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        i = trainer.global_step
+        if i < self.start:
+            return
+        b, j = divmod(i - self.start, self.block)
+        if j == 0 and self.prof is not None:
+            self.caps.append(self.prof.stop())
+            self.prof = None
+        if b % 2 == 1:
+            if j == 0:
+                self.prof = GemmProfiler(pl_module).start()
+                self.windows.append(i)
+            else:
+                self.prof.step()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self.prof is not None:
+            self.caps.append(self.prof.stop())
+            self.prof = None
+
+
+def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int) -> dict:
+    """Clean and instrumented steps against the same positions of the plain blocks on either side
+    (one fit, interleaved: the host's drift over the fit falls on both alike)."""
+    start = 3  # TE/cuBLAS initialisation stays out
+    steps = start + (2 * blocks + 1) * block
+    torch.manual_seed(0)
+    module, c, kw = build(model_name, recipe)
+    loader = DataLoader(RandomTokens(c, c.micro_batch_size * steps), batch_size=c.micro_batch_size)
+    alt = Alternating(start, block)
+    trainer(steps, [alt], **kw).fit(module, loader)
+    t = alt.steps_ms()
+    kinds = [s.kind for s in alt.caps[0].steps]
+    res: dict[str, Any] = {"model": model_name, "recipe": recipe, "blocks": blocks, "block": block,
+                           "step_kinds": kinds, "steps_ms": t}
+    for kind in ("clean", "instrumented"):
+        pos = [j for j, k in enumerate(kinds) if k == kind]
+        # Plain-block steps at the same positions (clean), or all but the first, which carries the
+        # previous window's stop (instrumented: the window's first step carries its start).
+        side_pos = pos if kind == "clean" else list(range(1, block))
+        ratios, with_cb, without = [], [], []
+        for w in alt.windows:
+            mid = [t[w + j] for j in pos if w + j < len(t)]
+            sides = [t[w + d + j] for d in (-block, block) for j in side_pos if w + d + j < len(t) and j > 0]
+            if mid and sides:
+                ratios.append(med(mid) / med(sides))
+                with_cb += mid
+                without += sides
+        res[kind] = {"steps": len(with_cb), "with_ms": med(with_cb), "without_ms": med(without),
+                     "pct": None if not with_cb else 100 * (med(with_cb) / med(without) - 1),
+                     "pct_per_window": [100 * (r - 1) for r in ratios]}
+    res["kernel_join"] = [cap.meta.get("kernel_join") for cap in alt.caps]
+    return res
+
+
 # --- kernels --------------------------------------------------------------------------------
 def check_kernels(model_name: str, recipe: str, steps: int) -> dict:
     from te_gemm_callback.capture.instruments import ProfilerRanges, range_name
@@ -368,7 +439,9 @@ def check_sweep(model_name: str, recipes: list[str], sweep_steps: int, out: Path
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("check", choices=("fit", "kernels", "sweep", "cupti"))
+    p.add_argument("check", choices=("fit", "interleaved", "kernels", "sweep", "cupti"))
+    p.add_argument("--blocks", type=int, default=6, help="interleaved: profiled windows (plain blocks around each)")
+    p.add_argument("--block", type=int, default=10, help="interleaved: steps per block")
     p.add_argument("--model", action="append", help="hostbound (default), codonfm, hf, tiny")
     p.add_argument("--recipes", default="BF16,Float8CurrentScaling")
     p.add_argument("--reps", type=int, default=3, help="fit: fits with and without the callback, each")
@@ -393,6 +466,15 @@ def main() -> int:
                       f"{', '.join(map(pct, cl['pct_per_fit']))}; control {pct(cl['control_pct'])}); instrumented "
                       f"{pct(ins['pct'])} (control {pct(ins['control_pct'])}); capture's own step "
                       f"{med(res['capture_step_ms']):.2f} ms; join: {res['kernel_join'][0]}", flush=True)
+        elif a.check == "interleaved":
+            for r in recipes:
+                res = check_fit_interleaved(name, r, a.blocks, a.block)
+                results.append(res)
+                pct = lambda x: "-" if x is None else f"{x:+.2f}%"  # noqa: E731
+                cl, ins = res["clean"], res["instrumented"]
+                print(f"interleaved {name} {r}: clean steps {pct(cl['pct'])} against the plain blocks around them "
+                      f"(n={cl['steps']}; per window {', '.join(map(pct, cl['pct_per_window']))}); instrumented "
+                      f"{pct(ins['pct'])} (n={ins['steps']}); join: {res['kernel_join'][0]}", flush=True)
         elif a.check == "cupti":
             for r in recipes:
                 res = check_cupti(name, r, a.steps)
