@@ -231,7 +231,7 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int)
 
 
 # --- kernels --------------------------------------------------------------------------------
-def check_kernels(model_name: str, recipe: str, steps: int) -> dict:
+def check_kernels(model_name: str, recipe: str, steps: int, rounds: int = 4) -> dict:
     from te_gemm_callback.capture.instruments import ProfilerRanges, range_name
     from te_gemm_callback.models import stack_input, te_stack, train_step_fn
 
@@ -247,7 +247,7 @@ def check_kernels(model_name: str, recipe: str, steps: int) -> dict:
     # The oracle's own torch.profiler sessions must not leave CUPTI attached either: seen on the
     # H200, a KernelProfile session after an oracle session without the teardown got no records.
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
-    for _ in range(2):  # interleaved rounds: the GPU's clock drifts under its power limit
+    for _ in range(rounds):  # interleaved rounds: the GPU's clock drifts under its power limit
         with ClockSampler(period_s=0.02) as ck:
             prof = GemmProfiler(model, kernel_steps=steps, instrumented_steps=1)
             prof.start()
@@ -440,6 +440,7 @@ def check_sweep(model_name: str, recipes: list[str], sweep_steps: int, out: Path
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("check", choices=("fit", "interleaved", "kernels", "sweep", "cupti"))
+    p.add_argument("--rounds", type=int, default=4, help="kernels: interleaved rounds of ours and the profiler's")
     p.add_argument("--blocks", type=int, default=6, help="interleaved: profiled windows (plain blocks around each)")
     p.add_argument("--block", type=int, default=10, help="interleaved: steps per block")
     p.add_argument("--model", action="append", help="hostbound (default), codonfm, hf, tiny")
@@ -483,7 +484,7 @@ def main() -> int:
                       flush=True)
         elif a.check == "kernels":
             for r in recipes:
-                res = check_kernels(name, r, a.steps)
+                res = check_kernels(name, r, a.steps, a.rounds)
                 results.append(res)
                 print(f"kernels {name} {r}: {res['within_3pct']}/{res['compared']} GEMMs within 3% of torch.profiler "
                       f"(max {res['max_abs_pct']:.2f}%, median ratio {res['median_ratio']:.4f}); GEMM ms/step "
