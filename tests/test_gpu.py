@@ -315,3 +315,36 @@ def test_graphed_te_layers_captured_from_an_eager_step_and_timed_from_replays(re
     assert per_layer == {"0": 12, "1": 12}
     assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
     assert all(len(r.times_ms) == 1 for r in cap.records)
+
+
+@needs_te
+def test_compiled_te_stack_same_gemms_as_eager_and_no_new_graph():
+    """torch.compile around te.TransformerLayer layers: the capture holds eager's GEMMs (module, pass,
+    shape, precision) and the profiler adds no compiled graph and no graph break (dynamo counters
+    over the profiled steps). Measured 2026-12-01 with the CodonFM sizes: frames.total +1, no new
+    unique graph (benchmarks/jobs_check.py compile)."""
+    from torch._dynamo.utils import counters
+
+    from te_gemm_callback.models import DemoConfig, stack_input, te_stack, train_step_fn
+
+    c = DemoConfig(hidden_size=512, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
+                   num_hidden_layers=2, vocab_size=128, sequence_length=128, micro_batch_size=2,
+                   gated_mlp=False, normalization="LayerNorm")
+    model = te_stack(c)
+    x = stack_input(c)
+    with GemmProfiler(model, kernel_steps=0) as eager:
+        train_step_fn(model, x, "BF16")()
+    cmodel = torch.compile(model)
+    step = train_step_fn(cmodel, x, "BF16")
+    for _ in range(3):
+        step()
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    prof = GemmProfiler(cmodel).start()
+    for i in range(prof.plan.profiled + 1):
+        step()
+        if i < prof.plan.profiled:
+            prof.step()
+    cap = prof.stop()
+    assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
+    key = lambda r: (r.module.removeprefix("_orig_mod."), r.op, r.shape.mkn, r.precision)  # noqa: E731
+    assert sorted(map(key, cap.records)) == sorted(map(key, eager.capture.records)) and cap.meta["compiled"]
