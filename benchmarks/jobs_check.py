@@ -21,24 +21,18 @@ import json
 import logging
 import statistics
 import sys
-import time
 from typing import Any
 
 import torch
+from _timing import event_times
 
-from te_gemm_callback import GemmProfiler
+from te_gemm_callback.capture.steps import capture_steps
 from te_gemm_callback.models import codonfm, stack_input, te_stack, train_step_fn
 from te_gemm_callback.precisions import make_recipe
 
 
 def profiled(model: torch.nn.Module, step: Any, kernel_steps: int = 3, clean: int = 3) -> Any:
-    prof = GemmProfiler(model, kernel_steps=kernel_steps).start()
-    n = prof.plan.profiled + clean
-    for i in range(n):
-        step()
-        if i < n - 1:
-            prof.step()
-    return prof.stop()
+    return capture_steps(model, step, clean, kernel_steps=kernel_steps)
 
 
 def per_layer(cap: Any) -> dict[str, int]:
@@ -76,18 +70,9 @@ def check_graphs(recipe: str, blocks: int = 6, block: int = 10) -> dict:
     # Replayed clean steps against a plain loop of the graphed stack, interleaved blocks. Both are
     # GPU time between per-step CUDA events with no sync inside the block (what the profiler's
     # step boundaries read): the host runs ahead of graph replays, so host time says nothing here.
-    def plain(n: int) -> list[float]:
-        evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-        evs[0].record()
-        for i in range(n):
-            step()
-            evs[i + 1].record()
-        torch.cuda.synchronize()
-        return [a.elapsed_time(b) for a, b in zip(evs, evs[1:])]
-
     without, with_clean = [], []
     for _ in range(blocks):
-        without += plain(block)
+        without += event_times(step, block)
         cap = profiled(model, step, kernel_steps=1, clean=block)
         with_clean += [s.gpu_ms for s in cap.steps_of("clean")]
     return {"recipe": recipe, "graphed_modules": graphed.meta.get("graphed_modules"),

@@ -33,6 +33,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from _timing import event_times
+
 from te_gemm_callback import GemmProfiler, GemmProfilerCallback
 from te_gemm_callback.demo import DemoConfig, DemoLM, HFLlama, RandomTokens
 from te_gemm_callback.models import codonfm
@@ -332,13 +334,7 @@ def check_cupti(model_name: str, recipe: str, steps: int) -> dict:
         opt.zero_grad(set_to_none=True)
 
     def block() -> list[float]:
-        evs = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        evs[0].record()
-        for i in range(steps):
-            train()
-            evs[i + 1].record()
-        torch.cuda.synchronize()
-        return [a.elapsed_time(b) for a, b in zip(evs, evs[1:])]
+        return event_times(train, steps)
 
     for _ in range(5):
         train()
@@ -382,13 +378,7 @@ def plain_loop(module: pl.LightningModule, batch: Any, recipes: list[str], conte
                 one(r)
         for _ in range(reps):
             for r in recipes:
-                evs = [torch.cuda.Event(enable_timing=True) for _ in range(block + 1)]
-                evs[0].record()
-                for i in range(block):
-                    one(r)
-                    evs[i + 1].record()
-                torch.cuda.synchronize()  # after the block's last event: outside every timed step
-                times[r] += [a.elapsed_time(b) for a, b in zip(evs, evs[1:])]
+                times[r] += event_times(lambda: one(r), block)
     finally:
         module.log = log
         if has_recipe:

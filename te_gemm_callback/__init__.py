@@ -4,7 +4,7 @@ Public API, by what users touch:
 
 - capture: :class:`GemmProfiler` (any training loop), :class:`GemmProfilerCallback` (Lightning),
   :class:`GemmCapture` / :class:`GemmRecord` (the capture file), :class:`KernelProfile` (kernel
-  records of one step);
+  records of one step), :func:`capture_steps` (a step function run under the profiler);
 - measure: :func:`bench` (microbenchmarks of the captured shapes), :func:`run_sweep` (observed step
   time per recipe on the live model);
 - report: :func:`report` (a run folder's tables, figures, verdicts), :func:`analyze_run` (the same
@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     # capture
     "GemmProfiler", "GemmProfilerCallback", "GemmCapture", "GemmRecord", "KernelProfile",
+    "capture_steps",
     # measure
     "bench", "run_sweep",
     # report
@@ -38,6 +39,7 @@ _LAZY = {
     "GemmProfiler": ("capture", "GemmProfiler"),
     "GemmRecord": ("capture", "GemmRecord"),
     "KernelProfile": ("capture.kernel_records", "KernelProfile"),
+    "capture_steps": ("capture.steps", "capture_steps"),
     "bench": ("bench", None),  # the package, callable: bench(...) (see bench/__init__.py)
     "run_sweep": ("sweep", "run_sweep"),
     "report": ("render.report", "report"),

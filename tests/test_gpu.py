@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from te_gemm_callback import GemmProfiler
+from te_gemm_callback.capture.steps import capture_steps
 from te_gemm_callback.precisions import availability, te_available
 
 pytestmark = pytest.mark.gpu
@@ -260,12 +261,7 @@ def test_kernel_records_keep_only_the_marked_steps_and_join_every_gemm():
     assert counts[0] == counts[1] >= 6, counts
     assert not any("spin_kernel" in k[0] for s in steps for k in s.kernels)
 
-    prof = GemmProfiler(model, kernel_steps=2).start()
-    for i in range(prof.plan.profiled + 1):
-        step()
-        if i < prof.plan.profiled:
-            prof.step()
-    cap = prof.stop()
+    cap = capture_steps(model, step, kernel_steps=2)
     assert [s.kind for s in cap.steps] == ["instrumented", "kernels-warmup", "kernels", "kernels", "clean"]
     assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
     assert all(len(r.times_ms) == 2 for r in cap.records) and len(cap.records) == 6
@@ -304,12 +300,7 @@ def test_graphed_te_layers_captured_from_an_eager_step_and_timed_from_replays(re
     te.make_graphed_callables(tuple(model), tuple((torch.randn_like(x).requires_grad_(),) for _ in model), **kw)
     step = train_step_fn(model, x, recipe)
     step()
-    prof = GemmProfiler(model).start()
-    for i in range(prof.plan.profiled + 1):
-        step()
-        if i < prof.plan.profiled:
-            prof.step()
-    cap = prof.stop()
+    cap = capture_steps(model, step)
     assert cap.meta["graphed_modules"] == ["0", "1"]
     per_layer = collections.Counter(r.module.split(".")[0] for r in cap.records for _ in range(r.calls))
     assert per_layer == {"0": 12, "1": 12}
@@ -339,12 +330,7 @@ def test_compiled_te_stack_same_gemms_as_eager_and_no_new_graph():
     for _ in range(3):
         step()
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-    prof = GemmProfiler(cmodel).start()
-    for i in range(prof.plan.profiled + 1):
-        step()
-        if i < prof.plan.profiled:
-            prof.step()
-    cap = prof.stop()
+    cap = capture_steps(cmodel, step)
     assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
     key = lambda r: (r.module.removeprefix("_orig_mod."), r.op, r.shape.mkn, r.precision)  # noqa: E731
     assert sorted(map(key, cap.records)) == sorted(map(key, eager.capture.records)) and cap.meta["compiled"]

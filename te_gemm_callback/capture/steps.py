@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 INSTRUMENTED, WARMUP, KERNELS, CLEAN = "instrumented", "kernels-warmup", "kernels", "clean"
 
@@ -57,3 +57,26 @@ def count_arg(name: str, v: Any, allow_all: bool = False) -> int | str:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{name} must be {'all or ' if allow_all else ''}a non-negative integer, got {v!r}")
     return v
+
+
+def capture_steps(model: Any, step_fn: Callable[[], Any], clean_steps: int = 1, **profiler_kwargs: Any) -> Any:
+    """Run ``step_fn`` (one training step) under a :class:`~te_gemm_callback.GemmProfiler` for its
+    profiled steps (instrumented, kernels warm-up and kernels on CUDA) and ``clean_steps`` more;
+    returns the :class:`~te_gemm_callback.GemmCapture`.
+
+    Example:
+        >>> import torch
+        >>> lin = torch.nn.Linear(8, 8)
+        >>> cap = capture_steps(lin, lambda: lin(torch.randn(4, 8, requires_grad=True)).sum().backward())
+        >>> [s.kind for s in cap.steps], sorted(r.op for r in cap.records)
+        (['instrumented', 'clean'], ['dgrad', 'fprop', 'wgrad'])
+    """
+    from .profiler import GemmProfiler
+
+    prof = GemmProfiler(model, **profiler_kwargs).start()
+    n = prof.plan.profiled + clean_steps
+    for i in range(n):
+        step_fn()
+        if i < n - 1:
+            prof.step()
+    return prof.stop()
