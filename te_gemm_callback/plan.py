@@ -103,6 +103,13 @@ def module_times(items: list[WorkItem], owner: dict[str, str], bench: BenchResul
     return out
 
 
+def fp8_shape_ok(it: WorkItem) -> bool:
+    """Whether TE can run this layer's GEMMs in FP8: every dimension a multiple of 16 (rows of a
+    grouped GEMM excepted: MoE code pads each expert's rows under FP8)."""
+    f = it.fprop
+    return f.k % 16 == 0 and f.n % 16 == 0 and (it.m_splits is not None or f.m % 16 == 0)
+
+
 def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] | None = None,
               observed: GemmCapture | None = None) -> PrecisionPlan:
     """The best plan among the FP8 recipes the bench ran, against BF16 and every single recipe.
@@ -125,8 +132,13 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
         raise ValueError("some GEMMs have no BF16 time in the microbenchmarks: bench this capture again")
     totals = {"BF16": sum(bf16.values())}
     plans = {}
+    # Safe by construction: TE's FP8 GEMMs need K and N (and M, the wgrad's inner dimension) to be
+    # multiples of 16 (it asserts "Leading dimension requirement on A for FP8 GEMM"); a module with
+    # such a GEMM stays BF16 whatever its bench cell says. Grouped GEMMs' rows are padded per expert
+    # by the MoE code under FP8, and the bench times them padded.
+    unsafe = {owner.get(it.name, it.name) for it in items if not fp8_shape_ok(it)}
     for r in recipes:
-        times = module_times(items, owner, bench, r)
+        times = {m: (None if m in unsafe else t) for m, t in module_times(items, owner, bench, r).items()}
         choices = [ModuleChoice(m, bf16[m], times.get(m), keep_bf16=times.get(m) is None or times[m] >= bf16[m])
                    for m in bf16]
         # The single recipe as TE would run it: modules it cannot run stay BF16, the rest in r.

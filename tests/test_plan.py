@@ -172,3 +172,26 @@ def test_sweep_plan_argument(tmp_path):
     path = PrecisionPlan("DelayedScaling", ["lm_head"]).save(tmp_path / "precision_plan.json")
     cb = GemmProfilerCallback(sweep=["Float8CurrentScaling"], sweep_plan=path)
     assert cb.sweep == ["Float8CurrentScaling", "BF16", "DelayedScaling"] and cb.sweep_plan.keep_bf16 == ["lm_head"]
+
+
+def test_a_module_fp8_cannot_run_stays_bf16_even_if_its_bench_cell_says_fast():
+    """A bench cell that ran (TE padded, or another build) must not put an 8-wide router in FP8:
+    TE's FP8 GEMMs need every dimension a multiple of 16."""
+    from te_gemm_callback.plan import fp8_shape_ok
+
+    res = bench()
+    changed = 0
+    for r in res.results:
+        if 8 in (r.m, r.k, r.n) and r.precision != "BF16":
+            r.median_ms, r.error = 0.001, None  # "fast", and no error
+            changed += 1
+    assert changed == 6  # the router's three passes in both FP8 recipes
+    plan = make_plan(capture(), res)
+    assert "router" in plan.keep_bf16
+    router = next(c for c in plan.modules if c.module == "router")
+    assert router.fp8_ms is None and router.keep_bf16
+    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.shapes import GemmOp, GemmShape
+
+    assert not fp8_shape_ok(WorkItem("x", GemmShape(1000, 1024, 1024, GemmOp.FPROP)))
+    assert fp8_shape_ok(WorkItem("x", GemmShape(1000, 1024, 1024, GemmOp.FPROP), m_splits=(500, 500)))
