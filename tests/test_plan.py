@@ -195,3 +195,23 @@ def test_a_module_fp8_cannot_run_stays_bf16_even_if_its_bench_cell_says_fast():
 
     assert not fp8_shape_ok(WorkItem("x", GemmShape(1000, 1024, 1024, GemmOp.FPROP)))
     assert fp8_shape_ok(WorkItem("x", GemmShape(1000, 1024, 1024, GemmOp.FPROP), m_splits=(500, 500)))
+
+
+def test_a_delayed_scaling_plan_after_other_fp8_recipes_is_skipped_with_the_reason(monkeypatch):
+    """DelayedScaling's state rule holds for the plan as for a single recipe: a module that ran
+    DelayedScaling, then another FP8 recipe, keeps its scales at 1.0 when it returns to
+    DelayedScaling, so a DelayedScaling plan after both is not timed (see switch_conflict)."""
+    from te_gemm_callback import precisions, sweep
+    from te_gemm_callback.precisions import Availability
+
+    fake = _Autocast()
+    monkeypatch.setattr(sweep, "autocast", fake)
+    monkeypatch.setattr(precisions, "autocast", fake)
+    monkeypatch.setattr(sweep, "availability", lambda r: Availability(r, True))
+    monkeypatch.setattr(sweep, "_on_cuda", lambda m: True)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+    x = torch.randn(4, 16)
+    res = sweep.run_sweep(model, lambda: model(x).sum(), ["Float8CurrentScaling", "DelayedScaling", "BF16"],
+                          steps=1, profile_kernels=False, plan=PrecisionPlan("DelayedScaling", ["1"]))
+    assert list(res.captures) == ["BF16", "DelayedScaling", "Float8CurrentScaling"]
+    assert "scales stuck at 1.0" in res.skipped["plan"] and "forward" not in model[1].__dict__
