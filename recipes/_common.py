@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -117,5 +118,7 @@ def run(main: Callable[[], int]) -> int:
     try:
         return main()
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+        if os.environ.get("TE_GEMM_DEBUG"):
+            raise
+        print(f"error: {err}  (TE_GEMM_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 2
