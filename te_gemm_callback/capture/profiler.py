@@ -121,6 +121,7 @@ class GemmProfiler:
         self._dispatch_step_ids: set[int] = set()
         self._kernel_steps: dict[int, KernelStep] = {}
         self._eager = EagerForwards({})
+        self.kernel_profile.error = None  # a new capture tries the kernel records again
         self.micro_batches: list[int] = []
         self._capture: GemmCapture | None = None
         self._started = False
