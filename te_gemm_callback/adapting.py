@@ -23,9 +23,10 @@ def check_int(name: str, v: Any, least: int) -> None:
 
 def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: int, sweep_warmup: int,
                     sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
-                    sweep: Sequence[str] | None) -> list[str] | None:
+                    sweep: Sequence[str] | None, sweep_plan: Any = None) -> tuple[list[str] | None, Any]:
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
-    sweep's recipes in TE's names. Called where the arguments are given, not once training runs."""
+    sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
+    added to the recipes). Called where the arguments are given, not once training runs."""
     for name, v in (("wait", wait), ("warmup", warmup), ("active", active), ("sweep_warmup", sweep_warmup)):
         check_int(name, v, 0)
     check_int("sweep_steps", sweep_steps, 1)
@@ -40,27 +41,20 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
         raise ValueError(f"adapters must be a list of 'te' and/or 'torch', got {adapters!r}")
     if not isinstance(filename, str) or not filename.strip() or Path(filename).name != filename:
         raise ValueError(f"filename must be a plain file name such as 'gemm_capture.json', got {filename!r}")
-    if sweep is None:
-        return None
     from .precisions import canonical
 
     if isinstance(sweep, str):
         raise ValueError(f"sweep must be a list of recipe names, e.g. [{sweep!r}], not a string")
-    return [canonical(r) for r in sweep]  # bad names fail here, not after training
-
-
-def sweep_with_plan(sweep: list[str] | None, sweep_plan: Any) -> tuple[list[str] | None, Any]:
-    """Load a precision plan to sweep (a :class:`~te_gemm_callback.plan.PrecisionPlan` or its JSON
-    path) and add what it is measured against, BF16 and its own recipe, to the sweep's recipes."""
+    recipes = None if sweep is None else [canonical(r) for r in sweep]  # bad names fail here, not after training
     if sweep_plan is None:
-        return sweep, None
+        return recipes, None
     from .plan import PrecisionPlan
 
     try:
         plan = sweep_plan if isinstance(sweep_plan, PrecisionPlan) else PrecisionPlan.load(sweep_plan)
     except (OSError, ValueError, KeyError, TypeError) as err:  # read_schema names the file already
         raise ValueError(f"sweep_plan: {err}; make one with `te-gemm plan RUN_DIR`") from None
-    out = list(sweep or [])
+    out = list(recipes or [])
     for r in ("BF16", plan.recipe):
         if r not in out:
             out.append(r)

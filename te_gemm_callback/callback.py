@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from pytorch_lightning.callbacks import Callback
 
 from .adapting import (check_arguments, drop_profiler, finish_profiler, guard, phase, save_capture, sweep_metrics,
-                       kernel_steps, sweep_with_plan,
+                       kernel_steps,
                        write_ranks)
 from .capture import GemmCapture, GemmProfiler
 from .capture.distributed import gather_captures
@@ -80,10 +80,10 @@ class GemmProfilerCallback(Callback):
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True,
                  sweep_warmup: int = 2, instrumented_steps: int = 1, sweep_plan: Any = None) -> None:
-        sweep = check_arguments(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps,
-                                sweep_warmup=sweep_warmup, sweep_steps=sweep_steps, dispatch_steps=dispatch_steps,
-                                adapters=adapters, filename=filename, sweep=sweep)
-        sweep, self.sweep_plan = sweep_with_plan(sweep, sweep_plan)
+        sweep, self.sweep_plan = check_arguments(
+            wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
+            sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
+            sweep_plan=sweep_plan)
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps = instrumented_steps
         self.output_dir = Path(output_dir)

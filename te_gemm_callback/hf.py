@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .adapting import (check_arguments, drop_profiler, finish_profiler, guard, phase, save_capture, sweep_metrics,
-                       kernel_steps, sweep_with_plan,
+                       kernel_steps,
                        write_ranks)
 from .capture import GemmCapture, GemmProfiler
 from .capture.distributed import gather_captures
@@ -50,10 +50,10 @@ class GemmProfilerTrainerCallback(TrainerCallback):
                  verbose: bool = True, filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, sweep_warmup: int = 2, kernel_breakdown: bool = True,
                  instrumented_steps: int = 1, sweep_plan: Any = None) -> None:
-        sweep = check_arguments(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps,
-                                sweep_warmup=sweep_warmup, sweep_steps=sweep_steps, dispatch_steps=dispatch_steps,
-                                adapters=adapters, filename=filename, sweep=sweep)
-        self.sweep, self.sweep_plan = sweep_with_plan(sweep, sweep_plan)
+        self.sweep, self.sweep_plan = check_arguments(
+            wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
+            sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
+            sweep_plan=sweep_plan)
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps, self.kernel_breakdown = instrumented_steps, kernel_breakdown
         self.output_dir, self.filename, self.verbose = Path(output_dir), filename, verbose

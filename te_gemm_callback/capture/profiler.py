@@ -247,7 +247,7 @@ class GemmProfiler:
         # Graph replays run no Python of the module: instrumented steps run its eager forward.
         self._eager.enter()
         if self._attached is None:
-            self.scope.attach(None if full else self.scope.te_gemm_modules())
+            self.scope.attach(None if full else self.scope.te_gemm_set)
             self._attached = full
             if self.te is not None and not self.te.installed:
                 try:
