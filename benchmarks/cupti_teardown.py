@@ -25,15 +25,20 @@ def main() -> int:
         kp = KernelProfile()
         kp.start()
         launch_us(200, 1)
-        n = len(kp.stop().kernels)
+        n = sum(len(st.kernels) for st in kp.stop() or [])
     else:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             launch_us(200, 1)
         n = sum("CUDA" in str(getattr(e, "device_type", "")) for e in prof.events())
-    after = launch_us()
-    time.sleep(0.5)
-    later = launch_us()
-    print(f"{which}: host µs per launch {before:.2f} before, {after:.2f} after, {later:.2f} 0.5 s later "
+    # Short probes right after the session, then later: an asynchronous teardown shows as a launch
+    # cost that falls back over time.
+    t0 = time.perf_counter()
+    timeline = []
+    for wait in (0.0, 0.05, 0.2, 1.0, 3.0):
+        time.sleep(max(0.0, t0 + wait - time.perf_counter()))
+        timeline.append((time.perf_counter() - t0, launch_us(300, 3)))
+    after = ", ".join(f"{us:.2f} at {t:.2f} s" for t, us in timeline)
+    print(f"{which}: host µs per launch {before:.2f} before; after the session: {after} "
           f"({n} kernels recorded; TEARDOWN_CUPTI now {os.environ.get('TEARDOWN_CUPTI')!r})")
     return 0
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/h200.md "Measuring without disturbing the job", on one GPU
-# with TE installed. Sections: ONLY=tests|cost|kernels|fit|interleaved|sweep|recipes (default: all
-# but recipes).
+# with TE installed. Sections: ONLY=tests|cost|cupti|kernels|fit|interleaved|sweep|recipes
+# (default: all but recipes).
 #   ONLY=fit bash benchmarks/h200_undisturbed.sh OUTDIR
 set -uo pipefail
 out=${1:-runs/undisturbed}
@@ -9,7 +9,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogger|tpu|gpu available|cuda_visible|^ *$" || true; }
 TIMEFORMAT='wall %R s'
-only=${ONLY:-tests,cost,kernels,fit,interleaved,sweep}
+only=${ONLY:-tests,cost,cupti,kernels,fit,interleaved,sweep}
 has() { [[ ",$only," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
@@ -20,6 +20,13 @@ fi
 if has cost; then
     echo "== host cost per instrument"
     python benchmarks/instrument_cost.py --json "$out/instrument_cost.json" 2>&1 | quiet
+fi
+if has cupti; then
+    echo "== what a profiled window leaves behind: launch cost, then plain steps after each kind of window"
+    python benchmarks/cupti_teardown.py plain 2>&1 | quiet
+    python benchmarks/cupti_teardown.py ours 2>&1 | quiet
+    python benchmarks/undisturbed.py cupti --model hostbound --recipes BF16,Float8CurrentScaling --steps 20 --rounds 4 \
+        --json "$out/cupti.json" 2>&1 | quiet | grep -E "^cupti|Error"
 fi
 if has kernels; then
     echo "== per-GEMM kernel records vs torch.profiler"
@@ -36,7 +43,7 @@ fi
 if has interleaved; then
     echo "== one fit, profiled windows between plain blocks, host-bound stack"
     python benchmarks/undisturbed.py interleaved --model hostbound --recipes BF16,Float8CurrentScaling \
-        --blocks 6 --block 10 --json "$out/interleaved.json" 2>&1 | quiet | grep -E "^interleaved|Error"
+        --blocks 8 --block 12 --instrumented 4 --json "$out/interleaved.json" 2>&1 | quiet | grep -E "^interleaved|Error"
 fi
 if has sweep; then
     echo "== in-job sweep vs plain loop"

@@ -60,6 +60,12 @@ class StepTimer(pl.Callback):
         self.marks: list[Any] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._mark()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._mark()  # the last step's end (not a batch start: subclasses act on those)
+
+    def _mark(self) -> None:
         if torch.cuda.is_available():
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
@@ -68,9 +74,6 @@ class StepTimer(pl.Callback):
             import time
 
             self.marks.append(time.perf_counter())
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.on_train_batch_start(trainer, pl_module, None, -1)
 
     def steps_ms(self) -> list[float]:
         if torch.cuda.is_available():
@@ -168,9 +171,9 @@ class Alternating(StepTimer):
     before the profiler's own transition, so a profiler's start/stop cost falls on a step it
     belongs to (the window's first step, or the first step of the next plain block)."""
 
-    def __init__(self, start: int, block: int) -> None:
+    def __init__(self, start: int, block: int, instrumented: int = 1) -> None:
         super().__init__()
-        self.start, self.block = start, block
+        self.start, self.block, self.instrumented = start, block, instrumented
         self.prof: Any = None
         self.caps: list = []
         self.windows: list[int] = []  # global step of each window's first step
@@ -186,7 +189,7 @@ class Alternating(StepTimer):
             self.prof = None
         if b % 2 == 1:
             if j == 0:
-                self.prof = GemmProfiler(pl_module).start()
+                self.prof = GemmProfiler(pl_module, instrumented_steps=self.instrumented).start()
                 self.windows.append(i)
             else:
                 self.prof.step()
@@ -198,24 +201,27 @@ class Alternating(StepTimer):
             self.prof = None
 
 
-def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int) -> dict:
+def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int, instrumented: int = 3) -> dict:
     """Clean and instrumented steps against the same positions of the plain blocks on either side
-    (one fit, interleaved: the host's drift over the fit falls on both alike)."""
+    (one fit, interleaved: the host's drift over the fit falls on both alike). A window's first
+    instrumented step also runs the torch dispatch mode and the profiler's start: it is reported
+    apart ("dispatch"), the others as "instrumented"."""
     start = 3  # TE/cuBLAS initialisation stays out
     steps = start + (2 * blocks + 1) * block
     torch.manual_seed(0)
     module, c, kw = build(model_name, recipe)
     loader = DataLoader(RandomTokens(c, c.micro_batch_size * steps), batch_size=c.micro_batch_size)
-    alt = Alternating(start, block)
+    alt = Alternating(start, block, instrumented)
     trainer(steps, [alt], **kw).fit(module, loader)
     t = alt.steps_ms()
     kinds = [s.kind for s in alt.caps[0].steps]
+    kinds[0] = "dispatch"
     res: dict[str, Any] = {"model": model_name, "recipe": recipe, "blocks": blocks, "block": block,
                            "step_kinds": kinds, "steps_ms": t}
-    for kind in ("clean", "instrumented"):
+    for kind in ("clean", "instrumented", "dispatch"):
         pos = [j for j, k in enumerate(kinds) if k == kind]
         # Plain-block steps at the same positions (clean), or all but the first, which carries the
-        # previous window's stop (instrumented: the window's first step carries its start).
+        # previous window's stop (a window's first step carries its start).
         side_pos = pos if kind == "clean" else list(range(1, block))
         ratios, with_cb, without = [], [], []
         for w in alt.windows:
@@ -316,9 +322,12 @@ def _attribute(tp: Any) -> tuple[float, dict[str, list[float]]]:
     return sum(e - s for s, e in gemms) / 1e3, oracle
 
 
-def check_cupti(model_name: str, recipe: str, steps: int) -> dict:
-    """Does a kernels step leave the job slower afterwards? Plain-loop training steps timed before
-    and after one torch.profiler (CUDA kernels only) step, alternating."""
+def check_cupti(model_name: str, recipe: str, steps: int, rounds: int = 3) -> dict:
+    """Does a profiled window leave the job slower afterwards? Rounds of: one window of each kind
+    (nothing, kernel records alone, a GemmProfiler without and with its kernels steps), each
+    followed by ``steps`` plain training steps timed by CUDA events; the kinds alternate within a
+    round so the host's drift falls on all alike. The first steps after a window are reported apart
+    (an effect that fades, e.g. an asynchronous CUPTI teardown, shows there)."""
     from te_gemm_callback.capture.kernel_records import KernelProfile
     from te_gemm_callback.models import stack_input, te_stack, train_step_fn
 
@@ -333,19 +342,37 @@ def check_cupti(model_name: str, recipe: str, steps: int) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def block() -> list[float]:
-        return event_times(train, steps)
-
-    for _ in range(5):
-        train()
-    series = {"before": block()}
-    for k in ("after 1 kernels step", "after 2 kernels steps"):
+    def records() -> None:
         kp = KernelProfile()
         kp.start()
         train()
         kp.stop()
-        series[k] = block()
-    return {"model": model_name, "recipe": recipe, "median_ms": {k: med(v) for k, v in series.items()},
+
+    def profiler(kernel_steps: int) -> Any:
+        def run() -> None:
+            prof = GemmProfiler(model, kernel_steps=kernel_steps).start()
+            for i in range(prof.plan.profiled):
+                train()
+                if i < prof.plan.profiled - 1:
+                    prof.step()
+            prof.stop()
+        return run
+
+    windows = {"nothing": train, "kernel records": records, "profiler, no kernels steps": profiler(0),
+               "profiler with kernels steps": profiler(1)}
+    for _ in range(5):
+        train()
+    series: dict[str, list[list[float]]] = {k: [] for k in windows}
+    for _ in range(rounds):
+        for k, run in windows.items():
+            run()
+            torch.cuda.synchronize()  # the window's end, outside the timed block
+            series[k].append(event_times(train, steps))
+    head = 3
+    return {"model": model_name, "recipe": recipe, "steps": steps, "rounds": rounds,
+            "median_ms": {k: med([t for b in v for t in b]) for k, v in series.items()},
+            "first_steps_median_ms": {k: med([t for b in v for t in b[:head]]) for k, v in series.items()},
+            "later_median_ms": {k: med([t for b in v for t in b[head:]]) for k, v in series.items()},
             "series": series}
 
 
@@ -437,7 +464,7 @@ def main() -> int:
     p.add_argument("--recipes", default="BF16,Float8CurrentScaling")
     p.add_argument("--reps", type=int, default=3, help="fit: fits with and without the callback, each")
     p.add_argument("--clean", type=int, default=30, help="fit: clean steps per fit")
-    p.add_argument("--instrumented", type=int, default=11, help="fit: instrumented steps per fit (first: dispatch)")
+    p.add_argument("--instrumented", type=int, default=11, help="fit: instrumented steps per fit; interleaved: per window (first: dispatch)")
     p.add_argument("--steps", type=int, default=5, help="kernels: kernels steps; sweep: clean steps per recipe")
     p.add_argument("--no-kernels", action="store_true", help="fit: the callback without its kernels step")
     p.add_argument("--out", default="runs/undisturbed")
@@ -459,19 +486,22 @@ def main() -> int:
                       f"{med(res['capture_step_ms']):.2f} ms; join: {res['kernel_join'][0]}", flush=True)
         elif a.check == "interleaved":
             for r in recipes:
-                res = check_fit_interleaved(name, r, a.blocks, a.block)
+                res = check_fit_interleaved(name, r, a.blocks, a.block, a.instrumented)
                 results.append(res)
                 pct = lambda x: "-" if x is None else f"{x:+.2f}%"  # noqa: E731
-                cl, ins = res["clean"], res["instrumented"]
+                cl, ins, dis = res["clean"], res["instrumented"], res["dispatch"]
                 print(f"interleaved {name} {r}: clean steps {pct(cl['pct'])} against the plain blocks around them "
-                      f"(n={cl['steps']}; per window {', '.join(map(pct, cl['pct_per_window']))}); instrumented "
-                      f"{pct(ins['pct'])} (n={ins['steps']}); join: {res['kernel_join'][0]}", flush=True)
+                      f"(n={cl['steps']}, {cl['with_ms']:.2f} vs {cl['without_ms']:.2f} ms; per window "
+                      f"{', '.join(map(pct, cl['pct_per_window']))}); instrumented {pct(ins['pct'])} "
+                      f"(n={ins['steps']}, {ins['with_ms']:.2f} ms); window's first step with dispatch mode "
+                      f"{pct(dis['pct'])} (n={dis['steps']}); join: {res['kernel_join'][0]}", flush=True)
         elif a.check == "cupti":
             for r in recipes:
-                res = check_cupti(name, r, a.steps)
+                res = check_cupti(name, r, a.steps, a.rounds)
                 results.append(res)
-                print(f"cupti {name} {r}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in res["median_ms"].items()),
-                      flush=True)
+                print(f"cupti {name} {r}: plain steps after each window, median (first 3 steps | later): " + "; ".join(
+                    f"{k} {v:.2f} ms ({res['first_steps_median_ms'][k]:.2f} | {res['later_median_ms'][k]:.2f})"
+                    for k, v in res["median_ms"].items()), flush=True)
         elif a.check == "kernels":
             for r in recipes:
                 res = check_kernels(name, r, a.steps, a.rounds)
