@@ -5,8 +5,9 @@
 # recipe and benches its shapes, `te-gemm plan` on it, then a second run that sweeps the plan
 # beside the single recipes; its report sets the plan's observed speedup against the predicted one
 # and against the best single recipe.
-#   bash benchmarks/h200_plan.sh OUTDIR
+#   bash benchmarks/h200_plan.sh OUTDIR            (ONLY=mixed or ONLY=codonfm: one model)
 set -uo pipefail
+only=${ONLY:-mixed,codonfm}
 out=${1:-runs/plan}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
@@ -14,8 +15,9 @@ for model in "mixed --hidden-size 1024 --heads 16 --layers 12 --seq-len 256 --mi
              "codonfm --layers 4"; do
     name=${model%% *}
     flags=${model#* }
+    [[ ",$only," == *",$name,"* ]] || continue
     python recipes/dense.py $flags --sweep all --out "$out/$name" > "$out/$name.txt" 2>&1 || { tail -5 "$out/$name.txt"; continue; }
-    te-gemm plan "$out/$name" | tail -15
+    python -m te_gemm_callback.cli plan "$out/$name" | tail -20  # te-gemm plan, without the console script
     python recipes/dense.py $flags --sweep all --sweep-plan "$out/$name/precision_plan.json" \
         --out "$out/$name-plan" > "$out/$name-plan.txt" 2>&1 || { tail -5 "$out/$name-plan.txt"; continue; }
     grep -E "^plan|plan:|best single|predicted step speedup" "$out/$name-plan.txt" | cut -c1-300 | head -8

@@ -97,13 +97,16 @@ class KernelProfile:
         import torch
 
         # Kineto leaves CUPTI attached after a session unless TEARDOWN_CUPTI=1: every later kernel
-        # launch of the job then costs more host time (H200, torch 2.11+cu130: 7.6 -> 11.5 µs per
+        # launch of the job then costs more host time (H200, torch 2.11+cu130: 6.7 -> 8.6 µs per
         # launch; pytorch/pytorch#144455), which a host-bound job pays on every step. A user's own
         # setting wins (CUDA graphs with CUDA < 12.6 crash on re-init after a teardown).
-        # The teardown is asynchronous in Kineto: a session started before the previous one's
-        # teardown finished waits for it (up to 10 s) and may then record no GPU activity (seen
-        # once on the H200: markers launched, no kernel record at all). One session therefore
-        # spans a capture's warm-up and kernels steps; a lost session is said in meta.kernel_join.
+        # The teardown is asynchronous in Kineto: a thread finalizes CUPTI from the job's next CUDA
+        # call and then reads TEARDOWN_CUPTI again; unset by then, it subscribes CUPTI's callbacks
+        # anew (no lazy re-init), and launches cost more from then on (H200: 6.4 µs per launch
+        # right after stop(), 9.7 µs one second later when the variable was restored at stop()).
+        # So the variable stays set for the rest of the process. A session started before the
+        # previous teardown finished waits for it (up to 10 s) and may then record no GPU activity:
+        # one session spans a capture's warm-up and kernels steps; a lost one is said in meta.kernel_join.
         self._env = os.environ.get("TEARDOWN_CUPTI")
         if self._env is None:
             os.environ["TEARDOWN_CUPTI"] = "1"
@@ -143,10 +146,9 @@ class KernelProfile:
             self.error = f"{type(err).__name__}: {err}"
             log.warning("te-gemm: kernel records lost: %s", self.error)
             return None
-        finally:
-            self._restore_env()
 
     def _restore_env(self) -> None:
+        """Only where no session ran (its start failed): after one, see :meth:`start`."""
         if self._env is None:
             os.environ.pop("TEARDOWN_CUPTI", None)
 
@@ -157,8 +159,6 @@ class KernelProfile:
                 prof.__exit__(None, None, None)
             except Exception:  # already broken: nothing of it is used
                 pass
-            finally:
-                self._restore_env()
 
 
 def split_at_marks(kernels: list[tuple[str, float, float]], marks: int) -> list[KernelStep]:
