@@ -60,6 +60,20 @@ class PrecisionPlan:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def same_as(self) -> str | None:
+        """The single recipe this plan amounts to, or None for a mixed plan: "BF16" when every
+        module stays BF16, the recipe when only modules TE cannot run in it stay BF16 (TE would
+        run those in BF16 under the recipe alone too)."""
+        if not self.modules:
+            return None if self.keep_bf16 else self.recipe
+        kept = set(self.keep_bf16)
+        if kept >= {m.module for m in self.modules}:
+            return "BF16"
+        if kept <= {m.module for m in self.modules if m.fp8_ms is None}:
+            return self.recipe
+        return None
+
+    @property
     def best_single(self) -> str | None:
         singles = {k: v for k, v in self.predicted_step_ms.items() if k != "plan"}
         return min(singles, key=singles.get) if singles else None
@@ -110,12 +124,21 @@ def fp8_shape_ok(it: WorkItem) -> bool:
     return f.k % 16 == 0 and f.n % 16 == 0 and (it.m_splits is not None or f.m % 16 == 0)
 
 
+# A mixed plan must beat the best single recipe by this share of the predicted step (of the GEMM
+# time without a step prediction); otherwise the plan is that recipe. Below it, a gain is within
+# what the microbenchmarks and a job's step-to-step spread can tell apart, and every module kept in
+# BF16 is one more place where the job's configuration departs from a plain recipe.
+MIN_GAIN = 0.005
+
+
 def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] | None = None,
-              observed: GemmCapture | None = None) -> PrecisionPlan:
+              observed: GemmCapture | None = None, min_gain: float = MIN_GAIN) -> PrecisionPlan:
     """The best plan among the FP8 recipes the bench ran, against BF16 and every single recipe.
 
     ``observed``: the run whose clean step time and GEMM time anchor the prediction (the sweep's
-    baseline when there is one; default the capture itself)."""
+    baseline when there is one; default the capture itself). ``min_gain``: the least gain over the
+    best single recipe, as a share of the step, for which a mixed plan is proposed
+    (:data:`MIN_GAIN`); otherwise the plan is that single recipe (:attr:`PrecisionPlan.same_as`)."""
     from .analysis import capture_recipe
     from .bench.cells import items_from_capture
 
@@ -146,12 +169,24 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
         plans[r] = (sum(c.bf16_ms if c.keep_bf16 else c.fp8_ms for c in choices), choices)
     best = min(plans, key=lambda r: plans[r][0])
     plan_ms, choices = plans[best]
-    totals["plan"] = plan_ms
     base = observed or capture
     step, gemm, job = base.step_ms(), base.gemm_ms_per_step(), capture_recipe(base)
+    single = min(totals, key=totals.get)
+    # The gain in step time equals the gain in GEMM time scaled by the job's GEMM share.
+    scale = gemm / totals[job] if step and gemm is not None and totals.get(job) else None
+    gain = (totals[single] - plan_ms) * scale / step if scale is not None else 1 - plan_ms / totals[single]
+    if gain < min_gain:
+        if single == "BF16":
+            choices = [ModuleChoice(c.module, c.bf16_ms, c.fp8_ms, keep_bf16=True) for c in choices]
+        else:
+            best = single
+            choices = [ModuleChoice(c.module, c.bf16_ms, c.fp8_ms, keep_bf16=c.fp8_ms is None)
+                       for c in plans[single][1]]
+        plan_ms = totals[single]
+    totals["plan"] = plan_ms
     pred: dict[str, float] = {}
-    if step and gemm is not None and totals.get(job):
-        pred = {k: step - gemm + gemm * v / totals[job] for k, v in totals.items()}
+    if scale is not None:
+        pred = {k: step - gemm + v * scale for k, v in totals.items()}
     plan = PrecisionPlan(best, [c.module for c in choices if c.keep_bf16], choices, pred,
                          {k: pred["BF16"] / v for k, v in pred.items()} if pred else {}, totals,
                          {"device": bench.meta.get("device"), "mode": MODE, "job_recipe": job,

@@ -94,6 +94,17 @@ def sweep_order(recipes: Iterable[str]) -> list[str]:
     return sorted(rs, key=lambda r: {"BF16": 0, "DelayedScaling": 1}.get(r, 2))
 
 
+def plan_entries(order: list[str], plan: Any = None) -> list[tuple[str, str, Any]]:
+    """(name in the results, recipe, plan) per swept entry. The plan runs right after its own
+    recipe: under the same DelayedScaling state rules (a DelayedScaling plan must come before any
+    other FP8 recipe touches the modules) and next to the run it differs from."""
+    entries = [(r, r, None) for r in order]
+    if plan is not None:
+        at = next((i + 1 for i, e in enumerate(entries) if e[1] == plan.recipe), len(entries))
+        entries.insert(at, ("plan", plan.recipe, plan))
+    return entries
+
+
 def switch_conflict(recipe: str, job_recipe: str | None, fp8_used: set[str]) -> str | None:
     """Why ``recipe`` must not run on this model now, or None. ``fp8_used``: FP8 recipes its TE
     modules have already run (the job's own one included)."""
@@ -140,10 +151,11 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         job_recipe: the recipe the job trains in (read from its capture); decides which FP8
             recipes can be swept on its modules without breaking DelayedScaling (see
             :func:`switch_conflict`). Recipes run BF16 first, then DelayedScaling, then the rest.
-        plan: a :class:`~te_gemm_callback.plan.PrecisionPlan` (or its JSON path) swept last, as
-            ``"plan"``: its recipe with its ``keep_bf16`` modules under ``te.autocast(enabled=False)``
+        plan: a :class:`~te_gemm_callback.plan.PrecisionPlan` (or its JSON path) swept right after
+            its own recipe (:func:`plan_entries`), as ``"plan"``: its recipe with its ``keep_bf16`` modules under ``te.autocast(enabled=False)``
             (:func:`~te_gemm_callback.plan.apply_precision_plan`, removed after its steps). Its
-            capture holds the plan and its predicted speedup, to set against the observed one.
+            capture holds the plan and its predicted speedup, to set against the observed one. A
+            plan that amounts to a single recipe (``plan.same_as``) is not timed again.
         profile_kernels: on CUDA, one kernels step (torch.profiler, kernels only, after a warm-up
             step with the records already running) following the instrumented one: per-GEMM GPU time, and kernel time split into GEMM, attention,
             quantization/cast, norm, communication, optimizer and other
@@ -163,12 +175,14 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
     snap = _Snapshot(model)
     on_cuda = _on_cuda(model)
     fp8_used = {job_recipe} if job_recipe and job_recipe != "BF16" else set()
-    # (name in the results, recipe, plan): the plan runs last, after every single recipe it is
-    # measured against, under the same DelayedScaling state rules as they are.
-    entries = [(r, r, None) for r in sweep_order(recipes)] + ([("plan", plan.recipe, plan)] if plan else [])
+    entries = plan_entries(sweep_order(recipes), plan)
     handle = None
     try:
         for label, recipe, entry_plan in entries:
+            if entry_plan is not None and entry_plan.same_as:
+                res.skipped[label] = (f"the plan is {entry_plan.same_as} everywhere (no mixed plan gains enough): "
+                                      f"its step time is {entry_plan.same_as}'s")
+                continue
             av = availability(recipe)
             if not av.ok:
                 res.skipped[label] = av.reason

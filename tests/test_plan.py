@@ -11,7 +11,7 @@ from te_gemm_callback.bench.cells import BenchResult
 from te_gemm_callback.bench.results import BenchResults
 from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
 from te_gemm_callback.cli import main
-from te_gemm_callback.plan import PrecisionPlan, apply_precision_plan, make_plan
+from te_gemm_callback.plan import ModuleChoice, PrecisionPlan, apply_precision_plan, make_plan
 
 # Three modules: "big" where FP8 wins, "small" where it loses, "router" (8 wide) it cannot run.
 SHAPES = {"big": (1024, 1024, 4096), "small": (64, 32, 32), "router": (1024, 1024, 8)}
@@ -56,7 +56,29 @@ def test_plan_keeps_the_losers_and_the_unrunnable_in_bf16():
     # Amdahl on the clean step (10 ms) and the kernels step's GEMM time (3.06 ms), job in BF16.
     assert plan.predicted_step_ms["plan"] == pytest.approx(10 - 3.06 + 3.06 * 1.59 / 3.09)
     assert plan.predicted_step_ms["plan"] < plan.predicted_step_ms[plan.best_single]
-    assert plan.best_single == "Float8CurrentScaling"
+    assert plan.best_single == "Float8CurrentScaling" and plan.same_as is None  # a mixed plan
+
+
+def test_a_plan_that_gains_too_little_is_the_best_single_recipe():
+    """The mixed plan gains 0.06 ms of GEMM time per step, 0.59% of the 10 ms step: below a 1%
+    threshold it is not worth a departure from the single recipe."""
+    plan = make_plan(capture(), bench(), min_gain=0.01)
+    assert plan.same_as == "Float8CurrentScaling" and plan.keep_bf16 == ["router"]  # TE cannot run the router
+    assert plan.predicted_step_ms["plan"] == pytest.approx(plan.predicted_step_ms["Float8CurrentScaling"])
+
+
+def test_bf16_everywhere_when_fp8_loses_on_every_module():
+    b = bench()
+    for r in b.results:
+        if r.precision != "BF16" and r.median_ms is not None:
+            r.median_ms *= 5  # "big" now loses too
+    plan = make_plan(capture(), b)
+    assert plan.same_as == "BF16" and sorted(plan.keep_bf16) == ["big", "router", "small"]
+    assert plan.best_single == "BF16"
+    assert plan.predicted_step_ms["plan"] == pytest.approx(plan.predicted_step_ms["BF16"])
+    from te_gemm_callback.render.tables import plan_table
+
+    assert plan_table(plan).title == "Precision plan: BF16 everywhere"
 
 
 def test_everything_in_fp8_when_fp8_wins_everywhere():
@@ -65,7 +87,7 @@ def test_everything_in_fp8_when_fp8_wins_everywhere():
         if sorted((r.m, r.k, r.n)) == [32, 32, 64] and r.precision != "BF16":
             r.median_ms = 0.005
     plan = make_plan(capture(), b)
-    assert plan.keep_bf16 == ["router"]
+    assert plan.keep_bf16 == ["router"] and plan.same_as == plan.recipe
     assert plan.gemm_ms["plan"] == pytest.approx(plan.gemm_ms[plan.recipe])  # the plan is the single recipe
 
 
@@ -197,10 +219,7 @@ def test_a_module_fp8_cannot_run_stays_bf16_even_if_its_bench_cell_says_fast():
     assert fp8_shape_ok(WorkItem("x", GemmShape(1000, 1024, 1024, GemmOp.FPROP), m_splits=(500, 500)))
 
 
-def test_a_delayed_scaling_plan_after_other_fp8_recipes_is_skipped_with_the_reason(monkeypatch):
-    """DelayedScaling's state rule holds for the plan as for a single recipe: a module that ran
-    DelayedScaling, then another FP8 recipe, keeps its scales at 1.0 when it returns to
-    DelayedScaling, so a DelayedScaling plan after both is not timed (see switch_conflict)."""
+def _fake_te_sweep(monkeypatch):
     from te_gemm_callback import precisions, sweep
     from te_gemm_callback.precisions import Availability
 
@@ -209,9 +228,41 @@ def test_a_delayed_scaling_plan_after_other_fp8_recipes_is_skipped_with_the_reas
     monkeypatch.setattr(precisions, "autocast", fake)
     monkeypatch.setattr(sweep, "availability", lambda r: Availability(r, True))
     monkeypatch.setattr(sweep, "_on_cuda", lambda m: True)
+    return sweep
+
+
+def test_a_delayed_scaling_plan_runs_right_after_delayed_scaling(monkeypatch):
+    """DelayedScaling's state rule holds for the plan as for a single recipe: a module that ran
+    DelayedScaling, then another FP8 recipe, keeps its scales at 1.0 when it returns to
+    DelayedScaling (see switch_conflict). So the plan runs right after its own recipe, before any
+    other FP8 recipe touches the modules."""
+    sweep = _fake_te_sweep(monkeypatch)
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
     x = torch.randn(4, 16)
     res = sweep.run_sweep(model, lambda: model(x).sum(), ["Float8CurrentScaling", "DelayedScaling", "BF16"],
                           steps=1, profile_kernels=False, plan=PrecisionPlan("DelayedScaling", ["1"]))
-    assert list(res.captures) == ["BF16", "DelayedScaling", "Float8CurrentScaling"]
+    assert list(res.captures) == ["BF16", "DelayedScaling", "plan", "Float8CurrentScaling"]
+    assert not res.skipped and "forward" not in model[1].__dict__
+
+
+def test_a_plan_that_is_a_single_recipe_is_not_timed_twice(monkeypatch):
+    sweep = _fake_te_sweep(monkeypatch)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+    x = torch.randn(4, 16)
+    everywhere = [ModuleChoice("0", 1.0, 2.0, True), ModuleChoice("1", 1.0, 2.0, True)]
+    res = sweep.run_sweep(model, lambda: model(x).sum(), ["BF16", "DelayedScaling"], steps=1,
+                          profile_kernels=False, plan=PrecisionPlan("DelayedScaling", ["0", "1"], everywhere))
+    assert list(res.captures) == ["BF16", "DelayedScaling"]
+    assert "the plan is BF16 everywhere" in res.skipped["plan"]
+
+
+def test_a_delayed_scaling_plan_after_other_fp8_recipes_is_skipped_with_the_reason(monkeypatch):
+    """A job that trains in another FP8 recipe: DelayedScaling swept once is fine, but the plan
+    would return the modules to DelayedScaling after that recipe again, so it is not timed."""
+    sweep = _fake_te_sweep(monkeypatch)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+    x = torch.randn(4, 16)
+    res = sweep.run_sweep(model, lambda: model(x).sum(), ["DelayedScaling", "BF16"], steps=1, profile_kernels=False,
+                          job_recipe="Float8CurrentScaling", plan=PrecisionPlan("DelayedScaling", ["1"]))
+    assert list(res.captures) == ["BF16", "DelayedScaling"]
     assert "scales stuck at 1.0" in res.skipped["plan"] and "forward" not in model[1].__dict__

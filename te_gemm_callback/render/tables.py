@@ -131,7 +131,9 @@ def ranks_table(rows: list[dict[str, Any]]) -> Table:
 def plan_table(plan: Any, limit: int | None = 40) -> Table:
     """A precision plan: per module its GEMM time in BF16 and in the plan's recipe, and the choice;
     the caption sets the plan's predicted step against BF16 and every single recipe."""
-    t = Table(title=f"Precision plan: {plan.recipe}, {len(plan.keep_bf16)} module(s) kept in BF16")
+    title = (f"Precision plan: {plan.same_as} everywhere" if plan.same_as else
+             f"Precision plan: {plan.recipe}, {len(plan.keep_bf16)} module(s) kept in BF16")
+    t = Table(title=title)
     for c in ("module", "BF16 ms/step", f"{plan.recipe} ms/step", "FP8 - BF16", "runs in"):
         t.add_column(c, justify="left" if c in ("module", "runs in") else "right", no_wrap=c != "module")
     rows = sorted(plan.modules, key=lambda m: -(m.fp8_loss_ms if m.fp8_loss_ms is not None else float("inf")))
@@ -144,6 +146,12 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
         t.add_row(f"... {len(rows) - limit} more", "", "", "", "")
     if plan.predicted_step_ms:
         parts = [f"{k} {v:.2f} ms ({plan.predicted_speedup[k]:.2f}x)" for k, v in plan.predicted_step_ms.items()]
+        from ..plan import MIN_GAIN  # here: the plan module loads torch, the CLI's start must not
+
+        same = plan.same_as
+        verdict = (f"The plan is {same} everywhere, the best single recipe: no mixed plan gains "
+                   f"{100 * MIN_GAIN:g}% of the step." if same else
+                   f"Best single recipe: {plan.best_single}; the mixed plan keeps {len(plan.keep_bf16)} module(s) in BF16.")
         t.caption = ("predicted step (Amdahl over the job's GEMM share, autocast-mode microbenchmarks): "
-                     + ", ".join(parts) + f". Best single recipe: {plan.best_single}")
+                     + ", ".join(parts) + f". {verdict}")
     return t
