@@ -2,8 +2,9 @@
 """Does a kernels step leave the job's kernel launches slower? Host µs per launch of a tiny kernel
 before and after one torch.profiler session (CUDA kernels only), in a fresh process.
 
-    python benchmarks/cupti_teardown.py plain   # torch.profiler as is
-    python benchmarks/cupti_teardown.py ours    # KernelProfile (sets TEARDOWN_CUPTI=1 for its session)
+    python benchmarks/cupti_teardown.py plain     # torch.profiler as is
+    python benchmarks/cupti_teardown.py ours      # KernelProfile (TEARDOWN_CUPTI=1, kept set after it)
+    python benchmarks/cupti_teardown.py restored  # TEARDOWN_CUPTI=1 for the session only, unset at its end
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ def main() -> int:
         kp.start()
         launch_us(200, 1)
         n = sum(len(st.kernels) for st in kp.stop() or [])
+    elif which == "restored":
+        os.environ["TEARDOWN_CUPTI"] = "1"
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            launch_us(200, 1)
+        del os.environ["TEARDOWN_CUPTI"]
+        n = sum("CUDA" in str(getattr(e, "device_type", "")) for e in prof.events())
     else:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             launch_us(200, 1)
@@ -34,9 +41,9 @@ def main() -> int:
     # cost that falls back over time.
     t0 = time.perf_counter()
     timeline = []
-    for wait in (0.0, 0.05, 0.2, 1.0, 3.0):
+    for wait in (0.0, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0):
         time.sleep(max(0.0, t0 + wait - time.perf_counter()))
-        timeline.append((time.perf_counter() - t0, launch_us(300, 3)))
+        timeline.append((time.perf_counter() - t0, launch_us(1000, 5)))
     after = ", ".join(f"{us:.2f} at {t:.2f} s" for t, us in timeline)
     print(f"{which}: host µs per launch {before:.2f} before; after the session: {after} "
           f"({n} kernels recorded; TEARDOWN_CUPTI now {os.environ.get('TEARDOWN_CUPTI')!r})")

@@ -5,13 +5,16 @@
 # recipe and benches its shapes, `te-gemm plan` on it, then a second run that sweeps the plan
 # beside the single recipes; its report sets the plan's observed speedup against the predicted one
 # and against the best single recipe.
-#   bash benchmarks/h200_plan.sh OUTDIR            (ONLY=mixed or ONLY=codonfm: one model)
+#   bash benchmarks/h200_plan.sh OUTDIR            (ONLY=mixed, wide or codonfm: one model)
 set -uo pipefail
-only=${ONLY:-mixed,codonfm}
+only=${ONLY:-mixed,wide,codonfm}
 out=${1:-runs/plan}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
+# wide: the same stack at 4x the tokens per step, where FP8 should win on the MLP's GEMMs and lose on
+# the attention's 1024-wide ones.
 for model in "mixed --hidden-size 1024 --heads 16 --layers 12 --seq-len 256 --micro-batch-size 2" \
+             "wide --hidden-size 1024 --heads 16 --layers 12 --seq-len 1024 --micro-batch-size 2" \
              "codonfm --layers 4"; do
     name=${model%% *}
     flags=${model#* }
