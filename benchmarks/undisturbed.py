@@ -15,6 +15,7 @@
     python benchmarks/undisturbed.py fit --model hostbound --recipes BF16,Float8CurrentScaling
     python benchmarks/undisturbed.py kernels --model hostbound --model codonfm
     python benchmarks/undisturbed.py sweep --model hf --recipes BF16,DelayedScaling
+    python benchmarks/undisturbed.py sweep --model moe --recipes BF16,DelayedScaling,Float8CurrentScaling
     python benchmarks/undisturbed.py fit --model tiny --reps 1      # CPU smoke run
 """
 
@@ -95,7 +96,14 @@ def build(name: str, recipe: str) -> tuple[pl.LightningModule, DemoConfig, dict]
                                        num_key_value_heads=8, num_hidden_layers=16, vocab_size=32000)
         c = DemoConfig(vocab_size=32000, sequence_length=2047, micro_batch_size=4)
         return HFLlama(cfg), c, {"precision": "transformer-engine" if use_te else "bf16-mixed"}
-    raise SystemExit(f"unknown model {name!r}: hostbound, codonfm, hf or tiny")
+    if name == "moe":  # recipes/moe.py's job: 8 experts top-2, hidden 4096, expert intermediate 14336
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+        from moe import MoELM
+
+        c = DemoConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                       num_hidden_layers=1, vocab_size=1024, sequence_length=2048, micro_batch_size=2)
+        return MoELM(c, 8, 2, use_te, recipe), c, {}
+    raise SystemExit(f"unknown model {name!r}: hostbound, codonfm, hf, moe or tiny")
 
 
 def trainer(steps: int, callbacks: list, **kw: Any) -> pl.Trainer:
@@ -460,7 +468,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4, help="kernels: interleaved rounds of ours and the profiler's")
     p.add_argument("--blocks", type=int, default=6, help="interleaved: profiled windows (plain blocks around each)")
     p.add_argument("--block", type=int, default=10, help="interleaved: steps per block")
-    p.add_argument("--model", action="append", help="hostbound (default), codonfm, hf, tiny")
+    p.add_argument("--model", action="append", help="hostbound (default), codonfm, hf, moe, tiny")
     p.add_argument("--recipes", default="BF16,Float8CurrentScaling")
     p.add_argument("--reps", type=int, default=3, help="fit: fits with and without the callback, each")
     p.add_argument("--clean", type=int, default=30, help="fit: clean steps per fit")
