@@ -43,7 +43,7 @@ fi
 if has interleaved; then
     echo "== one fit, profiled windows between plain blocks, host-bound stack"
     python benchmarks/undisturbed.py interleaved --model hostbound --recipes BF16,Float8CurrentScaling \
-        --blocks 8 --block 12 --instrumented 4 --json "$out/interleaved.json" 2>&1 | quiet | grep -E "^interleaved|Error"
+        --blocks 10 --block 12 --instrumented 4 --json "$out/interleaved.json" 2>&1 | quiet | grep -E "^interleaved|Error"
 fi
 if has sweep; then
     echo "== in-job sweep vs plain loop"
@@ -51,6 +51,8 @@ if has sweep; then
         --out "$out/sweep" --json "$out/sweep_hostbound.json" 2>&1 | quiet | grep -E "^sweep|Error"
     python benchmarks/undisturbed.py sweep --model hf --recipes BF16,DelayedScaling --steps 10 \
         --out "$out/sweep" --json "$out/sweep_hf.json" 2>&1 | quiet | grep -E "^sweep|Error"
+    python benchmarks/undisturbed.py sweep --model moe --recipes BF16,DelayedScaling,Float8CurrentScaling --steps 10 \
+        --out "$out/sweep" --json "$out/sweep_moe.json" 2>&1 | quiet | grep -E "^sweep|Error"
 fi
 if has recipes; then
     for r in "hf.py --precision transformer-engine --sweep BF16,DelayedScaling" \

@@ -117,6 +117,32 @@ def test_join_by_order_skips_placeholders():
     assert join_by_order(["k1"], step) is None
 
 
+def test_a_grouped_gemm_joins_one_kernel_per_expert_and_takes_their_span():
+    """TE's grouped GEMM launches one kernel per expert (H200: 60 GEMM kernels for 12 plain and 6
+    grouped calls of 8 experts); the experts may overlap on several streams, so the call's time is
+    their span, as an event pair around the call reads it."""
+    step = KernelStep([("a_gemm", 0.0, 100.0),
+                       ("e0_gemm", 200.0, 400.0), ("e1_gemm", 250.0, 500.0), ("e2_gemm", 500.0, 700.0),
+                       ("b_gemm", 800.0, 900.0)])
+    counts = [(1,), (3, 3), (1,)]
+    assert join_by_order(["a", "grouped", "b"], step, counts) == [("a", 0.1), ("grouped", 0.5), ("b", 0.1)]
+    assert join_by_order(["a", "grouped", "b"], step) is None  # one kernel per call: counts differ
+
+
+def test_an_expert_without_rows_may_launch_no_kernel():
+    step = KernelStep([("e0_gemm", 0.0, 100.0), ("e2_gemm", 100.0, 300.0), ("b_gemm", 400.0, 500.0)])
+    # Three experts, one with no rows: every expert (3 + 1 kernels) does not match, experts with rows do.
+    assert join_by_order(["grouped", "b"], step, [(3, 2), (1,)]) == [("grouped", 0.3), ("b", 0.1)]
+    assert join_by_order(["grouped", "b"], step, [(4, 3), (1,)]) is None
+
+
+def test_grouped_kernel_counts():
+    from te_gemm_callback.capture.recorder import grouped_kernel_counts
+
+    assert grouped_kernel_counts((3, 0, 7)) == (3, 2)
+    assert grouped_kernel_counts(None) == (1,)
+
+
 def test_without_kernel_steps_cpu_times_come_from_the_instrumented_steps():
     model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
     prof = GemmProfiler(model, clock=clock, instrumented_steps=2)

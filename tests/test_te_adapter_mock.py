@@ -182,6 +182,21 @@ def test_grouped_gemm_records_m_splits(fake_te):
     assert (recs["dgrad"].m, recs["dgrad"].k, recs["dgrad"].n) == (10, 12, 8)
     assert (recs["wgrad"].m, recs["wgrad"].k, recs["wgrad"].n) == (8, 10, 12)
     assert all(r.m_splits == [[3, 0, 7]] and r.kernel == "general_grouped_gemm" for r in recs.values())
+    # Kernel records: each grouped call launched a kernel per expert with rows (2 of 3 here).
+    from helpers.fakes import FakeKernels
+
+    # No dispatch mode: this stand-in runs its experts as aten mm calls, which TE's C++ GEMM does not.
+    prof = GemmProfiler(model, kernel_profile=FakeKernels(gemms=6), dispatch_steps=0)
+    prof.start()
+    for i in range(prof.plan.profiled):
+        model(x, [3, 0, 7]).sum().backward()
+        if i < prof.plan.profiled - 1:
+            prof.step()
+    cap = prof.stop()
+    assert cap.meta["kernel_join"] == "joined by launch order"
+    # FakeKernels: GEMM kernel i spans 10 -> 10 + (i + 1) * 100 µs from its own start 1000 µs apart.
+    assert {r.op: r.times_ms for r in cap.records} == {"fprop": [pytest.approx(1.2)], "dgrad": [pytest.approx(1.4)],
+                                                        "wgrad": [pytest.approx(1.6)]}
 
 
 def test_operand_formats():

@@ -172,14 +172,41 @@ def split_at_marks(kernels: list[tuple[str, float, float]], marks: int) -> list[
     return [KernelStep(kernels[a + 1:b]) for a, b in zip(at, at[1:] + [len(kernels)])]
 
 
-def join_by_order(sequence: list[Any], step: KernelStep) -> list[tuple[Any, float]] | None:
+def join_by_order(sequence: list[Any], step: KernelStep,
+                  kernels_per_call: list[tuple[int, ...]] | None = None) -> list[tuple[Any, float]] | None:
     """Pair each captured GEMM call of a step (``sequence``, launch order; ``None`` marks an aten
-    GEMM that ran but is counted elsewhere) with the GEMM kernel launched in the same position.
-    Returns (call, kernel ms) for the counted calls, or None when the counts differ."""
+    GEMM that ran but is counted elsewhere) with the GEMM kernel(s) it launched, in order.
+
+    Most calls launch one GEMM kernel. TE's grouped GEMM (``general_grouped_gemm``) launches one per
+    expert (H200, TE 2.20: 60 GEMM kernels for 12 plain and 6 grouped calls of 8 experts); an
+    expert with no rows may launch none. ``kernels_per_call`` gives, per call, the counts to try in
+    turn (e.g. ``(8, 7)``: every expert, or only those with rows; default one kernel each); the
+    first choice whose total matches the step's GEMM kernels is used. A call's time is the GPU span
+    of its kernels (first start to last end: the experts may run on several streams at once), as
+    an event pair around the call would read it. Returns (call, ms) for the counted calls, or None
+    when no choice of counts matches."""
     gemms = step.gemm_kernels()
-    if not sequence or len(gemms) != len(sequence):
+    if not sequence:
         return None
-    return [(call, (e - s) / 1e3) for call, (_, s, e) in zip(sequence, gemms) if call is not None]
+    options = kernels_per_call or [(1,)] * len(sequence)
+    if len(options) != len(sequence):
+        return None
+    depth = max(len(o) for o in options)
+    for choice in range(depth):
+        counts = [o[min(choice, len(o) - 1)] for o in options]
+        if sum(counts) == len(gemms):
+            break
+    else:
+        return None
+    out: list[tuple[Any, float]] = []
+    i = 0
+    for call, n in zip(sequence, counts):
+        group = gemms[i:i + n]
+        i += n
+        if call is not None:
+            ms = (max(e for _, _, e in group) - min(s for _, s, _ in group)) / 1e3 if group else 0.0
+            out.append((call, ms))
+    return out
 
 
 def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:

@@ -129,6 +129,7 @@ class GemmProfiler:
         self.recorder.raw.clear()
         self.recorder.events.clear()
         self.recorder.sequences.clear()
+        self.recorder.kernel_counts.clear()
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> "GemmProfiler":
@@ -371,6 +372,7 @@ class GemmProfiler:
         seqs = self.recorder.sequences
         ref_ids = sorted(self._dispatch_step_ids) or [i for i, k in enumerate(self._kinds) if k == INSTRUMENTED]
         ref = seqs.get(ref_ids[-1], []) if ref_ids else []
+        counts = self.recorder.kernel_counts.get(ref_ids[-1]) if ref_ids else None
         source = self.recorder.timer.kind if any(r.times_ms for r in records) else "none"
         out: dict[str, Any] = {"gemm_time_source": source}
         if not ref:
@@ -389,7 +391,7 @@ class GemmProfiler:
         times: dict[tuple, list[float]] = {}
         failed = []
         for i, ks in sorted(self._kernel_steps.items()):
-            pairs = join_by_order(ref, ks)
+            pairs = join_by_order(ref, ks, counts)
             if pairs is None:
                 failed.append(f"step {i}: {len(ks.gemm_kernels())} GEMM kernels, {len(ref)} GEMM calls captured")
                 continue

@@ -41,6 +41,8 @@ class Recorder:
         # Per step, the key of each GEMM call in launch order; None for an aten GEMM that ran but
         # is counted elsewhere (inside a TE module). Kernel records are joined against it.
         self.sequences: dict[int, list[tuple | None]] = {}
+        # Per step and call, the GEMM kernel counts it may have launched (see join_by_order).
+        self.kernel_counts: dict[int, list[tuple[int, ...]]] = {}
         self.error: str | None = None
         self._sites: dict[tuple, GemmSite] = {}
 
@@ -94,8 +96,10 @@ class Recorder:
             torch.cuda.synchronize()
         for step, site, recompute, m_splits, pair in self.raw:
             seq = self.sequences.setdefault(step, [])
+            counts = self.kernel_counts.setdefault(step, [])
             if site is None:
                 seq.append(None)
+                counts.append((1,))
                 continue
             ev = GemmEvent(step=step, recompute=recompute, time_ms=EventTimer.elapsed_ms(pair),
                            m_splits=m_splits, **site.fields())
@@ -104,7 +108,14 @@ class Recorder:
                 apply_splits(ev)
             self.events.append(ev)
             seq.append(ev.key())
+            counts.append(grouped_kernel_counts(ev.m_splits) if site.kernel == "general_grouped_gemm" else (1,))
         self.raw.clear()
+
+
+def grouped_kernel_counts(m_splits: Any) -> tuple[int, ...]:
+    """The GEMM kernels a TE grouped GEMM may launch: one per expert, or one per expert with rows."""
+    splits = list(m_splits or [])
+    return (len(splits), sum(1 for x in splits if x)) if splits else (1,)
 
 
 @dataclass(frozen=True)
