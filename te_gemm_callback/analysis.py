@@ -185,11 +185,13 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
             a.gemm_speedup = _in_job_gemm_speedup(runs[r], runs["BF16"])
             bf = runs["BF16"]
             if a.gemm_speedup and bf.gemm_ms is not None:
-                a.predicted_step_speedup = amdahl(bf.step_ms, bf.gemm_ms, a.gemm_speedup)
+                # GEMM time read on instrumented steps (host clock on CPU) can exceed a clean step.
+                a.predicted_step_speedup = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
         a.verdict, a.evidence = verdict(a, runs.get(r), runs.get("BF16"))
         out.append(a)
     if plan_run is not None and plan_meta is not None:
-        out.append(_plan_analysis(plan_run, plan_meta, runs))
+        predicted = _plan_prediction(plan_meta, base, capture, bench, items, bench_ms, mode, modes) if bench else None
+        out.append(_plan_analysis(plan_run, plan_meta, runs, predicted))
     skipped = dict(bench.skipped) if bench else {}
     return Report(base.recipe, base.step_ms, base.gemm_ms, out, skipped,
                   meta={"device": capture.meta.get("device"), "mode": mode,
@@ -199,12 +201,16 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                                    "boundaries; GEMM: " + _gemm_timing(capture))})
 
 
-def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed]) -> RecipeAnalysis:
-    """The swept precision plan against its prediction (made by ``te-gemm plan`` from the
-    autocast-mode microbenchmarks) and against the best single recipe observed in the same sweep."""
+def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],
+                   predicted: tuple[float, float, float | None] | None = None) -> RecipeAnalysis:
+    """The swept precision plan against its prediction and against the best single recipe observed
+    in the same sweep. ``predicted`` (step ms, speedup, unfused speedup): made from this run like
+    the single recipes' (:func:`_plan_prediction`); without it, the plan file's own."""
     a = RecipeAnalysis("plan", predicted_step_ms=plan.get("predicted_step_ms"),
                        predicted_step_speedup=plan.get("predicted_speedup"),
                        observed_step_ms=run.step_ms, observed_gemm_ms=run.gemm_ms)
+    if predicted is not None:
+        a.predicted_step_ms, a.predicted_step_speedup, a.predicted_step_speedup_unfused = predicted
     bf16 = runs.get("BF16")
     if bf16 is not None:
         a.observed_step_speedup = bf16.step_ms / run.step_ms
@@ -217,7 +223,39 @@ def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed
         best = min(singles, key=singles.get)
         a.evidence.append(f"best single recipe observed: {best} {singles[best]:.2f} ms per step; the plan "
                           f"{run.step_ms:.2f} ms ({100 * (run.step_ms / singles[best] - 1):+.1f}%)")
+    if predicted is not None and plan.get("predicted_speedup"):
+        a.evidence.append(f"the plan file predicted {plan['predicted_speedup']:.2f}x (autocast mode, from the run "
+                          "it was made from); the prediction above comes from this run, like the recipes'")
     return a
+
+
+def _plan_prediction(plan: dict[str, Any], base: Observed, capture: GemmCapture, bench: BenchResults,
+                     items: list[WorkItem], bench_ms: dict[str, float | None], mode: str,
+                     modes: list[str]) -> tuple[float, float, float | None] | None:
+    """(step ms, speedup, unfused speedup) of the plan, predicted like the single recipes beside it:
+    this run's baseline and bench, the same mode, its ``keep_bf16`` modules at their BF16 time and
+    the rest in its recipe. The plan file's own prediction is anchored on the run it was made from:
+    on a host-bound job the two runs' step times differ, and so would the two predictions."""
+    owner = {r.name: r.module for r in capture.records}
+    keep = set(plan.get("keep_bf16", []))
+
+    def total(m: str) -> float | None:
+        kept = [it for it in items if owner.get(it.name, it.name) in keep]
+        rest = [it for it in items if owner.get(it.name, it.name) not in keep]
+        t_kept = bench_step_ms(bench, kept, "BF16", m)
+        t_rest = bench_step_ms(bench, rest, plan.get("recipe", "BF16"), m, fallback="BF16")
+        return None if t_kept is None or t_rest is None else t_kept + t_rest
+
+    pred = _predict(base, {**bench_ms, "plan": total(mode)})
+    if "plan" not in pred or "BF16" not in pred:
+        return None
+    unfused = None
+    if mode != "autocast" and "autocast" in modes:
+        auto = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in {base.recipe, "BF16"}}
+        u = _predict(base, {**auto, "plan": total("autocast")})
+        if "plan" in u and "BF16" in u:
+            unfused = u["BF16"] / u["plan"]
+    return pred["plan"], pred["BF16"] / pred["plan"], unfused
 
 
 def _gemm_timing(cap: GemmCapture) -> str:

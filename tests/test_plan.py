@@ -266,3 +266,24 @@ def test_a_delayed_scaling_plan_after_other_fp8_recipes_is_skipped_with_the_reas
                           job_recipe="Float8CurrentScaling", plan=PrecisionPlan("DelayedScaling", ["1"]))
     assert list(res.captures) == ["BF16", "DelayedScaling"]
     assert "scales stuck at 1.0" in res.skipped["plan"] and "forward" not in model[1].__dict__
+
+
+def test_the_swept_plan_is_predicted_from_this_run_like_the_recipes():
+    """The plan file's prediction is anchored on the run it was made from; beside the recipes, the
+    report predicts the plan from this run's baseline and bench, the same way as theirs."""
+    from te_gemm_callback import analysis
+
+    job = capture(step_ms=10.0, gemm_ms=3.06)  # the job ran BF16: the baseline
+    job.meta["recipe"] = "BF16"
+    planned = capture(step_ms=10.5, gemm_ms=1.6)
+    planned.meta.update(recipe="plan", plan={"recipe": "Float8CurrentScaling", "keep_bf16": ["small", "router"],
+                                             "predicted_speedup": 1.5, "predicted_step_ms": 7.0})
+    rep = analysis.analyze(job, bench(), [planned])
+    a = next(r for r in rep.recipes if r.recipe == "plan")
+    # GEMM time per step: BF16 3.09, the plan 1.5 (big in FP8) + 0.03 + 0.06 (small, router in BF16).
+    want = 10 - 3.06 + 3.06 * 1.59 / 3.09
+    assert a.predicted_step_ms == pytest.approx(want) and a.predicted_step_speedup == pytest.approx(10 / want)
+    assert a.observed_step_speedup == pytest.approx(10.0 / 10.5)
+    assert any("the plan file predicted 1.50x" in e for e in a.evidence)
+    fcs = next(r for r in rep.recipes if r.recipe == "Float8CurrentScaling")
+    assert fcs.predicted_step_ms == pytest.approx(10 - 3.06 + 3.06 * 1.65 / 3.09)  # the same baseline
