@@ -249,7 +249,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    from .plan import make_plan
+    from .plan import plan_for_run, write_plan
     from .render.tables import plan_table
     from .runs import analyze_run
 
@@ -257,18 +257,12 @@ def cmd_plan(a: argparse.Namespace) -> int:
     if rr.bench is None:
         raise ValueError(f"{a.run_dir} has no bench.json: te-gemm bench --capture {a.run_dir}/gemm_capture.json "
                          f"--json {a.run_dir}/bench.json first")
-    base = next((c for c in rr.captures if c.meta.get("sweep") and c.meta.get("recipe") == rr.report.current_recipe),
-                None)
-    plan = make_plan(rr.job, rr.bench, rr.items, observed=base)
+    plan = plan_for_run(rr)
     out = console()
     out.print(plan_table(plan))
-    plan.save(a.json or f"{a.run_dir}/precision_plan.json")
-    yaml = a.yaml or f"{a.run_dir}/precision_plan_nvdlfw.yaml"
-    from .jsonio import write_text
-
-    write_text(yaml, plan.nvdlfw_yaml())
-    out.print(f"plan: {a.json or f'{a.run_dir}/precision_plan.json'} (apply_precision_plan(model, path)); "
-              f"TE debug config: {yaml}")
+    js, yaml = write_plan(plan, a.json or f"{a.run_dir}/precision_plan.json",
+                          a.yaml or f"{a.run_dir}/precision_plan_nvdlfw.yaml")
+    out.print(f"plan: {js} (apply_precision_plan(model, path)); TE debug config: {yaml}")
     return 0
 
 

@@ -194,6 +194,25 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     return plan
 
 
+def plan_for_run(rr: Any) -> PrecisionPlan:
+    """The plan of an analysed run folder (:class:`~te_gemm_callback.runs.RunReport`): anchored on
+    the sweep's run in the job's recipe where there is one (clean steps of the same step function
+    as the other recipes), else on the job's own capture."""
+    if rr.bench is None:
+        raise ValueError("no bench.json: te-gemm bench --capture RUN_DIR/gemm_capture.json --json RUN_DIR/bench.json first")
+    base = next((c for c in rr.captures if c.meta.get("sweep") and c.meta.get("recipe") == rr.report.current_recipe),
+                None)
+    return make_plan(rr.job, rr.bench, rr.items, observed=base)
+
+
+def write_plan(plan: PrecisionPlan, json_path: str | Path, yaml_path: str | Path) -> tuple[Path, Path]:
+    """The plan as JSON (for :func:`apply_precision_plan` and ``sweep_plan=``) and as TE's debug-API
+    config (:meth:`PrecisionPlan.nvdlfw_yaml`)."""
+    from .jsonio import write_text
+
+    return plan.save(json_path), write_text(yaml_path, plan.nvdlfw_yaml())
+
+
 class PlanHandle:
     """What :func:`apply_precision_plan` changed; ``remove()`` puts it back."""
 

@@ -105,6 +105,27 @@ def test_plan_files_and_cli(tmp_path, capsys):
     assert json.loads((run / "precision_plan.json").read_text())["schema"] == "te-gemm-plan/1"
 
 
+def test_the_report_writes_the_plan_beside_the_verdicts(tmp_path, capsys):
+    run = tmp_path / "run"
+    capture().save(run / "gemm_capture.json")
+    bench().save(run / "bench.json")
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "precision plan: Float8CurrentScaling with 2 module(s) kept in BF16, predicted" in out
+    assert sorted(PrecisionPlan.load(run / "precision_plan.json").keep_bf16) == ["router", "small"]
+    assert (run / "precision_plan_nvdlfw.yaml").exists()
+
+
+def test_no_plan_from_a_bench_without_fp8(tmp_path, capsys):
+    run = tmp_path / "run"
+    capture().save(run / "gemm_capture.json")
+    b = bench()
+    b.results = [r for r in b.results if r.precision == "BF16"]  # a CPU host's bench
+    b.save(run / "bench.json")
+    assert main(["report", str(run)]) == 0
+    assert "precision plan" not in capsys.readouterr().out and not (run / "precision_plan.json").exists()
+
+
 def test_apply_precision_plan_leaves_no_hooks_and_changes_no_weights():
     model = nn.Sequential()
     model.add_module("big", nn.Linear(8, 8))

@@ -153,6 +153,12 @@ def report(run_dir: str | Path, out: Any = None) -> "RunReport":
             files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, root / f"gemm_{mode}.png")
     if ranks:
         files["ranks"] = ranks_figure(ranks, root / "ranks.png")
+    plan = _run_plan(rr)
+    if plan is not None:
+        from ..plan import write_plan
+
+        files["plan"], files["plan_nvdlfw"] = write_plan(plan, root / "precision_plan.json",
+                                                         root / "precision_plan_nvdlfw.yaml")
     if out is not None:
         if ranks:
             from .tables import ranks_table
@@ -165,6 +171,8 @@ def report(run_dir: str | Path, out: Any = None) -> "RunReport":
                 out.print(totals_table(bench, items, mode))
         out.print(report_table(rep))
         out.print(verdict_panel(rep))
+        if plan is not None:
+            out.print(plan_line(plan))
         for key in ("step_note", "job_step_note"):
             if "host-bound" in (rep.meta.get(key) or ""):
                 out.print(f"[yellow]warning: {escape(rep.meta[key])}[/yellow]")
@@ -172,3 +180,26 @@ def report(run_dir: str | Path, out: Any = None) -> "RunReport":
             out.print(f"{name}: {path}")
     rr.files = files
     return rr
+
+
+def _run_plan(rr: Any) -> Any:
+    """The run's precision plan where its bench allows one (BF16 and an FP8 recipe in autocast mode:
+    a CPU run's BF16-only bench has none), else None."""
+    if rr.bench is None or "autocast" not in rr.bench.meta.get("modes", ["autocast"]):
+        return None
+    from ..plan import plan_for_run
+
+    try:
+        return plan_for_run(rr)
+    except ValueError:  # no FP8 recipe ran, or GEMMs without BF16 time: nothing to plan from
+        return None
+
+
+def plan_line(plan: Any) -> str:
+    """One line for the report: the plan, its predicted step speedup, where to find it."""
+    pred = plan.predicted_speedup
+    what = (f"{plan.same_as} everywhere (no mixed plan gains enough)" if plan.same_as else
+            f"{plan.recipe} with {len(plan.keep_bf16)} module(s) kept in BF16")
+    tail = (f", predicted {pred['plan']:.2f}x vs best single {plan.best_single} {pred[plan.best_single]:.2f}x"
+            if pred.get("plan") and plan.best_single in pred else "")
+    return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
