@@ -91,12 +91,17 @@ def test_everything_in_fp8_when_fp8_wins_everywhere():
     assert plan.gemm_ms["plan"] == pytest.approx(plan.gemm_ms[plan.recipe])  # the plan is the single recipe
 
 
-def test_plan_files_and_cli(tmp_path, capsys):
+def _cli_on_run(tmp_path, capsys, command, b=None):
+    """A run folder with the capture and bench above, ``te-gemm <command>`` on it: (folder, output)."""
     run = tmp_path / "run"
     capture().save(run / "gemm_capture.json")
-    bench().save(run / "bench.json")
-    assert main(["plan", str(run)]) == 0
-    out = capsys.readouterr().out
+    (b or bench()).save(run / "bench.json")
+    assert main([command, str(run)]) == 0
+    return run, capsys.readouterr().out
+
+
+def test_plan_files_and_cli(tmp_path, capsys):
+    run, out = _cli_on_run(tmp_path, capsys, "plan")
     assert "Precision plan: Float8CurrentScaling, 2 module(s) kept in BF16" in out and "cannot run" in out
     plan = PrecisionPlan.load(run / "precision_plan.json")
     assert sorted(plan.keep_bf16) == ["router", "small"]
@@ -106,24 +111,17 @@ def test_plan_files_and_cli(tmp_path, capsys):
 
 
 def test_the_report_writes_the_plan_beside_the_verdicts(tmp_path, capsys):
-    run = tmp_path / "run"
-    capture().save(run / "gemm_capture.json")
-    bench().save(run / "bench.json")
-    assert main(["report", str(run)]) == 0
-    out = capsys.readouterr().out
+    run, out = _cli_on_run(tmp_path, capsys, "report")
     assert "precision plan: Float8CurrentScaling with 2 module(s) kept in BF16, predicted" in out
     assert sorted(PrecisionPlan.load(run / "precision_plan.json").keep_bf16) == ["router", "small"]
     assert (run / "precision_plan_nvdlfw.yaml").exists()
 
 
 def test_no_plan_from_a_bench_without_fp8(tmp_path, capsys):
-    run = tmp_path / "run"
-    capture().save(run / "gemm_capture.json")
     b = bench()
     b.results = [r for r in b.results if r.precision == "BF16"]  # a CPU host's bench
-    b.save(run / "bench.json")
-    assert main(["report", str(run)]) == 0
-    assert "precision plan" not in capsys.readouterr().out and not (run / "precision_plan.json").exists()
+    run, out = _cli_on_run(tmp_path, capsys, "report", b)
+    assert "precision plan" not in out and not (run / "precision_plan.json").exists()
 
 
 def test_apply_precision_plan_leaves_no_hooks_and_changes_no_weights():
