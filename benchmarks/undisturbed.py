@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 
 from _timing import event_times
 
-from te_gemm_callback import GemmProfiler, GemmProfilerCallback
+from te_gemm_callback import GemmProfiler, GemmProfilerCallback, capture_steps
 from te_gemm_callback.demo import DemoConfig, DemoLM, HFLlama, RandomTokens
 from te_gemm_callback.models import codonfm
 from te_gemm_callback.precisions import autocast, te_available
@@ -265,13 +265,7 @@ def check_kernels(model_name: str, recipe: str, steps: int, rounds: int = 4) -> 
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
     for _ in range(rounds):  # interleaved rounds: the GPU's clock drifts under its power limit
         with ClockSampler(period_s=0.02) as ck:
-            prof = GemmProfiler(model, kernel_steps=steps, instrumented_steps=1)
-            prof.start()
-            for i in range(prof.plan.profiled):
-                step()
-                if i < prof.plan.profiled - 1:
-                    prof.step()
-            caps.append(prof.stop())
+            caps.append(capture_steps(model, step, 0, kernel_steps=steps, instrumented_steps=1))
         clocks["ours"].append(ck.summary())
         # Oracle: torch.profiler with a range per GEMM on instrumented steps; a kernel belongs to the
         # range whose GPU-side span holds it (cuBLASLt launches are not tied to a CPU op by CUPTI).
@@ -357,14 +351,7 @@ def check_cupti(model_name: str, recipe: str, steps: int, rounds: int = 3) -> di
         kp.stop()
 
     def profiler(kernel_steps: int) -> Any:
-        def run() -> None:
-            prof = GemmProfiler(model, kernel_steps=kernel_steps).start()
-            for i in range(prof.plan.profiled):
-                train()
-                if i < prof.plan.profiled - 1:
-                    prof.step()
-            prof.stop()
-        return run
+        return lambda: capture_steps(model, train, 0, kernel_steps=kernel_steps)
 
     windows = {"nothing": train, "kernel records": records, "profiler, no kernels steps": profiler(0),
                "profiler with kernels steps": profiler(1)}
@@ -498,10 +485,11 @@ def main() -> int:
                 results.append(res)
                 pct = lambda x: "-" if x is None else f"{x:+.2f}%"  # noqa: E731
                 cl, ins, dis = res["clean"], res["instrumented"], res["dispatch"]
+                ms = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731  (a kind the window lacks)
                 print(f"interleaved {name} {r}: clean steps {pct(cl['pct'])} against the plain blocks around them "
-                      f"(n={cl['steps']}, {cl['with_ms']:.2f} vs {cl['without_ms']:.2f} ms; per window "
+                      f"(n={cl['steps']}, {ms(cl['with_ms'])} vs {ms(cl['without_ms'])} ms; per window "
                       f"{', '.join(map(pct, cl['pct_per_window']))}); instrumented {pct(ins['pct'])} "
-                      f"(n={ins['steps']}, {ins['with_ms']:.2f} ms); window's first step with dispatch mode "
+                      f"(n={ins['steps']}, {ms(ins['with_ms'])} ms); window's first step with dispatch mode "
                       f"{pct(dis['pct'])} (n={dis['steps']}); join: {res['kernel_join'][0]}", flush=True)
         elif a.check == "cupti":
             for r in recipes:

@@ -156,9 +156,10 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
     # A GEMM a recipe cannot run (an 8-wide router in FP8) stays in BF16 in the job: count it so.
     bench_ms = {r: bench_step_ms(bench, items, r, mode, fallback="BF16") for r in recipes} if bench else {}
     pred_step = _predict(base, bench_ms)
-    unfused = {}
+    unfused, auto_ms = {}, {}
     if bench and mode != "autocast" and "autocast" in modes:
-        unfused = _predict(base, {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes})
+        auto_ms = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes}
+        unfused = _predict(base, auto_ms)
     out = []
     for r in recipes:
         a = RecipeAnalysis(r, gemm_ms_bench=bench_ms.get(r))
@@ -190,7 +191,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
         a.verdict, a.evidence = verdict(a, runs.get(r), runs.get("BF16"))
         out.append(a)
     if plan_run is not None and plan_meta is not None:
-        predicted = _plan_prediction(plan_meta, base, capture, bench, items, bench_ms, mode, modes) if bench else None
+        predicted = _plan_prediction(plan_meta, base, capture, bench, items, bench_ms, auto_ms, mode) if bench else None
         out.append(_plan_analysis(plan_run, plan_meta, runs, predicted))
     skipped = dict(bench.skipped) if bench else {}
     return Report(base.recipe, base.step_ms, base.gemm_ms, out, skipped,
@@ -230,8 +231,8 @@ def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed
 
 
 def _plan_prediction(plan: dict[str, Any], base: Observed, capture: GemmCapture, bench: BenchResults,
-                     items: list[WorkItem], bench_ms: dict[str, float | None], mode: str,
-                     modes: list[str]) -> tuple[float, float, float | None] | None:
+                     items: list[WorkItem], bench_ms: dict[str, float | None], auto_ms: dict[str, float | None],
+                     mode: str) -> tuple[float, float, float | None] | None:
     """(step ms, speedup, unfused speedup) of the plan, predicted like the single recipes beside it:
     this run's baseline and bench, the same mode, its ``keep_bf16`` modules at their BF16 time and
     the rest in its recipe. The plan file's own prediction is anchored on the run it was made from:
@@ -250,9 +251,8 @@ def _plan_prediction(plan: dict[str, Any], base: Observed, capture: GemmCapture,
     if "plan" not in pred or "BF16" not in pred:
         return None
     unfused = None
-    if mode != "autocast" and "autocast" in modes:
-        auto = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in {base.recipe, "BF16"}}
-        u = _predict(base, {**auto, "plan": total("autocast")})
+    if auto_ms:  # the autocast-mode totals behind the recipes' "unfused" prediction
+        u = _predict(base, {**auto_ms, "plan": total("autocast")})
         if "plan" in u and "BF16" in u:
             unfused = u["BF16"] / u["plan"]
     return pred["plan"], pred["BF16"] / pred["plan"], unfused

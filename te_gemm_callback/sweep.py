@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from .capture import GemmCapture, GemmProfiler
+from .capture import GemmCapture
+from .capture.steps import capture_steps
 from .precisions import autocast, availability, canonical
 
 log = logging.getLogger("te_gemm_callback")
@@ -214,13 +215,8 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             for _ in range(warmup):  # a recipe's first step initialises its quantizers
                 one_step()
             kernel_steps = 1 if profile_kernels and on_cuda else 0
-            prof = GemmProfiler(model, nvtx=nvtx, kernel_steps=kernel_steps).start()
-            n = prof.plan.profiled + steps  # instrumented, kernels warm-up and kernels, then clean
-            for i in range(n):
-                one_step()
-                if i < n - 1:
-                    prof.step()
-            cap = prof.stop()
+            # Instrumented, kernels warm-up and kernels steps, then ``steps`` clean ones.
+            cap = capture_steps(model, one_step, steps, nvtx=nvtx, kernel_steps=kernel_steps)
             if handle is not None:
                 handle.remove()
                 handle = None

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from te_gemm_callback import GemmProfiler
+from te_gemm_callback import GemmProfiler, capture_steps
 from te_gemm_callback.capture import te_adapter
 
 
@@ -186,13 +186,8 @@ def test_grouped_gemm_records_m_splits(fake_te):
     from helpers.fakes import FakeKernels
 
     # No dispatch mode: this stand-in runs its experts as aten mm calls, which TE's C++ GEMM does not.
-    prof = GemmProfiler(model, kernel_profile=FakeKernels(gemms=6), dispatch_steps=0)
-    prof.start()
-    for i in range(prof.plan.profiled):
-        model(x, [3, 0, 7]).sum().backward()
-        if i < prof.plan.profiled - 1:
-            prof.step()
-    cap = prof.stop()
+    cap = capture_steps(model, lambda: model(x, [3, 0, 7]).sum().backward(), 0,
+                        kernel_profile=FakeKernels(gemms=6), dispatch_steps=0)
     assert cap.meta["kernel_join"] == "joined by launch order"
     # FakeKernels: GEMM kernel i spans 10 -> 10 + (i + 1) * 100 µs from its own start 1000 µs apart.
     assert {r.op: r.times_ms for r in cap.records} == {"fprop": [pytest.approx(1.2)], "dgrad": [pytest.approx(1.4)],
