@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/h200.md "Measuring without disturbing the job", on one GPU
-# with TE installed. Sections: ONLY=tests|cost|cupti|kernels|fit|interleaved|sweep|recipes
+# with TE installed. Sections: ONLY=tests|cost|breakdown|cupti|kernels|fit|interleaved|sweep|recipes
 # (default: all but recipes).
 #   ONLY=fit bash benchmarks/h200_undisturbed.sh OUTDIR
 set -uo pipefail
@@ -9,7 +9,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogger|tpu|gpu available|cuda_visible|^ *$" || true; }
 TIMEFORMAT='wall %R s'
-only=${ONLY:-tests,cost,cupti,kernels,fit,interleaved,sweep}
+only=${ONLY:-tests,cost,breakdown,cupti,kernels,fit,interleaved,sweep}
 has() { [[ ",$only," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
@@ -20,6 +20,13 @@ fi
 if has cost; then
     echo "== host cost per instrument"
     python benchmarks/instrument_cost.py --json "$out/instrument_cost.json" 2>&1 | quiet
+fi
+if has breakdown; then
+    echo "== host cost of each part of an instrumented step, host-bound stack"
+    for r in BF16 Float8CurrentScaling; do
+        (cd benchmarks && python instrument_breakdown.py --recipe $r --json "$out/breakdown_$r.json") 2>&1 | quiet \
+            | grep -E "^breakdown|^cprofile|Error" | head -40
+    done
 fi
 if has cupti; then
     echo "== what a profiled window leaves behind: launch cost, then plain steps after each kind of window"

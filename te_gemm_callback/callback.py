@@ -50,7 +50,8 @@ class GemmProfilerCallback(Callback):
         wait, warmup, active: the schedule, in optimizer steps.
         instrumented_steps: how many of the active steps run instrumented.
         output_dir: where ``gemm_capture.json`` is written (rank zero only).
-        nvtx: NVTX range per GEMM and per step (domain ``te_gemm``).
+        nvtx: NVTX range per GEMM and per step (domain ``te_gemm``): True, False, or "auto"
+            (only when an NVTX tool such as ``nsys profile`` is listening).
         nsys_capture: cudaProfilerStart/Stop around the active steps; run the job under
             ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop``.
         adapters, dispatch_steps: see :class:`~te_gemm_callback.GemmProfiler`.
@@ -75,7 +76,7 @@ class GemmProfilerCallback(Callback):
     """
 
     def __init__(self, wait: int = 1, warmup: int = 1, active: int = 5, output_dir: str | Path = "te_gemm",
-                 nvtx: bool = True, nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
+                 nvtx: bool | str = "auto", nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
                  dispatch_steps: int | str | None = None, verbose: bool = True,
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True,

@@ -46,7 +46,7 @@ class GemmProfilerTrainerCallback(TrainerCallback):
     """
 
     def __init__(self, wait: int = 1, warmup: int = 1, active: int = 5, output_dir: str | Path = "te_gemm",
-                 nvtx: bool = True, adapters: Sequence[str] = ("te", "torch"), dispatch_steps: int | str | None = None,
+                 nvtx: bool | str = "auto", adapters: Sequence[str] = ("te", "torch"), dispatch_steps: int | str | None = None,
                  verbose: bool = True, filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, sweep_warmup: int = 2, kernel_breakdown: bool = True,
                  instrumented_steps: int = 1, sweep_plan: Any = None) -> None:

@@ -139,7 +139,7 @@ def _loss(out: Any) -> torch.Tensor:
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
               warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
               context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
-              nvtx: bool = True, profile_kernels: bool = True, job_recipe: str | None = None,
+              nvtx: bool | str = "auto", profile_kernels: bool = True, job_recipe: str | None = None,
               plan: Any = None) -> SweepResult:
     """Time ``steps`` forward+backward steps of ``step_fn`` under each recipe.
 

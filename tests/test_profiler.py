@@ -142,6 +142,42 @@ def test_nvtx_ranges_name_module_pass_shape_precision():
     assert len(fake.ranges) == 12
 
 
+def test_nvtx_ranges_only_where_a_tool_listens(monkeypatch):
+    # NVTX calls are no-ops without a tool, so "auto" spends no host time on them; nsys sets the
+    # injection variable for the process it launches.
+    from te_gemm_callback.capture import instruments
+
+    fake = FakeNvtx()
+    monkeypatch.setattr(instruments, "_default_backend", lambda: fake)
+    monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
+    monkeypatch.delenv("NVTX_INJECTION32_PATH", raising=False)
+    model, x = Net(), torch.randn(4, 16, requires_grad=True)
+    with GemmProfiler(model) as prof:
+        step(model, x)
+    assert not prof.recorder.nvtx.enabled and fake.ranges == []
+    assert GemmProfiler(model, nsys_capture=True).recorder.nvtx.enabled
+    assert GemmProfiler(model, nvtx=True).recorder.nvtx.enabled
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
+    with GemmProfiler(model):
+        step(model, x)
+    assert len(fake.ranges) == 12
+    assert not GemmProfiler(model, nvtx=False).recorder.nvtx.enabled
+
+
+def test_sequence_number_getter_agrees_with_a_probe_node():
+    # The tag walk's bound: the number the next autograd node gets, read without making a node.
+    from te_gemm_callback.capture.scope import _probe_next_seq, next_seq_reader
+
+    read, probe = next_seq_reader(), torch.zeros((), requires_grad=True)
+    x = torch.randn(3, requires_grad=True)
+    before = read()
+    y = x * 2
+    assert y.grad_fn._sequence_nr() == before and read() == before + 1
+    nxt = _probe_next_seq(probe)  # the probe takes one number itself
+    z = x + 1
+    assert z.grad_fn._sequence_nr() == nxt and read() == nxt + 1
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError):
         GemmProfiler("not a model")

@@ -7,6 +7,7 @@ steps (one synchronize, outside every step), so timing never stalls the job.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from typing import Any
 
@@ -72,10 +73,12 @@ class Nvtx:
     backend with ``start(name) -> handle``, ``end(handle)``, ``push(name)``, ``pop()`` can be given.
     """
 
-    def __init__(self, enabled: bool, backend: Any = None) -> None:
-        self.enabled = enabled
+    def __init__(self, enabled: bool | str, backend: Any = None) -> None:
+        if enabled == "auto":
+            enabled = backend is not None or tool_attached()
+        self.enabled = bool(enabled)
         self.backend = backend if backend is not None else (_default_backend() if enabled else None)
-        self.enabled = enabled and self.backend is not None
+        self.enabled = self.enabled and self.backend is not None
 
     def start(self, name: str) -> Any:
         return self.backend.start(name) if self.enabled else None
@@ -91,6 +94,14 @@ class Nvtx:
     def pop(self) -> None:
         if self.enabled:
             self.backend.pop()
+
+
+def tool_attached() -> bool:
+    """Whether an NVTX tool (Nsight Systems, a CUPTI injection) is listening. NVTX loads a tool
+    from the library named by ``NVTX_INJECTION64_PATH`` (``NVTX_INJECTION32_PATH``), which Nsight
+    Systems sets for the process it launches; without one every NVTX call is a no-op, and the
+    ranges would be host time per GEMM that nothing reads."""
+    return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_PATH"))
 
 
 class _NvtxPackage:

@@ -52,7 +52,9 @@ class GemmProfiler:
         dispatch_steps: instrumented steps on which the torch dispatch mode runs (it costs Python
             time on every aten op): "all", or the first N. Default: all instrumented steps for plain
             torch models, the first for models with TE modules.
-        nvtx: push an NVTX range per GEMM (domain ``te_gemm``) and per step.
+        nvtx: an NVTX range per GEMM (domain ``te_gemm``) and per step: True, False, or "auto"
+            (default): only when an NVTX tool is listening (``nsys profile`` sets
+            ``NVTX_INJECTION64_PATH``), with ``nsys_capture``, or with an ``nvtx_backend``.
         timing: per-GEMM time source. "auto" (True): kernel records where kernel steps run, else
             CUDA-event pairs on the instrumented steps (host clock on a CPU); "events": event pairs
             on the instrumented steps as well; "none" (False): no per-GEMM time.
@@ -74,7 +76,7 @@ class GemmProfiler:
 
     def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
                  instrumented_steps: int | str = 1, kernel_steps: int | None = None, kernel_warmup_steps: int = 1,
-                 dispatch_steps: int | str | None = None, nvtx: bool = True, timing: bool | str = "auto",
+                 dispatch_steps: int | str | None = None, nvtx: bool | str = "auto", timing: bool | str = "auto",
                  nsys_capture: bool = False, nvtx_backend: Any = None,
                  clock_reader: Callable[[], tuple[float, float]] | None = None,
                  kernel_profile: KernelProfile | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -104,7 +106,7 @@ class GemmProfiler:
         self.nsys_capture = nsys_capture
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
         self.timing = timing
-        self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(nvtx, nvtx_backend))
+        self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(True if nvtx == "auto" and nsys_capture else nvtx, nvtx_backend))
         self.te = TEInterceptor(self.recorder) if "te" in self.adapters else None
         self.kernel_profile = kernel_profile or KernelProfile()
         self._clock = clock

@@ -9,7 +9,7 @@ returns, we tag the autograd nodes it created (``node.metadata``); during backwa
 runs one node at a time per device thread and ``torch._C._current_autograd_node()`` names it, so
 the owner of every backward GEMM is exact. Inner modules return first, so a node keeps the tag of
 the innermost module that created it. "Created during this forward" is decided by autograd's
-sequence numbers (per thread, increasing): a node numbered at or below the one current when the
+sequence numbers (per thread, increasing): a node numbered below the next number when the
 forward began already existed (a parent's earlier op, which a child's output may lead back to).
 """
 
@@ -57,10 +57,32 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _grad_nodes(output: Any) -> Iterable[Any]:
-    for leaf in tree_leaves(output):
-        if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
-            yield leaf.grad_fn
+def _grad_nodes(output: Any) -> list[Any]:
+    if isinstance(output, torch.Tensor):  # most modules: no pytree walk (µs per hooked call)
+        return [output.grad_fn] if output.grad_fn is not None else []
+    return [leaf.grad_fn for leaf in tree_leaves(output)
+            if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None]
+
+
+def _probe_next_seq(probe: torch.Tensor) -> int:
+    # Without torch._C._autograd._get_sequence_nr: a view of a leaf creates one node and takes
+    # the number; the next node gets the one after it.
+    with torch.enable_grad():
+        return probe.view(()).grad_fn._sequence_nr() + 1
+
+
+def next_seq_reader() -> Callable[[], int]:
+    """The autograd sequence number the next node made on this thread will get. The getter costs
+    ~0.02 µs; the fallback (a probe node) ~2 µs on a CPU, ~15 µs on the H200 host (cProfile)."""
+    peek = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
+    if peek is not None:
+        try:
+            peek()
+            return peek
+        except Exception:
+            pass
+    probe = torch.zeros((), requires_grad=True)
+    return lambda: _probe_next_seq(probe)
 
 
 class ModuleScope:
@@ -89,7 +111,7 @@ class ModuleScope:
         # the op modules' forward, so hooks cannot name the owner; see ops_owner().
         self.ops_owners: dict[int, tuple[str, str]] = te_ops_owners(self.modules)
         self.te_gemm_set = set(self.te_gemm_modules())
-        self._probe = torch.zeros((), requires_grad=True)
+        self._current_seq = next_seq_reader()
         self._keep: list[Any] = []
         self.enabled = True
 
@@ -105,11 +127,6 @@ class ModuleScope:
         if st is None:
             st = self._local.seq = []
         return st
-
-    def _current_seq(self) -> int:
-        # Autograd exposes no counter; a view of a leaf creates one node and reads its number.
-        with torch.enable_grad():
-            return self._probe.view(()).grad_fn._sequence_nr()
 
     @property
     def stack(self) -> list[str]:
@@ -171,11 +188,11 @@ class ModuleScope:
     def _tag(self, output: Any, name: str, start: int) -> None:
         # Walk back over the nodes this forward created; an older node existed before this
         # forward began, so the walk stops there.
-        todo = [n for n in _grad_nodes(output)]
+        todo = _grad_nodes(output)
         seen: set[int] = set()
         while todo:
             node = todo.pop()
-            if node is None or node._sequence_nr() <= start or id(node) in seen:
+            if node is None or node._sequence_nr() < start or id(node) in seen:
                 continue
             seen.add(id(node))
             # Inner modules returned first and tagged their nodes: keep the innermost owner, but
