@@ -160,25 +160,34 @@ class ModuleScope:
         self.release()
 
     def _make_pre(self, name: str) -> Callable:
+        # Runs at every hooked forward: locals bound once, the thread's stacks read directly.
+        local, peek, grad_on = self._local, self._current_seq, torch.is_grad_enabled
+
         def pre(module: nn.Module, args: Any) -> None:
             if self.enabled:
-                self.stack.append(name)
-                self.seq_stack.append(self._current_seq() if torch.is_grad_enabled() else -1)
+                try:
+                    st, seqs = local.stack, local.seq
+                except AttributeError:  # first forward on this thread
+                    st, seqs = self.stack, self.seq_stack
+                st.append(name)
+                seqs.append(peek() if grad_on() else -1)
 
         return pre
 
     def _make_post(self, name: str) -> Callable:
+        local, grad_on, ran = self._local, torch.is_grad_enabled, self.ran
+
         def post(module: nn.Module, args: Any, output: Any) -> None:
             if not self.enabled:
                 return
-            st, seqs = self.stack, self.seq_stack
+            st = getattr(local, "stack", None)
             start = -1
             if st and st[-1] == name:
                 st.pop()
-                start = seqs.pop()
-            self.ran.add(name)
+                start = local.seq.pop()
+            ran.add(name)
             try:
-                if torch.is_grad_enabled() and start >= 0:
+                if start >= 0 and grad_on():
                     self._tag(output, name, start)
             except Exception as err:  # never break the job: report and stop capturing
                 self._on_error(err)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..shapes import GemmOp
+from .scope import TAG
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -148,6 +149,12 @@ def arg_reader(fn: Callable) -> Callable[[tuple, dict, str, Any], Any]:
     return arg
 
 
+def arg_position(fn: Callable, name: str) -> int:
+    """Position of parameter ``name`` of ``fn`` (a large number where it has none)."""
+    params = list(inspect.signature(fn).parameters)
+    return params.index(name) if name in params else 1 << 30
+
+
 def unpatch(patched: list[tuple[Any, str, Callable]]) -> None:
     for mod, fname, orig in reversed(patched):
         setattr(mod, fname, orig)
@@ -185,6 +192,12 @@ class TEInterceptor:
     def _wrap(self, orig: Callable, grouped: bool) -> Callable:
         arg = arg_reader(orig)
         rec = self.recorder
+        if grouped or rec.scope.ops_owners:
+            return self._wrap_general(orig, arg, grouped)
+        return self._wrap_plain(orig, arg)
+
+    def _wrap_general(self, orig: Callable, arg: Callable, grouped: bool) -> Callable:
+        rec = self.recorder
         before = self._before_grouped if grouped else self._before_one
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -202,16 +215,64 @@ class TEInterceptor:
 
         return wrapper
 
+    def _wrap_plain(self, orig: Callable, arg: Callable) -> Callable:
+        """The hot path: a plain GEMM of a model without te.ops. Every statement runs once per GEMM
+        of an instrumented step in the job's own thread, and in a host-bound job is step time, so
+        it is one frame: owner, key, one look-up, the recorder's tuple (what ``_before_one``,
+        ``Recorder.begin`` and ``Recorder.end`` do, without their calls). Costs measured by
+        benchmarks/instrument_breakdown.py."""
+        rec, calls, local = self.recorder, self._calls, self.recorder.scope._local
+        timer, nvtx, raw = rec.timer, rec.nvtx, rec.raw
+        current_node, task_id = torch._C._current_autograd_node, torch._C._current_graph_task_id
+        i_layout = arg_position(orig, "layout")
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not rec.active:
+                return orig(*args, **kwargs)
+            token = None
+            try:
+                if len(args) > 1:
+                    a, b = args[0], args[1]
+                else:
+                    a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
+                layout = kwargs.get("layout") or (args[i_layout] if len(args) > i_layout else "TN")
+                backward = task_id() != -1
+                st = getattr(local, "stack", None)
+                if st:
+                    owner = st[-1]
+                else:
+                    node = current_node() if backward else None
+                    owner = node.metadata.get(TAG) if node is not None else None
+                key = (owner, layout, (a.shape, a.dtype) if type(a) is torch.Tensor else _call_key(a),
+                       (b.shape, b.dtype) if type(b) is torch.Tensor else _call_key(b))
+                hit = calls.get(key)
+                if hit is None:
+                    hit = calls[key] = self._site(owner, layout, a, b, False)
+                site, fprop = hit
+                recompute = fprop and backward
+                handle = nvtx.start(site.range_recompute if recompute else site.range) if nvtx.enabled else None
+                token = (site, recompute, timer.start() if timer.enabled else None, handle)
+            except Exception as err:  # never break the job: report once, stop capturing
+                rec.fail(err)
+            out = orig(*args, **kwargs)
+            if token is not None:
+                site, recompute, start, handle = token
+                try:
+                    pair = timer.stop(start) if start is not None else None
+                    if handle is not None:
+                        nvtx.end(handle)
+                    raw.append((rec.step, site, recompute, None, pair))
+                except Exception as err:
+                    rec.fail(err)
+            return out
+
+        return wrapper
+
     def _before_one(self, args: tuple, kwargs: dict, arg: Callable, grouped: bool) -> Any:
-        """A plain GEMM: the hot path. Every statement here runs once per GEMM of an instrumented
-        step, in the job's own thread; in a host-bound job it is step time (see
-        benchmarks/instrument_breakdown.py)."""
+        """A plain GEMM where the owner needs more than the scope (te.ops)."""
         rec = self.recorder
-        if len(args) > 1:
-            a, b = args[0], args[1]
-        else:
-            a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
-        layout = kwargs.get("layout") or arg(args, kwargs, "layout", "TN")
+        a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
+        layout = arg(args, kwargs, "layout", "TN")
         owner = self._owner()
         key = (owner, layout, _call_key(a), _call_key(b))
         hit = self._calls.get(key)
