@@ -119,7 +119,7 @@ def main() -> int:
 
     times: dict[str, list[float]] = {n: [] for n in PARTS}
     ratios: dict[str, list[float]] = {n: [] for n in PARTS}
-    cpu: dict[str, list[float]] = {n: [] for n in PARTS}  # the process CPU time per step (all threads: backward runs on autograd's)
+    cpu: dict[str, list[float]] = {n: [] for n in PARTS}  # process CPU ms (backward runs on another thread)
     gc_ms: dict[str, list[float]] = {n: [0.0, 0.0] for n in PARTS}  # ms in collections, collections
     current = ["clean"]
     gc_t0 = [0.0]
