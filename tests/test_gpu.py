@@ -334,3 +334,33 @@ def test_compiled_te_stack_same_gemms_as_eager_and_no_new_graph():
     assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
     key = lambda r: (r.module.removeprefix("_orig_mod."), r.op, r.shape.mkn, r.precision)  # noqa: E731
     assert sorted(map(key, cap.records)) == sorted(map(key, eager.capture.records)) and cap.meta["compiled"]
+
+
+@needs_te
+def test_grouped_te_gemms_join_kernel_records():
+    """The MoE recipe's TE experts (GroupedLinear, one kernel per expert with rows): the kernels
+    step's GEMM kernels join the captured calls, each grouped call timed by its kernels' span."""
+    import sys
+    from pathlib import Path
+
+    from te_gemm_callback.demo import DemoConfig, next_token_loss
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+    from moe import MoELM
+
+    torch.manual_seed(0)
+    c = DemoConfig(hidden_size=1024, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
+                   num_hidden_layers=1, vocab_size=256, sequence_length=512, micro_batch_size=2)
+    model = MoELM(c, 8, 2, True, "BF16").cuda()
+    batch = torch.randint(0, c.vocab_size, (c.micro_batch_size, c.sequence_length + 1), device="cuda")
+
+    def step():
+        next_token_loss(model, batch).backward()
+
+    step()
+    cap = capture_steps(model, step)
+    grouped = [r for r in cap.records if r.kernel == "general_grouped_gemm"]
+    assert grouped, [r.kernel for r in cap.records]
+    assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
+    assert cap.meta["gemm_time_source"] == "kernel_records"
+    assert all(r.times_ms and min(r.times_ms) > 0 for r in grouped)
