@@ -17,3 +17,19 @@ def event_times(step: Callable[[], Any], n: int) -> list[float]:
         evs[i + 1].record()
     torch.cuda.synchronize()  # after the block's last event: outside every timed step
     return [a.elapsed_time(b) for a, b in zip(evs, evs[1:])]
+
+
+def median_ci(xs: list[float], level: float = 0.95, n: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high): the median of ``xs`` and a bootstrap percentile interval for it
+    (Efron & Tibshirani, An Introduction to the Bootstrap, 1993, ch. 13), resampling the units
+    given (windows, rounds): each already compares steps taken seconds apart, so the host's drift
+    over a run does not enter the interval. Fixed seed: the same data gives the same interval."""
+    import random
+    import statistics
+
+    if not xs:
+        raise ValueError("median_ci needs at least one value")
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    tail = (1 - level) / 2
+    return statistics.median(xs), meds[int(tail * n)], meds[min(n - 1, int((1 - tail) * n))]

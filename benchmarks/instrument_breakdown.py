@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from _timing import median_ci
 from undisturbed import HOSTBOUND
 
 from te_gemm_callback import GemmProfiler
@@ -167,13 +168,15 @@ def main() -> int:
         m = statistics.median(times[name])
         per = gemms if "interception" in name or "profiler" in name else hooked
         r = statistics.median(ratios[name])
+        _, lo, hi = median_ci(ratios[name])
         res["parts"][name] = {"ms": m, "pct_pooled": 100 * (m / clean - 1), "pct": 100 * (r - 1),
                               "pct_per_round": [100 * (x - 1) for x in ratios[name]],
+                              "pct_ci95": [100 * (lo - 1), 100 * (hi - 1)],
                               "us_per_call": 1e3 * clean * (r - 1) / per, "gc_ms": gc_ms[name],
                               "process_cpu_ms": statistics.median(cpu[name]),
                               "process_cpu_us_per_call": 1e3 * (statistics.median(cpu[name]) - clean_cpu) / per}
         print(f"breakdown {a.recipe}: {name:28s} {m:7.2f} ms, vs clean of its round {100 * (r - 1):+6.1f}% "
-              f"(rounds {min(ratios[name]) * 100 - 100:+.1f}..{max(ratios[name]) * 100 - 100:+.1f}) "
+              f"(95% CI {100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f}) "
               f"{1e3 * clean * (r - 1) / per:6.1f} µs per {'GEMM' if per == gemms else 'hooked module'}; "
               f"gc {gc_ms[name][0]:.1f} ms in {gc_ms[name][1]:.0f} collections; process CPU "
               f"{statistics.median(cpu[name]):.2f} ms vs clean {clean_cpu:.2f} ms: "

@@ -34,7 +34,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from _timing import event_times
+from _timing import event_times, median_ci
 
 from te_gemm_callback import GemmProfiler, GemmProfilerCallback, capture_steps
 from te_gemm_callback.demo import DemoConfig, DemoLM, HFLlama, RandomTokens
@@ -242,6 +242,9 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
         res[kind] = {"steps": len(with_cb), "with_ms": med(with_cb), "without_ms": med(without),
                      "pct": None if not with_cb else 100 * (med(with_cb) / med(without) - 1),
                      "pct_per_window": [100 * (r - 1) for r in ratios]}
+        if ratios:  # drift-free: each window against its own neighbours, then the median over windows
+            res[kind]["pct_window_median"], lo, hi = median_ci(res[kind]["pct_per_window"])
+            res[kind]["pct_ci95"] = [lo, hi]
     res["kernel_join"] = [cap.meta.get("kernel_join") for cap in alt.caps]
     return res
 
@@ -486,11 +489,14 @@ def main() -> int:
                 pct = lambda x: "-" if x is None else f"{x:+.2f}%"  # noqa: E731
                 cl, ins, dis = res["clean"], res["instrumented"], res["dispatch"]
                 ms = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731  (a kind the window lacks)
-                print(f"interleaved {name} {r}: clean steps {pct(cl['pct'])} against the plain blocks around them "
-                      f"(n={cl['steps']}, {ms(cl['with_ms'])} vs {ms(cl['without_ms'])} ms; per window "
-                      f"{', '.join(map(pct, cl['pct_per_window']))}); instrumented {pct(ins['pct'])} "
+                ci = lambda x: "" if "pct_ci95" not in x else (  # noqa: E731
+                    f" [median of windows {pct(x['pct_window_median'])}, 95% CI {pct(x['pct_ci95'][0])}.."
+                    f"{pct(x['pct_ci95'][1])}]")
+                print(f"interleaved {name} {r}: clean steps {pct(cl['pct'])}{ci(cl)} against the plain blocks around "
+                      f"them (n={cl['steps']}, {ms(cl['with_ms'])} vs {ms(cl['without_ms'])} ms; per window "
+                      f"{', '.join(map(pct, cl['pct_per_window']))}); instrumented {pct(ins['pct'])}{ci(ins)} "
                       f"(n={ins['steps']}, {ms(ins['with_ms'])} ms); window's first step with dispatch mode "
-                      f"{pct(dis['pct'])} (n={dis['steps']}); join: {res['kernel_join'][0]}", flush=True)
+                      f"{pct(dis['pct'])}{ci(dis)} (n={dis['steps']}); join: {res['kernel_join'][0]}", flush=True)
         elif a.check == "cupti":
             for r in recipes:
                 res = check_cupti(name, r, a.steps, a.rounds)

@@ -1,0 +1,36 @@
+"""The statistics the benchmark scripts publish (benchmarks/_timing.py)."""
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from _timing import median_ci  # noqa: E402
+
+
+def test_median_ci_brackets_the_median_and_narrows_with_more_windows():
+    import random
+
+    rng = random.Random(1)
+    few = [rng.gauss(2.0, 10.0) for _ in range(10)]
+    many = few + [rng.gauss(2.0, 10.0) for _ in range(190)]
+    m, lo, hi = median_ci(few)
+    assert m == statistics.median(few) and lo <= m <= hi
+    m2, lo2, hi2 = median_ci(many)
+    assert hi2 - lo2 < hi - lo
+    assert lo2 < 2.0 < hi2  # the true median, with 200 windows
+    assert median_ci(many) == (m2, lo2, hi2)  # fixed seed: reproducible
+
+
+def test_median_ci_tells_a_real_cost_from_noise():
+    # Twelve windows each +10% +- 3: the interval excludes zero; centred on zero it does not.
+    cost = [10 + d for d in (-3, -2, -1, 0, 1, 2, 3, -2.5, 2.5, 0.5, -0.5, 1.5)]
+    assert median_ci(cost)[1] > 5
+    noise = [d for d in (-3, -2, -1, 0, 1, 2, 3, -2.5, 2.5, 0.5, -0.5, 1.5)]
+    _, lo, hi = median_ci(noise)
+    assert lo < 0 < hi
+    assert median_ci([4.0]) == (4.0, 4.0, 4.0)
+    with pytest.raises(ValueError):
+        median_ci([])
