@@ -225,3 +225,30 @@ def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
 
 
 __all__ = ["KernelProfile", "KernelStep", "join_by_order", "breakdown_meta", "split_at_marks", "MARKER"]
+
+
+def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...]] | None,
+                 kernel_steps: dict[int, KernelStep], source: str) -> dict[str, Any]:
+    """Give each record the times of its GEMM in every kernels step (joined by launch order to
+    ``ref``, the reference instrumented step's calls); returns the capture's ``kernel_join`` and
+    ``gemm_time_source`` (``source``, the event timer's, where no step joined)."""
+    times: dict[tuple, list[float]] = {}
+    failed = []
+    for i, ks in sorted(kernel_steps.items()):
+        pairs = join_by_order(ref, ks, counts)
+        if pairs is None:
+            failed.append(f"step {i}: {len(ks.gemm_kernels())} GEMM kernels, {len(ref)} GEMM calls captured")
+            continue
+        for key, ms in pairs:
+            times.setdefault(key, []).append(ms)
+    out: dict[str, Any] = {"gemm_time_source": source}
+    if times:
+        for r in records:
+            if r.key() in times:
+                r.times_ms = times[r.key()]
+        out["gemm_time_source"] = "kernel_records"
+    out["kernel_join"] = "; ".join(failed) if failed else "joined by launch order"
+    if failed:
+        log.warning("te-gemm: per-GEMM kernel times not joined (%s): per-GEMM times left to %s",
+                    out["kernel_join"], source)
+    return out

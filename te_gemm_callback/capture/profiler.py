@@ -16,7 +16,7 @@ from ..clocks import ClockSampler
 from ..precisions import te_version
 from .instruments import EventTimer, Nvtx
 from .graphs import EagerForwards, graphed_modules
-from .kernel_records import KernelProfile, KernelStep, breakdown_meta, join_by_order
+from .kernel_records import KernelProfile, KernelStep, breakdown_meta, join_records
 from .record import GemmCapture, StepTime, aggregate
 from .recorder import Recorder
 from .scope import ModuleScope, bears_gemm, is_te_module
@@ -390,24 +390,7 @@ class GemmProfiler:
             if self.plan.kernels:
                 out["kernel_join"] = f"no kernel records ({self.kernel_profile.error or 'no kernels step ran'})"
             return out
-        times: dict[tuple, list[float]] = {}
-        failed = []
-        for i, ks in sorted(self._kernel_steps.items()):
-            pairs = join_by_order(ref, ks, counts)
-            if pairs is None:
-                failed.append(f"step {i}: {len(ks.gemm_kernels())} GEMM kernels, {len(ref)} GEMM calls captured")
-                continue
-            for key, ms in pairs:
-                times.setdefault(key, []).append(ms)
-        if times:
-            for r in records:
-                if r.key() in times:
-                    r.times_ms = times[r.key()]
-            out["gemm_time_source"] = "kernel_records"
-        out["kernel_join"] = "; ".join(failed) if failed else "joined by launch order"
-        if failed:
-            log.warning("te-gemm: per-GEMM kernel times not joined (%s): per-GEMM times left to %s",
-                        out["kernel_join"], source)
+        out.update(join_records(records, ref, counts, self._kernel_steps, source))
         return out
 
     def _coverage(self, records: list) -> dict[str, Any]:
