@@ -65,7 +65,8 @@ class Part:
             rec.active = True
         elif n.startswith("profiler"):
             self.prof = GemmProfiler(self.model, instrumented_steps="all", dispatch_steps=0, kernel_steps=0,
-                                     timing="none", nvtx=n.endswith("+ nvtx") or "auto").start()
+                                     timing="none", nvtx=n.endswith("+ nvtx") or "auto",
+                                     reuse_owners="hooked every step" not in n).start()
 
     def step(self) -> None:
         if self.prof is not None:
@@ -73,6 +74,7 @@ class Part:
         self.scope.release()
         if self.te is not None:
             self.te.recorder.raw.clear()
+            self.te.owners.trace.clear()
 
     def stop(self) -> None:
         if self.prof is not None:
@@ -85,7 +87,7 @@ class Part:
 
 
 PARTS = ("clean", "hooks", "hooks, probe node for seq", "hooks, no tag walk", "interception",
-         "interception + nvtx", "profiler", "profiler + nvtx")
+         "interception + nvtx", "profiler", "profiler + nvtx", "profiler, hooked every step")
 
 
 def main() -> int:

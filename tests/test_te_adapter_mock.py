@@ -182,6 +182,13 @@ def test_grouped_gemm_records_m_splits(fake_te):
     assert (recs["dgrad"].m, recs["dgrad"].k, recs["dgrad"].n) == (10, 12, 8)
     assert (recs["wgrad"].m, recs["wgrad"].k, recs["wgrad"].n) == (8, 10, 12)
     assert all(r.m_splits == [[3, 0, 7]] and r.kernel == "general_grouped_gemm" for r in recs.values())
+    # Later instrumented steps take the owner by launch order (no hooks) while the token splits
+    # change from step to step: each step's splits are still recorded.
+    splits = iter([[3, 0, 7], [5, 5, 0], [1, 2, 7]])
+    cap = capture_steps(model, lambda: model(x, next(splits)).sum().backward(), 0, instrumented_steps=3,
+                        kernel_steps=0, dispatch_steps=0)
+    assert cap.meta["owners_by_launch_order"] == {"steps": [1, 2], "failed": []}
+    assert all(r.m_splits == [[3, 0, 7], [5, 5, 0], [1, 2, 7]] and r.calls_per_step == 1 for r in cap.records)
     # Kernel records: each grouped call launched a kernel per expert with rows (2 of 3 here).
     from helpers.fakes import FakeKernels
 
@@ -192,6 +199,77 @@ def test_grouped_gemm_records_m_splits(fake_te):
     # FakeKernels: GEMM kernel i spans 10 -> 10 + (i + 1) * 100 µs from its own start 1000 µs apart.
     assert {r.op: r.times_ms for r in cap.records} == {"fprop": [pytest.approx(1.2)], "dgrad": [pytest.approx(1.4)],
                                                         "wgrad": [pytest.approx(1.6)]}
+
+
+def _te_net(lin):
+    model = nn.Sequential()
+    model.add_module("qkv", make_linear(lin, 16, 48))
+    model.add_module("mlp", make_layernorm_mlp(lin, 48, 64))
+    return model
+
+
+def _hooks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_later_instrumented_steps_take_owners_by_launch_order(fake_te):
+    # The first instrumented step is hooked; the next ones run with no module hook at all and give
+    # the same records: owners, shapes, passes, calls per step.
+    lin, _ = fake_te
+    model, x = _te_net(lin), torch.randn(4, 16, requires_grad=True)
+    hooks = []
+
+    def step():
+        hooks.append(_hooks(model))
+        model(x).sum().backward()
+
+    caps = [capture_steps(model, step, 1, instrumented_steps=3, kernel_steps=0, reuse_owners=reuse)
+            for reuse in (True, False)]
+    assert caps[0].meta["owners_by_launch_order"] == {"steps": [1, 2], "failed": []}
+    assert caps[1].meta["owners_by_launch_order"] == {"steps": [], "failed": []}
+    assert hooks[:4] == [2 * 3, 0, 0, 0] and hooks[5:7] == [2 * 2, 2 * 2]  # dispatch step: every module
+
+    def table(cap):
+        return sorted((r.name, r.op, r.m, r.k, r.n, r.calls_per_step, r.recompute) for r in cap.records)
+
+    assert table(caps[0]) == table(caps[1])
+    assert {r.name for r in caps[0].records} == {"qkv", "mlp.fc1", "mlp.fc2"}
+    assert all(r.calls_per_step == 1 for r in caps[0].records)
+
+
+def test_a_loop_that_steps_after_every_iteration_leaves_no_step_out(fake_te, caplog):
+    # step() after the last iteration opens a step that never runs: not a mismatch.
+    lin, _ = fake_te
+    model, x = _te_net(lin), torch.randn(4, 16, requires_grad=True)
+    with GemmProfiler(model, instrumented_steps="all", kernel_steps=0) as prof:
+        for _ in range(3):
+            model(x).sum().backward()
+            prof.step()
+    assert prof.capture.meta["owners_by_launch_order"] == {"steps": [1, 2], "failed": []}
+    assert "did not follow" not in caplog.text and len(prof.capture.steps) == 3
+
+
+def test_a_step_off_the_first_steps_order_is_left_out_and_hooks_return(fake_te, caplog):
+    # Step 2 changes the batch: its calls do not match step 0's, so its GEMMs are left out (their
+    # owners are unknown), and step 3 is hooked again and captured with its owners.
+    lin, _ = fake_te
+    model = _te_net(lin)
+    xs = iter([torch.randn(4, 16, requires_grad=True)] * 2 + [torch.randn(8, 16, requires_grad=True)] * 2)
+    hooks = []
+
+    def step():
+        hooks.append(_hooks(model))
+        model(next(xs)).sum().backward()
+
+    cap = capture_steps(model, step, 0, instrumented_steps=4, kernel_steps=0, dispatch_steps=0)
+    assert cap.meta["owners_by_launch_order"] == {"steps": [1], "failed": [2]}
+    assert hooks == [4, 0, 0, 4]
+    assert "did not follow the first instrumented step's order" in caplog.text
+    assert all(r.module in ("qkv", "mlp") for r in cap.records)
+    rows = {(r.name, r.op): [] for r in cap.records}
+    for r in cap.records:
+        rows[(r.name, r.op)].append((r.m, r.calls))
+    assert rows[("qkv", "fprop")] == [(4, 2), (8, 1)]  # steps 0 and 1, then step 3
 
 
 def test_operand_formats():

@@ -49,6 +49,10 @@ class GemmProfiler:
         kernel_warmup_steps: steps before them with the records already running, not kept
             (default 1): the GPU then runs the kernels steps as it runs the job's other steps, not
             right after an idle gap while CUPTI starts, when its clock is higher.
+        reuse_owners: instrumented steps after the first hooked one run without module hooks: each
+            TE GEMM takes its owner from the hooked step's call at the same launch position, the
+            call's layout and operand shapes checked (a step that does not match is left out, and
+            hooks come back). The hooks are most of an instrumented step's host cost.
         dispatch_steps: instrumented steps on which the torch dispatch mode runs (it costs Python
             time on every aten op): "all", or the first N. Default: all instrumented steps for plain
             torch models, the first for models with TE modules.
@@ -76,7 +80,7 @@ class GemmProfiler:
 
     def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
                  instrumented_steps: int | str = 1, kernel_steps: int | None = None, kernel_warmup_steps: int = 1,
-                 dispatch_steps: int | str | None = None, nvtx: bool | str = "auto", timing: bool | str = "auto",
+                 dispatch_steps: int | str | None = None, reuse_owners: bool = True, nvtx: bool | str = "auto", timing: bool | str = "auto",
                  nsys_capture: bool = False, nvtx_backend: Any = None,
                  clock_reader: Callable[[], tuple[float, float]] | None = None,
                  kernel_profile: KernelProfile | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -108,11 +112,14 @@ class GemmProfiler:
         self.timing = timing
         self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(True if nvtx == "auto" and nsys_capture else nvtx, nvtx_backend))
         self.te = TEInterceptor(self.recorder) if "te" in self.adapters else None
+        self.reuse_owners = reuse_owners
         self.kernel_profile = kernel_profile or KernelProfile()
         self._clock = clock
         self._mode: GemmDispatchMode | None = None
         self._paused_mode = False
-        self._attached: bool | None = None  # None: nothing attached; else whether all modules are hooked
+        # None: nothing attached; "full": every module hooked; "te": the TE GEMM modules hooked;
+        # "order": no hooks, TE GEMM owners by launch order (LaunchOwners).
+        self._attached: str | None = None
         self._reset()
         self._clock_reader = clock_reader
         self._clocks: ClockSampler | None = None
@@ -121,6 +128,11 @@ class GemmProfiler:
         self._boundaries: list[tuple[float, Any]] = []
         self._kinds: list[str] = []
         self._dispatch_step_ids: set[int] = set()
+        self._order_steps: set[int] = set()  # instrumented steps whose TE owners came by launch order
+        self._order_failed: set[int] = set()  # ... and those whose calls did not match: left out
+        self._order_off = False
+        if getattr(self, "te", None) is not None:
+            self.te.owners.reset()
         self._kernel_steps: dict[int, KernelStep] = {}
         self._eager = EagerForwards({})
         self.kernel_profile.error = None  # a new capture tries the kernel records again
@@ -181,12 +193,14 @@ class GemmProfiler:
         # with nothing attached: no forward with grad since the step opened -> nothing ran.
         empty_tail = i > 0 and self.scope._current_seq() <= self._seq_open + 1 and \
             not any(r[0] == i for r in self.recorder.raw)
-        self._close_step(micro_batches)
+        self._close_step(micro_batches, ran=not empty_tail)
         if empty_tail:
             self._boundaries[-2:] = []
             self.micro_batches.pop()
             self._kinds.pop()
             self._dispatch_step_ids.discard(i)
+            self._order_steps.discard(i)
+            self._order_failed.discard(i)
             self._kernel_steps.pop(i, None)
         self._detach()
         if self.nsys_capture and torch.cuda.is_available():
@@ -240,18 +254,20 @@ class GemmProfiler:
         return self._kinds[-1] if self._started and self._kinds else None
 
     # --- instruments -----------------------------------------------------------------------
-    def _attach(self, full: bool) -> None:
-        """Hooks, TE interception. ``full``: hook every module (the dispatch mode attributes
-        aten GEMMs of any module); otherwise only the TE modules that own GEMMs, which is all the
-        TE adapter needs and keeps the per-module cost off every other module."""
-        if self._attached is not None and self._attached != full:
+    def _attach(self, mode: str) -> None:
+        """Hooks, TE interception. "full": hook every module (the dispatch mode attributes aten
+        GEMMs of any module); "te": only the TE modules that own GEMMs, which is all the TE adapter
+        needs and keeps the per-module cost off every other module; "order": no hooks at all, the
+        TE adapter takes owners from an earlier hooked step by launch order."""
+        if self._attached is not None and self._attached != mode:
             self.scope.detach()
             self._attached = None
         # Graph replays run no Python of the module: instrumented steps run its eager forward.
         self._eager.enter()
         if self._attached is None:
-            self.scope.attach(None if full else self.scope.te_gemm_set)
-            self._attached = full
+            if mode != "order":
+                self.scope.attach(None if mode == "full" else self.scope.te_gemm_set)
+            self._attached = mode
             if self.te is not None and not self.te.installed:
                 try:
                     self.te.install()
@@ -303,7 +319,11 @@ class GemmProfiler:
             self.timing == "auto" and (self.plan.kernels == 0 or i == 0))
         if kind == INSTRUMENTED and self.recorder.error is None:
             dispatch = "torch" in self.adapters and self.plan.dispatches(i)
-            self._attach(full=dispatch or self.te is None)
+            by_order = False
+            if self.te is not None:
+                self.te.owners.begin_step(by_order=self.reuse_owners and not dispatch and not self._order_off)
+                by_order = self.te.owners.by_order
+            self._attach("full" if dispatch or self.te is None else "order" if by_order else "te")
             if dispatch and self._mode is None:
                 self._enter_mode()
             elif not dispatch:
@@ -325,11 +345,19 @@ class GemmProfiler:
         self.recorder.nvtx.push(f"step {i} ({kind})")
         self._boundaries.append(self._boundary())
 
-    def _close_step(self, micro_batches: int, last: bool = True) -> None:
+    def _close_step(self, micro_batches: int, last: bool = True, ran: bool = True) -> None:
         self._boundaries.append(self._boundary())
         self.micro_batches.append(micro_batches)
         self.recorder.nvtx.pop()
         i = self.recorder.step
+        if ran and self.te is not None and self._attached == "order":
+            if self.te.owners.complete():
+                self._order_steps.add(i)
+            else:  # another call order or other shapes: this step's owners are unknown
+                self._order_failed.add(i)
+                self._order_off = True
+                log.warning("te-gemm: step %d's TE GEMMs did not follow the first instrumented step's order: "
+                            "they are left out, and later instrumented steps are hooked again", i)
         # One kernel-records session over the warm-up and kernels steps; it ends (with a sync)
         # after the last kernels step, or with the capture.
         if self.kernel_profile.running and (last or self.plan.kind(i + 1) not in (WARMUP, KERNELS)):
@@ -358,10 +386,12 @@ class GemmProfiler:
                 gpu_ms=float(e0.elapsed_time(e1)) if e0 is not None and e1 is not None else None,
                 gemm_ms=gemm_ms, micro_batches=self.micro_batches[i], kind=kind,
                 dispatch=i in self._dispatch_step_ids))
-        n_instr = sum(k == INSTRUMENTED for k in self._kinds)
+        n_instr = sum(k == INSTRUMENTED for k in self._kinds) - len(self._order_failed)
         per_source = {"te": max(n_instr, 1), "torch": max(len(self._dispatch_step_ids), 1)}
-        records = aggregate(rec.events, per_source)
+        kept = [e for e in rec.events if e.source != "te" or e.step not in self._order_failed]
+        records = aggregate(kept, per_source)
         meta = self._meta()
+        meta["owners_by_launch_order"] = {"steps": sorted(self._order_steps), "failed": sorted(self._order_failed)}
         join = self._join_kernels(records)
         meta.update(join)
         if self._kernel_steps:
@@ -372,7 +402,8 @@ class GemmProfiler:
         """Per-GEMM kernel times from the kernels steps, joined by launch order to the reference
         instrumented step (the last one that ran the dispatch mode: it saw every GEMM)."""
         seqs = self.recorder.sequences
-        ref_ids = sorted(self._dispatch_step_ids) or [i for i, k in enumerate(self._kinds) if k == INSTRUMENTED]
+        ref_ids = sorted(self._dispatch_step_ids) or [
+            i for i, k in enumerate(self._kinds) if k == INSTRUMENTED and i not in self._order_failed]
         ref = seqs.get(ref_ids[-1], []) if ref_ids else []
         counts = self.recorder.kernel_counts.get(ref_ids[-1]) if ref_ids else None
         source = self.recorder.timer.kind if any(r.times_ms for r in records) else "none"

@@ -13,7 +13,9 @@ class StepPlan:
     """Which instrument a profiled step runs under, by its index.
 
     - ``instrumented``: module hooks, TE GEMM interception, the torch dispatch mode on the first
-      ``dispatch`` of them, NVTX: shapes, owners and precisions. Never timed for a speedup.
+      ``dispatch`` of them, NVTX: shapes, owners and precisions. After the first, TE models run
+      them without hooks (owners by launch order, ``GemmProfiler(reuse_owners=...)``). Never
+      timed for a speedup.
     - ``kernels-warmup`` (before the kernels steps, ``kernels_warmup`` of them): kernel records
       already running but not kept, so the kernels steps run on a GPU in its usual state rather than
       right after CUPTI's start. Never timed.

@@ -171,6 +171,7 @@ class TEInterceptor:
         # (owner, layout, operand keys) -> (site, is fprop): one look-up per GEMM once a call site
         # was seen; the shape arithmetic and precision reading run once per site.
         self._calls: dict[tuple, tuple[Any, bool]] = {}
+        self.owners = LaunchOwners()
 
     @property
     def installed(self) -> bool:
@@ -221,7 +222,7 @@ class TEInterceptor:
         it is one frame: owner, key, one look-up, the recorder's tuple (what ``_before_one``,
         ``Recorder.begin`` and ``Recorder.end`` do, without their calls). Costs measured by
         benchmarks/instrument_breakdown.py."""
-        rec, calls, local = self.recorder, self._calls, self.recorder.scope._local
+        rec, calls, local, owners = self.recorder, self._calls, self.recorder.scope._local, self.owners
         timer, nvtx, raw = rec.timer, rec.nvtx, rec.raw
         current_node, task_id = torch._C._current_autograd_node, torch._C._current_graph_task_id
         i_layout = arg_position(orig, "layout")
@@ -237,14 +238,19 @@ class TEInterceptor:
                     a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
                 layout = kwargs.get("layout") or (args[i_layout] if len(args) > i_layout else "TN")
                 backward = task_id() != -1
-                st = getattr(local, "stack", None)
-                if st:
-                    owner = st[-1]
+                ka = (a.shape, a.dtype) if type(a) is torch.Tensor else _call_key(a)
+                kb = (b.shape, b.dtype) if type(b) is torch.Tensor else _call_key(b)
+                if owners.by_order:  # no hooks this step: the owner at this launch position
+                    owner = owners.at((layout, ka, kb))
                 else:
-                    node = current_node() if backward else None
-                    owner = node.metadata.get(TAG) if node is not None else None
-                key = (owner, layout, (a.shape, a.dtype) if type(a) is torch.Tensor else _call_key(a),
-                       (b.shape, b.dtype) if type(b) is torch.Tensor else _call_key(b))
+                    st = getattr(local, "stack", None)
+                    if st:
+                        owner = st[-1]
+                    else:
+                        node = current_node() if backward else None
+                        owner = node.metadata.get(TAG) if node is not None else None
+                    owners.trace.append(((layout, ka, kb), owner))
+                key = (owner, layout, ka, kb)
                 hit = calls.get(key)
                 if hit is None:
                     hit = calls[key] = self._site(owner, layout, a, b, False)
@@ -273,19 +279,23 @@ class TEInterceptor:
         rec = self.recorder
         a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
         layout = arg(args, kwargs, "layout", "TN")
-        owner = self._owner()
-        key = (owner, layout, _call_key(a), _call_key(b))
+        ckey = (layout, _call_key(a), _call_key(b))
+        owner = self._owner(ckey)
+        key = (owner, *ckey)
         hit = self._calls.get(key)
         if hit is None:
             hit = self._calls[key] = self._site(owner, layout, a, b, False)
         site, fprop = hit
         return rec.begin(site, fprop and rec.in_backward(), None)
 
-    def _owner(self) -> str | None:
+    def _owner(self, ckey: tuple) -> str | None:
+        if self.owners.by_order:
+            return self.owners.at(ckey)
         scope = self.recorder.scope
         module_name, _ = scope.current()
         if scope.ops_owners and module_name not in scope.te_gemm_set:
             module_name = scope.ops_owner() or module_name
+        self.owners.trace.append((ckey, module_name))
         return module_name
 
     def _before_grouped(self, args: tuple, kwargs: dict, arg: Callable, grouped: bool) -> Any:
@@ -297,9 +307,12 @@ class TEInterceptor:
             src = a if layout == "NT" else b
             m_splits = [_rows(_size(t)) for t in src]
         m_splits = tuple(int(x) for x in m_splits)
+        # Token counts change from step to step; the launch position is checked on the layout and
+        # the number of experts.
+        ckey = (layout, "grouped", len(m_splits))
         a, b = a[0], b[0]
         mkn = grouped_mkn(layout, _size(a), _size(b), sum(m_splits))
-        site, fprop = self._site(self._owner(), layout, a, b, True, mkn)
+        site, fprop = self._site(self._owner(ckey), layout, a, b, True, mkn)
         return rec.begin(site, fprop and rec.in_backward(), m_splits)
 
     def _site(self, module_name: str | None, layout: str, a: Any, b: Any, grouped: bool,
@@ -324,6 +337,57 @@ class TEInterceptor:
                 kernel="general_grouped_gemm" if grouped else "general_gemm",
                 module_type=type(module).__name__ if module is not None else "")
         return site, op is GemmOp.FPROP
+
+
+class LaunchOwners:
+    """Owners of TE GEMMs by launch position, so that instrumented steps after the first need no
+    module hooks (the hooks are most of an instrumented step's host cost: see
+    benchmarks/instrument_breakdown.py).
+
+    A hooked step appends each TE GEMM call's key (layout, operand shapes and types) and its owner
+    to ``trace``; :meth:`begin_step` makes the last complete trace the reference. In a step run
+    ``by_order`` the n-th call takes the n-th reference owner when its key matches; any mismatch
+    (another call order, other shapes) marks the step ``failed``: the profiler then drops that
+    step's TE GEMMs and hooks the next instrumented steps again.
+
+    Example:
+        >>> o = LaunchOwners(); o.trace.append((("TN", 1, 2), "fc1")); o.begin_step(by_order=True)
+        >>> o.at(("TN", 1, 2)), o.failed, o.at(("NN", 1, 2)), o.failed
+        ('fc1', False, None, True)
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every trace (a new capture): the wrappers keep this object, so it is reset in place."""
+        self.reference: list[tuple[tuple, str | None]] = []
+        self.trace: list[tuple[tuple, str | None]] = []
+        self.by_order = False
+        self.failed = False
+        self._pos = 0
+
+    def begin_step(self, by_order: bool) -> None:
+        """Open a step: hooked (``by_order`` False: record a trace) or by launch order."""
+        if self.trace and not self.by_order:
+            self.reference = self.trace  # the step that just closed was hooked: its trace
+        self.trace = []
+        self.by_order = by_order and bool(self.reference)
+        self.failed = False
+        self._pos = 0
+
+    def at(self, ckey: tuple) -> str | None:
+        i = self._pos
+        self._pos = i + 1
+        ref = self.reference
+        if i < len(ref) and ref[i][0] == ckey:
+            return ref[i][1]
+        self.failed = True
+        return None
+
+    def complete(self) -> bool:
+        """Whether the step run by order matched the reference call for call, to its end."""
+        return not self.failed and self._pos == len(self.reference)
 
 
 def _call_key(x: Any) -> tuple:
