@@ -158,6 +158,9 @@ class GemmProfiler:
         self.scope.weights_used.clear()
         # CUDA graphs made after the profiler was built count too: looked up at each start.
         self._eager = EagerForwards(graphed_modules(self.model))
+        # A compiled model's instrumented steps after the first may run compiled code, whose TE
+        # calls need not come in the eager step's order: those stay hooked.
+        self._order_off = compiled(self.model)
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.start()
         if self._clock_reader is not None or torch.cuda.is_available():
