@@ -7,7 +7,7 @@
 graphs: the stack captured eagerly, then graphed with ``te.make_graphed_callables`` (one graph per
 layer) and captured again: GEMMs per layer and shapes; per-GEMM kernel times of the replays (kernels
 steps joined to the eager instrumented step by launch order) against the same GEMMs' kernel times
-in the eager stack, same process; the replayed clean steps against a plain loop of the graphed
+with the layers' forward swapped back to eager, captures alternating over rounds in one process; the replayed clean steps against a plain loop of the graphed
 stack with no profiler (interleaved blocks).
 ops: ``te.ops.Sequential(LayerNorm, Linear, GELU, Linear)``: owners of its 6 GEMMs and warnings.
 compile: a te.TransformerLayer stack under torch.compile: shapes as eager, dynamo's counters.
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from _timing import event_times
 
+from te_gemm_callback.capture.graphs import EagerForwards, graphed_modules
 from te_gemm_callback.capture.steps import capture_steps
 from te_gemm_callback.models import codonfm, stack_input, te_stack, train_step_fn
 from te_gemm_callback.precisions import make_recipe
@@ -39,7 +40,7 @@ def per_layer(cap: Any) -> dict[str, int]:
     return dict(collections.Counter(r.module.split(".")[0] for r in cap.records for _ in range(int(r.calls_per_step))))
 
 
-def check_graphs(recipe: str, blocks: int = 6, block: int = 10) -> dict:
+def check_graphs(recipe: str, blocks: int = 6, block: int = 10, rounds: int = 4) -> dict:
     import transformer_engine.pytorch as te
 
     c = codonfm(4)
@@ -59,12 +60,24 @@ def check_graphs(recipe: str, blocks: int = 6, block: int = 10) -> dict:
     for _ in range(3):
         step()
     graphed = profiled(model, step)
-    ours = {r.key(): r.median_ms for r in graphed.records}
+    # Per-GEMM times: replays against the same modules run eagerly (their forward swapped back to
+    # the eager one, as the profiler's instrumented steps do), captures alternating over rounds so
+    # that the GPU's clock drift over the run falls on both alike; medians over all kernels steps.
+    times: dict[str, dict[tuple, list[float]]] = {"eager": {}, "graphed": {}}
+    swap = EagerForwards(graphed_modules(model))
+    for _ in range(rounds):
+        for kind in ("graphed", "eager"):
+            if kind == "eager":
+                swap.enter()
+            cap = graphed if kind == "graphed" and not times["graphed"] else profiled(model, step)
+            swap.exit()
+            for r in cap.records:
+                times[kind].setdefault(r.key(), []).extend(r.times_ms)
     rows = []
     for r in eager.records:
-        g = ours.get(r.key())
-        rows.append({"gemm": r.name, "op": r.op, "mkn": r.shape.mkn, "eager_ms": r.median_ms, "graphed_ms": g,
-                     "ratio": g / r.median_ms if g and r.median_ms else None})
+        e, g = (statistics.median(times[k][r.key()]) if times[k].get(r.key()) else None for k in ("eager", "graphed"))
+        rows.append({"gemm": r.name, "op": r.op, "mkn": r.shape.mkn, "eager_ms": e, "graphed_ms": g,
+                     "ratio": g / e if g and e else None})
     ratios = [x["ratio"] for x in rows if x["ratio"] is not None]
 
     # Replayed clean steps against a plain loop of the graphed stack, interleaved blocks. Both are
@@ -83,6 +96,7 @@ def check_graphs(recipe: str, blocks: int = 6, block: int = 10) -> dict:
             "median_ratio": statistics.median(ratios) if ratios else None,
             "max_abs_pct": 100 * max((abs(r - 1) for r in ratios), default=float("nan")),
             "gemm_ms_per_step": {"eager": eager.gemm_ms_per_step(), "graphed": graphed.gemm_ms_per_step()},
+            "rounds": rounds,
             "clean_vs_plain_pct": 100 * (statistics.median(with_clean) / statistics.median(without) - 1),
             "clean_gpu_ms": statistics.median(with_clean), "plain_gpu_ms": statistics.median(without),
             "steps_each": len(without), "rows": rows}
