@@ -54,7 +54,7 @@ if has interleaved; then
 fi
 if has sweep; then
     echo "== in-job sweep vs plain loop"
-    python benchmarks/undisturbed.py sweep --model hostbound --recipes BF16,Float8CurrentScaling --steps 20 \
+    python benchmarks/undisturbed.py sweep --model hostbound --recipes BF16,Float8CurrentScaling --steps 20 --rounds 8 \
         --out "$out/sweep" --json "$out/sweep_hostbound.json" 2>&1 | quiet | grep -E "^sweep|Error"
     python benchmarks/undisturbed.py sweep --model hf --recipes BF16,DelayedScaling --steps 10 \
         --out "$out/sweep" --json "$out/sweep_hf.json" 2>&1 | quiet | grep -E "^sweep|Error"

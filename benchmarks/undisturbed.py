@@ -446,6 +446,8 @@ def check_sweep(model_name: str, recipes: list[str], sweep_steps: int, out: Path
         res["speedups"][r] = {"sweep": sw, "plain_loop": pl_, "pct": 100 * (sw / pl_ - 1),
                               "per_round_pct": [100 * (x["speedups"][r]["sweep"] / x["speedups"][r]["plain_loop"] - 1)
                                                 for x in per_round if r in x["speedups"]]}
+        m, lo, hi = median_ci(res["speedups"][r]["per_round_pct"])
+        res["speedups"][r].update(pct_round_median=m, pct_ci95=[lo, hi])
     res["sweep_step_ms"] = {r: med([x["sweep_step_ms"][r] for x in per_round]) for r in per_round[0]["sweep_step_ms"]}
     res["plain_loop_step_ms"] = {r: med([x["plain_loop_step_ms"][r] for x in per_round])
                                  for r in per_round[0]["plain_loop_step_ms"]}
@@ -455,7 +457,7 @@ def check_sweep(model_name: str, recipes: list[str], sweep_steps: int, out: Path
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("check", choices=("fit", "interleaved", "kernels", "sweep", "cupti"))
-    p.add_argument("--rounds", type=int, default=4, help="kernels: interleaved rounds of ours and the profiler's")
+    p.add_argument("--rounds", type=int, default=4, help="kernels, cupti, sweep: interleaved rounds")
     p.add_argument("--blocks", type=int, default=6, help="interleaved: profiled windows (plain blocks around each)")
     p.add_argument("--block", type=int, default=10, help="interleaved: steps per block")
     p.add_argument("--model", action="append", help="hostbound (default), codonfm, hf, moe, tiny")
@@ -513,12 +515,14 @@ def main() -> int:
                       f"{res['gemm_ms_per_step']:.3f} vs {res['profiler_gemm_ms_per_step']:.3f}; {res['kernel_join']}",
                       flush=True)
         else:
-            res = check_sweep(name, recipes, a.steps, out, kernels=not a.no_kernels)
+            res = check_sweep(name, recipes, a.steps, out, rounds=a.rounds, kernels=not a.no_kernels)
             results.append(res)
             for r, s in res["speedups"].items():
                 print(f"sweep {name} {r}: sweep {res['sweep_step_ms'][r]:.2f} ms, plain loop "
                       f"{res['plain_loop_step_ms'][r]:.2f} ms; speedup {s['sweep']:.3f}x vs {s['plain_loop']:.3f}x "
-                      f"({s['pct']:+.2f}%)", flush=True)
+                      f"({s['pct']:+.2f}%; median of rounds {s['pct_round_median']:+.2f}%, 95% CI "
+                      f"{s['pct_ci95'][0]:+.2f}..{s['pct_ci95'][1]:+.2f}%, rounds "
+                      f"{', '.join(f'{x:+.1f}' for x in s['per_round_pct'])})", flush=True)
             for r, why in res["skipped"].items():
                 print(f"sweep {name} {r}: skipped: {why}")
     if a.json:
