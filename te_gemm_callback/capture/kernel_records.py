@@ -224,8 +224,6 @@ def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
             **comm_overlap_ms(intervals, n)}
 
 
-__all__ = ["KernelProfile", "KernelStep", "join_by_order", "breakdown_meta", "split_at_marks", "MARKER"]
-
 
 def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...]] | None,
                  kernel_steps: dict[int, KernelStep], source: str) -> dict[str, Any]:
@@ -252,3 +250,7 @@ def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...
         log.warning("te-gemm: per-GEMM kernel times not joined (%s): per-GEMM times left to %s",
                     out["kernel_join"], source)
     return out
+
+
+__all__ = ["KernelProfile", "KernelStep", "join_by_order", "join_records", "breakdown_meta", "split_at_marks",
+           "MARKER"]

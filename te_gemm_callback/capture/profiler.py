@@ -52,7 +52,8 @@ class GemmProfiler:
         reuse_owners: instrumented steps after the first hooked one run without module hooks: each
             TE GEMM takes its owner from the hooked step's call at the same launch position, the
             call's layout and operand shapes checked (a step that does not match is left out, and
-            hooks come back). The hooks are most of an instrumented step's host cost.
+            hooks come back). The hooks were the largest part of an instrumented step's host cost
+            (benchmarks/instrument_breakdown.py).
         dispatch_steps: instrumented steps on which the torch dispatch mode runs (it costs Python
             time on every aten op): "all", or the first N. Default: all instrumented steps for plain
             torch models, the first for models with TE modules.
@@ -80,7 +81,8 @@ class GemmProfiler:
 
     def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
                  instrumented_steps: int | str = 1, kernel_steps: int | None = None, kernel_warmup_steps: int = 1,
-                 dispatch_steps: int | str | None = None, reuse_owners: bool = True, nvtx: bool | str = "auto", timing: bool | str = "auto",
+                 dispatch_steps: int | str | None = None, reuse_owners: bool = True, nvtx: bool | str = "auto",
+                 timing: bool | str = "auto",
                  nsys_capture: bool = False, nvtx_backend: Any = None,
                  clock_reader: Callable[[], tuple[float, float]] | None = None,
                  kernel_profile: KernelProfile | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -110,7 +112,8 @@ class GemmProfiler:
         self.nsys_capture = nsys_capture
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
         self.timing = timing
-        self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(True if nvtx == "auto" and nsys_capture else nvtx, nvtx_backend))
+        nvtx_on = True if nvtx == "auto" and nsys_capture else nvtx  # under nsys: a tool will listen
+        self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(nvtx_on, nvtx_backend))
         self.te = TEInterceptor(self.recorder) if "te" in self.adapters else None
         self.reuse_owners = reuse_owners
         self.kernel_profile = kernel_profile or KernelProfile()
