@@ -163,8 +163,10 @@ def main() -> int:
         gemms = 3 * a.layers
         # Without kernels steps the profiler times every GEMM with events, so the default's
         # instrumented steps (no event pair where kernels steps time the GEMMs) need timing="none".
-        variants = {"nvtx, no event pairs (default)": dict(timing="none"), "no nvtx": dict(nvtx=False, timing="none"),
-                    "nvtx + event pairs": dict(timing="events")}
+        variants = {"default (owners by launch order after the first step, NVTX only under a tool)": dict(timing="none"),
+                    "hooks on every step": dict(timing="none", reuse_owners=False),
+                    "hooks on every step + NVTX": dict(timing="none", reuse_owners=False, nvtx=True),
+                    "hooks on every step + NVTX + event pairs": dict(timing="events", reuse_owners=False, nvtx=True)}
         res["te"] = {"gemms_per_step": gemms}
         for name, kw in variants.items():
             k = per_kind_ms(model, step, a.steps, a.reps, instrumented_steps=a.steps, dispatch_steps=0,
@@ -174,7 +176,7 @@ def main() -> int:
             res["te"][name] = {"instrumented_ms": k["instrumented"], "clean_ms": clean,
                                "us_per_gemm": 1e3 * (k["instrumented"] - clean) / gemms}
             print(f"TE GEMM interception, {name}: {res['te'][name]['us_per_gemm']:.1f} µs per GEMM "
-                  "(its module's hooks included)")
+                  "(hooks, where on, included)")
         if a.profile:
             import cProfile
             import pstats
