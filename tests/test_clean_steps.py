@@ -223,3 +223,26 @@ def test_split_k_reduction_kernels_fold_into_their_gemm():
     step = KernelStep([(main, 0.0, 100.0), (tail, 101.0, 111.0), ("reduce_kernel", 120.0, 130.0), (main, 200.0, 300.0)])
     assert [(s, e) for _, s, e in step.gemm_kernels()] == [(0.0, 110.0), (200.0, 300.0)]
     assert step.gemm_ms() == pytest.approx(0.21)
+
+
+def test_kernel_intervals_read_raw_records_like_the_parsed_events():
+    # Kineto's raw records give the same (name, start, end) as torch.profiler's parsed events,
+    # without building a FunctionEvent per record (CPU activity here: no GPU on this machine).
+    from types import SimpleNamespace
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from te_gemm_callback.kernels import kernel_intervals
+
+    x = torch.randn(32, 32)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            (x @ x).relu()
+    parsed = sorted((e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+                    if "CPU" in str(e.device_type))
+    raw = sorted(kernel_intervals(prof, "CPU"))
+    assert len(raw) == len(parsed) >= 40
+    assert all(a[0] == b[0] and a[1:] == pytest.approx(b[1:], abs=0.01) for a, b in zip(raw, parsed))
+    # A profiler object without Kineto's raw results: the parsed events.
+    stand_in = SimpleNamespace(events=prof.events)
+    assert sorted(kernel_intervals(stand_in, "CPU")) == parsed
