@@ -287,7 +287,7 @@ def device_conditions() -> dict[str, Any]:
     if not torch.cuda.is_available():
         import platform
 
-        out["device"] = f"CPU ({platform.processor() or platform.machine()})"
+        out["device"] = f"CPU ({platform.machine()})"
         return out
     out["device"] = torch.cuda.get_device_name()
     out["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))

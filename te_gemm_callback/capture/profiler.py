@@ -449,7 +449,7 @@ class GemmProfiler:
         cuda = torch.cuda.is_available()
         return {
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or platform.machine()})",
+            "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})",
             "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
