@@ -236,6 +236,13 @@ def test_later_instrumented_steps_take_owners_by_launch_order(fake_te):
     assert {r.name for r in caps[0].records} == {"qkv", "mlp.fc1", "mlp.fc2"}
     assert all(r.calls_per_step == 1 for r in caps[0].records)
 
+    # A plain torch head beside the TE layers: seen by the dispatch step only, counted per its step.
+    model.add_module("head", nn.Linear(48, 10))
+    cap = capture_steps(model, step, 1, instrumented_steps=3, kernel_steps=0)
+    assert cap.meta["owners_by_launch_order"] == {"steps": [1, 2], "failed": []}
+    assert {(r.module, r.source) for r in cap.records} == {("qkv", "te"), ("mlp", "te"), ("head", "torch")}
+    assert all(r.calls_per_step == 1 for r in cap.records)
+
 
 def test_a_loop_that_steps_after_every_iteration_leaves_no_step_out(fake_te, caplog):
     # step() after the last iteration opens a step that never runs: not a mismatch.
