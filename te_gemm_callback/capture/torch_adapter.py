@@ -152,7 +152,10 @@ class GemmDispatchMode(TorchDispatchMode):
         module = self.recorder.scope.module(module_name)
         if module is None:
             return set()
-        return {k for p in module.parameters() if (k := _storage_key(p)) is not None}
+        # A leaf module's own parameter dict is all of module.parameters(), without the generator
+        # machinery of named_members (most of this lookup's cost, once per activation operand).
+        params = module._parameters.values() if not module._modules else module.parameters()
+        return {k for p in params if p is not None and (k := _storage_key(p)) is not None}
 
     def _live_cast(self, key: int | None) -> bool:
         entry = self.casts.get(key)
