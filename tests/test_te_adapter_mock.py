@@ -279,6 +279,61 @@ def test_a_step_off_the_first_steps_order_is_left_out_and_hooks_return(fake_te, 
     assert rows[("qkv", "fprop")] == [(4, 2), (8, 1)]  # steps 0 and 1, then step 3
 
 
+def make_delayed_linear(lin, k, n):
+    """TE's ``delay_wgrad_compute=True``: backward leaves the wgrad GEMM in a store, and the job
+    runs it later with ``backward_dw()`` (Megatron's pipeline schedules overlap it this way)."""
+
+    class DelayedFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, store):
+            ctx.save_for_backward(x, w)
+            ctx.store = store
+            return lin.general_gemm(w, x, layout="TN")[0]
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w = ctx.saved_tensors
+            ctx.store.append((x, dy, w))
+            return lin.general_gemm(w, dy, layout="NN", grad=True)[0], None, None
+
+    def __init__(self):
+        nn.Module.__init__(self)
+        self.weight = nn.Parameter(torch.randn(n, k) / k**0.5)
+        self.wgrad_store = []
+
+    def forward(self, x):
+        return DelayedFn.apply(x, self.weight, self.wgrad_store)
+
+    def backward_dw(self):
+        while self.wgrad_store:
+            x, dy, w = self.wgrad_store.pop()
+            w.grad = lin.general_gemm(x, dy, layout="NT", grad=True)[0]
+
+    return _te_class("Linear", __init__=__init__, forward=forward, backward_dw=backward_dw)()
+
+
+def test_delayed_wgrad_gemms_are_owned_by_their_module(fake_te):
+    # The wgrad GEMM runs in backward_dw(), after backward and outside any forward or autograd
+    # node: owned by its module, in hooked steps and in steps that take owners by launch order.
+    lin, _ = fake_te
+    model = nn.Sequential()
+    model.add_module("proj", make_delayed_linear(lin, 16, 32))
+    model.add_module("out", make_linear(lin, 32, 8))
+    x = torch.randn(4, 16, requires_grad=True)
+
+    def step():
+        model(x).sum().backward()
+        model.proj.backward_dw()
+
+    cap = capture_steps(model, step, 1, instrumented_steps=3, kernel_steps=0)
+    assert cap.meta["owners_by_launch_order"] == {"steps": [1, 2], "failed": []}
+    ops = {(r.module, r.op): r for r in cap.records}
+    assert set(ops) == {(m, op) for m in ("proj", "out") for op in ("fprop", "dgrad", "wgrad")}
+    w = ops[("proj", "wgrad")]
+    assert (w.m, w.k, w.n, w.calls_per_step) == (16, 4, 32, 1)
+    assert "backward_dw" not in model.proj.__dict__  # the wrapper is gone with the hooks
+
+
 def test_operand_formats():
     assert te_adapter.operand_format(torch.zeros(1, dtype=torch.bfloat16))[0] == "bf16"
 

@@ -85,6 +85,16 @@ def next_seq_reader() -> Callable[[], int]:
     return lambda: _probe_next_seq(probe)
 
 
+class _DeleteAttr:
+    """A handle whose ``remove()`` takes an instance attribute off again (the class's shows)."""
+
+    def __init__(self, obj: Any, name: str) -> None:
+        self.obj, self.name = obj, name
+
+    def remove(self) -> None:
+        self.obj.__dict__.pop(self.name, None)
+
+
 class ModuleScope:
     """Forward/backward module attribution for one model.
 
@@ -150,6 +160,29 @@ class ModuleScope:
             self._handles.append(module.register_forward_pre_hook(self._make_pre(name)))
             # always_call: pop even when forward raises, so the stack never drifts.
             self._handles.append(module.register_forward_hook(self._make_post(name), always_call=True))
+            if name in self.te_gemm_set and callable(getattr(type(module), "backward_dw", None)) \
+                    and "backward_dw" not in module.__dict__:
+                module.backward_dw = self._make_dw(name, module.backward_dw)  # type: ignore[method-assign]
+                self._handles.append(_DeleteAttr(module, "backward_dw"))
+
+    def _make_dw(self, name: str, fn: Callable) -> Callable:
+        """TE's ``delay_wgrad_compute``: the module's wgrad GEMMs run when the job calls its
+        ``backward_dw()``, after backward, outside any forward or autograd node; while it runs
+        the module is the owner, as in its forward."""
+        def backward_dw(*args: Any, **kwargs: Any) -> Any:
+            if not self.enabled:
+                return fn(*args, **kwargs)
+            st, seqs = self.stack, self.seq_stack
+            st.append(name)
+            seqs.append(-1)  # nothing to tag: no autograd node is made here
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if st and st[-1] == name:
+                    st.pop()
+                    seqs.pop()
+
+        return backward_dw
 
     def detach(self) -> None:
         for h in self._handles:
