@@ -364,3 +364,27 @@ def test_grouped_te_gemms_join_kernel_records():
     assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
     assert cap.meta["gemm_time_source"] == "kernel_records"
     assert all(r.times_ms and min(r.times_ms) > 0 for r in grouped)
+
+
+@needs_te
+def test_te_delayed_wgrad_gemms_owned_by_their_module():
+    """te.Linear(delay_wgrad_compute=True): the wgrad GEMM runs in backward_dw(), after backward;
+    it is owned by the layer, in the hooked step and in the one that takes owners by launch order."""
+    import transformer_engine.pytorch as te
+
+    torch.manual_seed(0)
+    layer = te.Linear(256, 512, params_dtype=torch.bfloat16, delay_wgrad_compute=True).cuda()
+    model = nn.Sequential(layer)
+    x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        model(x).float().sum().backward()
+        layer.backward_dw()
+
+    step()
+    cap = capture_steps(model, step, instrumented_steps=2)
+    assert cap.meta["owners_by_launch_order"] == {"steps": [1], "failed": []}
+    shapes = {(r.module, r.op): (r.m, r.k, r.n) for r in cap.records}
+    assert shapes == {("0", "fprop"): (128, 256, 512), ("0", "dgrad"): (128, 512, 256),
+                      ("0", "wgrad"): (256, 128, 512)}
+    assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
