@@ -388,3 +388,77 @@ def test_te_delayed_wgrad_gemms_owned_by_their_module():
     assert shapes == {("0", "fprop"): (128, 256, 512), ("0", "dgrad"): (128, 512, 256),
                       ("0", "wgrad"): (256, 128, 512)}
     assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
+
+
+@needs_te
+def test_te_fused_wgrad_accumulation_into_main_grad():
+    """fuse_wgrad_accumulation=True: the wgrad GEMM accumulates into weight.main_grad (fp32), as
+    Megatron runs it; still captured, owned and shaped like any wgrad."""
+    import transformer_engine.pytorch as te
+
+    torch.manual_seed(0)
+    layer = te.Linear(256, 512, params_dtype=torch.bfloat16, fuse_wgrad_accumulation=True).cuda()
+    layer.weight.main_grad = torch.zeros(layer.weight.shape, dtype=torch.float32, device="cuda")
+    model = nn.Sequential(layer)
+    x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        model(x).float().sum().backward()
+
+    step()
+    cap = capture_steps(model, step)
+    shapes = {(r.module, r.op): (r.m, r.k, r.n) for r in cap.records}
+    assert shapes == {("0", "fprop"): (128, 256, 512), ("0", "dgrad"): (128, 512, 256),
+                      ("0", "wgrad"): (256, 128, 512)}
+    assert layer.weight.main_grad.abs().sum() > 0
+
+
+@needs_te
+def test_te_swiglu_mlp_under_te_checkpoint_labels_recompute():
+    """LayerNormMLP(activation="swiglu") under te.checkpoint: fc1's N is 2I (gate and up), and the
+    forward GEMMs run again in backward, labelled recompute."""
+    import transformer_engine.pytorch as te
+
+    torch.manual_seed(0)
+    hidden, inter = 256, 1024
+    mlp = te.LayerNormMLP(hidden, inter, activation="swiglu", params_dtype=torch.bfloat16).cuda()
+    model = nn.Sequential(mlp)
+    x = torch.randn(128, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        te.checkpoint(mlp, x).float().sum().backward()
+
+    step()
+    cap = capture_steps(model, step)
+    rows = {(r.name, r.op, r.recompute): (r.m, r.k, r.n) for r in cap.records}
+    assert rows[("0.fc1", "fprop", False)] == (128, hidden, 2 * inter)
+    assert rows[("0.fc1", "fprop", True)] == (128, hidden, 2 * inter)
+    assert rows[("0.fc2", "fprop", True)] == (128, inter, hidden)
+    assert {op for (name, op, _) in rows if name == "0.fc1"} == {"fprop", "dgrad", "wgrad"}
+
+
+@needs_te
+def test_te_grouped_linear_under_fp8():
+    """GroupedLinear under DelayedScaling: one grouped call per pass, FP8 operands, the splits."""
+    import transformer_engine.pytorch as te
+
+    from te_gemm_callback.precisions import autocast
+
+    torch.manual_seed(0)
+    layer = te.GroupedLinear(4, 256, 512, params_dtype=torch.bfloat16).cuda()
+    model = nn.Sequential(layer)
+    splits = [64, 32, 16, 16]
+    x = torch.randn(sum(splits), 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        with autocast("DelayedScaling"):
+            y = layer(x, splits)
+        y.float().sum().backward()
+
+    step()
+    cap = capture_steps(model, step)
+    recs = {r.op: r for r in cap.records}
+    assert set(recs) == {"fprop", "dgrad", "wgrad"}
+    assert all(r.kernel == "general_grouped_gemm" and r.m_splits == [splits] for r in recs.values())
+    assert (recs["fprop"].m, recs["fprop"].k, recs["fprop"].n) == (128, 256, 512)
+    assert recs["fprop"].precision.startswith("fp8"), recs["fprop"].precision
