@@ -341,8 +341,8 @@ class TEInterceptor:
 
 class LaunchOwners:
     """Owners of TE GEMMs by launch position, so that instrumented steps after the first need no
-    module hooks (the hooks are most of an instrumented step's host cost: see
-    benchmarks/instrument_breakdown.py).
+    module hooks (the largest part of an instrumented step's host cost on the H200 host-bound
+    stack: benchmarks/instrument_breakdown.py).
 
     A hooked step appends each TE GEMM call's key (layout, operand shapes and types) and its owner
     to ``trace``; :meth:`begin_step` makes the last complete trace the reference. In a step run
