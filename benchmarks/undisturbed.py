@@ -236,8 +236,8 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
     for j, kind in enumerate(kinds):
         r = [100 * (t[w + j] / med([t[w + d + j] for d in (-block, block) if w + d + j < len(t)]) - 1)
              for w in alt.windows if w + block + j < len(t)]
-        res["per_position"].append({"kind": kind, "pct_window_median": median_ci(r)[0] if r else None,
-                                    "pct_ci95": list(median_ci(r)[1:]) if r else None})
+        m, lo, hi = median_ci(r) if r else (None, None, None)
+        res["per_position"].append({"kind": kind, "pct_window_median": m, "pct_ci95": [lo, hi] if r else None})
     for kind in ("clean", "clean-first", "instrumented", "dispatch"):
         pos = [j for j, k in enumerate(kinds) if k == kind]
         # Plain-block steps at the same positions (clean), or all but the first, which carries the

@@ -134,7 +134,7 @@ class GemmProfiler:
         self._order_steps: set[int] = set()  # instrumented steps whose TE owners came by launch order
         self._order_failed: set[int] = set()  # ... and those whose calls did not match: left out
         self._order_off = False
-        if getattr(self, "te", None) is not None:
+        if self.te is not None:
             self.te.owners.reset()
         self._kernel_steps: dict[int, KernelStep] = {}
         self._eager = EagerForwards({})
