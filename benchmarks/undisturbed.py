@@ -258,6 +258,7 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
             res[kind]["pct_window_median"], lo, hi = median_ci(res[kind]["pct_per_window"])
             res[kind]["pct_ci95"] = [lo, hi]
     res["kernel_join"] = [cap.meta.get("kernel_join") for cap in alt.caps]
+    res["owners_by_launch_order"] = [cap.meta.get("owners_by_launch_order") for cap in alt.caps]
     return res
 
 
@@ -511,7 +512,9 @@ def main() -> int:
                       f"{', '.join(map(pct, cl['pct_per_window']))}); instrumented {pct(ins['pct'])}{ci(ins)} "
                       f"(n={ins['steps']}, {ms(ins['with_ms'])} ms); window's first step with dispatch mode "
                       f"{pct(dis['pct'])}{ci(dis)} (n={dis['steps']}); first clean step (the transition into clean "
-                      f"steps; on CUDA the kernel-records session end) {pct(first['pct'])}{ci(first)}; join: {res['kernel_join'][0]}", flush=True)
+                      f"steps; on CUDA the kernel-records session end) {pct(first['pct'])}{ci(first)}; join: {res['kernel_join'][0]}; "
+                      f"steps by launch order {sum(len(o['steps']) for o in res['owners_by_launch_order'] if o)}, "
+                      f"failed {sum(len(o['failed']) for o in res['owners_by_launch_order'] if o)}", flush=True)
                 print(f"interleaved {name} {r}: per position, median of windows: " + ", ".join(
                     f"{p['kind']} {pct(p['pct_window_median'])}" for p in res["per_position"]), flush=True)
         elif a.check == "cupti":

@@ -462,3 +462,32 @@ def test_te_grouped_linear_under_fp8():
     assert all(r.kernel == "general_grouped_gemm" and r.m_splits == [splits] for r in recs.values())
     assert (recs["fprop"].m, recs["fprop"].k, recs["fprop"].n) == (128, 256, 512)
     assert recs["fprop"].precision.startswith("fp8"), recs["fprop"].precision
+
+
+@needs_te
+@pytest.mark.parametrize("recipe", HOPPER)
+def test_owners_by_launch_order_match_hooked_steps(recipe):
+    """Instrumented steps after the first take owners by launch order (no module hooks): under
+    every Hopper recipe they match call for call, and the capture equals one hooked on every step
+    (same GEMMs, owners, shapes, precisions, call counts)."""
+    from te_gemm_callback.models import DemoConfig, stack_input, te_stack, train_step_fn
+
+    if not availability(recipe).ok:
+        pytest.skip(availability(recipe).reason)
+    c = DemoConfig(hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=4,
+                   num_hidden_layers=3, vocab_size=128, sequence_length=128, micro_batch_size=2,
+                   gated_mlp=False, normalization="LayerNorm")
+    torch.manual_seed(0)
+    model = te_stack(c)
+    step = train_step_fn(model, stack_input(c), recipe)
+    step()
+
+    def key(cap):
+        return sorted((r.module, r.gemm, r.op, r.shape.mkn, r.precision, r.recompute, r.calls) for r in cap.records)
+
+    by_order = capture_steps(model, step, instrumented_steps=4, kernel_steps=0)
+    hooked = capture_steps(model, step, instrumented_steps=4, kernel_steps=0, reuse_owners=False)
+    assert by_order.meta["owners_by_launch_order"] == {"steps": [1, 2, 3], "failed": []}
+    assert hooked.meta["owners_by_launch_order"] == {"steps": [], "failed": []}
+    assert key(by_order) == key(hooked)
+    assert {r.precision for r in by_order.records} == {FAMILY[recipe]}
