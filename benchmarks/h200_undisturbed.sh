@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/h200.md "Measuring without disturbing the job", on one GPU
-# with TE installed. Sections: ONLY=tests|cost|breakdown|cupti|kernels|fit|interleaved|sweep|recipes
+# with TE installed. Sections: ONLY=tests|cost|breakdown|owners|cupti|kernels|fit|interleaved|sweep|recipes
 # (default: all but recipes).
 #   ONLY=fit bash benchmarks/h200_undisturbed.sh OUTDIR
 set -uo pipefail
@@ -9,7 +9,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogger|tpu|gpu available|cuda_visible|^ *$" || true; }
 TIMEFORMAT='wall %R s'
-only=${ONLY:-tests,cost,breakdown,cupti,kernels,fit,interleaved,sweep}
+only=${ONLY:-tests,cost,breakdown,owners,cupti,kernels,fit,interleaved,sweep}
 has() { [[ ",$only," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
@@ -28,10 +28,16 @@ if has breakdown; then
             | grep -E "^breakdown|^cprofile|Error" | head -40
     done
 fi
+if has owners; then
+    echo "== instrumented steps by launch order, and the TE wrapper per call, host-bound stack"
+    (cd benchmarks && python owners_by_order.py --recipes BF16,Float8CurrentScaling,DelayedScaling \
+        --json "$out/owners.json") 2>&1 | quiet | grep -E "^owners|Error"
+fi
 if has cupti; then
     echo "== what a profiled window leaves behind: launch cost, then plain steps after each kind of window"
     python benchmarks/cupti_teardown.py plain 2>&1 | quiet
-    python benchmarks/cupti_teardown.py ours 2>&1 | quiet
+    python benchmarks/cupti_teardown.py ours --until 30 2>&1 | quiet
+    python benchmarks/cupti_teardown.py none --until 30 2>&1 | quiet  # control: the same probes, no session
     python benchmarks/undisturbed.py cupti --model hostbound --recipes BF16,Float8CurrentScaling --steps 20 --rounds 4 \
         --json "$out/cupti.json" 2>&1 | quiet | grep -E "^cupti|Error"
 fi
@@ -50,7 +56,7 @@ fi
 if has interleaved; then
     echo "== one fit, profiled windows between plain blocks, host-bound stack"
     python benchmarks/undisturbed.py interleaved --model hostbound --recipes BF16,Float8CurrentScaling \
-        --blocks 10 --block 12 --instrumented 4 --json "$out/interleaved.json" 2>&1 | quiet | grep -E "^interleaved|Error"
+        --blocks 20 --block 12 --instrumented 4 --json "$out/interleaved.json" 2>&1 | quiet | grep -E "^interleaved|Error"
 fi
 if has sweep; then
     echo "== in-job sweep vs plain loop"
