@@ -9,6 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # the Trainer needs it
 
+from helpers.oracles import flop_counter_mm  # noqa: E402
 from te_gemm_callback import GemmCapture  # noqa: E402
 from te_gemm_callback.hf import GemmProfilerTrainerCallback  # noqa: E402
 
@@ -27,11 +28,16 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+def tiny_llama():
+    # Eager attention: its score and value matmuls are aten bmm, which FlopCounterMode counts too.
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                   num_hidden_layers=2, vocab_size=VOCAB, attn_implementation="eager")
+    return transformers.LlamaForCausalLM(cfg)
+
+
 def train(tmp_path, callbacks, max_steps=6):
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                   num_hidden_layers=2, vocab_size=VOCAB)
-    model = transformers.LlamaForCausalLM(cfg)
+    model = tiny_llama()
     args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=max_steps,
                                           per_device_train_batch_size=2, gradient_accumulation_steps=2,
                                           report_to=[], save_strategy="no", logging_steps=1000, use_cpu=True,
@@ -53,6 +59,22 @@ def test_trainer_capture_sweep_and_report(tmp_path):
     assert (q.m, q.k, q.n) == (2 * SEQ, 32, 32) and q.calls_per_step == 2  # two micro-batches per step
     assert {op for (m, op) in by if m == "model.layers.1.mlp.down_proj"} == {"fprop", "dgrad", "wgrad"}
     assert cap.meta["global_step_end"] == 5 and cb.done
+    # FLOPs per optimizer step against torch's FlopCounterMode over the same two micro-batches.
+    oracle = tiny_llama()
+    ids = Tokens(4).ids
+
+    def two_micro_batches():
+        for mb in (ids[:2], ids[2:]):
+            oracle(input_ids=mb, labels=mb).loss.backward()
+
+    total, _ = flop_counter_mm(two_micro_batches)
+    assert cap.flops_per_step == total
+    # Nothing of ours is left on the model once the window closed.
+    assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                   for m in trained.modules())
+    from torch.nn.modules import module as nn_module
+
+    assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
     # The sweep ran once training ended; te-gemm report turns the folder into verdicts.
     assert (tmp_path / "te_gemm" / "sweep" / "BF16" / "gemm_capture.json").exists()
     assert "te_gemm/sweep_step_ms/BF16" in cb.metrics and "te_gemm/step_ms" in cb.metrics

@@ -88,3 +88,27 @@ def test_recipe_bad_input_is_one_line(tmp_path, flags, says):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "warn" not in ln.lower()]
     assert proc.returncode == 2 and lines[-1].startswith("error: ") and says in lines[-1], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_job_kinds_compiled_model_captured_like_eager(tmp_path, capsys):
+    """recipes/job_kinds.py compile: the compiled MLP's six GEMMs, said to be compiled, and no
+    dynamo recompile or new graph while the profiler was attached (aot_eager on CPU)."""
+    mod = import_recipe("job_kinds")
+    assert mod.main(["compile", "--steps", "4", "--out", str(tmp_path)]) == 0
+    cap = GemmCapture.load(tmp_path / "compile" / "gemm_capture.json")
+    assert cap.meta["compiled"] is True
+    shapes = sorted((r.module.removeprefix("_orig_mod."), r.op, (r.m, r.k, r.n)) for r in cap.records)
+    assert shapes == [("0", "dgrad", (64, 1024, 256)), ("0", "fprop", (64, 256, 1024)), ("0", "wgrad", (256, 64, 1024)),
+                      ("2", "dgrad", (64, 256, 1024)), ("2", "fprop", (64, 1024, 256)), ("2", "wgrad", (1024, 64, 256))]
+    assert "dynamo counters that grew while profiling: none" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the one-line refusal is for hosts without a GPU")
+@pytest.mark.parametrize("job", ["graphs", "ops"])
+def test_job_kinds_without_te_is_one_line(job, capsys):
+    mod = import_recipe("job_kinds")
+    with pytest.raises(SystemExit) as e:
+        mod.main([job])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs Transformer Engine on a GPU" in err[0], err
