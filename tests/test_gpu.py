@@ -491,3 +491,33 @@ def test_owners_by_launch_order_match_hooked_steps(recipe):
     assert hooked.meta["owners_by_launch_order"] == {"steps": [], "failed": []}
     assert key(by_order) == key(hooked)
     assert {r.precision for r in by_order.records} == {FAMILY[recipe]}
+
+
+@needs_te
+@pytest.mark.parametrize("job, recipe", [("graphs", "DelayedScaling"), ("ops", "Float8CurrentScaling"), ("compile", "BF16")])
+def test_job_kinds_recipe(job, recipe, tmp_path):
+    """recipes/job_kinds.py as the README shows it: graphed TE layers (12 GEMMs each, replay
+    kernels joined), te.ops (owned by the two Linear ops), a compiled model (said compiled)."""
+    import importlib.util
+    from pathlib import Path
+
+    from te_gemm_callback import GemmCapture
+
+    path = Path(__file__).resolve().parents[1] / "recipes" / "job_kinds.py"
+    spec = importlib.util.spec_from_file_location("job_kinds", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([job, "--recipe", recipe, "--out", str(tmp_path)]) == 0
+    cap = GemmCapture.load(tmp_path / job / "gemm_capture.json")
+    if job == "graphs":
+        per_layer = collections.Counter(r.module.split(".")[0] for r in cap.records for _ in range(int(r.calls_per_step)))
+        assert per_layer == {"0": 12, "1": 12}
+        assert cap.meta["graphed_modules"] == ["0", "1"]
+        assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
+        assert {r.precision for r in cap.records} == {"fp8_delayed"}
+    elif job == "ops":
+        assert sorted({r.module for r in cap.records}) == ["1", "3"] and len(cap.records) == 6
+        assert cap.coverage["never_ran"] == []
+        assert {r.precision for r in cap.records} == {"fp8_current"}
+    else:
+        assert cap.meta["compiled"] is True and len(cap.records) == 6
