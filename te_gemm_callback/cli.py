@@ -114,6 +114,9 @@ def cmd_show(a: argparse.Namespace) -> int:
     console().print(capture_table(cap, limit=a.limit))
     if cap.coverage.get("never_ran"):
         console().print(f"[yellow]GEMM-bearing modules that never ran: {', '.join(cap.coverage['never_ran'])}")
+    if cap.coverage.get("not_watched"):
+        console().print(f"[yellow]GEMM-bearing modules not captured (no adapter watched them): "
+                        f"{', '.join(cap.coverage['not_watched'])}")
     return 0
 
 

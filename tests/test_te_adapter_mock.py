@@ -7,6 +7,7 @@ call them with TE's layouts (fprop "TN", dgrad "NN", wgrad "NT"), and a quantize
 The real thing is exercised by tests/test_gpu.py on the GPU host.
 """
 
+import logging
 import sys
 import types
 
@@ -435,3 +436,24 @@ def test_te_ops_gemms_are_owned_by_their_linear_ops(fake_te, caplog, dispatch_st
                           ("0", "wgrad", "16x6x32", "Linear"), ("1", "fprop", "6x32x16", "Linear"),
                           ("1", "dgrad", "6x16x32", "Linear"), ("1", "wgrad", "32x6x16", "Linear")])
     assert cap.coverage["never_ran"] == [] and not any("never ran" in r.message for r in caplog.records)
+
+
+def test_modules_no_adapter_watched_are_not_reported_as_never_ran(fake_te, caplog):
+    """Without a dispatch step, a plain nn.Linear's GEMMs are not seen: it is "not watched", not
+    "never ran" (it did run), and one warning says why; with the dispatch step it is captured."""
+    lin, _ = fake_te
+    model = nn.Sequential(make_linear(lin, 8, 16), nn.Linear(16, 4))
+    x = torch.randn(6, 8, requires_grad=True)
+
+    def step():
+        model(x).sum().backward()
+
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        cap = capture_steps(model, step, 0, kernel_steps=0, dispatch_steps=0)
+    assert cap.coverage["never_ran"] == [] and cap.coverage["not_watched"] == ["1"]
+    assert {r.module for r in cap.records} == {"0"}
+    msgs = [r.getMessage() for r in caplog.records if r.name == "te_gemm_callback"]
+    assert len(msgs) == 1 and "not captured, no adapter watched them" in msgs[0] and msgs[0].endswith(": 1"), msgs
+    cap = capture_steps(model, step, 0, kernel_steps=0)
+    assert cap.coverage["never_ran"] == [] and cap.coverage["not_watched"] == []
+    assert {r.module for r in cap.records} == {"0", "1"}

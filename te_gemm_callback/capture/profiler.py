@@ -431,14 +431,26 @@ class GemmProfiler:
         return out
 
     def _coverage(self, records: list) -> dict[str, Any]:
-        gemm_modules = [n for n, m in self.model.named_modules() if bears_gemm(m)]
-        never_ran = [n for n in gemm_modules if n not in self.scope.ran and n not in self.scope.weights_used]
+        gemm = {n: is_te_module(m) for n, m in self.model.named_modules() if bears_gemm(m)}
+        # A module is watched where an adapter could see its GEMMs: TE modules by the TE adapter,
+        # the others only by the dispatch mode. Without a dispatch step a plain nn.Linear that ran
+        # is not "never ran": nobody looked.
+        watched = {n for n, te_mod in gemm.items()
+                   if (te_mod and self.te is not None) or (not te_mod and self._dispatch_step_ids)}
+        never_ran = [n for n in gemm if n in watched and n not in self.scope.ran and n not in self.scope.weights_used]
         if never_ran and self.recorder.error is None and any(k == INSTRUMENTED for k in self._kinds):
             log.warning("te-gemm: %d GEMM-bearing module(s) never ran while capturing: %s",
                         len(never_ran), ", ".join(never_ran[:8]) + (" ..." if len(never_ran) > 8 else ""))
+        not_watched = [n for n in gemm if n not in watched]
+        if not_watched and self.recorder.error is None and any(k == INSTRUMENTED for k in self._kinds):
+            log.warning("te-gemm: %d GEMM-bearing module(s) not captured, no adapter watched them (plain torch "
+                        "GEMMs are seen on dispatch steps only, TE GEMMs with the 'te' adapter): %s", len(not_watched),
+                        ", ".join(not_watched[:8]) + (" ..." if len(not_watched) > 8 else ""))
         return {
-            "gemm_modules": len(gemm_modules),
+            "gemm_modules": len(gemm),
             "never_ran": never_ran,
+            # GEMM modules no adapter watched (no dispatch step, or the TE adapter off): not captured.
+            "not_watched": not_watched,
             "captured_flops_per_step": sum(r.flops_per_step for r in records),
             "dispatch_steps": sorted(self._dispatch_step_ids),
             "step_kinds": list(self._kinds),
