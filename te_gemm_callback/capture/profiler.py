@@ -14,12 +14,13 @@ from torch import nn
 
 from ..clocks import ClockSampler
 from ..precisions import te_version
+from .coverage import coverage
 from .instruments import EventTimer, Nvtx
 from .graphs import EagerForwards, graphed_modules
 from .kernel_records import KernelProfile, KernelStep, breakdown_meta, join_records
 from .record import GemmCapture, StepTime, aggregate
 from .recorder import Recorder
-from .scope import ModuleScope, bears_gemm, is_te_module
+from .scope import ModuleScope, is_te_module
 from .steps import CLEAN, INSTRUMENTED, KERNELS, WARMUP, StepPlan, count_arg
 from .te_adapter import TEInterceptor
 from .torch_adapter import GemmDispatchMode
@@ -431,26 +432,10 @@ class GemmProfiler:
         return out
 
     def _coverage(self, records: list) -> dict[str, Any]:
-        gemm = {n: is_te_module(m) for n, m in self.model.named_modules() if bears_gemm(m)}
-        # A module is watched where an adapter could see its GEMMs: TE modules by the TE adapter,
-        # the others only by the dispatch mode. Without a dispatch step a plain nn.Linear that ran
-        # is not "never ran": nobody looked.
-        watched = {n for n, te_mod in gemm.items()
-                   if (te_mod and self.te is not None) or (not te_mod and self._dispatch_step_ids)}
-        never_ran = [n for n in gemm if n in watched and n not in self.scope.ran and n not in self.scope.weights_used]
-        if never_ran and self.recorder.error is None and any(k == INSTRUMENTED for k in self._kinds):
-            log.warning("te-gemm: %d GEMM-bearing module(s) never ran while capturing: %s",
-                        len(never_ran), ", ".join(never_ran[:8]) + (" ..." if len(never_ran) > 8 else ""))
-        not_watched = [n for n in gemm if n not in watched]
-        if not_watched and self.recorder.error is None and any(k == INSTRUMENTED for k in self._kinds):
-            log.warning("te-gemm: %d GEMM-bearing module(s) not captured, no adapter watched them (plain torch "
-                        "GEMMs are seen on dispatch steps only, TE GEMMs with the 'te' adapter): %s", len(not_watched),
-                        ", ".join(not_watched[:8]) + (" ..." if len(not_watched) > 8 else ""))
+        warn = self.recorder.error is None and any(k == INSTRUMENTED for k in self._kinds)
         return {
-            "gemm_modules": len(gemm),
-            "never_ran": never_ran,
-            # GEMM modules no adapter watched (no dispatch step, or the TE adapter off): not captured.
-            "not_watched": not_watched,
+            **coverage(self.model, self.scope.ran | self.scope.weights_used, te_watched=self.te is not None,
+                       torch_watched=bool(self._dispatch_step_ids), warn=warn),
             "captured_flops_per_step": sum(r.flops_per_step for r in records),
             "dispatch_steps": sorted(self._dispatch_step_ids),
             "step_kinds": list(self._kinds),

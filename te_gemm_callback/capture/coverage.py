@@ -1,0 +1,40 @@
+"""Which of a model's GEMM-bearing modules a capture saw, missed, or could not see."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from torch import nn
+
+from .scope import bears_gemm, is_te_module
+
+log = logging.getLogger("te_gemm_callback")
+
+
+def _names(ns: list[str]) -> str:
+    return ", ".join(ns[:8]) + (" ..." if len(ns) > 8 else "")
+
+
+def coverage(model: nn.Module, seen: Iterable[str], *, te_watched: bool, torch_watched: bool,
+             warn: bool) -> dict[str, Any]:
+    """``gemm_modules`` (count), ``never_ran`` and ``not_watched`` (names).
+
+    A module is watched where an adapter could see its GEMMs: TE modules by the TE adapter
+    (``te_watched``), the others only on dispatch-mode steps (``torch_watched``). A watched module
+    not in ``seen`` ran no GEMM while capturing; an unwatched one may have run, but nobody looked:
+    a plain ``nn.Linear`` without a dispatch step is not "never ran". ``warn``: one warning each.
+    """
+    seen = set(seen)
+    gemm = {n: is_te_module(m) for n, m in model.named_modules() if bears_gemm(m)}
+    watched = {n for n, te_mod in gemm.items() if (te_watched if te_mod else torch_watched)}
+    never_ran = [n for n in gemm if n in watched and n not in seen]
+    not_watched = [n for n in gemm if n not in watched]
+    if warn and never_ran:
+        log.warning("te-gemm: %d GEMM-bearing module(s) never ran while capturing: %s", len(never_ran),
+                    _names(never_ran))
+    if warn and not_watched:
+        log.warning("te-gemm: %d GEMM-bearing module(s) not captured, no adapter watched them (plain torch "
+                    "GEMMs are seen on dispatch steps only, TE GEMMs with the 'te' adapter): %s", len(not_watched),
+                    _names(not_watched))
+    return {"gemm_modules": len(gemm), "never_ran": never_ran, "not_watched": not_watched}
