@@ -313,6 +313,16 @@ def test_instrument_note_states_the_cost_and_warns_when_host_bound():
                     "the shape-discovery step (torch dispatch mode) 90.00 ms (+50.0%)")
     cap.steps[1].wall_ms = cap.steps[1].gpu_ms = 66.0  # +10%: host-bound, said so
     assert "66.00 ms (+10.0%)" in instrument_note(cap) and "the job is host-bound" in instrument_note(cap)
+    # With only the dispatch step instrumented (the default plan), the kernels step tells: kernels
+    # for 3 of 60 ms, the GPU waits on the host.
+    cap = kinds(capture(0, 6), ("instrumented", 90.0, True), ("kernels", 61.0, False), ("clean", 60.0, False))
+    assert "host-bound" not in instrument_note(cap)
+    cap.meta["kernel_breakdown_ms"] = {"gemm": 2.0, "other": 1.0}
+    note = instrument_note(cap)
+    assert "the GPU ran kernels for 5% of a clean step: the job is host-bound" in note, note
+    cap.meta["kernel_breakdown_ms"] = {"gemm": 50.0, "other": 8.0}
+    note = instrument_note(cap)
+    assert "the GPU ran kernels for 97% of a clean step" in note and "host-bound" not in note, note
 
 
 def test_step_note_speaks_of_the_run_the_table_shows(tmp_path):
