@@ -303,7 +303,7 @@ def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | Non
 
 
 INSTRUMENT_WARN_PCT = 5.0  # instrumented steps this much slower than clean ones: a host-bound job
-GPU_IDLE_HOST_BOUND = 0.5  # kernels for less than this share of a clean step: the GPU waits on the host
+GPU_BUSY_HOST_BOUND = 0.5  # kernels for less than this share of a clean step: the GPU waits on the host
 
 
 def instrument_note(cap: GemmCapture) -> str | None:
@@ -329,7 +329,7 @@ def instrument_note(cap: GemmCapture) -> str | None:
     busy = min(kernel_ms / cost["clean_ms"], 1.0) if kernel_ms else None
     if busy is not None:
         text += f"; the GPU ran kernels for {100 * busy:.0f}% of a clean step"
-    if cost.get("instrumented_pct", 0.0) > INSTRUMENT_WARN_PCT or (busy is not None and busy < GPU_IDLE_HOST_BOUND):
+    if cost.get("instrumented_pct", 0.0) > INSTRUMENT_WARN_PCT or (busy is not None and busy < GPU_BUSY_HOST_BOUND):
         text += (": the job is host-bound (the host's Python and launch time, not the GPU, sets the step), so every "
                  "microsecond of host work shows in its step time")
     return text
