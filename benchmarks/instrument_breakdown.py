@@ -4,10 +4,11 @@
 Each part of an instrumented step is switched on alone, in interleaved blocks of steps, and its
 step time compared with clean blocks of the same run (medians; the first steps of a block are
 dropped): module hooks (with and without the autograd tag walk), TE GEMM interception (with and
-without NVTX), and the whole instrumented step as GemmProfiler runs it (with and without its clock
-sampling thread). Then the wrapper alone, called in a tight loop on operands captured from the
-job with a no-op GEMM behind it (pure Python cost per GEMM), and a cProfile of clean against
-instrumented steps: the functions whose own time grew most.
+without NVTX), and the whole instrumented step as GemmProfiler runs it (owners by launch order
+after a block's first step; hooked on every step; NVTX forced on). Then the wrapper alone, on
+operands captured from the job with a no-op GEMM behind it (owners_by_order.py's round-robin
+timing: pure Python cost per GEMM), and a cProfile of clean against instrumented steps: the
+functions whose own time grew most.
 
     python benchmarks/instrument_breakdown.py --recipe BF16 --json out.json
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
 import gc
 import json
 import pstats
@@ -192,7 +192,9 @@ def main() -> int:
     print(f"breakdown {a.recipe}: clean gc {gc_ms['clean'][0]:.1f} ms in {gc_ms['clean'][1]:.0f} collections")
     res["clean_ms"] = clean
 
-    res["wrapper_us"] = wrapper_alone(model, train_step)
+    from owners_by_order import grab_calls, wrapper_costs  # here: that script imports this one
+
+    res["wrapper_us"] = wrapper_costs(model, grab_calls(train_step))
     print(f"breakdown {a.recipe}: wrapper alone (no-op GEMM behind it): " +
           ", ".join(f"{k} {v:.2f} µs" for k, v in res["wrapper_us"].items()))
 
@@ -203,56 +205,6 @@ def main() -> int:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(res, indent=1))
     return 0
-
-
-def wrapper_alone(model: torch.nn.Module, train_step: Any, n: int = 20000, rounds: int = 5) -> dict[str, float]:
-    """µs per call of the TE interception wrapper around a GEMM that does nothing, on operands
-    captured from one step of the job (first call of each layout)."""
-    import transformer_engine.pytorch.cpp_extensions.gemm as gm
-
-    calls: dict[str, tuple] = {}
-    orig = gm.general_gemm
-
-    @functools.wraps(orig)
-    def grab(*args: Any, **kwargs: Any) -> Any:
-        layout = kwargs.get("layout", args[3] if len(args) > 3 else "TN")
-        calls.setdefault(layout, (args, kwargs))
-        return orig(*args, **kwargs)
-
-    rec = Recorder(ModuleScope(model, on_error=print), EventTimer(False), Nvtx(False))
-    te = TEInterceptor(rec)
-    noop = functools.wraps(orig)(lambda *a, **k: None)
-    wrapped = te._wrap(noop, False)
-    from te_gemm_callback.capture import te_adapter
-
-    patched = te_adapter.patch_te_gemms(lambda o, g: grab if not g else functools.wraps(o)(lambda *a, **k: o(*a, **k)))
-    try:
-        train_step()
-    finally:
-        te_adapter.unpatch(patched)
-    # Layouts round-robin, several rounds, median: timed once each, in one block per layout, the
-    # H200 host read 25.6 / 22.0 / 3.4 µs (TN / NN / NT) where round-robin reads 2.3-3.0 µs.
-    per: dict[str, list[float]] = {layout: [] for layout in calls}
-    rec.active = True
-    for _ in range(rounds):
-        for layout, (args, kwargs) in calls.items():
-            for _ in range(100):
-                wrapped(*args, **kwargs)
-            rec.raw.clear()
-            te.owners.trace.clear()
-            t0 = time.perf_counter()
-            for _ in range(n // rounds):
-                wrapped(*args, **kwargs)
-            per[layout].append((time.perf_counter() - t0) / (n // rounds) * 1e6)
-            rec.raw.clear()
-            te.owners.trace.clear()
-    out = {layout: statistics.median(v) for layout, v in per.items()}
-    args, kwargs = next(iter(calls.values()))
-    t0 = time.perf_counter()
-    for _ in range(n):
-        noop(*args, **kwargs)
-    out["no-op alone"] = (time.perf_counter() - t0) / n * 1e6
-    return out
 
 
 def profile_diff(model: torch.nn.Module, train_step: Any, steps: int = 10) -> list[dict[str, Any]]:
