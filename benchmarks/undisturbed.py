@@ -257,6 +257,15 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
         if ratios:  # drift-free: each window against its own neighbours, then the median over windows
             res[kind]["pct_window_median"], lo, hi = median_ci(res[kind]["pct_per_window"])
             res[kind]["pct_ci95"] = [lo, hi]
+    # Instrumented against the clean steps of the same window (seconds apart, no plain block in
+    # between): what the instruments cost, without the window-to-block comparison.
+    ins = [j for j, k in enumerate(kinds) if k == "instrumented"]
+    cln = [j for j, k in enumerate(kinds) if k == "clean"]
+    within = [100 * (med([t[w + j] for j in ins]) / med([t[w + j] for j in cln]) - 1)
+              for w in alt.windows if ins and cln and w + block <= len(t)]
+    if within:
+        m, lo, hi = median_ci(within)
+        res["instrumented_vs_window_clean"] = {"pct_per_window": within, "pct_window_median": m, "pct_ci95": [lo, hi]}
     res["kernel_join"] = [cap.meta.get("kernel_join") for cap in alt.caps]
     res["owners_by_launch_order"] = [cap.meta.get("owners_by_launch_order") for cap in alt.caps]
     return res
@@ -515,6 +524,11 @@ def main() -> int:
                       f"steps; on CUDA the kernel-records session end) {pct(first['pct'])}{ci(first)}; join: {res['kernel_join'][0]}; "
                       f"steps by launch order {sum(len(o['steps']) for o in res['owners_by_launch_order'] if o)}, "
                       f"failed {sum(len(o['failed']) for o in res['owners_by_launch_order'] if o)}", flush=True)
+                if "instrumented_vs_window_clean" in res:
+                    w = res["instrumented_vs_window_clean"]
+                    print(f"interleaved {name} {r}: instrumented against the same window's clean steps "
+                          f"{pct(w['pct_window_median'])} (95% CI {pct(w['pct_ci95'][0])}..{pct(w['pct_ci95'][1])})",
+                          flush=True)
                 print(f"interleaved {name} {r}: per position, median of windows: " + ", ".join(
                     f"{p['kind']} {pct(p['pct_window_median'])}" for p in res["per_position"]), flush=True)
         elif a.check == "cupti":
