@@ -246,3 +246,37 @@ def test_kernel_intervals_read_raw_records_like_the_parsed_events():
     # A profiler object without Kineto's raw results: the parsed events.
     stand_in = SimpleNamespace(events=prof.events)
     assert sorted(kernel_intervals(stand_in, "CPU")) == parsed
+
+
+def test_clock_sampling_covers_the_kernel_timed_steps_only():
+    """The NVML sampling thread takes the GIL 20 times a second: it runs over the kernels steps,
+    whose GEMM times the capture reports, and not over the instrumented or clean steps. Without a
+    kernels step (the instrumented steps' event pairs time the GEMMs) it runs over those instead."""
+    import time
+
+    model = MLP()
+    x = torch.randn(4, 16, requires_grad=True)
+    kinds_at_read = []
+
+    def run(**kw):
+        kinds_at_read.clear()
+        prof = GemmProfiler(model, clock_reader=lambda: (kinds_at_read.append(prof.step_kind), (1500.0, 600.0))[1],
+                            **kw)
+        prof.start()
+        for i in range(5):
+            model(x).sum().backward()
+            time.sleep(0.12)  # two or three sampling periods per step
+            if i < 4:
+                prof.step()
+        return prof.stop()
+
+    cap = run(kernel_profile=FakeKernels(), instrumented_steps=2)
+    assert [s.kind for s in cap.steps] == ["instrumented", "instrumented", "kernels-warmup", "kernels", "clean"]
+    # The first read comes as the thread starts, while the warm-up step opens (before its kind is
+    # set); every later one falls in the kernel-timed steps.
+    assert kinds_at_read[0] in ("instrumented", "kernels-warmup"), kinds_at_read
+    assert set(kinds_at_read[1:]) <= {"kernels-warmup", "kernels"} and "kernels" in kinds_at_read, kinds_at_read
+    assert cap.meta["clocks_during_capture"]["samples"] >= 2
+    cap = run(kernel_steps=0, instrumented_steps=2)
+    assert [s.kind for s in cap.steps] == ["instrumented", "instrumented", "clean", "clean", "clean"]
+    assert set(kinds_at_read[1:]) == {"instrumented"}, kinds_at_read  # the first: at start(), no step yet

@@ -66,8 +66,9 @@ class GemmProfiler:
             on the instrumented steps as well; "none" (False): no per-GEMM time.
         nsys_capture: call cudaProfilerStart/Stop around the profiled steps, for
             ``nsys profile --capture-range=cudaProfilerApi``.
-        clock_reader: reads (SM clock MHz, board power W) on a background thread while capturing
-            (default: NVML on a CUDA host, nothing elsewhere); the summary goes to
+        clock_reader: reads (SM clock MHz, board power W) on a background thread over the steps
+            whose GEMM times the capture reports (the kernels steps; the instrumented steps where no
+            kernels step runs) (default: NVML on a CUDA host, nothing elsewhere); the summary goes to
             ``meta["clocks_during_capture"]``, so a report can set the job's clock against the
             microbenchmark's (GEMM times scale with it).
         kernel_profile, clock: stand-ins for the kernel recorder and the host clock (tests: kernel
@@ -127,6 +128,7 @@ class GemmProfiler:
         self._reset()
         self._clock_reader = clock_reader
         self._clocks: ClockSampler | None = None
+        self._sample_clocks = False
 
     def _reset(self) -> None:
         self._boundaries: list[tuple[float, Any]] = []
@@ -167,9 +169,13 @@ class GemmProfiler:
         self._order_off = compiled(self.model)
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.start()
-        if self._clock_reader is not None or torch.cuda.is_available():
-            # 20 reads a second on a background thread (NVML ~10-50 us each) over the instrumented
-            # and kernels steps (stopped for the clean ones). Never raises into the job.
+        # The SM clock over the steps whose GEMM times the capture reports: 20 reads a second on
+        # a background thread (NVML ~10-50 us each), which takes the GIL each time. Started with
+        # the kernels steps where there are some (the instrumented steps need not pay for it), else
+        # now for the instrumented steps' event pairs; stopped for the clean ones. Never raises.
+        self._clocks = None
+        self._sample_clocks = self._clock_reader is not None or torch.cuda.is_available()
+        if self._sample_clocks and self.plan.kernels == 0:
             self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
         try:
             self._open_step()
@@ -343,6 +349,8 @@ class GemmProfiler:
             if kind == CLEAN and self._clocks is not None:
                 # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
                 self._clocks.__exit__(None, None, None)
+        if kind in (WARMUP, KERNELS) and self._sample_clocks and self._clocks is None:
+            self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
         if kind in (WARMUP, KERNELS) and not self.kernel_profile.running and self.kernel_profile.error is None:
             self.kernel_profile.start()  # before the boundary: starting the profiler is not the step's
         if kind == KERNELS:
