@@ -89,10 +89,9 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
                          num_sanity_val_steps=0, **kw)
     trainer.fit(model, loader)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # Lightning leaves its process group up; one left to interpreter exit can abort the process
-        # as gloo's worker threads are torn down ("terminate called without an active exception",
-        # exit -6: seen once in CI on the MoE expert-parallel test; pytorch/pytorch#190489). Nothing
-        # after training communicates (rank 0 gathered the captures inside the callback).
+        # Lightning leaves its process group up (pytorch/pytorch#190489: one left to interpreter
+        # exit can abort the process). Nothing after training communicates (rank 0 gathered the
+        # captures inside the callback). Destroying it is not enough on its own: see run().
         torch.distributed.destroy_process_group()
         global _DISTRIBUTED
         _DISTRIBUTED = True
