@@ -349,10 +349,11 @@ class GemmProfiler:
             if kind == CLEAN and self._clocks is not None:
                 # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
                 self._clocks.__exit__(None, None, None)
-        if kind in (WARMUP, KERNELS) and self._sample_clocks and self._clocks is None:
-            self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
-        if kind in (WARMUP, KERNELS) and not self.kernel_profile.running and self.kernel_profile.error is None:
-            self.kernel_profile.start()  # before the boundary: starting the profiler is not the step's
+        if kind in (WARMUP, KERNELS):  # both started before the boundary: not the step's time
+            if self._sample_clocks and self._clocks is None:
+                self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
+            if not self.kernel_profile.running and self.kernel_profile.error is None:
+                self.kernel_profile.start()
         if kind == KERNELS:
             self.kernel_profile.mark()
         self._kinds.append(kind)
