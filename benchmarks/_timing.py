@@ -9,7 +9,16 @@ import torch
 
 def event_times(step: Callable[[], Any], n: int) -> list[float]:
     """GPU ms of each of ``n`` back-to-back calls of ``step``: a CUDA event at every boundary and no
-    sync inside the block (what the profiler's step boundaries read); one sync after the last."""
+    sync inside the block (what the profiler's step boundaries read); one sync after the last.
+    Without CUDA, the host clock at the same boundaries."""
+    if not torch.cuda.is_available():
+        import time
+
+        marks = [time.perf_counter()]
+        for _ in range(n):
+            step()
+            marks.append(time.perf_counter())
+        return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
     evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
     evs[0].record()
     for i in range(n):

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +61,28 @@ class StepTimer(pl.Callback):
 
     def __init__(self) -> None:
         self.marks: list[Any] = []
+        # Host time in Python's garbage collector per step (gc.callbacks), so a step kind that
+        # leaves more objects behind shows where its collections fall.
+        self.gc_ms: list[float] = []
+        self._gc_t0 = 0.0
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self.gc_ms:
+            self.gc_ms[-1] += (time.perf_counter() - self._gc_t0) * 1e3
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        gc.callbacks.append(self._gc)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._mark()
+        self.gc_ms.append(0.0)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._mark()  # the last step's end (not a batch start: subclasses act on those)
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
 
     def _mark(self) -> None:
         if torch.cuda.is_available():
@@ -72,8 +90,6 @@ class StepTimer(pl.Callback):
             ev.record()
             self.marks.append(ev)
         else:
-            import time
-
             self.marks.append(time.perf_counter())
 
     def steps_ms(self) -> list[float]:
@@ -179,9 +195,9 @@ class Alternating(StepTimer):
     before the profiler's own transition, so a profiler's start/stop cost falls on a step it
     belongs to (the window's first step, or the first step of the next plain block)."""
 
-    def __init__(self, start: int, block: int, instrumented: int = 1) -> None:
+    def __init__(self, start: int, block: int, instrumented: int = 1, **profiler_kw: Any) -> None:
         super().__init__()
-        self.start, self.block, self.instrumented = start, block, instrumented
+        self.start, self.block, self.instrumented, self.profiler_kw = start, block, instrumented, profiler_kw
         self.prof: Any = None
         self.caps: list = []
         self.windows: list[int] = []  # global step of each window's first step
@@ -197,7 +213,7 @@ class Alternating(StepTimer):
             self.prof = None
         if b % 2 == 1:
             if j == 0:
-                self.prof = GemmProfiler(pl_module, instrumented_steps=self.instrumented).start()
+                self.prof = GemmProfiler(pl_module, instrumented_steps=self.instrumented, **self.profiler_kw).start()
                 self.windows.append(i)
             else:
                 self.prof.step()
@@ -209,7 +225,8 @@ class Alternating(StepTimer):
             self.prof = None
 
 
-def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int, instrumented: int = 3) -> dict:
+def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int, instrumented: int = 3,
+                          **profiler_kw: Any) -> dict:
     """Clean and instrumented steps against the same positions of the plain blocks on either side
     (one fit, interleaved: the host's drift over the fit falls on both alike). A window's first
     instrumented step also runs the torch dispatch mode and the profiler's start: it is reported
@@ -219,7 +236,7 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
     torch.manual_seed(0)
     module, c, kw = build(model_name, recipe)
     loader = DataLoader(RandomTokens(c, c.micro_batch_size * steps), batch_size=c.micro_batch_size)
-    alt = Alternating(start, block, instrumented)
+    alt = Alternating(start, block, instrumented, **profiler_kw)
     trainer(steps, [alt], **kw).fit(module, loader)
     t = alt.steps_ms()
     kinds = [s.kind for s in alt.caps[0].steps]
@@ -266,6 +283,16 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
     if within:
         m, lo, hi = median_ci(within)
         res["instrumented_vs_window_clean"] = {"pct_per_window": within, "pct_window_median": m, "pct_ci95": [lo, hi]}
+    # Garbage-collector time per step, by kind (plain: the plain blocks' steps after their first).
+    gc_by_kind: dict[str, list[float]] = {"plain": []}
+    for w in alt.windows:
+        for j, kind in enumerate(kinds):
+            if w + j < len(alt.gc_ms):
+                gc_by_kind.setdefault(kind, []).append(alt.gc_ms[w + j])
+        gc_by_kind["plain"] += [alt.gc_ms[w - block + j] for j in range(1, block) if w - block + j >= 0]
+    res["gc_ms"] = {k: {"mean": statistics.fmean(v), "max": max(v), "steps_with_gc": sum(x > 0 for x in v),
+                        "steps": len(v)} for k, v in gc_by_kind.items() if v}
+    res["profiler_kw"] = profiler_kw
     res["kernel_join"] = [cap.meta.get("kernel_join") for cap in alt.caps]
     res["owners_by_launch_order"] = [cap.meta.get("owners_by_launch_order") for cap in alt.caps]
     return res
@@ -398,12 +425,14 @@ def check_cupti(model_name: str, recipe: str, steps: int, rounds: int = 3) -> di
 
 # --- sweep ----------------------------------------------------------------------------------
 def plain_loop(module: pl.LightningModule, batch: Any, recipes: list[str], context: Any, block: int,
-               reps: int) -> dict[str, float]:
-    """The sweep's own step (grads cleared, forward under the recipe, backward) with no profiler:
-    median step per recipe over interleaved blocks, CUDA events at step boundaries."""
+               reps: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The sweep's own step (grads cleared, forward under the recipe, backward) with no profiler, in
+    ``reps`` rounds of one block per recipe (forward then reversed order, as the sweep's rounds):
+    (median step per recipe, speedup over the first recipe as the median of the rounds' ratios)."""
     has_recipe = hasattr(module, "recipe")
     original = getattr(module, "recipe", None)
     times: dict[str, list[float]] = {r: [] for r in recipes}
+    per_rep: list[dict[str, float]] = []
 
     def one(recipe: str) -> None:
         for p in module.parameters():
@@ -423,21 +452,32 @@ def plain_loop(module: pl.LightningModule, batch: Any, recipes: list[str], conte
         for r in recipes:  # warm each recipe once, as the sweep does
             for _ in range(2):
                 one(r)
-        for _ in range(reps):
-            for r in recipes:
-                times[r] += event_times(lambda: one(r), block)
+        for k in range(reps):
+            rep = {}
+            for r in (recipes if k % 2 == 0 else recipes[::-1]):
+                one(r)  # the switch, untimed (as in the sweep's rounds)
+                ts = event_times(lambda: one(r), block)
+                times[r] += ts
+                rep[r] = statistics.median(ts)
+            per_rep.append(rep)
     finally:
         module.log = log
         if has_recipe:
             module.recipe = original
-    return {r: statistics.median(v) for r, v in times.items()}
+    base = recipes[0]
+    return ({r: statistics.median(v) for r, v in times.items()},
+            {r: statistics.median(x[base] / x[r] for x in per_rep) for r in recipes})
 
 
 def check_sweep(model_name: str, recipes: list[str], sweep_steps: int, out: Path, rounds: int = 3,
-                kernels: bool = True) -> dict:
+                kernels: bool = True, sweep_rounds: int = 3) -> dict:
     """Rounds of (a fit whose callback sweeps the recipes, then a plain loop of the same steps), so
     the host's drift over minutes (host-bound steps wandered 41-98 ms on the H200 host) falls on
-    both alike; the speedups compared are per round, then the median over rounds."""
+    both alike; the speedups compared are per round, then the median over rounds. The sweep's
+    speedups are the report's (with ``sweep_rounds``, medians of its alternating rounds' ratios);
+    the plain loop alternates the recipes in as many rounds."""
+    from te_gemm_callback.adapting import sweep_metrics
+
     torch.manual_seed(0)
     module, c, kw = build(model_name, recipes[0])
     steps = 8
@@ -447,21 +487,23 @@ def check_sweep(model_name: str, recipes: list[str], sweep_steps: int, out: Path
     for i in range(rounds):
         cb = GemmProfilerCallback(wait=1, warmup=1, active=5, output_dir=out / f"sweep-{model_name}-{i}",
                                   verbose=False, sweep=recipes, sweep_steps=sweep_steps,
-                                  kernel_breakdown=kernels)
+                                  kernel_breakdown=kernels, sweep_rounds=sweep_rounds)
         tr = trainer(steps, [cb], **kw)
         tr.fit(module, loader)
         sweep_ms = {r: cap.step_ms() for r, cap in cb.sweep_result.captures.items()}
+        observed = sweep_metrics(cb.sweep_result)
         if torch.cuda.is_available():
             module.cuda()  # Lightning moves the module back to the CPU when the fit ends
         plugin = getattr(tr.strategy, "precision_plugin", None)
         batch = cb._last_batch[0].to(module.device)
-        loop_ms = plain_loop(module, batch, list(sweep_ms), getattr(plugin, "forward_context", None),
-                             block=sweep_steps, reps=1)
+        loop_ms, loop_speedup = plain_loop(module, batch, list(sweep_ms), getattr(plugin, "forward_context", None),
+                                           block=sweep_steps, reps=max(sweep_rounds, 1))
         per_round.append({"sweep_step_ms": sweep_ms, "plain_loop_step_ms": loop_ms,
-                          "speedups": {r: {"sweep": sweep_ms[base] / sweep_ms[r], "plain_loop": loop_ms[base] / loop_ms[r]}
-                                       for r in sweep_ms}})
-    res: dict[str, Any] = {"model": model_name, "recipes": recipes, "rounds": per_round,
-                           "skipped": cb.sweep_result.skipped, "speedups": {}}
+                          "speedups": {r: {"sweep": observed.get(f"te_gemm/observed_step_speedup/{r}",
+                                                                 sweep_ms[base] / sweep_ms[r]),
+                                           "plain_loop": loop_speedup[r]} for r in sweep_ms}})
+    res: dict[str, Any] = {"model": model_name, "recipes": recipes, "sweep_rounds": sweep_rounds,
+                           "rounds": per_round, "skipped": cb.sweep_result.skipped, "speedups": {}}
     for r in per_round[0]["speedups"]:
         sw = med([x["speedups"][r]["sweep"] for x in per_round if r in x["speedups"]])
         pl_ = med([x["speedups"][r]["plain_loop"] for x in per_round if r in x["speedups"]])
@@ -488,6 +530,8 @@ def main() -> int:
     p.add_argument("--clean", type=int, default=30, help="fit: clean steps per fit")
     p.add_argument("--instrumented", type=int, default=11, help="fit: instrumented steps per fit; interleaved: per window (first: dispatch)")
     p.add_argument("--steps", type=int, default=5, help="kernels: kernels steps; sweep: clean steps per recipe")
+    p.add_argument("--sweep-rounds", type=int, default=3, help="sweep: the callback's sweep_rounds (0: none)")
+    p.add_argument("--dispatch-steps", type=int, help="interleaved: the profiler's dispatch_steps (default: its own)")
     p.add_argument("--no-kernels", action="store_true", help="fit: the callback without its kernels step")
     p.add_argument("--out", default="runs/undisturbed")
     p.add_argument("--json")
@@ -508,7 +552,8 @@ def main() -> int:
                       f"{med(res['capture_step_ms']):.2f} ms; join: {res['kernel_join'][0]}", flush=True)
         elif a.check == "interleaved":
             for r in recipes:
-                res = check_fit_interleaved(name, r, a.blocks, a.block, a.instrumented)
+                kw = {} if a.dispatch_steps is None else {"dispatch_steps": a.dispatch_steps}
+                res = check_fit_interleaved(name, r, a.blocks, a.block, a.instrumented, **kw)
                 results.append(res)
                 pct = lambda x: "-" if x is None else f"{x:+.2f}%"  # noqa: E731
                 cl, ins, dis, first = res["clean"], res["instrumented"], res["dispatch"], res["clean-first"]
@@ -529,6 +574,8 @@ def main() -> int:
                     print(f"interleaved {name} {r}: instrumented against the same window's clean steps "
                           f"{pct(w['pct_window_median'])} (95% CI {pct(w['pct_ci95'][0])}..{pct(w['pct_ci95'][1])})",
                           flush=True)
+                print(f"interleaved {name} {r}: garbage collector per step, mean ms (steps with a collection): " + ", ".join(
+                    f"{k} {v['mean']:.2f} ({v['steps_with_gc']}/{v['steps']})" for k, v in res["gc_ms"].items()), flush=True)
                 print(f"interleaved {name} {r}: per position, median of windows: " + ", ".join(
                     f"{p['kind']} {pct(p['pct_window_median'])}" for p in res["per_position"]), flush=True)
         elif a.check == "cupti":
@@ -547,7 +594,8 @@ def main() -> int:
                       f"{res['gemm_ms_per_step']:.3f} vs {res['profiler_gemm_ms_per_step']:.3f}; {res['kernel_join']}",
                       flush=True)
         else:
-            res = check_sweep(name, recipes, a.steps, out, rounds=a.rounds, kernels=not a.no_kernels)
+            res = check_sweep(name, recipes, a.steps, out, rounds=a.rounds, kernels=not a.no_kernels,
+                              sweep_rounds=a.sweep_rounds)
             results.append(res)
             for r, s in res["speedups"].items():
                 print(f"sweep {name} {r}: sweep {res['sweep_step_ms'][r]:.2f} ms, plain loop "

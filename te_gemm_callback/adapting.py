@@ -23,11 +23,12 @@ def check_int(name: str, v: Any, least: int) -> None:
 
 def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: int, sweep_warmup: int,
                     sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
-                    sweep: Sequence[str] | None, sweep_plan: Any = None) -> tuple[list[str] | None, Any]:
+                    sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 3) -> tuple[list[str] | None, Any]:
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
     sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
     added to the recipes). Called where the arguments are given, not once training runs."""
-    for name, v in (("wait", wait), ("warmup", warmup), ("active", active), ("sweep_warmup", sweep_warmup)):
+    for name, v in (("wait", wait), ("warmup", warmup), ("active", active), ("sweep_warmup", sweep_warmup),
+                    ("sweep_rounds", sweep_rounds)):
         check_int(name, v, 0)
     check_int("sweep_steps", sweep_steps, 1)
     check_int("instrumented_steps", instrumented_steps, 1)

@@ -64,10 +64,21 @@ class Observed:
     gemm_ms: float | None
     unquantized: list[str] = field(default_factory=list)  # GEMMs left in high precision
     kernels: dict[str, float] = field(default_factory=dict)  # kernel ms per step by category
+    round_ms: dict[int, float] = field(default_factory=dict)  # a sweep's alternating rounds: median ms each
 
     @property
     def non_gemm_ms(self) -> float | None:
         return None if self.gemm_ms is None else self.step_ms - self.gemm_ms
+
+
+def observed_speedup(base: Observed, run: Observed) -> float:
+    """Step speedup of ``run`` over ``base``: the median over the sweep's alternating rounds of each
+    round's ratio where both ran in the same rounds (the host's drift over the sweep cancels within
+    a round), else the ratio of their median step times."""
+    common = sorted(set(base.round_ms) & set(run.round_ms))
+    if common:
+        return statistics.median(base.round_ms[k] / run.round_ms[k] for k in common)
+    return base.step_ms / run.step_ms
 
 
 def observe(cap: GemmCapture) -> Observed:
@@ -82,7 +93,12 @@ def observe(cap: GemmCapture) -> Observed:
     step = cap.step_ms()
     if step is None:
         raise ValueError("capture has no step times")
-    return Observed(recipe, step, cap.gemm_ms_per_step(), left, dict(cap.meta.get("kernel_breakdown_ms") or {}))
+    by_round: dict[int, list[float]] = {}
+    for s in cap.steps_of("clean"):
+        if s.round is not None:
+            by_round.setdefault(s.round, []).append(s.ms)
+    return Observed(recipe, step, cap.gemm_ms_per_step(), left, dict(cap.meta.get("kernel_breakdown_ms") or {}),
+                    {k: statistics.median(v) for k, v in by_round.items()})
 
 
 @dataclass
@@ -180,7 +196,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
         if r in runs:
             a.observed_step_ms, a.observed_gemm_ms = runs[r].step_ms, runs[r].gemm_ms
             if "BF16" in runs:
-                a.observed_step_speedup = runs["BF16"].step_ms / runs[r].step_ms
+                a.observed_step_speedup = observed_speedup(runs["BF16"], runs[r])
         if a.predicted_step_speedup is None and a.gemm_speedup is None and r in runs and "BF16" in runs:
             # No microbenchmark of this recipe: the in-job GEMM times of the two runs stand in.
             a.gemm_speedup = _in_job_gemm_speedup(runs[r], runs["BF16"])
@@ -214,7 +230,7 @@ def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed
         a.predicted_step_ms, a.predicted_step_speedup, a.predicted_step_speedup_unfused = predicted
     bf16 = runs.get("BF16")
     if bf16 is not None:
-        a.observed_step_speedup = bf16.step_ms / run.step_ms
+        a.observed_step_speedup = observed_speedup(bf16, run)
     a.verdict, a.evidence = verdict(a, run, bf16)
     kept = plan.get("keep_bf16", [])
     a.evidence.insert(0, f"{plan.get('recipe')} with {len(kept)} module(s) kept in BF16"

@@ -59,6 +59,9 @@ class GemmProfilerCallback(Callback):
             (forward+backward, ``sweep_steps`` clean steps each after ``sweep_warmup`` untimed ones, no
             optimizer step; model state, gradients and RNG put back), written to
             ``output_dir/sweep/<recipe>/``. The observed step speedups in the report come from here.
+        sweep_rounds: after the sweep's captures, rounds in which the recipes alternate, ``sweep_steps``
+            clean steps each; the observed speedup is the median of the rounds' ratios, so the
+            host's drift over the sweep cancels (:func:`~te_gemm_callback.sweep.run_sweep`). 0: none.
         set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves
             (default: set ``module.recipe`` when the module has that attribute).
         sweep_plan: a precision plan (``te-gemm plan``'s ``precision_plan.json``, or a
@@ -80,11 +83,13 @@ class GemmProfilerCallback(Callback):
                  dispatch_steps: int | str | None = None, verbose: bool = True,
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True,
-                 sweep_warmup: int = 2, instrumented_steps: int = 1, sweep_plan: Any = None) -> None:
+                 sweep_warmup: int = 2, instrumented_steps: int = 1, sweep_plan: Any = None,
+                 sweep_rounds: int = 3) -> None:
         sweep, self.sweep_plan = check_arguments(
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
-            sweep_plan=sweep_plan)
+            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds)
+        self.sweep_rounds = sweep_rounds
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps = instrumented_steps
         self.output_dir = Path(output_dir)
@@ -316,5 +321,5 @@ class GemmProfilerCallback(Callback):
                                             warmup=self.sweep_warmup, profile_kernels=self.kernel_breakdown,
                                             set_recipe=set_recipe, context=context, out_dir=out_dir,
                                             job_recipe=capture_recipe(cap), nvtx=self.profiler_kwargs["nvtx"],
-                                            plan=self.sweep_plan)
+                                            plan=self.sweep_plan, rounds=self.sweep_rounds)
         return sweep_metrics(res)

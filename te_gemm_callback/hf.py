@@ -49,11 +49,12 @@ class GemmProfilerTrainerCallback(TrainerCallback):
                  nvtx: bool | str = "auto", adapters: Sequence[str] = ("te", "torch"), dispatch_steps: int | str | None = None,
                  verbose: bool = True, filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, sweep_warmup: int = 2, kernel_breakdown: bool = True,
-                 instrumented_steps: int = 1, sweep_plan: Any = None) -> None:
+                 instrumented_steps: int = 1, sweep_plan: Any = None, sweep_rounds: int = 3) -> None:
         self.sweep, self.sweep_plan = check_arguments(
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
-            sweep_plan=sweep_plan)
+            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds)
+        self.sweep_rounds = sweep_rounds
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps, self.kernel_breakdown = instrumented_steps, kernel_breakdown
         self.output_dir, self.filename, self.verbose = Path(output_dir), filename, verbose
@@ -194,5 +195,5 @@ class GemmProfilerTrainerCallback(TrainerCallback):
         self.sweep_result = run_sweep(model, step, self.sweep, steps=self.sweep_steps, warmup=self.sweep_warmup,
                                       profile_kernels=self.kernel_breakdown, context=context, out_dir=out,
                                       job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"],
-                                      plan=self.sweep_plan)
+                                      plan=self.sweep_plan, rounds=self.sweep_rounds)
         return sweep_metrics(self.sweep_result)

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from .capture import GemmCapture
-from .capture.steps import capture_steps
+from .capture.record import StepTime
+from .capture.steps import CLEAN, capture_steps
 from .precisions import autocast, availability, canonical
 
 log = logging.getLogger("te_gemm_callback")
@@ -136,11 +137,47 @@ def _loss(out: Any) -> torch.Tensor:
     raise TypeError("the sweep's step function must return a loss tensor, a dict with 'loss', or an output with .loss")
 
 
+def sweep_phases(entries: list[tuple[str, str, Any]]) -> list[list[tuple[str, str, Any]]]:
+    """The entries in the phases their alternating rounds run in: BF16 and DelayedScaling (with a
+    DelayedScaling plan) first, then the other FP8 recipes; within a phase the recipes alternate
+    freely, and no DelayedScaling step ever follows another FP8 recipe (see :func:`switch_conflict`).
+
+    Example:
+        >>> [[e[0] for e in ph] for ph in sweep_phases(plan_entries(sweep_order(["fp8_block", "DelayedScaling", "BF16"])))]
+        [['BF16', 'DelayedScaling'], ['Float8BlockScaling']]
+    """
+    first = [e for e in entries if e[1] in ("BF16", "DelayedScaling")]
+    rest = [e for e in entries if e not in first]
+    return [ph for ph in (first, rest) if ph]
+
+
+def _block_timer(cuda: bool) -> Callable[[Callable[[], None], int], list[tuple[float, float | None]]]:
+    """``time(step, n)``: (host ms, GPU ms or None) of each of ``n`` back-to-back steps, from the
+    host clock and, on CUDA, an event at every step boundary (the profiler's clean-step clocks)."""
+    import time
+
+    def time_block(step: Callable[[], None], n: int) -> list[tuple[float, float | None]]:
+        evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else [None] * (n + 1)
+        marks = []
+        for i in range(n + 1):
+            if i:
+                step()
+            marks.append(time.perf_counter())
+            if cuda:
+                evs[i].record()
+        if cuda:
+            torch.cuda.synchronize()  # after the block's last boundary: outside every timed step
+        return [((b - a) * 1e3, e0.elapsed_time(e1) if cuda else None)
+                for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
+
+    return time_block
+
+
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
               warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
               context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
               nvtx: bool | str = "auto", profile_kernels: bool = True, job_recipe: str | None = None,
-              plan: Any = None) -> SweepResult:
+              plan: Any = None, rounds: int = 3) -> SweepResult:
     """Time ``steps`` forward+backward steps of ``step_fn`` under each recipe.
 
     Args:
@@ -161,13 +198,22 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             step with the records already running) following the instrumented one: per-GEMM GPU time, and kernel time split into GEMM, attention,
             quantization/cast, norm, communication, optimizer and other
             (``meta["kernel_breakdown_ms"]``): where the time went that the GEMMs did not explain.
+        rounds: alternating rounds after the captures: in each, every swept entry of a phase
+            (:func:`sweep_phases`; BF16 in each) runs one untimed step (the switch) and ``steps``
+            clean timed steps. A host-bound job's step time drifts by 10-50% over seconds (the
+            H200 host-bound stack, docs/results/h200.md): recipes timed seconds apart in
+            alternation see the same drift, so the observed speedup is the median over rounds of
+            each round's ratio (:func:`~te_gemm_callback.analysis.observe`). 0: no rounds.
 
     Per recipe: ``warmup`` untimed steps, one instrumented step (shapes and precisions), the
-    kernels warm-up and kernels steps, then ``steps`` clean steps with nothing attached: the observed step time is
-    their median, so the profiler's own host cost never enters a speedup or a verdict.
+    kernels warm-up and kernels steps, then ``steps`` clean steps with nothing attached; then the
+    rounds. The observed step time is the median of the recipe's clean steps, so the profiler's
+    own host cost never enters a speedup or a verdict.
     """
     if steps < 1:
         raise ValueError("sweep steps must be >= 1")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ValueError(f"sweep rounds must be an integer >= 0, got {rounds!r}")
     from .plan import PrecisionPlan, apply_precision_plan
 
     if plan is not None and not isinstance(plan, PrecisionPlan):
@@ -175,58 +221,97 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
     res = SweepResult()
     snap = _Snapshot(model)
     on_cuda = _on_cuda(model)
+    time_block = _block_timer(on_cuda and torch.cuda.is_available())
     fp8_used = {job_recipe} if job_recipe and job_recipe != "BF16" else set()
-    entries = plan_entries(sweep_order(recipes), plan)
     handle = None
-    try:
-        for label, recipe, entry_plan in entries:
-            if entry_plan is not None and entry_plan.same_as:
-                res.skipped[label] = (f"the plan is {entry_plan.same_as} everywhere (no mixed plan gains enough): "
-                                      f"its step time is {entry_plan.same_as}'s")
-                continue
-            av = availability(recipe)
-            if not av.ok:
-                res.skipped[label] = av.reason
-                continue
-            if recipe != "BF16" and not on_cuda:
-                res.skipped[label] = "the model runs on the CPU: TE recipes need its layers on a CUDA GPU"
-                continue
-            conflict = switch_conflict(recipe, job_recipe, fp8_used)
-            if conflict:
-                res.skipped[label] = conflict
-                continue
-            if recipe != "BF16":
-                fp8_used.add(recipe)
-            handle = apply_precision_plan(model, entry_plan) if entry_plan is not None else None
 
-            def one_step() -> None:
-                for p in model.parameters():
-                    p.grad = None  # no accumulation across sweep steps; restored at the end
-                outer = context() if context is not None else contextlib.nullcontext()
-                with outer:
-                    if set_recipe is not None:
-                        set_recipe(model, recipe)
+    def make_step(recipe: str) -> Callable[[], None]:
+        def one_step() -> None:
+            for p in model.parameters():
+                p.grad = None  # no accumulation across sweep steps; restored at the end
+            outer = context() if context is not None else contextlib.nullcontext()
+            with outer:
+                if set_recipe is not None:
+                    set_recipe(model, recipe)
+                    loss = _loss(step_fn())
+                else:
+                    with autocast(recipe):
                         loss = _loss(step_fn())
-                    else:
-                        with autocast(recipe):
-                            loss = _loss(step_fn())
-                loss.backward()
+            loss.backward()
 
-            for _ in range(warmup):  # a recipe's first step initialises its quantizers
-                one_step()
-            kernel_steps = 1 if profile_kernels and on_cuda else 0
-            # Instrumented, kernels warm-up and kernels steps, then ``steps`` clean ones.
-            cap = capture_steps(model, one_step, steps, nvtx=nvtx, kernel_steps=kernel_steps)
-            if handle is not None:
-                handle.remove()
-                handle = None
-            cap.meta.update(recipe=label, sweep=True, note="forward+backward only, no optimizer step")
-            if entry_plan is not None:
-                cap.meta["plan"] = {"recipe": entry_plan.recipe, "keep_bf16": list(entry_plan.keep_bf16),
-                                    "predicted_speedup": entry_plan.predicted_speedup.get("plan"),
-                                    "predicted_step_ms": entry_plan.predicted_step_ms.get("plan")}
-            res.captures[label] = cap
-            if out_dir is not None:
+        return one_step
+
+    def capture_entry(label: str, recipe: str, entry_plan: Any) -> bool:
+        nonlocal handle
+        if entry_plan is not None and entry_plan.same_as:
+            res.skipped[label] = (f"the plan is {entry_plan.same_as} everywhere (no mixed plan gains enough): "
+                                  f"its step time is {entry_plan.same_as}'s")
+            return False
+        av = availability(recipe)
+        if not av.ok:
+            res.skipped[label] = av.reason
+            return False
+        if recipe != "BF16" and not on_cuda:
+            res.skipped[label] = "the model runs on the CPU: TE recipes need its layers on a CUDA GPU"
+            return False
+        conflict = switch_conflict(recipe, job_recipe, fp8_used)
+        if conflict:
+            res.skipped[label] = conflict
+            return False
+        if recipe != "BF16":
+            fp8_used.add(recipe)
+        handle = apply_precision_plan(model, entry_plan) if entry_plan is not None else None
+        one_step = make_step(recipe)
+        for _ in range(warmup):  # a recipe's first step initialises its quantizers
+            one_step()
+        kernel_steps = 1 if profile_kernels and on_cuda else 0
+        # Instrumented, kernels warm-up and kernels steps, then ``steps`` clean ones.
+        cap = capture_steps(model, one_step, steps, nvtx=nvtx, kernel_steps=kernel_steps)
+        if handle is not None:
+            handle.remove()
+            handle = None
+        cap.meta.update(recipe=label, sweep=True, note="forward+backward only, no optimizer step")
+        if entry_plan is not None:
+            cap.meta["plan"] = {"recipe": entry_plan.recipe, "keep_bf16": list(entry_plan.keep_bf16),
+                                "predicted_speedup": entry_plan.predicted_speedup.get("plan"),
+                                "predicted_step_ms": entry_plan.predicted_step_ms.get("plan")}
+        res.captures[label] = cap
+        return True
+
+    def time_rounds(timed: list[tuple[str, str, Any]], first_round: int) -> None:
+        nonlocal handle
+        for k in range(rounds):
+            # Forward, then backward order (ABBA): a steady drift over a round pair falls on
+            # every entry alike.
+            for label, recipe, entry_plan in (timed if k % 2 == 0 else timed[::-1]):
+                handle = apply_precision_plan(model, entry_plan) if entry_plan is not None else None
+                one_step = make_step(recipe)
+                one_step()  # the switch from the previous entry: not a steady-state step
+                times = time_block(one_step, steps)
+                if handle is not None:
+                    handle.remove()
+                    handle = None
+                cap = res.captures[label]
+                n = len(cap.steps)
+                cap.steps += [StepTime(index=n + i, wall_ms=wall, gpu_ms=gpu, kind=CLEAN, round=first_round + k)
+                              for i, (wall, gpu) in enumerate(times)]
+
+    n_rounds = 0
+    try:
+        for phase in sweep_phases(plan_entries(sweep_order(recipes), plan)):
+            ran = [e for e in phase if capture_entry(*e)]
+            # BF16, the speedups' base, runs in every phase's rounds.
+            timed = ran if "BF16" not in res.captures or any(e[0] == "BF16" for e in ran) else \
+                [("BF16", "BF16", None)] + ran
+            if rounds and len(timed) > 1:
+                time_rounds(timed, n_rounds)
+                n_rounds += rounds
+        for cap in res.captures.values():
+            if any(s.round is not None for s in cap.steps):
+                cap.meta["sweep_rounds"] = ("alternating rounds after the captures: clean steps per round are "
+                                            "tagged with their round; speedups are medians of per-round ratios")
+        if out_dir is not None:
+            for label, cap in res.captures.items():
                 res.paths[label] = cap.save(Path(out_dir) / label / "gemm_capture.json")
     finally:
         if handle is not None:  # a step raised while the plan was applied

@@ -200,6 +200,37 @@ def test_sweep_guard_against_te_recipe_switch():
 
 
 @needs_te
+def test_sweep_rounds_keep_delayed_scaling_updating():
+    """The sweep's rounds alternate BF16 with DelayedScaling, then BF16 with the other FP8 recipes
+    (sweep.sweep_phases): DelayedScaling's scale keeps updating through its rounds (BF16 between
+    does not freeze it, unlike another FP8 recipe), and the Hopper recipes all get rounds."""
+    import transformer_engine.pytorch as te
+
+    from te_gemm_callback.precisions import autocast
+    from te_gemm_callback.sweep import run_sweep
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16) * 0.01
+    lin = te.Linear(256, 256, params_dtype=torch.bfloat16, device="cuda")
+    current, ds_scales = [None], []
+
+    def step():
+        with autocast(current[0]):
+            out = lin(x).sum()
+        if current[0] == "DelayedScaling":
+            ds_scales.append(float(lin.fp8_meta["scaling_fwd"].scale.flatten()[0]))
+        return out
+
+    res = run_sweep(lin, step, HOPPER, steps=2, warmup=1, profile_kernels=False, rounds=2,
+                    set_recipe=lambda m, r: current.__setitem__(0, r))
+    assert set(res.captures) == set(HOPPER) and not res.skipped
+    assert {r: sorted({s.round for s in c.steps if s.round is not None}) for r, c in res.captures.items()} == {
+        "BF16": [0, 1, 2, 3], "DelayedScaling": [0, 1], "Float8CurrentScaling": [2, 3], "Float8BlockScaling": [2, 3]}
+    # The rounds' DelayedScaling steps (switch + 2 timed, twice): scales grown past 1.0 (small inputs).
+    assert len(ds_scales) >= 6 and all(v > 1.0 for v in ds_scales[-6:]), ds_scales
+
+
+@needs_te
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_tensor_parallel_te_layer_shards_show_in_each_ranks_capture(tmp_path):
     """TE tensor parallelism over 2 GPUs (tests/tp_job.py): column-parallel GEMMs (qkv, fc1) show

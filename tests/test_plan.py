@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.fakes import fake_te_sweep
 from te_gemm_callback.bench.cells import BenchResult
 from te_gemm_callback.bench.results import BenchResults
 from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
@@ -142,36 +143,10 @@ def test_apply_precision_plan_leaves_no_hooks_and_changes_no_weights():
         apply_precision_plan(model, PrecisionPlan("Float8CurrentScaling", ["nope"]))
 
 
-class _Autocast:
-    """TE's autocast cannot run on CPU: this stand-in keeps the stack of recipes entered, so a module
-    can tell which precision its forward ran under (the plan's modules must see BF16)."""
-
-    def __init__(self):
-        self.stack = []
-
-    def __call__(self, recipe):
-        import contextlib
-
-        @contextlib.contextmanager
-        def ctx():
-            self.stack.append(recipe)
-            try:
-                yield
-            finally:
-                self.stack.pop()
-
-        return ctx()
-
-
 def test_sweep_measures_the_plan_beside_the_single_recipes(monkeypatch, tmp_path):
-    from te_gemm_callback import analysis, precisions, sweep
-    from te_gemm_callback.precisions import Availability
+    from te_gemm_callback import analysis
 
-    fake = _Autocast()
-    monkeypatch.setattr(sweep, "autocast", fake)
-    monkeypatch.setattr(precisions, "autocast", fake)  # the plan's BF16 wrapper imports it from here
-    monkeypatch.setattr(sweep, "availability", lambda r: Availability(r, True))
-    monkeypatch.setattr(sweep, "_on_cuda", lambda m: True)  # FP8 recipes are swept only on a GPU
+    sweep, fake = fake_te_sweep(monkeypatch)
     torch.manual_seed(0)
     seen = []
 
@@ -186,7 +161,7 @@ def test_sweep_measures_the_plan_beside_the_single_recipes(monkeypatch, tmp_path
     plan = PrecisionPlan("Float8CurrentScaling", ["1"], predicted_step_ms={"plan": 1.0},
                          predicted_speedup={"plan": 1.25})
     res = sweep.run_sweep(model, lambda: model(x).square().mean(), ["BF16", "Float8CurrentScaling"],
-                          steps=2, warmup=1, profile_kernels=False, plan=plan, out_dir=tmp_path)
+                          steps=2, warmup=1, profile_kernels=False, plan=plan, out_dir=tmp_path, rounds=0)
     assert list(res.captures) == ["BF16", "Float8CurrentScaling", "plan"]
     per = len(seen) // 3  # the same number of forwards per entry
     assert seen[per - 1] == "BF16" and set(seen[per:2 * per]) == {"Float8CurrentScaling"}
@@ -238,24 +213,12 @@ def test_a_module_fp8_cannot_run_stays_bf16_even_if_its_bench_cell_says_fast():
     assert fp8_shape_ok(WorkItem("x", GemmShape(1000, 1024, 1024, GemmOp.FPROP), m_splits=(500, 500)))
 
 
-def _fake_te_sweep(monkeypatch):
-    from te_gemm_callback import precisions, sweep
-    from te_gemm_callback.precisions import Availability
-
-    fake = _Autocast()
-    monkeypatch.setattr(sweep, "autocast", fake)
-    monkeypatch.setattr(precisions, "autocast", fake)
-    monkeypatch.setattr(sweep, "availability", lambda r: Availability(r, True))
-    monkeypatch.setattr(sweep, "_on_cuda", lambda m: True)
-    return sweep
-
-
 def test_a_delayed_scaling_plan_runs_right_after_delayed_scaling(monkeypatch):
     """DelayedScaling's state rule holds for the plan as for a single recipe: a module that ran
     DelayedScaling, then another FP8 recipe, keeps its scales at 1.0 when it returns to
     DelayedScaling (see switch_conflict). So the plan runs right after its own recipe, before any
     other FP8 recipe touches the modules."""
-    sweep = _fake_te_sweep(monkeypatch)
+    sweep, _ = fake_te_sweep(monkeypatch)
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
     x = torch.randn(4, 16)
     res = sweep.run_sweep(model, lambda: model(x).sum(), ["Float8CurrentScaling", "DelayedScaling", "BF16"],
@@ -265,7 +228,7 @@ def test_a_delayed_scaling_plan_runs_right_after_delayed_scaling(monkeypatch):
 
 
 def test_a_plan_that_is_a_single_recipe_is_not_timed_twice(monkeypatch):
-    sweep = _fake_te_sweep(monkeypatch)
+    sweep, _ = fake_te_sweep(monkeypatch)
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
     x = torch.randn(4, 16)
     everywhere = [ModuleChoice("0", 1.0, 2.0, True), ModuleChoice("1", 1.0, 2.0, True)]
@@ -278,7 +241,7 @@ def test_a_plan_that_is_a_single_recipe_is_not_timed_twice(monkeypatch):
 def test_a_delayed_scaling_plan_after_other_fp8_recipes_is_skipped_with_the_reason(monkeypatch):
     """A job that trains in another FP8 recipe: DelayedScaling swept once is fine, but the plan
     would return the modules to DelayedScaling after that recipe again, so it is not timed."""
-    sweep = _fake_te_sweep(monkeypatch)
+    sweep, _ = fake_te_sweep(monkeypatch)
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
     x = torch.randn(4, 16)
     res = sweep.run_sweep(model, lambda: model(x).sum(), ["DelayedScaling", "BF16"], steps=1, profile_kernels=False,

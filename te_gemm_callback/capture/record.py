@@ -110,6 +110,7 @@ class StepTime:
     # time) or "clean" (nothing attached: the step time); see capture.steps.StepPlan.
     kind: str = "instrumented"
     dispatch: bool = False  # instrumented step that also ran the torch dispatch mode
+    round: int | None = None  # a sweep's alternating round this clean step was timed in
 
     @property
     def ms(self) -> float:

@@ -1,4 +1,7 @@
-"""A kernel recorder and a host clock that tests control (torch.profiler's CUDA activity needs a GPU)."""
+"""A kernel recorder and a host clock that tests control (torch.profiler's CUDA activity needs a
+GPU), and TE's autocast for sweeps on a CPU (TE cannot run there)."""
+
+import contextlib
 
 from te_gemm_callback.capture.kernel_records import split_at_marks
 
@@ -41,3 +44,35 @@ class Clock:
 
     def __call__(self):
         return self.t
+
+
+class FakeAutocast:
+    """TE's autocast cannot run on CPU: this stand-in keeps the stack of recipes entered, so a module
+    can tell which precision its forward ran under (a plan's modules must see BF16)."""
+
+    def __init__(self):
+        self.stack = []
+
+    def __call__(self, recipe):
+        @contextlib.contextmanager
+        def ctx():
+            self.stack.append(recipe)
+            try:
+                yield
+            finally:
+                self.stack.pop()
+
+        return ctx()
+
+
+def fake_te_sweep(monkeypatch):
+    """The sweep module with TE's recipes made available on a CPU model: (sweep, autocast stand-in)."""
+    from te_gemm_callback import precisions, sweep
+    from te_gemm_callback.precisions import Availability
+
+    fake = FakeAutocast()
+    monkeypatch.setattr(sweep, "autocast", fake)
+    monkeypatch.setattr(precisions, "autocast", fake)  # the plan's BF16 wrapper imports it from here
+    monkeypatch.setattr(sweep, "availability", lambda r: Availability(r, True))
+    monkeypatch.setattr(sweep, "_on_cuda", lambda m: True)  # FP8 recipes are swept only on a GPU
+    return sweep, fake

@@ -1,0 +1,106 @@
+"""The sweep's alternating rounds: which recipe runs when, and a speedup the host's drift cannot move.
+
+TE cannot run on a CPU: its autocast is a stand-in that records which recipe a forward ran under
+(helpers.fakes.fake_te_sweep); everything else (the sweep, the profiler, the analysis) is real.
+"""
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from helpers.fakes import fake_te_sweep
+from te_gemm_callback import GemmProfilerCallback, analysis
+from te_gemm_callback.capture.record import GemmCapture, StepTime
+
+
+class Probe(nn.Linear):
+    """Notes the recipe each forward runs under."""
+
+    def __init__(self, fake, seen):
+        super().__init__(8, 8)
+        self.fake, self.seen = fake, seen
+
+    def forward(self, x):
+        self.seen.append(self.fake.stack[-1])
+        return super().forward(x)
+
+
+def test_rounds_alternate_within_phases_and_never_return_to_delayed_scaling(monkeypatch, tmp_path):
+    sweep, fake = fake_te_sweep(monkeypatch)
+    seen = []
+    model = nn.Sequential(Probe(fake, seen), nn.Linear(8, 8))
+    weights = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(4, 8)
+    res = sweep.run_sweep(model, lambda: model(x).square().mean(), ["Float8CurrentScaling", "DelayedScaling", "BF16"],
+                          steps=2, warmup=1, rounds=2, profile_kernels=False, out_dir=tmp_path)
+    # A module that ran DelayedScaling, then another FP8 recipe, must not run DelayedScaling again.
+    first_cs = seen.index("Float8CurrentScaling")
+    assert "DelayedScaling" not in seen[first_cs:]
+    # Captures (warm-up, instrumented, 2 clean: 4 forwards each), then rounds of (switch + 2 timed)
+    # per entry, forward order then reversed.
+    cap_, blk = 4, 3
+    assert seen == (["BF16"] * cap_ + ["DelayedScaling"] * cap_ + ["BF16"] * blk + ["DelayedScaling"] * 2 * blk
+                    + ["BF16"] * blk + ["Float8CurrentScaling"] * cap_ + ["BF16"] * blk
+                    + ["Float8CurrentScaling"] * 2 * blk + ["BF16"] * blk)
+    rounds = {label: sorted({s.round for s in cap.steps if s.round is not None}) for label, cap in res.captures.items()}
+    assert rounds == {"BF16": [0, 1, 2, 3], "DelayedScaling": [0, 1], "Float8CurrentScaling": [2, 3]}
+    for cap in res.captures.values():
+        per_round = [s for s in cap.steps if s.round is not None]
+        assert all(s.kind == "clean" for s in per_round) and len(per_round) == 2 * len(rounds["DelayedScaling"]) * (
+            2 if cap is res.captures["BF16"] else 1)
+    saved = GemmCapture.load(res.paths["Float8CurrentScaling"])
+    assert [s.round for s in saved.steps if s.round is not None] == [2, 2, 3, 3]
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+
+
+def _drifting_sweep(monkeypatch, rounds):
+    """BF16 steps cost 4 ms, Float8CurrentScaling 3.2 ms (1.25x), times a host that gets 3% slower
+    at every step: the host-bound H200 job's step drifted 41-98 ms over minutes."""
+    sweep, fake = fake_te_sweep(monkeypatch)
+    model = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    calls = [0]
+
+    def step():
+        calls[0] += 1
+        time.sleep({"BF16": 4e-3, "Float8CurrentScaling": 3.2e-3}[fake.stack[-1]] * (1 + 0.03 * calls[0]))
+        return model(x).sum()
+
+    res = sweep.run_sweep(model, step, ["BF16", "Float8CurrentScaling"], steps=3, warmup=1, rounds=rounds,
+                          profile_kernels=False)
+    caps = list(res.captures.values())
+    rep = analysis.analyze(caps[0], None, caps[1:])
+    return next(a for a in rep.recipes if a.recipe == "Float8CurrentScaling").observed_step_speedup
+
+
+def test_the_rounds_speedup_holds_where_the_host_drifts(monkeypatch):
+    assert _drifting_sweep(monkeypatch, rounds=4) == pytest.approx(1.25, abs=0.07)
+    # Without rounds, BF16 is timed before the host slowed and the FP8 recipe after: 1.10x.
+    assert _drifting_sweep(monkeypatch, rounds=0) < 1.25 - 0.1
+
+
+def _cap(recipe, clean_ms, rounds_ms):
+    steps = [StepTime(i, wall_ms=t, kind="clean") for i, t in enumerate(clean_ms)]
+    steps += [StepTime(len(steps) + i, wall_ms=t, kind="clean", round=k) for i, (k, t) in enumerate(rounds_ms)]
+    return GemmCapture([], steps, {"recipe": recipe})
+
+
+def test_observed_speedup_is_the_median_of_the_rounds_ratios():
+    # Captured on a fast host (BF16) and a slow one (FP8); then three rounds, 1.25x in each.
+    bf16 = analysis.observe(_cap("BF16", [50, 50], [(0, 60), (1, 70), (2, 62)]))
+    fp8 = analysis.observe(_cap("Float8CurrentScaling", [80, 80], [(0, 48), (1, 56), (2, 49.6)]))
+    assert bf16.round_ms == {0: 60, 1: 70, 2: 62}
+    assert analysis.observed_speedup(bf16, fp8) == pytest.approx(1.25)
+    assert bf16.step_ms / fp8.step_ms == pytest.approx(60 / 56)  # medians of every clean step: 1.07x
+    # No common round (captures without rounds): the ratio of the medians.
+    assert analysis.observed_speedup(analysis.observe(_cap("BF16", [50], [])), fp8) == pytest.approx(50 / 56)
+
+
+def test_bad_sweep_rounds_is_refused_where_given(monkeypatch):
+    with pytest.raises(ValueError, match="sweep_rounds must be an integer >= 0"):
+        GemmProfilerCallback(sweep=["BF16"], sweep_rounds=-1)
+    sweep, _ = fake_te_sweep(monkeypatch)
+    with pytest.raises(ValueError, match="sweep rounds must be an integer >= 0"):
+        sweep.run_sweep(nn.Linear(2, 2), lambda: None, ["BF16"], rounds=1.5)
