@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/h200.md "Measuring without disturbing the job", on one GPU
-# with TE installed. Sections: ONLY=tests|cost|breakdown|owners|cupti|kernels|fit|interleaved|sweep|recipes
+# with TE installed. Sections: ONLY=tests|cost|breakdown|owners|clocks|cupti|kernels|fit|interleaved|sweep|recipes
 # (default: all but recipes).
 #   ONLY=fit bash benchmarks/h200_undisturbed.sh OUTDIR
 set -uo pipefail
@@ -9,7 +9,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogger|tpu|gpu available|cuda_visible|^ *$" || true; }
 TIMEFORMAT='wall %R s'
-only=${ONLY:-tests,cost,breakdown,owners,cupti,kernels,fit,interleaved,sweep}
+only=${ONLY:-tests,cost,breakdown,owners,clocks,cupti,kernels,fit,interleaved,sweep}
 has() { [[ ",$only," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
@@ -32,6 +32,10 @@ if has owners; then
     echo "== instrumented steps by launch order, and the TE wrapper per call, host-bound stack"
     (cd benchmarks && python owners_by_order.py --recipes BF16,Float8CurrentScaling,DelayedScaling \
         --json "$out/owners.json") 2>&1 | quiet | grep -E "^owners|Error"
+fi
+if has clocks; then
+    echo "== the NVML clock-sampling thread alone, host-bound plain torch stack"
+    (cd benchmarks && python clock_sampler_cost.py --rounds 12) 2>&1 | quiet
 fi
 if has cupti; then
     echo "== what a profiled window leaves behind: launch cost, then plain steps after each kind of window"
@@ -59,13 +63,14 @@ if has interleaved; then
         --blocks 20 --block 12 --instrumented 4 --json "$out/interleaved.json" 2>&1 | quiet | grep -E "^interleaved|Error"
 fi
 if has sweep; then
-    echo "== in-job sweep vs plain loop"
-    python benchmarks/undisturbed.py sweep --model hostbound --recipes BF16,Float8CurrentScaling --steps 20 --rounds 8 \
-        --out "$out/sweep" --json "$out/sweep_hostbound.json" 2>&1 | quiet | grep -E "^sweep|Error"
-    python benchmarks/undisturbed.py sweep --model hf --recipes BF16,DelayedScaling --steps 10 \
-        --out "$out/sweep" --json "$out/sweep_hf.json" 2>&1 | quiet | grep -E "^sweep|Error"
-    python benchmarks/undisturbed.py sweep --model moe --recipes BF16,DelayedScaling,Float8CurrentScaling --steps 10 \
-        --out "$out/sweep" --json "$out/sweep_moe.json" 2>&1 | quiet | grep -E "^sweep|Error"
+    echo "== in-job sweep (alternating rounds) vs plain loop"
+    python benchmarks/undisturbed.py sweep --model hostbound --recipes BF16,Float8CurrentScaling --steps 4 \
+        --sweep-rounds 8 --rounds 6 --out "$out/sweep" --json "$out/sweep_hostbound.json" 2>&1 | quiet | grep -E "^sweep|Error"
+    python benchmarks/undisturbed.py sweep --model hf --recipes BF16,DelayedScaling --steps 5 --sweep-rounds 4 \
+        --rounds 4 --out "$out/sweep" --json "$out/sweep_hf.json" 2>&1 | quiet | grep -E "^sweep|Error"
+    python benchmarks/undisturbed.py sweep --model moe --recipes BF16,DelayedScaling,Float8CurrentScaling --steps 5 \
+        --sweep-rounds 3 --rounds 2 --out "$out/sweep" --json "$out/sweep_moe.json" 2>&1 | quiet | grep -E "^sweep|Error"
+    python benchmarks/sweep_rounds_detail.py "$out/sweep" 2>&1 | quiet
 fi
 if has recipes; then
     for r in "hf.py --precision transformer-engine --sweep BF16,DelayedScaling" \

@@ -71,14 +71,17 @@ class Observed:
         return None if self.gemm_ms is None else self.step_ms - self.gemm_ms
 
 
+def round_speedups(base: Observed, run: Observed) -> list[float]:
+    """Step speedup of ``run`` over ``base`` in each sweep round both ran in, in round order."""
+    return [base.round_ms[k] / run.round_ms[k] for k in sorted(set(base.round_ms) & set(run.round_ms))]
+
+
 def observed_speedup(base: Observed, run: Observed) -> float:
     """Step speedup of ``run`` over ``base``: the median over the sweep's alternating rounds of each
     round's ratio where both ran in the same rounds (the host's drift over the sweep cancels within
     a round), else the ratio of their median step times."""
-    common = sorted(set(base.round_ms) & set(run.round_ms))
-    if common:
-        return statistics.median(base.round_ms[k] / run.round_ms[k] for k in common)
-    return base.step_ms / run.step_ms
+    per_round = round_speedups(base, run)
+    return statistics.median(per_round) if per_round else base.step_ms / run.step_ms
 
 
 def observe(cap: GemmCapture) -> Observed:
@@ -412,6 +415,9 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
         return "predicted only (no observed run in this recipe)", ev
     gap = obs / pred - 1
     line = f"predicted step speedup {pred:.2f}x, observed {obs:.2f}x (residual {100 * gap:+.1f}%)"
+    per_round = round_speedups(bf16, run) if run is not None and bf16 is not None else []
+    if len(per_round) > 1:  # how far the rounds agree: the observed figure's own spread
+        line += f"; observed in {len(per_round)} alternating rounds {min(per_round):.2f}-{max(per_round):.2f}x"
     if a.predicted_step_speedup_unfused is not None:
         line += f"; with every quantization unfused {a.predicted_step_speedup_unfused:.2f}x"
     ev.append(line)

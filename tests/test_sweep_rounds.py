@@ -96,6 +96,10 @@ def test_observed_speedup_is_the_median_of_the_rounds_ratios():
     assert bf16.step_ms / fp8.step_ms == pytest.approx(60 / 56)  # medians of every clean step: 1.07x
     # No common round (captures without rounds): the ratio of the medians.
     assert analysis.observed_speedup(analysis.observe(_cap("BF16", [50], [])), fp8) == pytest.approx(50 / 56)
+    # The verdict's evidence gives the rounds' spread beside the median.
+    a = analysis.RecipeAnalysis("Float8CurrentScaling", predicted_step_speedup=1.3, observed_step_speedup=1.25)
+    _, evidence = analysis.verdict(a, fp8, bf16)
+    assert "observed in 3 alternating rounds 1.25-1.25x" in " ".join(evidence)
 
 
 def test_bad_sweep_rounds_is_refused_where_given(monkeypatch):
