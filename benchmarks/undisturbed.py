@@ -61,6 +61,9 @@ class StepTimer(pl.Callback):
 
     def __init__(self) -> None:
         self.marks: list[Any] = []
+        # Process CPU time (all threads: backward runs on autograd's device thread) at the same
+        # boundaries: a host-bound step's cost without the time its threads were not running.
+        self.cpu_marks: list[float] = []
         # Host time in Python's garbage collector per step (gc.callbacks), so a step kind that
         # leaves more objects behind shows where its collections fall.
         self.gc_ms: list[float] = []
@@ -85,6 +88,7 @@ class StepTimer(pl.Callback):
             gc.callbacks.remove(self._gc)
 
     def _mark(self) -> None:
+        self.cpu_marks.append(time.process_time())
         if torch.cuda.is_available():
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
@@ -97,6 +101,9 @@ class StepTimer(pl.Callback):
             torch.cuda.synchronize()
             return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
         return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
+
+    def cpu_steps_ms(self) -> list[float]:
+        return [(b - a) * 1e3 for a, b in zip(self.cpu_marks, self.cpu_marks[1:])]
 
 
 def build(name: str, recipe: str) -> tuple[pl.LightningModule, DemoConfig, dict]:
@@ -225,6 +232,42 @@ class Alternating(StepTimer):
             self.prof = None
 
 
+def window_stats(t: list[float], windows: list[int], kinds: list[str], block: int) -> dict[str, Any]:
+    """Per step kind of a profiled window: its steps against the plain blocks on either side, as
+    pooled medians and as the median over windows of each window's ratio (with a 95% interval);
+    and the instrumented steps against the same window's clean steps."""
+    res: dict[str, Any] = {}
+    for kind in ("clean", "clean-first", "instrumented", "dispatch"):
+        pos = [j for j, k in enumerate(kinds) if k == kind]
+        # Plain-block steps at the same positions (clean), or all but the first, which carries the
+        # previous window's stop (a window's first step carries its start).
+        side_pos = pos if kind.startswith("clean") else list(range(1, block))
+        ratios, with_cb, without = [], [], []
+        for w in windows:
+            mid = [t[w + j] for j in pos if w + j < len(t)]
+            sides = [t[w + d + j] for d in (-block, block) for j in side_pos if w + d + j < len(t) and j > 0]
+            if mid and sides:
+                ratios.append(med(mid) / med(sides))
+                with_cb += mid
+                without += sides
+        res[kind] = {"steps": len(with_cb), "with_ms": med(with_cb), "without_ms": med(without),
+                     "pct": None if not with_cb else 100 * (med(with_cb) / med(without) - 1),
+                     "pct_per_window": [100 * (r - 1) for r in ratios]}
+        if ratios:  # drift-free: each window against its own neighbours, then the median over windows
+            res[kind]["pct_window_median"], lo, hi = median_ci(res[kind]["pct_per_window"])
+            res[kind]["pct_ci95"] = [lo, hi]
+    # Instrumented against the clean steps of the same window (seconds apart, no plain block in
+    # between): what the instruments cost, without the window-to-block comparison.
+    ins = [j for j, k in enumerate(kinds) if k == "instrumented"]
+    cln = [j for j, k in enumerate(kinds) if k == "clean"]
+    within = [100 * (med([t[w + j] for j in ins]) / med([t[w + j] for j in cln]) - 1)
+              for w in windows if ins and cln and w + block <= len(t)]
+    if within:
+        m, lo, hi = median_ci(within)
+        res["instrumented_vs_window_clean"] = {"pct_per_window": within, "pct_window_median": m, "pct_ci95": [lo, hi]}
+    return res
+
+
 def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int, instrumented: int = 3,
                           **profiler_kw: Any) -> dict:
     """Clean and instrumented steps against the same positions of the plain blocks on either side
@@ -255,34 +298,9 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
              for w in alt.windows if w + block + j < len(t)]
         m, lo, hi = median_ci(r) if r else (None, None, None)
         res["per_position"].append({"kind": kind, "pct_window_median": m, "pct_ci95": [lo, hi] if r else None})
-    for kind in ("clean", "clean-first", "instrumented", "dispatch"):
-        pos = [j for j, k in enumerate(kinds) if k == kind]
-        # Plain-block steps at the same positions (clean), or all but the first, which carries the
-        # previous window's stop (a window's first step carries its start).
-        side_pos = pos if kind.startswith("clean") else list(range(1, block))
-        ratios, with_cb, without = [], [], []
-        for w in alt.windows:
-            mid = [t[w + j] for j in pos if w + j < len(t)]
-            sides = [t[w + d + j] for d in (-block, block) for j in side_pos if w + d + j < len(t) and j > 0]
-            if mid and sides:
-                ratios.append(med(mid) / med(sides))
-                with_cb += mid
-                without += sides
-        res[kind] = {"steps": len(with_cb), "with_ms": med(with_cb), "without_ms": med(without),
-                     "pct": None if not with_cb else 100 * (med(with_cb) / med(without) - 1),
-                     "pct_per_window": [100 * (r - 1) for r in ratios]}
-        if ratios:  # drift-free: each window against its own neighbours, then the median over windows
-            res[kind]["pct_window_median"], lo, hi = median_ci(res[kind]["pct_per_window"])
-            res[kind]["pct_ci95"] = [lo, hi]
-    # Instrumented against the clean steps of the same window (seconds apart, no plain block in
-    # between): what the instruments cost, without the window-to-block comparison.
-    ins = [j for j, k in enumerate(kinds) if k == "instrumented"]
-    cln = [j for j, k in enumerate(kinds) if k == "clean"]
-    within = [100 * (med([t[w + j] for j in ins]) / med([t[w + j] for j in cln]) - 1)
-              for w in alt.windows if ins and cln and w + block <= len(t)]
-    if within:
-        m, lo, hi = median_ci(within)
-        res["instrumented_vs_window_clean"] = {"pct_per_window": within, "pct_window_median": m, "pct_ci95": [lo, hi]}
+    res.update(window_stats(t, alt.windows, kinds, block))
+    # The same on process CPU time: a host-bound step's cost without the time no thread ran.
+    res["cpu"] = window_stats(alt.cpu_steps_ms(), alt.windows, kinds, block)
     # Garbage-collector time per step, by kind (plain: the plain blocks' steps after their first).
     gc_by_kind: dict[str, list[float]] = {"plain": []}
     for w in alt.windows:
@@ -574,6 +592,11 @@ def main() -> int:
                     print(f"interleaved {name} {r}: instrumented against the same window's clean steps "
                           f"{pct(w['pct_window_median'])} (95% CI {pct(w['pct_ci95'][0])}..{pct(w['pct_ci95'][1])})",
                           flush=True)
+                cpu = res["cpu"]
+                print(f"interleaved {name} {r}: process CPU time per step (all threads), median of windows: clean "
+                      f"{pct(cpu['clean'].get('pct_window_median'))}{ci(cpu['clean'])}, {ms(cpu['clean']['with_ms'])} vs "
+                      f"{ms(cpu['clean']['without_ms'])} ms; instrumented {pct(cpu['instrumented'].get('pct_window_median'))}"
+                      f"{ci(cpu['instrumented'])}; dispatch {pct(cpu['dispatch'].get('pct_window_median'))}", flush=True)
                 print(f"interleaved {name} {r}: garbage collector per step, mean ms (steps with a collection): " + ", ".join(
                     f"{k} {v['mean']:.2f} ({v['steps_with_gc']}/{v['steps']})" for k, v in res["gc_ms"].items()), flush=True)
                 print(f"interleaved {name} {r}: per position, median of windows: " + ", ".join(
