@@ -22,6 +22,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,14 +42,9 @@ def install_stand_in() -> types.ModuleType:
     return linear
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--layers", type=int, default=36)
-    a = p.parse_args()
+def stand_in_job(layers: int = 36) -> tuple[nn.Module, Any]:
+    """``layers`` stand-in te.Linear of width 16 behind LayerNorms: (model, step); all host work."""
     linear = install_stand_in()
-    from instrument_breakdown import Part  # the parts as the GPU breakdown switches them
-
     torch.set_num_threads(1)
 
     class Block(nn.Module):
@@ -59,11 +55,23 @@ def main() -> int:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x + self.lin(self.norm(x))
 
-    model = nn.Sequential(*[Block() for _ in range(a.layers)])
+    model = nn.Sequential(*[Block() for _ in range(layers)])
     x = torch.randn(4, 16, requires_grad=True)
 
     def step() -> None:
         model(x).sum().backward()
+
+    return model, step
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--layers", type=int, default=36)
+    a = p.parse_args()
+    from instrument_breakdown import Part  # the parts as the GPU breakdown switches them
+
+    model, step = stand_in_job(a.layers)
 
     parts = ["clean", "hooks", "hooks, no tag walk", "interception", "profiler", "profiler, hooked every step"]
     for _ in range(20):

@@ -245,6 +245,31 @@ def test_later_instrumented_steps_take_owners_by_launch_order(fake_te):
     assert all(r.calls_per_step == 1 for r in cap.records)
 
 
+def test_by_order_steps_label_checkpoint_recompute_like_hooked_steps(fake_te):
+    # Under activation checkpointing the MLP's forward GEMMs run again in backward. A step by
+    # launch order takes each call's site and recompute flag from the hooked step's call at the
+    # same position (no autograd query): the records match a capture hooked on every step.
+    from torch.utils.checkpoint import checkpoint
+
+    lin, _ = fake_te
+    model, x = _te_net(lin), torch.randn(4, 16, requires_grad=True)
+
+    def step():
+        h = model.qkv(x)
+        checkpoint(model.mlp, h, use_reentrant=False).sum().backward()
+
+    caps = [capture_steps(model, step, 1, instrumented_steps=3, kernel_steps=0, reuse_owners=reuse)
+            for reuse in (True, False)]
+    assert caps[0].meta["owners_by_launch_order"] == {"steps": [1, 2], "failed": []}
+
+    def table(cap):
+        return sorted((r.name, r.op, r.m, r.k, r.n, r.calls_per_step, r.recompute) for r in cap.records)
+
+    assert table(caps[0]) == table(caps[1])
+    assert {r.name for r in caps[0].records if r.recompute} == {"mlp.fc1", "mlp.fc2"}
+    assert all(r.calls_per_step == 1 for r in caps[0].records)
+
+
 def test_a_loop_that_steps_after_every_iteration_leaves_no_step_out(fake_te, caplog):
     # step() after the last iteration opens a step that never runs: not a mismatch.
     lin, _ = fake_te

@@ -237,25 +237,34 @@ class TEInterceptor:
                 else:
                     a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
                 layout = kwargs.get("layout") or (args[i_layout] if len(args) > i_layout else "TN")
-                backward = task_id() != -1
                 ka = (a.shape, a.dtype) if type(a) is torch.Tensor else _call_key(a)
                 kb = (b.shape, b.dtype) if type(b) is torch.Tensor else _call_key(b)
-                if owners.by_order:  # no hooks this step: the owner at this launch position
-                    owner = owners.at((layout, ka, kb))
+                ckey = (layout, ka, kb)
+                # No hooks this step: the site and recompute flag of the hooked step's call at this
+                # launch position, once its key matches (no owner look-up, no site key, no
+                # autograd query: the fewest steps per GEMM, measured by benchmarks/paired_steps.py).
+                entry = owners.next_entry(ckey) if owners.by_order else None
+                if entry is not None and entry[2] is not None:
+                    site, recompute = entry[2]
                 else:
-                    st = getattr(local, "stack", None)
-                    if st:
-                        owner = st[-1]
+                    backward = task_id() != -1
+                    if owners.by_order:  # None: another call than the reference's (the step is dropped)
+                        owner = entry[1] if entry is not None else None
                     else:
-                        node = current_node() if backward else None
-                        owner = node.metadata.get(TAG) if node is not None else None
-                    owners.trace.append(((layout, ka, kb), owner))
-                key = (owner, layout, ka, kb)
-                hit = calls.get(key)
-                if hit is None:
-                    hit = calls[key] = self._site(owner, layout, a, b, False)
-                site, fprop = hit
-                recompute = fprop and backward
+                        st = getattr(local, "stack", None)
+                        if st:
+                            owner = st[-1]
+                        else:
+                            node = current_node() if backward else None
+                            owner = node.metadata.get(TAG) if node is not None else None
+                    key = (owner, layout, ka, kb)
+                    found = calls.get(key)
+                    if found is None:
+                        found = calls[key] = self._site(owner, layout, a, b, False)
+                    site, fprop = found
+                    recompute = fprop and backward
+                    if not owners.by_order:
+                        owners.trace.append((ckey, owner, (site, recompute)))
                 handle = nvtx.start(site.range_recompute if recompute else site.range) if nvtx.enabled else None
                 token = (site, recompute, timer.start() if timer.enabled else None, handle)
             except Exception as err:  # never break the job: report once, stop capturing
@@ -295,7 +304,7 @@ class TEInterceptor:
         module_name, _ = scope.current()
         if scope.ops_owners and module_name not in scope.te_gemm_set:
             module_name = scope.ops_owner() or module_name
-        self.owners.trace.append((ckey, module_name))
+        self.owners.trace.append((ckey, module_name, None))
         return module_name
 
     def _before_grouped(self, args: tuple, kwargs: dict, arg: Callable, grouped: bool) -> Any:
@@ -344,14 +353,15 @@ class LaunchOwners:
     module hooks (the largest part of an instrumented step's host cost on the H200 host-bound
     stack: benchmarks/instrument_breakdown.py).
 
-    A hooked step appends each TE GEMM call's key (layout, operand shapes and types) and its owner
-    to ``trace``; :meth:`begin_step` makes the last complete trace the reference. In a step run
-    ``by_order`` the n-th call takes the n-th reference owner when its key matches; any mismatch
-    (another call order, other shapes) marks the step ``failed``: the profiler then drops that
-    step's TE GEMMs and hooks the next instrumented steps again.
+    A hooked step appends each TE GEMM call's key (layout, operand shapes and types), its owner,
+    and, where the plain wrapper resolved them, its (site, recompute) to ``trace``;
+    :meth:`begin_step` makes the last complete trace the reference. In a step run ``by_order`` the
+    n-th call takes the n-th reference entry when its key matches; any mismatch (another call
+    order, other shapes) marks the step ``failed``: the profiler then drops that step's TE GEMMs
+    and hooks the next instrumented steps again.
 
     Example:
-        >>> o = LaunchOwners(); o.trace.append((("TN", 1, 2), "fc1")); o.begin_step(by_order=True)
+        >>> o = LaunchOwners(); o.trace.append((("TN", 1, 2), "fc1", None)); o.begin_step(by_order=True)
         >>> o.at(("TN", 1, 2)), o.failed, o.at(("NN", 1, 2)), o.failed
         ('fc1', False, None, True)
     """
@@ -361,8 +371,8 @@ class LaunchOwners:
 
     def reset(self) -> None:
         """Forget every trace (a new capture): the wrappers keep this object, so it is reset in place."""
-        self.reference: list[tuple[tuple, str | None]] = []
-        self.trace: list[tuple[tuple, str | None]] = []
+        self.reference: list[tuple[tuple, str | None, Any]] = []
+        self.trace: list[tuple[tuple, str | None, Any]] = []
         self.by_order = False
         self.failed = False
         self._pos = 0
@@ -376,14 +386,21 @@ class LaunchOwners:
         self.failed = False
         self._pos = 0
 
-    def at(self, ckey: tuple) -> str | None:
+    def next_entry(self, ckey: tuple) -> tuple | None:
+        """The reference entry (key, owner, (site, recompute) or None) at this launch position, or
+        None on a mismatch (the step failed)."""
         i = self._pos
         self._pos = i + 1
         ref = self.reference
         if i < len(ref) and ref[i][0] == ckey:
-            return ref[i][1]
+            return ref[i]
         self.failed = True
         return None
+
+    def at(self, ckey: tuple) -> str | None:
+        """The owner of the call at this launch position (None, and the step failed, on a mismatch)."""
+        entry = self.next_entry(ckey)
+        return entry[1] if entry is not None else None
 
     def complete(self) -> bool:
         """Whether the step run by order matched the reference call for call, to its end."""

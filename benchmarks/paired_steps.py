@@ -1,0 +1,113 @@
+#!/usr/bin/env python
+"""What an instrumented step after the first costs, step against step: in one profiler session on
+the host-bound stack, steps by launch order (TE interception on, no hooks) alternate one for one
+with steps that have nothing attached (interception removed, recorder off), in ABBA order, every
+step timed by CUDA events (host clock on a CPU). Each pair is milliseconds apart, so the host's
+drift over seconds (±10-35% between 12-step blocks on the H200 host) cancels within it: the median
+of per-pair ratios, with a bootstrap 95% interval.
+
+    python benchmarks/paired_steps.py --recipes BF16,Float8CurrentScaling --pairs 150
+    python benchmarks/paired_steps.py --stand-in     # a CPU, with the TE stand-in of the tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from _timing import median_ci
+
+from te_gemm_callback import GemmProfiler
+
+
+def _timer() -> Callable[[Callable[[], None]], float]:
+    if not torch.cuda.is_available():
+        def host(step: Callable[[], None]) -> float:
+            t0 = time.perf_counter()
+            step()
+            return (time.perf_counter() - t0) * 1e3
+        return host
+
+    def events(step: Callable[[], None]) -> float:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        b.synchronize()  # after the step's end event: outside the timed step
+        return a.elapsed_time(b)
+
+    return events
+
+
+def paired(model: torch.nn.Module, train_step: Callable[[], None], pairs: int) -> dict[str, Any]:
+    prof = GemmProfiler(model, instrumented_steps="all", kernel_steps=0, timing="none").start()
+    timed = _timer()
+    train_step()  # step 0: the dispatch mode and hooks (the reference for launch order)
+    prof.step()
+    by_order, clean = [], []
+
+    def instrumented() -> None:
+        prof.resume()
+        if not prof.te.installed:
+            prof.te.install()
+        by_order.append(timed(train_step))
+        prof.step()  # closes the step (its launch order checked) outside the timed region
+
+    def nothing() -> None:
+        prof.pause()
+        prof.te.uninstall()
+        clean.append(timed(train_step))
+
+    for i in range(pairs):
+        for run in ((instrumented, nothing) if i % 2 == 0 else (nothing, instrumented)):
+            run()
+    prof.resume()
+    if not prof.te.installed:
+        prof.te.install()
+    cap = prof.stop()
+    ratios = [100 * (a / b - 1) for a, b in zip(by_order, clean)]
+    m, lo, hi = median_ci(ratios)
+    order = cap.meta["owners_by_launch_order"]
+    return {"pairs": pairs, "by_order_ms": statistics.median(by_order), "clean_ms": statistics.median(clean),
+            "pct_pair_median": m, "pct_ci95": [lo, hi], "steps_by_launch_order": len(order["steps"]),
+            "failed": len(order["failed"]), "gemms_per_step": sum(r.calls_per_step for r in cap.records)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--recipes", default="BF16,Float8CurrentScaling")
+    p.add_argument("--pairs", type=int, default=150)
+    p.add_argument("--stand-in", action="store_true", help="a CPU: the TE stand-in instead of the host-bound stack")
+    p.add_argument("--json")
+    a = p.parse_args()
+    results = {}
+    for recipe in (["stand-in"] if a.stand_in else a.recipes.split(",")):
+        if a.stand_in:
+            from instrument_breakdown_cpu import stand_in_job
+
+            model, train_step = stand_in_job()
+        else:
+            from instrument_breakdown import hostbound_job
+
+            model, train_step = hostbound_job(recipe)
+        res = results[recipe] = paired(model, train_step, a.pairs)
+        print(f"paired {recipe}: by launch order {res['by_order_ms']:.2f} ms vs nothing attached {res['clean_ms']:.2f} ms "
+              f"per step: {res['pct_pair_median']:+.2f}% (median of {res['pairs']} pairs, 95% CI "
+              f"{res['pct_ci95'][0]:+.2f}..{res['pct_ci95'][1]:+.2f}%); {res['gemms_per_step']:.0f} TE GEMMs per step; "
+              f"steps by launch order {res['steps_by_launch_order']}, failed {res['failed']}", flush=True)
+        del model, train_step
+    if a.json:
+        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                                            "torch": torch.__version__, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
