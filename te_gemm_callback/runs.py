@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .analysis import Report, analyze, capture_recipe, clock_note, duty_note, instrument_note
+from .analysis import Report, analyze, capture_recipe
+from .notes import clock_note, duty_note, instrument_note
 from .bench.cells import WorkItem, items_from_capture
 from .bench.results import BenchResults, measured_items
 from .capture import GemmCapture

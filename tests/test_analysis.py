@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from te_gemm_callback.analysis import amdahl, analyze, capture_recipe, clock_note, duty_note
+from te_gemm_callback.analysis import amdahl, analyze, capture_recipe
+from te_gemm_callback.notes import clock_note, duty_note
 from te_gemm_callback.bench.cells import BenchResult
 from te_gemm_callback.bench.results import BenchResults
 from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
@@ -302,7 +303,7 @@ def kinds(cap, *spec):
 
 
 def test_instrument_note_states_the_cost_and_warns_when_host_bound():
-    from te_gemm_callback.analysis import instrument_note
+    from te_gemm_callback.notes import instrument_note
 
     assert instrument_note(capture(120, 60)).startswith("no clean step")  # all steps instrumented
     cap = kinds(capture(0, 6), ("instrumented", 90.0, True), ("instrumented", 62.7, False),

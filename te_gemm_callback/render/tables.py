@@ -77,7 +77,7 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
     if gemm_ms is not None and step_ms:
         caption += (f"; GEMM time {gemm_ms:.2f} ms of a {step_ms:.2f} ms step "
                     f"({100 * gemm_ms / step_ms:.1f}%, GEMM: {cap.meta.get('gemm_time_source') or cap.meta.get('timing')})")
-    from ..analysis import instrument_note
+    from ..notes import instrument_note
 
     note = instrument_note(cap)
     t.caption = caption + (f". {note}" if note else "")
