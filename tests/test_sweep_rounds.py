@@ -108,3 +108,22 @@ def test_bad_sweep_rounds_is_refused_where_given(monkeypatch):
     sweep, _ = fake_te_sweep(monkeypatch)
     with pytest.raises(ValueError, match="sweep rounds must be an integer >= 0"):
         sweep.run_sweep(nn.Linear(2, 2), lambda: None, ["BF16"], rounds=1.5)
+
+
+def test_a_swept_plan_keeps_its_modules_in_bf16_in_every_round(monkeypatch):
+    from te_gemm_callback.plan import PrecisionPlan
+
+    sweep, fake = fake_te_sweep(monkeypatch)
+    seen = []
+    kept = []
+    model = nn.Sequential(Probe(fake, seen), Probe(fake, kept))
+    x = torch.randn(4, 8)
+    plan = PrecisionPlan("Float8CurrentScaling", ["1"])
+    res = sweep.run_sweep(model, lambda: model(x).sum(), ["BF16", "Float8CurrentScaling"], steps=1, warmup=1,
+                          rounds=2, profile_kernels=False, plan=plan)
+    assert sorted({s.round for s in res.captures["plan"].steps if s.round is not None}) == [0, 1]
+    # Module 0 runs each entry's recipe; module 1, kept in BF16 by the plan, runs its forward in
+    # BF16 inside the plan's FP8 autocast: FP8 forwards for module 0 under the recipe and the plan
+    # alike (as many each), for module 1 under the recipe only.
+    assert seen.count("Float8CurrentScaling") == 2 * kept.count("Float8CurrentScaling") > 0
+    assert "forward" not in model[1].__dict__  # the plan is removed after its last round
