@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/h200.md "Measuring without disturbing the job", on one GPU
-# with TE installed. Sections: ONLY=tests|cost|breakdown|owners|clocks|cupti|kernels|fit|interleaved|sweep|recipes
+# with TE installed. Sections: ONLY=tests|cost|breakdown|owners|paired|clocks|cupti|kernels|fit|interleaved|sweep|recipes
 # (default: all but recipes).
 #   ONLY=fit bash benchmarks/h200_undisturbed.sh OUTDIR
 set -uo pipefail
 out=${1:-runs/undisturbed}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: some sections run from benchmarks/
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogger|tpu|gpu available|cuda_visible|^ *$" || true; }
 TIMEFORMAT='wall %R s'
-only=${ONLY:-tests,cost,breakdown,owners,clocks,cupti,kernels,fit,interleaved,sweep}
+only=${ONLY:-tests,cost,breakdown,owners,paired,clocks,cupti,kernels,fit,interleaved,sweep}
 has() { [[ ",$only," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
@@ -32,6 +33,11 @@ if has owners; then
     echo "== instrumented steps by launch order, and the TE wrapper per call, host-bound stack"
     (cd benchmarks && python owners_by_order.py --recipes BF16,Float8CurrentScaling,DelayedScaling \
         --json "$out/owners.json") 2>&1 | quiet | grep -E "^owners|Error"
+fi
+if has paired; then
+    echo "== instrumented steps by launch order against nothing attached, step for step, host-bound stack"
+    (cd benchmarks && python paired_steps.py --recipes BF16,Float8CurrentScaling --pairs 150 \
+        --json "$out/paired.json") 2>&1 | quiet | grep -E "^paired|Error"
 fi
 if has clocks; then
     echo "== the NVML clock-sampling thread alone, host-bound plain torch stack"
