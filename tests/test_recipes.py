@@ -76,7 +76,8 @@ def test_accelerate_loop_counts_accumulated_micro_batches_as_one_step(tmp_path):
 
 
 @pytest.mark.parametrize("flags, says", [(["--sweep", "Foo"], "unknown precision 'Foo'"),
-                                         (["--sweep-plan", "missing.json"], "te-gemm plan RUN_DIR")])
+                                         (["--sweep-plan", "missing.json"], "te-gemm plan RUN_DIR"),
+                                         (["--sweep-rounds", "-1"], "sweep_rounds must be an integer >= 0")])
 def test_recipe_bad_input_is_one_line(tmp_path, flags, says):
     import subprocess
     import sys
