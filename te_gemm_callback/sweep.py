@@ -203,7 +203,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             clean timed steps. A host-bound job's step time drifts by 10-50% over seconds (the
             H200 host-bound stack, docs/results/h200.md): recipes timed seconds apart in
             alternation see the same drift, so the observed speedup is the median over rounds of
-            each round's ratio (:func:`~te_gemm_callback.analysis.observe`). 0: no rounds.
+            each round's ratio (:func:`~te_gemm_callback.analysis.observed_speedup`). 0: no rounds.
 
     Per recipe: ``warmup`` untimed steps, one instrumented step (shapes and precisions), the
     kernels warm-up and kernels steps, then ``steps`` clean steps with nothing attached; then the
@@ -276,7 +276,12 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
                                 "predicted_speedup": entry_plan.predicted_speedup.get("plan"),
                                 "predicted_step_ms": entry_plan.predicted_step_ms.get("plan")}
         res.captures[label] = cap
+        save(label)  # now, so that a later entry that fails loses nothing of this one
         return True
+
+    def save(label: str) -> None:
+        if out_dir is not None:
+            res.paths[label] = res.captures[label].save(Path(out_dir) / label / "gemm_capture.json")
 
     def time_rounds(timed: list[tuple[str, str, Any]], first_round: int) -> None:
         nonlocal handle
@@ -306,13 +311,11 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             if rounds and len(timed) > 1:
                 time_rounds(timed, n_rounds)
                 n_rounds += rounds
-        for cap in res.captures.values():
-            if any(s.round is not None for s in cap.steps):
-                cap.meta["sweep_rounds"] = ("alternating rounds after the captures: clean steps per round are "
-                                            "tagged with their round; speedups are medians of per-round ratios")
-        if out_dir is not None:
-            for label, cap in res.captures.items():
-                res.paths[label] = cap.save(Path(out_dir) / label / "gemm_capture.json")
+                for label, _, _ in timed:  # the captures again, with their rounds' steps
+                    res.captures[label].meta["sweep_rounds"] = (
+                        "alternating rounds after the captures: clean steps per round are tagged with their "
+                        "round; speedups are medians of per-round ratios")
+                    save(label)
     finally:
         if handle is not None:  # a step raised while the plan was applied
             handle.remove()

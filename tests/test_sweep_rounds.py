@@ -127,3 +127,24 @@ def test_a_swept_plan_keeps_its_modules_in_bf16_in_every_round(monkeypatch):
     # alike (as many each), for module 1 under the recipe only.
     assert seen.count("Float8CurrentScaling") == 2 * kept.count("Float8CurrentScaling") > 0
     assert "forward" not in model[1].__dict__  # the plan is removed after its last round
+
+
+def test_a_recipe_that_fails_loses_none_of_the_files_before_it(monkeypatch, tmp_path):
+    sweep, fake = fake_te_sweep(monkeypatch)
+    model = nn.Linear(8, 8)
+    weights = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(4, 8)
+
+    def step():
+        if fake.stack[-1] == "Float8CurrentScaling":
+            raise RuntimeError("out of memory")
+        return model(x).sum()
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        sweep.run_sweep(model, step, ["BF16", "DelayedScaling", "Float8CurrentScaling"], steps=1, rounds=2,
+                        profile_kernels=False, out_dir=tmp_path)
+    for label, rounds in (("BF16", [0, 1]), ("DelayedScaling", [0, 1])):
+        cap = GemmCapture.load(tmp_path / label / "gemm_capture.json")
+        assert sorted({s.round for s in cap.steps if s.round is not None}) == rounds
+    assert not (tmp_path / "Float8CurrentScaling").exists()
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))  # state put back
