@@ -349,6 +349,10 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
     per_round = round_speedups(bf16, run) if run is not None and bf16 is not None else []
     if len(per_round) > 1:  # how far the rounds agree: the observed figure's own spread
         line += f"; observed in {len(per_round)} alternating rounds {min(per_round):.2f}-{max(per_round):.2f}x"
+        within = sum(abs(r / pred - 1) <= GEMM_BOUND_TOL for r in per_round)
+        if 0 < within < len(per_round):  # the label below could go either way on another draw
+            line += (f", {within} of {len(per_round)} within {100 * GEMM_BOUND_TOL:.0f}% of the prediction: "
+                     "at the line between GEMM-bound and not")
     if a.predicted_step_speedup_unfused is not None:
         line += f"; with every quantization unfused {a.predicted_step_speedup_unfused:.2f}x"
     ev.append(line)

@@ -100,6 +100,13 @@ def test_observed_speedup_is_the_median_of_the_rounds_ratios():
     a = analysis.RecipeAnalysis("Float8CurrentScaling", predicted_step_speedup=1.3, observed_step_speedup=1.25)
     _, evidence = analysis.verdict(a, fp8, bf16)
     assert "observed in 3 alternating rounds 1.25-1.25x" in " ".join(evidence)
+    assert "at the line" not in " ".join(evidence)  # every round within 5% of 1.3x
+    # Rounds on both sides of the 5% band around the prediction: the evidence says so.
+    fp8_mixed = analysis.observe(_cap("Float8CurrentScaling", [80], [(0, 48), (1, 60), (2, 49.6)]))
+    a = analysis.RecipeAnalysis("Float8CurrentScaling", predicted_step_speedup=1.3,
+                                observed_step_speedup=analysis.observed_speedup(bf16, fp8_mixed))
+    _, evidence = analysis.verdict(a, fp8_mixed, bf16)
+    assert "2 of 3 within 5% of the prediction: at the line" in " ".join(evidence)
 
 
 def test_bad_sweep_rounds_is_refused_where_given(monkeypatch):
