@@ -220,9 +220,10 @@ class TEInterceptor:
     def _wrap_plain(self, orig: Callable, arg: Callable) -> Callable:
         """The hot path: a plain GEMM of a model without te.ops. Every statement runs once per GEMM
         of an instrumented step in the job's own thread, and in a host-bound job is step time, so
-        it is one frame: owner, key, one look-up, the recorder's tuple (what ``_before_one``,
-        ``Recorder.begin`` and ``Recorder.end`` do, without their calls). Costs measured by
-        benchmarks/instrument_breakdown.py."""
+        it is one frame: the operands' key, then (hooked step) owner and one look-up, or (by launch
+        order) the reference entry at this position, and the recorder's tuple (what
+        ``_before_one``, ``Recorder.begin`` and ``Recorder.end`` do, without their calls). Costs
+        measured by benchmarks/instrument_breakdown.py and benchmarks/paired_steps.py."""
         rec, calls, local, owners = self.recorder, self._calls, self.recorder.scope._local, self.owners
         timer, nvtx, raw = rec.timer, rec.nvtx, rec.raw
         current_node, task_id = torch._C._current_autograd_node, torch._C._current_graph_task_id
