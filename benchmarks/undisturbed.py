@@ -550,7 +550,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5, help="kernels: kernels steps; sweep: clean steps per recipe")
     p.add_argument("--sweep-rounds", type=int, default=3, help="sweep: the callback's sweep_rounds (0: none)")
     p.add_argument("--dispatch-steps", type=int, help="interleaved: the profiler's dispatch_steps (default: its own)")
-    p.add_argument("--no-kernels", action="store_true", help="fit: the callback without its kernels step")
+    p.add_argument("--no-kernels", action="store_true",
+                   help="fit, sweep: the callback without its kernels step; interleaved: windows without kernels steps "
+                        "(do clean steps inherit anything from the kernel-records session before them?)")
     p.add_argument("--out", default="runs/undisturbed")
     p.add_argument("--json")
     a = p.parse_args()
@@ -571,6 +573,8 @@ def main() -> int:
         elif a.check == "interleaved":
             for r in recipes:
                 kw = {} if a.dispatch_steps is None else {"dispatch_steps": a.dispatch_steps}
+                if a.no_kernels:
+                    kw["kernel_steps"] = 0
                 res = check_fit_interleaved(name, r, a.blocks, a.block, a.instrumented, **kw)
                 results.append(res)
                 pct = lambda x: "-" if x is None else f"{x:+.2f}%"  # noqa: E731
