@@ -34,3 +34,28 @@ def test_median_ci_tells_a_real_cost_from_noise():
     assert median_ci([4.0]) == (4.0, 4.0, 4.0)
     with pytest.raises(ValueError):
         median_ci([])
+
+
+def test_window_stats_reads_each_step_kind_against_the_plain_blocks_around_it():
+    # benchmarks/undisturbed.py interleaved: windows of 6 steps between plain blocks of 6. Plain
+    # steps 50 ms; in a window the dispatch step +100%, instrumented +10%, the first clean step
+    # (kernel-records session end) +80%, clean +2%. Each kind must come back exactly, clean-first
+    # kept apart from clean, and instrumented against the same window's clean steps 1.10 / 1.02.
+    from undisturbed import window_stats
+
+    kinds = ["dispatch", "instrumented", "instrumented", "clean-first", "clean", "clean"]
+    factor = {"dispatch": 2.0, "instrumented": 1.10, "clean-first": 1.8, "clean": 1.02}
+    start, block, windows = 3, 6, []
+    t = [50.0] * start
+    for b in range(9):
+        if b % 2:
+            windows.append(len(t))
+            t += [50.0 * factor[k] for k in kinds]
+        else:
+            t += [50.0] * block
+    res = window_stats(t, windows, kinds, block)
+    for kind, f in factor.items():
+        assert res[kind]["pct_window_median"] == pytest.approx(100 * (f - 1))
+        assert res[kind]["pct_ci95"] == [pytest.approx(100 * (f - 1))] * 2
+    assert res["clean"]["steps"] == 2 * len(windows) and res["clean-first"]["steps"] == len(windows)
+    assert res["instrumented_vs_window_clean"]["pct_window_median"] == pytest.approx(100 * (1.10 / 1.02 - 1))
