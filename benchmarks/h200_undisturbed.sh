@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/h200.md "Measuring without disturbing the job", on one GPU
-# with TE installed. Sections: ONLY=tests|cost|breakdown|owners|paired|clocks|cupti|kernels|fit|interleaved|sweep|recipes
+# with TE installed. Sections: ONLY=tests|cost|breakdown|owners|paired|clocks|cupti|kernels|fit|interleaved|clean|sweep|recipes
 # (default: all but recipes).
 #   ONLY=fit bash benchmarks/h200_undisturbed.sh OUTDIR
 set -uo pipefail
@@ -10,7 +10,7 @@ out=$(cd "$out" && pwd)  # absolute: some sections run from benchmarks/
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogger|tpu|gpu available|cuda_visible|^ *$" || true; }
 TIMEFORMAT='wall %R s'
-only=${ONLY:-tests,cost,breakdown,owners,paired,clocks,cupti,kernels,fit,interleaved,sweep}
+only=${ONLY:-tests,cost,breakdown,owners,paired,clocks,cupti,kernels,fit,interleaved,clean,sweep}
 has() { [[ ",$only," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
@@ -67,6 +67,14 @@ if has interleaved; then
     echo "== one fit, profiled windows between plain blocks, host-bound stack"
     python benchmarks/undisturbed.py interleaved --model hostbound --recipes BF16,Float8CurrentScaling \
         --blocks 20 --block 12 --instrumented 4 --json "$out/interleaved.json" 2>&1 | quiet | grep -E "^interleaved|Error"
+fi
+if has clean; then
+    echo "== clean steps against plain ones in short windows (pairs 0.35 s apart), with and without a kernels session before them"
+    python benchmarks/undisturbed.py interleaved --model hostbound --recipes BF16,Float8CurrentScaling \
+        --blocks 100 --block 6 --instrumented 1 --json "$out/clean.json" 2>&1 | quiet | grep -E "^interleaved|Error"
+    python benchmarks/undisturbed.py interleaved --model hostbound --recipes BF16,Float8CurrentScaling \
+        --blocks 100 --block 6 --instrumented 1 --no-kernels --json "$out/clean_no_kernels.json" 2>&1 | quiet \
+        | grep -E "^interleaved|Error"
 fi
 if has sweep; then
     echo "== in-job sweep (alternating rounds) vs plain loop"
