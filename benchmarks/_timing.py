@@ -4,28 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
+from te_gemm_callback.capture.instruments import boundary_times
 
 
 def event_times(step: Callable[[], Any], n: int) -> list[float]:
     """GPU ms of each of ``n`` back-to-back calls of ``step``: a CUDA event at every boundary and no
     sync inside the block (what the profiler's step boundaries read); one sync after the last.
     Without CUDA, the host clock at the same boundaries."""
-    if not torch.cuda.is_available():
-        import time
-
-        marks = [time.perf_counter()]
-        for _ in range(n):
-            step()
-            marks.append(time.perf_counter())
-        return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
-    evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-    evs[0].record()
-    for i in range(n):
-        step()
-        evs[i + 1].record()
-    torch.cuda.synchronize()  # after the block's last event: outside every timed step
-    return [a.elapsed_time(b) for a, b in zip(evs, evs[1:])]
+    return [gpu if gpu is not None else host for host, gpu in boundary_times(step, n)]
 
 
 def median_ci(xs: list[float], level: float = 0.95, n: int = 4000, seed: int = 0) -> tuple[float, float, float]:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .capture import GemmCapture
+from .capture.instruments import boundary_times
 from .capture.record import StepTime
 from .capture.steps import CLEAN, capture_steps
 from .precisions import autocast, availability, canonical
@@ -151,28 +152,6 @@ def sweep_phases(entries: list[tuple[str, str, Any]]) -> list[list[tuple[str, st
     return [ph for ph in (first, rest) if ph]
 
 
-def _block_timer(cuda: bool) -> Callable[[Callable[[], None], int], list[tuple[float, float | None]]]:
-    """``time(step, n)``: (host ms, GPU ms or None) of each of ``n`` back-to-back steps, from the
-    host clock and, on CUDA, an event at every step boundary (the profiler's clean-step clocks)."""
-    import time
-
-    def time_block(step: Callable[[], None], n: int) -> list[tuple[float, float | None]]:
-        evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else [None] * (n + 1)
-        marks = []
-        for i in range(n + 1):
-            if i:
-                step()
-            marks.append(time.perf_counter())
-            if cuda:
-                evs[i].record()
-        if cuda:
-            torch.cuda.synchronize()  # after the block's last boundary: outside every timed step
-        return [((b - a) * 1e3, e0.elapsed_time(e1) if cuda else None)
-                for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
-
-    return time_block
-
-
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
               warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
               context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
@@ -221,7 +200,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
     res = SweepResult()
     snap = _Snapshot(model)
     on_cuda = _on_cuda(model)
-    time_block = _block_timer(on_cuda and torch.cuda.is_available())
+    cuda = on_cuda and torch.cuda.is_available()
     fp8_used = {job_recipe} if job_recipe and job_recipe != "BF16" else set()
     handle = None
 
@@ -292,7 +271,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
                 handle = apply_precision_plan(model, entry_plan) if entry_plan is not None else None
                 one_step = make_step(recipe)
                 one_step()  # the switch from the previous entry: not a steady-state step
-                times = time_block(one_step, steps)
+                times = boundary_times(one_step, steps, cuda)
                 if handle is not None:
                     handle.remove()
                     handle = None

@@ -9,11 +9,30 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 NVTX_DOMAIN = "te_gemm"
+
+
+def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None) -> list[tuple[float, float | None]]:
+    """(host ms, GPU ms or None) of each of ``n`` back-to-back calls of ``step``: the host clock
+    and, on CUDA, an event at every step boundary, with no sync inside the block (the clocks of the
+    profiler's clean steps); one sync after the last boundary, outside every timed step."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else [None] * (n + 1)
+    marks = []
+    for i in range(n + 1):
+        if i:
+            step()
+        marks.append(time.perf_counter())
+        if cuda:
+            evs[i].record()
+    if cuda:
+        torch.cuda.synchronize()
+    return [((b - a) * 1e3, e0.elapsed_time(e1) if cuda else None)
+            for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
 
 
 class EventTimer:
