@@ -64,6 +64,11 @@ class ClockSampler:
             self._thread.start()
         return self
 
+    @property
+    def running(self) -> bool:
+        """Whether the sampling thread was started and not yet told to stop."""
+        return self._thread is not None and not self._stop.is_set()
+
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         if self._thread is not None:

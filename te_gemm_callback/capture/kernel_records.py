@@ -224,7 +224,6 @@ def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
             **comm_overlap_ms(intervals, n)}
 
 
-
 def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...]] | None,
                  kernel_steps: dict[int, KernelStep], source: str) -> dict[str, Any]:
     """Give each record the times of its GEMM in every kernels step (joined by launch order to

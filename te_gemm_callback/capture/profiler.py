@@ -346,7 +346,7 @@ class GemmProfiler:
                 self._dispatch_step_ids.add(i)
         else:
             self._detach(keep_kernels=True)
-            if kind == CLEAN and self._clocks is not None:
+            if kind == CLEAN and self._clocks is not None and self._clocks.running:
                 # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
                 self._clocks.__exit__(None, None, None)
         if kind in (WARMUP, KERNELS):  # both started before the boundary: not the step's time
