@@ -16,39 +16,18 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from _timing import median_ci
+from _timing import event_times, median_ci
 
 from te_gemm_callback import GemmProfiler
 
 
-def _timer() -> Callable[[Callable[[], None]], float]:
-    if not torch.cuda.is_available():
-        def host(step: Callable[[], None]) -> float:
-            t0 = time.perf_counter()
-            step()
-            return (time.perf_counter() - t0) * 1e3
-        return host
-
-    def events(step: Callable[[], None]) -> float:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()  # after the step's end event: outside the timed step
-        return a.elapsed_time(b)
-
-    return events
-
-
 def paired(model: torch.nn.Module, train_step: Callable[[], None], pairs: int) -> dict[str, Any]:
     prof = GemmProfiler(model, instrumented_steps="all", kernel_steps=0, timing="none").start()
-    timed = _timer()
     train_step()  # step 0: the dispatch mode and hooks (the reference for launch order)
     prof.step()
     by_order, clean = [], []
@@ -57,13 +36,13 @@ def paired(model: torch.nn.Module, train_step: Callable[[], None], pairs: int) -
         prof.resume()
         if not prof.te.installed:
             prof.te.install()
-        by_order.append(timed(train_step))
+        by_order.append(event_times(train_step, 1)[0])  # synced after its end event
         prof.step()  # closes the step (its launch order checked) outside the timed region
 
     def nothing() -> None:
         prof.pause()
         prof.te.uninstall()
-        clean.append(timed(train_step))
+        clean.append(event_times(train_step, 1)[0])
 
     for i in range(pairs):
         for run in ((instrumented, nothing) if i % 2 == 0 else (nothing, instrumented)):
