@@ -284,11 +284,13 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
     t = alt.steps_ms()
     kinds = [s.kind for s in alt.caps[0].steps]
     kinds[0] = "dispatch"
-    # The first clean step follows the end of the kernel-records session (a sync, the records
-    # read), which this external timer puts in that step; the profiler's own step boundaries leave
-    # it out. It is reported apart ("clean-first"), the clean steps after it as "clean".
-    if "clean" in kinds:
-        kinds[kinds.index("clean")] = "clean-first"
+    # The first step with nothing attached (on CUDA the profiler's untimed settle step) follows the
+    # end of the kernel-records session (a sync, the records read), which this external timer puts
+    # in that step; the profiler's own step boundaries leave it out. It is reported apart
+    # ("clean-first"), the clean steps after it as "clean".
+    first = "settle" if "settle" in kinds else "clean"
+    if first in kinds:
+        kinds[kinds.index(first)] = "clean-first"
     res: dict[str, Any] = {"model": model_name, "recipe": recipe, "blocks": blocks, "block": block,
                            "step_kinds": kinds, "steps_ms": t}
     # Every position of a window against the same position of the plain blocks around it.

@@ -24,7 +24,7 @@ def base_parser(description: str, te_layers: bool = True, strategies: tuple[str,
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--tiny", action="store_true", help="a tiny configuration that runs on CPU in seconds")
     p.add_argument("--recipe", default="BF16", help="TE recipe the job trains in (BF16, DelayedScaling, ...)")
-    p.add_argument("--steps", type=int, default=8, help="optimizer steps to train")
+    p.add_argument("--steps", type=int, default=9, help="optimizer steps to train")
     p.add_argument("--sweep", default="all", help="recipes to sweep after capture: 'all', 'none', or a comma list")
     p.add_argument("--sweep-rounds", type=int, default=3,
                    help="alternating rounds of the swept recipes (the speedup is their median; more on a host "

@@ -63,12 +63,15 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
 
 
 def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int]:
-    """GemmProfiler's kernel arguments for an active window: one kernels step, after a warm-up step
-    where the window still has room for a clean step after both (a shorter window keeps the kernels
-    step and its clean step time, and goes without the warm-up)."""
+    """GemmProfiler's kernel arguments for an active window: one kernels step, then a settle step
+    (untimed: the records' sync drained the GPU queue), with a warm-up step before them, where the
+    window still has room for a clean step after them. A shorter window keeps the kernels step and
+    a clean step time; the settle step goes before the warm-up (it biases the step time, the warm-up
+    only the GEMM times' clock)."""
     if not kernels or active <= instrumented:
         return {"kernel_steps": 0}
-    return {"kernel_steps": 1, "kernel_warmup_steps": 1 if active >= instrumented + 3 else 0}
+    room = active - instrumented - 2  # after the kernels step and one clean step
+    return {"kernel_steps": 1, "settle_steps": min(room, 1), "kernel_warmup_steps": 1 if room >= 2 else 0}
 
 
 def phase(step: int, wait: int, warmup: int, active: int) -> str:

@@ -39,10 +39,11 @@ class GemmProfilerCallback(Callback):
     like ``torch.profiler.schedule``: ``wait`` steps untouched, ``warmup`` steps instrumented but
     discarded (first-step TE and cuBLAS initialisation stays out), then ``active`` steps recorded.
     The active steps are, in order: ``instrumented_steps`` with the capture instruments attached
-    (shapes, owners, precisions), on CUDA a kernels warm-up step (where the window leaves room
-    for a clean step after the kernels step) and one kernels step (kernel records only: per-GEMM
-    GPU time and the kernel breakdown), and clean steps with nothing attached, whose median is the step
-    time (see :class:`~te_gemm_callback.capture.steps.StepPlan`). Validation is never captured.
+    (shapes, owners, precisions), on CUDA a kernels warm-up step, one kernels step (kernel records
+    only: per-GEMM GPU time and the kernel breakdown) and an untimed settle step (the records' sync
+    drained the GPU queue; warm-up and settle where the window leaves room for a clean step), and
+    clean steps with nothing attached, whose median is the step time (see
+    :class:`~te_gemm_callback.capture.steps.StepPlan`). Validation is never captured.
     Hooks and modes are removed when the active steps end, when training ends, or on an exception.
     Nothing the callback does can stop the fit: a failure of ours is logged once and skipped.
 
@@ -75,10 +76,10 @@ class GemmProfilerCallback(Callback):
         verbose: print the capture table when done.
 
     Example:
-        >>> trainer = pl.Trainer(callbacks=[GemmProfilerCallback(active=5)])   # doctest: +SKIP
+        >>> trainer = pl.Trainer(callbacks=[GemmProfilerCallback(active=6)])   # doctest: +SKIP
     """
 
-    def __init__(self, wait: int = 1, warmup: int = 1, active: int = 5, output_dir: str | Path = "te_gemm",
+    def __init__(self, wait: int = 1, warmup: int = 1, active: int = 6, output_dir: str | Path = "te_gemm",
                  nvtx: bool | str = "auto", nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
                  dispatch_steps: int | str | None = None, verbose: bool = True,
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,

@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_show)
     s = sub.add_parser("run", help="profile the bundled demo model (BF16 on CPU; every supported recipe on GPU)")
     s.add_argument("--out", default="runs/demo")
-    s.add_argument("--steps", type=_run_steps, default=6)
+    s.add_argument("--steps", type=_run_steps, default=8)
     s.add_argument("--precisions", help="comma-separated TE recipe names (default: all this GPU runs)")
     s.set_defaults(fn=cmd_run)
     return p

@@ -160,7 +160,7 @@ class RandomTokens(Dataset):
         return self.data[i]
 
 
-def run_demo(out: str | Path, steps: int = 6, config: DemoConfig | None = None,
+def run_demo(out: str | Path, steps: int = 8, config: DemoConfig | None = None,
              recipes: list[str] | None = None, job_recipe: str = "BF16") -> Path | None:
     """Train the demo in ``job_recipe`` with the callback, then sweep every requested recipe on the
     live model (unsupported ones are skipped with their reason). Returns the capture path."""

@@ -42,10 +42,10 @@ class GemmProfilerTrainerCallback(TrainerCallback):
 
     Example:
         >>> trainer = Trainer(model, args, train_dataset=ds,                    # doctest: +SKIP
-        ...                   callbacks=[GemmProfilerTrainerCallback(active=5)])
+        ...                   callbacks=[GemmProfilerTrainerCallback(active=6)])
     """
 
-    def __init__(self, wait: int = 1, warmup: int = 1, active: int = 5, output_dir: str | Path = "te_gemm",
+    def __init__(self, wait: int = 1, warmup: int = 1, active: int = 6, output_dir: str | Path = "te_gemm",
                  nvtx: bool | str = "auto", adapters: Sequence[str] = ("te", "torch"), dispatch_steps: int | str | None = None,
                  verbose: bool = True, filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, sweep_warmup: int = 2, kernel_breakdown: bool = True,

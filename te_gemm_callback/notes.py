@@ -64,6 +64,13 @@ def instrument_note(cap: GemmCapture) -> str | None:
     if "dispatch_pct" in cost:
         parts.append(f"the shape-discovery step (torch dispatch mode) {cost['dispatch_ms']:.2f} ms "
                      f"({cost['dispatch_pct']:+.1f}%)")
+    if "kernels_pct" in cost:  # CUPTI's per-launch cost: a host-bound job shows it (+15-22% on the H200)
+        parts.append(f"the kernels steps (kernel records on) {cost['kernels_ms']:.2f} ms ({cost['kernels_pct']:+.1f}%)")
+    session = cap.meta.get("kernel_session_ms") or {}
+    if "stop" in session:
+        # Between steps, so in no step's time, but the job waits for it once per capture.
+        parts.append(f"the kernel-records session: {session.get('start', 0.0):.0f} ms to start, "
+                     f"{session['stop']:.0f} ms to stop and read (once, between steps)")
     text = f"step times from clean steps ({cost['clean_ms']:.2f} ms, nothing attached); " + ", ".join(parts)
     # The kernels step says it without any instrument: the GPU ran kernels for this share of a
     # clean step (per-category kernel time summed; overlapping streams can only raise it).

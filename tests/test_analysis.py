@@ -311,7 +311,11 @@ def test_instrument_note_states_the_cost_and_warns_when_host_bound():
     assert cap.step_ms() == 60.0
     note = instrument_note(cap)
     assert note == ("step times from clean steps (60.00 ms, nothing attached); instrumented steps 62.70 ms (+4.5%), "
-                    "the shape-discovery step (torch dispatch mode) 90.00 ms (+50.0%)")
+                    "the shape-discovery step (torch dispatch mode) 90.00 ms (+50.0%), "
+                    "the kernels steps (kernel records on) 61.00 ms (+1.7%)")
+    cap.meta["kernel_session_ms"] = {"start": 3.2, "stop": 61.4}  # the job waits for it, between steps
+    assert instrument_note(cap).endswith("the kernel-records session: 3 ms to start, 61 ms to stop and read "
+                                         "(once, between steps)")
     cap.steps[1].wall_ms = cap.steps[1].gpu_ms = 66.0  # +10%: host-bound, said so
     assert "66.00 ms (+10.0%)" in instrument_note(cap) and "the job is host-bound" in instrument_note(cap)
     # With only the dispatch step instrumented (the default plan), the kernels step tells: kernels

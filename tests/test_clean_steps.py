@@ -49,7 +49,7 @@ def test_clean_steps_carry_no_instrument_and_time_the_step():
     kp = FakeKernels()
     prof = GemmProfiler(model, kernel_profile=kp, clock=clock)
     cap, seen = run(prof, model, x, clock, n=6)
-    kinds = ["instrumented", "kernels-warmup", "kernels", "clean", "clean", "clean"]
+    kinds = ["instrumented", "kernels-warmup", "kernels", "settle", "clean", "clean"]
     assert seen == [(k, k == "instrumented") for k in kinds]
     assert [s.kind for s in cap.steps] == kinds and cap.coverage["step_kinds"] == kinds
     assert cap.steps[0].dispatch and not any(s.dispatch for s in cap.steps[1:])
@@ -92,13 +92,29 @@ def test_a_count_mismatch_is_reported_not_guessed(caplog):
     assert any("not joined" in r.message for r in caplog.records)
 
 
+def test_kernel_session_start_and_stop_are_given_apart_not_in_any_step():
+    # The session's start falls before the warm-up step opens and its stop (a sync, the records
+    # read: 60-80 ms on the host-bound H200 stack) after the kernels step closes: no step time
+    # carries them, so the capture gives them apart for the report to state.
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    kp = FakeKernels(clock=clock, start_s=0.004, stop_s=0.060)
+    cap, _ = run(GemmProfiler(model, kernel_profile=kp, clock=clock), model, x, clock, n=5)
+    assert [s.kind for s in cap.steps] == ["instrumented", "kernels-warmup", "kernels", "settle", "clean"]
+    assert [round(s.wall_ms, 6) for s in cap.steps] == [15.0, 10.0, 10.0, 10.0, 10.0]
+    assert cap.meta["kernel_session_ms"] == {"start": pytest.approx(4.0), "stop": pytest.approx(60.0)}
+    # No kernels step, no session to report.
+    cap, _ = run(GemmProfiler(model, kernel_profile=FakeKernels(clock=clock, stop_s=1.0), clock=clock,
+                              kernel_steps=0), model, x, clock, n=3)
+    assert "kernel_session_ms" not in cap.meta
+
+
 @pytest.mark.parametrize("warmup", [0, 2])
 def test_kernels_steps_share_one_session_split_at_step_markers(warmup):
     model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
     kp = FakeKernels()
     prof = GemmProfiler(model, kernel_profile=kp, clock=clock, kernel_steps=2, kernel_warmup_steps=warmup)
-    cap, seen = run(prof, model, x, clock, n=1 + warmup + 3)
-    assert [k for k, _ in seen] == ["instrumented"] + ["kernels-warmup"] * warmup + ["kernels", "kernels", "clean"]
+    cap, seen = run(prof, model, x, clock, n=1 + warmup + 4)
+    assert [k for k, _ in seen] == ["instrumented"] + ["kernels-warmup"] * warmup + ["kernels", "kernels", "settle", "clean"]
     assert kp.started == 1 and kp.marks == 2 and not kp.running  # stopped before the clean step
     assert all(len(r.times_ms) == 2 for r in cap.records) and cap.gemm_ms_per_step() == pytest.approx(2.1)
 
@@ -189,7 +205,7 @@ def test_restart_and_step_before_start():
 
 def test_capture_roundtrip_keeps_step_kinds(tmp_path):
     model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
-    cap, _ = run(GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock), model, x, clock, n=4)
+    cap, _ = run(GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock), model, x, clock, n=5)
     back = GemmCapture.load(cap.save(tmp_path / "c.json"))
     assert back.steps == cap.steps and back.step_ms() == cap.step_ms()
     assert back.to_dict()["summary"]["instrument_cost"]["dispatch_pct"] == pytest.approx(50.0)
@@ -263,20 +279,21 @@ def test_clock_sampling_covers_the_kernel_timed_steps_only():
         prof = GemmProfiler(model, clock_reader=lambda: (kinds_at_read.append(prof.step_kind), (1500.0, 600.0))[1],
                             **kw)
         prof.start()
-        for i in range(5):
+        for i in range(6):
             model(x).sum().backward()
             time.sleep(0.12)  # two or three sampling periods per step
-            if i < 4:
+            if i < 5:
                 prof.step()
         return prof.stop()
 
     cap = run(kernel_profile=FakeKernels(), instrumented_steps=2)
-    assert [s.kind for s in cap.steps] == ["instrumented", "instrumented", "kernels-warmup", "kernels", "clean"]
+    assert [s.kind for s in cap.steps] == ["instrumented", "instrumented", "kernels-warmup", "kernels", "settle",
+                                           "clean"]
     # The first read comes as the thread starts, while the warm-up step opens (before its kind is
     # set); every later one falls in the kernel-timed steps.
     assert kinds_at_read[0] in ("instrumented", "kernels-warmup"), kinds_at_read
     assert set(kinds_at_read[1:]) <= {"kernels-warmup", "kernels"} and "kernels" in kinds_at_read, kinds_at_read
     assert cap.meta["clocks_during_capture"]["samples"] >= 2
     cap = run(kernel_steps=0, instrumented_steps=2)
-    assert [s.kind for s in cap.steps] == ["instrumented", "instrumented", "clean", "clean", "clean"]
+    assert [s.kind for s in cap.steps] == ["instrumented", "instrumented", "clean", "clean", "clean", "clean"]
     assert set(kinds_at_read[1:]) == {"instrumented"}, kinds_at_read  # the first: at start(), no step yet

@@ -293,7 +293,7 @@ def test_kernel_records_keep_only_the_marked_steps_and_join_every_gemm():
     assert not any("spin_kernel" in k[0] for s in steps for k in s.kernels)
 
     cap = capture_steps(model, step, kernel_steps=2)
-    assert [s.kind for s in cap.steps] == ["instrumented", "kernels-warmup", "kernels", "kernels", "clean"]
+    assert [s.kind for s in cap.steps] == ["instrumented", "kernels-warmup", "kernels", "kernels", "settle", "clean"]
     assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]
     assert all(len(r.times_ms) == 2 for r in cap.records) and len(cap.records) == 6
 

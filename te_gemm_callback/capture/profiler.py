@@ -21,7 +21,7 @@ from .kernel_records import KernelProfile, KernelStep, breakdown_meta, join_reco
 from .record import GemmCapture, StepTime, aggregate
 from .recorder import Recorder
 from .scope import ModuleScope, is_te_module
-from .steps import CLEAN, INSTRUMENTED, KERNELS, WARMUP, StepPlan, count_arg
+from .steps import CLEAN, INSTRUMENTED, KERNELS, SETTLE, WARMUP, StepPlan, count_arg
 from .te_adapter import TEInterceptor
 from .torch_adapter import GemmDispatchMode
 
@@ -39,7 +39,8 @@ class GemmProfiler:
     Profiled steps come in kinds (:class:`StepPlan`): first ``instrumented_steps`` with the
     capture instruments attached (shapes, owners, precisions), then ``kernel_warmup_steps`` and
     ``kernel_steps`` with only kernel activity records (per-GEMM GPU time, CUDA; the warm-up's are
-    not kept), then clean steps with nothing attached, whose times are the step times. Each
+    not kept), ``settle_steps`` with nothing attached but not timed (the records' sync drained the
+    GPU's queue), then clean steps with nothing attached, whose times are the step times. Each
     :class:`StepTime` in the capture says which kind it was.
 
     Args:
@@ -50,6 +51,9 @@ class GemmProfiler:
         kernel_warmup_steps: steps before them with the records already running, not kept
             (default 1): the GPU then runs the kernels steps as it runs the job's other steps, not
             right after an idle gap while CUPTI starts, when its clock is higher.
+        settle_steps: steps after the kernels steps, nothing attached and not timed (default 1):
+            the session's stop synchronizes, and the step after it starts with the GPU's queue
+            empty, its GPU span longer by the lead the host had (+23% on HF Llama, H200).
         reuse_owners: instrumented steps after the first hooked one run without module hooks: each
             TE GEMM takes its owner from the hooked step's call at the same launch position, the
             call's layout and operand shapes checked (a step that does not match is left out, and
@@ -83,7 +87,7 @@ class GemmProfiler:
 
     def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
                  instrumented_steps: int | str = 1, kernel_steps: int | None = None, kernel_warmup_steps: int = 1,
-                 dispatch_steps: int | str | None = None, reuse_owners: bool = True, nvtx: bool | str = "auto",
+                 settle_steps: int = 1, dispatch_steps: int | str | None = None, reuse_owners: bool = True, nvtx: bool | str = "auto",
                  timing: bool | str = "auto",
                  nsys_capture: bool = False, nvtx_backend: Any = None,
                  clock_reader: Callable[[], tuple[float, float]] | None = None,
@@ -108,7 +112,8 @@ class GemmProfiler:
         self.plan = StepPlan(instrumented=count_arg("instrumented_steps", instrumented_steps, True),
                              kernels=count_arg("kernel_steps", kernel_steps) if cuda else 0,
                              dispatch=count_arg("dispatch_steps", dispatch_steps, True),
-                             kernels_warmup=count_arg("kernel_warmup_steps", kernel_warmup_steps))
+                             kernels_warmup=count_arg("kernel_warmup_steps", kernel_warmup_steps),
+                             settle=count_arg("settle_steps", settle_steps))
         if self.plan.instrumented == 0 and self.plan.kernels == 0:
             log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
         self.nsys_capture = nsys_capture
@@ -140,6 +145,8 @@ class GemmProfiler:
         if self.te is not None:
             self.te.owners.reset()
         self._kernel_steps: dict[int, KernelStep] = {}
+        # Host ms to start the kernel-records session and to stop it (sync, records read).
+        self._session_ms: dict[str, float] = {}
         self._eager = EagerForwards({})
         self.kernel_profile.error = None  # a new capture tries the kernel records again
         self.micro_batches: list[int] = []
@@ -346,14 +353,16 @@ class GemmProfiler:
                 self._dispatch_step_ids.add(i)
         else:
             self._detach(keep_kernels=True)
-            if kind == CLEAN and self._clocks is not None and self._clocks.running:
+            if kind in (SETTLE, CLEAN) and self._clocks is not None and self._clocks.running:
                 # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
                 self._clocks.__exit__(None, None, None)
         if kind in (WARMUP, KERNELS):  # both started before the boundary: not the step's time
             if self._sample_clocks and self._clocks is None:
                 self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
             if not self.kernel_profile.running and self.kernel_profile.error is None:
+                t0 = self._clock()
                 self.kernel_profile.start()
+                self._session_ms["start"] = (self._clock() - t0) * 1e3
         if kind == KERNELS:
             self.kernel_profile.mark()
         self._kinds.append(kind)
@@ -377,7 +386,10 @@ class GemmProfiler:
         # One kernel-records session over the warm-up and kernels steps; it ends (with a sync)
         # after the last kernels step, or with the capture.
         if self.kernel_profile.running and (last or self.plan.kind(i + 1) not in (WARMUP, KERNELS)):
+            t0 = self._clock()
             steps = self.kernel_profile.stop()  # synchronizes: after the step's end boundary
+            # Outside every step's boundaries, yet the job waits for it: the report says so.
+            self._session_ms["stop"] = (self._clock() - t0) * 1e3
             ids = [j for j, k in enumerate(self._kinds) if k == KERNELS]
             if steps is not None and len(steps) == len(ids):
                 self._kernel_steps.update(zip(ids, steps))
@@ -410,6 +422,8 @@ class GemmProfiler:
         meta["owners_by_launch_order"] = {"steps": sorted(self._order_steps), "failed": sorted(self._order_failed)}
         join = self._join_kernels(records)
         meta.update(join)
+        if self._session_ms:
+            meta["kernel_session_ms"] = dict(self._session_ms)
         if self._kernel_steps:
             meta.update(breakdown_meta(list(self._kernel_steps.values())))
         return GemmCapture(records=records, steps=steps, meta=meta, coverage=self._coverage(records))

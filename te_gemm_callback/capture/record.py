@@ -156,9 +156,10 @@ class GemmCapture:
         return None
 
     def step_ms(self) -> float | None:
-        """Median step time of the clean steps (nothing attached); without any, of the kernels
-        steps, and only failing both of the instrumented ones (see ``meta["step_time"]``)."""
-        for kind in ("clean", "kernels", "instrumented"):
+        """Median step time of the clean steps (nothing attached); without any, of the settle steps
+        (nothing attached, right after the kernel records' sync), then of the kernels steps, and
+        only failing all of the instrumented ones (see ``meta["step_time"]``)."""
+        for kind in ("clean", "settle", "kernels", "instrumented"):
             times = [s.ms for s in self.steps_of(kind)]
             if times:
                 return statistics.median(times)

@@ -12,11 +12,16 @@ class FakeKernels:
     GEMM kernel i lasts (i + 1) * 100 µs, so the join can be read back exactly. A warm-up step
     before the first marker records GEMMs of 1 µs, which must not reach any measured step."""
 
-    def __init__(self, gemms=6):
+    def __init__(self, gemms=6, clock=None, start_s=0.0, stop_s=0.0):
         self.gemms, self.running, self.error, self.started, self.marks = gemms, False, None, 0, 0
+        # A fake clock advanced by the session's start and stop (CUPTI's set-up; its sync and
+        # records read), so where that time lands can be checked.
+        self.clock, self.start_s, self.stop_s = clock, start_s, stop_s
 
     def start(self):
         self.running, self.started, self.marks = True, self.started + 1, 0
+        if self.clock is not None:
+            self.clock.t += self.start_s
         return True
 
     def mark(self):
@@ -24,6 +29,8 @@ class FakeKernels:
 
     def stop(self):
         self.running = False
+        if self.clock is not None:
+            self.clock.t += self.stop_s
         ks, t = [], 0.0
         for step in range(self.marks + 1):
             if step:
