@@ -75,6 +75,9 @@ if has clean; then
     python benchmarks/undisturbed.py interleaved --model hostbound --recipes BF16,Float8CurrentScaling \
         --blocks 100 --block 6 --instrumented 1 --no-kernels --json "$out/clean_no_kernels.json" 2>&1 | quiet \
         | grep -E "^interleaved|Error"
+    python benchmarks/undisturbed.py interleaved --model hostbound --recipes BF16,Float8CurrentScaling \
+        --blocks 100 --block 8 --instrumented 3 --json "$out/clean_after_order.json" 2>&1 | quiet \
+        | grep -E "^interleaved|Error"
 fi
 if has sweep; then
     echo "== in-job sweep (alternating rounds) vs plain loop"
