@@ -71,7 +71,7 @@ def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int
     if not kernels or active <= instrumented:
         return {"kernel_steps": 0}
     room = active - instrumented - 2  # after the kernels step and one clean step
-    return {"kernel_steps": 1, "settle_steps": min(room, 1), "kernel_warmup_steps": 1 if room >= 2 else 0}
+    return {"kernel_steps": 1, "settle_steps": 1 if room >= 1 else 0, "kernel_warmup_steps": 1 if room >= 2 else 0}
 
 
 def phase(step: int, wait: int, warmup: int, active: int) -> str:

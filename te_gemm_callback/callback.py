@@ -152,8 +152,12 @@ class GemmProfilerCallback(Callback):
             phase = self.phase(self.steps_seen)
             if phase in ("warmup", "active") and (self._prof is None or phase != self._phase):
                 self._finish(trainer, keep=False)
-                self._prof = self._guard(lambda: self._new_profiler(pl_module, phase), "could not start capturing")
+                # guard() gives False on a failure: no profiler then, not a False one.
+                self._prof = self._guard(lambda: self._new_profiler(pl_module, phase),
+                                         "could not start capturing") or None
                 self._phase = phase if self._prof is not None else None
+                # Reported once: capture turns itself off rather than retry (and warn) every step.
+                self.done = self._prof is None
                 self._micro_batches = 1
                 return
         if self._prof is not None:

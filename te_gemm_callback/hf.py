@@ -88,6 +88,8 @@ class GemmProfilerTrainerCallback(TrainerCallback):
             self._finish(args, state, kwargs, keep=False)
             self._prof = guard(lambda: self._new_profiler(model, ph), "could not start capturing") or None
             self._phase = ph if self._prof is not None else None
+            # Reported once: capture turns itself off rather than retry (and warn) every step.
+            self.done = self._prof is None
         elif self._prof is not None:
             guard(self._prof.resume, "capture stopped")
         self._micro_batches = 1

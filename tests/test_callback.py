@@ -239,6 +239,20 @@ class _FakeKernelProfile(GemmProfilerCallback):
         return self.recorders[-1]
 
 
+def test_kernel_steps_fit_the_active_window():
+    # What a window of each length holds after its instrumented step: the kernels step first,
+    # then a clean step, then the settle step, then the warm-up (the one that only moves a clock).
+    from te_gemm_callback.adapting import kernel_steps
+
+    got = {n: kernel_steps(True, n, 1) for n in range(1, 7)}
+    assert got[1] == {"kernel_steps": 0}
+    assert got[2] == {"kernel_steps": 1, "settle_steps": 0, "kernel_warmup_steps": 0}  # kernels only
+    assert got[3] == {"kernel_steps": 1, "settle_steps": 0, "kernel_warmup_steps": 0}  # + a clean step
+    assert got[4] == {"kernel_steps": 1, "settle_steps": 1, "kernel_warmup_steps": 0}
+    assert got[5] == got[6] == {"kernel_steps": 1, "settle_steps": 1, "kernel_warmup_steps": 1}
+    assert kernel_steps(False, 6, 1) == {"kernel_steps": 0}
+
+
 @pytest.mark.parametrize("active, max_steps", [(5, 9), (4, 8), (5, 5)])
 def test_active_steps_are_instrumented_then_kernels_then_clean(tmp_path, active, max_steps, caplog):
     # wait 1, warmup 1, active 5: step 3 instrumented, 4 kernels warm-up, 5 kernels, 6 settle

@@ -23,6 +23,8 @@ from te_gemm_callback.bench.cells import BenchResult, ResultCache
 from te_gemm_callback.cli import main
 from test_callback import DemoTransformer
 
+from helpers.fakes import profiler_that_cannot_start, start_warnings
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -55,6 +57,21 @@ def test_unwritable_output_dir_leaves_the_fit_running(tmp_path, caplog):
     msgs = [m for m in warnings_of(caplog) if "capture not written" in m]
     assert len(msgs) == 1 and "training goes on" in msgs[0]
     assert blocker.read_text().startswith("a file")
+
+
+def test_a_capture_that_cannot_start_leaves_the_fit_running(tmp_path, caplog, monkeypatch):
+    # Any failure while building or starting the profiler is logged once; the fit's later hooks
+    # must not then touch a profiler that does not exist.
+    import te_gemm_callback.callback as callback_module
+
+    profiler_that_cannot_start(monkeypatch, callback_module)
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path / "out", verbose=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        trainer = fit(cb, steps=6)
+    assert trainer.global_step == 6 and cb.capture is None
+    msgs = start_warnings(caplog)
+    assert len(msgs) == 1 and "training goes on" in msgs[0]  # once: capture then turns itself off
+    assert not any("AttributeError" in m for m in warnings_of(caplog))
 
 
 @pytest.mark.multiprocess

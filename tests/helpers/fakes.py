@@ -83,3 +83,18 @@ def fake_te_sweep(monkeypatch):
     monkeypatch.setattr(sweep, "availability", lambda r: Availability(r, True))
     monkeypatch.setattr(sweep, "_on_cuda", lambda m: True)  # FP8 recipes are swept only on a GPU
     return sweep, fake
+
+
+def profiler_that_cannot_start(monkeypatch, module):
+    """Make ``module``'s GemmProfiler raise when built: any failure while starting a capture."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("cannot start")
+
+    monkeypatch.setattr(module, "GemmProfiler", broken)
+
+
+def start_warnings(caplog):
+    """The te_gemm_callback warnings that a capture could not start."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "te_gemm_callback" and "could not start capturing" in r.getMessage()]
