@@ -16,19 +16,16 @@
     python benchmarks/undisturbed.py kernels --model hostbound --model codonfm
     python benchmarks/undisturbed.py sweep --model hf --recipes BF16,DelayedScaling
     python benchmarks/undisturbed.py sweep --model moe --recipes BF16,DelayedScaling,Float8CurrentScaling
-    python benchmarks/undisturbed.py fit --model tiny --reps 1      # CPU smoke run
+    python benchmarks/undisturbed.py fit --model tiny --reps 1 --recipes BF16      # CPU smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,114 +33,21 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from _kernel_checks import check_cupti, check_kernels
+from _lightning_jobs import StepTimer, build, med, trainer
 from _timing import event_times, median_ci
 
-from te_gemm_callback import GemmProfiler, GemmProfilerCallback, capture_steps
-from te_gemm_callback.demo import DemoConfig, DemoLM, HFLlama, RandomTokens
-from te_gemm_callback.models import codonfm
-from te_gemm_callback.precisions import autocast, te_available
-
-# The host-bound stack: the GPU works a few ms of a ~60 ms step on the H200.
-HOSTBOUND = DemoConfig(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=16,
-                       num_hidden_layers=12, vocab_size=128, sequence_length=256, micro_batch_size=2,
-                       gated_mlp=False, normalization="LayerNorm")
-TINY = DemoConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                  num_hidden_layers=2, vocab_size=64, sequence_length=16, micro_batch_size=2)
-
-
-class FusedAdamLM(DemoLM):
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=1e-4, fused=self.device.type == "cuda")
-
-
-class StepTimer(pl.Callback):
-    """A CUDA event (host clock on CPU) at every batch start: step i = start i -> start i+1."""
-
-    def __init__(self) -> None:
-        self.marks: list[Any] = []
-        # Process CPU time (all threads: backward runs on autograd's device thread) at the same
-        # boundaries: a host-bound step's cost without the time its threads were not running.
-        self.cpu_marks: list[float] = []
-        # Host time in Python's garbage collector per step (gc.callbacks), so a step kind that
-        # leaves more objects behind shows where its collections fall.
-        self.gc_ms: list[float] = []
-        self._gc_t0 = 0.0
-
-    def _gc(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._gc_t0 = time.perf_counter()
-        elif self.gc_ms:
-            self.gc_ms[-1] += (time.perf_counter() - self._gc_t0) * 1e3
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        gc.callbacks.append(self._gc)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._mark()
-        self.gc_ms.append(0.0)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._mark()  # the last step's end (not a batch start: subclasses act on those)
-        if self._gc in gc.callbacks:
-            gc.callbacks.remove(self._gc)
-
-    def _mark(self) -> None:
-        self.cpu_marks.append(time.process_time())
-        if torch.cuda.is_available():
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.marks.append(ev)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def steps_ms(self) -> list[float]:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
-        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
-
-    def cpu_steps_ms(self) -> list[float]:
-        return [(b - a) * 1e3 for a, b in zip(self.cpu_marks, self.cpu_marks[1:])]
-
-
-def build(name: str, recipe: str) -> tuple[pl.LightningModule, DemoConfig, dict]:
-    """(module, data config, Trainer kwargs) of a named model."""
-    use_te = torch.cuda.is_available() and te_available()[0]
-    if name in ("hostbound", "codonfm", "tiny"):
-        c = {"hostbound": HOSTBOUND, "codonfm": codonfm(4), "tiny": TINY}[name]
-        return FusedAdamLM(c, use_te=use_te and name != "tiny", recipe=recipe), c, {}
-    if name == "hf":
-        import transformers
-
-        cfg = transformers.LlamaConfig(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
-                                       num_key_value_heads=8, num_hidden_layers=16, vocab_size=32000)
-        c = DemoConfig(vocab_size=32000, sequence_length=2047, micro_batch_size=4)
-        return HFLlama(cfg), c, {"precision": "transformer-engine" if use_te else "bf16-mixed"}
-    if name == "moe":  # recipes/moe.py's job: 8 experts top-2, hidden 4096, expert intermediate 14336
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
-        from moe import MoELM
-
-        c = DemoConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-                       num_hidden_layers=1, vocab_size=1024, sequence_length=2048, micro_batch_size=2)
-        return MoELM(c, 8, 2, use_te, recipe), c, {}
-    raise SystemExit(f"unknown model {name!r}: hostbound, codonfm, hf, moe or tiny")
-
-
-def trainer(steps: int, callbacks: list, **kw: Any) -> pl.Trainer:
-    return pl.Trainer(max_steps=steps, accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1,
-                      callbacks=callbacks, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, **kw)
-
-
-def med(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
+from te_gemm_callback import GemmProfiler, GemmProfilerCallback
+from te_gemm_callback.demo import RandomTokens
+from te_gemm_callback.precisions import autocast
 
 
 # --- fit ------------------------------------------------------------------------------------
 def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented: int, out: Path,
               kernels: bool = True) -> dict:
     wait, warmup = 2, 1
-    active = instrumented + (2 if kernels else 0) + clean  # kernels: a warm-up step, then the kernels step
+    # kernels: a warm-up step, the kernels step, then the untimed settle step
+    active = instrumented + (3 if kernels else 0) + clean
     steps = wait + warmup + active
     torch.manual_seed(0)
     module, c, kw = build(model_name, recipe)
@@ -197,7 +101,7 @@ def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented:
 
 class Alternating(StepTimer):
     """In one fit, blocks of ``block`` steps alternate between nothing attached and a GemmProfiler
-    window (instrumented, kernels warm-up and kernels steps on CUDA, then clean steps), after
+    window (instrumented; kernels warm-up, kernels and settle steps on CUDA; then clean steps), after
     ``start`` steps untouched. Every step is timed by CUDA events (host clock on CPU) recorded
     before the profiler's own transition, so a profiler's start/stop cost falls on a step it
     belongs to (the window's first step, or the first step of the next plain block)."""
@@ -316,131 +220,6 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
     res["kernel_join"] = [cap.meta.get("kernel_join") for cap in alt.caps]
     res["owners_by_launch_order"] = [cap.meta.get("owners_by_launch_order") for cap in alt.caps]
     return res
-
-
-# --- kernels --------------------------------------------------------------------------------
-def check_kernels(model_name: str, recipe: str, steps: int, rounds: int = 4) -> dict:
-    from te_gemm_callback.capture.instruments import ProfilerRanges, range_name
-    from te_gemm_callback.models import stack_input, te_stack, train_step_fn
-
-    c = {"hostbound": HOSTBOUND, "codonfm": codonfm(4)}[model_name]
-    torch.manual_seed(0)
-    model = te_stack(c)
-    step = train_step_fn(model, stack_input(c), recipe)
-    for _ in range(3):  # TE/cuBLAS initialisation and the FP8 amax history stay out
-        step()
-    from te_gemm_callback.clocks import ClockSampler
-
-    caps, oracle_runs, clocks = [], [], {"ours": [], "profiler": []}
-    # The oracle's own torch.profiler sessions must not leave CUPTI attached either: seen on the
-    # H200, a KernelProfile session after an oracle session without the teardown got no records.
-    os.environ.setdefault("TEARDOWN_CUPTI", "1")
-    for _ in range(rounds):  # interleaved rounds: the GPU's clock drifts under its power limit
-        with ClockSampler(period_s=0.02) as ck:
-            caps.append(capture_steps(model, step, 0, kernel_steps=steps, instrumented_steps=1))
-        clocks["ours"].append(ck.summary())
-        # Oracle: torch.profiler with a range per GEMM on instrumented steps; a kernel belongs to the
-        # range whose GPU-side span holds it (cuBLASLt launches are not tied to a CPU op by CUPTI).
-        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with ClockSampler(period_s=0.02) as ck, torch.profiler.profile(activities=acts) as tp:
-            p2 = GemmProfiler(model, instrumented_steps="all", timing="none", dispatch_steps=0,
-                              nvtx_backend=ProfilerRanges()).start()
-            for i in range(steps):
-                step()
-                if i < steps - 1:
-                    p2.step()
-            p2.stop()
-            torch.cuda.synchronize()
-        clocks["profiler"].append(ck.summary())
-        oracle_runs.append(tp)
-    cap = caps[0]
-    for other in caps[1:]:
-        by = {r.key(): r for r in other.records}
-        for r in cap.records:
-            r.times_ms += by[r.key()].times_ms if r.key() in by else []
-    oracle: dict[str, list[float]] = {}
-    gemm_total = 0.0
-    for tp in oracle_runs:
-        t, o = _attribute(tp)
-        gemm_total += t
-        for k, v in o.items():
-            oracle.setdefault(k, []).extend(v)
-    rows = []
-    for r in cap.records:
-        name = range_name(r.module, r.gemm, r.op, r.shape.mkn, r.precision, r.recompute)
-        ours, ref = r.median_ms, med(oracle.get(name, []))
-        rows.append({"gemm": name, "ours_ms": ours, "profiler_ms": ref,
-                     "ratio": None if not (ours and ref) else ours / ref})
-    ratios = [x["ratio"] for x in rows if x["ratio"] is not None]
-    total_ref = gemm_total / len(oracle_runs) / steps
-    return {"model": model_name, "recipe": recipe, "kernel_join": cap.meta.get("kernel_join"), "clocks": clocks,
-            "records": len(rows), "compared": len(ratios),
-            "within_3pct": sum(abs(x - 1) <= 0.03 for x in ratios),
-            "max_abs_pct": 100 * max((abs(x - 1) for x in ratios), default=float("nan")),
-            "median_ratio": med(ratios), "gemm_ms_per_step": cap.gemm_ms_per_step(),
-            "profiler_gemm_ms_per_step": total_ref, "rows": rows}
-
-
-def _attribute(tp: Any) -> tuple[float, dict[str, list[float]]]:
-    """(GEMM kernel µs in the trace, {range name: [ms per range]})."""
-    from te_gemm_callback.kernels import is_gemm_kernel
-
-    events = [e for e in tp.events() if "CUDA" in str(getattr(e, "device_type", ""))]
-    ranges = [e for e in events if e.name.startswith("te_gemm: ")]
-    gemms = sorted((e.time_range.start, e.time_range.end) for e in events
-                   if not e.name.startswith("te_gemm: ") and is_gemm_kernel(e.name))
-    oracle: dict[str, list[float]] = {}
-    for r in ranges:
-        us = sum(e - s for s, e in gemms if s >= r.time_range.start - 1 and e <= r.time_range.end + 1)
-        oracle.setdefault(r.name[len("te_gemm: "):], []).append(us / 1e3)
-    return sum(e - s for s, e in gemms) / 1e3, oracle
-
-
-def check_cupti(model_name: str, recipe: str, steps: int, rounds: int = 3) -> dict:
-    """Does a profiled window leave the job slower afterwards? Rounds of: one window of each kind
-    (nothing, kernel records alone, a GemmProfiler without and with its kernels steps), each
-    followed by ``steps`` plain training steps timed by CUDA events; the kinds alternate within a
-    round so the host's drift falls on all alike. The first steps after a window are reported apart
-    (an effect that fades, e.g. an asynchronous CUPTI teardown, shows there)."""
-    from te_gemm_callback.capture.kernel_records import KernelProfile
-    from te_gemm_callback.models import stack_input, te_stack, train_step_fn
-
-    c = {"hostbound": HOSTBOUND, "codonfm": codonfm(4)}[model_name]
-    torch.manual_seed(0)
-    model = te_stack(c)
-    step = train_step_fn(model, stack_input(c), recipe)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-
-    def train() -> None:
-        step()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    def records() -> None:
-        kp = KernelProfile()
-        kp.start()
-        train()
-        kp.stop()
-
-    def profiler(kernel_steps: int) -> Any:
-        return lambda: capture_steps(model, train, 0, kernel_steps=kernel_steps)
-
-    windows = {"nothing": train, "kernel records": records, "profiler, no kernels steps": profiler(0),
-               "profiler with kernels steps": profiler(1)}
-    for _ in range(5):
-        train()
-    series: dict[str, list[list[float]]] = {k: [] for k in windows}
-    for _ in range(rounds):
-        for k, run in windows.items():
-            run()
-            torch.cuda.synchronize()  # the window's end, outside the timed block
-            series[k].append(event_times(train, steps))
-    head = 3
-    return {"model": model_name, "recipe": recipe, "steps": steps, "rounds": rounds,
-            "median_ms": {k: med([t for b in v for t in b]) for k, v in series.items()},
-            "first_steps_median_ms": {k: med([t for b in v for t in b[:head]]) for k, v in series.items()},
-            "later_median_ms": {k: med([t for b in v for t in b[head:]]) for k, v in series.items()},
-            "series": series}
 
 
 # --- sweep ----------------------------------------------------------------------------------
