@@ -69,8 +69,12 @@ def instrument_note(cap: GemmCapture) -> str | None:
     session = cap.meta.get("kernel_session_ms") or {}
     if "stop" in session:
         # Between steps, so in no step's time, but the job waits for it once per capture.
+        # The stop's sync waits for kernels the host had queued ahead: the job would wait for
+        # them anyway, so that part is said apart from the records' read.
+        sync = session.get("stop_sync")
+        waited = f", {sync:.0f} ms of it waiting for the GPU's queued kernels" if sync is not None else ""
         parts.append(f"the kernel-records session: {session.get('start', 0.0):.0f} ms to start, "
-                     f"{session['stop']:.0f} ms to stop and read (once, between steps)")
+                     f"{session['stop']:.0f} ms to stop and read{waited} (once, between steps)")
     text = f"step times from clean steps ({cost['clean_ms']:.2f} ms, nothing attached); " + ", ".join(parts)
     # The kernels step says it without any instrument: the GPU ran kernels for this share of a
     # clean step (per-category kernel time summed; overlapping streams can only raise it).

@@ -316,6 +316,9 @@ def test_instrument_note_states_the_cost_and_warns_when_host_bound():
     cap.meta["kernel_session_ms"] = {"start": 3.2, "stop": 61.4}  # the job waits for it, between steps
     assert instrument_note(cap).endswith("the kernel-records session: 3 ms to start, 61 ms to stop and read "
                                          "(once, between steps)")
+    cap.meta["kernel_session_ms"]["stop_sync"] = 40.2
+    assert instrument_note(cap).endswith("61 ms to stop and read, 40 ms of it waiting for the GPU's queued "
+                                         "kernels (once, between steps)")
     cap.steps[1].wall_ms = cap.steps[1].gpu_ms = 66.0  # +10%: host-bound, said so
     assert "66.00 ms (+10.0%)" in instrument_note(cap) and "the job is host-bound" in instrument_note(cap)
     # With only the dispatch step instrumented (the default plan), the kernels step tells: kernels

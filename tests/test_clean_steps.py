@@ -101,7 +101,8 @@ def test_kernel_session_start_and_stop_are_given_apart_not_in_any_step():
     cap, _ = run(GemmProfiler(model, kernel_profile=kp, clock=clock), model, x, clock, n=5)
     assert [s.kind for s in cap.steps] == ["instrumented", "kernels-warmup", "kernels", "settle", "clean"]
     assert [round(s.wall_ms, 6) for s in cap.steps] == [15.0, 10.0, 10.0, 10.0, 10.0]
-    assert cap.meta["kernel_session_ms"] == {"start": pytest.approx(4.0), "stop": pytest.approx(60.0)}
+    assert cap.meta["kernel_session_ms"] == {"start": pytest.approx(4.0), "stop": pytest.approx(60.0),
+                                             "stop_sync": pytest.approx(30.0)}
     # No kernels step, no session to report.
     cap, _ = run(GemmProfiler(model, kernel_profile=FakeKernels(clock=clock, stop_s=1.0), clock=clock,
                               kernel_steps=0), model, x, clock, n=3)

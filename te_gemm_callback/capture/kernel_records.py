@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,9 @@ class KernelProfile:
         self._env: str | None = None
         self._marks = 0
         self.error: str | None = None
+        # Host ms the last stop() waited in its sync: the GPU finishing work the host had queued
+        # ahead, which the job would wait for anyway, unlike the records' read after it.
+        self.sync_ms: float | None = None
 
     @property
     def running(self) -> bool:
@@ -139,7 +143,9 @@ class KernelProfile:
         try:
             # The step's kernels must have finished before the window closes: this sync sits
             # after the step's end boundary, so no measured step contains it.
+            t0 = time.perf_counter()
             torch.cuda.synchronize()
+            self.sync_ms = (time.perf_counter() - t0) * 1e3
             prof.__exit__(None, None, None)
             return split_at_marks(sorted(kernel_intervals(prof), key=lambda k: k[1]), self._marks)
         except Exception as err:

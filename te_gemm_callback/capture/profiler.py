@@ -390,6 +390,9 @@ class GemmProfiler:
             steps = self.kernel_profile.stop()  # synchronizes: after the step's end boundary
             # Outside every step's boundaries, yet the job waits for it: the report says so.
             self._session_ms["stop"] = (self._clock() - t0) * 1e3
+            sync = getattr(self.kernel_profile, "sync_ms", None)
+            if sync is not None:
+                self._session_ms["stop_sync"] = sync
             ids = [j for j, k in enumerate(self._kinds) if k == KERNELS]
             if steps is not None and len(steps) == len(ids):
                 self._kernel_steps.update(zip(ids, steps))

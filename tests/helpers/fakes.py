@@ -31,6 +31,7 @@ class FakeKernels:
         self.running = False
         if self.clock is not None:
             self.clock.t += self.stop_s
+            self.sync_ms = self.stop_s * 1e3 / 2  # half of it waiting for the GPU, say
         ks, t = [], 0.0
         for step in range(self.marks + 1):
             if step:
