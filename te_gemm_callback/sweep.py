@@ -185,9 +185,10 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             each round's ratio (:func:`~te_gemm_callback.analysis.observed_speedup`). 0: no rounds.
 
     Per recipe: ``warmup`` untimed steps, one instrumented step (shapes and precisions), the
-    kernels warm-up and kernels steps, then ``steps`` clean steps with nothing attached; then the
-    rounds. The observed step time is the median of the recipe's clean steps, so the profiler's
-    own host cost never enters a speedup or a verdict.
+    kernels warm-up, kernels and settle steps, then ``steps`` clean steps with nothing attached;
+    then the rounds. The observed step time is the median of the rounds' medians (without rounds,
+    of the recipe's clean steps), so the profiler's own host cost never enters a speedup or a
+    verdict.
     """
     if steps < 1:
         raise ValueError("sweep steps must be >= 1")
