@@ -87,8 +87,8 @@ class GemmProfiler:
 
     def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
                  instrumented_steps: int | str = 1, kernel_steps: int | None = None, kernel_warmup_steps: int = 1,
-                 settle_steps: int = 1, dispatch_steps: int | str | None = None, reuse_owners: bool = True, nvtx: bool | str = "auto",
-                 timing: bool | str = "auto",
+                 settle_steps: int = 1, dispatch_steps: int | str | None = None, reuse_owners: bool = True,
+                 nvtx: bool | str = "auto", timing: bool | str = "auto",
                  nsys_capture: bool = False, nvtx_backend: Any = None,
                  clock_reader: Callable[[], tuple[float, float]] | None = None,
                  kernel_profile: KernelProfile | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
