@@ -245,7 +245,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         for _ in range(warmup):  # a recipe's first step initialises its quantizers
             one_step()
         kernel_steps = 1 if profile_kernels and on_cuda else 0
-        # Instrumented, kernels warm-up and kernels steps, then ``steps`` clean ones.
+        # Instrumented, kernels warm-up, kernels and settle steps, then ``steps`` clean ones.
         cap = capture_steps(model, one_step, steps, nvtx=nvtx, kernel_steps=kernel_steps)
         if handle is not None:
             handle.remove()
