@@ -26,9 +26,11 @@ def base_parser(description: str, te_layers: bool = True, strategies: tuple[str,
     p.add_argument("--recipe", default="BF16", help="TE recipe the job trains in (BF16, DelayedScaling, ...)")
     p.add_argument("--steps", type=int, default=9, help="optimizer steps to train")
     p.add_argument("--sweep", default="all", help="recipes to sweep after capture: 'all', 'none', or a comma list")
-    p.add_argument("--sweep-rounds", type=int, default=3,
-                   help="alternating rounds of the swept recipes (the speedup is their median; more on a host "
-                        "whose step drifts; 0: none)")
+    p.add_argument("--sweep-rounds", type=int, default=6,
+                   help="the fewest alternating rounds of the swept recipes (the speedup is the median of their "
+                        "ratios, with a 95%% interval from 6 rounds on; 0: none)")
+    p.add_argument("--sweep-budget", type=float, default=20.0, metavar="SECONDS",
+                   help="more rounds until every observed speedup's interval is within +-2%%, for at most this long")
     p.add_argument("--sweep-plan", default=None, metavar="PLAN_JSON",
                    help="also sweep a precision plan (`te-gemm plan RUN_DIR` writes precision_plan.json)")
     p.add_argument("--no-bench", action="store_true", help="skip the microbenchmarks and report")
@@ -82,7 +84,7 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
         set_recipe: Callable | None = None) -> GemmProfilerCallback:
     cb = GemmProfilerCallback(wait=1, warmup=1, active=max(a.steps - 3, 1), output_dir=out,
                               sweep=sweep_list(a.sweep), set_recipe=set_recipe, verbose=not a.tiny,
-                              sweep_plan=a.sweep_plan, sweep_rounds=a.sweep_rounds)
+                              sweep_plan=a.sweep_plan, sweep_rounds=a.sweep_rounds, sweep_budget_s=a.sweep_budget)
     kw = {"precision": precision} if precision else {}
     if (st := strategy(a)) is not None:
         kw["strategy"] = st

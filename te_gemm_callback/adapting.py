@@ -23,7 +23,8 @@ def check_int(name: str, v: Any, least: int) -> None:
 
 def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: int, sweep_warmup: int,
                     sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
-                    sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 3) -> tuple[list[str] | None, Any]:
+                    sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 6,
+                    sweep_budget_s: float = 20.0) -> tuple[list[str] | None, Any]:
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
     sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
     added to the recipes). Called where the arguments are given, not once training runs."""
@@ -31,6 +32,8 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
                     ("sweep_rounds", sweep_rounds)):
         check_int(name, v, 0)
     check_int("sweep_steps", sweep_steps, 1)
+    if isinstance(sweep_budget_s, bool) or not isinstance(sweep_budget_s, (int, float)) or not sweep_budget_s >= 0:
+        raise ValueError(f"sweep_budget_s must be a number of seconds >= 0, got {sweep_budget_s!r}")
     check_int("instrumented_steps", instrumented_steps, 1)
     if active < 1:
         raise ValueError("active must be >= 1: at least one step has to be captured")

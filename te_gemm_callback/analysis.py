@@ -31,6 +31,7 @@ from .bench.cells import WorkItem, items_from_capture
 from .bench.results import BenchResults, fallback_items, measured_items, step_ms as bench_step_ms
 from .capture.record import GemmCapture
 from .precisions import FAMILY_RECIPE, RECIPE_FAMILY, padded_splits, row_alignment
+from .stats import Estimate, estimate
 
 GEMM_BOUND_TOL = 0.05  # |observed / predicted - 1| within this: the GEMMs explain the step
 NO_GAIN = 1.05  # GEMM speedup below this: no gain at these shapes
@@ -65,6 +66,7 @@ class Observed:
     unquantized: list[str] = field(default_factory=list)  # GEMMs left in high precision
     kernels: dict[str, float] = field(default_factory=dict)  # kernel ms per step by category
     round_ms: dict[int, float] = field(default_factory=dict)  # a sweep's alternating rounds: median ms each
+    fwd_bwd_ms: float | None = None  # a sweep step's forward+backward part (median), before its optimizer step
 
     @property
     def non_gemm_ms(self) -> float | None:
@@ -74,6 +76,13 @@ class Observed:
 def round_speedups(base: Observed, run: Observed) -> list[float]:
     """Step speedup of ``run`` over ``base`` in each sweep round both ran in, in round order."""
     return [base.round_ms[k] / run.round_ms[k] for k in sorted(set(base.round_ms) & set(run.round_ms))]
+
+
+def observed_estimate(base: Observed, run: Observed) -> Estimate | None:
+    """The median of the per-round speedups with its 95% interval (:mod:`te_gemm_callback.stats`),
+    or None without common rounds."""
+    per_round = round_speedups(base, run)
+    return estimate(per_round) if per_round else None
 
 
 def observed_speedup(base: Observed, run: Observed) -> float:
@@ -106,8 +115,9 @@ def observe(cap: GemmCapture) -> Observed:
         # time and the speedup agree: the capture's own clean steps ran minutes from the other
         # recipes' (HF on the H200: DelayedScaling 133.0 ms over all clean steps, 0.89x by rounds).
         step = statistics.median(round_ms.values())
+    parts = [s.fwd_bwd_ms for s in cap.steps_of("clean") if s.fwd_bwd_ms is not None]
     return Observed(recipe, step, cap.gemm_ms_per_step(), left, dict(cap.meta.get("kernel_breakdown_ms") or {}),
-                    round_ms)
+                    round_ms, statistics.median(parts) if parts else None)
 
 
 @dataclass
@@ -121,7 +131,9 @@ class RecipeAnalysis:
     predicted_step_speedup_unfused: float | None = None  # over BF16, GEMMs + standalone quantization
     observed_step_ms: float | None = None
     observed_gemm_ms: float | None = None
-    observed_step_speedup: float | None = None  # over BF16
+    observed_step_speedup: float | None = None  # over BF16: the median of the sweep's per-round ratios
+    observed_ci: tuple[float, float] | None = None  # its 95% interval (None: too few rounds, or no rounds)
+    observed_rounds: int = 0
     verdict: str = ""
     evidence: list[str] = field(default_factory=list)
     high_precision: list[str] = field(default_factory=list)  # GEMMs this recipe cannot run, timed in BF16
@@ -206,6 +218,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
             a.observed_step_ms, a.observed_gemm_ms = runs[r].step_ms, runs[r].gemm_ms
             if "BF16" in runs:
                 a.observed_step_speedup = observed_speedup(runs["BF16"], runs[r])
+                _set_interval(a, observed_estimate(runs["BF16"], runs[r]))
         if a.predicted_step_speedup is None and a.gemm_speedup is None and r in runs and "BF16" in runs:
             # No microbenchmark of this recipe: the in-job GEMM times of the two runs stand in.
             a.gemm_speedup = _in_job_gemm_speedup(runs[r], runs["BF16"])
@@ -240,6 +253,7 @@ def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed
     bf16 = runs.get("BF16")
     if bf16 is not None:
         a.observed_step_speedup = observed_speedup(bf16, run)
+        _set_interval(a, observed_estimate(bf16, run))
     a.verdict, a.evidence = verdict(a, run, bf16)
     kept = plan.get("keep_bf16", [])
     a.evidence.insert(0, f"{plan.get('recipe')} with {len(kept)} module(s) kept in BF16"
@@ -283,6 +297,12 @@ def _plan_prediction(plan: dict[str, Any], base: Observed, capture: GemmCapture,
     return pred["plan"], pred["BF16"] / pred["plan"], unfused
 
 
+def _set_interval(a: RecipeAnalysis, est: Estimate | None) -> None:
+    if est is not None:
+        a.observed_rounds = est.rounds
+        a.observed_ci = (est.low, est.high) if est.low is not None else None
+
+
 def _gemm_timing(cap: GemmCapture) -> str:
     src = cap.meta.get("gemm_time_source")
     if src == "kernel_records" or any(s.kind == "kernels" and s.gemm_ms is not None for s in cap.steps):
@@ -323,6 +343,23 @@ def _kernel_moves(run: Observed, bf16: Observed) -> str | None:
     return "kernel time that moved (torch.profiler, per step): " + ", ".join(moved) if moved else None
 
 
+def _undecided(est: Estimate | None, per_round: list[float], pred: float) -> str | None:
+    """Why the observed speedup cannot pick a side of a verdict's threshold (the edges of the band
+    around the prediction), or None. With a 95% interval: it reaches across an edge. With too few
+    rounds for one (under 6): the rounds themselves fall on both sides of an edge."""
+    if est is None or est.rounds < 2:
+        return None
+    lo, hi, what = est.low, est.high, "95% interval"
+    if lo is None or hi is None:
+        lo, hi, what = min(per_round), max(per_round), f"{est.rounds} rounds (too few for a 95% interval) range"
+    for edge, sides in ((1 - GEMM_BOUND_TOL, "GEMM-bound and overhead eating the gain"),
+                        (1 + GEMM_BOUND_TOL, "GEMM-bound and better than predicted")):
+        if lo < edge * pred < hi:
+            return (f"undecided: its {what} {lo:.2f}-{hi:.2f}x reaches across {edge * pred:.2f}x "
+                    f"({100 * (edge - 1):+.0f}% of the prediction), the line between {sides}")
+    return None
+
+
 def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tuple[str, list[str]]:
     """GEMM-bound / overhead eats the gain / no gain or silent fallback, with the numbers behind it.
     Pure: reads ``a`` and the observed runs, changes nothing."""
@@ -351,14 +388,13 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
     if obs is None or pred is None:
         return "predicted only (no observed run in this recipe)", ev
     gap = obs / pred - 1
-    line = f"predicted step speedup {pred:.2f}x, observed {obs:.2f}x (residual {100 * gap:+.1f}%)"
     per_round = round_speedups(bf16, run) if run is not None and bf16 is not None else []
-    if len(per_round) > 1:  # how far the rounds agree: the observed figure's own spread
-        line += f"; observed in {len(per_round)} alternating rounds {min(per_round):.2f}-{max(per_round):.2f}x"
-        within = sum(abs(r / pred - 1) <= GEMM_BOUND_TOL for r in per_round)
-        if 0 < within < len(per_round):  # the label below could go either way on another draw
-            line += (f", {within} of {len(per_round)} within {100 * GEMM_BOUND_TOL:.0f}% of the prediction: "
-                     "at the line between GEMM-bound and not")
+    est = estimate(per_round) if per_round else None
+    line = (f"predicted step speedup {pred:.2f}x, observed {est.text() if est else f'{obs:.2f}x'} "
+            f"(residual {100 * gap:+.1f}%)")
+    undecided = _undecided(est, per_round, pred)
+    if undecided:
+        line += f"; {undecided}"
     if a.predicted_step_speedup_unfused is not None:
         line += f"; with every quantization unfused {a.predicted_step_speedup_unfused:.2f}x"
     ev.append(line)
@@ -366,6 +402,10 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
     if run is not None and bf16 is not None and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
         moved = run.non_gemm_ms - bf16.non_gemm_ms
         ev.append(f"non-GEMM time {bf16.non_gemm_ms:.2f} -> {run.non_gemm_ms:.2f} ms ({moved:+.2f} ms per step)")
+    if run is not None and bf16 is not None and run.fwd_bwd_ms and bf16.fwd_bwd_ms:
+        ev.append(f"forward+backward {bf16.fwd_bwd_ms:.2f} -> {run.fwd_bwd_ms:.2f} ms "
+                  f"({bf16.fwd_bwd_ms / run.fwd_bwd_ms:.2f}x); the optimizer step and the rest of the step "
+                  f"{bf16.step_ms - bf16.fwd_bwd_ms:.2f} -> {run.step_ms - run.fwd_bwd_ms:.2f} ms")
     if run is not None and bf16 is not None and abs(gap) > GEMM_BOUND_TOL:
         kern = _kernel_moves(run, bf16)
         if kern:
@@ -374,6 +414,9 @@ def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> t
             idle = (run.step_ms - sum(run.kernels.values())) - (bf16.step_ms - sum(bf16.kernels.values()))
             if abs(idle) > 0.01:
                 ev.append(f"GPU time in no kernel (host-bound gaps) {idle:+.2f} ms per step")
+    if undecided:
+        ev.append("more rounds narrow it: a larger sweep time budget (sweep_budget_s), or sweep_steps")
+        return "undecided (the observed speedup's interval straddles the line)", ev
     if abs(gap) <= GEMM_BOUND_TOL:
         return "GEMM-bound: working as expected", ev
     if gap > 0:

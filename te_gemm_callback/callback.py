@@ -56,13 +56,18 @@ class GemmProfilerCallback(Callback):
         nsys_capture: cudaProfilerStart/Stop around the active steps; run the job under
             ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop``.
         adapters, dispatch_steps: see :class:`~te_gemm_callback.GemmProfiler`.
-        sweep: recipes to time on the job's own model and last batch once the active steps end
-            (forward+backward, ``sweep_steps`` clean steps each after ``sweep_warmup`` untimed ones, no
-            optimizer step; model state, gradients and RNG put back), written to
-            ``output_dir/sweep/<recipe>/``. The observed step speedups in the report come from here.
-        sweep_rounds: after the sweep's captures, rounds in which the recipes alternate, ``sweep_steps``
-            clean steps each; the observed speedup is the median of the rounds' ratios, so the
-            host's drift over the sweep cancels (:func:`~te_gemm_callback.sweep.run_sweep`). 0: none.
+        sweep: recipes to time on the job's own model and last batch once the active steps end:
+            whole training steps (forward, backward, the module's gradient clipping with the
+            Trainer's settings, every optimizer's step; ``sweep_steps`` clean steps each after
+            ``sweep_warmup`` untimed ones), then everything put back (parameters, optimizer state,
+            gradients, TE's FP8 state, RNG), written to ``output_dir/sweep/<recipe>/``. The observed
+            step speedups in the report come from here. Manual optimization: forward+backward only.
+        sweep_rounds: after the sweep's captures, at least this many rounds in which the recipes
+            alternate, ``sweep_steps`` clean steps each; the observed speedup is the median of the
+            rounds' ratios, so the host's drift over the sweep cancels, with a 95% interval
+            (:func:`~te_gemm_callback.sweep.run_sweep`). 0: none.
+        sweep_budget_s: after ``sweep_rounds``, more rounds until every observed speedup's interval
+            is within +-2%, for at most this many seconds of rounds.
         set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves
             (default: set ``module.recipe`` when the module has that attribute).
         sweep_plan: a precision plan (``te-gemm plan``'s ``precision_plan.json``, or a
@@ -85,12 +90,12 @@ class GemmProfilerCallback(Callback):
                  filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, set_recipe: Any = None, kernel_breakdown: bool = True,
                  sweep_warmup: int = 2, instrumented_steps: int = 1, sweep_plan: Any = None,
-                 sweep_rounds: int = 3) -> None:
+                 sweep_rounds: int = 6, sweep_budget_s: float = 20.0) -> None:
         sweep, self.sweep_plan = check_arguments(
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
-            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds)
-        self.sweep_rounds = sweep_rounds
+            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s)
+        self.sweep_rounds, self.sweep_budget_s = sweep_rounds, sweep_budget_s
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps = instrumented_steps
         self.output_dir = Path(output_dir)
@@ -319,6 +324,17 @@ class GemmProfilerCallback(Callback):
             finally:
                 module.log = log_fn
 
+        optimizers = list(trainer.optimizers) if module.automatic_optimization else []
+
+        def optimizer_step() -> None:
+            # What Lightning's automatic optimization runs after backward: the module's clipping hook
+            # with the Trainer's settings, then each optimizer's step. Not through LightningOptimizer,
+            # whose step hooks advance the fit's step counters.
+            for opt in optimizers:
+                module.configure_gradient_clipping(opt, gradient_clip_val=trainer.gradient_clip_val,
+                                                   gradient_clip_algorithm=trainer.gradient_clip_algorithm)
+                opt.step()
+
         plugin = getattr(trainer.strategy, "precision_plugin", None)
         context = getattr(plugin, "forward_context", None)
         out_dir = self.output_dir / "sweep" if trainer.is_global_zero else None
@@ -326,5 +342,7 @@ class GemmProfilerCallback(Callback):
                                             warmup=self.sweep_warmup, profile_kernels=self.kernel_breakdown,
                                             set_recipe=set_recipe, context=context, out_dir=out_dir,
                                             job_recipe=capture_recipe(cap), nvtx=self.profiler_kwargs["nvtx"],
-                                            plan=self.sweep_plan, rounds=self.sweep_rounds)
+                                            plan=self.sweep_plan, rounds=self.sweep_rounds,
+                                            budget_s=self.sweep_budget_s, optimizers=optimizers,
+                                            optimizer_step=optimizer_step if optimizers else None)
         return sweep_metrics(res)

@@ -34,8 +34,9 @@ class GemmProfilerTrainerCallback(TrainerCallback):
     ``active`` steps: ``instrumented_steps`` instrumented, on CUDA a kernels warm-up and one kernels step, the rest clean
     (nothing attached: the step time). ``output_dir/gemm_capture.json`` is written on the main
     process (every rank's under ``ranks/`` in a multi-process job); with ``sweep``, each recipe is
-    timed on the job's model once training ends (a batch of its training data; model state,
-    gradients and RNG put back) and written to ``output_dir/sweep/<recipe>/``, so
+    timed on the job's model once training ends (whole steps on a batch of its training data:
+    forward, backward, clipping to ``max_grad_norm``, the optimizer's step; model, optimizer and
+    TE state, gradients and RNG put back) and written to ``output_dir/sweep/<recipe>/``, so
     ``te-gemm report output_dir`` gives the verdicts. Nothing here can stop training.
 
     Args: as :class:`~te_gemm_callback.GemmProfilerCallback`.
@@ -49,12 +50,13 @@ class GemmProfilerTrainerCallback(TrainerCallback):
                  nvtx: bool | str = "auto", adapters: Sequence[str] = ("te", "torch"), dispatch_steps: int | str | None = None,
                  verbose: bool = True, filename: str = "gemm_capture.json", sweep: Sequence[str] | None = None,
                  sweep_steps: int = 3, sweep_warmup: int = 2, kernel_breakdown: bool = True,
-                 instrumented_steps: int = 1, sweep_plan: Any = None, sweep_rounds: int = 3) -> None:
+                 instrumented_steps: int = 1, sweep_plan: Any = None, sweep_rounds: int = 6,
+                 sweep_budget_s: float = 20.0) -> None:
         self.sweep, self.sweep_plan = check_arguments(
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
-            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds)
-        self.sweep_rounds = sweep_rounds
+            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s)
+        self.sweep_rounds, self.sweep_budget_s = sweep_rounds, sweep_budget_s
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps, self.kernel_breakdown = instrumented_steps, kernel_breakdown
         self.output_dir, self.filename, self.verbose = Path(output_dir), filename, verbose
@@ -193,9 +195,20 @@ class GemmProfilerTrainerCallback(TrainerCallback):
         dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
         context = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else None
         out = self.output_dir / "sweep" if args.process_index == 0 else None
+        opt = kwargs.get("optimizer")
+        optimizers = [getattr(opt, "optimizer", opt)] if opt is not None else []  # accelerate wraps it
+
+        def optimizer_step() -> None:
+            # What the Trainer runs after backward: clipping to args.max_grad_norm, then the
+            # optimizer's step (the scheduler is not stepped: the sweep's steps are not the job's).
+            if args.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizers[0].step()
+
         model.train()
         self.sweep_result = run_sweep(model, step, self.sweep, steps=self.sweep_steps, warmup=self.sweep_warmup,
                                       profile_kernels=self.kernel_breakdown, context=context, out_dir=out,
                                       job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"],
-                                      plan=self.sweep_plan, rounds=self.sweep_rounds)
+                                      plan=self.sweep_plan, rounds=self.sweep_rounds, budget_s=self.sweep_budget_s,
+                                      optimizers=optimizers, optimizer_step=optimizer_step if optimizers else None)
         return sweep_metrics(self.sweep_result)

@@ -1,31 +1,38 @@
-"""Observed speedup in the live job: a few forward+backward steps under each recipe.
+"""Observed speedup in the live job: whole training steps under each recipe, in alternating rounds.
 
-The sweep runs on the job's own model and batch, with no optimizer step, and puts everything back
-afterwards: parameters, buffers and TE's FP8 metadata (state_dict, extra state included),
-gradients, and the RNG states; so training continues exactly as if the sweep had not run.
+The sweep runs on the job's own model and batch: forward, backward and, given the job's optimizers,
+the optimizer step (with the job's clipping, through ``optimizer_step``), so the step it times is
+the step a user times. It puts everything back afterwards (:mod:`te_gemm_callback.sweep_state`):
+parameters, buffers, gradients, optimizer state, TE's FP8 metadata and the objects that hold it,
+and the RNG states; so training continues exactly as if the sweep had not run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import itertools
 import logging
-import os
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
 
 from .capture import GemmCapture
-from .capture.instruments import boundary_times
+from .capture.instruments import MidMark, boundary_times
 from .capture.record import StepTime
 from .capture.steps import CLEAN, capture_steps
 from .precisions import autocast, availability, canonical
+from .sweep_state import RecipeStates, TrainingSnapshot
 
 log = logging.getLogger("te_gemm_callback")
+
+MIN_ROUNDS = 6  # the fewest rounds with a 95% interval for the median ratio (stats.MIN_ROUNDS_FOR_INTERVAL)
+BUDGET_S = 20.0  # default time for the rounds: a 150 ms step, 4 recipes, 4 steps each: about 8 rounds
+TARGET = 0.02  # rounds stop once every observed speedup's 95% interval is within +-2% of its median
+MAX_ROUNDS = 60
 
 
 @dataclass
@@ -33,94 +40,25 @@ class SweepResult:
     captures: dict[str, GemmCapture] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     paths: dict[str, Path] = field(default_factory=dict)
-
-
-class _Snapshot:
-    """Everything a forward+backward can change, copied to host memory.
-
-    Parameters and buffers are copied back tensor by tensor (bitwise, same storage, so optimizer
-    state keyed by parameter stays valid). Module extra state (TE's FP8 scales and amax history)
-    goes back through each module's own get/set_extra_state.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        self.tensors = {k: v.detach().to("cpu", copy=True)
-                        for k, v in itertools.chain(model.named_parameters(), model.named_buffers())}
-        self.extra = {n: copy.deepcopy(m.get_extra_state()) for n, m in model.named_modules()
-                      if type(m).get_extra_state is not nn.Module.get_extra_state}
-        self.grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
-        self.rng_cpu = torch.get_rng_state()
-        self.rng_cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-
-    def restore(self, model: nn.Module) -> None:
-        with torch.no_grad():
-            for k, v in itertools.chain(model.named_parameters(), model.named_buffers()):
-                v.copy_(self.tensors[k])
-        for n, p in model.named_parameters():
-            p.grad = self.grads[n]
-        torch.set_rng_state(self.rng_cpu)
-        if self.rng_cuda is not None:
-            torch.cuda.set_rng_state_all(self.rng_cuda)
-        modules = dict(model.named_modules())
-        # TE refuses pickled FP8 metadata unless told the source is trusted: this is our own
-        # snapshot, taken from this process moments ago.
-        with _env("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1"):
-            for n, state in self.extra.items():
-                modules[n].set_extra_state(state)
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
-# Measured with TE 2.20 on the H200 (benchmarks/sweep_state_matrix.py, tests/test_gpu.py): a TE module
-# that ran DelayedScaling, then another FP8 recipe, then DelayedScaling again keeps its scales at 1.0
-# and its loss frozen, with faster (mostly-zero) FP8 GEMMs; a module's first DelayedScaling use after
-# another FP8 recipe updates them normally. So DelayedScaling is swept before other FP8 recipes, and
-# a job that trains in DelayedScaling is never switched to another FP8 recipe.
-_SWITCH_NOTE = ("TE stops updating DelayedScaling scales in a module that returns to DelayedScaling after "
-                "another FP8 recipe")
+    rounds: int = 0  # alternating rounds run
+    stopped: str = ""  # why the rounds stopped
 
 
 def sweep_order(recipes: Iterable[str]) -> list[str]:
-    """BF16 first, DelayedScaling before the other FP8 recipes, otherwise as given."""
+    """BF16 first (the speedups' base), then DelayedScaling (on a BF16 job its first FP8 use, with
+    nothing to put back yet), otherwise as given."""
     rs = list(dict.fromkeys(canonical(r) for r in recipes))
     return sorted(rs, key=lambda r: {"BF16": 0, "DelayedScaling": 1}.get(r, 2))
 
 
 def plan_entries(order: list[str], plan: Any = None) -> list[tuple[str, str, Any]]:
     """(name in the results, recipe, plan) per swept entry. The plan runs right after its own
-    recipe: under the same DelayedScaling state rules (a DelayedScaling plan must come before any
-    other FP8 recipe touches the modules) and next to the run it differs from."""
+    recipe, next to the run it differs from."""
     entries = [(r, r, None) for r in order]
     if plan is not None:
         at = next((i + 1 for i, e in enumerate(entries) if e[1] == plan.recipe), len(entries))
         entries.insert(at, ("plan", plan.recipe, plan))
     return entries
-
-
-def switch_conflict(recipe: str, job_recipe: str | None, fp8_used: set[str]) -> str | None:
-    """Why ``recipe`` must not run on this model now, or None. ``fp8_used``: FP8 recipes its TE
-    modules have already run (the job's own one included)."""
-    if recipe == "BF16":
-        return None
-    if job_recipe == "DelayedScaling" and recipe != "DelayedScaling":
-        return (f"not swept on a job that trains in DelayedScaling: {_SWITCH_NOTE}, which would freeze this "
-                "job's scaling; time it in a separate run and use `te-gemm compare`")
-    others = sorted(fp8_used - {"DelayedScaling"})
-    if recipe == "DelayedScaling" and "DelayedScaling" in fp8_used and others:
-        return (f"not swept again after {', '.join(others)} on the same modules: {_SWITCH_NOTE}, so the timing "
-                "would describe scales stuck at 1.0; time it in a separate run and use `te-gemm compare`")
-    return None
 
 
 def _on_cuda(model: nn.Module) -> bool:
@@ -138,79 +76,114 @@ def _loss(out: Any) -> torch.Tensor:
     raise TypeError("the sweep's step function must return a loss tensor, a dict with 'loss', or an output with .loss")
 
 
-def sweep_phases(entries: list[tuple[str, str, Any]]) -> list[list[tuple[str, str, Any]]]:
-    """The entries in the phases their alternating rounds run in: BF16 and DelayedScaling (with a
-    DelayedScaling plan) first, then the other FP8 recipes; within a phase the recipes alternate
-    freely, and no DelayedScaling step ever follows another FP8 recipe (see :func:`switch_conflict`).
 
-    Example:
-        >>> [[e[0] for e in ph] for ph in sweep_phases(plan_entries(sweep_order(["fp8_block", "DelayedScaling", "BF16"])))]
-        [['BF16', 'DelayedScaling'], ['Float8BlockScaling']]
-    """
-    first = [e for e in entries if e[1] in ("BF16", "DelayedScaling")]
-    rest = [e for e in entries if e not in first]
-    return [ph for ph in (first, rest) if ph]
+
+def _stop_reason(res: SweepResult, timed: Sequence[str], k: int, min_rounds: int, elapsed: float,
+                 budget_s: float, target: float) -> str | None:
+    """Why the rounds stop after round ``k`` (0-based), or None to go on: once ``min_rounds`` ran,
+    every observed speedup's 95% interval within ``target``, the time budget spent, or
+    :data:`MAX_ROUNDS`."""
+    from .analysis import observe, round_speedups
+    from .stats import estimate
+
+    n = k + 1
+    if n >= MAX_ROUNDS:
+        return f"{MAX_ROUNDS} rounds (the most the sweep runs)"
+    if n < min_rounds:  # the rounds asked for always run; the budget bounds the ones after them
+        return None
+    base = observe(res.captures["BF16"])
+    widths = [estimate(round_speedups(base, observe(res.captures[lb]))).half_width for lb in timed if lb != "BF16"]
+    if widths and all(w is not None and w <= target for w in widths):
+        return f"every observed speedup's 95% interval within +-{100 * target:g}%"
+    if elapsed >= budget_s:
+        worst = max((w for w in widths if w is not None), default=None)
+        return (f"the time budget ({budget_s:g} s) with intervals up to +-{100 * worst:.1f}%" if worst is not None
+                else f"the time budget ({budget_s:g} s) before a 95% interval (6 rounds needed)")
+    return None
 
 
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
               warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
               context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
               nvtx: bool | str = "auto", profile_kernels: bool = True, job_recipe: str | None = None,
-              plan: Any = None, rounds: int = 3) -> SweepResult:
-    """Time ``steps`` forward+backward steps of ``step_fn`` under each recipe.
+              plan: Any = None, rounds: int = MIN_ROUNDS, budget_s: float = BUDGET_S, target: float = TARGET,
+              optimizers: Sequence[torch.optim.Optimizer] = (),
+              optimizer_step: Callable[[], Any] | None = None) -> SweepResult:
+    """Time whole training steps of ``step_fn`` under each recipe, alternated in rounds.
 
     Args:
-        step_fn: runs one forward and returns the loss (the sweep calls backward).
+        step_fn: runs one forward and returns the loss (the sweep calls backward and the optimizer).
+        optimizers: the job's optimizers: stepped in every sweep step (unless ``optimizer_step`` is
+            given) and their state put back afterwards. Without them (and without
+            ``optimizer_step``) the sweep's steps are forward+backward only, and the captures say so.
+        optimizer_step: what the job does after backward (clipping, ``optimizer.step()``, ...):
+            called in every sweep step in place of stepping ``optimizers``. Gradients are set to
+            None before every step (the job's ``zero_grad``).
         set_recipe: how the model picks its recipe, for models that enter ``te.autocast``
             themselves (called with each recipe, then with None to restore). Without it, the
             forward runs inside ``te.autocast(recipe)``.
         context: an outer context per step (Lightning's precision plugin forward context).
-        job_recipe: the recipe the job trains in (read from its capture); decides which FP8
-            recipes can be swept on its modules without breaking DelayedScaling (see
-            :func:`switch_conflict`). Recipes run BF16 first, then DelayedScaling, then the rest.
+        job_recipe: the recipe the job trains in (read from its capture), kept in the captures.
+            Any recipe can be swept on any job: TE's per-recipe state objects are kept and put
+            back at every switch (:class:`~te_gemm_callback.sweep_state.RecipeStates`).
         plan: a :class:`~te_gemm_callback.plan.PrecisionPlan` (or its JSON path) swept right after
-            its own recipe (:func:`plan_entries`), as ``"plan"``: its recipe with its ``keep_bf16`` modules under ``te.autocast(enabled=False)``
-            (:func:`~te_gemm_callback.plan.apply_precision_plan`, removed after its steps). Its
-            capture holds the plan and its predicted speedup, to set against the observed one. A
-            plan that amounts to a single recipe (``plan.same_as``) is not timed again.
+            its own recipe (:func:`plan_entries`), as ``"plan"``: its recipe with its ``keep_bf16``
+            modules under ``te.autocast(enabled=False)`` (:func:`~te_gemm_callback.plan.apply_precision_plan`,
+            removed after its steps). A plan that amounts to a single recipe (``plan.same_as``) is not timed again.
         profile_kernels: on CUDA, one kernels step (torch.profiler, kernels only, after a warm-up
-            step with the records already running) following the instrumented one: per-GEMM GPU time, and kernel time split into GEMM, attention,
-            quantization/cast, norm, communication, optimizer and other
-            (``meta["kernel_breakdown_ms"]``): where the time went that the GEMMs did not explain.
-        rounds: alternating rounds after the captures: in each, every swept entry of a phase
-            (:func:`sweep_phases`; BF16 in each) runs one untimed step (the switch) and ``steps``
-            clean timed steps. A host-bound job's step time drifts by 10-50% over seconds (the
-            H200 host-bound stack, docs/results/h200.md): recipes timed seconds apart in
-            alternation see the same drift, so the observed speedup is the median over rounds of
-            each round's ratio (:func:`~te_gemm_callback.analysis.observed_speedup`). 0: no rounds.
+            step with the records already running) following the instrumented one: per-GEMM GPU
+            time, and kernel time split into GEMM, attention, quantization/cast, norm,
+            communication, optimizer and other (``meta["kernel_breakdown_ms"]``).
+        rounds: the fewest alternating rounds after the captures (0: none). In each, every swept
+            entry (BF16 among them) runs one untimed step (the switch) and ``steps`` clean timed
+            steps, in forward then reverse order. A host-bound job's step time drifts by 10-50%
+            over seconds (docs/results/h200.md); recipes timed seconds apart see the same drift, so
+            the observed speedup is the median over rounds of each round's ratio, with a 95%
+            interval (:mod:`te_gemm_callback.stats`). Rounds go on past ``rounds`` until every
+            interval is within ``target`` (0.02: +-2%) or ``budget_s`` seconds of rounds are spent
+            (the rounds asked for always run).
 
-    Per recipe: ``warmup`` untimed steps, one instrumented step (shapes and precisions), the
+    Per entry: ``warmup`` untimed steps, one instrumented step (shapes and precisions), the
     kernels warm-up, kernels and settle steps, then ``steps`` clean steps with nothing attached;
     then the rounds. The observed step time is the median of the rounds' medians (without rounds,
-    of the recipe's clean steps), so the profiler's own host cost never enters a speedup or a
-    verdict.
+    of the entry's clean steps), so the profiler's own host cost never enters a speedup or a verdict.
     """
     if steps < 1:
         raise ValueError("sweep steps must be >= 1")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"sweep rounds must be an integer >= 0, got {rounds!r}")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s >= 0:
+        raise ValueError(f"sweep budget must be a number of seconds >= 0, got {budget_s!r}")
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
+        raise ValueError(f"sweep target must be a fraction between 0 and 1 (0.02: +-2%), got {target!r}")
     from .plan import PrecisionPlan, apply_precision_plan
 
     if plan is not None and not isinstance(plan, PrecisionPlan):
         plan = PrecisionPlan.load(plan)
+    optimizers = list(optimizers)
+    whole = bool(optimizers) or optimizer_step is not None
     res = SweepResult()
-    snap = _Snapshot(model)
+    snap = TrainingSnapshot(model, optimizers)
+    keep = RecipeStates(model)
     on_cuda = _on_cuda(model)
     cuda = on_cuda and torch.cuda.is_available()
-    fp8_used = {job_recipe} if job_recipe and job_recipe != "BF16" else set()
     handle = None
 
-    def make_step(recipe: str) -> Callable[[], None]:
+    def after_backward() -> None:
+        if optimizer_step is not None:
+            optimizer_step()
+        else:
+            for opt in optimizers:
+                opt.step()
+
+    def make_step(recipe: str, mid: MidMark | None = None) -> Callable[[], None]:
         def one_step() -> None:
             for p in model.parameters():
-                p.grad = None  # no accumulation across sweep steps; restored at the end
+                p.grad = None  # the job's zero_grad (set_to_none); the job's own gradients are put back at the end
             outer = context() if context is not None else contextlib.nullcontext()
-            with outer:
+            with outer, warnings.catch_warnings():
+                # TE warns at every recipe switch ("Recipe type changed"): the sweep switches on purpose.
+                warnings.filterwarnings("ignore", message="Recipe type changed")
                 if set_recipe is not None:
                     set_recipe(model, recipe)
                     loss = _loss(step_fn())
@@ -218,6 +191,10 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
                     with autocast(recipe):
                         loss = _loss(step_fn())
             loss.backward()
+            if mid is not None:
+                mid()  # the end of forward+backward, before the optimizer step
+            if whole:
+                after_backward()
 
         return one_step
 
@@ -234,12 +211,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         if recipe != "BF16" and not on_cuda:
             res.skipped[label] = "the model runs on the CPU: TE recipes need its layers on a CUDA GPU"
             return False
-        conflict = switch_conflict(recipe, job_recipe, fp8_used)
-        if conflict:
-            res.skipped[label] = conflict
-            return False
-        if recipe != "BF16":
-            fp8_used.add(recipe)
+        keep.switch(recipe)
         handle = apply_precision_plan(model, entry_plan) if entry_plan is not None else None
         one_step = make_step(recipe)
         for _ in range(warmup):  # a recipe's first step initialises its quantizers
@@ -250,7 +222,9 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         if handle is not None:
             handle.remove()
             handle = None
-        cap.meta.update(recipe=label, sweep=True, note="forward+backward only, no optimizer step")
+        cap.meta.update(recipe=label, sweep=True, job_recipe=job_recipe,
+                        sweep_step="whole training step: forward, backward, optimizer step" if whole else
+                        "forward+backward only: no optimizer was given to the sweep")
         if entry_plan is not None:
             cap.meta["plan"] = {"recipe": entry_plan.recipe, "keep_bf16": list(entry_plan.keep_bf16),
                                 "predicted_speedup": entry_plan.predicted_speedup.get("plan"),
@@ -263,43 +237,53 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         if out_dir is not None:
             res.paths[label] = res.captures[label].save(Path(out_dir) / label / "gemm_capture.json")
 
-    def time_rounds(timed: list[tuple[str, str, Any]], first_round: int) -> None:
+    def one_round(timed: list[tuple[str, str, Any]], k: int) -> None:
         nonlocal handle
-        for k in range(rounds):
-            # Forward, then backward order (ABBA): a steady drift over a round pair falls on
-            # every entry alike.
-            for label, recipe, entry_plan in (timed if k % 2 == 0 else timed[::-1]):
-                handle = apply_precision_plan(model, entry_plan) if entry_plan is not None else None
-                one_step = make_step(recipe)
-                one_step()  # the switch from the previous entry: not a steady-state step
-                times = boundary_times(one_step, steps, cuda)
-                if handle is not None:
-                    handle.remove()
-                    handle = None
-                cap = res.captures[label]
-                n = len(cap.steps)
-                cap.steps += [StepTime(index=n + i, wall_ms=wall, gpu_ms=gpu, kind=CLEAN, round=first_round + k)
-                              for i, (wall, gpu) in enumerate(times)]
+        # Forward, then backward order (ABBA): a steady drift over a round pair falls on every entry alike.
+        for label, recipe, entry_plan in (timed if k % 2 == 0 else timed[::-1]):
+            keep.switch(recipe)
+            handle = apply_precision_plan(model, entry_plan) if entry_plan is not None else None
+            mid = MidMark(cuda)
+            one_step = make_step(recipe, mid if whole else None)
+            one_step()  # the switch from the previous entry: not a steady-state step
+            mid.marks.clear()
+            times = boundary_times(one_step, steps, cuda, mid=mid if whole else None)
+            if handle is not None:
+                handle.remove()
+                handle = None
+            parts = [g if g is not None else w for w, g in mid.part_ms] or [None] * len(times)
+            cap = res.captures[label]
+            n = len(cap.steps)
+            cap.steps += [StepTime(index=n + i, wall_ms=wall, gpu_ms=gpu, kind=CLEAN, round=k, fwd_bwd_ms=part)
+                          for i, ((wall, gpu), part) in enumerate(zip(times, parts))]
 
-    n_rounds = 0
     try:
-        for phase in sweep_phases(plan_entries(sweep_order(recipes), plan)):
-            ran = [e for e in phase if capture_entry(*e)]
-            # BF16, the speedups' base, runs in every phase's rounds.
-            timed = ran if "BF16" not in res.captures or any(e[0] == "BF16" for e in ran) else \
-                [("BF16", "BF16", None)] + ran
-            if rounds and len(timed) > 1:
-                time_rounds(timed, n_rounds)
-                n_rounds += rounds
-                for label, _, _ in timed:  # the captures again, with their rounds' steps
-                    res.captures[label].meta["sweep_rounds"] = (
-                        "alternating rounds after the captures: clean steps per round are tagged with their "
-                        "round; speedups are medians of per-round ratios")
-                    save(label)
+        ran = [e for e in plan_entries(sweep_order(recipes), plan) if capture_entry(*e)]
+        if rounds and len(ran) > 1 and "BF16" in res.captures:
+            log.info("te-gemm: sweep: alternating rounds of %s until every observed speedup's 95%% interval is "
+                     "within +-%g%% or %g s (at least %d rounds)", ", ".join(e[0] for e in ran), 100 * target,
+                     budget_s, rounds)
+            t0 = time.perf_counter()
+            k = 0
+            while True:
+                one_round(ran, k)
+                why = _stop_reason(res, [e[0] for e in ran], k, rounds, time.perf_counter() - t0, budget_s, target)
+                k += 1
+                if why:
+                    break
+            res.rounds, res.stopped = k, why
+            log.info("te-gemm: sweep: %d rounds in %.1f s, stopped at %s", k, time.perf_counter() - t0, why)
+            for label, _, _ in ran:  # the captures again, with their rounds' steps
+                res.captures[label].meta["sweep_rounds"] = {
+                    "rounds": k, "stopped": why, "min_rounds": rounds, "budget_s": budget_s, "target": target,
+                    "method": "alternating rounds after the captures (forward, then reverse order); speedup: "
+                              "median of per-round ratios, 95% order-statistic interval"}
+                save(label)
     finally:
         if handle is not None:  # a step raised while the plan was applied
             handle.remove()
         if set_recipe is not None:
             set_recipe(model, None)
+        keep.restore_job()  # the objects first: the values below go into them
         snap.restore(model)
     return res

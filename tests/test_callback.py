@@ -198,26 +198,11 @@ def test_sweep_restores_module_extra_state_and_weights_bitwise():
     assert "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE" not in os.environ  # put back as it was
 
 
-def test_sweep_order_and_delayed_scaling_switch_guard():
-    """TE 2.20 freezes DelayedScaling scales in a module that ran another FP8 recipe (measured on
-    the H200 by benchmarks/sweep_state_matrix.py); the sweep must neither measure that state nor
-    leave a DelayedScaling job in it."""
-    from te_gemm_callback.sweep import sweep_order, switch_conflict
+def test_sweep_order():
+    from te_gemm_callback.sweep import sweep_order
 
     assert sweep_order(["Float8CurrentScaling", "DelayedScaling", "BF16", "fp8_block"]) == \
         ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"]
-    # A BF16 job: DelayedScaling first is fine, the others after it too.
-    assert switch_conflict("DelayedScaling", "BF16", set()) is None
-    assert switch_conflict("Float8CurrentScaling", "BF16", {"DelayedScaling"}) is None
-    # A job in Float8CurrentScaling: DelayedScaling's first use in its modules is safe (measured);
-    # returning to DelayedScaling after another FP8 recipe is not.
-    assert switch_conflict("DelayedScaling", "Float8CurrentScaling", {"Float8CurrentScaling"}) is None
-    why = switch_conflict("DelayedScaling", "Float8CurrentScaling", {"Float8CurrentScaling", "DelayedScaling"})
-    assert why and "after Float8CurrentScaling" in why and "te-gemm compare" in why
-    # A DelayedScaling job: only BF16 and DelayedScaling may run on its modules.
-    assert switch_conflict("BF16", "DelayedScaling", {"DelayedScaling"}) is None
-    assert switch_conflict("DelayedScaling", "DelayedScaling", {"DelayedScaling"}) is None
-    assert "freeze this job's scaling" in switch_conflict("Float8BlockScaling", "DelayedScaling", {"DelayedScaling"})
 
 
 class _FakeKernelProfile(GemmProfilerCallback):

@@ -16,13 +16,35 @@ import torch
 NVTX_DOMAIN = "te_gemm"
 
 
-def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None) -> list[tuple[float, float | None]]:
+class MidMark:
+    """One mark inside each step that :func:`boundary_times` times (the sweep marks the end of
+    backward, before the optimizer step): host clock and, on CUDA, an event. ``part_ms`` then holds
+    (host ms, GPU ms or None) from each step's start boundary to its mark."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.marks: list[tuple[float, Any]] = []
+        self.part_ms: list[tuple[float, float | None]] = []
+
+    def __call__(self) -> None:
+        ev = None
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        self.marks.append((time.perf_counter(), ev))
+
+
+def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
+                   mid: MidMark | None = None) -> list[tuple[float, float | None]]:
     """(host ms, GPU ms or None) of each of ``n`` back-to-back calls of ``step``: the host clock
     and, on CUDA, an event at every step boundary, with no sync inside the block (the clocks of the
-    profiler's clean steps); one sync after the last boundary, outside every timed step."""
+    profiler's clean steps); one sync after the last boundary, outside every timed step. ``mid``:
+    a :class:`MidMark` that ``step`` calls once; its ``part_ms`` is filled from the same boundaries."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else [None] * (n + 1)
     marks = []
+    if mid is not None:
+        mid.marks.clear()
     for i in range(n + 1):
         if i:
             step()
@@ -31,6 +53,11 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None) ->
             evs[i].record()
     if cuda:
         torch.cuda.synchronize()
+    if mid is not None and len(mid.marks) == n:
+        mid.part_ms = [((t - a) * 1e3, e0.elapsed_time(ev) if cuda and ev is not None else None)
+                       for a, e0, (t, ev) in zip(marks, evs, mid.marks)]
+    elif mid is not None:
+        mid.part_ms = []  # the step did not mark once per call: no split to report
     return [((b - a) * 1e3, e0.elapsed_time(e1) if cuda else None)
             for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
 

@@ -111,6 +111,8 @@ class StepTime:
     kind: str = "instrumented"
     dispatch: bool = False  # instrumented step that also ran the torch dispatch mode
     round: int | None = None  # a sweep's alternating round this clean step was timed in
+    # A sweep step's forward+backward part (GPU ms on CUDA, else host ms), before its optimizer step.
+    fwd_bwd_ms: float | None = None
 
     @property
     def ms(self) -> float:
