@@ -14,7 +14,7 @@ from te_gemm_callback.bench import timing
 from te_gemm_callback.bench.timing import adaptive_iters, heat_seconds, stats
 from te_gemm_callback.cli import main
 from te_gemm_callback.render.bench_tables import step_ms, swapped_items
-from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig
+from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig, gemm_passes
 
 CFG = ["--hidden-size", "64", "--intermediate-size", "128", "--num-attention-heads", "4",
        "--num-hidden-layers", "3", "--micro-batch-size", "2", "--sequence-length", "16"]
@@ -49,7 +49,9 @@ def test_cache_key_separates_every_condition(tmp_path):
     cache.put("b", bad)
     cache.save()
     again = ResultCache(tmp_path / "c.json")
-    assert again.get("a") == ok and again.get("b") is None  # failures are re-measured
+    hit = again.get("a")
+    assert hit.cached and hit == BenchResult(**{**ok.__dict__, "cached": True})  # says it came from the cache
+    assert again.get("b") is None  # failures are re-measured
     # A cache written by an older timing (no version: bursts partly at the boost clock) is dropped.
     stale = json.loads((tmp_path / "c.json").read_text())
     del stale["timing_version"]
@@ -77,10 +79,13 @@ def test_cpu_bf16_end_to_end_with_skip_reasons_and_cache(tmp_path):
     assert r.median_ms > 0 and r.q1_ms <= r.median_ms <= r.q3_ms and r.conditions["device"]
     assert res.get(GemmShape(16, 24, 32, GemmOp.WGRAD), "BF16", "prequantized", (8, 0, 16)).m_splits == [8, 0, 16]
     assert step_ms(res, items, "BF16", "autocast") > 0
-    # A second run is served from the cache: identical numbers, no re-measurement.
+    assert not any(r.cached for r in res.results)
+    # A second run is served from the cache: identical numbers, marked cached. A cell that stayed
+    # noisy on this host (spread above SPREAD_LIMIT every time) was not cached: it is measured again.
     again = run_bench(items, ["BF16"], ["autocast", "prequantized"], cache=ResultCache(tmp_path / "cache.json"),
                       progress=False)
-    assert [r.median_ms for r in again.results] == [r.median_ms for r in res.results]
+    for r1, r2 in zip(res.results, again.results):
+        assert r2.cached == (not r1.noisy) and (r1.noisy or r2.median_ms == r1.median_ms)
     back = BenchResults.load(res.save(tmp_path / "r.json"))
     assert back.results == res.results and back.skipped == res.skipped
 
@@ -324,9 +329,15 @@ def test_parallel_bench_fills_the_cache_and_a_cached_run_waits_for_no_worker(tmp
     first = run_bench_parallel(items, ["BF16"], ["autocast"], 2, cache=cache, visits=2)
     again = ResultCache(tmp_path / "c.json")
     hit = run_bench(items, ["BF16"], ["autocast"], cache=again, progress=False)
-    # Every cell is a cache hit now, stored as pooled over both workers: no job ran.
-    assert len(hit.results) == 6 and hit.meta["timeline_s"]["jobs"] == []
-    assert [r.median_ms for r in hit.results] == [r.median_ms for r in first.results]
+    # Every cell is a cache hit now, stored as pooled over both workers: no job ran. Except on a host
+    # so loaded that a pooled cell stayed above SPREAD_LIMIT: that one was not cached, its job runs.
+    job_of = lambda r: next(it.fprop.mkn for it in items if r.shape in gemm_passes(it.fprop))  # noqa: E731
+    noisy = {job_of(r) for r in first.results if r.noisy}
+    assert len(hit.results) == 6 and {j["item"] for j in hit.meta["timeline_s"]["jobs"]} == noisy
+    for r0, r1 in zip(first.results, hit.results):
+        assert job_of(r0) in noisy or (r1.cached and r1.median_ms == r0.median_ms)
+    if noisy:
+        return
     # The same run again over 2 devices: all cached, the worker is stopped, not waited for.
     cached = run_bench_parallel(items, ["BF16"], ["autocast"], 2, cache=ResultCache(tmp_path / "c.json"), visits=2)
     assert [r.median_ms for r in cached.results] == [r.median_ms for r in first.results]

@@ -88,6 +88,17 @@ def items_from_capture(cap: GemmCapture) -> list[WorkItem]:
     return list(items.values())
 
 
+# A cell whose spread, IQR / median of its samples (BenchResult.q1_ms, q3_ms: the tables'
+# "spread" column), is above this is measured again (engine.REMEASURES); if it stays above, it is
+# marked noisy and never cached, and a cached entry above it is refused and re-measured. Quiet
+# cells sit far below: 1-8% on an H200 (torch BF16 backend, 36 cells of 5 us to 3 ms, 16 visits
+# pooled over the power limiter's clock swings), 0-25% on a CPU; a loaded 2-core CPU host gave
+# 30-60%, host-starved cells 120-20000% (one cached at 143%, 5.6 ms where fresh runs give 0.03 ms,
+# made a layer 200x in every table). Above 0.5 a quarter of the samples or more lie over a quarter
+# of the median from it: the median then depends on which calls the host disturbed.
+SPREAD_LIMIT = 0.5
+
+
 @dataclass
 class BenchResult:
     """One (shape, pass, precision, mode) timing, with the conditions it was measured under."""
@@ -110,6 +121,9 @@ class BenchResult:
     padded_m_splits: list[int] | None = None  # rows per group as timed, where the recipe needs alignment
     sm_clock_mhz: float | None = None  # median SM clock (NVML) over the visits that timed this cell
     conditions: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 1  # measurements taken (a cell above SPREAD_LIMIT is measured again, the quietest kept)
+    noisy: bool = False  # spread still above SPREAD_LIMIT after every attempt: never cached, marked in tables
+    cached: bool = False  # reused from the cache (an earlier run's measurement), not measured by this run
 
     @property
     def shape(self) -> GemmShape:
@@ -118,6 +132,17 @@ class BenchResult:
     @property
     def ok(self) -> bool:
         return self.error is None and self.median_ms is not None
+
+    @property
+    def spread(self) -> float | None:
+        """IQR / median of the cell's samples (the spread the tables print); None when unknown."""
+        if not self.ok or self.q1_ms is None or self.q3_ms is None or self.median_ms <= 0:
+            return None
+        return (self.q3_ms - self.q1_ms) / self.median_ms
+
+    @property
+    def above_spread_limit(self) -> bool:
+        return (self.spread or 0.0) > SPREAD_LIMIT
 
     @property
     def cell(self) -> tuple:
@@ -135,9 +160,15 @@ def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int
 
 def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | None, precision: str,
              mode: str) -> str:
-    """The cache key of a cell measured under ``cond`` (a run's device conditions)."""
+    """The cache key of a cell measured under ``cond`` (a run's device conditions). A CPU cell's
+    key also names the CPU model and torch's thread count (timing.device_conditions): a CPU
+    matmul's time depends on both, and "CPU (x86_64)" alone let one host's cells, or one thread
+    count's, stand for another's. GPU keys are as before (device name, versions, mode, duty)."""
     versions = f"torch {cond.get('torch')}, TE {cond.get('transformer_engine')}"
-    return result_key(cond.get("device", "?"), versions, shape, tuple(m_splits) if m_splits else None,
+    device = cond.get("device", "?")
+    if "cpu_threads" in cond:
+        device = f"{device}, {cond.get('cpu_model') or 'unknown CPU model'}, {cond['cpu_threads']} threads"
+    return result_key(device, versions, shape, tuple(m_splits) if m_splits else None,
                       precision, mode, bool(cond.get("flush_l2")), cond.get("gemm_duty", 1.0))
 
 
@@ -160,6 +191,11 @@ class ResultCache:
     one cache lose nothing. A file that is not a cache is refused at once (one line, nothing
     measured, the file untouched); a corrupt cache is moved aside with a warning; a cache that
     cannot be written is a warning (``save_error``), never a lost run.
+
+    Only quiet cells are good: a cell marked noisy or with a spread above SPREAD_LIMIT is never
+    stored, and an entry above it (written before the limit existed) is refused on lookup, so the
+    cell is measured again, and dropped from the file on save unless a good one replaced it.
+    A cell that comes from here says so (``BenchResult.cached``).
     """
 
     def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False) -> None:
@@ -170,6 +206,7 @@ class ResultCache:
         self.read_only = read_only  # lookups only: a multi-GPU run's parts, whose caller stores the pooled cells
         self.save_error: str | None = None
         self._new: dict[str, Any] = {}  # cells this run measured: what save() merges into the file
+        self.refused: set[str] = set()  # keys whose stored entry was too noisy to reuse: dropped on save
         self.data: dict[str, Any] = self._empty()
         if enabled:
             self.data = self._read(warn=True)
@@ -211,12 +248,25 @@ class ResultCache:
         return data
 
     def get(self, key: str) -> BenchResult | None:
+        """The stored cell, marked ``cached``; None if absent or too noisy to reuse."""
         d = self.data["results"].get(key) if self.enabled else None
-        return from_fields(BenchResult, d) if d else None
+        if not d:
+            return None
+        r = from_fields(BenchResult, d)
+        if _too_noisy(r):
+            self.refused.add(key)
+            return None
+        r.cached = True
+        return r
 
     def put(self, key: str, r: BenchResult) -> None:
-        if r.ok and not self.read_only:  # failures are re-tried next time
-            self.data["results"][key] = self._new[key] = asdict(r)
+        """Store a cell this run measured: failures are re-tried next time, noisy cells re-measured."""
+        if not r.ok or self.read_only:
+            return
+        if _too_noisy(r):
+            self.refused.add(key)  # an older entry under this key is no better: save() drops it
+            return
+        self.data["results"][key] = self._new[key] = asdict(r) | {"cached": False}
 
     def save(self) -> str | None:
         """Merge this run's cells into the file under a lock; returns (and logs) why it could not."""
@@ -229,6 +279,9 @@ class ResultCache:
             try:
                 with FileLock(f"{self.path}.lock", timeout=60):
                     data = self._read(warn=False)
+                    for key in self.refused - self._new.keys():  # heal: unless another process stored a good one
+                        if (d := data["results"].get(key)) and _too_noisy(from_fields(BenchResult, d)):
+                            del data["results"][key]
                     data["results"].update(self._new)
                     data["peaks"].update(self.data.get("peaks", {}))
                     write_json(self.path, data, indent=None)
@@ -241,6 +294,10 @@ class ResultCache:
             self.save_error = f"results not cached in {self.path}: {err}"
             log.warning("te-gemm: %s", self.save_error)
         return self.save_error
+
+
+def _too_noisy(r: BenchResult) -> bool:
+    return r.noisy or r.above_spread_limit
 
 
 def _looks_like_cache(p: Path) -> bool:

@@ -64,6 +64,7 @@ def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[flo
     peak = peaks.get("fp8" if r.precision in FP8_FAMILY else "bf16")
     r.peak_fraction = r.tflops / peak if peak else None
     r.sm_clock_mhz = statistics.median(clocks) if clocks else None
+    r.noisy = r.above_spread_limit  # cleared if a later attempt is quieter (engine._remeasure)
     return r
 
 
@@ -71,7 +72,8 @@ def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
     """One run's results from the parts of a multi-GPU run (bench/parallel.py): each part ran the
     same jobs in the same order, its share of the visits, so a cell is summarised over the samples
     of every part that measured it. The first part's list gives the order, its cached and failed
-    cells stay as they are; a cell that failed on one GPU and ran on another keeps the samples it has."""
+    cells stay as they are; a cell that failed on one GPU and ran on another keeps the samples it has.
+    The pooled spread decides whether the cell is noisy (each part re-measured its own noisy cells)."""
     peaks = parts[0].meta.get("peaks_tflops") or {}
     out = []
     for r in parts[0].results:
@@ -79,8 +81,9 @@ def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
         if measured:
             ok = r if r.ok else next(x for p in parts for x in p.results if x.cell == r.cell and x.ok)
             flops = ok.tflops * 1e12 * ok.median_ms * 1e-3
-            r = summarise(BenchResult(**{**asdict(ok), "error": None}), flops, [t for ts, _ in measured for t in ts],
-                           [c for _, cs in measured for c in cs], peaks)
+            attempts = max(x.attempts for p in parts for x in p.results if x.cell == r.cell)
+            r = summarise(BenchResult(**{**asdict(ok), "error": None, "attempts": attempts}), flops,
+                          [t for ts, _ in measured for t in ts], [c for _, cs in measured for c in cs], peaks)
         out.append(r)
     return out
 

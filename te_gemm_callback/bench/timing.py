@@ -287,7 +287,8 @@ def device_conditions() -> dict[str, Any]:
     if not torch.cuda.is_available():
         import platform
 
-        out["device"] = f"CPU ({platform.machine()})"
+        # The model and torch's intra-op threads set a CPU matmul's time (the cache key names them).
+        out.update(device=f"CPU ({platform.machine()})", cpu_model=cpu_model(), cpu_threads=torch.get_num_threads())
         return out
     out["device"] = torch.cuda.get_device_name()
     out["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
@@ -302,6 +303,21 @@ def device_conditions() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError, IndexError):
             pass
     return out
+
+
+def cpu_model() -> str:
+    """This host's CPU model: /proc/cpuinfo's "model name" (Linux x86; Arm kernels write none),
+    else what Python's platform module says, else "unknown CPU model"."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name") and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())  # one space, as the kernel pads
+    except OSError:  # not Linux, or /proc hidden: the fallback names the architecture at least
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU model"
 
 
 def measure_peaks(cache: dict[str, Any], device: str) -> dict[str, float]:

@@ -3,21 +3,55 @@ full model, speedups."""
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from rich.markup import escape
 from rich.table import Table
 
-from ..bench.cells import WorkItem
+from ..bench.cells import SPREAD_LIMIT, BenchResult, WorkItem
 from ..bench.results import BenchResults, item_ms, step_ms
 from ..shapes import GemmOp, gemm_passes
 
 PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad"}
 
+# Marks after a time: where it came from and whether to trust it; each table that shows one
+# explains it in its caption (FOOTNOTES).
+CACHED_MARK = "*"
+NOISY_MARK = "!"
+FOOTNOTES = {
+    CACHED_MARK: "from the cache: measured by an earlier run under the same conditions (--no-cache measures again)",
+    NOISY_MARK: f"noisy: spread (IQR/median) still above {100 * SPREAD_LIMIT:.0f}% after re-measuring; not cached, "
+                "the time may be far off",
+}
 
-def _fmt(ms: float | None, base: float | None, measured: bool = True) -> str:
+
+def _fmt(ms: float | None, base: float | None, measured: bool = True, marks: str = "") -> str:
     if ms is None:
         return "failed" if measured else "[dim]not measured[/dim]"
     sp = f" ({base / ms:.2f}x)" if base and ms else ""
-    return f"{ms:.3f}{sp}"
+    return f"{ms:.3f}{sp}{_styled(marks)}"
+
+
+def _marks(cells: Iterable[BenchResult | None]) -> str:
+    """The marks of a time made of ``cells`` (one cell, or a layer's or a step's passes): any of
+    them cached or noisy marks the total too, since it carries that cell's time."""
+    ok = [r for r in cells if r is not None and r.ok]
+    return (CACHED_MARK if any(r.cached for r in ok) else "") + (NOISY_MARK if any(r.noisy for r in ok) else "")
+
+
+def _styled(marks: str) -> str:
+    out = f"[dim]{CACHED_MARK}[/dim]" if CACHED_MARK in marks else ""
+    return out + (f"[bold red]{NOISY_MARK}[/bold red]" if NOISY_MARK in marks else "")
+
+
+def _caption(marks: str, *lines: str) -> str | None:
+    """A table's footnotes: each mark it shows, explained, then ``lines``."""
+    notes = [f"{m} {FOOTNOTES[m]}" for m in (CACHED_MARK, NOISY_MARK) if m in marks] + [ln for ln in lines if ln]
+    return escape("\n".join(notes)) if notes else None
+
+
+def _item_cells(res: BenchResults, it: WorkItem, precision: str, mode: str) -> list[BenchResult | None]:
+    return [res.get(s, precision, mode, it.m_splits) for s in gemm_passes(it.fprop)]
 
 
 def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) -> Table:
@@ -28,7 +62,7 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
     for p in precs:
         t.add_column(p, justify="right", no_wrap=True)
     t.add_column("spread (IQR/median)", justify="right")
-    seen = set()
+    seen, shown = set(), ""
     for it in items:
         s = gemm_passes(it.fprop)[list(GemmOp).index(op)]
         if (s, it.m_splits) in seen:
@@ -39,11 +73,15 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
         base_ms = base.median_ms if base is not None and base.ok else None
         for p in precs:
             r = res.get(s, p, mode, it.m_splits)
-            cells.append(_fmt(r.median_ms if r is not None and r.ok else None, base_ms, r is not None))
-            if r is not None and r.ok and r.median_ms:
-                spread = max(spread, (r.q3_ms - r.q1_ms) / r.median_ms)
+            marks = _marks([r])
+            shown += marks
+            cells.append(_fmt(r.median_ms if r is not None and r.ok else None, base_ms, r is not None, marks))
+            if r is not None and r.spread is not None:
+                spread = max(spread, r.spread)
         label = s.mkn + (f" [{len(it.m_splits)} groups]" if it.m_splits else "")
-        t.add_row(it.name, label, *cells, f"{100 * spread:.1f}%")
+        sp = f"{100 * spread:.1f}%"
+        t.add_row(it.name, label, *cells, f"[bold red]{sp}[/bold red]" if spread > SPREAD_LIMIT else sp)
+    t.caption, t.caption_justify = _caption(shown), "left"
     return t
 
 
@@ -55,16 +93,23 @@ def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
     t.add_column("calls/step", justify="right")
     for p in precs:
         t.add_column(p, justify="right", no_wrap=True)
+    shown = ""
     for it in items:
         base = item_ms(res, it, "BF16", mode)
-        t.add_row(it.name, f"{it.count:g}", *[_fmt(item_ms(res, it, p, mode), base, _measured(res, it, p, mode))
-                                               for p in precs])
+        row = []
+        for p in precs:
+            marks = _marks(_item_cells(res, it, p, mode))
+            shown += marks
+            row.append(_fmt(item_ms(res, it, p, mode), base, _measured(res, it, p, mode), marks))
+        t.add_row(it.name, f"{it.count:g}", *row)
     t.add_section()
     base = step_ms(res, items, "BF16", mode)
     t.add_row("[b]full step[/b]", "", *[_fmt(step_ms(res, items, p, mode), base,
-                                             any(_measured(res, it, p, mode) for it in items)) for p in precs])
-    if res.skipped:
-        t.caption = escape("not run: " + "; ".join(f"{p}: {why}" for p, why in res.skipped.items()))
+                                             any(_measured(res, it, p, mode) for it in items),
+                                             _marks(r for it in items for r in _item_cells(res, it, p, mode)))
+                                        for p in precs])
+    skipped = "not run: " + "; ".join(f"{p}: {why}" for p, why in res.skipped.items()) if res.skipped else ""
+    t.caption, t.caption_justify = _caption(shown, skipped), "left"
     return t
 
 
@@ -141,4 +186,26 @@ def run_summary(res: BenchResults) -> str:
     if heat and heat.get("holds"):
         line += (f"; {heat['heat_s']:.1f} s of dense load to keep every burst at the sustained clock "
                  f"({heat['idle_holds']} of {heat['holds']} holds found the GPU idle)")
-    return line
+    return line + _quality(res)
+
+
+def _quality(res: BenchResults) -> str:
+    """Where the cells came from and which to doubt: reused from the cache, measured again,
+    noisy, cached ones refused as too noisy (the marks the tables show)."""
+    ok = [r for r in res.results if r.ok]
+    cached = sum(r.cached for r in ok)
+    again = sum(r.attempts > 1 and not (r.cached or r.noisy) for r in ok)
+    noisy = [r for r in ok if r.noisy]
+    refused = res.meta.get("cache_refused_noisy") or 0
+    limit = 100 * (res.meta.get("spread_limit") or SPREAD_LIMIT)
+    out = ""
+    if cached:
+        out += f"; {cached} of {len(res.results)} cells reused from the cache ({CACHED_MARK})"
+    if refused:
+        out += f"; {refused} cached cells refused (spread above {limit:.0f}%) and measured again"
+    if again:
+        out += f"; {again} cells measured again (their job had a spread above {limit:.0f}%), the quieter kept"
+    if noisy:
+        out += (f"; [bold red]{len(noisy)} noisy cells ({NOISY_MARK}): spread still above {limit:.0f}% after "
+                f"{max(r.attempts for r in noisy)} measurements, not cached[/bold red]")
+    return out
