@@ -213,9 +213,10 @@ def test_capture_roundtrip_keeps_step_kinds(tmp_path):
 
 
 def test_compiled_model_same_gemms_as_eager_no_recompile_and_no_launch_order_join():
-    """torch.compile on CPU: under the dispatch mode dynamo runs the model eagerly, so the capture
+    """torch.compile on CPU: the instrumented step runs the model's eager forward, so the capture
     holds eager's GEMMs and owners; the profiler causes no recompile or graph break; the kernels
-    step (compiled kernels, possibly fused) is not joined by launch order to the eager capture."""
+    step (compiled kernels, possibly fused) is not joined by launch order to the eager capture.
+    Compiled before profiling: one compile step (no compilation in it) comes before the plan."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
@@ -223,7 +224,8 @@ def test_compiled_model_same_gemms_as_eager_no_recompile_and_no_launch_order_joi
     cm = torch.compile(eager)
     cm(x).sum().backward()  # compiled before profiling
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-    cap, _ = run(GemmProfiler(cm, kernel_profile=FakeKernels(), clock=clock), cm, x, clock, n=3)
+    cap, _ = run(GemmProfiler(cm, kernel_profile=FakeKernels(), clock=clock), cm, x, clock, n=4)
+    assert [s.kind for s in cap.steps] == ["compile", "instrumented", "kernels-warmup", "kernels"]
     assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
     with GemmProfiler(eager) as ref:
         eager(x).sum().backward()

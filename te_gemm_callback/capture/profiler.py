@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import logging
-import platform
 import threading
 import time
-from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ..clocks import ClockSampler
-from ..precisions import te_version
-from .coverage import coverage
 from .instruments import EventTimer, Nvtx
 from .graphs import EagerForwards, graphed_modules
-from .kernel_records import KernelProfile, KernelStep, breakdown_meta, join_records
-from .record import GemmCapture, StepTime, aggregate
+from .kernel_records import KernelProfile, KernelStep
+from .record import GemmCapture
 from .recorder import Recorder
+from .results import CaptureResults
 from .scope import ModuleScope, is_te_module
-from .steps import CLEAN, INSTRUMENTED, KERNELS, SETTLE, WARMUP, StepPlan, count_arg
+from .steady import EagerCompiled, GraphCaptures, SteadyWait, activity, compiled_modules
+from .steps import CLEAN, COMPILE, INSTRUMENTED, KERNELS, SETTLE, WARMUP, StepPlan, count_arg
 from .te_adapter import TEInterceptor
 from .torch_adapter import GemmDispatchMode
 
@@ -29,11 +27,11 @@ log = logging.getLogger("te_gemm_callback")
 
 
 def compiled(model: nn.Module) -> bool:
-    """Whether the model, or a module inside it, is a ``torch.compile`` OptimizedModule."""
-    return any(type(m).__name__ == "OptimizedModule" for m in model.modules())
+    """Whether the model, or a module inside it, runs ``torch.compile``d code when called."""
+    return bool(compiled_modules(model))
 
 
-class GemmProfiler:
+class GemmProfiler(CaptureResults):
     """Record every GEMM a model runs: shapes, pass, precision, GPU time, owning module.
 
     Profiled steps come in kinds (:class:`StepPlan`): first ``instrumented_steps`` with the
@@ -42,6 +40,13 @@ class GemmProfiler:
     not kept), ``settle_steps`` with nothing attached but not timed (the records' sync drained the
     GPU's queue), then clean steps with nothing attached, whose times are the step times. Each
     :class:`StepTime` in the capture says which kind it was.
+
+    Steady state only (:mod:`.steady`): a ``torch.compile`` model first runs "compile" steps with
+    nothing attached until a step runs with no compilation (dynamo's counters); its instrumented
+    steps run its eager forward, so the profiler never makes it run eager afterwards. A planned clean
+    step that compiled, captured a CUDA graph, or took far longer than the others is tagged
+    "recompile", "graph-capture" or "outlier" and left out of the step time; ``meta["steady_state"]``
+    says in one line whether steady state was reached.
 
     Args:
         model: the module to profile (after any precision plugin has swapped in TE layers).
@@ -75,6 +80,9 @@ class GemmProfiler:
             kernels step runs) (default: NVML on a CUDA host, nothing elsewhere); the summary goes to
             ``meta["clocks_during_capture"]``, so a report can set the job's clock against the
             microbenchmark's (GEMM times scale with it).
+        max_compile_steps: the most compile steps a compiled model runs before the plan (default
+            10); should dynamo still compile then, the plan runs anyway and the capture says steady
+            state was not reached.
         kernel_profile, clock: stand-ins for the kernel recorder and the host clock (tests: kernel
             steps then run without CUDA).
 
@@ -90,7 +98,7 @@ class GemmProfiler:
                  settle_steps: int = 1, dispatch_steps: int | str | None = None, reuse_owners: bool = True,
                  nvtx: bool | str = "auto", timing: bool | str = "auto",
                  nsys_capture: bool = False, nvtx_backend: Any = None,
-                 clock_reader: Callable[[], tuple[float, float]] | None = None,
+                 clock_reader: Callable[[], tuple[float, float]] | None = None, max_compile_steps: int = 10,
                  kernel_profile: KernelProfile | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"GemmProfiler needs a torch.nn.Module, got {type(model).__name__}")
@@ -114,6 +122,7 @@ class GemmProfiler:
                              dispatch=count_arg("dispatch_steps", dispatch_steps, True),
                              kernels_warmup=count_arg("kernel_warmup_steps", kernel_warmup_steps),
                              settle=count_arg("settle_steps", settle_steps))
+        self.max_compile_steps = max(count_arg("max_compile_steps", max_compile_steps), 1)
         if self.plan.instrumented == 0 and self.plan.kernels == 0:
             log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
         self.nsys_capture = nsys_capture
@@ -148,6 +157,10 @@ class GemmProfiler:
         # Host ms to start the kernel-records session and to stop it (sync, records read).
         self._session_ms: dict[str, float] = {}
         self._eager = EagerForwards({})
+        self._eager_compiled = EagerCompiled({})
+        self._wait = SteadyWait(self.max_compile_steps)
+        self._moved: list[tuple[int, int]] = []  # per step: (compile activity, graph captures) in it
+        self._at_open: tuple[int, int] = (0, 0)
         self.kernel_profile.error = None  # a new capture tries the kernel records again
         self.micro_batches: list[int] = []
         self._capture: GemmCapture | None = None
@@ -171,23 +184,29 @@ class GemmProfiler:
         self.scope.weights_used.clear()
         # CUDA graphs made after the profiler was built count too: looked up at each start.
         self._eager = EagerForwards(graphed_modules(self.model))
-        # A compiled model's instrumented steps after the first may run compiled code, whose TE
-        # calls need not come in the eager step's order: those stay hooked.
+        # Likewise compiled modules: the instrumented steps run their eager forward (steady.py: a
+        # compiled frame entered under the dispatch mode stays eager for good on torch 2.13).
+        self._eager_compiled = EagerCompiled(compiled_modules(self.model))
+        # Compile steps first, until dynamo is done with the model: none of its compile time may
+        # land in a timed step, and the plan's steps then run the code the job will keep running.
+        self._wait.waiting = bool(self._eager_compiled.modules)
+        GraphCaptures.install()
+        # Kept hooked for a compiled model (TE launch-order owners are checked on eager models only).
         self._order_off = compiled(self.model)
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.start()
         # The SM clock over the steps whose GEMM times the capture reports: 20 reads a second on
         # a background thread (NVML ~10-50 us each), which takes the GIL each time. Started with
         # the kernels steps where there are some (the instrumented steps need not pay for it), else
-        # now for the instrumented steps' event pairs; stopped for the clean ones. Never raises.
+        # with the instrumented steps for their event pairs (_open_step); stopped for the clean
+        # ones. Never raises.
         self._clocks = None
         self._sample_clocks = self._clock_reader is not None or torch.cuda.is_available()
-        if self._sample_clocks and self.plan.kernels == 0:
-            self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
         try:
             self._open_step()
         except Exception:
             self._detach()
+            GraphCaptures.uninstall()
             self._started = False
             raise
         return self
@@ -222,7 +241,9 @@ class GemmProfiler:
             self._order_steps.discard(i)
             self._order_failed.discard(i)
             self._kernel_steps.pop(i, None)
+            self._moved.pop()
         self._detach()
+        GraphCaptures.uninstall()
         if self.nsys_capture and torch.cuda.is_available():
             torch.cuda.profiler.stop()
         if self._clocks is not None:
@@ -273,6 +294,17 @@ class GemmProfiler:
         """The kind of the step now open (:class:`StepPlan`), or None when not started."""
         return self._kinds[-1] if self._started and self._kinds else None
 
+    @property
+    def plan_index(self) -> int | None:
+        """The open step's index in the :class:`StepPlan` (its kind is ``plan.kind(plan_index)``),
+        or None while the compile steps before the plan run (or when not started)."""
+        if not self._started or self._wait.waiting:
+            return None
+        return self.recorder.step - self._wait.lead
+
+    def _plan_kind(self, i: int) -> str:
+        return COMPILE if self._wait.waiting else self.plan.kind(i - self._wait.lead)
+
     # --- instruments -----------------------------------------------------------------------
     def _attach(self, mode: str) -> None:
         """Hooks, TE interception. "full": hook every module (the dispatch mode attributes aten
@@ -282,8 +314,10 @@ class GemmProfiler:
         if self._attached is not None and self._attached != mode:
             self.scope.detach()
             self._attached = None
-        # Graph replays run no Python of the module: instrumented steps run its eager forward.
+        # Graph replays run no Python of the module, compiled code runs none of our hooks, and a
+        # compiled frame must never meet the dispatch mode: instrumented steps run eager forwards.
         self._eager.enter()
+        self._eager_compiled.enter()
         if self._attached is None:
             if mode != "order":
                 self.scope.attach(None if mode == "full" else self.scope.te_gemm_set)
@@ -302,6 +336,7 @@ class GemmProfiler:
     def _detach(self, keep_kernels: bool = False) -> None:
         self.recorder.active = False
         self._eager.exit()
+        self._eager_compiled.exit()
         self._exit_mode()
         self._paused_mode = False
         if self.te is not None:
@@ -331,14 +366,15 @@ class GemmProfiler:
 
     def _open_step(self) -> None:
         i = self.recorder.step
-        kind = self.plan.kind(i)
+        kind = self._plan_kind(i)
+        j = i - self._wait.lead  # index in the plan (negative for a compile step)
         # Event pairs where no kernel records will time the GEMMs, and on the first step (already
         # the costly shape-discovery one) as a fallback should the kernels step not come or not
         # join: elsewhere the pair and its record calls would be most of the per-GEMM host cost.
         self.recorder.timer.enabled = self.timing == "events" or (
-            self.timing == "auto" and (self.plan.kernels == 0 or i == 0))
+            self.timing == "auto" and (self.plan.kernels == 0 or j == 0))
         if kind == INSTRUMENTED and self.recorder.error is None:
-            dispatch = "torch" in self.adapters and self.plan.dispatches(i)
+            dispatch = "torch" in self.adapters and self.plan.dispatches(j)
             by_order = False
             if self.te is not None:
                 self.te.owners.begin_step(by_order=self.reuse_owners and not dispatch and not self._order_off)
@@ -356,9 +392,11 @@ class GemmProfiler:
             if kind in (SETTLE, CLEAN) and self._clocks is not None and self._clocks.running:
                 # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
                 self._clocks.__exit__(None, None, None)
-        if kind in (WARMUP, KERNELS):  # both started before the boundary: not the step's time
-            if self._sample_clocks and self._clocks is None:
-                self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
+        if self._sample_clocks and self._clocks is None and (
+                kind in (WARMUP, KERNELS) or (kind == INSTRUMENTED and self.plan.kernels == 0)):
+            # Before the boundary: not the step's time.
+            self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
+        if kind in (WARMUP, KERNELS):  # started before the boundary: not the step's time
             if not self.kernel_profile.running and self.kernel_profile.error is None:
                 t0 = self._clock()
                 self.kernel_profile.start()
@@ -368,13 +406,19 @@ class GemmProfiler:
         self._kinds.append(kind)
         self._seq_open = self.scope._current_seq()
         self.recorder.nvtx.push(f"step {i} ({kind})")
+        self._at_open = activity()  # dynamo's counters: a few dict reads, outside the step's time
         self._boundaries.append(self._boundary())
 
     def _close_step(self, micro_batches: int, last: bool = True, ran: bool = True) -> None:
         self._boundaries.append(self._boundary())
+        now = activity()
+        self._moved.append((now[0] - self._at_open[0], now[1] - self._at_open[1]))
         self.micro_batches.append(micro_batches)
         self.recorder.nvtx.pop()
         i = self.recorder.step
+        if self._kinds[-1] == COMPILE and ran:
+            # The plan starts after the first compile step with no compilation and no graph capture.
+            self._wait.close(i, any(self._moved[-1]))
         if ran and self.te is not None and self._attached == "order":
             if self.te.owners.complete():
                 self._order_steps.add(i)
@@ -385,7 +429,7 @@ class GemmProfiler:
                             "they are left out, and later instrumented steps are hooked again", i)
         # One kernel-records session over the warm-up and kernels steps; it ends (with a sync)
         # after the last kernels step, or with the capture.
-        if self.kernel_profile.running and (last or self.plan.kind(i + 1) not in (WARMUP, KERNELS)):
+        if self.kernel_profile.running and (last or self._plan_kind(i + 1) not in (WARMUP, KERNELS)):
             t0 = self._clock()
             steps = self.kernel_profile.stop()  # synchronizes: after the step's end boundary
             # Outside every step's boundaries, yet the job waits for it: the report says so.
@@ -396,98 +440,3 @@ class GemmProfiler:
             ids = [j for j, k in enumerate(self._kinds) if k == KERNELS]
             if steps is not None and len(steps) == len(ids):
                 self._kernel_steps.update(zip(ids, steps))
-
-    # --- results ---------------------------------------------------------------------------
-    def _build(self) -> GemmCapture:
-        rec = self.recorder
-        n_steps = len(self.micro_batches)
-        bounds = self._boundaries
-        steps = []
-        for i in range(n_steps):
-            (t0, e0), (t1, e1) = bounds[2 * i], bounds[2 * i + 1]
-            kind = self._kinds[i]
-            gemm_ms = None
-            if kind == KERNELS and i in self._kernel_steps:
-                gemm_ms = self._kernel_steps[i].gemm_ms()
-            elif kind == INSTRUMENTED:
-                times = [e.time_ms for e in rec.events if e.step == i and e.time_ms is not None]
-                gemm_ms = sum(times) if times else None
-            steps.append(StepTime(
-                index=i, wall_ms=(t1 - t0) * 1e3,
-                gpu_ms=float(e0.elapsed_time(e1)) if e0 is not None and e1 is not None else None,
-                gemm_ms=gemm_ms, micro_batches=self.micro_batches[i], kind=kind,
-                dispatch=i in self._dispatch_step_ids))
-        n_instr = sum(k == INSTRUMENTED for k in self._kinds) - len(self._order_failed)
-        per_source = {"te": max(n_instr, 1), "torch": max(len(self._dispatch_step_ids), 1)}
-        kept = [e for e in rec.events if e.source != "te" or e.step not in self._order_failed]
-        records = aggregate(kept, per_source)
-        meta = self._meta()
-        meta["owners_by_launch_order"] = {"steps": sorted(self._order_steps), "failed": sorted(self._order_failed)}
-        join = self._join_kernels(records)
-        meta.update(join)
-        if self._session_ms:
-            meta["kernel_session_ms"] = dict(self._session_ms)
-        if self._kernel_steps:
-            meta.update(breakdown_meta(list(self._kernel_steps.values())))
-        return GemmCapture(records=records, steps=steps, meta=meta, coverage=self._coverage(records))
-
-    def _join_kernels(self, records: list) -> dict[str, Any]:
-        """Per-GEMM kernel times from the kernels steps, joined by launch order to the reference
-        instrumented step (the last one that ran the dispatch mode: it saw every GEMM)."""
-        seqs = self.recorder.sequences
-        ref_ids = sorted(self._dispatch_step_ids) or [
-            i for i, k in enumerate(self._kinds) if k == INSTRUMENTED and i not in self._order_failed]
-        ref = seqs.get(ref_ids[-1], []) if ref_ids else []
-        counts = self.recorder.kernel_counts.get(ref_ids[-1]) if ref_ids else None
-        source = self.recorder.timer.kind if any(r.times_ms for r in records) else "none"
-        out: dict[str, Any] = {"gemm_time_source": source}
-        if not ref:
-            return out  # nothing captured to join kernels to (no instrumented step, or no GEMM)
-        if self._kernel_steps and compiled(self.model):
-            # Seen on CPU (torch 2.13): under the dispatch mode dynamo runs the model eagerly, so the
-            # captured order is eager's, while the kernels step runs the compiled graph, whose
-            # kernels may be fused or reordered: a launch-order join could pair the wrong GEMMs.
-            out["kernel_join"] = ("not joined: a torch.compile model runs its compiled kernels on the kernels step, "
-                                  "its eager ones while instrumented; per-step GEMM kernel time is kept")
-            return out
-        if not self._kernel_steps:
-            if self.plan.kernels:
-                out["kernel_join"] = f"no kernel records ({self.kernel_profile.error or 'no kernels step ran'})"
-            return out
-        out.update(join_records(records, ref, counts, self._kernel_steps, source))
-        return out
-
-    def _coverage(self, records: list) -> dict[str, Any]:
-        warn = self.recorder.error is None and any(k == INSTRUMENTED for k in self._kinds)
-        return {
-            **coverage(self.model, self.scope.ran | self.scope.weights_used, te_watched=self.te is not None,
-                       torch_watched=bool(self._dispatch_step_ids), warn=warn),
-            "captured_flops_per_step": sum(r.flops_per_step for r in records),
-            "dispatch_steps": sorted(self._dispatch_step_ids),
-            "step_kinds": list(self._kinds),
-            "error": self.recorder.error,
-        }
-
-    def _meta(self) -> dict[str, Any]:
-        cuda = torch.cuda.is_available()
-        return {
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})",
-            "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "transformer_engine": te_version() if self.te is not None and self.te.te_loaded() else None,
-            "python": platform.python_version(),
-            "adapters": list(self.adapters),
-            "timing": self.recorder.timer.kind,
-            "step_time": "clean steps (nothing attached)" if CLEAN in self._kinds else
-                         "no clean step: step times include the capture instruments",
-            "model": type(self.model).__name__,
-            # torch.compile: shapes come from an eager run (dynamo steps aside under the dispatch
-            # mode); clean and kernels steps run the compiled code.
-            "compiled": compiled(self.model),
-            # CUDA graphs: these modules replay a graph on kernels and clean steps; their GEMMs
-            # were captured from their eager forward on the instrumented steps.
-            "graphed_modules": sorted(self._eager.graphed),
-            "clocks_during_capture": self._clocks.summary() if self._clocks is not None else None,
-        }

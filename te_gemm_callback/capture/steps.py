@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN = "instrumented", "kernels-warmup", "kernels", "settle", "clean"
+# Steps that are never clean (capture.steady): "compile" runs before the plan, nothing attached, while
+# dynamo compiles a torch.compile model; the others are planned clean (or settle) steps found unsteady
+# afterwards: dynamo compiled in them, a CUDA graph was captured in them, or they took far longer.
+COMPILE, RECOMPILE, GRAPH_CAPTURE, OUTLIER = "compile", "recompile", "graph-capture", "outlier"
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,10 @@ class StepPlan:
       its GPU span carries the lead over the GPU that the host lost (HF Llama on the H200: 156 ms
       against 127 ms for the clean step after it, 2026-12-01).
     - ``clean``: nothing attached at all; the step times every speedup, share and verdict uses.
+
+    A ``torch.compile`` model runs "compile" steps (nothing attached, never timed) before index 0
+    of the plan, until dynamo is done with it (:mod:`.steady`); ``GemmProfiler.plan_index`` is the
+    open step's index here.
 
     Example:
         >>> [StepPlan(instrumented=1, kernels=1, kernels_warmup=1, settle=1).kind(i) for i in range(6)]
@@ -70,8 +78,8 @@ def count_arg(name: str, v: Any, allow_all: bool = False) -> int | str:
 
 def capture_steps(model: Any, step_fn: Callable[[], Any], clean_steps: int = 1, **profiler_kwargs: Any) -> Any:
     """Run ``step_fn`` (one training step) under a :class:`~te_gemm_callback.GemmProfiler` for its
-    profiled steps (instrumented; kernels warm-up, kernels and settle on CUDA) and ``clean_steps`` more;
-    returns the :class:`~te_gemm_callback.GemmCapture`.
+    profiled steps (instrumented; kernels warm-up, kernels and settle on CUDA) and ``clean_steps`` more,
+    after the compile steps of a torch.compile model; returns the :class:`~te_gemm_callback.GemmCapture`.
 
     Example:
         >>> import torch
@@ -84,8 +92,12 @@ def capture_steps(model: Any, step_fn: Callable[[], Any], clean_steps: int = 1, 
 
     prof = GemmProfiler(model, **profiler_kwargs).start()
     n = prof.plan.profiled + clean_steps
-    for i in range(n):
+    # A torch.compile model first runs "compile" steps (nothing attached) until dynamo is done: they
+    # come on top of the plan, so the loop counts plan steps; it ends because the wait is bounded
+    # (GemmProfiler's max_compile_steps).
+    while prof.plan_index is None or prof.plan_index < n:
         step_fn()
-        if i < n - 1:
-            prof.step()
+        if prof.plan_index is not None and prof.plan_index >= n - 1:
+            break
+        prof.step()
     return prof.stop()

@@ -99,6 +99,15 @@ class GemmDispatchMode(TorchDispatchMode):
         self.forward_shapes: dict[str | None, set[GemmShape]] = {}
         self.te_forward: set[tuple[int, int, int, int]] = set()  # aten GEMMs inside TE modules
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Compiled modules inside the model run eagerly on the instrumented steps (steady.py), but
+        # a compiled frame outside it (a compiled loss or step function) may still be entered under
+        # this mode. Without this, dynamo skips such a frame and, on torch 2.13, marks its code
+        # skipped for good: the job would run eagerly from then on. With it (torch >= 2.9; older
+        # versions never ask), dynamo compiles with the mode off and runs the compiled code under it.
+        return True
+
     def refresh_params(self) -> None:
         self.param_storages = {k: n for n, p in self.recorder.scope.model.named_parameters()
                                if (k := _storage_key(p)) is not None}

@@ -1,0 +1,137 @@
+"""The capture a stopped :class:`~te_gemm_callback.GemmProfiler` hands back: step times with their
+final kinds (steady state, :mod:`.steady`), GEMM records, kernel-time join, coverage and the run's
+conditions. A mixin of the profiler: it reads the profiler's per-step state."""
+
+from __future__ import annotations
+
+import logging
+import platform
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..precisions import te_version
+from .coverage import coverage
+from .kernel_records import breakdown_meta, join_records
+from .record import GemmCapture, StepTime, aggregate
+from .steady import assess, graphs_compiled
+from .steps import CLEAN, INSTRUMENTED, KERNELS
+
+if TYPE_CHECKING:
+    from .profiler import GemmProfiler
+
+log = logging.getLogger("te_gemm_callback")
+
+
+class CaptureResults:
+    """Builds the :class:`GemmCapture` (``_build``) from a :class:`GemmProfiler`'s state."""
+
+    def _build(self: "GemmProfiler") -> GemmCapture:
+        rec = self.recorder
+        n_steps = len(self.micro_batches)
+        bounds = self._boundaries
+        steps = []
+        for i in range(n_steps):
+            (t0, e0), (t1, e1) = bounds[2 * i], bounds[2 * i + 1]
+            kind = self._kinds[i]
+            gemm_ms = None
+            if kind == KERNELS and i in self._kernel_steps:
+                gemm_ms = self._kernel_steps[i].gemm_ms()
+            elif kind == INSTRUMENTED:
+                times = [e.time_ms for e in rec.events if e.step == i and e.time_ms is not None]
+                gemm_ms = sum(times) if times else None
+            steps.append(StepTime(
+                index=i, wall_ms=(t1 - t0) * 1e3,
+                gpu_ms=float(e0.elapsed_time(e1)) if e0 is not None and e1 is not None else None,
+                gemm_ms=gemm_ms, micro_batches=self.micro_batches[i], kind=kind,
+                dispatch=i in self._dispatch_step_ids))
+        # Compile, recompile, graph-capture and outlier steps are never clean: retagged here, where
+        # every step's time is known (an outlier is only one against the others).
+        steady = assess(self._kinds, self._moved, [s.ms for s in steps], self._wait)
+        for s, kind in zip(steps, steady.kinds):
+            s.kind = kind
+        self._kinds = steady.kinds
+        if steady.reached is False:  # once per capture: _build runs once per stop()
+            log.warning("te-gemm: steady state %s", steady.verdict)
+        n_instr = sum(k == INSTRUMENTED for k in self._kinds) - len(self._order_failed)
+        per_source = {"te": max(n_instr, 1), "torch": max(len(self._dispatch_step_ids), 1)}
+        kept = [e for e in rec.events if e.source != "te" or e.step not in self._order_failed]
+        records = aggregate(kept, per_source)
+        meta = self._meta()
+        meta["steady_state"] = steady.verdict
+        meta["unsteady_steps"] = steady.unsteady
+        meta["owners_by_launch_order"] = {"steps": sorted(self._order_steps), "failed": sorted(self._order_failed)}
+        join = self._join_kernels(records)
+        meta.update(join)
+        if self._session_ms:
+            meta["kernel_session_ms"] = dict(self._session_ms)
+        if self._kernel_steps:
+            meta.update(breakdown_meta(list(self._kernel_steps.values())))
+        return GemmCapture(records=records, steps=steps, meta=meta, coverage=self._coverage(records))
+
+    def _join_kernels(self: "GemmProfiler", records: list) -> dict[str, Any]:
+        """Per-GEMM kernel times from the kernels steps, joined by launch order to the reference
+        instrumented step (the last one that ran the dispatch mode: it saw every GEMM)."""
+        seqs = self.recorder.sequences
+        ref_ids = sorted(self._dispatch_step_ids) or [
+            i for i, k in enumerate(self._kinds) if k == INSTRUMENTED and i not in self._order_failed]
+        ref = seqs.get(ref_ids[-1], []) if ref_ids else []
+        counts = self.recorder.kernel_counts.get(ref_ids[-1]) if ref_ids else None
+        source = self.recorder.timer.kind if any(r.times_ms for r in records) else "none"
+        out: dict[str, Any] = {"gemm_time_source": source}
+        if not ref:
+            return out  # nothing captured to join kernels to (no instrumented step, or no GEMM)
+        if self._kernel_steps and self._eager_compiled.modules:
+            # The instrumented steps ran the compiled modules' eager forward, so the captured order
+            # is eager's, while the kernels step runs the compiled graph, whose kernels may be fused
+            # or reordered: a launch-order join could pair the wrong GEMMs.
+            out["kernel_join"] = ("not joined: a torch.compile model runs its compiled kernels on the kernels step, "
+                                  "its eager ones while instrumented; per-step GEMM kernel time is kept")
+            return out
+        if not self._kernel_steps:
+            if self.plan.kernels:
+                out["kernel_join"] = f"no kernel records ({self.kernel_profile.error or 'no kernels step ran'})"
+            return out
+        out.update(join_records(records, ref, counts, self._kernel_steps, source))
+        return out
+
+    def _coverage(self: "GemmProfiler", records: list) -> dict[str, Any]:
+        warn = self.recorder.error is None and any(k == INSTRUMENTED for k in self._kinds)
+        return {
+            **coverage(self.model, self.scope.ran | self.scope.weights_used, te_watched=self.te is not None,
+                       torch_watched=bool(self._dispatch_step_ids), warn=warn),
+            "captured_flops_per_step": sum(r.flops_per_step for r in records),
+            "dispatch_steps": sorted(self._dispatch_step_ids),
+            "step_kinds": list(self._kinds),
+            "error": self.recorder.error,
+        }
+
+    def _meta(self: "GemmProfiler") -> dict[str, Any]:
+        cuda = torch.cuda.is_available()
+        compiled = sorted(self._eager_compiled.modules)
+        return {
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})",
+            "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "transformer_engine": te_version() if self.te is not None and self.te.te_loaded() else None,
+            "python": platform.python_version(),
+            "adapters": list(self.adapters),
+            "timing": self.recorder.timer.kind,
+            "step_time": "clean steps (nothing attached)" if CLEAN in self._kinds else
+                         "no clean step: step times include the capture instruments",
+            "model": type(self.model).__name__,
+            # torch.compile: shapes come from these modules' eager forward on the instrumented steps
+            # (dynamo never entered there); compile, kernels and clean steps run the compiled code.
+            "compiled": bool(compiled),
+            "compiled_modules": compiled,
+            # Graphs dynamo compiled in this process by the end (its own counter): 0 with a compiled
+            # model means it runs eagerly (dynamo disabled, or its frames skipped before the capture).
+            "dynamo_graphs": graphs_compiled() if compiled else None,
+            # CUDA graphs: these modules replay a graph on kernels and clean steps; their GEMMs
+            # were captured from their eager forward on the instrumented steps.
+            "graphed_modules": sorted(self._eager.graphed),
+            "clocks_during_capture": self._clocks.summary() if self._clocks is not None else None,
+        }
