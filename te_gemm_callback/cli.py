@@ -43,6 +43,22 @@ def _run_steps(text: str) -> int:
     return _int(text, 3, "at least 3 steps (1 untouched, 1 warm-up, 1 captured)")
 
 
+def _visits(text: str) -> int:
+    from .bench.cells import MAX_VISITS  # torch-free
+
+    v = _positive(text)
+    if v > MAX_VISITS:  # every visit times every cell again: far more only fills memory
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_VISITS} visits, got {v}")
+    return v
+
+
+def _file_path(text: str) -> str:
+    # An empty path was taken as "no file" and the run wrote nothing, exit 0.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
+    return text
+
+
 def _devices(text: str) -> int | str:
     return "all" if text == "all" else _positive(text)
 
@@ -162,6 +178,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
         items = items_from_config(config_from_args(a))
     precisions = a.precisions.split(",") if a.precisions else list(RECIPES)
     modes = ["prequantized"] if a.pre_quantize else ["autocast"]
+    # Outputs that would be refused are refused now, not after minutes of measuring.
+    from .bench.cells import BENCH_SCHEMA
+    from .jsonio import PNG_KIND, check_target, json_kind
+
+    if a.json:
+        check_target(a.json, json_kind(BENCH_SCHEMA))
+    if a.output:
+        check_target(a.output, PNG_KIND)
     cache = ResultCache(a.cache, enabled=not a.no_cache)
     out = console()
     if a.devices == "all":
@@ -283,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precisions", help="comma-separated TE recipe names (default: all; unsupported ones are skipped with TE's reason)")
     s.add_argument("--pre-quantize", action="store_true", help="kernel time only: operands quantized outside the timed region")
     s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
-    s.add_argument("--visits", type=_positive, default=None,
+    s.add_argument("--visits", type=_visits, default=None,
                    help="times each job is measured, spread over the run, samples pooled (default 16 on a GPU): "
                         "more visits average the GPU's clock swings at the power limit (a job is built once; "
                         "a visit costs host time only)")
@@ -292,9 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a transformer step's; 1: back to back). Under a power limit it sets the clock the GEMMs run at: "
                         "pass your job's GEMM share of the step (the capture report shows it)")
     s.add_argument("--compare-swapped", action="store_true", help="also time dgrad/wgrad as swapped-size forward GEMMs")
-    s.add_argument("-o", "--output", help="write the stacked per-GEMM figure (PNG)")
-    s.add_argument("--json", help="write all results (with device, clocks, versions) as JSON")
-    s.add_argument("--cache", help="result cache file (default ~/.cache/te_gemm_callback/bench.json or $TE_GEMM_CACHE)")
+    s.add_argument("-o", "--output", type=_file_path, help="write the stacked per-GEMM figure (PNG)")
+    s.add_argument("--json", type=_file_path, help="write all results (with device, clocks, versions) as JSON")
+    s.add_argument("--cache", type=_file_path, help="result cache file (default ~/.cache/te_gemm_callback/bench.json or $TE_GEMM_CACHE)")
     s.add_argument("--no-cache", action="store_true", help="measure everything again")
     s.add_argument("--devices", type=_devices, default=1,
                    help="spread the visits over N local GPUs ('all': every visible one), one process each: every "
@@ -309,11 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_report)
     s = sub.add_parser("plan", help="which modules to keep in BF16 under an FP8 recipe, from a run folder with bench.json")
     s.add_argument("run_dir")
-    s.add_argument("--json", help="where to write the plan (default RUN_DIR/precision_plan.json)")
-    s.add_argument("--yaml", help="where to write TE's debug-API config (default RUN_DIR/precision_plan_nvdlfw.yaml)")
+    s.add_argument("--json", type=_file_path, help="where to write the plan (default RUN_DIR/precision_plan.json)")
+    s.add_argument("--yaml", type=_file_path, help="where to write TE's debug-API config (default RUN_DIR/precision_plan_nvdlfw.yaml)")
     s.set_defaults(fn=cmd_plan)
     s = sub.add_parser("show", help="print a capture file as a table")
-    s.add_argument("capture")
+    s.add_argument("capture", type=_file_path)
     s.add_argument("--limit", type=_positive, default=None)
     s.set_defaults(fn=cmd_show)
     s = sub.add_parser("run", help="profile the bundled demo model (BF16 on CPU; every supported recipe on GPU)")

@@ -1,62 +1,384 @@
-"""The one place files are written as JSON (captures, bench results, reports, summaries, the cache).
+"""The one place files are read and written (captures, bench results, plans, reports, the cache,
+figures, the plan's YAML).
 
-Every write is atomic (a temporary file in the same folder, then a rename), so a reader never sees
-half a file and a crash never leaves one. A file is only replaced by one of its own kind: each
-writer names its schema, and an existing file of another kind (or not ours at all) is refused with
-a one-line error instead of being overwritten.
+Reading (:func:`read_json`, :func:`read_schema`): at most :data:`MAX_READ_BYTES` (256 MiB) are
+read, the text must be UTF-8 JSON nested at most :data:`MAX_DEPTH` levels, and a file of a known
+schema is checked against that schema's field types and ranges (:data:`SPECS`; fields it does not
+name are ignored, so files of a newer version still load). Anything else is a one-line ValueError
+naming the file and, where one is at fault, the field.
+
+Writing (:func:`write_bytes_atomic`): a temporary file in the target's folder, then a rename, so a
+reader never sees half a file; the file gets the umask's permissions like any other the user
+writes; a symbolic link at the target is refused (a write must not land outside the folder the
+user named); an existing file is replaced only if its *content* shows it is of the kind being
+written (a JSON file with our schema, our YAML marker, a PNG), never merely because it does not
+decode. Refusals are one line that says what to do instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import math
 import os
-import tempfile
+import secrets
+import stat
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
+# Far above any capture, bench or plan this tool writes (a large MoE capture is a few MB), low
+# enough that `te-gemm show /dev/zero`-like mistakes stop at once instead of filling memory.
+MAX_READ_BYTES = 256 * 1024 * 1024
+# Our files nest 4-6 levels; deeper is hand-made and would hit recursion limits further on.
+MAX_DEPTH = 64
+MAX_INT = 2**63 - 1  # what any consumer (numpy, torch, C) can hold
+MAX_DIM = 2**40  # a GEMM dimension beyond this is not a GEMM any GPU runs; also keeps FLOPs finite
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_bytes_bounded(path: Path, limit: int | None = None) -> bytes:
+    """At most ``limit`` bytes (default :data:`MAX_READ_BYTES`) of a regular file or pipe;
+    ValueError past it or for a device."""
+    limit = limit or MAX_READ_BYTES
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):  # /dev/zero, /dev/urandom: endless
+            raise ValueError(f"{path} is a device, not a file: give the path of a JSON file")
+        if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+            raise ValueError(f"{path} is {st.st_size / 2**20:.0f} MiB, over the {limit >> 20} MiB limit "
+                             "for files this tool reads: is it the right file?")
+        data = f.read(limit + 1)  # a pipe has no size: read one byte past the limit to know
+    if len(data) > limit:
+        raise ValueError(f"{path} is over the {limit >> 20} MiB limit for files this tool reads: is it the right file?")
+    return data
+
+
+def _depth_ok(data: Any) -> bool:
+    stack = [(data, 1)]  # iterative: a recursive walk would itself hit the limit it checks
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, (dict, list)):
+            if depth > MAX_DEPTH:
+                return False
+            stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return True
+
+
+def parse_json(raw: bytes) -> Any:
+    """Parse bytes as JSON; ValueError with the reason in a few words (never RecursionError)."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text, so not JSON") from None
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError as err:  # JSONDecodeError, or an integer of more than 4300 digits
+        raise ValueError(f"not valid JSON ({str(err).splitlines()[0][:120]})") from None
+    if not _depth_ok(data):
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+    return data
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> Any:
+    """A JSON file's content (bounded, depth-checked); ValueError naming the file otherwise."""
+    try:
+        return parse_json(read_bytes_bounded(Path(path)))
+    except OSError as err:
+        raise ValueError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    except ValueError as err:
+        msg = str(err)
+        raise ValueError(msg if msg.startswith(str(path)) else f"cannot read {what} {path}: {msg}") from None
+
 
 def schema_of(data: Any) -> str | None:
-    return data.get("schema") if isinstance(data, dict) else None
+    s = data.get("schema") if isinstance(data, dict) else None
+    return s if isinstance(s, str) else None
 
 
-def check_replaceable(path: Path, schema: str) -> None:
-    """Raise ValueError unless ``path`` is absent or already holds a file of ``schema``."""
-    if not path.exists():
+def read_schema(path: str | Path, schema: str, what: str, accept: Callable[[Any], bool] | None = None) -> Any:
+    """A JSON file of ``schema`` checked against :data:`SPECS` (``accept``: also take files whose
+    content it accepts, e.g. an older version's without a schema field); ValueError naming the
+    file, and the field at fault, otherwise."""
+    data = read_json(path, what)
+    if schema_of(data) != schema and not (accept and accept(data)):
+        raise ValueError(f"{path} is not a {what} (schema {schema_of(data)!r}, want {schema!r})")
+    if schema in SPECS:
+        try:
+            check(data, SPECS[schema])
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+    return data
+
+
+def from_fields(cls: type[T], d: dict[str, Any]) -> T:
+    """Build dataclass ``cls`` from ``d``, ignoring fields it does not know (files written by a
+    newer version still load)."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# ---------------------------------------------------------------------------------------------
+# Field specs: types and ranges of each file kind. Unknown fields are ignored everywhere.
+
+
+@dataclasses.dataclass(frozen=True)
+class S:
+    kind: str  # "int", "num", "str", "bool", "list", "dict", "any"
+    least: float | None = None  # inclusive
+    above: float | None = None  # exclusive
+    most: float | None = None
+    null: bool = False  # None allowed
+    finite: bool = True  # "num": NaN / Infinity refused (False: left to a later, more specific check)
+    choices: tuple = ()
+    item: "S | None" = None  # list items, or every value of a dict
+    fields: tuple = ()  # dict: (name, S) pairs checked when present
+    required: tuple = ()  # dict: names that must be present
+
+
+def Int(least: float | None = None, most: float = MAX_INT, null: bool = False) -> S:
+    return S("int", least=least, most=most, null=null)
+
+
+def Num(least: float | None = None, above: float | None = None, most: float | None = None, null: bool = False,
+        finite: bool = True) -> S:
+    return S("num", least=least, above=above, most=most, null=null, finite=finite)
+
+
+def Str(null: bool = False, choices: tuple = ()) -> S:
+    return S("str", null=null, choices=choices)
+
+
+def Bool(null: bool = False) -> S:
+    return S("bool", null=null)
+
+
+def List(item: S, null: bool = False) -> S:
+    return S("list", item=item, null=null)
+
+
+def Dict(fields: dict[str, S] | None = None, values: S | None = None, required: tuple = (), null: bool = False) -> S:
+    return S("dict", fields=tuple((fields or {}).items()), item=values, required=required, null=null)
+
+
+ANY = S("any")
+
+
+def _describe(s: S) -> str:
+    base = {"int": "an integer", "num": "a number", "str": "a string", "bool": "true or false",
+            "list": "a list", "dict": "an object", "any": "anything"}[s.kind]
+    if s.choices:
+        base = "one of " + ", ".join(map(str, s.choices))
+    n = lambda x: str(int(x)) if float(x).is_integer() else f"{x:g}"  # noqa: E731
+    most = s.most if s.most is not None and s.most != MAX_INT else None
+    if s.least is not None and most is not None:
+        base += f" from {n(s.least)} to {n(most)}"
+    else:
+        bounds = [f"{op} {n(x)}" for op, x in ((">=", s.least), (">", s.above), ("<=", most)) if x is not None]
+        base += " " + " and ".join(bounds) if bounds else ""
+    return base + (" or null" if s.null else "")
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check(value: Any, spec: S, where: str = "") -> None:
+    """Raise ValueError ``"<where>: expected ..., got ..."`` where ``value`` departs from ``spec``."""
+    def bad(why: str = "") -> ValueError:
+        return ValueError(f"{where or 'the file'}: expected {_describe(spec)}, got {why or _short(value)}")
+
+    if value is None:
+        if spec.null or spec.kind == "any":
+            return
+        raise bad("null")
+    k = spec.kind
+    if k == "any":
         return
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder: give a file path")
+    if k == "bool":
+        if not isinstance(value, bool):
+            raise bad()
+    elif k in ("int", "num"):
+        if isinstance(value, bool) or not isinstance(value, int if k == "int" else (int, float)):
+            raise bad()
+        if isinstance(value, int) and abs(value) > MAX_INT:  # also keeps float(value) from overflowing
+            raise bad("a number too large")
+        if isinstance(value, float) and not math.isfinite(value):
+            if spec.finite:
+                raise bad()
+            return  # left to the later check, which says what a non-finite value means there
+        if (spec.least is not None and value < spec.least) or (spec.above is not None and value <= spec.above) or \
+                (spec.most is not None and value > spec.most):
+            raise bad()
+    elif k == "str":
+        if not isinstance(value, str) or (spec.choices and value not in spec.choices):
+            raise bad()
+    elif k == "list":
+        if not isinstance(value, (list, tuple)):  # tuples: in-memory objects (GemmCapture.validate)
+            raise bad()
+        if spec.item is not None and spec.item.kind != "any":
+            for i, v in enumerate(value):
+                check(v, spec.item, f"{where}[{i}]")
+    elif k == "dict":
+        if not isinstance(value, dict):
+            raise bad()
+        for name in spec.required:
+            if name not in value:
+                raise ValueError(f"{where + '.' if where else ''}{name}: missing")
+        for name, sub in spec.fields:
+            if name in value:
+                check(value[name], sub, f"{where}.{name}" if where else name)
+        if spec.item is not None:
+            for name, v in value.items():
+                check(v, spec.item, f"{where}.{name}" if where else str(name))
+
+
+_STR_LIST = List(Str())
+_MS = Num(least=0, null=True)
+
+# A capture (capture/record.py). Types only where GemmCapture.validate checks the range itself, so
+# that its messages ("impossible dimensions", "non-finite times") stay what a user sees.
+CAPTURE_RECORD = Dict({
+    "module": Str(), "gemm": Str(), "op": Str(), "m": Int(most=MAX_DIM), "k": Int(most=MAX_DIM),
+    "n": Int(most=MAX_DIM), "batch": Int(most=MAX_DIM), "precision": Str(), "operands": _STR_LIST,
+    "source": Str(), "kernel": Str(), "recompute": Bool(), "module_type": Str(), "calls": Num(finite=False),
+    "calls_per_step": Num(finite=False), "flops": Num(least=0), "times_ms": List(Num(finite=False)),
+    "m_splits": List(List(Int(least=0, most=MAX_DIM)))})
+CAPTURE_STEP = Dict({
+    "index": Int(), "wall_ms": Num(finite=False), "gpu_ms": Num(null=True, finite=False),
+    "gemm_ms": Num(null=True, finite=False), "micro_batches": Int(least=1), "kind": Str(), "dispatch": Bool(),
+    "round": Int(null=True), "fwd_bwd_ms": Num(least=0, null=True)})
+_BY_NAME_MS = Dict(values=Num(least=0, null=True), null=True)
+CAPTURE_META = Dict({
+    "device": Str(null=True), "recipe": Str(null=True), "job_recipe": Str(null=True), "sweep": Bool(null=True),
+    "timing": Str(null=True), "gemm_time_source": Str(null=True), "step_time": Str(null=True),
+    "kernel_breakdown_ms": Dict(values=ANY, null=True), "comm_ms": Num(least=0, null=True),
+    "comm_exposed_ms": Num(least=0, null=True), "kernel_session_ms": _BY_NAME_MS,
+    "graphed_modules": List(Str(), null=True), "adapters": List(Str(), null=True), "rank": Int(null=True),
+    "world_size": Int(least=1, null=True), "accumulate_grad_batches": Int(least=1, null=True),
+    "sweep_rounds": Dict({"rounds": Int(least=0), "stopped": Str(), "min_rounds": Int(least=0),
+                          "budget_s": Num(least=0), "target": Num(least=0)}, null=True),
+    "sweep_step": Str(null=True), "warnings": List(Str(), null=True)}, null=True)
+CAPTURE_FILE = Dict({
+    "records": List(CAPTURE_RECORD), "steps": List(CAPTURE_STEP), "meta": CAPTURE_META,
+    "coverage": Dict({"never_ran": List(Str()), "not_watched": List(Str()), "error": Str(null=True)}, null=True)},
+    required=("records", "steps"))
+
+# One bench cell (bench/cells.py BenchResult), in bench.json and in the cache.
+BENCH_RESULT = Dict({
+    "m": Int(least=0, most=MAX_DIM), "k": Int(least=1, most=MAX_DIM), "n": Int(least=1, most=MAX_DIM),
+    "op": Str(choices=("fprop", "dgrad", "wgrad")), "precision": Str(), "mode": Str(),
+    "m_splits": List(Int(least=0, most=MAX_DIM), null=True), "median_ms": Num(above=0, null=True),
+    "q1_ms": _MS, "q3_ms": _MS, "iters": Int(least=0), "tflops": _MS, "peak_fraction": _MS,
+    "error": Str(null=True), "backend": Str(), "padded_m_splits": List(Int(least=0, most=MAX_DIM), null=True),
+    "sm_clock_mhz": _MS, "conditions": Dict(), "attempts": Int(least=0), "noisy": Bool(), "cached": Bool()},
+    required=("m", "k", "n", "op", "precision", "mode"))
+BENCH_FILE = Dict({
+    "results": List(BENCH_RESULT), "skipped": Dict(values=Str(), null=True),
+    "meta": Dict({"modes": List(Str(choices=("autocast", "prequantized"))), "precisions": _STR_LIST,
+                  "device": Str(null=True), "devices": List(Str(null=True)), "visits": Int(least=0, null=True),
+                  "gemm_duty": Num(above=0, most=1, null=True), "peaks_tflops": Dict(values=Num(least=0, null=True)),
+                  "wall_s": _MS, "spread_limit": _MS, "flush_l2": Bool(null=True), "backend": Str(null=True),
+                  "timing": Str(null=True), "cache_refused_noisy": Int(least=0, null=True)}, null=True)},
+    required=("results",))
+CACHE_FILE = Dict({
+    "timing_version": Int(), "results": Dict(values=Dict()),  # each entry: BENCH_RESULT, checked on use
+    "peaks": Dict(values=Dict(values=Num(least=0, null=True)))})
+PLAN_FILE = Dict({
+    "recipe": Str(), "keep_bf16": _STR_LIST,
+    "modules": List(Dict({"module": Str(), "bf16_ms": _MS, "fp8_ms": _MS, "keep_bf16": Bool()},
+                         required=("module", "bf16_ms", "fp8_ms", "keep_bf16"))),
+    "predicted_step_ms": Dict(values=Num(above=0)), "predicted_speedup": Dict(values=Num(above=0)),
+    "gemm_ms": Dict(values=Num(least=0)), "meta": Dict()}, required=("recipe", "keep_bf16"))
+
+SPECS: dict[str, S] = {"te-gemm-capture/1": CAPTURE_FILE, "te-gemm-bench/1": BENCH_FILE,
+                       "te-gemm-cache/1": CACHE_FILE, "te-gemm-plan/1": PLAN_FILE,
+                       "te-gemm-report/1": Dict(), "te-gemm-ranks/1": Dict({"ranks": List(Dict())})}
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+KindCheck = Callable[[Path], None]  # raises ValueError unless the existing file at the path is ours to replace
+
+
+def json_kind(schema: str | None, accept: Callable[[Any], bool] | None = None) -> KindCheck:
+    """Replace only a JSON file whose ``schema`` field is ``schema`` (or whose content ``accept``
+    takes); with ``schema`` None, replace nothing."""
+    def kind(path: Path) -> None:
+        try:
+            old = parse_json(read_bytes_bounded(path))
+            ours = schema is not None and (schema_of(old) == schema or bool(accept and accept(old)))
+            held = schema_of(old) or "another kind of JSON"
+        except (OSError, ValueError):  # unreadable, too large, not UTF-8, not JSON: not ours
+            ours, held = False, "something that is not JSON"
+        if not ours:
+            raise ValueError(f"refusing to overwrite {path}: it holds {held}, not a {schema or 'file this tool'} "
+                             "file; move it or pick another path")
+    return kind
+
+
+def text_kind(what: str, *prefixes: bytes) -> KindCheck:
+    """Replace only a file that starts with one of ``prefixes`` (the marker we write first)."""
+    def kind(path: Path) -> None:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            head = b""
+        if not head.startswith(prefixes):
+            raise ValueError(f"refusing to overwrite {path}: it is not a {what} this tool wrote; "
+                             "move it or pick another path")
+    return kind
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_KIND = text_kind("PNG figure", PNG_SIGNATURE)
+
+
+def check_target(path: str | Path, kind: KindCheck | None) -> Path:
+    """Everything :func:`write_bytes_atomic` refuses, checked without writing (so a command can
+    refuse before it spends minutes measuring). ``kind`` None: an existing file is never replaced."""
+    if isinstance(path, str) and not path.strip():
+        raise ValueError("empty output path: give a file name")
+    p = Path(path)
+    if p.is_symlink():
+        raise ValueError(f"refusing to write {p}: it is a symbolic link (to {os.readlink(p)}); give the real path")
     try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        raise ValueError(f"refusing to overwrite {path}: it is not a {schema} file (not JSON); "
-                         "move it or pick another path") from None
-    if schema_of(old) != schema:
-        raise ValueError(f"refusing to overwrite {path}: it holds {schema_of(old) or 'another kind of JSON'}, "
-                         f"not {schema}; move it or pick another path")
+        st = p.stat()
+    except FileNotFoundError:
+        return p
+    except OSError as err:
+        raise ValueError(f"cannot write {p}: {err.strerror or err}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{p} is a folder: give a file path")
+    if not stat.S_ISREG(st.st_mode):  # /dev/null, a FIFO: replacing it would break the system's file
+        raise ValueError(f"refusing to overwrite {p}: it is not a regular file; pick another path")
+    if kind is None:
+        raise ValueError(f"refusing to overwrite {p}: it exists; move it or pick another path")
+    kind(p)
+    return p
 
 
-def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str | None = None) -> Path:
-    """Write ``data`` to ``path`` atomically, creating parent folders; returns the path.
-
-    ``schema``: the kind being written; an existing file of another kind is never replaced.
-    """
-    path = Path(path)
-    if schema is not None:
-        check_replaceable(path, schema)
-    return write_text(path, json.dumps(data, indent=indent))
-
-
-def write_text(path: str | Path, text: str) -> Path:
-    """Write a text file atomically (a temporary file in the same folder, then a rename)."""
-    path = Path(path)
+def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | None) -> Path:
+    """Write ``data`` to ``path``: parents created, a temporary file in the same folder renamed
+    over the target, the umask's permissions. Refuses (ValueError, one line) an empty path, a
+    symbolic link, a folder or device, and an existing file that ``kind_check`` says is not ours."""
+    path = check_target(path, kind_check)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    # 0o666 through the umask, as the user's other files get: mkstemp's 0600 hid runs from teammates.
+    # O_EXCL | O_NOFOLLOW: never write through a link someone planted under the temporary name.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())  # the rename must not publish a file whose bytes are not on disk
         os.replace(tmp, path)
@@ -69,23 +391,28 @@ def write_text(path: str | Path, text: str) -> Path:
     return path
 
 
-def read_json(path: str | Path) -> Any:
-    return json.loads(Path(path).read_text())
+def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str | None = None,
+               accept: Callable[[Any], bool] | None = None) -> Path:
+    """Write ``data`` as JSON atomically; an existing file is replaced only if it holds ``schema``
+    (default: the ``schema`` field of ``data``; without one, an existing file is never replaced)."""
+    kind = json_kind(schema or schema_of(data), accept)
+    return write_bytes_atomic(path, json.dumps(data, indent=indent).encode(), kind)
 
 
-def read_schema(path: str | Path, schema: str, what: str) -> dict[str, Any]:
-    """A JSON file of ``schema``, or ValueError naming the file and what it is instead."""
-    try:
-        data = read_json(path)
-    except (OSError, ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read {what} {path}: {err}") from None
-    if schema_of(data) != schema:
-        raise ValueError(f"{path} is not a {what} (schema {schema_of(data)!r}, want {schema!r})")
-    return data
+def check_replaceable(path: Path, schema: str) -> None:
+    """Raise ValueError unless ``path`` is absent or already holds a JSON file of ``schema``."""
+    check_target(path, json_kind(schema))
 
 
-def from_fields(cls: type[T], d: dict[str, Any]) -> T:
-    """Build dataclass ``cls`` from ``d``, ignoring fields it does not know (files written by a
-    newer version still load)."""
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in d.items() if k in known})
+def write_text(path: str | Path, text: str, kind_check: KindCheck | None = None) -> Path:
+    """Write a text file atomically; an existing file only if ``kind_check`` accepts it."""
+    return write_bytes_atomic(path, text.encode(), kind_check)
+
+
+def write_figure_atomic(fig: Any, path: str | Path, **savefig_kw: Any) -> Path:
+    """Save a matplotlib figure as PNG through :func:`write_bytes_atomic`: an existing file is
+    replaced only if it is a PNG, never through a symbolic link. Does not close ``fig``."""
+    check_target(path, PNG_KIND)  # before drawing: a refusal costs nothing
+    buf = io.BytesIO()
+    fig.savefig(buf, **{"format": "png", **savefig_kw})
+    return write_bytes_atomic(path, buf.getvalue(), PNG_KIND)

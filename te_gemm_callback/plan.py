@@ -22,10 +22,14 @@ from torch import nn
 from .bench.cells import WorkItem
 from .bench.results import BenchResults, item_ms
 from .capture.record import GemmCapture
-from .jsonio import read_schema, write_json
+from .jsonio import check_target, from_fields, json_kind, read_schema, text_kind, write_json, write_text
 
 SCHEMA = "te-gemm-plan/1"
 MODE = "autocast"
+# The YAML's first line: what marks a file as ours to replace (a YAML file has no schema field).
+YAML_MARKER = "# te-gemm precision plan: TE debug-API config written by te-gemm (safe to regenerate)"
+# Files written before the marker existed start with the config's key.
+YAML_KIND = text_kind("te-gemm plan YAML", YAML_MARKER.encode(), b"te_gemm_plan_keep_bf16:")
 
 
 @dataclass
@@ -86,8 +90,8 @@ class PrecisionPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> "PrecisionPlan":
-        d = read_schema(path, SCHEMA, "te-gemm precision plan")
-        mods = [ModuleChoice(**m) for m in d.get("modules", [])]
+        d = read_schema(path, SCHEMA, "te-gemm precision plan")  # field types checked (jsonio.PLAN_FILE)
+        mods = [from_fields(ModuleChoice, m) for m in d.get("modules", [])]
         return cls(d["recipe"], list(d["keep_bf16"]), mods, d.get("predicted_step_ms", {}),
                    d.get("predicted_speedup", {}), d.get("gemm_ms", {}), d.get("meta", {}))
 
@@ -96,7 +100,8 @@ class PrecisionPlan:
         without this package: ``debug_api.initialize(config_file=...)``. Layer names are this
         capture's module paths; where TE's inferred names differ (another root), edit the pattern."""
         pattern = "^(" + "|".join(re.escape(m) for m in self.keep_bf16) + ")$"
-        return ("te_gemm_plan_keep_bf16:\n"
+        return (YAML_MARKER + "\n"
+                "te_gemm_plan_keep_bf16:\n"
                 f"  enabled: {bool(self.keep_bf16)}\n"
                 "  layers:\n"
                 f"    layer_name_regex_pattern: '{pattern}'\n"
@@ -154,6 +159,9 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     if any(v is None for v in bf16.values()):
         raise ValueError("some GEMMs have no BF16 time in the microbenchmarks: bench this capture again")
     totals = {"BF16": sum(bf16.values())}
+    if totals["BF16"] <= 0:  # every share below would divide by it
+        raise ValueError("the capture holds no weight GEMM that runs in a step (no fprop records, or all "
+                         "with 0 calls per step): nothing to plan")
     plans = {}
     # Safe by construction: TE's FP8 GEMMs need K and N (and M, the wgrad's inner dimension) to be
     # multiples of 16 (it asserts "Leading dimension requirement on A for FP8 GEMM"); a module with
@@ -208,9 +216,10 @@ def plan_for_run(rr: Any) -> PrecisionPlan:
 def write_plan(plan: PrecisionPlan, json_path: str | Path, yaml_path: str | Path) -> tuple[Path, Path]:
     """The plan as JSON (for :func:`apply_precision_plan` and ``sweep_plan=``) and as TE's debug-API
     config (:meth:`PrecisionPlan.nvdlfw_yaml`)."""
-    from .jsonio import write_text
-
-    return plan.save(json_path), write_text(yaml_path, plan.nvdlfw_yaml())
+    # Both targets checked before either is written: a refused YAML path leaves no new JSON behind.
+    check_target(json_path, json_kind(SCHEMA))
+    check_target(yaml_path, YAML_KIND)
+    return plan.save(json_path), write_text(yaml_path, plan.nvdlfw_yaml(), YAML_KIND)
 
 
 class PlanHandle:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass, field
 
+from .jsonio import MAX_DIM
+
 
 class GemmOp(str, enum.Enum):
     """Which pass of a linear layer a GEMM belongs to."""
@@ -102,8 +104,12 @@ def parse_shapes(text: str) -> list[GemmShape]:
     shapes = []
     for item in filter(None, (s.strip() for s in text.split(","))):
         parts = item.lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"bad shape {item!r}: write M x K x N as positive integers, e.g. 4096x4096x4096")
+        # ASCII digits only: str.isdigit() and int() also take other scripts' digits ("８x８x８").
+        if len(parts) != 3 or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"bad shape {item!r}: write M x K x N as positive integers in ASCII digits, "
+                             "e.g. 4096x4096x4096")
+        if max(map(int, parts)) > MAX_DIM:  # no GPU runs it, and its FLOPs would overflow a float
+            raise ValueError(f"bad shape {item!r}: each dimension must be at most {MAX_DIM}")
         shapes.append(GemmShape(*map(int, parts)))
     if not shapes:
         raise ValueError("no shapes given: write them as MxKxN,MxKxN")

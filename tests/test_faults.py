@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from te_gemm_callback.bench.cells import BenchResult, ResultCache
 from te_gemm_callback.cli import main
 from test_callback import DemoTransformer
 
+from helpers.procs import start_bench_with_workers
 from helpers.fakes import profiler_that_cannot_start, start_warnings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,17 +162,7 @@ def test_unwritable_cache_warns_after_the_results(tmp_path, monkeypatch, capsys,
 def test_sigterm_stops_the_workers(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    shapes = ",".join(f"{64 + 8 * i}x{64 + 8 * i}x{64 + 8 * i}" for i in range(40))
-    env = dict(os.environ, TMPDIR=str(tmp), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "te_gemm_callback.cli", "bench", "--shapes", shapes,
-                             "--precisions", "BF16", "--devices", "2", "--no-cache", "--visits", "16"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not list(tmp.glob("te_gemm_bench_*/spec1.json")) and time.time() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)  # the worker is running
-    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                               text=True).stdout.split()]
+    proc, workers = start_bench_with_workers(tmp, [sys.executable, "-m", "te_gemm_callback.cli"])
     assert workers, "no worker started"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)

@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..capture.record import GemmCapture
-from ..jsonio import from_fields, read_json, schema_of, write_json
+from ..jsonio import BENCH_RESULT, CACHE_FILE, check, from_fields, parse_json, read_bytes_bounded, schema_of, write_json
 from ..precisions import RECIPE_TABLE
 from ..shapes import GemmOp, GemmShape, ModelConfig, config_gemms, fprop_of, gemm_passes
 
 log = logging.getLogger("te_gemm_callback")
 
 MODES = ("autocast", "prequantized")
+BENCH_SCHEMA = "te-gemm-bench/1"  # bench.json (bench/results.py); here so the CLI can check it torch-free
+# Every visit times each cell at least once and queues every job again: 1000 (60x the GPU default)
+# is hours of host time on a large model; far beyond it the run only fills memory (1e11 was OOM-killed).
+MAX_VISITS = 1000
 FP8_FAMILY = {r.name for r in RECIPE_TABLE if r.low_precision_peak}  # timed against the FP8 peak
 
 # Sustained dense GEMM rate (H200, TE 2.20, docs/results/h200.md): BF16 ~650 TFLOP/s, the FP8
@@ -201,7 +205,8 @@ class ResultCache:
     def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False) -> None:
         env = os.environ.get("TE_GEMM_CACHE") or None  # set but empty: the default
         default = Path(env) if env else Path.home() / ".cache" / "te_gemm_callback" / "bench.json"
-        self.path = Path(path) if path else default
+        # A quoted "~/..." reaches us unexpanded: without this it made a folder named "~".
+        self.path = (Path(path) if path else default).expanduser()
         self.enabled = enabled
         self.read_only = read_only  # lookups only: a multi-GPU run's parts, whose caller stores the pooled cells
         self.save_error: str | None = None
@@ -216,30 +221,33 @@ class ResultCache:
         return {"schema": CACHE_SCHEMA, "timing_version": TIMING_VERSION, "results": {}, "peaks": {}}
 
     def _read(self, warn: bool) -> dict[str, Any]:
-        """The cache file's contents now (empty if absent, corrupt or of an older timing)."""
+        """The cache file's contents now (empty if absent, unreadable, corrupt or of an older timing).
+
+        Whether a file is a cache is decided by its content: JSON with our schema (or an older
+        cache's fields). Anything else (a checkpoint, a PNG, Latin-1 notes) is refused, never
+        treated as "unreadable" and then written over."""
         p = self.path
-        if not p.exists() or p.is_dir():
+        if not p.exists() or p.is_dir():  # a folder: save() says it cannot write there
             return self._empty()
         try:
-            data = read_json(p)
-        except (OSError, UnicodeDecodeError) as err:
+            raw = read_bytes_bounded(p)
+        except OSError as err:  # permissions: measure without it (save() cannot replace it either)
             if warn:
-                log.warning("te-gemm: cache %s unreadable (%s): measuring without it", p, err)
+                log.warning("te-gemm: cache %s unreadable (%s): measuring without it", p, err.strerror or err)
             return self._empty()
-        except ValueError:  # json.JSONDecodeError: a damaged cache, or someone else's file
-            if not _looks_like_cache(p):
-                raise ValueError(f"{p} is not a te-gemm cache (not JSON); give --cache a new path or set "
-                                 "TE_GEMM_CACHE to one") from None
-            aside = p.with_name(f"{p.name}.corrupt-{int(time.time())}")
-            try:
-                os.replace(p, aside)
-                log.warning("te-gemm: cache %s was corrupt: moved aside to %s, starting empty", p, aside)
-            except OSError:
-                log.warning("te-gemm: cache %s is corrupt and could not be moved aside", p)
-            return self._empty()
-        if not _is_cache(data):
-            raise ValueError(f"{p} is not a te-gemm cache (it holds {schema_of(data) or type(data).__name__}); "
-                             "give --cache a new path or set TE_GEMM_CACHE to one")
+        except ValueError as err:  # over the size limit, a device
+            raise ValueError(f"{p} is not a te-gemm cache ({err}); {_ELSEWHERE}") from None
+        try:
+            data = parse_json(raw)
+            if not _is_cache(data):
+                raise ValueError(f"{p} is not a te-gemm cache (it holds {schema_of(data) or type(data).__name__}); "
+                                 + _ELSEWHERE)
+            check(data, CACHE_FILE)
+        except ValueError as err:
+            if not _looks_like_cache(raw):  # not ours at all
+                msg = str(err) if str(err).startswith(str(p)) else f"{p} is not a te-gemm cache ({err}); {_ELSEWHERE}"
+                raise ValueError(msg) from None
+            return self._move_aside(err)  # ours, torn or damaged by hand: it is only a cache
         if data.get("timing_version") != TIMING_VERSION:  # measured another way: re-measure
             return self._empty()
         data.setdefault("results", {})
@@ -247,10 +255,26 @@ class ResultCache:
         data["schema"] = CACHE_SCHEMA
         return data
 
+    def _move_aside(self, why: Exception) -> dict[str, Any]:
+        p = self.path
+        aside = p.with_name(f"{p.name}.corrupt-{int(time.time())}")
+        try:
+            os.replace(p, aside)
+            log.warning("te-gemm: cache %s was corrupt: moved aside to %s, starting empty (%s)", p, aside, why)
+        except OSError:
+            log.warning("te-gemm: cache %s is corrupt (%s) and could not be moved aside", p, why)
+        return self._empty()
+
     def get(self, key: str) -> BenchResult | None:
         """The stored cell, marked ``cached``; None if absent or too noisy to reuse."""
         d = self.data["results"].get(key) if self.enabled else None
         if not d:
+            return None
+        try:
+            check(d, BENCH_RESULT, f"results[{key!r}]")
+        except ValueError as err:  # edited by hand: measured again, dropped on save
+            log.warning("te-gemm: cache %s: %s: measuring that cell again", self.path, err)
+            self.refused.add(key)
             return None
         r = from_fields(BenchResult, d)
         if _too_noisy(r):
@@ -280,11 +304,11 @@ class ResultCache:
                 with FileLock(f"{self.path}.lock", timeout=60):
                     data = self._read(warn=False)
                     for key in self.refused - self._new.keys():  # heal: unless another process stored a good one
-                        if (d := data["results"].get(key)) and _too_noisy(from_fields(BenchResult, d)):
+                        if (d := data["results"].get(key)) and not _usable(d):
                             del data["results"][key]
                     data["results"].update(self._new)
                     data["peaks"].update(self.data.get("peaks", {}))
-                    write_json(self.path, data, indent=None)
+                    write_json(self.path, data, indent=None, schema=CACHE_SCHEMA, accept=_is_cache)
             except Timeout:
                 raise OSError(f"lock {self.path}.lock held by another process for 60 s") from None
             self.data = data
@@ -300,13 +324,22 @@ def _too_noisy(r: BenchResult) -> bool:
     return r.noisy or r.above_spread_limit
 
 
-def _looks_like_cache(p: Path) -> bool:
-    """A cache file torn or damaged after its first bytes still opens the way ours do."""
+_ELSEWHERE = "give --cache a new path or set TE_GEMM_CACHE to one"
+
+
+def _usable(d: dict[str, Any]) -> bool:
+    """A stored entry that is well-formed and quiet enough to reuse."""
     try:
-        head = p.read_bytes()[:64].lstrip()
-    except OSError:
+        check(d, BENCH_RESULT)
+    except ValueError:
         return False
-    return head.startswith((b'{"schema": "te-gemm-cache', b'{"results"', b'{"timing_version"', b'{"peaks"'))
+    return not _too_noisy(from_fields(BenchResult, d))
+
+
+def _looks_like_cache(raw: bytes) -> bool:
+    """A cache file torn or damaged after its first bytes still opens the way ours do."""
+    heads = (b'{"schema": "te-gemm-cache', b'{"results"', b'{"timing_version"', b'{"peaks"')
+    return raw[:64].lstrip().startswith(heads)
 
 
 def _is_cache(data: Any) -> bool:

@@ -18,7 +18,7 @@ import torch
 from ..clocks import ClockSampler
 from ..precisions import availability, canonical, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
-from .cells import MODES, SPREAD_LIMIT, BenchResult, ResultCache, WorkItem, cell_key
+from .cells import MAX_VISITS, MODES, SPREAD_LIMIT, BenchResult, ResultCache, WorkItem, cell_key
 from .jobs import job_factory
 from .results import BenchResults, summarise
 from .timing import (GEMM_DUTY, HEAT_LOG, L2Flush, StreamClock, device_conditions, measure_peaks, spend_boost,
@@ -75,7 +75,9 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     # Measured on the H200 (docs/results/h200.md), three cold runs of the CodonFM-5B config,
     # cells within 2% autocast / pre-quantized: at GEMM duty 1, 40 / 30 of 48 with four visits, 45 /
     # 39 with eight; at duty 0.75 (the default), 32 / 31 with eight, 41 / 44 with sixteen.
-    visits = visits or default_visits(cuda)
+    visits = default_visits(cuda) if visits is None else visits
+    if type(visits) is not int or not 1 <= visits <= MAX_VISITS:  # bool is an int subclass: refused too
+        raise ValueError(f"visits must be an integer from 1 to {MAX_VISITS}, got {visits!r}")
     flush = L2Flush() if (flush_l2 and cuda) else None
     timing = "host clock per call (CPU)"
     if cuda:

@@ -23,7 +23,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,8 +36,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ..jsonio import read_json
 from ..shapes import GemmOp, GemmShape
-from .cells import MODES, BenchResult, ResultCache, WorkItem, cell_key
+from .cells import MAX_VISITS, MODES, BenchResult, ResultCache, WorkItem, cell_key
 
 if TYPE_CHECKING:
     from .results import BenchResults
@@ -72,9 +76,12 @@ def _item_from_json(row: list) -> WorkItem:
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
-    """SIGTERM (timeout, SLURM, Kubernetes) handled as Ctrl-C is: ``stop()`` kills the workers
-    at once, in the handler, whatever the main thread was doing; then the run unwinds and its
-    temporary folder is removed. Only the main thread can take signals."""
+    """SIGTERM (timeout, SLURM, Kubernetes) and SIGHUP (the terminal or SSH session closed) handled
+    as Ctrl-C is: ``stop()`` kills the workers at once, in the handler, whatever the main thread was
+    doing; then the run unwinds and its temporary folder is removed. A SIGHUP that is ignored
+    (``nohup``) stays ignored. Only the main thread can take signals; SIGKILL cannot be caught at all:
+    the workers die with this process by themselves (:func:`_die_with_parent`) and the next run
+    removes the folder (:func:`_remove_stale_folders`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -83,11 +90,86 @@ def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
         stop()
         raise KeyboardInterrupt(f"signal {signum}")
 
-    old = signal.signal(signal.SIGTERM, interrupt)
+    sigs = [signal.SIGTERM]
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    old = {sig: signal.signal(sig, interrupt) for sig in sigs}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+_TMP_PREFIX = "te_gemm_bench_"
+
+
+def _owner_tag() -> str:
+    return f"{socket.gethostname()} {os.getpid()}"
+
+
+def _remove_stale_folders() -> None:
+    """Remove the temporary folders of earlier runs whose process is dead (a parent SIGKILLed, or
+    OOM-killed, cannot remove its own): this user's folders named ``te_gemm_bench_<pid>_*`` whose
+    ``owner`` file, if any, names this host. A pid reused since leaves the folder for a later run.
+    Caveat: a run in another PID namespace sharing this /tmp (another container) looks dead here."""
+    host = socket.gethostname()
+    try:
+        folders = list(Path(tempfile.gettempdir()).glob(_TMP_PREFIX + "*"))
+    except OSError:
+        return
+    for folder in folders:
+        name = re.fullmatch(re.escape(_TMP_PREFIX) + r"(\d+)_\w+", folder.name)
+        if not name:  # an older version's folder names no pid: leave it
+            continue
+        pid = int(name.group(1))
+        try:
+            if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                continue
+            owner = folder / "owner"  # absent if the owner died right after creating the folder
+            if owner.exists() and owner.read_text().split()[:1] != [host]:
+                continue
+        except OSError:
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process holds the pid now
+        return True
+    return True
+
+
+def _die_with_parent(parent: int, folder: Path) -> None:
+    """In a worker: die when the caller dies, whatever killed it (SIGKILL included, which the
+    caller cannot forward). Linux: the kernel sends SIGKILL on the parent's death
+    (PR_SET_PDEATHSIG; it fires when the thread that started us exits, and run_bench_parallel's
+    thread waits for us). Elsewhere, and as a fallback: a thread polls the parent pid and removes
+    the temporary folder before exiting."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the line above: nobody to report to
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="te-gemm-parent-watch", daemon=True).start()
 
 
 def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
@@ -98,7 +180,8 @@ def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Po
     # need not be installed or be the working directory).
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen([sys.executable, "-m", "te_gemm_callback.bench.parallel", str(spec_path), str(out_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "te_gemm_callback.bench.parallel", str(spec_path), str(out_path),
+                             str(os.getpid())],
                             stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path))
     log.close()  # the child holds its own handle
@@ -114,6 +197,9 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     The progress bar, if any, follows device 0's share."""
     if devices < 1:
         raise ValueError("--devices must be >= 1")
+    if visits is not None and (type(visits) is not int or not 1 <= visits <= MAX_VISITS):
+        raise ValueError(f"visits must be an integer from 1 to {MAX_VISITS}, got {visits!r}")
+    _remove_stale_folders()
     if visits is not None:  # fewer visits than devices: the extra devices would have nothing to do
         devices = min(devices, visits)
     from ..precisions import canonical  # torch-free
@@ -135,8 +221,10 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
         for _, proc, _, _ in workers:
             proc.wait()
 
-    with _sigterm_as_interrupt(stop_workers), tempfile.TemporaryDirectory(prefix="te_gemm_bench_") as tmp:
+    with _sigterm_as_interrupt(stop_workers), \
+            tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{os.getpid()}_") as tmp:
         try:
+            (Path(tmp) / "owner").write_text(_owner_tag())  # who may remove it if we die (_remove_stale_folders)
             workers += [(d, *_launch(d, spec, Path(tmp))) for d in range(1, devices)]
             own = _own_share(unique, spec, progress, console)
             parts, failed = [own], {}
@@ -145,7 +233,7 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
                     proc.terminate()  # every cell was cached here, so in the worker too: nothing to wait for
                 rc = proc.wait()
                 if rc == 0 and out_path.exists():
-                    parts.append(_part_from_json(json.loads(out_path.read_text())))
+                    parts.append(_part_from_json(read_json(out_path, "bench worker output")))
                 elif own.samples:
                     tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
                     failed[d] = f"exit {rc}: {tail[0][:200] if tail else 'no output'}"
@@ -216,7 +304,9 @@ def _part_from_json(d: dict[str, Any]) -> "BenchResults":
     return BenchResults([BenchResult(**r) for r in d["results"]], d["skipped"], d["meta"], samples)
 
 
-def _worker_main(spec_path: str, out_path: str) -> int:
+def _worker_main(spec_path: str, out_path: str, parent: str | None = None) -> int:
+    if parent is not None:
+        _die_with_parent(int(parent), Path(spec_path).parent)
     spec = json.loads(Path(spec_path).read_text())
     import torch
 
@@ -233,4 +323,4 @@ def _worker_main(spec_path: str, out_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_worker_main(*sys.argv[1:3]))
+    sys.exit(_worker_main(*sys.argv[1:4]))

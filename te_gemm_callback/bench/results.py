@@ -10,11 +10,11 @@ from typing import Any
 
 from ..jsonio import from_fields, read_schema, write_json
 from ..shapes import GemmOp, GemmShape, gemm_passes
-from .cells import FP8_FAMILY, BenchResult, WorkItem
+from .cells import BENCH_SCHEMA, FP8_FAMILY, BenchResult, WorkItem
 from .timing import stats
 
 
-SCHEMA = "te-gemm-bench/1"
+SCHEMA = BENCH_SCHEMA
 
 
 @dataclass
@@ -50,7 +50,7 @@ class BenchResults:
 
     @classmethod
     def load(cls, path: str | Path) -> "BenchResults":
-        d = read_schema(path, SCHEMA, "te-gemm bench result")
+        d = read_schema(path, SCHEMA, "te-gemm bench result")  # field types and ranges: jsonio.BENCH_FILE
         try:
             return cls([from_fields(BenchResult, r) for r in d["results"]], d.get("skipped") or {}, d.get("meta") or {})
         except (KeyError, TypeError, AttributeError) as err:
@@ -121,7 +121,8 @@ def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
         if not kept:
             out += group  # not measured at all: the totals say so
             continue
-        scale = total / sum(it.count for it in kept)
+        kept_calls = sum(it.count for it in kept)
+        scale = total / kept_calls if kept_calls else 1.0  # a hand-made capture may give 0 calls per step
         out += [WorkItem(it.name, it.fprop, it.count * scale, it.m_splits) for it in kept]
     return out
 

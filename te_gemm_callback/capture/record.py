@@ -108,6 +108,8 @@ class StepTime:
     micro_batches: int = 1
     # "instrumented" (hooks, interception: shapes), "kernels" (kernel records only: per-GEMM GPU
     # time) or "clean" (nothing attached: the step time); see capture.steps.StepPlan.
+    # Never clean (capture.steady): "compile" (before the plan, while dynamo compiles), and planned
+    # clean steps found "recompile", "graph-capture" or "outlier"; no step time is drawn from them.
     kind: str = "instrumented"
     dispatch: bool = False  # instrumented step that also ran the torch dispatch mode
     round: int | None = None  # a sweep's alternating round this clean step was timed in
@@ -185,6 +187,59 @@ class GemmCapture:
             out.update(kernels_ms=kern, kernels_pct=100 * (kern / clean - 1))
         return out
 
+    def step_kind(self) -> str | None:
+        """The kind of step :meth:`step_ms` draws from (clean, settle, kernels, instrumented)."""
+        return next((k for k in ("clean", "settle", "kernels", "instrumented") if self.steps_of(k)), None)
+
+    def step_clock(self) -> str | None:
+        """The clock behind :meth:`step_ms`: "cuda_events" where those steps carry a GPU time
+        (``StepTime.ms`` prefers it), else "host_clock" (time.perf_counter at the boundaries)."""
+        kind = self.step_kind()
+        if kind is None:
+            return None
+        return "cuda_events" if any(s.gpu_ms is not None for s in self.steps_of(kind)) else "host_clock"
+
+    def step_spread(self) -> dict[str, Any] | None:
+        """How far the steps :meth:`step_ms` draws from agree: their count and half their range as a
+        percent of their median (None with fewer than two): the noise any figure made from the
+        step time carries."""
+        kind = self.step_kind()
+        if kind is None:
+            return None
+        times = [s.ms for s in self.steps_of(kind)]
+        med = statistics.median(times)
+        spread = 100 * (max(times) - min(times)) / 2 / med if len(times) > 1 and med > 0 else None
+        return {"kind": kind, "steps": len(times), "spread_pct": spread}
+
+    def gemm_clock(self) -> str | None:
+        """The clock behind :meth:`gemm_ms_per_step`: "kernel_records", "cuda_events", "host_clock",
+        or None when no GEMM was timed. Read from the capture's own record of it, else inferred
+        (older files lack ``gemm_time_source``): a CPU device, or steps without GPU times, mean the
+        host clock; "CUDA events" is never assumed."""
+        if not any(s.gemm_ms is not None for s in self.steps):
+            return None
+        if any(s.kind == "kernels" and s.gemm_ms is not None for s in self.steps):
+            return "kernel_records"
+        known = ("kernel_records", "cuda_events", "host_clock")
+        for key in ("gemm_time_source", "timing"):
+            if self.meta.get(key) in known:
+                return self.meta[key]
+        if str(self.meta.get("device") or "").startswith("CPU"):
+            return "host_clock"
+        return "cuda_events" if any(s.gpu_ms is not None for s in self.steps) else "host_clock"
+
+    def gemm_share_in_timed_steps(self) -> tuple[float, float] | None:
+        """(GEMM share, step ms) within the very steps whose GEMMs were timed: each step's GEMM time
+        over that step's own time, on one clock (medians). On the CPU the clean steps carry no GEMM
+        time, and host-clock times of two different steps are not comparable (first calls, caches,
+        the host's other load), so this is the share a host-clock capture can state."""
+        for kind in ("kernels", "instrumented"):
+            timed = [s for s in self.steps_of(kind) if s.gemm_ms is not None and s.ms > 0]
+            if timed:
+                return (statistics.median(s.gemm_ms / s.ms for s in timed),
+                        statistics.median(s.ms for s in timed))
+        return None
+
     def by_module(self) -> dict[str, list[GemmRecord]]:
         out: dict[str, list[GemmRecord]] = {}
         for r in self.records:
@@ -234,6 +289,10 @@ class GemmCapture:
         def bad(x: Any, least: float) -> bool:
             return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < least
 
+        from ..jsonio import CAPTURE_FILE, check  # field types first: a hand-edited file may hold anything
+
+        check({"records": [vars(r) for r in self.records], "steps": [vars(s) for s in self.steps],
+               "meta": self.meta, "coverage": self.coverage}, CAPTURE_FILE)
         for r in self.records:
             if bad(r.m, 0) or bad(r.k, 1) or bad(r.n, 1) or bad(r.batch, 1):
                 raise ValueError(f"GEMM {r.name} {r.op} has impossible dimensions {r.m}x{r.k}x{r.n} (batch {r.batch})")
