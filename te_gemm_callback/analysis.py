@@ -30,7 +30,9 @@ from typing import Any
 from .bench.cells import WorkItem, items_from_capture
 from .bench.results import BenchResults, fallback_items, measured_items, step_ms as bench_step_ms
 from .capture.record import GemmCapture
-from .precisions import FAMILY_RECIPE, RECIPE_FAMILY, padded_splits, row_alignment
+from .checks import apply_withheld, precision_ran, report_checks
+from .notes import gemm_timing, step_timing
+from .precisions import RECIPE_FAMILY, padded_splits, row_alignment
 from .stats import Estimate, estimate
 
 GEMM_BOUND_TOL = 0.05  # |observed / predicted - 1| within this: the GEMMs explain the step
@@ -45,15 +47,13 @@ def amdahl(step_ms: float, gemm_ms: float, gemm_speedup: float) -> float:
 
 
 def capture_recipe(cap: GemmCapture) -> str:
-    """The recipe a capture ran in, read from its TE GEMMs' operand precisions (torch GEMMs beside
-    TE layers stay BF16 under every recipe, so they do not vote)."""
+    """The recipe a capture ran in: the one its file names (a sweep's entry, the key speedups are
+    joined on; "BF16" is the sweep's FP8-off baseline, FP32 on an fp32 model, which the report's
+    checks say), else read from its GEMMs' operand precisions (:func:`checks.precision_ran`): an
+    FP8 recipe, or the high precision that ran: BF16, FP16 or FP32 (an fp32 job is not a BF16 one)."""
     if cap.meta.get("recipe"):
         return cap.meta["recipe"]
-    te = [r for r in cap.records if r.source == "te"] or cap.records
-    fams = [f for r in te for f in r.precision.split("+") if f in FAMILY_RECIPE]
-    if not fams:
-        return "BF16"
-    return FAMILY_RECIPE[statistics.mode(fams)]
+    return precision_ran(cap)
 
 
 @dataclass
@@ -149,9 +149,25 @@ class Report:
     skipped: dict[str, str]
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A report states no figure its own checks refused (meta["withheld"]): cleared here, once,
+        # for every consumer (tables, figures, report.json); a refused verdict reads "n/a (why)".
+        apply_withheld(self.recipes, self.meta.get("withheld") or {})
+
     @property
     def gemm_share(self) -> float | None:
-        return self.gemm_ms / self.step_ms if self.gemm_ms is not None else None
+        """GEMM time over step time where the two can be compared (``meta["gemm_share_basis"]``
+        says over which step); None where they cannot (``meta["gemm_share_na"]`` says why).
+        Never above 1: a GEMM share over 100% is two steps' times set against each other."""
+        if "gemm_share" in self.meta:
+            return self.meta["gemm_share"]
+        share = self.gemm_ms / self.step_ms if self.gemm_ms is not None and self.step_ms else None
+        return share if share is None or share <= 1 else None
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the checks found that the report cannot state as a result (printed, and in report.json)."""
+        return list(self.meta.get("warnings") or [])
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -236,8 +252,11 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                   meta={"device": capture.meta.get("device"), "mode": mode,
                         "prediction": "Amdahl over the measured GEMM share with microbenchmarked GEMM speedups "
                                       f"({mode} mode)",
-                        "timing": ("step: median of clean steps (nothing attached), CUDA events between step "
-                                   "boundaries; GEMM: " + _gemm_timing(capture))})
+                        # Named per device from the capture: the host clock on a CPU, never assumed CUDA.
+                        "timing": f"step: {step_timing(capture)}; GEMM: {_gemm_timing(capture)}",
+                        "step_clock": capture.step_clock(), "gemm_clock": capture.gemm_clock(),
+                        **report_checks(base.recipe, {**runs, **({"plan": plan_run} if plan_run else {})},
+                                        [capture, *observed], capture_recipe, out, bench, GEMM_BOUND_TOL)})
 
 
 def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],
@@ -304,11 +323,9 @@ def _set_interval(a: RecipeAnalysis, est: Estimate | None) -> None:
 
 
 def _gemm_timing(cap: GemmCapture) -> str:
-    src = cap.meta.get("gemm_time_source")
-    if src == "kernel_records" or any(s.kind == "kernels" and s.gemm_ms is not None for s in cap.steps):
-        return "kernel durations (torch.profiler kernel records of a kernels step)"
-    return {"cuda_events": "CUDA-event pair per GEMM", "host_clock": "host clock per GEMM (CPU)"}.get(
-        src or cap.meta.get("timing", ""), "CUDA-event pair per GEMM")
+    """The GEMM clock in words, read from the capture (``GemmCapture.gemm_clock``): kernel records,
+    CUDA-event pairs, or the host clock on a CPU; "not timed" rather than a guess."""
+    return gemm_timing(cap)
 
 
 def _padding_pct(items: list[WorkItem], recipe: str) -> float | None:
@@ -316,7 +333,7 @@ def _padding_pct(items: list[WorkItem], recipe: str) -> float | None:
     microbenchmarks time the padded GEMMs, as MoE code under that recipe runs them)."""
     grouped = [it for it in items if it.m_splits]
     rows = sum(sum(it.m_splits) * it.count for it in grouped)
-    if not rows or recipe == "BF16":
+    if not rows or recipe not in RECIPE_FAMILY or recipe == "BF16":  # FP32 / FP16 jobs pad nothing either
         return None
     padded = sum(sum(padded_splits(it.m_splits, recipe)) * it.count for it in grouped)
     return 100 * (padded / rows - 1)

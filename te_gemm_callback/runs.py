@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from .analysis import Report, analyze, capture_recipe
-from .notes import clock_note, duty_note, instrument_note
+from .checks import precision_ran
+from .notes import framework_note, clock_note, duty_note, instrument_note, instrument_problem
 from .bench.cells import WorkItem, items_from_capture
 from .bench.results import BenchResults, measured_items
 from .capture import GemmCapture
@@ -52,16 +53,29 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     # Observed runs: the callback's sweep (same model, batch and step definition) when present,
     # else one capture per recipe (separate runs). The baseline is the job's own recipe.
     caps = [GemmCapture.load(p) for p in (sweep or paths)]
-    base = next((c for c in caps if capture_recipe(c) == capture_recipe(job)), caps[0])
+    own = capture_recipe(job)
+    # An FP32 (FP16) job's own-precision run in a sweep is its FP8-off entry, keyed "BF16": its
+    # GEMMs ran the job's dtype (the report says so: checks.report_checks).
+    base = next((c for c in caps if capture_recipe(c) == own), None) or \
+        next((c for c in caps if capture_recipe(c) == "BF16" and precision_ran(c) == own), caps[0])
     bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
     # The step note speaks of the run whose step time the table shows (the sweep's baseline when
     # there is one); the job's own instrument cost is given beside it.
     job_note = instrument_note(job) if sweep and main else None
+    observed = {a.recipe: a.observed_step_speedup for a in rep.recipes if a.observed_step_speedup}
+    fw_note = framework_note(job, base, observed) if sweep and main else None
     for key, note in (("step_note", instrument_note(base)), ("job_step_note", job_note and f"training job: {job_note}"),
+                      ("framework_note", fw_note),
                       ("clock_note", clock_note(job, bench)), ("duty_note", duty_note(rep.gemm_share, bench))):
         if note:
             rep.meta[key] = note
+    # A cost the notes refuse to state (a step faster with instruments on than off) is a finding
+    # of the report's checks too: listed with them, so that report.json carries it as one.
+    for who, cap in ((f"{capture_recipe(base)} run", base), ("training job", job if sweep and main else None)):
+        problem = instrument_problem(cap) if cap is not None else None
+        if problem:
+            rep.meta.setdefault("warnings", []).append(f"{who}: {problem}")
     items = measured_items(bench, items_from_capture(job)) if bench is not None else items_from_capture(job)
     rank_files = sorted((root / "ranks").glob("rank*.json"),
                         key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)

@@ -26,34 +26,83 @@ def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def _held(rep: Report, recipe: str) -> dict[str, str]:
+    """The fields of a recipe's row the report's checks refused (meta["withheld"]: field -> why)."""
+    return (rep.meta.get("withheld") or {}).get(recipe) or {}
+
+
+def _cell(rep: Report, a: Any, name: str, fmt: str = "{:.2f}x") -> str:
+    # "n/a" for a refused figure (its why is in the caption), "-" for one never measured.
+    return "n/a" if name in _held(rep, a.recipe) else _x(getattr(a, name), fmt)
+
+
+def share_text(rep: Report) -> str:
+    """The GEMM share as the report may state it: of the step shown, of the steps the GEMMs were
+    timed in (host clock), or "n/a (why)"; never a share above 100%."""
+    share, basis = rep.gemm_share, rep.meta.get("gemm_share_basis", "step")
+    if rep.gemm_ms is None:
+        return "GEMMs not timed"
+    if share is None:
+        why = rep.meta.get("gemm_share_na") or "GEMM time exceeds the step"
+        return f"GEMMs {rep.gemm_ms:.2f} ms, GEMM share n/a ({why.split(': ')[0]})"
+    if basis == "timed steps":
+        of = rep.meta.get("gemm_share_of_ms")
+        # A lower bound where that step ran slower than the step shown: it also ran the instruments.
+        low = "; a lower bound: that step also ran the capture instruments" if of and of > rep.step_ms else ""
+        return (f"GEMMs {100 * share:.1f}% of the instrumented step they were timed in"
+                + (f" ({share * of:.2f} of {of:.2f} ms, host clock{low})" if of else " (host clock)"))
+    return f"GEMMs {rep.gemm_ms:.2f} ms ({100 * share:.1f}% of the step)"
+
+
 def report_table(rep: Report) -> Table:
-    share = rep.gemm_share
-    t = Table(title=(f"GEMM vs step speedup — job ran {rep.current_recipe}: step {rep.step_ms:.2f} ms, GEMMs "
-                     f"{_x(rep.gemm_ms, '{:.2f}')} ms ({_x(None if share is None else 100 * share, '{:.1f}')}% of the step)"))
+    # The job's precision is what its GEMMs ran (FP32 on an fp32 model), not the key its run is joined on.
+    job = rep.meta.get("job_precision") or rep.current_recipe
+    t = Table(title=f"GEMM vs step speedup — job ran {job}: step {rep.step_ms:.2f} ms, {share_text(rep)}")
+    ran = rep.meta.get("baseline_ran")
     unfused = any(a.predicted_step_speedup_unfused is not None for a in rep.recipes)
-    vs_cur = rep.current_recipe != "BF16"
+    # The job's own column only where some row has it (an FP32 job's has no FP32 microbenchmark).
+    vs_cur = rep.current_recipe != "BF16" and any(a.gemm_speedup_vs_current is not None for a in rep.recipes)
     cols = ["recipe", "GEMM ms (bench)", "GEMM speedup"] + ([f"vs {rep.current_recipe}"] if vs_cur else []) + \
-        ["predicted step"] + (["pred. unfused"] if unfused else []) + ["observed step", "observed ms"]
+        ["predicted step"] + (["pred. unfused"] if unfused else []) + ["observed step", "95% CI", "observed ms"]
     for c in cols:
         t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=True)
     for a in rep.recipes:
-        row = [a.recipe, _x(a.gemm_ms_bench, "{:.2f}"), _x(a.gemm_speedup)] + \
-            ([_x(a.gemm_speedup_vs_current)] if vs_cur else []) + [_x(a.predicted_step_speedup)] + \
-            ([_x(a.predicted_step_speedup_unfused)] if unfused else [])
-        t.add_row(*row, _x(a.observed_step_speedup), _x(a.observed_step_ms, "{:.2f}"))
+        name = f"{a.recipe} (ran {ran})" if ran and a.recipe == "BF16" else a.recipe
+        row = [name, _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")] + \
+            ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else []) + [_cell(rep, a, "predicted_step_speedup")] + \
+            ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
+        t.add_row(*row, _cell(rep, a, "observed_step_speedup"), _interval(a), _x(a.observed_step_ms, "{:.2f}"))
     for r, why in rep.skipped.items():
         t.add_row(r, "not run", *[""] * (len(cols) - 2), style="dim")
     notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
-        [rep.meta[k] for k in ("job_step_note", "clock_note", "duty_note") if rep.meta.get(k)]
-    t.caption = (f"speedups over BF16. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the captured "
+        [rep.meta[k] for k in ("job_step_note", "framework_note", "clock_note", "duty_note") if rep.meta.get(k)]
+    if rep.meta.get("timing"):
+        notes.append(f"Timing: {rep.meta['timing']}")
+    held = {why for r in (rep.meta.get("withheld") or {}) for f, why in _held(rep, r).items()
+            if f not in ("verdict", "evidence")}
+    notes += [f"n/a: {why}" for why in sorted(held)]
+    over = f"the BF16 run, which ran {ran}" if ran else "BF16"
+    t.caption = (f"speedups over {over}. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the captured "
                  "shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. unfused: each GEMM "
-                 "plus a standalone quantization of its inputs (autocast mode). Attention's QK^T and softmax·V "
+                 "plus a standalone quantization of its inputs (autocast mode). observed step: whole training steps "
+                 "(optimizer included) in the sweep's alternating rounds, the median of the per-round ratios; 95% CI: "
+                 "its order-statistic interval (from 6 rounds). Attention's QK^T and softmax·V "
                  "count as non-GEMM time" + "".join(f". {n}" for n in notes))
     return t
 
 
+def _interval(a: Any) -> str:
+    """The observed speedup's 95% interval, or why there is none."""
+    if a.observed_ci:
+        return f"{a.observed_ci[0]:.2f}-{a.observed_ci[1]:.2f}x"
+    if a.observed_rounds:
+        return f"({a.observed_rounds} rounds: too few)"
+    return ""
+
+
 def verdict_panel(rep: Report) -> Panel:
-    lines = []
+    # What the checks refused to state comes first: a reader sees it before any figure it touches.
+    lines = [f"[yellow]check: {escape(w)}[/yellow]" for w in rep.warnings]
     for a in rep.recipes:
         if a.recipe == "BF16":
             continue
@@ -61,7 +110,9 @@ def verdict_panel(rep: Report) -> Panel:
         lines += [f"   • {escape(e)}" for e in a.evidence]
     for r, why in rep.skipped.items():
         lines.append(f"[dim]{r}: not available here — {escape(why)}[/dim]")
-    return Panel(Group(*lines) if lines else "only BF16 was measured", title="verdicts")
+    if not any(a.recipe != "BF16" for a in rep.recipes) and not rep.skipped:
+        lines.append("only BF16 was measured")
+    return Panel(Group(*lines), title="verdicts")
 
 
 def speedup_figure(rep: Report, path: str | Path) -> Path:
@@ -74,21 +125,52 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
                                    (0, "predicted_step_speedup", "predicted step speedup", "#3182bd"),
                                    (w, "observed_step_speedup", "observed step speedup", "#e6550d")):
         vals = [getattr(a, key) or 0 for a in recs]
-        bars = ax.bar([i + off for i in x], vals, w, label=label, color=color)
-        for b, v in zip(bars, vals):
+        # The observed bars carry their 95% interval (the sweep's rounds), where there is one.
+        err = None
+        if key == "observed_step_speedup" and any(a.observed_ci for a in recs):
+            err = [[v - a.observed_ci[0] if a.observed_ci and v else 0 for a, v in zip(recs, vals)],
+                   [a.observed_ci[1] - v if a.observed_ci and v else 0 for a, v in zip(recs, vals)]]
+        bars = ax.bar([i + off for i in x], vals, w, label=label, color=color, yerr=err, capsize=3 if err else 0)
+        for a, b, v in zip(recs, bars, vals):
             if v:
                 ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+            elif key in _held(rep, a.recipe):  # refused by the report's checks: said, not left blank
+                ax.text(b.get_x() + b.get_width() / 2, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(list(x), [a.recipe for a in recs], rotation=15)
-    ax.set_ylabel("speedup over BF16")
+    ran = rep.meta.get("baseline_ran")
+    ax.set_xticks(list(x), [f"{a.recipe}\n(ran {ran})" if ran and a.recipe == "BF16" else a.recipe for a in recs],
+                  rotation=15)
+    ax.set_ylabel(f"speedup over BF16 (ran {ran})" if ran else "speedup over BF16")
     ax.set_title(f"Predicted vs observed speedup — {rep.meta.get('device', '')}")
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
 
+def _run_share(rep: Report, a: Any) -> tuple[float | None, str]:
+    """(GEMM share of this run's step, its basis) as the report's checks gave it; for a Report made
+    without them, the plain ratio where it is one (never above 1)."""
+    chk = (rep.meta.get("gemm_shares") or {}).get(a.recipe)
+    if chk is not None:
+        return chk.get("share"), chk.get("basis") or ""
+    g = a.observed_gemm_ms
+    return (g / a.observed_step_ms, "step") if g is not None and g <= a.observed_step_ms else (None, "")
+
+
+def step_split_title(rep: Report, kernels: dict[str, dict[str, float]] | None = None) -> str:
+    """The step-split figure's title: its clocks named for what they were on this device (the host
+    clock on a CPU, kernel records or CUDA events on a GPU)."""
+    from ..notes import GEMM_CLOCK_SHORT
+
+    rest = "kernel time by category" if any((kernels or {}).values()) else "the step minus GEMM"
+    clock = GEMM_CLOCK_SHORT.get(rep.meta["gemm_clock"]) if "gemm_clock" in rep.meta else "in-job timing"
+    return f"Step time split (GEMM: {clock}; the rest: {rest})"
+
+
 def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str, float]] | None = None) -> Path:
     """Observed step time per recipe: GEMM and the rest, and, where the sweep profiled kernels,
-    the rest split into attention, quantization/cast, norm, communication, optimizer and other."""
+    the rest split into attention, quantization/cast, norm, communication, optimizer and other.
+    A run whose GEMM share the checks refused is drawn whole, unsplit, and says so; one whose share
+    comes from the steps its GEMMs were timed in (host clock) is split by that share."""
     from ..kernels import CATEGORIES
 
     recs = [a for a in rep.recipes if a.observed_step_ms]
@@ -96,27 +178,37 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
     fig, ax = plt.subplots(figsize=(max(5, 1.5 * len(recs) + 3), 4.5))
     seen = set()
     for i, a in enumerate(recs):
-        g = a.observed_gemm_ms or 0.0
-        parts = [("gemm", g)]
-        split = (kernels or {}).get(a.recipe)
-        if split:  # kernel times; what they do not cover is idle/launch time, shown as other
-            rest = [(k, v) for k, v in split.items() if k != "gemm" and v > 0]
-            covered = g + sum(v for _, v in rest)
-            parts += rest + [("no kernel (host-bound gaps)", max(a.observed_step_ms - covered, 0.0))]
+        share, basis = _run_share(rep, a)
+        if share is None:
+            what = "GEMMs not timed" if a.observed_gemm_ms is None else "GEMM share n/a"
+            parts = [(f"step ({what})", a.observed_step_ms)]
+            label = f"{a.observed_step_ms:.1f} ms\n{what}"
         else:
-            parts.append(("other", a.observed_step_ms - g))
+            g = share * a.observed_step_ms
+            # A share of the timed step, drawn at that share of this step: an estimate, drawn hatched.
+            parts = [("gemm" if basis == "step" else "gemm (share of its timed step)", g)]
+            split = (kernels or {}).get(a.recipe)
+            if split and basis == "step":  # kernel times; what they do not cover is idle/launch time, shown as other
+                rest = [(k, v) for k, v in split.items() if k != "gemm" and v > 0]
+                covered = g + sum(v for _, v in rest)
+                parts += rest + [("no kernel (host-bound gaps)", max(a.observed_step_ms - covered, 0.0))]
+            else:
+                parts.append(("other", a.observed_step_ms - g))
+            label = (f"{a.observed_step_ms:.1f} ms\n{100 * share:.0f}% GEMM"
+                     + ("\n(of its timed step)" if basis == "timed steps" else ""))
         bottom = 0.0
         for k, v in parts:
-            ax.bar(i, v, bottom=bottom, color=colors.get(k, "#f0f0f0"), edgecolor="#bdbdbd" if k not in colors else None,
-                   hatch="//" if k not in colors else None, label=None if k in seen else k)
+            est = k.startswith("gemm (")
+            ax.bar(i, v, bottom=bottom, color=colors["gemm"] if est else colors.get(k, "#f0f0f0"),
+                   edgecolor="#bdbdbd" if k not in colors else None,
+                   hatch=".." if est else "//" if k not in colors else None, label=None if k in seen else k)
             seen.add(k)
             bottom += v
-        ax.text(i, a.observed_step_ms, f"{a.observed_step_ms:.1f} ms\n{100 * g / a.observed_step_ms:.0f}% GEMM",
-                ha="center", va="bottom", fontsize=8)
+        ax.text(i, a.observed_step_ms, label, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(recs)), [a.recipe for a in recs], rotation=15)
-    ax.set_ylim(0, 1.18 * max((a.observed_step_ms for a in recs), default=1.0))  # room for the labels
+    ax.set_ylim(0, 1.22 * max((a.observed_step_ms for a in recs), default=1.0))  # room for the labels
     ax.set_ylabel("ms per step")
-    ax.set_title("Step time split (GEMM: CUDA events; the rest: kernel time by category)")
+    ax.set_title(step_split_title(rep, kernels))
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
 

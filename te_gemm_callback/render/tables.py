@@ -72,16 +72,34 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
         t.add_row(*row)
     if limit is not None and len(cap.records) > limit:
         t.add_row(f"... {len(cap.records) - limit} more", *[""] * (len(cols) - 1))
-    gemm_ms, step_ms = cap.gemm_ms_per_step(), cap.step_ms()
     caption = f"{human_flops(cap.flops_per_step)}FLOP of GEMMs per step"
-    if gemm_ms is not None and step_ms:
-        caption += (f"; GEMM time {gemm_ms:.2f} ms of a {step_ms:.2f} ms step "
-                    f"({100 * gemm_ms / step_ms:.1f}%, GEMM: {cap.meta.get('gemm_time_source') or cap.meta.get('timing')})")
+    share = capture_share(cap)
+    if share is not None:
+        caption += f"; {share}"
     from ..notes import instrument_note
 
     note = instrument_note(cap)
     t.caption = caption + (f". {note}" if note else "")
     return t
+
+
+def capture_share(cap: GemmCapture) -> str | None:
+    """The capture's GEMM time and share in words, on the clocks it was measured with (the host
+    clock on a CPU), never a share above 100% (:func:`te_gemm_callback.checks.share_check`)."""
+    from ..checks import share_check
+    from ..notes import GEMM_CLOCK_SHORT, STEP_CLOCK_WORDS
+
+    gemm_ms, step_ms = cap.gemm_ms_per_step(), cap.step_ms()
+    if gemm_ms is None or not step_ms:
+        return None
+    chk = share_check(cap, step_ms, gemm_ms)
+    clocks = f"GEMM: {GEMM_CLOCK_SHORT[chk['clock']]}, step: {STEP_CLOCK_WORDS[cap.step_clock()]}"
+    if chk["share"] is None:
+        return f"GEMM time {gemm_ms:.2f} ms, GEMM share n/a ({chk['why']}; {clocks})"
+    if chk["basis"] == "timed steps":
+        return (f"GEMM time {100 * chk['share']:.1f}% of the instrumented step it was timed in ({chk['of_ms']:.2f} ms; "
+                f"a {step_ms:.2f} ms clean step; {clocks})")
+    return f"GEMM time {gemm_ms:.2f} ms of a {step_ms:.2f} ms step ({100 * chk['share']:.1f}%, {clocks})"
 
 
 def console() -> Console:
@@ -105,7 +123,10 @@ def summary_metrics(cap: GemmCapture, prefix: str = "te_gemm/") -> dict[str, Any
     if gemm_ms is not None:
         out[f"{prefix}gemm_ms_per_step"] = gemm_ms
         if cap.step_ms():
-            out[f"{prefix}gemm_share"] = gemm_ms / cap.step_ms()
+            from ..checks import share_check
+
+            # The share the report states (within the timed steps on a CPU); none where refused.
+            out[f"{prefix}gemm_share"] = share_check(cap, cap.step_ms(), gemm_ms)["share"]
     return {k: v for k, v in out.items() if v is not None}
 
 
