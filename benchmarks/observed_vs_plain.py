@@ -35,7 +35,7 @@ import torch
 HOPPER = ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"]
 # (layers, hidden, intermediate, heads, kv heads, seq, micro-batch): GPU-bound (the GPU works
 # through nearly all of a step) and host-bound (small hidden size and micro-batch, many layers).
-MODELS = {"gpu": (6, 4096, 11008, 32, 8, 2048, 4), "host": (12, 1024, 2816, 16, 4, 256, 1),
+MODELS = {"gpu": (4, 4096, 11008, 32, 8, 2048, 2), "host": (12, 1024, 2816, 16, 4, 256, 1),
           "tiny": (2, 64, 128, 4, 2, 16, 2)}
 VOCAB = 32000
 
@@ -94,8 +94,8 @@ def plain_loop(Job, batch: torch.Tensor, recipes: list[str], tr, rounds: int, bl
     jobs = {}
     for r in recipes:
         torch.manual_seed(0)
-        m = plugin.convert_module(Job())  # the plugin's own layer swap, as in the fit
-        m = m.cuda() if cuda else m
+        with torch.device("cuda" if cuda else "cpu"):  # built in place: a CPU init of 1B parameters takes long
+            m = plugin.convert_module(Job())  # the plugin's own layer swap, as in the fit
         jobs[r] = (m, torch.optim.AdamW(m.parameters(), lr=1e-5))
     batch = batch.cuda() if cuda else batch
 
@@ -123,7 +123,7 @@ def plain_loop(Job, batch: torch.Tensor, recipes: list[str], tr, rounds: int, bl
             step()  # the switch: not a steady-state step
             ms[r] = statistics.median(g if g is not None else w for w, g in boundary_times(step, block, cuda))
         per_round.append(ms)
-    del jobs
+    jobs.clear()  # the copies' memory back before the next fit
     out = {}
     for r in recipes[1:]:
         est = estimate([x["BF16"] / x[r] for x in per_round])
@@ -137,8 +137,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(MODELS), default="gpu")
     p.add_argument("--fits", type=int, default=2, help="fits with the callback, each followed by a plain loop")
-    p.add_argument("--loop-rounds", type=int, default=12, help="plain loop: ABBA rounds after each fit")
-    p.add_argument("--steps", type=int, default=4, help="timed steps per recipe per round (both sides)")
+    p.add_argument("--loop-rounds", type=int, default=10, help="plain loop: ABBA rounds after each fit")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per recipe per round (both sides)")
     p.add_argument("--budget", type=float, default=20.0, help="the callback's sweep_budget_s")
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -151,7 +151,8 @@ def main() -> int:
     fits = []
     for i in range(a.fits):
         torch.manual_seed(0)
-        module = Job()
+        with torch.device("cuda" if cuda else "cpu"):
+            module = Job()
         with tempfile.TemporaryDirectory() as out:
             cb = GemmProfilerCallback(wait=1, warmup=1, active=6, output_dir=out, sweep=recipes, verbose=False,
                                       sweep_steps=a.steps, sweep_budget_s=a.budget)

@@ -15,7 +15,18 @@ Public API, by what users touch:
 Everything else (``bench.engine``, ``capture.scope``, ...) is internal and may change.
 """
 
+import logging as _logging
+
 from .shapes import GemmOp, GemmShape, ModelConfig, backward_shapes, config_gemms
+
+# What the tool says while a job runs (where the capture went, how long the sweep's rounds may take
+# and why they stopped) is INFO: shown on stderr unless the application configured logging itself,
+# as Lightning does for its own logger.
+_log = _logging.getLogger(__name__)
+if not _logging.getLogger().hasHandlers() and not _log.handlers:
+    _log.setLevel(_logging.INFO)
+    _log.addHandler(_logging.StreamHandler())
+    _log.propagate = False
 
 __version__ = "0.1.0"
 

@@ -102,7 +102,6 @@ def _timed_sweep(monkeypatch, noise, rounds=6, budget_s=60.0, max_rounds=None):
         monkeypatch.setattr(sweep, "MAX_ROUNDS", max_rounds)
 
     def fake_times(step, n, cuda=None, mid=None):
-        recipe = fake.stack[-1] if fake.stack else "BF16"
         for _ in range(n):
             step()
         base = {"BF16": 10.0, "Float8CurrentScaling": 8.0}[current[0]]
@@ -247,3 +246,18 @@ def test_bad_sweep_budget_is_refused_in_one_line(bad):
 
     with pytest.raises(ValueError, match="sweep_budget_s must be a number of seconds >= 0"):
         GemmProfilerCallback(sweep=["BF16"], sweep_budget_s=bad)
+
+
+def test_the_framework_time_outside_the_training_step_is_measured_and_stated():
+    from te_gemm_callback.capture.record import GemmCapture, StepTime
+    from te_gemm_callback.notes import framework_note
+
+    job = GemmCapture([], [StepTime(i, wall_ms=12.0, kind="clean") for i in range(3)], {"recipe": "BF16"})
+    sweep = GemmCapture([], [StepTime(i, wall_ms=10.0, kind="clean", round=i) for i in range(3)],
+                        {"recipe": "BF16", "sweep": True, "sweep_step": "whole training step: forward, backward"})
+    note = framework_note(job, sweep, {"BF16": 1.0, "Float8CurrentScaling": 1.25})
+    # 2 ms outside the training step: 10 -> 8 ms becomes 12 -> 10 ms, 1.20x.
+    assert "+2.00 ms (+20.0%)" in note and "Float8CurrentScaling 1.20x" in note
+    # A forward+backward-only sweep is not the same kind of step: no note.
+    sweep.meta["sweep_step"] = "forward+backward only: no optimizer was given to the sweep"
+    assert framework_note(job, sweep, {"BF16": 1.0}) is None
