@@ -92,7 +92,9 @@ def report_table(rep: Report) -> Table:
 
 
 def _interval(a: Any) -> str:
-    """The observed speedup's 95% interval, or why there is none."""
+    """The observed speedup's 95% interval, or why there is none (the baseline has none: 1.00x by definition)."""
+    if a.recipe == "BF16":
+        return ""
     if a.observed_ci:
         return f"{a.observed_ci[0]:.2f}-{a.observed_ci[1]:.2f}x"
     if a.observed_rounds:
