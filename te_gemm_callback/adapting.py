@@ -6,12 +6,13 @@ is imported here.
 from __future__ import annotations
 
 import logging
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .capture import GemmCapture
 from .capture.distributed import RANKS_SCHEMA, rank_summary
-from .jsonio import write_json
+from .jsonio import read_json, write_json
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -24,7 +25,7 @@ def check_int(name: str, v: Any, least: int) -> None:
 def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: int, sweep_warmup: int,
                     sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
                     sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 6,
-                    sweep_budget_s: float = 20.0) -> tuple[list[str] | None, Any]:
+                    sweep_budget_s: float = 20.0, set_recipe: Any = None) -> tuple[list[str] | None, Any]:
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
     sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
     added to the recipes). Called where the arguments are given, not once training runs."""
@@ -43,8 +44,12 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
         check_int("dispatch_steps", dispatch_steps, 0)
     if isinstance(adapters, str) or not adapters or set(adapters) - {"te", "torch"}:
         raise ValueError(f"adapters must be a list of 'te' and/or 'torch', got {adapters!r}")
-    if not isinstance(filename, str) or not filename.strip() or Path(filename).name != filename:
+    # "." and ".." pass the name test but name a folder: the capture was lost at the end of training.
+    if not isinstance(filename, str) or not filename.strip() or Path(filename).name != filename or \
+            filename in (".", "..") or not filename.isprintable():
         raise ValueError(f"filename must be a plain file name such as 'gemm_capture.json', got {filename!r}")
+    if set_recipe is not None and not callable(set_recipe):  # else the sweep fails after training
+        raise ValueError(f"set_recipe must be a function f(module, recipe_or_None) or None, got {set_recipe!r}")
     from .precisions import canonical
 
     if isinstance(sweep, str):
@@ -63,6 +68,51 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
         if r not in out:
             out.append(r)
     return out, plan
+
+
+class LiveState:
+    """For the adapters: a copy or pickle of a callback leaves its live capture behind (the
+    profiler holds thread-local state, hooks and a dispatch mode that belong to the running job):
+    ``copy.deepcopy(callback)`` inside the capture window gives a callback with no capture open."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_prof"], state["_phase"] = None, None
+        return state
+
+
+def new_run_id() -> str:
+    """The id a run folder's captures share (the job's and its sweep's): ``meta["run_id"]``."""
+    return uuid.uuid4().hex
+
+
+def clear_stale_sweep(output_dir: Path, run_id: str) -> list[Path]:
+    """Remove the sweep captures an earlier run left in ``output_dir/sweep/`` (captures of ours
+    whose run id is not ``run_id``), then the folders that leaves empty: a report would take them
+    for this run's baseline. Files that are not our captures, and links, are left alone."""
+    from .capture.record import SCHEMA
+
+    sweep, gone = output_dir / "sweep", []
+    if not sweep.is_dir() or sweep.is_symlink():
+        return gone
+    for p in sorted(sweep.glob("*/gemm_capture.json")):
+        try:
+            data = read_json(p) if not p.is_symlink() else None
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("schema") == SCHEMA and \
+                (data.get("meta") or {}).get("run_id") != run_id:
+            p.unlink()
+            gone.append(p)
+    for d in [*{p.parent for p in gone}, sweep]:
+        try:
+            d.rmdir()  # only when empty: anything else of the user's stays
+        except OSError:
+            pass
+    if gone:
+        log.warning("te-gemm: removed %d sweep capture(s) of an earlier run from %s: this run's report must not "
+                    "take them for its own", len(gone), sweep)
+    return gone
 
 
 def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int]:
@@ -99,9 +149,10 @@ def guard(fn: Callable[[], Any], what: str) -> Any:
 
 
 def drop_profiler(prof: Any) -> None:
-    """Take a profiler's instruments off after a failure; it is not used again."""
+    """Take everything a profiler put on off after a failure (instruments, forward guard, graph
+    counter); it is not used again."""
     try:
-        prof._detach()
+        prof._release()
     except Exception:  # already broken: nothing of it is used
         pass
 

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from pytorch_lightning.callbacks import Callback
 
-from .adapting import (check_arguments, drop_profiler, finish_profiler, guard, phase, save_capture, sweep_metrics,
-                       kernel_steps,
-                       write_ranks)
+from .adapting import (LiveState, check_arguments, clear_stale_sweep, drop_profiler, finish_profiler, guard,
+                       kernel_steps, new_run_id, phase, save_capture, sweep_metrics, write_ranks)
 from .capture import GemmCapture, GemmProfiler
 from .capture.distributed import gather_captures
 from .render import capture_table, print_table, summary_metrics
@@ -32,7 +31,7 @@ log = logging.getLogger("te_gemm_callback")
 
 
 
-class GemmProfilerCallback(Callback):
+class GemmProfilerCallback(LiveState, Callback):
     """Capture the GEMMs of a Lightning training job.
 
     Steps are optimizer steps (all micro-batches of gradient accumulation count as one), scheduled
@@ -94,10 +93,11 @@ class GemmProfilerCallback(Callback):
         sweep, self.sweep_plan = check_arguments(
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
-            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s)
+            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s, set_recipe=set_recipe)
         self.sweep_rounds, self.sweep_budget_s = sweep_rounds, sweep_budget_s
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps = instrumented_steps
+        self.run_id: str | None = None  # meta["run_id"] of this fit's capture and of its sweep's
         self.output_dir = Path(output_dir)
         self.filename = filename
         self.profiler_kwargs = dict(adapters=tuple(adapters), dispatch_steps=dispatch_steps, nvtx=nvtx)
@@ -118,6 +118,17 @@ class GemmProfilerCallback(Callback):
         self._phase: str | None = None
         self._micro_batches = 0
         self._resumed = False
+
+    @property
+    def state_key(self) -> str:
+        # One per output file: two callbacks writing different captures coexist in one Trainer (and
+        # in its checkpoints); two writing the same file are refused by Lightning at Trainer(...).
+        # A resumed fit finds its state by the same output path.
+        return self._generate_state_key(output=str(self.output_dir / self.filename))
+
+    @property
+    def _legacy_state_key(self) -> Any:
+        return type(self).__qualname__  # the key of checkpoints written before state_key named the output
 
     # --- schedule --------------------------------------------------------------------------
     def phase(self, step: int) -> str:
@@ -279,6 +290,7 @@ class GemmProfilerCallback(Callback):
         """Gather (collective), save, print, sweep and log the active steps' capture."""
         cap.meta["accumulate_grad_batches"] = int(trainer.accumulate_grad_batches)
         cap.meta["global_step_end"] = int(trainer.global_step)
+        cap.meta["run_id"] = self.run_id = new_run_id()
         # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.
         gathered = self._guard(lambda: gather_captures(cap), "captures of the other ranks not gathered")
         if not cap.steps:
@@ -294,14 +306,20 @@ class GemmProfilerCallback(Callback):
             self._guard(lambda: logger.log_metrics(metrics, step=trainer.global_step), "metrics not logged")
 
     def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
-        if self.verbose:
-            print_table(capture_table(cap, limit=40))
+        # Written before anything is printed: a table that cannot be printed never costs the capture.
         self.path = save_capture(cap, self.output_dir, self.filename, keep_existing=self._resumed)
         if gathered is not None and len(gathered) > 1:
             self.rank_summary = write_ranks(gathered, self.output_dir)
-            if self.verbose:
-                print_table(ranks_table(self.rank_summary))
         log.info("te-gemm: capture written to %s", self.path)
+        if not self._resumed:  # a resumed job's folder keeps the first process's run beside this one
+            self._guard(lambda: clear_stale_sweep(self.output_dir, self.run_id), "stale sweep captures not removed")
+        if self.verbose:
+            def show() -> None:
+                print_table(capture_table(cap, limit=40))
+                if self.rank_summary is not None:
+                    print_table(ranks_table(self.rank_summary))
+
+            self._guard(show, "capture table not printed")
 
     def _run_sweep(self, trainer: "Trainer", cap: GemmCapture) -> dict[str, float]:
         from .analysis import capture_recipe
@@ -344,5 +362,6 @@ class GemmProfilerCallback(Callback):
                                             job_recipe=capture_recipe(cap), nvtx=self.profiler_kwargs["nvtx"],
                                             plan=self.sweep_plan, rounds=self.sweep_rounds,
                                             budget_s=self.sweep_budget_s, optimizers=optimizers,
-                                            optimizer_step=optimizer_step if optimizers else None)
+                                            optimizer_step=optimizer_step if optimizers else None,
+                                            run_id=self.run_id)
         return sweep_metrics(res)

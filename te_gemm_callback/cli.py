@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from rich.markup import escape
-
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 
 from .render.tables import console
+from .printable import safe
 from .shapes import ModelConfig, config_gemms, gemm_passes
 
 
@@ -56,6 +56,13 @@ def _file_path(text: str) -> str:
     # An empty path was taken as "no file" and the run wrote nothing, exit 0.
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a file path, got an empty string")
+    return text
+
+
+def _dir_path(text: str) -> str:
+    # An empty folder is Path("") == ".": `--out ""` wrote a run into the current folder.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty string")
     return text
 
 
@@ -128,11 +135,12 @@ def cmd_show(a: argparse.Namespace) -> int:
 
     cap = GemmCapture.load(a.capture)
     console().print(capture_table(cap, limit=a.limit))
+    # Module names are the model's (or anyone's who edited the file): escaped, control characters shown.
     if cap.coverage.get("never_ran"):
-        console().print(f"[yellow]GEMM-bearing modules that never ran: {', '.join(cap.coverage['never_ran'])}")
+        console().print(f"[yellow]GEMM-bearing modules that never ran: {safe(', '.join(cap.coverage['never_ran']))}")
     if cap.coverage.get("not_watched"):
         console().print(f"[yellow]GEMM-bearing modules not captured (no adapter watched them): "
-                        f"{', '.join(cap.coverage['not_watched'])}")
+                        f"{safe(', '.join(cap.coverage['not_watched']))}")
     return 0
 
 
@@ -146,12 +154,26 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     recipes = [canonical(r) for r in a.precisions.split(",")] if a.precisions else list(RECIPES)
     cache = ResultCache()  # checked before training: a file that is not a cache stops us here, not after
+    check_run_folder(Path(a.out))
     path = run_demo(a.out, steps=a.steps, recipes=recipes)
     if path is None:
         print("te-gemm run: no capture was written", file=sys.stderr)
         return 1
     bench_and_report(a.out, path, recipes, console(), cache=cache)
     return 0
+
+
+def check_run_folder(out: Path) -> None:
+    """Refuse, before training, every file of the user's that the run would replace in ``out`` (their
+    own speedups.png, a link, a JSON of another kind): one line, nothing trained or written."""
+    from .bench.cells import BENCH_SCHEMA
+    from .capture.record import SCHEMA as CAPTURE_SCHEMA
+    from .jsonio import check_target, json_kind
+    from .render.report import report_targets
+
+    check_target(out / "gemm_capture.json", json_kind(CAPTURE_SCHEMA))
+    check_target(out / "bench.json", json_kind(BENCH_SCHEMA))
+    report_targets(out, ("autocast", "prequantized"))
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -180,7 +202,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     modes = ["prequantized"] if a.pre_quantize else ["autocast"]
     # Outputs that would be refused are refused now, not after minutes of measuring.
     from .bench.cells import BENCH_SCHEMA
-    from .jsonio import PNG_KIND, check_target, json_kind
+    from .jsonio import check_target, json_kind
+    from .pngfile import PNG_KIND
 
     if a.json:
         check_target(a.json, json_kind(BENCH_SCHEMA))
@@ -216,7 +239,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             continue
         out.print(f"estimated GEMM speedup over BF16, {p}: " + ("n/a" if sp is None else f"{sp:.2f}x"))
     for p, why in res.skipped.items():
-        out.print(f"[yellow]{p} not run: {escape(why)}")
+        out.print(f"[yellow]{safe(p)} not run: {safe(why)}")
     if a.compare_swapped:
         sw_items = swapped_items(items)
         sw = run_bench(sw_items, res.precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out,
@@ -228,7 +251,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         stacked_gemm_figure(res, items, mode, a.output)
     out.print(run_summary(res))
     if cache.save_error:  # after the results: a cache that could not be written loses nothing shown
-        out.print(f"[yellow]warning: {escape(cache.save_error)}")
+        out.print(f"[yellow]warning: {safe(cache.save_error)}")
     failed = [r for r in res.results if not r.ok]
     if res.results and len(failed) == len(res.results):
         reasons = sorted({(r.error or "no time")[:160] for r in failed})
@@ -289,7 +312,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     out.print(plan_table(plan))
     js, yaml = write_plan(plan, a.json or f"{a.run_dir}/precision_plan.json",
                           a.yaml or f"{a.run_dir}/precision_plan_nvdlfw.yaml")
-    out.print(f"plan: {js} (apply_precision_plan(model, path)); TE debug config: {yaml}")
+    out.print(f"plan: {safe(js)} (apply_precision_plan(model, path)); TE debug config: {safe(yaml)}")
     return 0
 
 
@@ -303,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="microbenchmark GEMMs (from a config, --shapes or --capture) in every precision")
     add_config_args(s, required=False)
     s.add_argument("--shapes", help="fprop shapes MxKxN,MxKxN (dgrad and wgrad derived)")
-    s.add_argument("--capture", help="a gemm_capture.json from GemmProfiler or the callback")
+    s.add_argument("--capture", type=_file_path, help="a gemm_capture.json from GemmProfiler or the callback")
     s.add_argument("--precisions", help="comma-separated TE recipe names (default: all; unsupported ones are skipped with TE's reason)")
     s.add_argument("--pre-quantize", action="store_true", help="kernel time only: operands quantized outside the timed region")
     s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
@@ -325,14 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "GPU runs every job (the same power mix, so the same clocks), each cell's samples pooled")
     s.set_defaults(fn=cmd_bench)
     s = sub.add_parser("compare", help="compare captures of separate runs (one per recipe): GEMM vs step speedup")
-    s.add_argument("captures", nargs="+", help="gemm_capture.json files; the first is the baseline job")
-    s.add_argument("--json", help="write the report as JSON")
+    s.add_argument("captures", nargs="+", type=_file_path, help="gemm_capture.json files; the first is the baseline job")
+    s.add_argument("--json", type=_file_path, help="write the report as JSON")
     s.set_defaults(fn=cmd_compare)
     s = sub.add_parser("report", help="re-render tables, figures and report.json from a run folder (no GPU needed)")
-    s.add_argument("run_dir")
+    s.add_argument("run_dir", type=_dir_path)
     s.set_defaults(fn=cmd_report)
     s = sub.add_parser("plan", help="which modules to keep in BF16 under an FP8 recipe, from a run folder with bench.json")
-    s.add_argument("run_dir")
+    s.add_argument("run_dir", type=_dir_path)
     s.add_argument("--json", type=_file_path, help="where to write the plan (default RUN_DIR/precision_plan.json)")
     s.add_argument("--yaml", type=_file_path, help="where to write TE's debug-API config (default RUN_DIR/precision_plan_nvdlfw.yaml)")
     s.set_defaults(fn=cmd_plan)
@@ -341,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=_positive, default=None)
     s.set_defaults(fn=cmd_show)
     s = sub.add_parser("run", help="profile the bundled demo model (BF16 on CPU; every supported recipe on GPU)")
-    s.add_argument("--out", default="runs/demo")
+    s.add_argument("--out", type=_dir_path, default="runs/demo")
     s.add_argument("--steps", type=_run_steps, default=8)
     s.add_argument("--precisions", help="comma-separated TE recipe names (default: all this GPU runs)")
     s.set_defaults(fn=cmd_run)

@@ -11,9 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
-from .adapting import (check_arguments, drop_profiler, finish_profiler, guard, phase, save_capture, sweep_metrics,
-                       kernel_steps,
-                       write_ranks)
+from .adapting import (LiveState, check_arguments, clear_stale_sweep, drop_profiler, finish_profiler, guard,
+                       kernel_steps, new_run_id, phase, save_capture, sweep_metrics, write_ranks)
 from .capture import GemmCapture, GemmProfiler
 from .capture.distributed import gather_captures
 from .render import capture_table, print_table, summary_metrics
@@ -26,7 +25,7 @@ except ImportError as err:  # pragma: no cover - exercised where transformers is
 log = logging.getLogger("te_gemm_callback")
 
 
-class GemmProfilerTrainerCallback(TrainerCallback):
+class GemmProfilerTrainerCallback(LiveState, TrainerCallback):
     """Capture the GEMMs of a ``transformers.Trainer`` job.
 
     The schedule is the Lightning callback's, in optimizer steps (all micro-batches of gradient
@@ -68,6 +67,7 @@ class GemmProfilerTrainerCallback(TrainerCallback):
         self.path: Path | None = None
         self.sweep_result: Any = None
         self.metrics: dict[str, float] = {}
+        self.run_id: str | None = None  # meta["run_id"] of this run's capture and of its sweep's
         self._prof: GemmProfiler | None = None
         self._phase: str | None = None
         self._micro_batches = 0
@@ -75,6 +75,14 @@ class GemmProfilerTrainerCallback(TrainerCallback):
     # --- hooks -----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         end = self.wait + self.warmup + self.active
+        if self._prof is not None:
+            # The Trainer has no exception hook: an earlier train() that raised inside the window left
+            # its capture open (GemmProfiler already took its instruments off when the exception went
+            # through the model's forward). Dropped here; the window starts again, warm-up first.
+            log.warning("te-gemm: an earlier train() ended inside the capture window: its capture is dropped, "
+                        "capturing again from step %d (warm-up first)", self.steps_seen + 1)
+            self._drop()
+            self.wait = self.steps_seen
         if self.done:
             log.warning("te-gemm: this GemmProfilerTrainerCallback already captured a run (%s): it captures nothing "
                         "in this one; give each run its own callback", self.path or "its capture")
@@ -157,6 +165,7 @@ class GemmProfilerTrainerCallback(TrainerCallback):
     def _publish(self, args: Any, state: Any, cap: GemmCapture) -> None:
         cap.meta["accumulate_grad_batches"] = int(args.gradient_accumulation_steps)
         cap.meta["global_step_end"] = int(state.global_step)
+        cap.meta["run_id"] = self.run_id = new_run_id()
         # Collective on every rank whatever its capture holds: a rank that skipped it would hang.
         gathered = guard(lambda: gather_captures(cap), "captures of the other ranks not gathered")
         if not cap.steps:
@@ -164,13 +173,15 @@ class GemmProfilerTrainerCallback(TrainerCallback):
         self.capture = cap
         if state.is_world_process_zero:
             def save() -> None:
-                if self.verbose:
-                    print_table(capture_table(cap, limit=40))
+                # Written before anything is printed: a table that cannot be printed never costs the capture.
                 self.path = save_capture(cap, self.output_dir, self.filename)
                 if gathered and len(gathered) > 1:
                     write_ranks(gathered, self.output_dir)
 
-            guard(save, f"capture not written to {self.output_dir}")
+            if guard(save, f"capture not written to {self.output_dir}") is not False:
+                guard(lambda: clear_stale_sweep(self.output_dir, self.run_id), "stale sweep captures not removed")
+                if self.verbose:
+                    guard(lambda: print_table(capture_table(cap, limit=40)), "capture table not printed")
         self.metrics.update(guard(lambda: summary_metrics(cap), "no summary metrics") or {})
 
     def _run_sweep(self, args: Any, kwargs: dict) -> dict[str, float]:
@@ -210,5 +221,6 @@ class GemmProfilerTrainerCallback(TrainerCallback):
                                       profile_kernels=self.kernel_breakdown, context=context, out_dir=out,
                                       job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"],
                                       plan=self.sweep_plan, rounds=self.sweep_rounds, budget_s=self.sweep_budget_s,
-                                      optimizers=optimizers, optimizer_step=optimizer_step if optimizers else None)
+                                      optimizers=optimizers, optimizer_step=optimizer_step if optimizers else None,
+                                      run_id=self.run_id)
         return sweep_metrics(self.sweep_result)

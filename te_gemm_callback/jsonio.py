@@ -1,5 +1,5 @@
 """The one place files are read and written (captures, bench results, plans, reports, the cache,
-figures, the plan's YAML).
+the plan's YAML; figures through :mod:`te_gemm_callback.pngfile`).
 
 Reading (:func:`read_json`, :func:`read_schema`): at most :data:`MAX_READ_BYTES` (256 MiB) are
 read, the text must be UTF-8 JSON nested at most :data:`MAX_DEPTH` levels, and a file of a known
@@ -11,14 +11,13 @@ Writing (:func:`write_bytes_atomic`): a temporary file in the target's folder, t
 reader never sees half a file; the file gets the umask's permissions like any other the user
 writes; a symbolic link at the target is refused (a write must not land outside the folder the
 user named); an existing file is replaced only if its *content* shows it is of the kind being
-written (a JSON file with our schema, our YAML marker, a PNG), never merely because it does not
-decode. Refusals are one line that says what to do instead.
+written (a JSON file with our schema, our YAML marker, a PNG with our marker: pngfile.py), never
+merely because it does not decode. Refusals, and failed writes, are one line that names the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 import os
@@ -264,7 +263,7 @@ CAPTURE_META = Dict({
     "world_size": Int(least=1, null=True), "accumulate_grad_batches": Int(least=1, null=True),
     "sweep_rounds": Dict({"rounds": Int(least=0), "stopped": Str(), "min_rounds": Int(least=0),
                           "budget_s": Num(least=0), "target": Num(least=0)}, null=True),
-    "sweep_step": Str(null=True), "warnings": List(Str(), null=True)}, null=True)
+    "sweep_step": Str(null=True), "warnings": List(Str(), null=True), "run_id": Str(null=True)}, null=True)
 CAPTURE_FILE = Dict({
     "records": List(CAPTURE_RECORD), "steps": List(CAPTURE_STEP), "meta": CAPTURE_META,
     "coverage": Dict({"never_ran": List(Str()), "not_watched": List(Str()), "error": Str(null=True)}, null=True)},
@@ -338,10 +337,6 @@ def text_kind(what: str, *prefixes: bytes) -> KindCheck:
     return kind
 
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-PNG_KIND = text_kind("PNG figure", PNG_SIGNATURE)
-
-
 def check_target(path: str | Path, kind: KindCheck | None) -> Path:
     """Everything :func:`write_bytes_atomic` refuses, checked without writing (so a command can
     refuse before it spends minutes measuring). ``kind`` None: an existing file is never replaced."""
@@ -375,18 +370,23 @@ def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | No
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     # 0o666 through the umask, as the user's other files get: mkstemp's 0600 hid runs from teammates.
     # O_EXCL | O_NOFOLLOW: never write through a link someone planted under the temporary name.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as err:  # named after the target: the temporary name means nothing to the user
+        raise OSError(err.errno, err.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())  # the rename must not publish a file whose bytes are not on disk
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(err, OSError):  # a full disk, `ulimit -f`: one line that names the file, old file kept
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from None
         raise
     return path
 
@@ -409,10 +409,10 @@ def write_text(path: str | Path, text: str, kind_check: KindCheck | None = None)
     return write_bytes_atomic(path, text.encode(), kind_check)
 
 
-def write_figure_atomic(fig: Any, path: str | Path, **savefig_kw: Any) -> Path:
-    """Save a matplotlib figure as PNG through :func:`write_bytes_atomic`: an existing file is
-    replaced only if it is a PNG, never through a symbolic link. Does not close ``fig``."""
-    check_target(path, PNG_KIND)  # before drawing: a refusal costs nothing
-    buf = io.BytesIO()
-    fig.savefig(buf, **{"format": "png", **savefig_kw})
-    return write_bytes_atomic(path, buf.getvalue(), PNG_KIND)
+def __getattr__(name: str) -> Any:
+    # The PNG writer lives in pngfile.py (this module stays small); these names stay importable here.
+    if name in ("PNG_SIGNATURE", "PNG_KIND", "FIGURE_MARKER", "write_figure_atomic", "plain_name"):
+        from . import pngfile
+
+        return getattr(pngfile, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

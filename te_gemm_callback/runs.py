@@ -49,10 +49,20 @@ def analyze_run(run_dir: str | Path) -> RunReport:
         raise ValueError(f"{run_dir} holds no gemm_capture.json: point at the callback's output folder")
     sweep = [p for p in paths if "sweep" in p.relative_to(root).parts]
     main = [p for p in paths if p not in sweep]
+    if sweep:
+        # A sweep compares recipes within one run: with captures of several runs below (a parent
+        # folder), one run's job would be set against another's sweep.
+        runs = sorted({p.parent for p in main} | {_run_of(p, root) for p in sweep})
+        if len(runs) > 1:
+            raise ValueError(f"{run_dir} holds {len(runs)} run folders ({', '.join(map(str, runs[:4]))}"
+                             f"{', ...' if len(runs) > 4 else ''}): give one of them")
     job = GemmCapture.load(main[0] if main else sweep[0])
     # Observed runs: the callback's sweep (same model, batch and step definition) when present,
     # else one capture per recipe (separate runs). The baseline is the job's own recipe.
-    caps = [GemmCapture.load(p) for p in (sweep or paths)]
+    sweep_caps, stale = _same_run(job, [(p, GemmCapture.load(p)) for p in sweep]) if main else \
+        ([GemmCapture.load(p) for p in sweep], [])
+    sweep = sweep if sweep_caps else []
+    caps = sweep_caps or [GemmCapture.load(p) for p in paths if p not in stale]
     own = capture_recipe(job)
     # An FP32 (FP16) job's own-precision run in a sweep is its FP8-off entry, keyed "BF16": its
     # GEMMs ran the job's dtype (the report says so: checks.report_checks).
@@ -70,6 +80,10 @@ def analyze_run(run_dir: str | Path) -> RunReport:
                       ("clock_note", clock_note(job, bench)), ("duty_note", duty_note(rep.gemm_share, bench))):
         if note:
             rep.meta[key] = note
+    if stale:  # said where the report's readers look first, with the files to remove
+        rep.meta.setdefault("warnings", []).append(
+            f"sweep captures of another run ignored ({', '.join(str(p.relative_to(root)) for p in stale)}): "
+            "their run id is not the job capture's; remove them or run the sweep again")
     # A cost the notes refuse to state (a step faster with instruments on than off) is a finding
     # of the report's checks too: listed with them, so that report.json carries it as one.
     for who, cap in ((f"{capture_recipe(base)} run", base), ("training job", job if sweep and main else None)):
@@ -82,3 +96,25 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     ranks = rank_summary([GemmCapture.load(p) for p in rank_files]) if rank_files else None
     kernels = {capture_recipe(c): c.meta.get("kernel_breakdown_ms") or {} for c in caps}
     return RunReport(rep, job, caps, bench, items, ranks, kernels)
+
+
+def _run_of(sweep_capture: Path, root: Path) -> Path:
+    """The run folder a sweep capture belongs to: the folder holding its ``sweep/``."""
+    parts = sweep_capture.relative_to(root).parts
+    return root.joinpath(*parts[:parts.index("sweep")])
+
+
+def _same_run(job: GemmCapture, sweep: list[tuple[Path, GemmCapture]]) -> tuple[list[GemmCapture], list[Path]]:
+    """The sweep captures of the job's run, and the paths of the others. The callback writes one
+    run id into the job capture and every sweep capture of a run (``meta["run_id"]``); where either
+    side has one they must agree. Files of older versions (no id on either side) are taken as one run."""
+    jid = job.meta.get("run_id")
+    kept: list[GemmCapture] = []
+    stale: list[Path] = []
+    for p, c in sweep:
+        rid = c.meta.get("run_id")
+        if rid == jid:  # the same run, or both written before run ids
+            kept.append(c)
+        else:
+            stale.append(p)
+    return kept, stale

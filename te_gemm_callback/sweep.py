@@ -108,7 +108,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
               nvtx: bool | str = "auto", profile_kernels: bool = True, job_recipe: str | None = None,
               plan: Any = None, rounds: int = MIN_ROUNDS, budget_s: float = BUDGET_S, target: float = TARGET,
               optimizers: Sequence[torch.optim.Optimizer] = (),
-              optimizer_step: Callable[[], Any] | None = None) -> SweepResult:
+              optimizer_step: Callable[[], Any] | None = None, run_id: str | None = None) -> SweepResult:
     """Time whole training steps of ``step_fn`` under each recipe, alternated in rounds.
 
     Args:
@@ -123,6 +123,8 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             themselves (called with each recipe, then with None to restore). Without it, the
             forward runs inside ``te.autocast(recipe)``.
         context: an outer context per step (Lightning's precision plugin forward context).
+        run_id: the job capture's ``meta["run_id"]``, kept in every sweep capture: a report takes
+            only sweep captures of its job's run (``runs.analyze_run``).
         job_recipe: the recipe the job trains in (read from its capture), kept in the captures.
             Any recipe can be swept on any job: TE's per-recipe state objects are kept and put
             back at every switch (:class:`~te_gemm_callback.sweep_state.RecipeStates`).
@@ -222,7 +224,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         if handle is not None:
             handle.remove()
             handle = None
-        cap.meta.update(recipe=label, sweep=True, job_recipe=job_recipe,
+        cap.meta.update(recipe=label, sweep=True, job_recipe=job_recipe, run_id=run_id,
                         sweep_step="whole training step: forward, backward, optimizer step" if whole else
                         "forward+backward only: no optimizer was given to the sweep")
         if entry_plan is not None:

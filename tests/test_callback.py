@@ -84,7 +84,8 @@ def test_state_survives_checkpoint_resume(tmp_path):
     trainer, cb = fit(tmp_path / "a", DemoTransformer(), max_steps=2, **sched)
     assert cb.steps_seen == 2 and cb.capture is None  # stopped before the active steps
     trainer.save_checkpoint(tmp_path / "mid.ckpt")
-    callback = GemmProfilerCallback(output_dir=tmp_path / "b", verbose=False, **sched)
+    # The same output: the callback's state in the checkpoint is keyed by the file it writes.
+    callback = GemmProfilerCallback(output_dir=tmp_path / "a" / "gemm", verbose=False, **sched)
     trainer = pl.Trainer(max_steps=5, accelerator="cpu", callbacks=[callback], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0)
     trainer.fit(DemoTransformer(), ckpt_path=tmp_path / "mid.ckpt")

@@ -7,13 +7,15 @@ from typing import Any, Iterable
 
 from torch import nn
 
+from ..printable import plain
 from .scope import bears_gemm, is_te_module
 
 log = logging.getLogger("te_gemm_callback")
 
 
 def _names(ns: list[str]) -> str:
-    return ", ".join(ns[:8]) + (" ..." if len(ns) > 8 else "")
+    # Control characters shown as "?": a module name must not drive the terminal (ANSI, OSC links).
+    return plain(", ".join(ns[:8])) + (" ..." if len(ns) > 8 else "")
 
 
 def coverage(model: nn.Module, seen: Iterable[str], *, te_watched: bool, torch_watched: bool,

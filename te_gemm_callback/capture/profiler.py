@@ -13,13 +13,15 @@ from torch import nn
 from ..clocks import ClockSampler
 from .instruments import EventTimer, Nvtx
 from .graphs import EagerForwards, graphed_modules
+from .guards import ForwardGuard
 from .kernel_records import KernelProfile, KernelStep
 from .record import GemmCapture
 from .recorder import Recorder
 from .results import CaptureResults
+from .stepping import StepBoundaries
 from .scope import ModuleScope, is_te_module
-from .steady import EagerCompiled, GraphCaptures, SteadyWait, activity, compiled_modules
-from .steps import CLEAN, COMPILE, INSTRUMENTED, KERNELS, SETTLE, WARMUP, StepPlan, count_arg
+from .steady import EagerCompiled, GraphCaptures, SteadyWait, compiled_modules
+from .steps import COMPILE, StepPlan, count_arg
 from .te_adapter import TEInterceptor
 from .torch_adapter import GemmDispatchMode
 
@@ -31,7 +33,7 @@ def compiled(model: nn.Module) -> bool:
     return bool(compiled_modules(model))
 
 
-class GemmProfiler(CaptureResults):
+class GemmProfiler(CaptureResults, StepBoundaries):
     """Record every GEMM a model runs: shapes, pass, precision, GPU time, owning module.
 
     Profiled steps come in kinds (:class:`StepPlan`): first ``instrumented_steps`` with the
@@ -46,7 +48,13 @@ class GemmProfiler(CaptureResults):
     steps run its eager forward, so the profiler never makes it run eager afterwards. A planned clean
     step that compiled, captured a CUDA graph, or took far longer than the others is tagged
     "recompile", "graph-capture" or "outlier" and left out of the step time; ``meta["steady_state"]``
-    says in one line whether steady state was reached.
+    says in one line whether steady state was reached. A step with fewer micro-batches than the
+    fullest (gradient accumulation that does not divide the epoch) is tagged "partial", never clean;
+    GEMM counts and times are per full step.
+
+    Nothing stays on the model: an exception going through its forward inside the window turns the
+    capture off and takes hooks, dispatch mode and kernel records off at once (:mod:`.guards`), and
+    a ``deepcopy`` or pickle of the model carries no live hook of ours.
 
     Args:
         model: the module to profile (after any precision plugin has swapped in TE layers).
@@ -143,6 +151,8 @@ class GemmProfiler(CaptureResults):
         self._clock_reader = clock_reader
         self._clocks: ClockSampler | None = None
         self._sample_clocks = False
+        self._guard: ForwardGuard | None = None
+        self._held = False  # start()'s process-wide pieces (graph counter, nsys range) are on
 
     def _reset(self) -> None:
         self._boundaries: list[tuple[float, Any]] = []
@@ -165,6 +175,7 @@ class GemmProfiler(CaptureResults):
         self.micro_batches: list[int] = []
         self._capture: GemmCapture | None = None
         self._started = False
+        self._abandoned = False  # an exception went through the model's forward: nothing attached again
         self.recorder.step = 0
         self.recorder.raw.clear()
         self.recorder.events.clear()
@@ -191,6 +202,11 @@ class GemmProfiler(CaptureResults):
         # land in a timed step, and the plan's steps then run the code the job will keep running.
         self._wait.waiting = bool(self._eager_compiled.modules)
         GraphCaptures.install()
+        self._held = True
+        # The one thing on the model for the whole window, clean steps included (a try/except frame
+        # around its forward, nothing timed): an exception through it takes every instrument off,
+        # whatever the training framework does about it (the HF Trainer has no exception hook).
+        self._guard = ForwardGuard.install(self.model, self._abandon)
         # Kept hooked for a compiled model (TE launch-order owners are checked on eager models only).
         self._order_off = compiled(self.model)
         if self.nsys_capture and torch.cuda.is_available():
@@ -205,8 +221,7 @@ class GemmProfiler(CaptureResults):
         try:
             self._open_step()
         except Exception:
-            self._detach()
-            GraphCaptures.uninstall()
+            self._release()
             self._started = False
             raise
         return self
@@ -242,18 +257,44 @@ class GemmProfiler(CaptureResults):
             self._order_failed.discard(i)
             self._kernel_steps.pop(i, None)
             self._moved.pop()
-        self._detach()
-        GraphCaptures.uninstall()
-        if self.nsys_capture and torch.cuda.is_available():
-            torch.cuda.profiler.stop()
-        if self._clocks is not None:
-            self._clocks.__exit__(None, None, None)
+        self._release()
         self._started = False
         if any(e is not None for _, e in self._boundaries):
             torch.cuda.synchronize()  # the last boundary event must complete; after every step
         self.recorder.resolve()
         self._capture = self._build()
         return self._capture
+
+    def _release(self) -> None:
+        """Take off everything start() put on (idempotent): instruments, the forward guard, the
+        graph-capture counter, the nsys range, the clock sampler."""
+        self._detach()
+        if self._guard is not None:
+            self._guard.remove()
+            self._guard = None
+        if self._held:
+            self._held = False
+            GraphCaptures.uninstall()
+            if self.nsys_capture and torch.cuda.is_available():
+                torch.cuda.profiler.stop()
+        if self._clocks is not None and self._clocks.running:
+            self._clocks.__exit__(None, None, None)
+
+    def _abandon(self, err: BaseException) -> None:
+        """An exception went through the model's forward inside the window: capture turns off and
+        everything of ours comes off the model now, reported once (the job's exception goes on up
+        untouched). stop() still returns what was recorded before it."""
+        if not self._started or self._abandoned:
+            return
+        self._abandoned = True
+        if self.recorder.error is None:
+            self.recorder.error = f"the model's forward raised {type(err).__name__} inside the capture window"
+            log.warning("te-gemm: capture turned off: %s (%s); its hooks and dispatch mode are off the model",
+                        self.recorder.error, str(err).splitlines()[0][:200] if str(err) else "no message")
+        self.recorder.active = False
+        self.scope.enabled = False
+        if threading.get_ident() == self._thread:  # the dispatch mode is thread-local: only its thread pops it
+            self._release()
 
     def pause(self) -> None:
         """Stop recording without detaching (between training batches: validation, logging)."""
@@ -355,88 +396,3 @@ class GemmProfiler(CaptureResults):
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None
-
-    # --- steps -----------------------------------------------------------------------------
-    def _boundary(self) -> tuple[float, Any]:
-        ev = None
-        if self.recorder.timer.cuda:  # one event per step boundary: nothing per GEMM
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-        return self._clock(), ev
-
-    def _open_step(self) -> None:
-        i = self.recorder.step
-        kind = self._plan_kind(i)
-        j = i - self._wait.lead  # index in the plan (negative for a compile step)
-        # Event pairs where no kernel records will time the GEMMs, and on the first step (already
-        # the costly shape-discovery one) as a fallback should the kernels step not come or not
-        # join: elsewhere the pair and its record calls would be most of the per-GEMM host cost.
-        self.recorder.timer.enabled = self.timing == "events" or (
-            self.timing == "auto" and (self.plan.kernels == 0 or j == 0))
-        if kind == INSTRUMENTED and self.recorder.error is None:
-            dispatch = "torch" in self.adapters and self.plan.dispatches(j)
-            by_order = False
-            if self.te is not None:
-                self.te.owners.begin_step(by_order=self.reuse_owners and not dispatch and not self._order_off)
-                by_order = self.te.owners.by_order
-            self._attach("full" if dispatch or self.te is None else "order" if by_order else "te")
-            if dispatch and self._mode is None:
-                self._enter_mode()
-            elif not dispatch:
-                self._exit_mode()
-            if self._mode is not None:
-                self._mode.forward_shapes.clear()
-                self._dispatch_step_ids.add(i)
-        else:
-            self._detach(keep_kernels=True)
-            if kind in (SETTLE, CLEAN) and self._clocks is not None and self._clocks.running:
-                # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
-                self._clocks.__exit__(None, None, None)
-        if self._sample_clocks and self._clocks is None and (
-                kind in (WARMUP, KERNELS) or (kind == INSTRUMENTED and self.plan.kernels == 0)):
-            # Before the boundary: not the step's time.
-            self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
-        if kind in (WARMUP, KERNELS):  # started before the boundary: not the step's time
-            if not self.kernel_profile.running and self.kernel_profile.error is None:
-                t0 = self._clock()
-                self.kernel_profile.start()
-                self._session_ms["start"] = (self._clock() - t0) * 1e3
-        if kind == KERNELS:
-            self.kernel_profile.mark()
-        self._kinds.append(kind)
-        self._seq_open = self.scope._current_seq()
-        self.recorder.nvtx.push(f"step {i} ({kind})")
-        self._at_open = activity()  # dynamo's counters: a few dict reads, outside the step's time
-        self._boundaries.append(self._boundary())
-
-    def _close_step(self, micro_batches: int, last: bool = True, ran: bool = True) -> None:
-        self._boundaries.append(self._boundary())
-        now = activity()
-        self._moved.append((now[0] - self._at_open[0], now[1] - self._at_open[1]))
-        self.micro_batches.append(micro_batches)
-        self.recorder.nvtx.pop()
-        i = self.recorder.step
-        if self._kinds[-1] == COMPILE and ran:
-            # The plan starts after the first compile step with no compilation and no graph capture.
-            self._wait.close(i, any(self._moved[-1]))
-        if ran and self.te is not None and self._attached == "order":
-            if self.te.owners.complete():
-                self._order_steps.add(i)
-            else:  # another call order or other shapes: this step's owners are unknown
-                self._order_failed.add(i)
-                self._order_off = True
-                log.warning("te-gemm: step %d's TE GEMMs did not follow the first instrumented step's order: "
-                            "they are left out, and later instrumented steps are hooked again", i)
-        # One kernel-records session over the warm-up and kernels steps; it ends (with a sync)
-        # after the last kernels step, or with the capture.
-        if self.kernel_profile.running and (last or self._plan_kind(i + 1) not in (WARMUP, KERNELS)):
-            t0 = self._clock()
-            steps = self.kernel_profile.stop()  # synchronizes: after the step's end boundary
-            # Outside every step's boundaries, yet the job waits for it: the report says so.
-            self._session_ms["stop"] = (self._clock() - t0) * 1e3
-            sync = getattr(self.kernel_profile, "sync_ms", None)
-            if sync is not None:
-                self._session_ms["stop_sync"] = sync
-            ids = [j for j, k in enumerate(self._kinds) if k == KERNELS]
-            if steps is not None and len(steps) == len(ids):
-                self._kernel_steps.update(zip(ids, steps))

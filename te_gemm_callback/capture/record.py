@@ -150,11 +150,24 @@ class GemmCapture:
     def steps_of(self, kind: str) -> list[StepTime]:
         return [s for s in self.steps if s.kind == kind]
 
+    @property
+    def full_micro_batches(self) -> int:
+        """Micro-batches of a full step (the fullest one captured): a step with fewer is partial."""
+        return max((s.micro_batches for s in self.steps), default=1)
+
+    def full_steps_of(self, kind: str) -> list[StepTime]:
+        """:meth:`steps_of` without partial steps (fewer micro-batches), unless all are."""
+        steps = self.steps_of(kind)
+        full = [s for s in steps if s.micro_batches >= self.full_micro_batches]
+        return full or steps
+
     def gemm_ms_per_step(self) -> float | None:
         """GEMM GPU time per step: kernel records where kernels steps ran (the GPU's own time per
-        kernel), else the instrumented steps' event pairs."""
+        kernel), else the instrumented steps' event pairs; a partial step's scaled to a full step
+        (the same GEMMs run once per micro-batch)."""
+        full = self.full_micro_batches
         for kind in ("kernels", "instrumented"):
-            times = [s.gemm_ms for s in self.steps_of(kind) if s.gemm_ms is not None]
+            times = [s.gemm_ms * full / s.micro_batches for s in self.steps_of(kind) if s.gemm_ms is not None]
             if times:
                 return statistics.median(times)
         return None
@@ -162,9 +175,10 @@ class GemmCapture:
     def step_ms(self) -> float | None:
         """Median step time of the clean steps (nothing attached); without any, of the settle steps
         (nothing attached, right after the kernel records' sync), then of the kernels steps, and
-        only failing all of the instrumented ones (see ``meta["step_time"]``)."""
+        only failing all of the instrumented ones (see ``meta["step_time"]``). Partial steps (fewer
+        micro-batches: tagged "partial" when planned clean) never give the step time."""
         for kind in ("clean", "settle", "kernels", "instrumented"):
-            times = [s.ms for s in self.steps_of(kind)]
+            times = [s.ms for s in self.full_steps_of(kind)]
             if times:
                 return statistics.median(times)
         return None
@@ -172,9 +186,11 @@ class GemmCapture:
     def instrument_cost(self) -> dict[str, float] | None:
         """Instrumented against clean step time (medians): what the capture instruments cost this
         job. The dispatch-mode steps are given apart: they cost more and are fewer."""
-        clean = _median([s.ms for s in self.steps_of("clean")])
-        instr = _median([s.ms for s in self.steps_of("instrumented") if not s.dispatch])
-        disp = _median([s.ms for s in self.steps_of("instrumented") if s.dispatch])
+        # Full steps only: a partial instrumented step against full clean ones is no instrument cost.
+        full = [s for s in self.steps if s.micro_batches >= self.full_micro_batches]
+        clean = _median([s.ms for s in full if s.kind == "clean"])
+        instr = _median([s.ms for s in full if s.kind == "instrumented" and not s.dispatch])
+        disp = _median([s.ms for s in full if s.kind == "instrumented" and s.dispatch])
         if not clean or (instr is None and disp is None):
             return None
         out = {"clean_ms": clean}
@@ -182,7 +198,7 @@ class GemmCapture:
             out.update(instrumented_ms=instr, instrumented_pct=100 * (instr / clean - 1))
         if disp is not None:
             out.update(dispatch_ms=disp, dispatch_pct=100 * (disp / clean - 1))
-        kern = _median([s.ms for s in self.steps_of("kernels")])
+        kern = _median([s.ms for s in full if s.kind == "kernels"])
         if kern is not None:  # CUPTI's per-launch cost: shown, though no step time comes from it
             out.update(kernels_ms=kern, kernels_pct=100 * (kern / clean - 1))
         return out
@@ -206,7 +222,7 @@ class GemmCapture:
         kind = self.step_kind()
         if kind is None:
             return None
-        times = [s.ms for s in self.steps_of(kind)]
+        times = [s.ms for s in self.full_steps_of(kind)]
         med = statistics.median(times)
         spread = 100 * (max(times) - min(times)) / 2 / med if len(times) > 1 and med > 0 else None
         return {"kind": kind, "steps": len(times), "spread_pct": spread}
@@ -234,7 +250,7 @@ class GemmCapture:
         time, and host-clock times of two different steps are not comparable (first calls, caches,
         the host's other load), so this is the share a host-clock capture can state."""
         for kind in ("kernels", "instrumented"):
-            timed = [s for s in self.steps_of(kind) if s.gemm_ms is not None and s.ms > 0]
+            timed = [s for s in self.full_steps_of(kind) if s.gemm_ms is not None and s.ms > 0]
             if timed:
                 return (statistics.median(s.gemm_ms / s.ms for s in timed),
                         statistics.median(s.ms for s in timed))
@@ -315,11 +331,12 @@ class GemmCapture:
             raise ValueError(f"{path}: {err}") from None
 
 
-def aggregate(events: list[GemmEvent], num_steps: dict[str, int]) -> list[GemmRecord]:
+def aggregate(events: list[GemmEvent], num_steps: dict[str, float]) -> list[GemmRecord]:
     """Group events into records, in first-seen order.
 
-    ``num_steps`` maps each source to the steps it recorded on (the dispatch adapter may run on
-    fewer steps than the TE adapter), so ``calls_per_step`` is right for both.
+    ``num_steps`` maps each source to the steps it recorded on, in full steps (the dispatch adapter
+    may run on fewer steps than the TE adapter; a partial step counts its share of a full one's
+    micro-batches), so ``calls_per_step`` is right for both.
     """
     groups: dict[tuple, list[GemmEvent]] = {}
     for e in events:
@@ -331,7 +348,7 @@ def aggregate(events: list[GemmEvent], num_steps: dict[str, int]) -> list[GemmRe
             module=e.module, gemm=e.gemm, op=str(e.op), m=e.m, k=e.k, n=e.n, batch=e.batch,
             precision=e.precision, operands=list(e.operands), source=e.source, kernel=e.kernel,
             recompute=e.recompute, module_type=e.module_type, calls=len(evs),
-            calls_per_step=len(evs) / max(num_steps.get(e.source, 1), 1), flops=e.shape.flops,
+            calls_per_step=len(evs) / (num_steps.get(e.source) or 1), flops=e.shape.flops,
             times_ms=[x.time_ms for x in evs if x.time_ms is not None],
             m_splits=[list(x.m_splits) for x in evs if x.m_splits is not None],
         ))

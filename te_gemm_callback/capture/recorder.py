@@ -45,6 +45,7 @@ class Recorder:
         self.kernel_counts: dict[int, list[tuple[int, ...]]] = {}
         self.error: str | None = None
         self._sites: dict[tuple, GemmSite] = {}
+        self._inference_said = False
 
     in_backward = staticmethod(in_backward)
 
@@ -80,6 +81,14 @@ class Recorder:
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t, non_blocking=True)
         return host
+
+    def note_inference(self) -> None:
+        """The model ran a linear or matmul under torch.inference_mode(): said once, with what to do."""
+        if not self._inference_said:
+            self._inference_said = True
+            log.warning("te-gemm: the model runs under torch.inference_mode(), where linear and matmul reach the "
+                        "capture whole and are not recorded as GEMMs: profile training steps, or run inference "
+                        "under torch.no_grad() instead")
 
     def fail(self, err: BaseException) -> None:
         """Report once, then capture turns itself off; the job goes on untouched."""

@@ -16,7 +16,7 @@ from .coverage import coverage
 from .kernel_records import breakdown_meta, join_records
 from .record import GemmCapture, StepTime, aggregate
 from .steady import assess, graphs_compiled
-from .steps import CLEAN, INSTRUMENTED, KERNELS
+from .steps import CLEAN, INSTRUMENTED, KERNELS, PARTIAL, SETTLE
 
 if TYPE_CHECKING:
     from .profiler import GemmProfiler
@@ -46,20 +46,31 @@ class CaptureResults:
                 gpu_ms=float(e0.elapsed_time(e1)) if e0 is not None and e1 is not None else None,
                 gemm_ms=gemm_ms, micro_batches=self.micro_batches[i], kind=kind,
                 dispatch=i in self._dispatch_step_ids))
+        # A step with fewer micro-batches than the fullest is never clean (tagged before the outlier
+        # test, which must compare full steps only); its GEMMs count per full step below.
+        full = max(self.micro_batches, default=1)
+        kinds = [PARTIAL if k in (CLEAN, SETTLE) and mb < full else k for k, mb in zip(self._kinds, self.micro_batches)]
         # Compile, recompile, graph-capture and outlier steps are never clean: retagged here, where
         # every step's time is known (an outlier is only one against the others).
-        steady = assess(self._kinds, self._moved, [s.ms for s in steps], self._wait)
+        steady = assess(kinds, self._moved, [s.ms for s in steps], self._wait)
         for s, kind in zip(steps, steady.kinds):
             s.kind = kind
         self._kinds = steady.kinds
         if steady.reached is False:  # once per capture: _build runs once per stop()
             log.warning("te-gemm: steady state %s", steady.verdict)
-        n_instr = sum(k == INSTRUMENTED for k in self._kinds) - len(self._order_failed)
-        per_source = {"te": max(n_instr, 1), "torch": max(len(self._dispatch_step_ids), 1)}
+        # Steps recorded per source, in full steps: an instrumented step of 2 micro-batches where the
+        # others run 5 ran 2/5 of a step's GEMMs (calls_per_step is per full step).
+        instr = [i for i, k in enumerate(self._kinds) if k == INSTRUMENTED and i not in self._order_failed]
+        per_source = {"te": sum(self.micro_batches[i] for i in instr) / full or 1,
+                      "torch": sum(self.micro_batches[i] for i in self._dispatch_step_ids) / full or 1}
         kept = [e for e in rec.events if e.source != "te" or e.step not in self._order_failed]
         records = aggregate(kept, per_source)
         meta = self._meta()
         meta["steady_state"] = steady.verdict
+        if PARTIAL in self._kinds:
+            meta["partial_steps"] = (f"steps {', '.join(str(i) for i, k in enumerate(self._kinds) if k == PARTIAL)} ran "
+                                     f"fewer micro-batches than a full step's {full} (gradient accumulation does not "
+                                     "divide the epoch): not clean; GEMM counts and times are per full step")
         meta["unsteady_steps"] = steady.unsteady
         meta["owners_by_launch_order"] = {"steps": sorted(self._order_steps), "failed": sorted(self._order_failed)}
         join = self._join_kernels(records)

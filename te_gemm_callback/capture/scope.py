@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from .guards import POST, PRE, HookFn, StandIn, register
+
 TAG = "te_gemm_module"
 
 
@@ -157,32 +159,14 @@ class ModuleScope:
         for name, module in self.model.named_modules():
             if chosen is not None and name not in chosen:
                 continue
-            self._handles.append(module.register_forward_pre_hook(self._make_pre(name)))
+            # Hook objects, not closures: a deepcopy or pickle of the model gets inert ones (guards.py).
+            self._handles.append(register(module, _Pre(self, name)))
             # always_call: pop even when forward raises, so the stack never drifts.
-            self._handles.append(module.register_forward_hook(self._make_post(name), always_call=True))
+            self._handles.append(register(module, _Post(self, name), always_call=True))
             if name in self.te_gemm_set and callable(getattr(type(module), "backward_dw", None)) \
                     and "backward_dw" not in module.__dict__:
-                module.backward_dw = self._make_dw(name, module.backward_dw)  # type: ignore[method-assign]
+                module.backward_dw = _BackwardDw(self, name, module.backward_dw)  # type: ignore[method-assign]
                 self._handles.append(_DeleteAttr(module, "backward_dw"))
-
-    def _make_dw(self, name: str, fn: Callable) -> Callable:
-        """TE's ``delay_wgrad_compute``: the module's wgrad GEMMs run when the job calls its
-        ``backward_dw()``, after backward, outside any forward or autograd node; while it runs
-        the module is the owner, as in its forward."""
-        def backward_dw(*args: Any, **kwargs: Any) -> Any:
-            if not self.enabled:
-                return fn(*args, **kwargs)
-            st, seqs = self.stack, self.seq_stack
-            st.append(name)
-            seqs.append(-1)  # nothing to tag: no autograd node is made here
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if st and st[-1] == name:
-                    st.pop()
-                    seqs.pop()
-
-        return backward_dw
 
     def detach(self) -> None:
         for h in self._handles:
@@ -191,41 +175,6 @@ class ModuleScope:
         self.stack.clear()
         self.seq_stack.clear()
         self.release()
-
-    def _make_pre(self, name: str) -> Callable:
-        # Runs at every hooked forward: locals bound once, the thread's stacks read directly.
-        local, peek, grad_on = self._local, self._current_seq, torch.is_grad_enabled
-
-        def pre(module: nn.Module, args: Any) -> None:
-            if self.enabled:
-                try:
-                    st, seqs = local.stack, local.seq
-                except AttributeError:  # first forward on this thread
-                    st, seqs = self.stack, self.seq_stack
-                st.append(name)
-                seqs.append(peek() if grad_on() else -1)
-
-        return pre
-
-    def _make_post(self, name: str) -> Callable:
-        local, grad_on, ran = self._local, torch.is_grad_enabled, self.ran
-
-        def post(module: nn.Module, args: Any, output: Any) -> None:
-            if not self.enabled:
-                return
-            st = getattr(local, "stack", None)
-            start = -1
-            if st and st[-1] == name:
-                st.pop()
-                start = local.seq.pop()
-            ran.add(name)
-            try:
-                if start >= 0 and grad_on():
-                    self._tag(output, name, start)
-            except Exception as err:  # never break the job: report and stop capturing
-                self._on_error(err)
-
-        return post
 
     def _tag(self, output: Any, name: str, start: int) -> None:
         # Walk back over the nodes this forward created; an older node existed before this
@@ -289,3 +238,77 @@ class ModuleScope:
                     return hit[0]
             f = f.f_back
         return None
+
+
+class _Pre(HookFn):
+    """Forward pre-hook: push the module on this thread's stack. Runs at every hooked forward:
+    attributes bound once, the thread's stacks read directly."""
+
+    __slots__ = ("scope", "name", "local", "peek", "grad_on")
+    kind = PRE
+
+    def __init__(self, scope: ModuleScope, name: str) -> None:
+        self.scope, self.name, self.local = scope, name, scope._local
+        self.peek, self.grad_on = scope._current_seq, torch.is_grad_enabled
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        scope = self.scope
+        if scope.enabled:
+            try:
+                st, seqs = self.local.stack, self.local.seq
+            except AttributeError:  # first forward on this thread
+                st, seqs = scope.stack, scope.seq_stack
+            st.append(self.name)
+            seqs.append(self.peek() if self.grad_on() else -1)
+
+
+class _Post(HookFn):
+    """Forward hook: pop the module, tag the autograd nodes its forward made."""
+
+    __slots__ = ("scope", "name", "local", "grad_on", "ran")
+    kind = POST
+
+    def __init__(self, scope: ModuleScope, name: str) -> None:
+        self.scope, self.name, self.local = scope, name, scope._local
+        self.grad_on, self.ran = torch.is_grad_enabled, scope.ran
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
+        scope, name = self.scope, self.name
+        if not scope.enabled:
+            return
+        st = getattr(self.local, "stack", None)
+        start = -1
+        if st and st[-1] == name:
+            st.pop()
+            start = self.local.seq.pop()
+        self.ran.add(name)
+        try:
+            if start >= 0 and self.grad_on():
+                scope._tag(output, name, start)
+        except Exception as err:  # never break the job: report and stop capturing
+            scope._on_error(err)
+
+
+class _BackwardDw(StandIn):
+    """TE's ``delay_wgrad_compute``: the module's wgrad GEMMs run when the job calls its
+    ``backward_dw()``, after backward, outside any forward or autograd node; while it runs the
+    module is the owner, as in its forward. A copy or pickle of the module gets its own method."""
+
+    __slots__ = ("scope", "name")
+
+    def __init__(self, scope: ModuleScope, name: str, fn: Callable) -> None:
+        self.scope, self.name, self.fn = scope, name, fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        scope, name, fn = self.scope, self.name, self.fn
+        if not scope.enabled:
+            return fn(*args, **kwargs)
+        st, seqs = scope.stack, scope.seq_stack
+        st.append(name)
+        seqs.append(-1)  # nothing to tag: no autograd node is made here
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if st and st[-1] == name:
+                st.pop()
+                seqs.pop()

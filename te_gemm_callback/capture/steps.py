@@ -10,6 +10,10 @@ INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN = "instrumented", "kernels-warmup",
 # dynamo compiles a torch.compile model; the others are planned clean (or settle) steps found unsteady
 # afterwards: dynamo compiled in them, a CUDA graph was captured in them, or they took far longer.
 COMPILE, RECOMPILE, GRAPH_CAPTURE, OUTLIER = "compile", "recompile", "graph-capture", "outlier"
+# A planned clean (or settle) step that ran fewer micro-batches than the capture's fullest step: the
+# last step of an epoch that gradient accumulation does not divide (7 batches, accumulate 5: steps of
+# 5 and 2). Its time is not the job's step time (capture.results).
+PARTIAL = "partial"
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,10 @@ def _op(name: str) -> Any:
 GEMM_OPS = {op: name for name in ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_grouped_mm",
                                   "_scaled_grouped_mm") if (op := _op(name)) is not None}
 _CASTS = {op for op in (_op("_to_copy"), _op("clone"), _op("contiguous")) if op is not None}
+# Under torch.inference_mode() autograd's keys are skipped, so these composites reach the mode whole,
+# never as the mm/addmm/bmm above: seen here, they say why the capture holds no torch GEMMs.
+_INFERENCE_COMPOSITES = {op for op in (_op("linear"), _op("matmul"), _op("einsum")) if op is not None}
+_WATCHED = _CASTS | _INFERENCE_COMPOSITES
 
 
 def _storage_key(t: Any) -> int | None:
@@ -118,8 +122,11 @@ class GemmDispatchMode(TorchDispatchMode):
         name = GEMM_OPS.get(func)
         if name is None or not rec.active:
             out = func(*args, **kwargs)
-            if func in _CASTS and rec.active:
-                self._track_cast(args, out)
+            if func in _WATCHED and rec.active:
+                if func in _CASTS:
+                    self._track_cast(args, out)
+                elif torch.is_inference_mode_enabled():
+                    rec.note_inference()
             return out
         token = None
         try:

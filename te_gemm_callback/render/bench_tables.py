@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from rich.markup import escape
 from rich.table import Table
 
 from ..bench.cells import SPREAD_LIMIT, BenchResult, WorkItem
 from ..bench.results import BenchResults, item_ms, step_ms
 from ..shapes import GemmOp, gemm_passes
+from ..printable import safe
 
 PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad"}
 
@@ -47,7 +47,7 @@ def _styled(marks: str) -> str:
 def _caption(marks: str, *lines: str) -> str | None:
     """A table's footnotes: each mark it shows, explained, then ``lines``."""
     notes = [f"{m} {FOOTNOTES[m]}" for m in (CACHED_MARK, NOISY_MARK) if m in marks] + [ln for ln in lines if ln]
-    return escape("\n".join(notes)) if notes else None
+    return safe("\n".join(notes)) if notes else None
 
 
 def _item_cells(res: BenchResults, it: WorkItem, precision: str, mode: str) -> list[BenchResult | None]:
@@ -56,11 +56,11 @@ def _item_cells(res: BenchResults, it: WorkItem, precision: str, mode: str) -> l
 
 def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) -> Table:
     precs = res.precisions
-    t = Table(title=f"{PASS_TITLES[op]} GEMMs ({mode}): ms per call, speedup over BF16")
+    t = Table(title=f"{PASS_TITLES[op]} GEMMs ({safe(mode)}): ms per call, speedup over BF16")
     t.add_column("GEMM")
     t.add_column("M x K x N", no_wrap=True)
-    for p in precs:
-        t.add_column(p, justify="right", no_wrap=True)
+    for p in precs:  # precision and module names from a bench file or the user's model: escaped
+        t.add_column(safe(p), justify="right", no_wrap=True)
     t.add_column("spread (IQR/median)", justify="right")
     seen, shown = set(), ""
     for it in items:
@@ -80,7 +80,7 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
                 spread = max(spread, r.spread)
         label = s.mkn + (f" [{len(it.m_splits)} groups]" if it.m_splits else "")
         sp = f"{100 * spread:.1f}%"
-        t.add_row(it.name, label, *cells, f"[bold red]{sp}[/bold red]" if spread > SPREAD_LIMIT else sp)
+        t.add_row(safe(it.name), label, *cells, f"[bold red]{sp}[/bold red]" if spread > SPREAD_LIMIT else sp)
     t.caption, t.caption_justify = _caption(shown), "left"
     return t
 
@@ -88,11 +88,11 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
 def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
     """Per work item (fprop+dgrad+wgrad), then the whole step and the estimated GEMM speedup."""
     precs = res.precisions
-    t = Table(title=f"GEMM time per item and per step ({mode}), ms")
+    t = Table(title=f"GEMM time per item and per step ({safe(mode)}), ms")
     t.add_column("GEMM")
     t.add_column("calls/step", justify="right")
     for p in precs:
-        t.add_column(p, justify="right", no_wrap=True)
+        t.add_column(safe(p), justify="right", no_wrap=True)
     shown = ""
     for it in items:
         base = item_ms(res, it, "BF16", mode)
@@ -101,7 +101,7 @@ def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
             marks = _marks(_item_cells(res, it, p, mode))
             shown += marks
             row.append(_fmt(item_ms(res, it, p, mode), base, _measured(res, it, p, mode), marks))
-        t.add_row(it.name, f"{it.count:g}", *row)
+        t.add_row(safe(it.name), f"{it.count:g}", *row)
     t.add_section()
     base = step_ms(res, items, "BF16", mode)
     t.add_row("[b]full step[/b]", "", *[_fmt(step_ms(res, items, p, mode), base,
@@ -142,7 +142,7 @@ def swapped_items(items: list[WorkItem]) -> list[WorkItem]:
 
 def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkItem], mode: str) -> Table:
     """Real backward GEMMs against the swapped-forward stand-in, per shape and precision."""
-    t = Table(title=f"Real dgrad/wgrad vs. a forward GEMM with swapped sizes ({mode}), ms")
+    t = Table(title=f"Real dgrad/wgrad vs. a forward GEMM with swapped sizes ({safe(mode)}), ms")
     for c in ("GEMM", "pass", "M x K x N", "precision", "real", "swapped fwd", "swapped/real"):
         t.add_column(c, justify="right" if c in ("real", "swapped fwd", "swapped/real") else "left", no_wrap=True)
     for it in items:
@@ -154,7 +154,7 @@ def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkIte
                 a, b = real.get(s, p, mode), swapped.get(fwd, p, mode)
                 if a is None or b is None or not (a.ok and b.ok):
                     continue
-                t.add_row(it.name, str(s.op), s.mkn, p, f"{a.median_ms:.3f}", f"{b.median_ms:.3f}",
+                t.add_row(safe(it.name), str(s.op), s.mkn, safe(p), f"{a.median_ms:.3f}", f"{b.median_ms:.3f}",
                           f"{b.median_ms / a.median_ms:.3f}")
     return t
 
@@ -163,14 +163,14 @@ def run_summary(res: BenchResults) -> str:
     """One line: how many cells, where, how long, and at what SM clock (the number a reader needs
     to compare runs: at the power limit the clock, and with it every time, moves by up to 25%)."""
     m = res.meta
-    line = f"{len(res.results)} cells on {m.get('device')}, measured in {m.get('wall_s', 0):.1f} s"
+    line = f"{len(res.results)} cells on {safe(m.get('device'))}, measured in {m.get('wall_s', 0):.1f} s"
     if len(m.get("visits_per_device") or []) > 1:
         line += (f" over {len(m['visits_per_device'])} devices (visits {'+'.join(map(str, m['visits_per_device']))}, "
                  "samples pooled)")
     for d, why in (m.get("failed_devices") or {}).items():
-        line += f"; [red]GPU {d}'s worker failed ({escape(why)}): its visits are missing[/red]"
+        line += f"; [red]GPU {safe(d)}'s worker failed ({safe(why)}): its visits are missing[/red]"
     if m.get("mixed_devices"):
-        line += f"; [yellow]{escape(', '.join(dict.fromkeys(m['devices'])))}: {m['mixed_devices']}[/yellow]"
+        line += f"; [yellow]{safe(', '.join(map(str, dict.fromkeys(m['devices']))))}: {safe(m['mixed_devices'])}[/yellow]"
     per_gpu = [c for c in m.get("clocks_per_device") or [] if c]
     if len(per_gpu) > 1:  # each GPU's own: two GPUs of one model can hold different clocks at one power limit
         clocks = " / ".join(f"{c['sm_clock_mhz_median']:.0f}" for c in per_gpu)

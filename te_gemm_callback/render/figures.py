@@ -11,18 +11,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..bench.cells import WorkItem  # noqa: E402
+from ..pngfile import write_figure_atomic  # noqa: E402
 from ..bench.results import BenchResults, item_ms  # noqa: E402
 from ..shapes import GemmOp  # noqa: E402
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Write a figure as PNG (parent folders created) and free it."""
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    """Write a figure as PNG (parent folders created) and free it, through
+    :func:`~te_gemm_callback.pngfile.write_figure_atomic`: atomic, marked as ours, never through a
+    symbolic link nor over a PNG this tool did not write (one-line ValueError or OSError naming it)."""
+    try:
+        fig.tight_layout()
+        return write_figure_atomic(fig, path, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)  # a refused or failed write must not leak the figure either
 
 
 def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:

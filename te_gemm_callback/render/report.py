@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from rich.console import Group  # noqa: E402
-from rich.markup import escape  # noqa: E402
 from rich.panel import Panel  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -18,8 +18,13 @@ from ..analysis import Report  # noqa: E402
 
 if TYPE_CHECKING:
     from ..runs import RunReport
-from ..jsonio import write_json  # noqa: E402
+from ..jsonio import check_target, json_kind, write_json  # noqa: E402
+from ..pngfile import PNG_KIND, plain_name  # noqa: E402
 from .figures import save_figure  # noqa: E402
+from ..printable import safe  # noqa: E402
+
+log = logging.getLogger("te_gemm_callback")
+REPORT_SCHEMA = "te-gemm-report/1"
 
 
 def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
@@ -57,23 +62,24 @@ def share_text(rep: Report) -> str:
 def report_table(rep: Report) -> Table:
     # The job's precision is what its GEMMs ran (FP32 on an fp32 model), not the key its run is joined on.
     job = rep.meta.get("job_precision") or rep.current_recipe
-    t = Table(title=f"GEMM vs step speedup — job ran {job}: step {rep.step_ms:.2f} ms, {share_text(rep)}")
+    # Recipe and precision names, notes and reasons come from files: escaped (printable.safe).
+    t = Table(title=safe(f"GEMM vs step speedup — job ran {job}: step {rep.step_ms:.2f} ms, {share_text(rep)}"))
     ran = rep.meta.get("baseline_ran")
     unfused = any(a.predicted_step_speedup_unfused is not None for a in rep.recipes)
     # The job's own column only where some row has it (an FP32 job's has no FP32 microbenchmark).
     vs_cur = rep.current_recipe != "BF16" and any(a.gemm_speedup_vs_current is not None for a in rep.recipes)
-    cols = ["recipe", "GEMM ms (bench)", "GEMM speedup"] + ([f"vs {rep.current_recipe}"] if vs_cur else []) + \
+    cols = ["recipe", "GEMM ms (bench)", "GEMM speedup"] + ([f"vs {safe(rep.current_recipe)}"] if vs_cur else []) + \
         ["predicted step"] + (["pred. unfused"] if unfused else []) + ["observed step", "95% CI", "observed ms"]
     for c in cols:
         t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=True)
     for a in rep.recipes:
         name = f"{a.recipe} (ran {ran})" if ran and a.recipe == "BF16" else a.recipe
-        row = [name, _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")] + \
+        row = [safe(name), _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")] + \
             ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else []) + [_cell(rep, a, "predicted_step_speedup")] + \
             ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
         t.add_row(*row, _cell(rep, a, "observed_step_speedup"), _interval(a), _x(a.observed_step_ms, "{:.2f}"))
     for r, why in rep.skipped.items():
-        t.add_row(r, "not run", *[""] * (len(cols) - 2), style="dim")
+        t.add_row(safe(r), "not run", *[""] * (len(cols) - 2), style="dim")
     notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
         [rep.meta[k] for k in ("job_step_note", "framework_note", "clock_note", "duty_note") if rep.meta.get(k)]
     if rep.meta.get("timing"):
@@ -82,12 +88,12 @@ def report_table(rep: Report) -> Table:
             if f not in ("verdict", "evidence")}
     notes += [f"n/a: {why}" for why in sorted(held)]
     over = f"the BF16 run, which ran {ran}" if ran else "BF16"
-    t.caption = (f"speedups over {over}. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the captured "
-                 "shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. unfused: each GEMM "
-                 "plus a standalone quantization of its inputs (autocast mode). observed step: whole training steps "
-                 "(optimizer included) in the sweep's alternating rounds, the median of the per-round ratios; 95% CI: "
-                 "its order-statistic interval (from 6 rounds). Attention's QK^T and softmax·V "
-                 "count as non-GEMM time" + "".join(f". {n}" for n in notes))
+    t.caption = safe(f"speedups over {over}. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the captured "
+                     "shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. unfused: each GEMM "
+                     "plus a standalone quantization of its inputs (autocast mode). observed step: whole training steps "
+                     "(optimizer included) in the sweep's alternating rounds, the median of the per-round ratios; 95% CI: "
+                     "its order-statistic interval (from 6 rounds). Attention's QK^T and softmax·V "
+                     "count as non-GEMM time" + "".join(f". {n}" for n in notes))
     return t
 
 
@@ -104,14 +110,14 @@ def _interval(a: Any) -> str:
 
 def verdict_panel(rep: Report) -> Panel:
     # What the checks refused to state comes first: a reader sees it before any figure it touches.
-    lines = [f"[yellow]check: {escape(w)}[/yellow]" for w in rep.warnings]
+    lines = [f"[yellow]check: {safe(w)}[/yellow]" for w in rep.warnings]
     for a in rep.recipes:
         if a.recipe == "BF16":
             continue
-        lines.append(f"[b]{a.recipe}[/b]: {escape(a.verdict)}")
-        lines += [f"   • {escape(e)}" for e in a.evidence]
+        lines.append(f"[b]{safe(a.recipe)}[/b]: {safe(a.verdict)}")
+        lines += [f"   • {safe(e)}" for e in a.evidence]
     for r, why in rep.skipped.items():
-        lines.append(f"[dim]{r}: not available here — {escape(why)}[/dim]")
+        lines.append(f"[dim]{safe(r)}: not available here — {safe(why)}[/dim]")
     if not any(a.recipe != "BF16" for a in rep.recipes) and not rep.skipped:
         lines.append("only BF16 was measured")
     return Panel(Group(*lines), title="verdicts")
@@ -216,7 +222,7 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
 
 
 def write_report_json(rep: Report, path: str | Path) -> Path:
-    return write_json(path, rep.to_dict(), schema="te-gemm-report/1")
+    return write_json(path, rep.to_dict(), schema=REPORT_SCHEMA)
 
 
 
@@ -228,6 +234,9 @@ def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
 def report(run_dir: str | Path, out: Any = None) -> "RunReport":
     """Analyse a run folder (:func:`te_gemm_callback.runs.analyze_run`), write report.json and the
     figures into it, and print the tables and verdicts to ``out`` (a rich Console) if given.
+    Every target is checked before anything is written (:func:`report_targets`: a link, a user's
+    own PNG or JSON there is refused in one line); the precision plan, an extra, is skipped with a
+    warning naming the file where a file of the user's holds its place.
 
     Example:
         >>> rr = report("runs/demo")                              # doctest: +SKIP
@@ -239,20 +248,24 @@ def report(run_dir: str | Path, out: Any = None) -> "RunReport":
     root = Path(run_dir)
     rr = analyze_run(root)
     rep, bench, items, ranks = rr.report, rr.bench, rr.items, rr.ranks
-    files = {"report": write_report_json(rep, root / "report.json"),
-             "speedups": speedup_figure(rep, root / "speedups.png"),
-             "step_split": step_split_figure(rep, root / "step_split.png", rr.kernels)}
-    if bench is not None:
-        for mode in bench.meta.get("modes", ["autocast"]):
-            files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, root / f"gemm_{mode}.png")
+    modes = bench_modes(bench) if bench is not None else []
+    targets = report_targets(root, modes, bool(ranks))  # all refused before any is written
+    files = {"report": write_report_json(rep, targets["report"]),
+             "speedups": speedup_figure(rep, targets["speedups"]),
+             "step_split": step_split_figure(rep, targets["step_split"], rr.kernels)}
+    for mode in modes:
+        files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, targets[f"gemm_{mode}"])
     if ranks:
-        files["ranks"] = ranks_figure(ranks, root / "ranks.png")
+        files["ranks"] = ranks_figure(ranks, targets["ranks"])
     plan = _run_plan(rr)
     if plan is not None:
         from ..plan import write_plan
 
-        files["plan"], files["plan_nvdlfw"] = write_plan(plan, root / "precision_plan.json",
-                                                         root / "precision_plan_nvdlfw.yaml")
+        try:
+            files["plan"], files["plan_nvdlfw"] = write_plan(plan, root / "precision_plan.json",
+                                                             root / "precision_plan_nvdlfw.yaml")
+        except ValueError as err:  # a file of the user's where the plan goes: the report itself stands
+            log.warning("te-gemm: precision plan not written: %s", err)
     if out is not None:
         if ranks:
             from .tables import ranks_table
@@ -261,19 +274,40 @@ def report(run_dir: str | Path, out: Any = None) -> "RunReport":
         if bench is not None:  # TE's benchmark_gemm.py per-GEMM table, on the job's real shapes
             from .bench_tables import totals_table
 
-            for mode in bench.meta.get("modes", ["autocast"]):
+            for mode in modes:
                 out.print(totals_table(bench, items, mode))
         out.print(report_table(rep))
         out.print(verdict_panel(rep))
         if plan is not None:
-            out.print(plan_line(plan))
+            out.print(safe(plan_line(plan)))
         for key in ("step_note", "job_step_note"):
             if "host-bound" in (rep.meta.get(key) or ""):
-                out.print(f"[yellow]warning: {escape(rep.meta[key])}[/yellow]")
+                out.print(f"[yellow]warning: {safe(rep.meta[key])}[/yellow]")
         for name, path in files.items():
-            out.print(f"{name}: {path}")
+            out.print(f"{name}: {safe(path)}")
     rr.files = files
     return rr
+
+
+def bench_modes(bench: Any) -> list[str]:
+    """The bench's modes: a list of names (each names a figure, ``gemm_<mode>.png``); a string
+    would be drawn letter by letter, one figure each."""
+    modes = bench.meta.get("modes", ["autocast"])
+    if not isinstance(modes, list) or not all(isinstance(m, str) for m in modes):
+        raise ValueError(f"bench.json: meta.modes must be a list of mode names, got {modes!r}")
+    return modes  # each checked as a file name by report_targets
+
+
+def report_targets(root: Path, modes: Sequence[str] = (), ranks: bool = False) -> dict[str, Path]:
+    """The files a report writes into ``root``, each checked as :func:`report` writes it (not a
+    symbolic link, not a file this tool did not write: one-line ValueError), none written yet."""
+    names = {"report": "report.json", "speedups": "speedups.png", "step_split": "step_split.png",
+             **{f"gemm_{m}": f"gemm_{m}.png" for m in modes}, **({"ranks": "ranks.png"} if ranks else {})}
+    # A mode from a hand-edited bench.json could hold "/" or "..": the figure would land elsewhere.
+    out = {key: root / plain_name(name) for key, name in names.items()}
+    for key, path in out.items():
+        check_target(path, json_kind(REPORT_SCHEMA) if key == "report" else PNG_KIND)
+    return out
 
 
 def _run_plan(rr: Any) -> Any:

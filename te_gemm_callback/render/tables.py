@@ -10,6 +10,7 @@ from rich.table import Table
 from ..capture.graphs import in_graphed
 from ..capture.record import GemmCapture
 from ..shapes import ConfigGemm, ModelConfig, gemm_passes
+from ..printable import safe
 
 
 def human_flops(x: float) -> str:
@@ -52,7 +53,8 @@ def shapes_table(cfg: ModelConfig, gemms: list[ConfigGemm]) -> Table:
 def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
     """One row per captured GEMM record."""
     timed = any(r.times_ms for r in cap.records)
-    t = Table(title=f"GEMMs captured on {cap.meta.get('device', '?')} ({len(cap.steps)} step(s))")
+    # Every string from the capture is escaped: module names come from the user's model (or a file).
+    t = Table(title=f"GEMMs captured on {safe(cap.meta.get('device', '?'))} ({len(cap.steps)} step(s))")
     cols = ["module", "pass", "M x K x N", "precision", "calls/step", "GFLOP/step"]
     if timed:
         cols += ["ms/call (median)", "ms/step", "TFLOP/s"]
@@ -64,7 +66,7 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
     for r in rows:
         op = r.op + (" (recompute)" if r.recompute else "") + (" (graphed)" if in_graphed(r.module, graphed) else "")
         shape = r.shape.mkn + (f" [{len(r.m_splits[0])} groups]" if r.m_splits else "")
-        row = [r.name, op, shape, r.precision, f"{r.calls_per_step:g}", f"{r.flops_per_step / 1e9:.3f}"]
+        row = [safe(r.name), safe(op), shape, safe(r.precision), f"{r.calls_per_step:g}", f"{r.flops_per_step / 1e9:.3f}"]
         if timed:
             med = r.median_ms
             tflops = r.flops / (med * 1e-3) / 1e12 if med else None
@@ -79,7 +81,7 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
     from ..notes import instrument_note
 
     note = instrument_note(cap)
-    t.caption = caption + (f". {note}" if note else "")
+    t.caption = safe(caption + (f". {note}" if note else ""))
     return t
 
 
@@ -142,7 +144,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> Table:
         t.add_row(str(r["rank"]), _ms(r["step_ms"]), "-" if r["step_vs_median"] is None else f"{r['step_vs_median']:.3f}",
                   _ms(r["gemm_ms"]), _ms(r.get("comm_ms")), _ms(r.get("comm_exposed_ms")),
                   f"{r['gemm_tflop_per_step']:.4f}",
-                  "-" if r["grouped_rows_per_step"] is None else f"{r['grouped_rows_per_step']:.0f}", r["error"] or "")
+                  "-" if r["grouped_rows_per_step"] is None else f"{r['grouped_rows_per_step']:.0f}", safe(r["error"] or ""))
     window = next((r.get("comm_window") for r in rows if r.get("comm_window")), None) or "a profiled step"
     t.caption = (f"NCCL: kernel time of {window} (torch.profiler), including waits for other ranks; exposed = not overlapped "
                  "by any compute kernel. Grouped rows: rows of all grouped-GEMM forwards (fc1 + fc2 count twice)")
@@ -154,14 +156,14 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
     the caption sets the plan's predicted step against BF16 and every single recipe."""
     title = (f"Precision plan: {plan.same_as} everywhere" if plan.same_as else
              f"Precision plan: {plan.recipe}, {len(plan.keep_bf16)} module(s) kept in BF16")
-    t = Table(title=title)
-    for c in ("module", "BF16 ms/step", f"{plan.recipe} ms/step", "FP8 - BF16", "runs in"):
+    t = Table(title=safe(title))  # a plan file's names are the user's (or anyone's who edited it)
+    for c in ("module", "BF16 ms/step", f"{safe(plan.recipe)} ms/step", "FP8 - BF16", "runs in"):
         t.add_column(c, justify="left" if c in ("module", "runs in") else "right", no_wrap=c != "module")
     rows = sorted(plan.modules, key=lambda m: -(m.fp8_loss_ms if m.fp8_loss_ms is not None else float("inf")))
     for m in rows[:limit] if limit else rows:
         loss = m.fp8_loss_ms
-        t.add_row(m.module, _ms(m.bf16_ms), "cannot run" if m.fp8_ms is None else _ms(m.fp8_ms),
-                  "-" if loss is None else f"{loss:+.3f}", "BF16" if m.keep_bf16 else plan.recipe,
+        t.add_row(safe(m.module), _ms(m.bf16_ms), "cannot run" if m.fp8_ms is None else _ms(m.fp8_ms),
+                  "-" if loss is None else f"{loss:+.3f}", "BF16" if m.keep_bf16 else safe(plan.recipe),
                   style="yellow" if m.keep_bf16 else None)
     if limit and len(rows) > limit:
         t.add_row(f"... {len(rows) - limit} more", "", "", "", "")
@@ -173,6 +175,6 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
         verdict = (f"The plan is {same} everywhere, the best single recipe: no mixed plan gains "
                    f"{100 * MIN_GAIN:g}% of the step." if same else
                    f"Best single recipe: {plan.best_single}; the mixed plan keeps {len(plan.keep_bf16)} module(s) in BF16.")
-        t.caption = ("predicted step (Amdahl over the job's GEMM share, autocast-mode microbenchmarks): "
-                     + ", ".join(parts) + f". {verdict}")
+        t.caption = safe("predicted step (Amdahl over the job's GEMM share, autocast-mode microbenchmarks): "
+                         + ", ".join(parts) + f". {verdict}")
     return t

@@ -1,0 +1,175 @@
+"""What the profiler puts on the user's model, made safe to leave behind.
+
+- :class:`ForwardGuard`: the root module's forward, wrapped for the capture window, so that an
+  exception going through it takes every instrument off at once. Training frameworks without an
+  exception hook (``transformers.Trainer``'s callbacks) would otherwise leave the hooks and the
+  dispatch mode on the model for the rest of the process. An instance attribute, not a hook: while
+  an exception unwinds, torch iterates the root's forward-hook dict itself, so a hook could not
+  take the root's hooks off. Copies of the root (deepcopy, pickle, ``nn.DataParallel``'s replicas)
+  get the module's own forward, never the guard.
+- :class:`HookFn`: the base of our hook callables. A ``copy.deepcopy`` or a pickle of a hooked
+  model carries its hook dicts along; ours then become :class:`Inert`, which does nothing, pickles,
+  and takes itself off at its first call. (A plain closure is shared by ``deepcopy`` and cannot be
+  pickled: the copy recorded into our capture for good, and ``pickle.dumps`` of it failed.)
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any, Callable
+
+from torch import nn
+
+PRE, POST = "pre", "post"
+
+
+def _same(x: Any) -> Any:  # the unpickler's constructor for what we stood in for
+    return x
+
+
+class Inert:
+    """Where our hook was, in a copy of the model: a no-op that removes itself when first called."""
+
+    __slots__ = ("kind", "hook_id")
+
+    def __init__(self, kind: str = POST, hook_id: int | None = None) -> None:
+        self.kind, self.hook_id = kind, hook_id
+
+    def __call__(self, module: nn.Module, *args: Any) -> None:
+        # Pre-hooks, and forward hooks outside an exception, are iterated over a copy of the dict:
+        # removing ourselves there is safe. While an exception unwinds, torch iterates the dict
+        # itself: stay (a no-op) until a later call.
+        if self.hook_id is None or (self.kind == POST and sys.exc_info()[0] is not None):
+            return None
+        if self.kind == PRE:
+            module._forward_pre_hooks.pop(self.hook_id, None)
+            module._forward_pre_hooks_with_kwargs.pop(self.hook_id, None)
+        else:
+            module._forward_hooks.pop(self.hook_id, None)
+            module._forward_hooks_with_kwargs.pop(self.hook_id, None)
+            module._forward_hooks_always_called.pop(self.hook_id, None)
+        return None
+
+    def __reduce__(self) -> tuple:
+        return Inert, (self.kind, self.hook_id)
+
+
+class HookFn:
+    """Base of a hook callable of ours (``kind``: PRE or POST): copies and pickles are :class:`Inert`."""
+
+    __slots__ = ("hook_id",)
+    kind = POST
+
+    def __deepcopy__(self, memo: dict) -> Inert:
+        return Inert(self.kind, getattr(self, "hook_id", None))
+
+    def __reduce__(self) -> tuple:
+        return Inert, (self.kind, getattr(self, "hook_id", None))
+
+
+def register(module: nn.Module, hook: HookFn, **kwargs: Any) -> Any:
+    """Register ``hook`` (forward pre- or post-hook by its kind) and remember its id, which a copy's
+    :class:`Inert` uses to take itself off."""
+    add = module.register_forward_pre_hook if hook.kind == PRE else module.register_forward_hook
+    handle = add(hook, **kwargs)
+    hook.hook_id = handle.id
+    return handle
+
+
+class StandIn:
+    """A bound method of ours stored on a module (``module.backward_dw``): a copy or pickle of the
+    module gets what was there before us (``fn``, re-bound to the copy by deepcopy)."""
+
+    __slots__ = ("fn",)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        return copy.deepcopy(self.fn, memo)
+
+    def __reduce__(self) -> tuple:
+        return _same, (self.fn,)
+
+    @property
+    def __wrapped__(self) -> Any:
+        # inspect.signature() follows it: the Trainer picks a dataset's columns by forward's signature.
+        return self.fn
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "fn":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.fn, name)  # __self__, __func__, __name__, __doc__ of the method we stand for
+
+
+class ForwardGuard(StandIn):
+    """``model.forward`` for the capture window: calls the forward it replaced; an exception going
+    through it calls ``on_raise`` (which takes the instruments off) before it goes on up."""
+
+    __slots__ = ("on_raise", "model", "had", "had_replicate", "live")
+
+    def __init__(self, model: nn.Module, on_raise: Callable[[BaseException], None]) -> None:
+        self.model, self.on_raise, self.live = model, on_raise, True
+        self.had = model.__dict__.get("forward")  # an instance attribute someone set before us
+        self.had_replicate = model.__dict__.get("_replicate_for_data_parallel")
+        self.fn = model.forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.fn(*args, **kwargs)
+        except BaseException as err:
+            if self.live:
+                self.live = False
+                try:
+                    self.on_raise(err)
+                except Exception:  # taking ours off must never change the job's exception
+                    pass
+            raise
+
+    @classmethod
+    def install(cls, model: nn.Module, on_raise: Callable[[BaseException], None]) -> "ForwardGuard | None":
+        """The guard on ``model``, or None where wrapping its forward could change what runs: a
+        ``torch.compile``d root (dynamo guards on its forward; an instrumented step's eager swap
+        writes the same attribute)."""
+        if type(model).__name__ == "OptimizedModule" or model.__dict__.get("_compiled_call_impl") is not None:
+            return None
+        guard = cls(model, on_raise)
+        model.__dict__["forward"] = guard  # the instance attribute Module._call_impl reads
+        model.__dict__["_replicate_for_data_parallel"] = _Replicate(model, guard)
+        return guard
+
+    def remove(self) -> None:
+        """Put back what was there, unless someone replaced us since (then ours only calls through)."""
+        self.live = False
+        _restore(self.model.__dict__, self)
+
+
+def _restore(d: dict, guard: ForwardGuard) -> None:
+    """A module's ``__dict__`` without the guard's two attributes (what was there before, if any)."""
+    if d.get("forward") is guard:
+        if guard.had is None:
+            del d["forward"]
+        else:
+            d["forward"] = guard.had
+    rep = d.get("_replicate_for_data_parallel")
+    if isinstance(rep, _Replicate) and rep.guard is guard:
+        if guard.had_replicate is None:
+            del d["_replicate_for_data_parallel"]
+        else:
+            d["_replicate_for_data_parallel"] = guard.had_replicate
+
+
+class _Replicate(StandIn):
+    """``nn.DataParallel`` copies the root's ``__dict__`` into each replica: without this, a
+    replica's forward would be our guard, bound to the original module (its parameters, its device)."""
+
+    __slots__ = ("guard",)
+
+    def __init__(self, model: nn.Module, guard: ForwardGuard) -> None:
+        self.fn, self.guard = type(model)._replicate_for_data_parallel.__get__(model), guard
+
+    def __call__(self) -> nn.Module:
+        replica = self.fn()
+        d = replica.__dict__
+        _restore(d, self.guard)
+        while isinstance(d.get("forward"), ForwardGuard):  # profilers nested on one model: every guard off
+            _restore(d, d["forward"])
+        return replica
