@@ -6,6 +6,7 @@ is imported here.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -13,6 +14,7 @@ from typing import Any, Callable, Sequence
 from .capture import GemmCapture
 from .capture.distributed import RANKS_SCHEMA, rank_summary
 from .jsonio import read_json, write_json
+from .printable import plain
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -25,7 +27,8 @@ def check_int(name: str, v: Any, least: int) -> None:
 def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: int, sweep_warmup: int,
                     sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
                     sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 6,
-                    sweep_budget_s: float = 20.0, set_recipe: Any = None) -> tuple[list[str] | None, Any]:
+                    sweep_budget_s: float = 20.0, set_recipe: Any = None,
+                    output_dir: Any = None) -> tuple[list[str] | None, Any]:
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
     sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
     added to the recipes). Called where the arguments are given, not once training runs."""
@@ -48,12 +51,21 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
     if not isinstance(filename, str) or not filename.strip() or Path(filename).name != filename or \
             filename in (".", "..") or not filename.isprintable():
         raise ValueError(f"filename must be a plain file name such as 'gemm_capture.json', got {filename!r}")
+    if len(os.fsencode(filename)) > 200:  # the folder's limit is 255 bytes, and ".name.xxxx.tmp" goes beside it
+        raise ValueError(f"filename must be at most 200 bytes, got {len(os.fsencode(filename))}")
+    if output_dir is not None:  # else the capture was lost at the end of training
+        if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir).strip():
+            raise ValueError(f"output_dir must be a folder path, got {output_dir!r}")
+        if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+            raise ValueError(f"output_dir {plain(output_dir)} exists and is not a folder: give a folder path")
     if set_recipe is not None and not callable(set_recipe):  # else the sweep fails after training
         raise ValueError(f"set_recipe must be a function f(module, recipe_or_None) or None, got {set_recipe!r}")
     from .precisions import canonical
 
     if isinstance(sweep, str):
         raise ValueError(f"sweep must be a list of recipe names, e.g. [{sweep!r}], not a string")
+    if sweep is not None and any(not isinstance(r, str) for r in sweep):  # canonical() needs names
+        raise ValueError(f"sweep must be a list of recipe names such as ['BF16', 'Float8CurrentScaling'], got {sweep!r}")
     recipes = None if sweep is None else [canonical(r) for r in sweep]  # bad names fail here, not after training
     if sweep_plan is None:
         return recipes, None
@@ -95,9 +107,15 @@ def clear_stale_sweep(output_dir: Path, run_id: str) -> list[Path]:
     sweep, gone = output_dir / "sweep", []
     if not sweep.is_dir() or sweep.is_symlink():
         return gone
+    root = output_dir.resolve()
     for p in sorted(sweep.glob("*/gemm_capture.json")):
+        # glob follows a linked subfolder (sweep/old -> elsewhere): never delete through a link, and
+        # only a regular file that really lies inside output_dir.
+        if p.parent.is_symlink() or p.is_symlink() or not p.is_file() or \
+                not p.resolve().is_relative_to(root):
+            continue
         try:
-            data = read_json(p) if not p.is_symlink() else None
+            data = read_json(p)
         except ValueError:
             continue
         if isinstance(data, dict) and data.get("schema") == SCHEMA and \
@@ -183,10 +201,10 @@ def save_capture(cap: GemmCapture, output_dir: Path, filename: str, *, keep_exis
 def write_ranks(caps: list[GemmCapture], output_dir: Path) -> list[dict[str, Any]]:
     """Every rank's capture and the per-rank summary under ``output_dir/ranks/``."""
     for c in caps:
-        c.save(output_dir / "ranks" / f"rank{c.meta.get('rank')}.json")
+        c.save(output_dir / "ranks" / f"rank{c.meta.get('rank')}.json", root=output_dir)  # ranks/ a link: refused
     summary = rank_summary(caps)
     write_json(output_dir / "ranks" / "summary.json", {"schema": RANKS_SCHEMA, "ranks": summary},
-               schema=RANKS_SCHEMA)
+               schema=RANKS_SCHEMA, root=output_dir)
     return summary
 
 

@@ -93,7 +93,8 @@ class GemmProfilerCallback(LiveState, Callback):
         sweep, self.sweep_plan = check_arguments(
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
-            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s, set_recipe=set_recipe)
+            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s, set_recipe=set_recipe,
+            output_dir=output_dir)
         self.sweep_rounds, self.sweep_budget_s = sweep_rounds, sweep_budget_s
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps = instrumented_steps
@@ -335,12 +336,16 @@ class GemmProfilerCallback(LiveState, Callback):
                 m.recipe = original if r is None else r
 
         def step() -> Any:
-            log_fn = module.log
+            had = "log" in module.__dict__
+            log_fn = module.__dict__.get("log")
             module.log = lambda *a, **k: None  # sweep steps are not training steps: log nothing
             try:
                 return module.training_step(batch, batch_idx)
             finally:
-                module.log = log_fn
+                if had:
+                    module.log = log_fn
+                else:  # the class's log was in use: an instance attribute left here would shadow it forever
+                    del module.log
 
         optimizers = list(trainer.optimizers) if module.automatic_optimization else []
 
@@ -356,6 +361,8 @@ class GemmProfilerCallback(LiveState, Callback):
         plugin = getattr(trainer.strategy, "precision_plugin", None)
         context = getattr(plugin, "forward_context", None)
         out_dir = self.output_dir / "sweep" if trainer.is_global_zero else None
+        if out_dir is not None and out_dir.is_symlink():  # run_sweep checks only the folders below it
+            raise ValueError(f"{out_dir} is a symbolic link: the sweep writes only into real folders")
         res = self.sweep_result = run_sweep(module, step, self.sweep, steps=self.sweep_steps,
                                             warmup=self.sweep_warmup, profile_kernels=self.kernel_breakdown,
                                             set_recipe=set_recipe, context=context, out_dir=out_dir,

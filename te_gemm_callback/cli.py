@@ -8,76 +8,16 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-
 from .render.tables import console
-from .printable import safe
+from .cli_args import (_devices, _dir_path, _duty, _file_path, _non_negative, _positive, _run_steps, _visits,
+                       check_bench_outputs)
+from .printable import plain, safe
 from .shapes import ModelConfig, config_gemms, gemm_passes
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line saying what to fix, exit code 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _int(text: str, least: int, what: str) -> int:
-    # ASCII digits only: int() takes other scripts' digits but not, say, superscripts ("²").
-    t = text.strip()
-    if not (t.lstrip("+-").isascii() and t.lstrip("+-").isdigit()):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    v = int(t)
-    if v < least:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
-    return v
-
-
-def _positive(text: str) -> int:
-    return _int(text, 1, "a positive integer")
-
-
-def _non_negative(text: str) -> int:
-    return _int(text, 0, "a non-negative integer")
-
-
-def _run_steps(text: str) -> int:
-    # 1 untouched step, 1 warm-up, then at least one captured: fewer would capture nothing.
-    return _int(text, 3, "at least 3 steps (1 untouched, 1 warm-up, 1 captured)")
-
-
-def _visits(text: str) -> int:
-    from .bench.cells import MAX_VISITS  # torch-free
-
-    v = _positive(text)
-    if v > MAX_VISITS:  # every visit times every cell again: far more only fills memory
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_VISITS} visits, got {v}")
-    return v
-
-
-def _file_path(text: str) -> str:
-    # An empty path was taken as "no file" and the run wrote nothing, exit 0.
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
-    return text
-
-
-def _dir_path(text: str) -> str:
-    # An empty folder is Path("") == ".": `--out ""` wrote a run into the current folder.
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a folder path, got an empty string")
-    return text
-
-
-def _devices(text: str) -> int | str:
-    return "all" if text == "all" else _positive(text)
-
-
-def _duty(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0.0 < v <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {v}")
-    return v
+        self.exit(2, f"{self.prog}: error: {plain(message)}\n")  # argv echoed: no control characters
 
 
 def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -209,12 +149,18 @@ def cmd_bench(a: argparse.Namespace) -> int:
         check_target(a.json, json_kind(BENCH_SCHEMA))
     if a.output:
         check_target(a.output, PNG_KIND)
+    check_bench_outputs(a)
     cache = ResultCache(a.cache, enabled=not a.no_cache)
     out = console()
-    if a.devices == "all":
-        from .bench.parallel import local_gpu_count
+    from .bench.parallel import local_gpu_count  # torch-free
 
+    if a.devices == "all":
         a.devices = local_gpu_count()
+    # Before launch: one torch process per device (5000 filled the memory). Two stay allowed on a
+    # host without GPUs: the workers' split, pooling and signals are tested there.
+    elif a.devices > max(2, local_gpu_count()):
+        raise ValueError(f"--devices {a.devices}, but this host has {local_gpu_count()} visible GPU(s) "
+                         "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L; a host without GPUs counts 1): pass at most that")
     if a.devices > 1:
         from .bench.parallel import run_bench_parallel
 
@@ -381,7 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (ValueError, OSError) as err:  # bad input, an unwritable path: one line that says what to fix
         what = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
-        print(f"te-gemm {a.cmd}: error: {what}", file=sys.stderr)
+        # plain(): a path or name holding ESC sequences must not drive the user's terminal
+        print(f"te-gemm {a.cmd}: error: {plain(what)}", file=sys.stderr)
         return 2
 
 

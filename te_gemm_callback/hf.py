@@ -54,7 +54,8 @@ class GemmProfilerTrainerCallback(LiveState, TrainerCallback):
         self.sweep, self.sweep_plan = check_arguments(
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
-            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s)
+            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s,
+            output_dir=output_dir)
         self.sweep_rounds, self.sweep_budget_s = sweep_rounds, sweep_budget_s
         self.wait, self.warmup, self.active = wait, warmup, active
         self.instrumented_steps, self.kernel_breakdown = instrumented_steps, kernel_breakdown

@@ -26,6 +26,12 @@ import stat
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+# The specs live in jsonspecs.py (this module stays small); their names stay importable here.
+from .jsonspecs import (ANY, BENCH_FILE, BENCH_RESULT, CACHE_FILE, CAPTURE_FILE, CAPTURE_META,  # noqa: F401
+                        CAPTURE_RECORD, CAPTURE_STEP, MAX_DIM, MAX_INT, PLAN_FILE, SPECS, Bool, Dict, Int, List,
+                        Num, S, Str)
+from .printable import plain
+
 T = TypeVar("T")
 
 # Far above any capture, bench or plan this tool writes (a large MoE capture is a few MB), low
@@ -33,8 +39,6 @@ T = TypeVar("T")
 MAX_READ_BYTES = 256 * 1024 * 1024
 # Our files nest 4-6 levels; deeper is hand-made and would hit recursion limits further on.
 MAX_DEPTH = 64
-MAX_INT = 2**63 - 1  # what any consumer (numpy, torch, C) can hold
-MAX_DIM = 2**40  # a GEMM dimension beyond this is not a GEMM any GPU runs; also keeps FLOPs finite
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,6 +49,12 @@ def read_bytes_bounded(path: Path, limit: int | None = None) -> bytes:
     """At most ``limit`` bytes (default :data:`MAX_READ_BYTES`) of a regular file or pipe;
     ValueError past it or for a device."""
     limit = limit or MAX_READ_BYTES
+    st = os.stat(path)
+    # Before open: opening a named FIFO (or socket) with no writer blocks forever. A pipe that
+    # `<(...)` passes as /dev/fd/N has its writer already, and stays readable.
+    if (stat.S_ISFIFO(st.st_mode) and not str(path).startswith(("/dev/fd/", "/proc/self/fd/"))) or \
+            stat.S_ISSOCK(st.st_mode):
+        raise ValueError(f"{plain(path)} is a FIFO or socket, not a file: give the path of a JSON file")
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):  # /dev/zero, /dev/urandom: endless
@@ -122,50 +132,6 @@ def from_fields(cls: type[T], d: dict[str, Any]) -> T:
     return cls(**{k: v for k, v in d.items() if k in known})
 
 
-# ---------------------------------------------------------------------------------------------
-# Field specs: types and ranges of each file kind. Unknown fields are ignored everywhere.
-
-
-@dataclasses.dataclass(frozen=True)
-class S:
-    kind: str  # "int", "num", "str", "bool", "list", "dict", "any"
-    least: float | None = None  # inclusive
-    above: float | None = None  # exclusive
-    most: float | None = None
-    null: bool = False  # None allowed
-    finite: bool = True  # "num": NaN / Infinity refused (False: left to a later, more specific check)
-    choices: tuple = ()
-    item: "S | None" = None  # list items, or every value of a dict
-    fields: tuple = ()  # dict: (name, S) pairs checked when present
-    required: tuple = ()  # dict: names that must be present
-
-
-def Int(least: float | None = None, most: float = MAX_INT, null: bool = False) -> S:
-    return S("int", least=least, most=most, null=null)
-
-
-def Num(least: float | None = None, above: float | None = None, most: float | None = None, null: bool = False,
-        finite: bool = True) -> S:
-    return S("num", least=least, above=above, most=most, null=null, finite=finite)
-
-
-def Str(null: bool = False, choices: tuple = ()) -> S:
-    return S("str", null=null, choices=choices)
-
-
-def Bool(null: bool = False) -> S:
-    return S("bool", null=null)
-
-
-def List(item: S, null: bool = False) -> S:
-    return S("list", item=item, null=null)
-
-
-def Dict(fields: dict[str, S] | None = None, values: S | None = None, required: tuple = (), null: bool = False) -> S:
-    return S("dict", fields=tuple((fields or {}).items()), item=values, required=required, null=null)
-
-
-ANY = S("any")
 
 
 def _describe(s: S) -> str:
@@ -238,67 +204,6 @@ def check(value: Any, spec: S, where: str = "") -> None:
                 check(v, spec.item, f"{where}.{name}" if where else str(name))
 
 
-_STR_LIST = List(Str())
-_MS = Num(least=0, null=True)
-
-# A capture (capture/record.py). Types only where GemmCapture.validate checks the range itself, so
-# that its messages ("impossible dimensions", "non-finite times") stay what a user sees.
-CAPTURE_RECORD = Dict({
-    "module": Str(), "gemm": Str(), "op": Str(), "m": Int(most=MAX_DIM), "k": Int(most=MAX_DIM),
-    "n": Int(most=MAX_DIM), "batch": Int(most=MAX_DIM), "precision": Str(), "operands": _STR_LIST,
-    "source": Str(), "kernel": Str(), "recompute": Bool(), "module_type": Str(), "calls": Num(finite=False),
-    "calls_per_step": Num(finite=False), "flops": Num(least=0), "times_ms": List(Num(finite=False)),
-    "m_splits": List(List(Int(least=0, most=MAX_DIM)))})
-CAPTURE_STEP = Dict({
-    "index": Int(), "wall_ms": Num(finite=False), "gpu_ms": Num(null=True, finite=False),
-    "gemm_ms": Num(null=True, finite=False), "micro_batches": Int(least=1), "kind": Str(), "dispatch": Bool(),
-    "round": Int(null=True), "fwd_bwd_ms": Num(least=0, null=True)})
-_BY_NAME_MS = Dict(values=Num(least=0, null=True), null=True)
-CAPTURE_META = Dict({
-    "device": Str(null=True), "recipe": Str(null=True), "job_recipe": Str(null=True), "sweep": Bool(null=True),
-    "timing": Str(null=True), "gemm_time_source": Str(null=True), "step_time": Str(null=True),
-    "kernel_breakdown_ms": Dict(values=ANY, null=True), "comm_ms": Num(least=0, null=True),
-    "comm_exposed_ms": Num(least=0, null=True), "kernel_session_ms": _BY_NAME_MS,
-    "graphed_modules": List(Str(), null=True), "adapters": List(Str(), null=True), "rank": Int(null=True),
-    "world_size": Int(least=1, null=True), "accumulate_grad_batches": Int(least=1, null=True),
-    "sweep_rounds": Dict({"rounds": Int(least=0), "stopped": Str(), "min_rounds": Int(least=0),
-                          "budget_s": Num(least=0), "target": Num(least=0)}, null=True),
-    "sweep_step": Str(null=True), "warnings": List(Str(), null=True), "run_id": Str(null=True)}, null=True)
-CAPTURE_FILE = Dict({
-    "records": List(CAPTURE_RECORD), "steps": List(CAPTURE_STEP), "meta": CAPTURE_META,
-    "coverage": Dict({"never_ran": List(Str()), "not_watched": List(Str()), "error": Str(null=True)}, null=True)},
-    required=("records", "steps"))
-
-# One bench cell (bench/cells.py BenchResult), in bench.json and in the cache.
-BENCH_RESULT = Dict({
-    "m": Int(least=0, most=MAX_DIM), "k": Int(least=1, most=MAX_DIM), "n": Int(least=1, most=MAX_DIM),
-    "op": Str(choices=("fprop", "dgrad", "wgrad")), "precision": Str(), "mode": Str(),
-    "m_splits": List(Int(least=0, most=MAX_DIM), null=True), "median_ms": Num(above=0, null=True),
-    "q1_ms": _MS, "q3_ms": _MS, "iters": Int(least=0), "tflops": _MS, "peak_fraction": _MS,
-    "error": Str(null=True), "backend": Str(), "padded_m_splits": List(Int(least=0, most=MAX_DIM), null=True),
-    "sm_clock_mhz": _MS, "conditions": Dict(), "attempts": Int(least=0), "noisy": Bool(), "cached": Bool()},
-    required=("m", "k", "n", "op", "precision", "mode"))
-BENCH_FILE = Dict({
-    "results": List(BENCH_RESULT), "skipped": Dict(values=Str(), null=True),
-    "meta": Dict({"modes": List(Str(choices=("autocast", "prequantized"))), "precisions": _STR_LIST,
-                  "device": Str(null=True), "devices": List(Str(null=True)), "visits": Int(least=0, null=True),
-                  "gemm_duty": Num(above=0, most=1, null=True), "peaks_tflops": Dict(values=Num(least=0, null=True)),
-                  "wall_s": _MS, "spread_limit": _MS, "flush_l2": Bool(null=True), "backend": Str(null=True),
-                  "timing": Str(null=True), "cache_refused_noisy": Int(least=0, null=True)}, null=True)},
-    required=("results",))
-CACHE_FILE = Dict({
-    "timing_version": Int(), "results": Dict(values=Dict()),  # each entry: BENCH_RESULT, checked on use
-    "peaks": Dict(values=Dict(values=Num(least=0, null=True)))})
-PLAN_FILE = Dict({
-    "recipe": Str(), "keep_bf16": _STR_LIST,
-    "modules": List(Dict({"module": Str(), "bf16_ms": _MS, "fp8_ms": _MS, "keep_bf16": Bool()},
-                         required=("module", "bf16_ms", "fp8_ms", "keep_bf16"))),
-    "predicted_step_ms": Dict(values=Num(above=0)), "predicted_speedup": Dict(values=Num(above=0)),
-    "gemm_ms": Dict(values=Num(least=0)), "meta": Dict()}, required=("recipe", "keep_bf16"))
-
-SPECS: dict[str, S] = {"te-gemm-capture/1": CAPTURE_FILE, "te-gemm-bench/1": BENCH_FILE,
-                       "te-gemm-cache/1": CACHE_FILE, "te-gemm-plan/1": PLAN_FILE,
-                       "te-gemm-report/1": Dict(), "te-gemm-ranks/1": Dict({"ranks": List(Dict())})}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,12 +242,31 @@ def text_kind(what: str, *prefixes: bytes) -> KindCheck:
     return kind
 
 
-def check_target(path: str | Path, kind: KindCheck | None) -> Path:
+def _no_linked_parents(p: Path, root: str | Path) -> None:
+    """Refuse a folder between ``root`` and ``p`` that is a symbolic link: checking only the last
+    component let ``root/sweep/BF16 -> elsewhere`` carry a write outside the folder the user named."""
+    root = Path(root)
+    try:
+        rel = p.parent.relative_to(root)
+    except ValueError:
+        raise ValueError(f"refusing to write {p}: it is not inside {root}") from None
+    d = root
+    for part in rel.parts:
+        d = d / part
+        if part == ".." or d.is_symlink():
+            raise ValueError(f"refusing to write {p}: {d} is a symbolic link or leaves {root}; "
+                             "give real folders") from None
+
+
+def check_target(path: str | Path, kind: KindCheck | None, root: str | Path | None = None) -> Path:
     """Everything :func:`write_bytes_atomic` refuses, checked without writing (so a command can
-    refuse before it spends minutes measuring). ``kind`` None: an existing file is never replaced."""
+    refuse before it spends minutes measuring). ``kind`` None: an existing file is never replaced.
+    ``root``: the folder the user named; no folder between it and the file may be a link."""
     if isinstance(path, str) and not path.strip():
         raise ValueError("empty output path: give a file name")
     p = Path(path)
+    if root is not None:
+        _no_linked_parents(p, root)
     if p.is_symlink():
         raise ValueError(f"refusing to write {p}: it is a symbolic link (to {os.readlink(p)}); give the real path")
     try:
@@ -361,11 +285,13 @@ def check_target(path: str | Path, kind: KindCheck | None) -> Path:
     return p
 
 
-def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | None) -> Path:
+def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | None,
+                       root: str | Path | None = None) -> Path:
     """Write ``data`` to ``path``: parents created, a temporary file in the same folder renamed
     over the target, the umask's permissions. Refuses (ValueError, one line) an empty path, a
-    symbolic link, a folder or device, and an existing file that ``kind_check`` says is not ours."""
-    path = check_target(path, kind_check)
+    symbolic link, a folder or device, and an existing file that ``kind_check`` says is not ours;
+    with ``root``, a linked folder between ``root`` and the file."""
+    path = check_target(path, kind_check, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     # 0o666 through the umask, as the user's other files get: mkstemp's 0600 hid runs from teammates.
@@ -392,11 +318,12 @@ def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | No
 
 
 def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str | None = None,
-               accept: Callable[[Any], bool] | None = None) -> Path:
+               accept: Callable[[Any], bool] | None = None, root: str | Path | None = None) -> Path:
     """Write ``data`` as JSON atomically; an existing file is replaced only if it holds ``schema``
-    (default: the ``schema`` field of ``data``; without one, an existing file is never replaced)."""
+    (default: the ``schema`` field of ``data``; without one, an existing file is never replaced);
+    ``root``: see :func:`check_target`."""
     kind = json_kind(schema or schema_of(data), accept)
-    return write_bytes_atomic(path, json.dumps(data, indent=indent).encode(), kind)
+    return write_bytes_atomic(path, json.dumps(data, indent=indent).encode(), kind, root)
 
 
 def check_replaceable(path: Path, schema: str) -> None:

@@ -21,8 +21,9 @@ from torch import nn
 
 from .bench.cells import WorkItem
 from .bench.results import BenchResults, item_ms
+from .capture.guards import StandIn
 from .capture.record import GemmCapture
-from .jsonio import check_target, from_fields, json_kind, read_schema, text_kind, write_json, write_text
+from .jsonio import SPECS, check, check_target, from_fields, json_kind, read_schema, text_kind, write_json, write_text
 
 SCHEMA = "te-gemm-plan/1"
 MODE = "autocast"
@@ -99,7 +100,11 @@ class PrecisionPlan:
         """A config for TE's debug API (nvdlfw_inspect) that keeps the same modules out of FP8,
         without this package: ``debug_api.initialize(config_file=...)``. Layer names are this
         capture's module paths; where TE's inferred names differ (another root), edit the pattern."""
-        pattern = "^(" + "|".join(re.escape(m) for m in self.keep_bf16) + ")$"
+        bad = [m for m in self.keep_bf16 if not m.isprintable()]
+        if bad:  # a YAML scalar cannot hold them literally, and no module path of TE's has them
+            raise ValueError(f"module name {bad[0]!r} holds control characters: it cannot go in the YAML config")
+        # A single-quoted YAML scalar: its only escape is a doubled quote (a module named a'b broke the file).
+        pattern = ("^(" + "|".join(re.escape(m) for m in self.keep_bf16) + ")$").replace("'", "''")
         return (YAML_MARKER + "\n"
                 "te_gemm_plan_keep_bf16:\n"
                 f"  enabled: {bool(self.keep_bf16)}\n"
@@ -181,7 +186,13 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     step, gemm, job = base.step_ms(), base.gemm_ms_per_step(), capture_recipe(base)
     single = min(totals, key=totals.get)
     # The gain in step time equals the gain in GEMM time scaled by the job's GEMM share.
-    scale = gemm / totals[job] if step and gemm is not None and totals.get(job) else None
+    # As the report's checks (checks.report_checks): a GEMM time above the step it is set against
+    # (host-clock GEMMs of an instrumented step vs a clean one) makes the non-GEMM time negative,
+    # so no step is predicted (the plan then ranks by GEMM time alone).
+    withheld = None if step and gemm is not None and gemm <= step else (
+        "GEMMs not timed" if gemm is None or not step else
+        f"the job's GEMM time ({gemm:.2f} ms) exceeds the step it is set against ({step:.2f} ms)")
+    scale = gemm / totals[job] if withheld is None and totals.get(job) else None
     gain = (totals[single] - plan_ms) * scale / step if scale is not None else 1 - plan_ms / totals[single]
     if gain < min_gain:
         if single == "BF16":
@@ -198,7 +209,8 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     plan = PrecisionPlan(best, [c.module for c in choices if c.keep_bf16], choices, pred,
                          {k: pred["BF16"] / v for k, v in pred.items()} if pred else {}, totals,
                          {"device": bench.meta.get("device"), "mode": MODE, "job_recipe": job,
-                          "prediction": "Amdahl over the job's measured GEMM share, autocast-mode microbenchmarks"})
+                          "prediction": "Amdahl over the job's measured GEMM share, autocast-mode microbenchmarks"
+                          if pred else f"n/a: {withheld or 'no GEMM time of the job recipe'}"})
     return plan
 
 
@@ -219,7 +231,12 @@ def write_plan(plan: PrecisionPlan, json_path: str | Path, yaml_path: str | Path
     # Both targets checked before either is written: a refused YAML path leaves no new JSON behind.
     check_target(json_path, json_kind(SCHEMA))
     check_target(yaml_path, YAML_KIND)
-    return plan.save(json_path), write_text(yaml_path, plan.nvdlfw_yaml(), YAML_KIND)
+    try:  # never write a plan that PrecisionPlan.load would refuse
+        check(plan.to_dict(), SPECS[SCHEMA])
+    except ValueError as err:
+        raise ValueError(f"precision plan not written, its values are invalid: {err}") from None
+    text = plan.nvdlfw_yaml()  # refuses a module name it cannot hold before either file is written
+    return plan.save(json_path), write_text(yaml_path, text, YAML_KIND)
 
 
 class PlanHandle:
@@ -250,8 +267,6 @@ def apply_precision_plan(model: nn.Module, plan: PrecisionPlan | str | Path) -> 
         torch.Size([3, 2])
         >>> h.remove()
     """
-    from .precisions import autocast
-
     if not isinstance(plan, PrecisionPlan):
         plan = PrecisionPlan.load(plan)
     handle = PlanHandle()
@@ -262,15 +277,27 @@ def apply_precision_plan(model: nn.Module, plan: PrecisionPlan | str | Path) -> 
     for name in plan.keep_bf16:
         module = _get(model, name)
         had = module.__dict__.get("forward")
-        orig = module.forward
-
-        def forward(*args: Any, _orig: Any = orig, **kwargs: Any) -> Any:
-            with autocast("BF16"):  # explicitly off inside the job's FP8 autocast
-                return _orig(*args, **kwargs)
-
-        module.forward = forward
+        module.forward = _BF16Forward(module.forward)
         handle._undo.append((module, had))
     return handle
+
+
+class _BF16Forward(StandIn):
+    """A listed module's forward under ``autocast("BF16")``. A StandIn, not a closure: a closure
+    could not be pickled (``torch.save(model)`` failed) and a ``deepcopy`` shared it, so the copy's
+    forward ran the original module's weights; a copy or pickle gets the forward it replaced,
+    re-bound to the copy."""
+
+    __slots__ = ()
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .precisions import autocast
+
+        with autocast("BF16"):  # explicitly off inside the job's FP8 autocast
+            return self.fn(*args, **kwargs)
 
 
 def _get(model: nn.Module, name: str) -> nn.Module | None:

@@ -237,7 +237,8 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
 
     def save(label: str) -> None:
         if out_dir is not None:
-            res.paths[label] = res.captures[label].save(Path(out_dir) / label / "gemm_capture.json")
+            res.paths[label] = res.captures[label].save(Path(out_dir) / label / "gemm_capture.json",
+                                                               root=out_dir)  # out_dir/<label> a link: refused
 
     def one_round(timed: list[tuple[str, str, Any]], k: int) -> None:
         nonlocal handle

@@ -49,8 +49,9 @@ def small_capture(tmp_path, name="c.json"):
 # 1. The callback never kills the job: an output_dir that cannot be written.
 def test_unwritable_output_dir_leaves_the_fit_running(tmp_path, caplog):
     blocker = tmp_path / "not_a_folder"
-    blocker.write_text("a file where the output folder should be")
     cb = GemmProfilerCallback(wait=1, warmup=1, active=2, output_dir=blocker, verbose=False)
+    # Made a file after construction: a file there at construction is refused at once (test_faults_jobs).
+    blocker.write_text("a file where the output folder should be")
     with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
         trainer = fit(cb, steps=6)
     assert trainer.global_step == 6 and cb.capture is not None and cb.path is None

@@ -387,3 +387,125 @@ def test_workers_die_with_the_parent_and_leave_no_folder(tmp_path, monkeypatch, 
         monkeypatch.setattr(tempfile, "tempdir", str(tmp))
         _remove_stale_folders()
     assert list(tmp.iterdir()) == []
+
+
+# Probe faults 5, 15: refused before anything is launched or measured.
+def test_more_devices_than_gpus_are_refused_before_launch(capsys, no_measuring, monkeypatch):
+    from te_gemm_callback.bench import parallel
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: a host without GPUs, whatever runs the tests
+    launched = []
+    monkeypatch.setattr(parallel, "_launch", lambda *a: launched.append(a) or pytest.fail("launched"))
+    assert main(BENCH + ["--no-cache", "--devices", "5000"]) == 2
+    one_line_error(capsys, "--devices 5000", "1 visible GPU")
+    with pytest.raises(ValueError, match="--devices 5000"):  # the Python API too
+        parallel.run_bench_parallel([], ["BF16"], ["autocast"], 5000, visits=2)
+    assert launched == []
+
+
+def test_a_tiny_gemm_duty_is_refused(capsys, no_measuring):
+    with pytest.raises(SystemExit) as e:
+        main(BENCH + ["--no-cache", "--gemm-duty", "0.000001"])
+    assert e.value.code == 2
+    one_line_error(capsys, "--gemm-duty", "from 0.05 to 1")
+    from te_gemm_callback.bench.parallel import run_bench_parallel
+
+    with pytest.raises(ValueError, match="gemm_duty must be in"):  # the Python API, before any worker starts
+        run_bench_parallel([], ["BF16"], ["autocast"], 2, gemm_duty=1e-6)
+
+
+@pytest.mark.parametrize("which", ["job", "sweep"])
+def test_zero_step_times_are_one_line_errors(tmp_path, capsys, which):  # probe fault 7
+    run = run_folder(tmp_path)
+    if which == "sweep":
+        cap = capture()
+        cap.meta.update(sweep=True, recipe="BF16")
+        cap.save(run / "sweep" / "BF16" / "gemm_capture.json")
+    path = run / ("gemm_capture.json" if which == "job" else "sweep/BF16/gemm_capture.json")
+    d = json.loads(path.read_text())
+    for s in d["steps"]:
+        s["wall_ms"] = 0
+    path.write_text(json.dumps(d))
+    for args in (["report", str(run)], ["plan", str(run)]):
+        assert main(args) == 2
+        one_line_error(capsys, "wall time of 0 ms")
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path, capsys, no_measuring):  # probe fault 16
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    run = run_folder(tmp_path)
+    (run / "bench.json").unlink()
+    os.mkfifo(run / "bench.json")
+
+    def hung(*a):  # not an OSError (TimeoutError is one): main() must not turn it into a clean exit 2
+        raise RuntimeError("blocked on a FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)  # before the fix, open() waited for a writer forever
+    try:
+        assert main(["show", str(fifo)]) == 2
+        one_line_error(capsys, "FIFO")
+        assert main(["report", str(run)]) == 2
+        one_line_error(capsys, "FIFO")
+        assert main(BENCH + ["--cache", str(fifo)]) == 2
+        one_line_error(capsys, "FIFO")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("field,value,needle", [("flops", 1, "FLOPs per call"), ("calls_per_step", 1e308, "call count"),
+                                                ("calls", 10**15, "call count"), ("m_splits", [[1, 2]], "m_splits")])
+def test_capture_fields_are_cross_checked(tmp_path, capsys, field, value, needle):  # probe fault 9
+    path = capture().save(tmp_path / "c.json")
+    d = json.loads(path.read_text())
+    d["records"][0][field] = value
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=needle):
+        GemmCapture.load(path)
+    assert main(["show", str(path)]) == 2
+    one_line_error(capsys, needle)
+
+
+def test_bench_outputs_are_checked_before_measuring(tmp_path, capsys, no_measuring, monkeypatch):  # probe fault 13
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.access(ro, os.W_OK):  # root writes anywhere: os.access stands in for a read-only folder
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro else real(p, mode))
+    assert main(BENCH + ["--no-cache", "--json", str(ro / "sub" / "b.json")]) == 2
+    one_line_error(capsys, "--json", "not a writable folder")
+    ro.chmod(0o755)
+    same = str(tmp_path / "x.json")
+    assert main(BENCH + ["--no-cache", "--json", same, "-o", same]) == 2
+    one_line_error(capsys, "-o and --json name the same file")
+    assert main(BENCH + ["--cache", same, "--json", same]) == 2
+    one_line_error(capsys, "name the same file")
+
+
+def test_error_lines_never_echo_escape_sequences(tmp_path, capsys):  # probe fault 22
+    bad = tmp_path / "\x1b[31mred\x1b]0;title\x07.json"
+    assert main(["show", str(bad)]) == 2
+    err = one_line_error(capsys, "?[31mred")
+    assert "\x1b" not in err and "\x07" not in err
+
+
+@pytest.mark.parametrize("steps", ["1000000000000000000000", "9" * 5000])
+def test_run_steps_are_bounded(capsys, steps):  # probe fault 17
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--steps", steps])
+    assert e.value.code == 2
+    one_line_error(capsys, "--steps")
+
+
+def test_a_zero_gpu_step_time_is_refused(tmp_path):  # probe fault 7: the step time is gpu_ms where there is one
+    path = capture().save(tmp_path / "c.json")
+    d = json.loads(path.read_text())
+    for s in d["steps"]:
+        s["gpu_ms"] = 0
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="GPU time of 0 ms"):
+        GemmCapture.load(path)

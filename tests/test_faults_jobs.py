@@ -374,3 +374,145 @@ def test_hf_callback_refuses_a_filename_that_is_a_folder():
         GemmProfilerTrainerCallback(filename="..")
     cb = GemmProfilerTrainerCallback()
     assert copy.deepcopy(cb)._prof is None and os.fspath(copy.deepcopy(cb).output_dir) == "te_gemm"
+
+
+# Probe faults 1, 2, 19: the sweep folder's links, and what the sweep leaves on the module.
+def test_stale_sweep_cleanup_never_deletes_through_a_linked_subfolder(tmp_path):
+    out, elsewhere = tmp_path / "te_gemm", tmp_path / "precious"
+    capture().save(elsewhere / "gemm_capture.json")  # a capture of ours, of another run, outside out
+    (out / "sweep").mkdir(parents=True)
+    (out / "sweep" / "old").symlink_to(elsewhere)
+    fit(GemmProfilerCallback(wait=1, warmup=1, active=2, output_dir=out, verbose=False, kernel_breakdown=False),
+        steps=4)
+    assert (elsewhere / "gemm_capture.json").is_file() and (out / "sweep" / "old").is_symlink()
+
+
+def test_the_sweep_never_writes_through_a_linked_folder_and_leaves_no_log_attribute(tmp_path, caplog):
+    out, elsewhere = tmp_path / "te_gemm", tmp_path / "precious2"
+    elsewhere.mkdir()
+    (out / "sweep").mkdir(parents=True)
+    (out / "sweep" / "BF16").symlink_to(elsewhere)
+    model = DemoTransformer()
+    assert "log" not in model.__dict__
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        fit(GemmProfilerCallback(wait=1, warmup=1, active=2, output_dir=out, verbose=False, sweep=["BF16"],
+                                 sweep_steps=1, sweep_warmup=0, sweep_rounds=0, kernel_breakdown=False),
+            model=model, steps=4)
+    assert list(elsewhere.iterdir()) == []
+    assert any("symbolic link" in m for m in warnings_of(caplog))
+    assert (out / "gemm_capture.json").is_file()  # the job's capture is still written
+    assert "log" not in model.__dict__  # fault 19: the sweep's stand-in log is gone, not an instance attribute
+
+
+def test_a_planned_model_pickles_deep_copies_and_its_copy_is_its_own():  # probe fault 3
+    import io
+
+    from te_gemm_callback.plan import PrecisionPlan, apply_precision_plan
+
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    h = apply_precision_plan(m, PrecisionPlan("Float8CurrentScaling", ["0", "2"]))
+    torch.save(m, io.BytesIO())
+    back = pickle.loads(pickle.dumps(m))
+    x = torch.randn(3, 8)
+    assert torch.equal(back(x), m(x))
+    c = copy.deepcopy(m)
+    with torch.no_grad():
+        for p in c.parameters():
+            p.zero_()
+    assert float(c(x).abs().sum()) == 0.0 and float(m(x).abs().sum()) > 0  # the copy runs its own weights
+    c(x).sum().backward()
+    assert all(p.grad is None for p in m.parameters())
+    h.remove()
+    assert "forward" not in m[0].__dict__ and torch.equal(c(x), torch.zeros(3, 4))
+
+
+def test_a_plan_whose_gemm_time_exceeds_the_step_predicts_nothing_and_loads_back(tmp_path, capsys):  # fault 4
+    from te_gemm_callback.plan import PrecisionPlan, make_plan, write_plan
+    from te_gemm_callback.render.report import plan_line
+
+    plan = make_plan(capture(step_ms=1.0, gemm_ms=3.06), bench())  # host-clock GEMMs over a clean step
+    assert plan.predicted_step_ms == {} and plan.predicted_speedup == {}
+    assert "exceeds the step" in plan.meta["prediction"] and "exceeds the step" in plan_line(plan)
+    js, _ = write_plan(plan, tmp_path / "p.json", tmp_path / "p.yaml")
+    assert PrecisionPlan.load(js).keep_bf16 == plan.keep_bf16
+    run = tmp_path / "run"
+    capture(step_ms=1.0, gemm_ms=3.06).save(run / "gemm_capture.json")
+    bench().save(run / "bench.json")
+    assert main(["plan", str(run)]) == 0
+    assert "-" not in "".join(w for w in capsys.readouterr().out.split() if w.endswith("x)"))
+    PrecisionPlan.load(run / "precision_plan.json")
+
+
+@pytest.mark.parametrize("order", ["ab", "ba"])
+def test_two_profilers_stopped_in_any_order_leave_no_guard(order):  # probe fault 6
+    m = DemoTransformer()
+    x = m.train_dataloader().dataset[0:2][0] if hasattr(m, "train_dataloader") else None
+    a = GemmProfiler(m).start()
+    b = GemmProfiler(m).start()
+    (a if order == "ab" else b).stop()
+    if x is not None:
+        m.training_step((x, m.train_dataloader().dataset[0:2][1]), 0)  # the chain still runs
+    (b if order == "ab" else a).stop()
+    assert "forward" not in m.__dict__ and "_replicate_for_data_parallel" not in m.__dict__
+    assert our_hooks(m) == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, 10**30])
+def test_micro_batches_the_capture_could_not_load_are_refused_at_step(tmp_path, bad):  # probe fault 8
+    m = nn.Linear(8, 8)
+    prof = GemmProfiler(m, adapters=["torch"]).start()
+    m(torch.randn(2, 8)).sum().backward()
+    with pytest.raises(ValueError, match="micro_batches must be a whole number"):
+        prof.step(micro_batches=bad)
+    with pytest.raises(ValueError, match="micro_batches must be a whole number"):
+        prof.stop(micro_batches=bad)
+    prof.step(micro_batches=2)
+    m(torch.randn(2, 8)).sum().backward()
+    cap = prof.stop()
+    assert GemmCapture.load(cap.save(tmp_path / "c.json")).steps
+
+
+@pytest.mark.parametrize("kw,needle", [(dict(output_dir="/dev/null"), "not a folder"), (dict(output_dir=""), "folder path"),
+                                       (dict(filename="x" * 300 + ".json"), "at most 200 bytes"),
+                                       (dict(sweep=[None]), "list of recipe names"), (dict(sweep=[5]), "list of recipe names")])
+def test_callback_arguments_refused_at_construction(tmp_path, kw, needle):  # probe fault 14
+    from te_gemm_callback.hf import GemmProfilerTrainerCallback
+
+    for cls in (GemmProfilerCallback, GemmProfilerTrainerCallback):
+        with pytest.raises(ValueError, match=needle) as e:
+            cls(**kw)
+        assert "\n" not in str(e.value)
+    (tmp_path / "f").write_text("mine\n")
+    with pytest.raises(ValueError, match="not a folder"):
+        GemmProfilerCallback(output_dir=tmp_path / "f")
+
+
+def test_plan_yaml_quotes_module_names_and_refuses_control_characters():  # probe fault 11
+    import re
+
+    import yaml
+
+    from te_gemm_callback.plan import PrecisionPlan
+
+    names = ["blocks.0.it's", "a\"b", "x: y #z"]
+    doc = yaml.safe_load(PrecisionPlan("Float8CurrentScaling", names).nvdlfw_yaml())
+    pattern = doc["te_gemm_plan_keep_bf16"]["layers"]["layer_name_regex_pattern"]
+    assert all(re.match(pattern, n) for n in names) and not re.match(pattern, "blocks.0.it")
+    with pytest.raises(ValueError, match="control characters"):
+        PrecisionPlan("Float8CurrentScaling", ["a\nb"]).nvdlfw_yaml()
+
+
+def test_a_step_run_on_another_thread_says_why_it_is_empty(caplog):  # probe fault 20
+    import threading
+
+    m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    prof = GemmProfiler(m, adapters=["torch"]).start()
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        for _ in range(2):
+            t = threading.Thread(target=lambda: m(torch.randn(2, 8)).sum().backward())
+            t.start()
+            t.join()
+        cap = prof.stop()
+    assert cap.records == []
+    said = [w for w in warnings_of(caplog) if "thread other than the one that started" in w]
+    assert len(said) == 1

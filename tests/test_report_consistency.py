@@ -272,6 +272,6 @@ def test_an_fp32_moe_job_analyses():
     job = cap([("instrumented", 14.0, 6.0, False), ("clean", 10.0, None, False)], "fp32")
     job.records.append(GemmRecord(module="moe", gemm="", op="fprop", m=64, k=32, n=32, batch=1, precision="fp32",
                                   operands=[], source="te", kernel="general_grouped_gemm", recompute=False,
-                                  module_type="GroupedLinear", calls=1, calls_per_step=1.0, flops=1, times_ms=[1.0],
+                                  module_type="GroupedLinear", calls=1, calls_per_step=1.0, flops=2 * 64 * 32 * 32, times_ms=[1.0],
                                   m_splits=[[32, 32]]))
     assert analyze(job).current_recipe == "FP32"

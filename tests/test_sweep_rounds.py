@@ -72,7 +72,7 @@ def _drifting_sweep(monkeypatch, rounds):
 
 
 def test_the_rounds_speedup_holds_where_the_host_drifts(monkeypatch):
-    assert _drifting_sweep(monkeypatch, rounds=6) == pytest.approx(1.25, abs=0.08)
+    assert _drifting_sweep(monkeypatch, rounds=6) == pytest.approx(1.25, abs=0.1)
     # Without rounds, BF16 is timed before the host slowed and the FP8 recipe after: 1.10x.
     assert _drifting_sweep(monkeypatch, rounds=0) < 1.25 - 0.1
 

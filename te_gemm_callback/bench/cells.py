@@ -21,6 +21,9 @@ BENCH_SCHEMA = "te-gemm-bench/1"  # bench.json (bench/results.py); here so the C
 # Every visit times each cell at least once and queues every job again: 1000 (60x the GPU default)
 # is hours of host time on a large model; far beyond it the run only fills memory (1e11 was OOM-killed).
 MAX_VISITS = 1000
+# The least --gemm-duty: the rest between timed calls is call * (1/duty - 1); below this it outlasts
+# the calls by 20x (0.000001 spun ~100 s per call). notes.duty_note suggests no lower value.
+MIN_GEMM_DUTY = 0.05
 FP8_FAMILY = {r.name for r in RECIPE_TABLE if r.low_precision_peak}  # timed against the FP8 peak
 
 # Sustained dense GEMM rate (H200, TE 2.20, docs/results/h200.md): BF16 ~650 TFLOP/s, the FP8

@@ -18,7 +18,7 @@ import torch
 from ..clocks import ClockSampler
 from ..precisions import availability, canonical, padded_splits, te_available
 from ..shapes import GemmOp, GemmShape, gemm_passes
-from .cells import MAX_VISITS, MODES, SPREAD_LIMIT, BenchResult, ResultCache, WorkItem, cell_key
+from .cells import MAX_VISITS, MIN_GEMM_DUTY, MODES, SPREAD_LIMIT, BenchResult, ResultCache, WorkItem, cell_key
 from .jobs import job_factory
 from .results import BenchResults, summarise
 from .timing import (GEMM_DUTY, HEAT_LOG, L2Flush, StreamClock, device_conditions, measure_peaks, spend_boost,
@@ -48,8 +48,8 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     if not modes:
         raise ValueError(f"modes must be among {MODES}")
     gemm_duty = GEMM_DUTY if gemm_duty is None else gemm_duty
-    if not 0.0 < gemm_duty <= 1.0:
-        raise ValueError(f"gemm_duty must be in (0, 1], got {gemm_duty}")
+    if not MIN_GEMM_DUTY <= gemm_duty <= 1.0:  # NaN too
+        raise ValueError(f"gemm_duty must be in [{MIN_GEMM_DUTY:g}, 1], got {gemm_duty}")
     cache = cache or ResultCache(enabled=False)
     cuda = torch.cuda.is_available()
     use_te = cuda and te_available()[0]

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ..jsonio import read_json
 from ..shapes import GemmOp, GemmShape
-from .cells import MAX_VISITS, MODES, BenchResult, ResultCache, WorkItem, cell_key
+from .cells import MAX_VISITS, MIN_GEMM_DUTY, MODES, BenchResult, ResultCache, WorkItem, cell_key
 
 if TYPE_CHECKING:
     from .results import BenchResults
@@ -197,8 +197,15 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     The progress bar, if any, follows device 0's share."""
     if devices < 1:
         raise ValueError("--devices must be >= 1")
+    # Checked before any worker starts (one torch process each: thousands filled the memory). Two
+    # processes stay allowed on a host without GPUs: the split and pooling are tested there.
+    if devices > max(2, local_gpu_count()):
+        raise ValueError(f"--devices {devices}, but this host has {local_gpu_count()} visible GPU(s) "
+                         "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L): pass at most that many")
     if visits is not None and (type(visits) is not int or not 1 <= visits <= MAX_VISITS):
         raise ValueError(f"visits must be an integer from 1 to {MAX_VISITS}, got {visits!r}")
+    if gemm_duty is not None and not MIN_GEMM_DUTY <= gemm_duty <= 1.0:  # before the workers start, not in them
+        raise ValueError(f"gemm_duty must be in [{MIN_GEMM_DUTY:g}, 1], got {gemm_duty}")
     _remove_stale_folders()
     if visits is not None:  # fewer visits than devices: the extra devices would have nothing to do
         devices = min(devices, visits)

@@ -137,9 +137,27 @@ class ForwardGuard(StandIn):
         return guard
 
     def remove(self) -> None:
-        """Put back what was there, unless someone replaced us since (then ours only calls through)."""
+        """Put back what was there; under a later profiler's guard, leave that guard's chain; under
+        anything else someone set since, ours only calls through."""
         self.live = False
-        _restore(self.model.__dict__, self)
+        d = self.model.__dict__
+        if d.get("forward") is not self:
+            _unlink(d.get("forward"), self)  # another guard went on after us and is still on
+        _restore(d, self)
+
+
+def _unlink(top: Any, guard: ForwardGuard) -> None:
+    """Take ``guard`` out of a chain of guards (profilers on one model stopped out of order): the
+    guard above it calls, and on removal puts back, what ``guard`` had; else the chain kept ours
+    as the module's forward for good."""
+    cur = top
+    while isinstance(cur, ForwardGuard):
+        if cur.fn is guard:
+            cur.fn, cur.had = guard.fn, guard.had
+            if isinstance(cur.had_replicate, _Replicate) and cur.had_replicate.guard is guard:
+                cur.had_replicate = guard.had_replicate
+            return
+        cur = cur.fn
 
 
 def _restore(d: dict, guard: ForwardGuard) -> None:

@@ -18,7 +18,7 @@ from .kernel_records import KernelProfile, KernelStep
 from .record import GemmCapture
 from .recorder import Recorder
 from .results import CaptureResults
-from .stepping import StepBoundaries
+from .stepping import StepBoundaries, _check_micro_batches
 from .scope import ModuleScope, is_te_module
 from .steady import EagerCompiled, GraphCaptures, SteadyWait, compiled_modules
 from .steps import COMPILE, StepPlan, count_arg
@@ -190,7 +190,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
             raise RuntimeError("GemmProfiler already started")
         self._reset()
         self._started = True
-        self._thread = threading.get_ident()
+        self._thread = self.scope.owner_thread = threading.get_ident()
         self.scope.ran.clear()
         self.scope.weights_used.clear()
         # CUDA graphs made after the profiler was built count too: looked up at each start.
@@ -230,6 +230,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         """Close the current step and open the next (call once per optimizer step)."""
         if not self._started:
             raise RuntimeError("GemmProfiler.step() before start(): start the profiler first")
+        _check_micro_batches(micro_batches)
         self._close_step(micro_batches, last=False)
         self.scope.release()
         self.recorder.step += 1
@@ -238,6 +239,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
     def stop(self, micro_batches: int = 1) -> GemmCapture:
         if not self._started:
             raise RuntimeError("GemmProfiler was not started")
+        _check_micro_batches(micro_batches)  # before anything closes: a corrected stop() still works
         if threading.get_ident() != self._thread:
             # The dispatch mode is thread-local: only the starting thread can take it off.
             raise RuntimeError("GemmProfiler.stop() must be called from the thread that called start()")
@@ -396,3 +398,4 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None
+

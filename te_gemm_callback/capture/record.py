@@ -20,6 +20,10 @@ from ..shapes import GemmOp, GemmShape
 SCHEMA = "te-gemm-capture/1"
 
 
+# Calls of one GEMM over the captured steps: far above any job (a million layers x a thousand
+# micro-batches), low enough that FLOPs per step stay finite.
+MAX_CALLS = 10**12
+
 @dataclass
 class GemmEvent:
     """One GEMM call seen in the live job."""
@@ -281,9 +285,10 @@ class GemmCapture:
             "coverage": self.coverage,
         }
 
-    def save(self, path: str | Path) -> Path:
-        """Write atomically; an existing file at ``path`` that is not a capture is never replaced."""
-        return write_json(path, self.to_dict(), schema=SCHEMA)
+    def save(self, path: str | Path, root: str | Path | None = None) -> Path:
+        """Write atomically; an existing file at ``path`` that is not a capture is never replaced;
+        ``root``: a folder between it and ``path`` that is a link is refused."""
+        return write_json(path, self.to_dict(), schema=SCHEMA, root=root)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GemmCapture":
@@ -316,11 +321,25 @@ class GemmCapture:
                 raise ValueError(f"GEMM {r.name} has an unknown pass {r.op!r}")
             if bad(r.calls, 0) or bad(r.calls_per_step, 0):
                 raise ValueError(f"GEMM {r.name} {r.op} has an impossible call count ({r.calls}, {r.calls_per_step} per step)")
+            if r.calls > MAX_CALLS or r.calls_per_step > MAX_CALLS:  # else FLOPs per step overflow to inf
+                raise ValueError(f"GEMM {r.name} {r.op} has an impossible call count ({r.calls}, {r.calls_per_step} "
+                                 f"per step; at most {MAX_CALLS:.0e})")
+            if r.flops != 2 * r.batch * r.m * r.k * r.n:  # what the tables and TFLOP/s are computed from
+                raise ValueError(f"GEMM {r.name} {r.op} has {r.flops} FLOPs per call, but its shape "
+                                 f"{r.batch}x{r.m}x{r.k}x{r.n} has {2 * r.batch * r.m * r.k * r.n}")
+            # A grouped GEMM's token rows are its experts' rows: m, or k for wgrad (contracted over the rows).
+            rows = r.k if r.op == "wgrad" else r.m
+            if any(sum(sp) != rows for sp in r.m_splits):
+                raise ValueError(f"GEMM {r.name} {r.op} has m_splits that do not add up to its "
+                                 f"{'k' if r.op == 'wgrad' else 'm'} ({rows})")
             if any(bad(t, 0) for t in r.times_ms):
                 raise ValueError(f"GEMM {r.name} {r.op} has negative or non-finite times")
         for s in self.steps:
             if bad(s.wall_ms, 0) or any(v is not None and bad(v, 0) for v in (s.gpu_ms, s.gemm_ms)):
                 raise ValueError(f"step {s.index} has negative or non-finite times")
+            if s.wall_ms == 0 or s.gpu_ms == 0:  # no step takes no time; every speedup and share divides by it
+                raise ValueError(f"step {s.index} has a {'wall' if s.wall_ms == 0 else 'GPU'} time of 0 ms: "
+                                 "the file is damaged")
 
     @classmethod
     def load(cls, path: str | Path) -> "GemmCapture":

@@ -15,6 +15,7 @@ forward began already existed (a parent's earlier op, which a child's output may
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from typing import Any, Callable, Iterable
@@ -24,6 +25,8 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from .guards import POST, PRE, HookFn, StandIn, register
+
+log = logging.getLogger("te_gemm_callback")
 
 TAG = "te_gemm_module"
 
@@ -126,6 +129,17 @@ class ModuleScope:
         self._current_seq = next_seq_reader()
         self._keep: list[Any] = []
         self.enabled = True
+        self.owner_thread: int | None = None  # start()'s thread: the only one the dispatch mode sees
+        self._thread_said = False
+
+    def note_other_thread(self) -> None:
+        """A forward ran on a thread other than start()'s: said once (as the inference_mode case),
+        since the dispatch mode is thread-local and its aten GEMMs go unrecorded, silently."""
+        if not self._thread_said:
+            self._thread_said = True
+            log.warning("te-gemm: the model runs on a thread other than the one that started the profiler: "
+                        "its aten GEMMs are not recorded there (the capture hooks one thread); start the "
+                        "profiler on the training thread")
 
     @staticmethod
     def _has_te_ancestor(name: str, te_names: set[str]) -> bool:
@@ -258,6 +272,8 @@ class _Pre(HookFn):
                 st, seqs = self.local.stack, self.local.seq
             except AttributeError:  # first forward on this thread
                 st, seqs = scope.stack, scope.seq_stack
+                if scope.owner_thread is not None and threading.get_ident() != scope.owner_thread:
+                    scope.note_other_thread()
             st.append(self.name)
             seqs.append(self.peek() if self.grad_on() else -1)
 

@@ -105,3 +105,12 @@ class StepBoundaries:
             ids = [j for j, k in enumerate(self._kinds) if k == KERNELS]
             if steps is not None and len(steps) == len(ids):
                 self._kernel_steps.update(zip(ids, steps))
+
+
+def _check_micro_batches(v: Any) -> None:
+    """Refuse a count the capture could not save or load back (0 divided at save; 1.5, True and
+    10**30 were saved, then refused by GemmCapture.load)."""
+    from ..jsonio import MAX_INT
+
+    if type(v) is not int or not 1 <= v <= MAX_INT:
+        raise ValueError(f"micro_batches must be a whole number >= 1 (the micro-batches of the step), got {v!r}")
