@@ -86,7 +86,10 @@ def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
         yield
         return
 
+    got: list[int] = []
+
     def interrupt(signum: int, frame: Any) -> None:
+        got.append(signum)
         stop()
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -96,9 +99,20 @@ def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
     old = {sig: signal.signal(sig, interrupt) for sig in sigs}
     try:
         yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:
+        if got:  # the workers were killed by the signal: that, not what it broke, is why the run ends
+            raise KeyboardInterrupt(f"signal {got[0]}") from err
+        raise
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+    if got:
+        # The handler's KeyboardInterrupt can be swallowed where Python ignores exceptions (a signal
+        # landing in an import-lock or weakref callback prints "Exception ignored"): the run still
+        # ends as interrupted.
+        raise KeyboardInterrupt(f"signal {got[0]}")
 
 
 _TMP_PREFIX = "te_gemm_bench_"
