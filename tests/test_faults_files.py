@@ -22,18 +22,11 @@ from te_gemm_callback.bench.results import BenchResults
 from te_gemm_callback.capture.record import GemmCapture
 from te_gemm_callback.cli import main
 from helpers.procs import start_bench_with_workers
+from helpers.cli import one_line_error
 from test_plan import bench, capture
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = ["bench", "--shapes", "8x8x8", "--precisions", "BF16"]
-
-
-def one_line_error(capsys, *needles):
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "error:" in err and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, (n, err)
-    return err
 
 
 def run_folder(tmp_path):

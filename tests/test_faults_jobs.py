@@ -27,17 +27,10 @@ from te_gemm_callback import GemmCapture, GemmProfiler, GemmProfilerCallback  # 
 from te_gemm_callback.cli import main  # noqa: E402
 from te_gemm_callback.runs import analyze_run  # noqa: E402
 from test_callback import DemoTransformer  # noqa: E402
+from helpers.cli import one_line_error  # noqa: E402
 from test_plan import bench, capture  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def one_line_error(capsys, *needles):
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "error:" in err and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, (n, err)
-    return err
 
 
 def warnings_of(caplog):
