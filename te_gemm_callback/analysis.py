@@ -133,6 +133,7 @@ class RecipeAnalysis:
     observed_gemm_ms: float | None = None
     observed_step_speedup: float | None = None  # over BF16: the median of the sweep's per-round ratios
     observed_ci: tuple[float, float] | None = None  # its 95% interval (None: too few rounds, or no rounds)
+    observed_rerun: tuple[float, float] | None = None  # where a rerun's median should fall, 95% (stats.Estimate.rerun)
     observed_rounds: int = 0
     verdict: str = ""
     evidence: list[str] = field(default_factory=list)
@@ -320,6 +321,7 @@ def _set_interval(a: RecipeAnalysis, est: Estimate | None) -> None:
     if est is not None:
         a.observed_rounds = est.rounds
         a.observed_ci = (est.low, est.high) if est.low is not None else None
+        a.observed_rerun = est.rerun
 
 
 def _gemm_timing(cap: GemmCapture) -> str:

@@ -69,7 +69,7 @@ def report_table(rep: Report) -> Table:
     # The job's own column only where some row has it (an FP32 job's has no FP32 microbenchmark).
     vs_cur = rep.current_recipe != "BF16" and any(a.gemm_speedup_vs_current is not None for a in rep.recipes)
     cols = ["recipe", "GEMM ms (bench)", "GEMM speedup"] + ([f"vs {safe(rep.current_recipe)}"] if vs_cur else []) + \
-        ["predicted step"] + (["pred. unfused"] if unfused else []) + ["observed step", "95% CI", "observed ms"]
+        ["predicted step"] + (["pred. unfused"] if unfused else []) + ["observed step", "95% CI", "a rerun", "observed ms"]
     for c in cols:
         t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=True)
     for a in rep.recipes:
@@ -77,7 +77,7 @@ def report_table(rep: Report) -> Table:
         row = [safe(name), _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")] + \
             ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else []) + [_cell(rep, a, "predicted_step_speedup")] + \
             ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
-        t.add_row(*row, _cell(rep, a, "observed_step_speedup"), _interval(a), _x(a.observed_step_ms, "{:.2f}"))
+        t.add_row(*row, _cell(rep, a, "observed_step_speedup"), _interval(a), _rerun(a), _x(a.observed_step_ms, "{:.2f}"))
     for r, why in rep.skipped.items():
         t.add_row(safe(r), "not run", *[""] * (len(cols) - 2), style="dim")
     notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
@@ -92,9 +92,17 @@ def report_table(rep: Report) -> Table:
                      "shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. unfused: each GEMM "
                      "plus a standalone quantization of its inputs (autocast mode). observed step: whole training steps "
                      "(optimizer included) in the sweep's alternating rounds, the median of the per-round ratios; 95% CI: "
-                     "its order-statistic interval (from 6 rounds). Attention's QK^T and softmax·V "
+                     "its order-statistic interval (from 6 rounds); a rerun: where another run's median (a loop of "
+                     "your own) should fall, the CI widened by sqrt(2). Attention's QK^T and softmax·V "
                      "count as non-GEMM time" + "".join(f". {n}" for n in notes))
     return t
+
+
+def _rerun(a: Any) -> str:
+    """Where a rerun's median should fall (the CI widened by sqrt(2), stats.Estimate.rerun): the range
+    to hold a user's own timing loop against, since their loop has an error of its own."""
+    r = getattr(a, "observed_rerun", None)
+    return f"{r[0]:.2f}-{r[1]:.2f}x" if a.recipe != "BF16" and r else ""
 
 
 def _interval(a: Any) -> str:
