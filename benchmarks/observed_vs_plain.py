@@ -173,7 +173,8 @@ def main() -> int:
                   f"(CI {ci[0]:.3f}-{ci[1]:.3f}, {rep['rounds']} rounds)" if ci else
                   f"{a.model} fit {i}: {r}: report {rep['median']:.3f}x (no CI, {rep['rounds']} rounds)",
                   f"| plain loop {pl_['median']:.3f}x ({pl_['rounds']} rounds) | report/plain "
-                  f"{100 * (rep['median'] / pl_['median'] - 1):+.1f}% | plain inside CI: {inside}", flush=True)
+                  f"{100 * (rep['median'] / pl_['median'] - 1):+.1f}% | plain inside CI: {inside} "
+                  f"| inside the rerun range: {in_rerun}", flush=True)
         del module
         if cuda:
             torch.cuda.empty_cache()
