@@ -7,8 +7,9 @@
 graphs: the stack captured eagerly, then graphed with ``te.make_graphed_callables`` (one graph per
 layer) and captured again: GEMMs per layer and shapes; per-GEMM kernel times of the replays (kernels
 steps joined to the eager instrumented step by launch order) against the same GEMMs' kernel times
-with the layers' forward swapped back to eager, captures alternating over rounds in one process; the replayed clean steps against a plain loop of the graphed
-stack with no profiler (interleaved blocks).
+with the layers' forward swapped back to eager, captures alternating over rounds in one process;
+the replayed clean steps against a plain loop of the graphed stack with no profiler (interleaved
+blocks).
 ops: ``te.ops.Sequential(LayerNorm, Linear, GELU, Linear)``: owners of its 6 GEMMs and warnings.
 compile: a te.TransformerLayer stack under torch.compile: shapes as eager, dynamo's counters.
 """
@@ -28,7 +29,7 @@ from _timing import event_times
 
 from te_gemm_callback.capture.graphs import EagerForwards, graphed_modules
 from te_gemm_callback.capture.steps import capture_steps
-from te_gemm_callback.models import codonfm, stack_input, te_stack, train_step_fn
+from te_gemm_callback.demo.models import codonfm, stack_input, te_stack, train_step_fn
 from te_gemm_callback.precisions import make_recipe
 
 
@@ -163,6 +164,8 @@ def main() -> int:
     ap.add_argument("--recipes", default="BF16")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.exit(2, "jobs_check.py: error: needs a CUDA GPU with transformer-engine\n")
     fn = {"graphs": check_graphs, "ops": check_ops, "compile": check_compile}[a.check]
     out = []
     for r in a.recipes.split(","):

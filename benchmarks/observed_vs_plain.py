@@ -76,19 +76,20 @@ def trainer(steps: int, callbacks: list, cuda: bool):
 
 
 def report_speedups(res) -> dict[str, dict]:
-    from te_gemm_callback import analysis
+    from te_gemm_callback.analysis import verdicts as analysis
 
     caps = res.captures
     rep = analysis.analyze(caps["BF16"], None, [c for r, c in caps.items() if r != "BF16"])
-    return {a.recipe: {"median": a.observed_step_speedup, "ci95": a.observed_ci, "rerun": a.observed_rerun, "rounds": a.observed_rounds,
-                       "step_ms": a.observed_step_ms} for a in rep.recipes if a.observed_step_speedup}
+    return {a.recipe: {"median": a.observed_step_speedup, "ci95": a.observed_ci, "rerun": a.observed_rerun,
+                       "rounds": a.observed_rounds, "step_ms": a.observed_step_ms}
+            for a in rep.recipes if a.observed_step_speedup}
 
 
 def plain_loop(Job, batch: torch.Tensor, recipes: list[str], tr, rounds: int, block: int) -> dict[str, dict]:
     """Whole steps of one fresh model copy per recipe, alternated in ABBA rounds (module docstring)."""
+    from te_gemm_callback.analysis.intervals import estimate
     from te_gemm_callback.capture.instruments import boundary_times
     from te_gemm_callback.precisions import autocast
-    from te_gemm_callback.stats import estimate
 
     plugin = tr.strategy.precision_plugin
     cuda = torch.cuda.is_available()

@@ -4,7 +4,7 @@ the host-bound stack, steps by launch order (TE interception on, no hooks) alter
 with steps that have nothing attached (interception removed, recorder off), in ABBA order, every
 step timed by CUDA events (host clock on a CPU). Each pair is milliseconds apart, so the host's
 drift over seconds (±10-35% between 12-step blocks on the H200 host) cancels within it: the median
-of per-pair ratios, with a bootstrap 95% interval.
+of per-pair ratios, with a bootstrap 95% interval. Step kinds: docs/step-plan.md.
 
     python benchmarks/paired_steps.py --recipes BF16,Float8CurrentScaling --pairs 150
     python benchmarks/paired_steps.py --stand-in     # a CPU, with the TE stand-in of the tests
@@ -16,12 +16,12 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
-from _timing import event_times, median_ci
+from _timing import event_times, hostbound_job, median_ci, stand_in_job
 
 from te_gemm_callback import GemmProfiler
 
@@ -68,23 +68,18 @@ def main() -> int:
     a = p.parse_args()
     results = {}
     for recipe in (["stand-in"] if a.stand_in else a.recipes.split(",")):
-        if a.stand_in:
-            from instrument_breakdown_cpu import stand_in_job
-
-            model, train_step = stand_in_job()
-        else:
-            from instrument_breakdown import hostbound_job
-
-            model, train_step = hostbound_job(recipe)
+        model, train_step = stand_in_job() if a.stand_in else hostbound_job(recipe)
         res = results[recipe] = paired(model, train_step, a.pairs)
-        print(f"paired {recipe}: by launch order {res['by_order_ms']:.2f} ms vs nothing attached {res['clean_ms']:.2f} ms "
-              f"per step: {res['pct_pair_median']:+.2f}% (median of {res['pairs']} pairs, 95% CI "
+        print(f"paired {recipe}: by launch order {res['by_order_ms']:.2f} ms vs nothing attached "
+              f"{res['clean_ms']:.2f} ms per step: {res['pct_pair_median']:+.2f}% (median of {res['pairs']} pairs, "
+              f"95% CI "
               f"{res['pct_ci95'][0]:+.2f}..{res['pct_ci95'][1]:+.2f}%); {res['gemms_per_step']:.0f} TE GEMMs per step; "
               f"steps by launch order {res['steps_by_launch_order']}, failed {res['failed']}", flush=True)
         del model, train_step
     if a.json:
-        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                                            "torch": torch.__version__, "results": results}, indent=1))
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        out = {"device": device, "torch": torch.__version__, "results": results}
+        Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
 
 

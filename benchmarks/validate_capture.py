@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Check a capture of the CodonFM-layer TE stack against torch.profiler, per recipe.
 
-For each recipe: N steady steps with GemmProfiler (CUDA-event pair per GEMM) while torch.profiler
-records the same steps; compares the per-step GEMM time of both, and checks that every layer
-ran its 12 GEMMs with the expected shapes and operand precision.
+For each recipe: N steady steps, every one instrumented with a CUDA-event pair and a torch.profiler
+range per GEMM, while torch.profiler records the same steps; checks that every layer ran its 12
+GEMMs with the expected shapes and the recipe's operand precision, and compares the per-step GEMM
+time of both.
 
     python benchmarks/validate_capture.py --layers 4 --steps 10 --json out.json
 """
@@ -17,13 +18,12 @@ import sys
 from pathlib import Path
 
 import torch
+from _timing import profiled_steps
 
-from te_gemm_callback import GemmProfiler  # noqa: E402
-from te_gemm_callback.capture.instruments import ProfilerRanges  # noqa: E402
-from te_gemm_callback.kernels import is_gemm_kernel, kernel_times_us  # noqa: E402
-from te_gemm_callback.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn  # noqa: E402
-from te_gemm_callback.precisions import availability  # noqa: E402
-from te_gemm_callback.shapes import GemmShape, gemm_passes  # noqa: E402
+from te_gemm_callback.capture.kernels import is_gemm_kernel, kernel_times_us
+from te_gemm_callback.demo.models import DemoConfig, codonfm
+from te_gemm_callback.precisions import availability
+from te_gemm_callback.shapes import GemmShape, gemm_passes
 
 EXPECTED_FAMILY = {"BF16": "bf16", "DelayedScaling": "fp8_delayed",
                    "Float8CurrentScaling": "fp8_current", "Float8BlockScaling": "fp8_block"}
@@ -38,28 +38,6 @@ def expected_shapes(c: DemoConfig) -> collections.Counter:
     m, h, i = c.sequence_length * c.micro_batch_size, c.hidden_size, c.intermediate_size
     fprops = [GemmShape(m, h, 3 * h), GemmShape(m, h, h), GemmShape(m, h, i), GemmShape(m, i, h)]
     return collections.Counter((str(s.op), s.m, s.k, s.n) for f in fprops for s in gemm_passes(f))
-
-
-def profiled_steps(recipe: str, c: DemoConfig, steps: int, warmup: int = 3, bias: bool = True):
-    """(capture, torch.profiler trace) of ``steps`` training steps of the te.TransformerLayer stack,
-    captured by GemmProfiler with its ranges in the trace (kernel_match.py uses it too)."""
-    torch.manual_seed(0)
-    model = te_stack(c, bias=bias)
-    step = train_step_fn(model, stack_input(c), recipe)
-    for _ in range(warmup):  # TE/cuBLAS initialisation and FP8 amax history stay out
-        step()
-    torch.cuda.synchronize()
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as tp:
-        prof = GemmProfiler(model, dispatch_steps=0, nvtx_backend=ProfilerRanges()).start()
-        for _ in range(steps):
-            step()
-            prof.step()
-        cap = prof.stop()
-        torch.cuda.synchronize()
-    del model
-    torch.cuda.empty_cache()
-    return cap, tp
 
 
 def validate(recipe: str, c: DemoConfig, steps: int, warmup: int) -> dict:
@@ -101,6 +79,8 @@ def main() -> int:
     p.add_argument("--recipes", default="BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling")
     p.add_argument("--json")
     a = p.parse_args()
+    if not torch.cuda.is_available():
+        p.exit(2, "validate_capture.py: error: needs a CUDA GPU with transformer-engine\n")
     c = codonfm(a.layers)
     results = []
     for recipe in a.recipes.split(","):

@@ -2,9 +2,12 @@
 
 Public API, by what users touch:
 
-- capture: :class:`GemmProfiler` (any training loop), :class:`GemmProfilerCallback` (Lightning),
-  :class:`GemmCapture` / :class:`GemmRecord` (the capture file), :class:`KernelProfile` (kernel
-  records of one step), :func:`capture_steps` (a step function run under the profiler);
+- capture: :class:`GemmSchedule` (the capture window, publishing and the sweep, driven by any
+  training loop; :class:`JobStep` / :class:`SweepJob` say where the loop is and how to sweep it),
+  :class:`GemmProfilerCallback` (Lightning's hooks onto it; ``adapters.hf`` for the HF Trainer),
+  :class:`GemmProfiler` (the capture of a few steps, framework-free), :class:`GemmCapture` /
+  :class:`GemmRecord` (the capture file), :class:`KernelProfile` (kernel records of one step),
+  :func:`capture_steps` (a step function run under the profiler);
 - measure: :func:`bench` (microbenchmarks of the captured shapes), :func:`run_sweep` (observed step
   time per recipe on the live model);
 - report: :func:`report` (a run folder's tables, figures, verdicts), :func:`analyze_run` (the same
@@ -12,12 +15,12 @@ Public API, by what users touch:
 - shapes: :class:`GemmShape`, :class:`GemmOp`, :class:`ModelConfig`, :func:`backward_shapes`,
   :func:`config_gemms`.
 
-Everything else (``bench.engine``, ``capture.scope``, ...) is internal and may change.
+Everything else (``microbench.engine``, ``capture.scope``, ...) is internal and may change.
 """
 
 import logging as _logging
 
-from .shapes import GemmOp, GemmShape, ModelConfig, backward_shapes, config_gemms
+from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig, backward_shapes, config_gemms
 
 # What the tool says while a job runs (where the capture went, how long the sweep's rounds may take
 # and why they stopped) is INFO: shown on stderr unless the application configured logging itself,
@@ -33,7 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     # capture
     "GemmProfiler", "GemmProfilerCallback", "GemmCapture", "GemmRecord", "KernelProfile",
-    "capture_steps",
+    "capture_steps", "GemmSchedule", "JobStep", "SweepJob",
     # measure
     "bench", "run_sweep",
     # report
@@ -45,18 +48,21 @@ __all__ = [
 # Imported on demand: the Lightning adapter (the core never imports Lightning), and everything that
 # needs torch (`te-gemm bench --devices N` starts its GPU workers before this process pays for it).
 _LAZY = {
-    "GemmProfilerCallback": ("callback", "GemmProfilerCallback"),
+    "GemmProfilerCallback": ("adapters.lightning", "GemmProfilerCallback"),
     "GemmCapture": ("capture", "GemmCapture"),
     "GemmProfiler": ("capture", "GemmProfiler"),
     "GemmRecord": ("capture", "GemmRecord"),
-    "KernelProfile": ("capture.kernel_records", "KernelProfile"),
+    "KernelProfile": ("capture.kernel_profile", "KernelProfile"),
     "capture_steps": ("capture.steps", "capture_steps"),
-    "bench": ("bench", None),  # the package, callable: bench(...) (see bench/__init__.py)
-    "run_sweep": ("sweep", "run_sweep"),
-    "report": ("render.report", "report"),
-    "analyze_run": ("runs", "analyze_run"),
-    "make_plan": ("plan", "make_plan"),
-    "apply_precision_plan": ("plan", "apply_precision_plan"),
+    "GemmSchedule": ("schedule", "GemmSchedule"),
+    "JobStep": ("schedule", "JobStep"),
+    "SweepJob": ("schedule", "SweepJob"),
+    "bench": ("microbench", "bench"),
+    "run_sweep": ("sweep.engine", "run_sweep"),
+    "report": ("reporting.speedups", "report"),
+    "analyze_run": ("analysis.runs", "analyze_run"),
+    "make_plan": ("analysis.plan", "make_plan"),
+    "apply_precision_plan": ("analysis.plan", "apply_precision_plan"),
 }
 
 
@@ -66,5 +72,5 @@ def __getattr__(name: str):
 
         mod, attr = _LAZY[name]
         module = importlib.import_module(f".{mod}", __name__)
-        return module if attr is None else getattr(module, attr)
+        return getattr(module, attr)
     raise AttributeError(name)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
+
 
 @dataclass(frozen=True)
 class RecipeInfo:
@@ -161,12 +163,12 @@ def autocast(recipe: str):
     """``te.autocast`` for a recipe, or a no-op context for BF16 (TE's current API; fp8_autocast
     is deprecated)."""
     import contextlib
-
     import sys
 
     recipe = canonical(recipe)
     if recipe == "BF16":
-        if "transformer_engine.pytorch" in sys.modules and hasattr(sys.modules["transformer_engine.pytorch"], "autocast"):
+        if ("transformer_engine.pytorch" in sys.modules
+                and hasattr(sys.modules["transformer_engine.pytorch"], "autocast")):
             # Explicitly off: an outer FP8 autocast (a precision plugin's) must not leak into BF16.
             return sys.modules["transformer_engine.pytorch"].autocast(enabled=False)
         return contextlib.nullcontext()

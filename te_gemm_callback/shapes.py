@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass, field
 
-from .jsonio import MAX_DIM
+from te_gemm_callback.files.jsonio import MAX_DIM
 
 
 class GemmOp(str, enum.Enum):
@@ -166,8 +166,8 @@ class ModelConfig:
         if self.num_attention_heads % tp or self.intermediate_size % tp:
             raise ValueError("--tensor-parallel must divide the head count and intermediate size")
         if self.vocab_size is not None and (self.vocab_size <= 0 or self.vocab_size % tp):
-            raise ValueError(f"--vocab-size ({self.vocab_size}) must be positive and divisible by --tensor-parallel ({tp}): "
-                             "pad the vocabulary as the model does")
+            raise ValueError(f"--vocab-size ({self.vocab_size}) must be positive and divisible by "
+                             f"--tensor-parallel ({tp}): pad the vocabulary as the model does")
 
     @property
     def kv_heads(self) -> int:

@@ -8,18 +8,16 @@ ones runs with a stand-in recorder (no CUDA here), so the schedule is the one of
 import sys
 from pathlib import Path
 
-
-import pytorch_lightning as pl  # noqa: E402
-import torch  # noqa: E402
-
-from test_callback import DemoTransformer, _FakeKernelProfile  # noqa: E402
+import pytorch_lightning as pl
+import torch
+from test_callback import DemoTransformer, _FakeKernelProfile
 
 
 class FailOnRank1(_FakeKernelProfile):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-        if trainer.global_rank == 1 and self._prof is not None:
-            self._prof.recorder.fail(RuntimeError("injected on rank 1"))
+        if trainer.global_rank == 1 and self.schedule._prof is not None:
+            self.schedule._prof.recorder.fail(RuntimeError("injected on rank 1"))
 
 
 if __name__ == "__main__":
@@ -32,4 +30,4 @@ if __name__ == "__main__":
                          enable_model_summary=False, limit_val_batches=0)
     trainer.fit(DemoTransformer())
     print(f"rank {trainer.global_rank} done after {trainer.global_step} steps", flush=True)
-    torch.distributed.destroy_process_group()  # see recipes/_common.py: a gloo group left to exit can abort
+    torch.distributed.destroy_process_group()  # see examples/_common.py: a gloo group left to exit can abort

@@ -4,14 +4,13 @@ all-gathered for the GEMMs; each rank must still capture the full per-layer shap
 
 import sys
 
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.strategies import ModelParallelStrategy
+from test_callback import DemoTransformer
+from torch.distributed.fsdp import fully_shard
 
-import pytorch_lightning as pl  # noqa: E402
-import torch  # noqa: E402
-from pytorch_lightning.strategies import ModelParallelStrategy  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
-
-from te_gemm_callback import GemmProfilerCallback  # noqa: E402
-from test_callback import DemoTransformer  # noqa: E402
+from te_gemm_callback import GemmProfilerCallback
 
 
 class Sharded(DemoTransformer):
@@ -31,4 +30,4 @@ if __name__ == "__main__":
                          enable_model_summary=False, limit_val_batches=0)
     trainer.fit(Sharded())
     print(f"rank {trainer.global_rank} done", flush=True)
-    torch.distributed.destroy_process_group()  # see recipes/_common.py: a gloo group left to exit can abort
+    torch.distributed.destroy_process_group()  # see examples/_common.py: a gloo group left to exit can abort

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from te_gemm_callback.analysis import amdahl, analyze, capture_recipe
-from te_gemm_callback.notes import clock_note, duty_note
-from te_gemm_callback.bench.cells import BenchResult
-from te_gemm_callback.bench.results import BenchResults
-from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
+from te_gemm_callback.analysis.notes import clock_note, duty_note
+from te_gemm_callback.analysis.verdicts import amdahl, analyze, capture_recipe
+from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepTime
 from te_gemm_callback.cli import main
-from te_gemm_callback.render.report import render_run
+from te_gemm_callback.microbench.cells import BenchResult
+from te_gemm_callback.microbench.results import BenchResults
+from te_gemm_callback.reporting.speedups import render_run
 
 M, K, N = 1024, 512, 2048
 
@@ -130,7 +130,7 @@ def test_readme_main_command_on_cpu_produces_every_output(tmp_path, monkeypatch,
 
 
 def test_kernel_classification_and_overhead_evidence():
-    from te_gemm_callback.kernels import breakdown_ms, classify_kernel
+    from te_gemm_callback.capture.kernels import breakdown_ms, classify_kernel
 
     assert classify_kernel("nvjet_sm90_qqtst_192x192_128x4_2x1_v_bz_coopB_TNN") == "gemm"
     assert classify_kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma") == "attention"
@@ -150,7 +150,7 @@ def test_kernel_classification_and_overhead_evidence():
 
 
 def test_comm_overlap_hand_computed():
-    from te_gemm_callback.kernels import comm_overlap_ms
+    from te_gemm_callback.capture.kernels import comm_overlap_ms
 
     # NCCL 0-100 µs overlapped by a GEMM 50-80 and another 90-150 (40 µs), NCCL 200-300 by an
     # elementwise kernel 250-260 (10 µs), and a second NCCL kernel 280-320 concurrent with the first
@@ -197,7 +197,7 @@ def test_prediction_uses_gemm_kernels_alone_and_reports_the_unfused_bound():
 def test_gemm_a_recipe_cannot_run_counts_at_bf16_time():
     # An 8-wide router cannot run in FP8 (TE needs multiples of 16): its 3 x 1 ms stay BF16.
     # BF16 total 3 x 20 + 3 x 1 = 63 ms; FP8 3 x 10 + 3 x 1 = 33 ms -> GEMM speedup 63/33.
-    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.microbench.cells import WorkItem
     from te_gemm_callback.shapes import GemmShape
 
     router = (M, K, 8)
@@ -210,9 +210,9 @@ def test_gemm_a_recipe_cannot_run_counts_at_bf16_time():
     assert fp8.gemm_ms_bench == pytest.approx(33.0)
     assert fp8.gemm_speedup == pytest.approx(63 / 33)
     assert fp8.high_precision == [f"router ({M}x{K}x8): RuntimeError: lda % 16"]
-    from te_gemm_callback.analysis import _short
+    from te_gemm_callback.analysis.prediction import short_error
 
-    assert _short("RuntimeError: /TE/cublaslt_gemm.cu:161 in function X: Assertion failed: ret.lda % 16 == 0. "
+    assert short_error("RuntimeError: /TE/cublaslt_gemm.cu:161 in function X: Assertion failed: ret.lda % 16 == 0. "
                   "Leading dimension requirement") == "ret.lda % 16 == 0"
     assert any("1 GEMM(s) cannot run in DelayedScaling, counted at BF16 time" in e for e in fp8.evidence)
 
@@ -224,24 +224,26 @@ def test_better_than_predicted_names_the_kernels_that_shrank():
     rep = analyze(bf16, None, [fp8])
     a = next(a for a in rep.recipes if a.recipe == "Float8CurrentScaling")
     assert a.verdict.startswith("better than")
-    assert "kernel time that moved (torch.profiler, per step): other -12.00 ms, quantization/cast +3.00 ms, norm -1.00 ms" in a.evidence
+    assert ("kernel time that moved (torch.profiler, per step): other -12.00 ms, quantization/cast +3.00 ms, "
+            "norm -1.00 ms") in a.evidence
     # Idle: BF16 100 - 96 = 4 ms outside kernels, FP8 60 - 58 = 2 ms.
     assert "GPU time in no kernel (host-bound gaps) -2.00 ms per step" in a.evidence
 
 
 def test_top_kernels_per_category():
-    from te_gemm_callback.kernels import top_kernels_ms
+    from te_gemm_callback.capture.kernels import top_kernels_ms
 
     us = {"nvjet_sm90_a": 3000.0, "nvjet_sm90_b": 1000.0, "cast_transpose_kernel": 500.0,
           "vectorized_elementwise_kernel": 200.0, "ncclDevKernel_AllReduce": 100.0}
     top = top_kernels_ms(us, steps=2, n=1)
     assert top == {"gemm": [("nvjet_sm90_a", 1.5)], "quantization/cast": [("cast_transpose_kernel", 0.25)],
-                   "other": [("vectorized_elementwise_kernel", 0.1)], "communication": [("ncclDevKernel_AllReduce", 0.05)]}
+                   "other": [("vectorized_elementwise_kernel", 0.1)],
+                   "communication": [("ncclDevKernel_AllReduce", 0.05)]}
 
 
 def test_moe_padding_rows_in_the_evidence():
     # Two experts with 10 and 20 rows: FP8 pads them to 16 and 32, 48 rows for 30 (+60%).
-    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.microbench.cells import WorkItem
     from te_gemm_callback.shapes import GemmShape
 
     items = [WorkItem("moe.fc1", GemmShape(30, K, N), 1.0, (10, 20))]
@@ -303,7 +305,7 @@ def kinds(cap, *spec):
 
 
 def test_instrument_note_states_the_cost_and_warns_when_host_bound():
-    from te_gemm_callback.notes import instrument_note
+    from te_gemm_callback.analysis.notes import instrument_note
 
     assert instrument_note(capture(120, 60)).startswith("no clean step")  # all steps instrumented
     cap = kinds(capture(0, 6), ("instrumented", 90.0, True), ("instrumented", 62.7, False),

@@ -6,14 +6,21 @@ import statistics
 import pytest
 import torch
 
-from te_gemm_callback.bench.cells import (BenchResult, ResultCache, WorkItem, items_from_capture,
-                                          items_from_config, items_from_shapes, result_key)
-from te_gemm_callback.bench.engine import run_bench
-from te_gemm_callback.bench.results import BenchResults
-from te_gemm_callback.bench import timing
-from te_gemm_callback.bench.timing import adaptive_iters, heat_seconds, stats
 from te_gemm_callback.cli import main
-from te_gemm_callback.render.bench_tables import step_ms, swapped_items
+from te_gemm_callback.microbench import timing
+from te_gemm_callback.microbench.cells import (
+    BenchResult,
+    ResultCache,
+    WorkItem,
+    items_from_capture,
+    items_from_config,
+    items_from_shapes,
+    result_key,
+)
+from te_gemm_callback.microbench.engine import run_bench
+from te_gemm_callback.microbench.results import BenchResults
+from te_gemm_callback.microbench.timing import adaptive_iters, heat_seconds, stats
+from te_gemm_callback.reporting.bench_tables import step_ms, swapped_items
 from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig, gemm_passes
 
 CFG = ["--hidden-size", "64", "--intermediate-size", "128", "--num-attention-heads", "4",
@@ -36,7 +43,8 @@ def test_cache_key_separates_every_condition(tmp_path):
     base = result_key("H200", "torch 2.11, TE 2.20", s, None, "BF16", "autocast", False)
     variants = [result_key("B200", "torch 2.11, TE 2.20", s, None, "BF16", "autocast", False),
                 result_key("H200", "torch 2.11, TE 2.21", s, None, "BF16", "autocast", False),
-                result_key("H200", "torch 2.11, TE 2.20", GemmShape(8, 16, 32, GemmOp.WGRAD), None, "BF16", "autocast", False),
+                result_key("H200", "torch 2.11, TE 2.20", GemmShape(8, 16, 32, GemmOp.WGRAD), None, "BF16", "autocast",
+                           False),
                 result_key("H200", "torch 2.11, TE 2.20", s, (4, 4), "BF16", "autocast", False),
                 result_key("H200", "torch 2.11, TE 2.20", s, None, "DelayedScaling", "autocast", False),
                 result_key("H200", "torch 2.11, TE 2.20", s, None, "BF16", "prequantized", False),
@@ -61,7 +69,8 @@ def test_cache_key_separates_every_condition(tmp_path):
     assert old.get("a") is None and old.data["peaks"] == {}
 
 
-cpu_path = pytest.mark.skipif(torch.cuda.is_available(), reason="covers the CPU/torch path; tests/test_gpu.py covers TE")
+cpu_path = pytest.mark.skipif(torch.cuda.is_available(),
+                              reason="covers the CPU/torch path; tests/test_gpu.py covers TE")
 
 
 @cpu_path
@@ -112,7 +121,7 @@ def test_heat_before_a_burst_only_on_an_idle_gpu_and_within_bounds(monkeypatch):
 def test_job_plan_gives_every_cell_at_least_10_samples_over_its_visits(visits):
     # Planned from a FLOP model (no timed trial: a synchronize would idle the GPU): whatever the
     # shape and recipe, the visits together pool at least 10 samples per cell.
-    from te_gemm_callback.bench.jobs import plan_job
+    from te_gemm_callback.microbench.jobs import plan_job
 
     shapes = [GemmShape(15872, 4096, 4096), GemmShape(15872, 16384, 4096), GemmShape(16384, 28672, 8192),
               GemmShape(128, 64, 64), GemmShape(4096, 1024, 2048)]
@@ -184,7 +193,7 @@ def test_cli_bench_errors(capsys, args, needle):
 def test_devices_all_counts_the_visible_gpus_without_torch(monkeypatch, capsys):
     import subprocess
 
-    from te_gemm_callback.bench import parallel
+    from te_gemm_callback.microbench import parallel
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,GPU-5c2a")
     assert parallel.local_gpu_count() == 3
@@ -243,7 +252,7 @@ def test_benchmark_script_takes_te_flags(tmp_path, capsys, monkeypatch):
 def test_two_visits_pool_samples_and_reverse_the_order(monkeypatch):
     # A CPU job sizes its calls from a timed trial; on a loaded CI host the trial swings 300x (a test
     # failed with 50 vs 5 samples). A fixed host clock makes the sample arithmetic what is tested.
-    from te_gemm_callback.bench import jobs
+    from te_gemm_callback.microbench import jobs
 
     monkeypatch.setattr(jobs, "time_cpu", lambda fn, n: [0.01] * n)
     items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64))]
@@ -258,7 +267,7 @@ def test_two_visits_pool_samples_and_reverse_the_order(monkeypatch):
 
 
 def test_visits_split_evenly_over_devices():
-    from te_gemm_callback.bench.parallel import visit_shares
+    from te_gemm_callback.microbench.parallel import visit_shares
 
     assert visit_shares(16, 2) == [8, 8] and visit_shares(16, 3) == [6, 5, 5] and sum(visit_shares(7, 8)) == 7
     assert visit_shares(1, 2) == [1]  # a device without a visit is not used
@@ -267,7 +276,7 @@ def test_visits_split_evenly_over_devices():
 def test_pooled_cells_are_summarised_over_every_gpus_samples():
     # Two parts of a 2-GPU run measured the same cell; a third cell was cached (no samples) and one
     # failed on device 0 but ran on device 1. Pooling must give the statistics of all samples together.
-    from te_gemm_callback.bench.results import BenchResults, pool_parts
+    from te_gemm_callback.microbench.results import BenchResults, pool_parts
 
     def res(median, error=None, **kw):
         return BenchResult(64, 32, 16, "fprop", "BF16", "autocast", median_ms=median, tflops=None if error else
@@ -279,7 +288,8 @@ def test_pooled_cells_are_summarised_over_every_gpus_samples():
     ran1 = BenchResult(8, 8, 8, "dgrad", "BF16", "autocast", median_ms=0.5, tflops=2 * 8 ** 3 / 0.5e-3 / 1e12)
     p0 = BenchResults([res(1.1), cached, failed0], meta={"peaks_tflops": {"bf16": 1.0}},
                       samples={res(1.1).cell: (a, [1500.0])})
-    p1 = BenchResults([res(2.1), cached, ran1], samples={res(1.1).cell: (b, [1700.0]), ran1.cell: ([0.5, 0.7], [1600.0])})
+    p1 = BenchResults([res(2.1), cached, ran1],
+                      samples={res(1.1).cell: (b, [1700.0]), ran1.cell: ([0.5, 0.7], [1600.0])})
     out = pool_parts([p0, p1])
     assert [r.cell for r in out] == [r.cell for r in p0.results]  # device 0's order
     pooled = out[0]
@@ -295,8 +305,8 @@ def test_pooled_cells_are_summarised_over_every_gpus_samples():
 @cpu_path
 def test_parallel_bench_same_cells_as_one_process(tmp_path):
     # On CPU the two workers are processes without GPUs: the split of the visits, the workers' own
-    # measurements and the pooling are what is tested, not GPU agreement (benchmarks/h200x2_validation.sh).
-    from te_gemm_callback.bench.parallel import run_bench_parallel
+    # measurements and the pooling are what is tested, not GPU agreement (benchmarks/h200x2.sh).
+    from te_gemm_callback.microbench.parallel import run_bench_parallel
 
     # "moe" is a grouped GEMM: its cell identity carries the m_splits through the workers' JSON.
     items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64)),
@@ -322,7 +332,7 @@ def test_parallel_bench_same_cells_as_one_process(tmp_path):
 @pytest.mark.multiprocess
 @cpu_path
 def test_parallel_bench_fills_the_cache_and_a_cached_run_waits_for_no_worker(tmp_path):
-    from te_gemm_callback.bench.parallel import run_bench_parallel
+    from te_gemm_callback.microbench.parallel import run_bench_parallel
 
     items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64))]
     cache = ResultCache(tmp_path / "c.json")
@@ -345,8 +355,8 @@ def test_parallel_bench_fills_the_cache_and_a_cached_run_waits_for_no_worker(tmp
 
 
 def test_repeated_layers_grouped_in_the_stacked_figure():
-    from te_gemm_callback.bench.cells import WorkItem
-    from te_gemm_callback.render.figures import layer_groups
+    from te_gemm_callback.microbench.cells import WorkItem
+    from te_gemm_callback.reporting.figures import layer_groups
     from te_gemm_callback.shapes import GemmShape
 
     s, t = GemmShape(64, 32, 96), GemmShape(64, 96, 32)
@@ -359,7 +369,7 @@ def test_repeated_layers_grouped_in_the_stacked_figure():
 def test_clock_sampler_summarises_and_survives_a_failing_reader():
     import time
 
-    from te_gemm_callback.clocks import ClockSampler
+    from te_gemm_callback.capture.clocks import ClockSampler
 
     readings = iter([(1980.0, 400.0), (1700.0, 700.0), (1800.0, 690.0)])
 
@@ -379,7 +389,7 @@ def test_clock_sampler_summarises_and_survives_a_failing_reader():
 
 
 def test_grouped_gemm_routing_that_changes_is_timed_at_representative_splits():
-    from te_gemm_callback.bench.cells import representative_splits
+    from te_gemm_callback.microbench.cells import representative_splits
 
     # Three distinct routings over four calls: each timed, weighted by how often it ran.
     calls = [[8, 8], [4, 12], [8, 8], [16, 0]]
@@ -393,7 +403,7 @@ def test_grouped_gemm_routing_that_changes_is_timed_at_representative_splits():
 def test_stored_run_with_first_call_splits_still_totals():
     """A bench run made when only the first call's m_splits were timed: its totals still add up,
     the timed splits carrying all the layer's calls (keeps stored runs re-renderable)."""
-    from te_gemm_callback.bench.results import BenchResults, measured_items, step_ms
+    from te_gemm_callback.microbench.results import BenchResults, measured_items, step_ms
 
     shape = GemmShape(32, 16, 24)
     items = [WorkItem("moe.fc1", shape, 0.5, (8, 24)), WorkItem("moe.fc1", shape, 0.5, (20, 12))]
@@ -407,7 +417,7 @@ def test_stored_run_with_first_call_splits_still_totals():
 
 
 def test_run_summary_states_the_clock_the_cells_ran_at():
-    from te_gemm_callback.render.bench_tables import run_summary
+    from te_gemm_callback.reporting.bench_tables import run_summary
 
     res = BenchResults([], meta={"device": "NVIDIA H200", "wall_s": 9.34, "clocks_during_run": {
         "sm_clock_mhz_median": 1575.0, "sm_clock_mhz_min": 1455.0, "power_w_median": 616.0, "power_w_max": 700.0,
@@ -442,8 +452,8 @@ def test_holds_heat_only_an_idle_gpu_and_account_for_it(monkeypatch):
 def test_parallel_worker_that_dies_leaves_its_visits_out_and_the_run_goes_on(monkeypatch):
     import sys
 
-    from te_gemm_callback.bench.parallel import run_bench_parallel
-    from te_gemm_callback.render.bench_tables import run_summary
+    from te_gemm_callback.microbench.parallel import run_bench_parallel
+    from te_gemm_callback.reporting.bench_tables import run_summary
 
     items = [WorkItem("a", GemmShape(32, 64, 48)), WorkItem("b", GemmShape(16, 32, 64))]
     monkeypatch.setattr(sys, "executable", "/bin/false")  # the worker's interpreter exits 1 at once
@@ -456,7 +466,7 @@ def test_parallel_worker_that_dies_leaves_its_visits_out_and_the_run_goes_on(mon
 def test_run_summary_of_a_two_gpu_run_gives_each_gpus_clock():
     # 2 x H200: at one 700 W limit GPU 0 held 1575 MHz and GPU 1 1605 over a long run;
     # the pooled cells average the two, so the summary shows both, not device 0's alone.
-    from te_gemm_callback.render.bench_tables import run_summary
+    from te_gemm_callback.reporting.bench_tables import run_summary
 
     ck = lambda mhz, w: {"sm_clock_mhz_median": mhz, "sm_clock_mhz_min": 1080, "power_w_median": w}  # noqa: E731
     meta = {"device": "NVIDIA H200", "wall_s": 60.7, "visits_per_device": [8, 8], "device_indices": [0, 1],
@@ -473,7 +483,7 @@ def test_parallel_bench_with_more_devices_than_gpus_says_so_and_stops_its_worker
     # (the test host has no GPU); the worker is a real process.
     import subprocess
 
-    from te_gemm_callback.bench import parallel
+    from te_gemm_callback.microbench import parallel
 
     started = []
 
@@ -492,13 +502,14 @@ def test_parallel_bench_with_more_devices_than_gpus_says_so_and_stops_its_worker
 
 def test_bench_cli_starts_gpu_workers_before_torch_loads():
     """`te-gemm bench --devices N` launches its workers before this process imports torch or TE
-    (about 4 + 6 s on the H200 host), so their start-up overlaps ours: the modules on that path
+    (seconds each: docs/multi-gpu.md), so their start-up overlaps ours: the modules on that path
     must stay torch-free."""
     import subprocess
     import sys
 
-    code = ("import sys, te_gemm_callback.cli, te_gemm_callback.bench.parallel, te_gemm_callback.bench.cells, "
-            "te_gemm_callback.capture; from te_gemm_callback.precisions import canonical; canonical('fp8'); "
+    code = ("import sys, te_gemm_callback.cli, te_gemm_callback.microbench.parallel, "
+            "te_gemm_callback.microbench.cells, te_gemm_callback.capture; "
+            "from te_gemm_callback.precisions import canonical; canonical('fp8'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -512,12 +523,12 @@ def test_visits_queue_every_job_before_reading_any_and_survive_errors(monkeypatc
     # timeline, not GPU timing.
     from rich.progress import Progress
 
-    from te_gemm_callback.bench import engine
-    from te_gemm_callback.clocks import ClockSampler
+    from te_gemm_callback.capture.clocks import ClockSampler
+    from te_gemm_callback.microbench import job_queue
 
     log, waits = [], []
-    monkeypatch.setattr(engine.StreamClock, "wait", lambda self: log.append("wait"))
-    monkeypatch.setattr(engine.StreamClock, "wait_for", lambda self, mark: waits.append(len(log)))
+    monkeypatch.setattr(job_queue.StreamClock, "wait", lambda self: log.append("wait"))
+    monkeypatch.setattr(job_queue.StreamClock, "wait_for", lambda self, mark: waits.append(len(log)))
 
     class Job:
         setup_s = 0.01
@@ -536,23 +547,25 @@ def test_visits_queue_every_job_before_reading_any_and_survive_errors(monkeypatc
             return lambda: (log.append(f"read {self.name}"), {(GemmOp.FPROP, "autocast"): [1.0]})[1]
 
     names = ["a", "bad", "early", "late", "b"]
-    unique = {(n, "BF16"): WorkItem(n, GemmShape(8, 8, 8)) for n in names}
-    times, errors, timeline = {jk: {} for jk in unique}, {}, {}
+    pending = [job_queue.JobVisits(job_queue.PlannedJob(WorkItem(n, GemmShape(8, 8, 8)), "BF16")) for n in names]
+    by_name = {v.job.item.name: v for v in pending}
+    timeline = {}
     with Progress(disable=True) as prog:
         task = prog.add_task("x", total=10)
-        batch = engine._build(list(unique), unique, lambda it, p: Job(it.name), errors, timeline, prog, task)
-        assert list(batch) == list(unique) and batch[("bad", "BF16")] is None
-        assert errors == {("bad", "BF16"): "ValueError: K=8 is not a multiple of 16"}
+        queue = job_queue.JobQueue(lambda it, p: Job(it.name), 2, ClockSampler(reader=None), prog, task, timeline)
+        batch = queue.build(pending)
+        assert batch == pending and by_name["bad"].runner is None
+        assert {n: v.error for n, v in by_name.items() if v.error} == {"bad": "ValueError: K=8 is not a multiple of 16"}
         assert [s["item"] for s in timeline["setup"]] == ["8x8x8"] * 4
-        built = [jk for jk in batch if jk not in errors]
-        seq = [(v, jk) for v in range(2) for jk in (built if v == 0 else built[::-1])]
-        jobs = engine._run(seq, batch, unique, times, errors, ClockSampler(reader=None), prog, task)
+        built = [v for v in batch if v.error is None]
+        seq = [(n, v) for n in range(2) for v in (built if n == 0 else built[::-1])]
+        jobs = queue.run(seq)
     assert log == ["queue a", "queue early", "queue late", "queue b", "queue b", "queue late", "queue a", "wait",
                    "read a", "read b", "read b", "read a"]
     assert waits == [2, 3, 4, 5, 6]  # from the third job on, for the job two back (one stays queued)
-    assert errors[("early", "BF16")] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
-    assert errors[("late", "BF16")] == "RuntimeError: CUDA error: an illegal memory access"
-    assert times[("a", "BF16")] == {(GemmOp.FPROP, "autocast"): [1.0, 1.0]} and times[("late", "BF16")] == {}
+    assert by_name["early"].error == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
+    assert by_name["late"].error == "RuntimeError: CUDA error: an illegal memory access"
+    assert by_name["a"].times == {(GemmOp.FPROP, "autocast"): [1.0, 1.0]} and by_name["late"].times == {}
     assert [(j["visit"], "s" in j) for j in jobs] == [(0, True)] * 4 + [(1, True)] * 3  # early: not revisited
 
 
@@ -561,7 +574,8 @@ def test_a_job_that_does_not_fit_waits_for_the_next_batch():
     # means they hold the memory, so the batch ends and that job is built again in the next one.
     from rich.progress import Progress
 
-    from te_gemm_callback.bench import engine
+    from te_gemm_callback.capture.clocks import ClockSampler
+    from te_gemm_callback.microbench import job_queue
 
     class Job:
         setup_s = 0.0
@@ -574,14 +588,14 @@ def test_a_job_that_does_not_fit_waits_for_the_next_batch():
             raise torch.cuda.OutOfMemoryError("CUDA out of memory")
         return Job()
 
-    unique = {(n, "BF16"): WorkItem(n, GemmShape(8, 8, 8)) for n in "abcd"}
-    errors, timeline = {}, {}
+    pending = [job_queue.JobVisits(job_queue.PlannedJob(WorkItem(n, GemmShape(8, 8, 8)), "BF16")) for n in "abcd"]
     with Progress(disable=True) as prog:
         task = prog.add_task("x", total=4)
-        first = engine._build(list(unique), unique, make, errors, timeline, prog, task)
-        assert list(first) == [("a", "BF16"), ("b", "BF16")] and errors == {}
-        second = engine._build(list(unique)[2:], unique, make, errors, timeline, prog, task)
-    assert list(second) == [("c", "BF16"), ("d", "BF16")] and made == ["a", "b", "c", "c", "d"]
+        queue = job_queue.JobQueue(make, 1, ClockSampler(reader=None), prog, task, {})
+        first = queue.build(pending)
+        assert first == pending[:2] and not any(v.error for v in pending)
+        second = queue.build(pending[2:])
+    assert second == pending[2:] and made == ["a", "b", "c", "c", "d"]
 
 
 def test_gemm_duty_rests_between_calls_and_keys_the_cache(monkeypatch, capsys):
@@ -601,10 +615,13 @@ def test_gemm_duty_rests_between_calls_and_keys_the_cache(monkeypatch, capsys):
             timing.between_calls(None, bad, 1e-3)
     cond = {"device": "NVIDIA H200", "torch": "2.11", "transformer_engine": "2.20.2"}
     shape = GemmShape(4096, 4096, 4096)
-    from te_gemm_callback.bench.cells import cell_key
+    from te_gemm_callback.microbench.cells import cell_key
 
-    assert cell_key(cond, shape, None, "BF16", "autocast") == cell_key(dict(cond, gemm_duty=1.0), shape, None, "BF16", "autocast")
-    assert cell_key(cond, shape, None, "BF16", "autocast") != cell_key(dict(cond, gemm_duty=0.8), shape, None, "BF16", "autocast")
+    def key(c):
+        return cell_key(c, shape, None, "BF16", "autocast")
+
+    assert key(cond) == key(dict(cond, gemm_duty=1.0))
+    assert key(cond) != key(dict(cond, gemm_duty=0.8))
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--shapes", "64x64x64", "--gemm-duty", "0"])
     assert exc.value.code == 2 and "expected a number from 0.05 to 1, got 0" in capsys.readouterr().err

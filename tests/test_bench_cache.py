@@ -10,12 +10,12 @@ import pytest
 import torch
 from rich.console import Console
 
-from te_gemm_callback.bench import engine, jobs, timing
-from te_gemm_callback.bench.cells import SPREAD_LIMIT, BenchResult, ResultCache, WorkItem, cell_key
-from te_gemm_callback.bench.engine import run_bench
-from te_gemm_callback.bench.results import BenchResults, pool_parts
-from te_gemm_callback.bench.timing import stats
-from te_gemm_callback.render.bench_tables import pass_table, run_summary, totals_table
+from te_gemm_callback.microbench import engine, jobs, timing
+from te_gemm_callback.microbench.cells import SPREAD_LIMIT, BenchResult, ResultCache, WorkItem, cell_key
+from te_gemm_callback.microbench.engine import run_bench
+from te_gemm_callback.microbench.results import BenchResults, pool_parts
+from te_gemm_callback.microbench.timing import stats
+from te_gemm_callback.reporting.bench_tables import pass_table, run_summary, totals_table
 from te_gemm_callback.shapes import GemmOp, GemmShape
 
 cpu_path = pytest.mark.skipif(torch.cuda.is_available(), reason="scripts the CPU host clock (TorchJob on CPU)")
@@ -248,7 +248,7 @@ def test_cache_stores_and_reuses_only_quiet_cells(tmp_path):
 
 def test_pooled_cell_is_judged_on_all_parts_samples():
     # Two GPUs each measured a quiet cell, at very different times: pooled, the spread is wide, so the
-    # pooled cell is noisy and the caller's cache (bench/parallel.py) does not store it.
+    # pooled cell is noisy and the caller's cache (microbench/parallel.py) does not store it.
     cell = BenchResult(64, 32, 16, "fprop", "BF16", "autocast", median_ms=0.03, tflops=1.0, attempts=2)
     p0 = BenchResults([cell], meta={"peaks_tflops": {}}, samples={cell.cell: ([0.03] * 6, [])})
     p1 = BenchResults([BenchResult(**{**cell.__dict__, "attempts": 1})], samples={cell.cell: ([5.6] * 6, [])})

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from _timing import median_ci  # noqa: E402
+from _timing import median_ci
 
 
 def test_median_ci_brackets_the_median_and_narrows_with_more_windows():

@@ -9,7 +9,7 @@ from pytorch_lightning.demos import LightningTransformer
 from torch.utils.data import DataLoader, TensorDataset
 
 from te_gemm_callback import GemmCapture, GemmProfilerCallback
-from te_gemm_callback.demo import DemoConfig, DemoLM, RandomTokens
+from te_gemm_callback.demo.job import DemoConfig, DemoLM, RandomTokens
 
 VOCAB, SEQ, BATCH = 64, 12, 4
 
@@ -179,7 +179,7 @@ class _AmaxLinear(torch.nn.Linear):
 
 
 def test_sweep_restores_module_extra_state_and_weights_bitwise():
-    from te_gemm_callback.sweep import run_sweep
+    from te_gemm_callback.sweep.engine import run_sweep
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(_AmaxLinear(), torch.nn.ReLU(), _AmaxLinear())
@@ -200,7 +200,7 @@ def test_sweep_restores_module_extra_state_and_weights_bitwise():
 
 
 def test_sweep_order():
-    from te_gemm_callback.sweep import sweep_order
+    from te_gemm_callback.sweep.engine import sweep_order
 
     assert sweep_order(["Float8CurrentScaling", "DelayedScaling", "BF16", "fp8_block"]) == \
         ["BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"]
@@ -213,10 +213,8 @@ class _FakeKernelProfile(GemmProfilerCallback):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.recorders = []
-
-    @staticmethod
-    def _kernels_possible(pl_module):
-        return True
+        self.schedule._kernels_possible = lambda model: True
+        self.schedule.kernel_recorder = self._kernel_recorder
 
     def _kernel_recorder(self):
         from helpers.fakes import FakeKernels
@@ -228,7 +226,7 @@ class _FakeKernelProfile(GemmProfilerCallback):
 def test_kernel_steps_fit_the_active_window():
     # What a window of each length holds after its instrumented step: the kernels step first,
     # then a clean step, then the settle step, then the warm-up (the one that only moves a clock).
-    from te_gemm_callback.adapting import kernel_steps
+    from te_gemm_callback.schedule import kernel_steps
 
     got = {n: kernel_steps(True, n, 1) for n in range(1, 7)}
     assert got[1] == {"kernel_steps": 0}

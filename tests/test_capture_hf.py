@@ -5,9 +5,9 @@ import collections
 
 import pytest
 import torch
+from helpers.oracles import TrackerRecorder, flop_counter_mm
 from torch import nn
 
-from helpers.oracles import TrackerRecorder, flop_counter_mm
 from te_gemm_callback import GemmProfiler
 from te_gemm_callback.shapes import backward_shapes
 

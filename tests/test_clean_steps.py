@@ -4,15 +4,13 @@ stands in for torch.profiler's CUDA activity, which cannot run without a GPU."""
 
 import pytest
 import torch
-
+from helpers.fakes import Clock, FakeKernels
+from test_profiler import MLP
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from te_gemm_callback import GemmCapture, GemmProfiler
-from te_gemm_callback.capture.kernel_records import KernelStep, join_by_order, split_at_marks
-from te_gemm_callback.capture.steps import StepPlan
-
-from helpers.fakes import Clock, FakeKernels
-from test_profiler import MLP
+from te_gemm_callback.capture.kernel_profile import KernelStep, join_by_order, split_at_marks
+from te_gemm_callback.capture.step_plan import StepPlan
 
 
 def hooks_on(model):
@@ -109,13 +107,31 @@ def test_kernel_session_start_and_stop_are_given_apart_not_in_any_step():
     assert "kernel_session_ms" not in cap.meta
 
 
+def test_a_step_opened_but_never_run_leaves_nothing_behind():
+    """A loop that calls step() after every iteration opens one step more than it runs; stop() drops
+    that step whole: here a kernels step, whose kernel records, kind and micro-batches all go."""
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    prof = GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock).start()
+    for mb in (3, 3):
+        model(x).sum().backward()
+        clock.t += 0.01
+        prof.step(mb)
+    assert prof.step_kind == "kernels" and prof.micro_batches == [3, 3]
+    cap = prof.stop(3)
+    assert [s.kind for s in cap.steps] == ["instrumented", "kernels-warmup"] == cap.coverage["step_kinds"]
+    assert [s.micro_batches for s in cap.steps] == [3, 3] and prof.micro_batches == [3, 3]
+    assert cap.coverage["dispatch_steps"] == [0] and "kernel_breakdown_ms" not in cap.meta
+    assert cap.meta["kernel_join"] == "no kernel records (no kernels step ran)"
+
+
 @pytest.mark.parametrize("warmup", [0, 2])
 def test_kernels_steps_share_one_session_split_at_step_markers(warmup):
     model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
     kp = FakeKernels()
     prof = GemmProfiler(model, kernel_profile=kp, clock=clock, kernel_steps=2, kernel_warmup_steps=warmup)
     cap, seen = run(prof, model, x, clock, n=1 + warmup + 4)
-    assert [k for k, _ in seen] == ["instrumented"] + ["kernels-warmup"] * warmup + ["kernels", "kernels", "settle", "clean"]
+    assert [k for k, _ in seen] == (["instrumented"] + ["kernels-warmup"] * warmup
+                                    + ["kernels", "kernels", "settle", "clean"])
     assert kp.started == 1 and kp.marks == 2 and not kp.running  # stopped before the clean step
     assert all(len(r.times_ms) == 2 for r in cap.records) and cap.gemm_ms_per_step() == pytest.approx(2.1)
 
@@ -238,7 +254,8 @@ def test_compiled_model_same_gemms_as_eager_no_recompile_and_no_launch_order_joi
 def test_split_k_reduction_kernels_fold_into_their_gemm():
     # Names as cuBLAS launched them for one fp32 dgrad on the H200: main kernel, then its split-K reduce.
     main = "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_execute_kernel__5x_cublas"
-    tail = "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_execute_split_k_kernel__5x_cublas"
+    tail = ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_execute_split_k_kernel"
+            "__5x_cublas")
     step = KernelStep([(main, 0.0, 100.0), (tail, 101.0, 111.0), ("reduce_kernel", 120.0, 130.0), (main, 200.0, 300.0)])
     assert [(s, e) for _, s, e in step.gemm_kernels()] == [(0.0, 110.0), (200.0, 300.0)]
     assert step.gemm_ms() == pytest.approx(0.21)
@@ -251,7 +268,7 @@ def test_kernel_intervals_read_raw_records_like_the_parsed_events():
 
     from torch.profiler import ProfilerActivity, profile
 
-    from te_gemm_callback.kernels import kernel_intervals
+    from te_gemm_callback.capture.kernels import kernel_intervals
 
     x = torch.randn(32, 32)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -12,6 +12,8 @@ import time
 
 import pytest
 import torch
+from helpers.fakes import Clock
+from test_profiler import MLP
 from torch import nn
 from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
@@ -19,9 +21,6 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from te_gemm_callback import GemmProfiler, capture_steps
 from te_gemm_callback.capture.steady import OUTLIER_FACTOR, outliers
 from te_gemm_callback.capture.torch_adapter import GemmDispatchMode
-
-from helpers.fakes import Clock
-from test_profiler import MLP
 
 
 def counting_backend(calls):
@@ -216,7 +215,8 @@ def test_module_compiled_in_place_runs_eager_only_while_instrumented():
             model(x).sum().backward()
             ran.append(calls[0] - c)
             prof.step()
-    assert [s.kind for s in prof.capture.steps] == ["compile", "compile", "instrumented", "clean"] and ran == [1, 1, 0, 1]
+    assert [s.kind for s in prof.capture.steps] == ["compile", "compile", "instrumented", "clean"]
+    assert ran == [1, 1, 0, 1]
     assert model._compiled_call_impl is not None and prof.capture.meta["compiled_modules"] == [""]
     assert sorted((r.module, r.op) for r in prof.capture.records) == sorted(
         (m, op) for m in ("up", "down") for op in ("fprop", "dgrad", "wgrad"))

@@ -37,7 +37,7 @@ def test_moe_recipe_expert_parallel(tmp_path, world, experts):
     """The MoE recipe under Lightning DDP with its experts split over the ranks (gloo, CPU): each
     rank's capture holds its own experts (2 of 4 on 2 ranks; 1 of 8 on 8 ranks, the EP=8 layout of
     the Mixtral-like run); together they account for every routed row, and rank 0 gathers all."""
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "moe.py"
+    recipe = Path(__file__).resolve().parents[1] / "examples" / "moe.py"
     env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29519 + world))
     proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench",
                            "--devices", str(world), "--experts", str(experts), "--expert-parallel", "--no-te",
@@ -78,8 +78,8 @@ def test_report_renders_the_gathered_ranks(tmp_path):
     from ranks/rank<N>.json (the captures of tests/ddp_job.py's shape, written by hand here)."""
     import shutil
 
-    from te_gemm_callback.capture.record import GemmRecord, StepTime
-    from te_gemm_callback.render.report import render_run
+    from te_gemm_callback.capture.capture_file import GemmRecord, StepTime
+    from te_gemm_callback.reporting.speedups import render_run
 
     def cap(rank, step, gemm, comm):
         rec = GemmRecord(module="fc", gemm="", op="fprop", m=64, k=32, n=16, batch=1, precision="bf16",
@@ -94,7 +94,7 @@ def test_report_renders_the_gathered_ranks(tmp_path):
     caps[0].save(tmp_path / "gemm_capture.json")
     for c in caps:
         c.save(tmp_path / "ranks" / f"rank{c.meta['rank']}.json")
-    from te_gemm_callback.render.tables import console
+    from te_gemm_callback.reporting.tables import console
 
     con = console()
     with con.capture() as out:
@@ -111,7 +111,7 @@ def test_dense_recipe_fsdp2_under_bf16_autocast_matches_one_process(tmp_path):
     2 ranks on CPU, in BF16 autocast: dgrad's weight operand is the autocast copy of a parameter
     FSDP2 all-gathered after the capture started. Each rank's records (shape, pass, calls per step)
     must equal a one-process run's; before the fix, square dgrads were taken for wgrads."""
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "dense.py"
+    recipe = Path(__file__).resolve().parents[1] / "examples" / "dense.py"
     common = ["--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench", "--no-te"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29523")
     for out, extra in ((tmp_path / "one", []), (tmp_path / "fsdp", ["--devices", "2", "--strategy", "fsdp"])):
@@ -126,7 +126,7 @@ def test_dense_recipe_fsdp2_under_bf16_autocast_matches_one_process(tmp_path):
 
 
 def test_tensor_parallel_strategy_needs_te_layers():
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "dense.py"
+    recipe = Path(__file__).resolve().parents[1] / "examples" / "dense.py"
     proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--devices", "2", "--strategy", "tp", "--no-te"],
                           capture_output=True, text=True, timeout=120, cwd=recipe.parent)
     assert proc.returncode == 2 and "--strategy tp needs TE layers" in proc.stderr.strip().splitlines()[-1]

@@ -15,15 +15,14 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from helpers.fakes import profiler_that_cannot_start, start_warnings
+from helpers.procs import start_bench_with_workers
+from test_callback import DemoTransformer
 from torch import nn
 
 from te_gemm_callback import GemmCapture, GemmProfiler, GemmProfilerCallback
-from te_gemm_callback.bench.cells import BenchResult, ResultCache
 from te_gemm_callback.cli import main
-from test_callback import DemoTransformer
-
-from helpers.procs import start_bench_with_workers
-from helpers.fakes import profiler_that_cannot_start, start_warnings
+from te_gemm_callback.microbench.cells import BenchResult, ResultCache
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,9 +62,9 @@ def test_unwritable_output_dir_leaves_the_fit_running(tmp_path, caplog):
 def test_a_capture_that_cannot_start_leaves_the_fit_running(tmp_path, caplog, monkeypatch):
     # Any failure while building or starting the profiler is logged once; the fit's later hooks
     # must not then touch a profiler that does not exist.
-    import te_gemm_callback.callback as callback_module
+    import te_gemm_callback.schedule as schedule  # the adapters drive the schedule, which builds the profiler
 
-    profiler_that_cannot_start(monkeypatch, callback_module)
+    profiler_that_cannot_start(monkeypatch, schedule)
     cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path / "out", verbose=False)
     with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
         trainer = fit(cb, steps=6)
@@ -199,7 +198,8 @@ def test_cli_one_line_errors(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"schema": "te-gemm-ranks/1", "ranks": []}))
-    for args in (["bench", "--shapes", "8x8x8", "--precisions", "BF16", "--no-cache", "--json", str(tmp_path / "f" / "b.json")],
+    for args in (["bench", "--shapes", "8x8x8", "--precisions", "BF16", "--no-cache",
+                  "--json", str(tmp_path / "f" / "b.json")],
                  ["show", str(summary)],
                  ["compare", str(cap), "--json", str(tmp_path / "f" / "r.json")]):
         assert main(args) == 2, args
@@ -228,7 +228,7 @@ def test_compare_refuses_captures_of_different_models(tmp_path, capsys):
 
 
 def test_bench_json_of_another_schema_and_corrupt_one_name_the_file(tmp_path):
-    from te_gemm_callback.bench.results import BenchResults
+    from te_gemm_callback.microbench.results import BenchResults
 
     (tmp_path / "other.json").write_text(json.dumps({"schema": "something/2", "results": []}))
     with pytest.raises(ValueError, match="other.json is not a te-gemm bench result"):
@@ -241,9 +241,9 @@ def test_bench_json_of_another_schema_and_corrupt_one_name_the_file(tmp_path):
 def test_bench_without_the_captures_shapes_says_not_measured():
     from rich.console import Console
 
-    from te_gemm_callback.bench.cells import WorkItem
-    from te_gemm_callback.bench.results import BenchResults
-    from te_gemm_callback.render.bench_tables import totals_table
+    from te_gemm_callback.microbench.cells import WorkItem
+    from te_gemm_callback.microbench.results import BenchResults
+    from te_gemm_callback.reporting.bench_tables import totals_table
     from te_gemm_callback.shapes import GemmShape
 
     res = BenchResults([BenchResult(64, 64, 64, op, "BF16", "autocast", median_ms=1.0, iters=3)
@@ -285,7 +285,7 @@ def test_max_steps_inside_the_window_and_a_reused_callback_warn(tmp_path, caplog
         assert len(GemmCapture.load(tmp_path / "gemm_capture.json").steps) == 2
         caplog.clear()
         fit(cb, steps=4)
-    assert any("already captured a fit" in m for m in warnings_of(caplog))
+    assert any("already captured a run" in m for m in warnings_of(caplog))
 
 
 def test_run_with_too_few_steps_is_a_one_line_error(capsys):
@@ -301,8 +301,9 @@ def test_resume_inside_the_window(tmp_path, caplog):
     first = tmp_path / "gemm_capture.json"
     first.write_text(json.dumps({"schema": "te-gemm-capture/1", "records": [], "steps": [], "marker": 1}))
     cb.load_state_dict({"steps_seen": 3, "done": False, "path": None})  # resumed after 3 steps, mid-window
-    assert cb.phase(2) == "wait" and cb.phase(3) == "warmup" and cb.phase(4) == "active"  # warm-up again
-    cb.steps_seen = 0  # the resumed trainer counts from its checkpoint; here from 0 with wait moved
+    sched = cb.schedule
+    assert sched.phase(2) == "wait" and sched.phase(3) == "warmup" and sched.phase(4) == "active"  # warm-up again
+    sched.steps_seen = 0  # the resumed trainer counts from its checkpoint; here from 0 with wait moved
     with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
         fit(cb, steps=9)
     assert json.loads(first.read_text())["marker"] == 1  # not overwritten
@@ -312,8 +313,8 @@ def test_resume_inside_the_window(tmp_path, caplog):
 
 # 12. A bench whose every cell failed is a failure, with the reason.
 def test_every_cell_failed_exits_nonzero(monkeypatch, capsys):
-    from te_gemm_callback.bench import engine
-    from te_gemm_callback.bench.results import BenchResults
+    from te_gemm_callback.microbench import engine
+    from te_gemm_callback.microbench.results import BenchResults
 
     def all_fail(items, precisions, modes, **kw):
         return BenchResults([BenchResult(it.fprop.m, it.fprop.k, it.fprop.n, "fprop", "BF16", "autocast",

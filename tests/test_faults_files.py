@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from te_gemm_callback import jsonio
-from te_gemm_callback.bench import engine
-from te_gemm_callback.bench.cells import ResultCache
-from te_gemm_callback.bench.results import BenchResults
-from te_gemm_callback.capture.record import GemmCapture
-from te_gemm_callback.cli import main
-from helpers.procs import start_bench_with_workers
 from helpers.cli import one_line_error
+from helpers.procs import start_bench_with_workers
 from test_plan import bench, capture
+
+from te_gemm_callback.capture.capture_file import GemmCapture
+from te_gemm_callback.cli import main
+from te_gemm_callback.files import jsonio, png
+from te_gemm_callback.microbench import engine
+from te_gemm_callback.microbench.cells import ResultCache
+from te_gemm_callback.microbench.results import BenchResults
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = ["bench", "--shapes", "8x8x8", "--precisions", "BF16"]
@@ -50,7 +50,7 @@ def _not_ours(tmp_path, name):
     if name.endswith(".ckpt"):
         torch.save({"w": torch.randn(10)}, path)  # zip bytes: not UTF-8
     elif name.endswith(".png"):
-        path.write_bytes(jsonio.PNG_SIGNATURE + bytes(range(256)))
+        path.write_bytes(png.PNG_SIGNATURE + bytes(range(256)))
     else:
         path.write_bytes("café, notes\n".encode("latin-1"))
     return path
@@ -175,7 +175,7 @@ def test_show_dev_zero_stops_at_once():
 
 
 def test_a_damaged_cache_entry_is_measured_again_and_dropped(tmp_path):
-    from te_gemm_callback.bench.cells import BenchResult
+    from te_gemm_callback.microbench.cells import BenchResult
 
     path = tmp_path / "cache.json"
     c = ResultCache(path)
@@ -239,7 +239,7 @@ def test_bench_refuses_outputs_of_another_kind_before_measuring(tmp_path, capsys
 
 
 def test_plan_yaml_replaces_only_its_own_kind(tmp_path, capsys):
-    from te_gemm_callback.plan import YAML_MARKER
+    from te_gemm_callback.analysis.plan import YAML_MARKER
 
     run = run_folder(tmp_path)
     notes = tmp_path / "notes.txt"
@@ -262,16 +262,16 @@ def test_figures_are_written_atomically_and_only_over_pngs(tmp_path):
     import matplotlib.pyplot as plt
 
     fig = plt.figure()
-    path = jsonio.write_figure_atomic(fig, tmp_path / "f.png", dpi=50)
-    assert path.read_bytes().startswith(jsonio.PNG_SIGNATURE)
-    jsonio.write_figure_atomic(fig, path)  # a PNG: replaced
+    path = png.write_figure_atomic(fig, tmp_path / "f.png", dpi=50)
+    assert path.read_bytes().startswith(png.PNG_SIGNATURE)
+    png.write_figure_atomic(fig, path)  # a PNG: replaced
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
     link = tmp_path / "link.png"
     link.symlink_to(path)
     for target, needle in ((notes, "not a PNG figure"), (link, "symbolic link")):
         with pytest.raises(ValueError, match=needle):
-            jsonio.write_figure_atomic(fig, target)
+            png.write_figure_atomic(fig, target)
     plt.close(fig)
     assert notes.read_text() == "my notes\n" and link.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.png", "link.png", "notes.txt"]  # no temporaries
@@ -283,7 +283,7 @@ def test_visits_are_bounded(capsys, no_measuring):
         main(BENCH + ["--no-cache", "--visits", "100000000000"])
     assert e.value.code == 2
     one_line_error(capsys, "--visits: expected at most 1000 visits")
-    from te_gemm_callback.bench.parallel import run_bench_parallel
+    from te_gemm_callback.microbench.parallel import run_bench_parallel
 
     with pytest.raises(ValueError, match="visits must be an integer from 1 to 1000"):  # the Python API too
         run_bench_parallel([], ["BF16"], ["autocast"], 2, visits=10**11)
@@ -319,7 +319,7 @@ def test_empty_paths_are_refused(capsys, no_measuring, args):
 def test_stale_bench_folders_of_dead_owners_are_removed(tmp_path, monkeypatch):
     import socket
 
-    from te_gemm_callback.bench.parallel import _remove_stale_folders
+    from te_gemm_callback.microbench.parallel import _remove_stale_folders
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -338,7 +338,7 @@ def test_stale_bench_folders_of_dead_owners_are_removed(tmp_path, monkeypatch):
 
 
 def test_an_ignored_sighup_stays_ignored():
-    from te_gemm_callback.bench.parallel import _sigterm_as_interrupt
+    from te_gemm_callback.microbench.parallel import _sigterm_as_interrupt
 
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     try:
@@ -360,7 +360,7 @@ def _alive(pid):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU workers; the GPU path is covered on the GPU host")
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL])
 def test_workers_die_with_the_parent_and_leave_no_folder(tmp_path, monkeypatch, sig):
-    from te_gemm_callback.bench.parallel import _remove_stale_folders
+    from te_gemm_callback.microbench.parallel import _remove_stale_folders
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -384,7 +384,7 @@ def test_workers_die_with_the_parent_and_leave_no_folder(tmp_path, monkeypatch, 
 
 # Probe faults 5, 15: refused before anything is launched or measured.
 def test_more_devices_than_gpus_are_refused_before_launch(capsys, no_measuring, monkeypatch):
-    from te_gemm_callback.bench import parallel
+    from te_gemm_callback.microbench import parallel
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: a host without GPUs, whatever runs the tests
@@ -402,7 +402,7 @@ def test_a_tiny_gemm_duty_is_refused(capsys, no_measuring):
         main(BENCH + ["--no-cache", "--gemm-duty", "0.000001"])
     assert e.value.code == 2
     one_line_error(capsys, "--gemm-duty", "from 0.05 to 1")
-    from te_gemm_callback.bench.parallel import run_bench_parallel
+    from te_gemm_callback.microbench.parallel import run_bench_parallel
 
     with pytest.raises(ValueError, match="gemm_duty must be in"):  # the Python API, before any worker starts
         run_bench_parallel([], ["BF16"], ["autocast"], 2, gemm_duty=1e-6)

@@ -21,14 +21,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
+from helpers.cli import one_line_error
+from test_callback import DemoTransformer
+from test_plan import bench, capture
 
-from te_gemm_callback import GemmCapture, GemmProfiler, GemmProfilerCallback  # noqa: E402
-from te_gemm_callback.cli import main  # noqa: E402
-from te_gemm_callback.runs import analyze_run  # noqa: E402
-from test_callback import DemoTransformer  # noqa: E402
-from helpers.cli import one_line_error  # noqa: E402
-from test_plan import bench, capture  # noqa: E402
+from te_gemm_callback import GemmCapture, GemmProfiler, GemmProfilerCallback
+from te_gemm_callback.analysis.runs import analyze_run
+from te_gemm_callback.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def test_bench_modes_never_name_a_file_outside_the_run(tmp_path, capsys, modes):
     one_line_error(capsys, "bench.json", "meta.modes")
     assert sorted(p.name for p in tmp_path.rglob("*.png")) == []
     # The figure writer itself takes only plain names: a caller that skips the file's checks too.
-    from te_gemm_callback.render.report import report_targets
+    from te_gemm_callback.reporting.speedups import report_targets
 
     for bad in (["x/../../../victim"], ["a\\b"], ["a\x1b[31m"]):
         with pytest.raises(ValueError, match="not a plain file name"):
@@ -146,8 +146,9 @@ def test_a_users_plan_yaml_is_a_warning_and_the_report_is_written(tmp_path, capl
 def test_an_exception_in_a_trainers_forward_leaves_nothing_on_the_model(tmp_path, caplog):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from te_gemm_callback.hf import GemmProfilerTrainerCallback
     from test_hf_trainer import Tokens, tiny_llama
+
+    from te_gemm_callback.adapters.hf import GemmProfilerTrainerCallback
 
     class Boom(type(tiny_llama())):
         calls, boom_at = 0, None
@@ -258,8 +259,8 @@ def test_steps_short_of_the_accumulation_are_not_clean(tmp_path, wait, instrumen
     assert by_kind["partial"] and all(s.micro_batches == 2 for s in by_kind["partial"])
     assert cap.step_ms() == pytest.approx(sorted(s.ms for s in by_kind["clean"])[len(by_kind["clean"]) // 2]
                                           if len(by_kind["clean"]) % 2 else
-                                          sum(sorted(s.ms for s in by_kind["clean"])[len(by_kind["clean"]) // 2 - 1:
-                                                                                    len(by_kind["clean"]) // 2 + 1]) / 2)
+                                          sum(sorted(s.ms for s in by_kind["clean"])
+                                              [len(by_kind["clean"]) // 2 - 1:len(by_kind["clean"]) // 2 + 1]) / 2)
     # GEMMs per full step, whichever step was instrumented: the decoder runs once a micro-batch.
     dec = {r.op: r.calls_per_step for r in cap.records if r.module == "model.decoder"}
     assert dec == {"fprop": 5, "dgrad": 5, "wgrad": 5}
@@ -335,7 +336,8 @@ def test_two_callbacks_in_one_trainer(tmp_path):
         pl.Trainer(accelerator="cpu", callbacks=[a, same], logger=False)
 
 
-@pytest.mark.parametrize("kw,needle", [(dict(filename=".."), "plain file name"), (dict(filename="."), "plain file name"),
+@pytest.mark.parametrize("kw,needle", [(dict(filename=".."), "plain file name"),
+                                       (dict(filename="."), "plain file name"),
                                        (dict(set_recipe="x"), "set_recipe must be a function")])
 def test_callback_arguments_that_would_lose_the_capture_are_refused(kw, needle):
     with pytest.raises(ValueError, match=needle) as e:
@@ -350,23 +352,23 @@ def test_the_callback_can_be_deep_copied_inside_the_window(tmp_path):
     class CopyIt(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if trainer.global_step == 3:  # inside the active window, the profiler live
-                assert cb._prof is not None
+                assert cb.schedule._prof is not None
                 copies.append(copy.deepcopy(cb))
                 pickle.dumps(copies[-1])
 
     fit(cb, steps=6, callbacks=[CopyIt()])
-    assert copies and copies[0]._prof is None and copies[0].steps_seen == 3  # its place in the schedule kept
+    assert copies and copies[0].schedule._prof is None and copies[0].steps_seen == 3  # its place in the schedule kept
     assert cb.capture is not None and len(cb.capture.steps) == 3 and cb.path.exists()
 
 
 def test_hf_callback_refuses_a_filename_that_is_a_folder():
     pytest.importorskip("transformers")
-    from te_gemm_callback.hf import GemmProfilerTrainerCallback
+    from te_gemm_callback.adapters.hf import GemmProfilerTrainerCallback
 
     with pytest.raises(ValueError, match="plain file name"):
         GemmProfilerTrainerCallback(filename="..")
     cb = GemmProfilerTrainerCallback()
-    assert copy.deepcopy(cb)._prof is None and os.fspath(copy.deepcopy(cb).output_dir) == "te_gemm"
+    assert copy.deepcopy(cb).schedule._prof is None and os.fspath(copy.deepcopy(cb).output_dir) == "te_gemm"
 
 
 # Probe faults 1, 2, 19: the sweep folder's links, and what the sweep leaves on the module.
@@ -400,7 +402,7 @@ def test_the_sweep_never_writes_through_a_linked_folder_and_leaves_no_log_attrib
 def test_a_planned_model_pickles_deep_copies_and_its_copy_is_its_own():  # probe fault 3
     import io
 
-    from te_gemm_callback.plan import PrecisionPlan, apply_precision_plan
+    from te_gemm_callback.analysis.plan import PrecisionPlan, apply_precision_plan
 
     m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
     h = apply_precision_plan(m, PrecisionPlan("Float8CurrentScaling", ["0", "2"]))
@@ -420,8 +422,8 @@ def test_a_planned_model_pickles_deep_copies_and_its_copy_is_its_own():  # probe
 
 
 def test_a_plan_whose_gemm_time_exceeds_the_step_predicts_nothing_and_loads_back(tmp_path, capsys):  # fault 4
-    from te_gemm_callback.plan import PrecisionPlan, make_plan, write_plan
-    from te_gemm_callback.render.report import plan_line
+    from te_gemm_callback.analysis.plan import PrecisionPlan, make_plan, write_plan
+    from te_gemm_callback.reporting.speedups import plan_line
 
     plan = make_plan(capture(step_ms=1.0, gemm_ms=3.06), bench())  # host-clock GEMMs over a clean step
     assert plan.predicted_step_ms == {} and plan.predicted_speedup == {}
@@ -465,11 +467,13 @@ def test_micro_batches_the_capture_could_not_load_are_refused_at_step(tmp_path, 
     assert GemmCapture.load(cap.save(tmp_path / "c.json")).steps
 
 
-@pytest.mark.parametrize("kw,needle", [(dict(output_dir="/dev/null"), "not a folder"), (dict(output_dir=""), "folder path"),
+@pytest.mark.parametrize("kw,needle", [(dict(output_dir="/dev/null"), "not a folder"),
+                                       (dict(output_dir=""), "folder path"),
                                        (dict(filename="x" * 300 + ".json"), "at most 200 bytes"),
-                                       (dict(sweep=[None]), "list of recipe names"), (dict(sweep=[5]), "list of recipe names")])
+                                       (dict(sweep=[None]), "list of recipe names"),
+                                       (dict(sweep=[5]), "list of recipe names")])
 def test_callback_arguments_refused_at_construction(tmp_path, kw, needle):  # probe fault 14
-    from te_gemm_callback.hf import GemmProfilerTrainerCallback
+    from te_gemm_callback.adapters.hf import GemmProfilerTrainerCallback
 
     for cls in (GemmProfilerCallback, GemmProfilerTrainerCallback):
         with pytest.raises(ValueError, match=needle) as e:
@@ -485,7 +489,7 @@ def test_plan_yaml_quotes_module_names_and_refuses_control_characters():  # prob
 
     import yaml
 
-    from te_gemm_callback.plan import PrecisionPlan
+    from te_gemm_callback.analysis.plan import PrecisionPlan
 
     names = ["blocks.0.it's", "a\"b", "x: y #z"]
     doc = yaml.safe_load(PrecisionPlan("Float8CurrentScaling", names).nvdlfw_yaml())

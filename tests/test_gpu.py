@@ -20,7 +20,7 @@ needs_te = pytest.mark.skipif(not te_available()[0], reason="transformer-engine 
 @needs_te
 @pytest.mark.parametrize("recipe", HOPPER)
 def test_te_stack_12_gemms_per_layer(recipe):
-    from te_gemm_callback.models import codonfm, stack_input, te_stack, train_step_fn
+    from te_gemm_callback.demo.models import codonfm, stack_input, te_stack, train_step_fn
 
     if not availability(recipe).ok:
         pytest.skip(availability(recipe).reason)
@@ -66,8 +66,8 @@ def test_dispatch_mode_sees_backward_gemms_on_cuda_threads():
 
 @needs_te
 def test_bench_runs_every_hopper_recipe_in_both_modes():
-    from te_gemm_callback.bench.cells import WorkItem
-    from te_gemm_callback.bench.engine import run_bench
+    from te_gemm_callback.microbench.cells import WorkItem
+    from te_gemm_callback.microbench.engine import run_bench
     from te_gemm_callback.shapes import GemmShape
 
     items = [WorkItem("big", GemmShape(8192, 4096, 4096)),
@@ -90,14 +90,15 @@ def test_bench_job_never_idles_the_gpu_between_its_timed_calls(monkeypatch):
     # faster than a training job does (docs/results/h200.md): a job never waits for the
     # GPU (its caller reads it after one synchronize per visit), and its first burst must not find
     # the GPU idle.
-    from te_gemm_callback.bench import jobs, timing
-    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.microbench import jobs, timing
+    from te_gemm_callback.microbench.cells import WorkItem
     from te_gemm_callback.shapes import GemmShape
 
     syncs, idle_bursts = [], []
     real_sync, real_heat = torch.cuda.synchronize, timing.heat_seconds
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (syncs.append(1), real_sync(*a))[1])
-    monkeypatch.setattr(timing, "heat_seconds", lambda h, idle, b=None: (idle_bursts.append(idle), real_heat(h, idle, b))[1])
+    monkeypatch.setattr(timing, "heat_seconds",
+                        lambda h, idle, b=None: (idle_bursts.append(idle), real_heat(h, idle, b))[1])
     with jobs.job_factory(True, ["autocast", "prequantized"], None, share=1.0) as make:
         job = make(WorkItem("x", GemmShape(8192, 4096, 4096)), "Float8CurrentScaling")
         real_sync()  # built: the GPU is idle now, as after a run's setup phase
@@ -115,8 +116,8 @@ def test_bench_job_never_idles_the_gpu_between_its_timed_calls(monkeypatch):
 @needs_te
 def test_bench_run_queues_jobs_back_to_back(monkeypatch):
     # Across jobs too: nothing idles the GPU between them, so no timed burst needs heat.
-    from te_gemm_callback.bench.cells import ResultCache, WorkItem
-    from te_gemm_callback.bench.engine import run_bench
+    from te_gemm_callback.microbench.cells import ResultCache, WorkItem
+    from te_gemm_callback.microbench.engine import run_bench
     from te_gemm_callback.shapes import GemmShape
 
     items = [WorkItem(f"s{i}", GemmShape(8192, 4096, 4096 * (1 + i % 2))) for i in range(3)]
@@ -132,9 +133,9 @@ def test_bench_run_queues_jobs_back_to_back(monkeypatch):
 @needs_te
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_bench_over_two_gpus_matches_one():
-    from te_gemm_callback.bench.cells import ResultCache, WorkItem
-    from te_gemm_callback.bench.engine import run_bench
-    from te_gemm_callback.bench.parallel import run_bench_parallel
+    from te_gemm_callback.microbench.cells import ResultCache, WorkItem
+    from te_gemm_callback.microbench.engine import run_bench
+    from te_gemm_callback.microbench.parallel import run_bench_parallel
     from te_gemm_callback.shapes import GemmShape
 
     items = [WorkItem(f"s{i}", GemmShape(8192, 4096, 4096 * (1 + i % 2))) for i in range(4)]
@@ -150,7 +151,7 @@ def test_bench_over_two_gpus_matches_one():
     for r in one.results:
         other = two.get(r.shape, r.precision, r.mode)
         assert abs(other.iters - r.iters) <= 0.25 * r.iters, (other.iters, r.iters)
-        # Per-cell agreement over many cells is measured by benchmarks/h200x2_validation.sh (2 x H200,
+        # Per-cell agreement over many cells is measured by benchmarks/h200x2.sh (2 x H200,
         # 288 of 288 within 3%, as close as one GPU to itself); here a cell more than 6%
         # off means the GPUs did not run the same work.
         assert other.median_ms == pytest.approx(r.median_ms, rel=0.06)
@@ -166,7 +167,7 @@ def test_recipe_states_keep_delayed_scaling_alive_across_switches():
     import transformer_engine.pytorch as te
 
     from te_gemm_callback.precisions import autocast
-    from te_gemm_callback.sweep import run_sweep
+    from te_gemm_callback.sweep.engine import run_sweep
 
     def scale(m):
         return float(m.fp8_meta["scaling_fwd"].scale.flatten()[0])
@@ -217,7 +218,7 @@ def test_sweep_rounds_keep_delayed_scaling_updating():
     import transformer_engine.pytorch as te
 
     from te_gemm_callback.precisions import autocast
-    from te_gemm_callback.sweep import run_sweep
+    from te_gemm_callback.sweep.engine import run_sweep
 
     torch.manual_seed(0)
     x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16) * 0.01
@@ -329,7 +330,7 @@ def test_kernel_records_keep_only_the_marked_steps_and_join_every_gemm():
     """A real CUPTI session over a warm-up and two kernels steps of a plain CUDA MLP: the step
     markers are in the records and split the steps alike, and each kernels step's GEMM kernels
     join the 6 captured GEMMs (2 fprop, 2 dgrad, 2 wgrad) one to one."""
-    from te_gemm_callback.capture.kernel_records import KernelProfile
+    from te_gemm_callback.capture.kernel_profile import KernelProfile
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
@@ -369,8 +370,9 @@ def test_te_ops_gemms_owned_by_their_linear_ops(caplog):
     with caplog.at_level("WARNING", logger="te_gemm_callback"), GemmProfiler(model, kernel_steps=0) as prof:
         model(x).sum().backward()
     got = sorted((r.module, r.op, r.shape.mkn) for r in prof.capture.records)
-    assert got == sorted([("1", "fprop", "512x256x1024"), ("1", "dgrad", "512x1024x256"), ("1", "wgrad", "256x512x1024"),
-                          ("3", "fprop", "512x1024x256"), ("3", "dgrad", "512x256x1024"), ("3", "wgrad", "1024x512x256")])
+    assert got == sorted([("1", "fprop", "512x256x1024"), ("1", "dgrad", "512x1024x256"),
+                          ("1", "wgrad", "256x512x1024"), ("3", "fprop", "512x1024x256"),
+                          ("3", "dgrad", "512x256x1024"), ("3", "wgrad", "1024x512x256")])
     assert prof.capture.coverage["never_ran"] == [] and not caplog.records
 
 
@@ -379,7 +381,7 @@ def test_te_ops_gemms_owned_by_their_linear_ops(caplog):
 def test_graphed_te_layers_captured_from_an_eager_step_and_timed_from_replays(recipe):
     import transformer_engine.pytorch as te
 
-    from te_gemm_callback.models import DemoConfig, stack_input, te_stack, train_step_fn
+    from te_gemm_callback.demo.models import DemoConfig, stack_input, te_stack, train_step_fn
     from te_gemm_callback.precisions import make_recipe
 
     c = DemoConfig(hidden_size=512, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
@@ -407,7 +409,7 @@ def test_compiled_te_stack_same_gemms_as_eager_and_no_new_graph():
     unique graph (benchmarks/jobs_check.py compile)."""
     from torch._dynamo.utils import counters
 
-    from te_gemm_callback.models import DemoConfig, stack_input, te_stack, train_step_fn
+    from te_gemm_callback.demo.models import DemoConfig, stack_input, te_stack, train_step_fn
 
     c = DemoConfig(hidden_size=512, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
                    num_hidden_layers=2, vocab_size=128, sequence_length=128, micro_batch_size=2,
@@ -434,9 +436,9 @@ def test_grouped_te_gemms_join_kernel_records():
     import sys
     from pathlib import Path
 
-    from te_gemm_callback.demo import DemoConfig, next_token_loss
+    from te_gemm_callback.demo.job import DemoConfig, next_token_loss
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from moe import MoELM
 
     torch.manual_seed(0)
@@ -561,7 +563,7 @@ def test_owners_by_launch_order_match_hooked_steps(recipe):
     """Instrumented steps after the first take owners by launch order (no module hooks): under
     every Hopper recipe they match call for call, and the capture equals one hooked on every step
     (same GEMMs, owners, shapes, precisions, call counts)."""
-    from te_gemm_callback.models import DemoConfig, stack_input, te_stack, train_step_fn
+    from te_gemm_callback.demo.models import DemoConfig, stack_input, te_stack, train_step_fn
 
     if not availability(recipe).ok:
         pytest.skip(availability(recipe).reason)
@@ -585,23 +587,25 @@ def test_owners_by_launch_order_match_hooked_steps(recipe):
 
 
 @needs_te
-@pytest.mark.parametrize("job, recipe", [("graphs", "DelayedScaling"), ("ops", "Float8CurrentScaling"), ("compile", "BF16")])
+@pytest.mark.parametrize("job, recipe",
+                         [("graphs", "DelayedScaling"), ("ops", "Float8CurrentScaling"), ("compile", "BF16")])
 def test_job_kinds_recipe(job, recipe, tmp_path):
-    """recipes/job_kinds.py as the README shows it: graphed TE layers (12 GEMMs each, replay
+    """examples/job_kinds.py as the README shows it: graphed TE layers (12 GEMMs each, replay
     kernels joined), te.ops (owned by the two Linear ops), a compiled model (said compiled)."""
     import importlib.util
     from pathlib import Path
 
     from te_gemm_callback import GemmCapture
 
-    path = Path(__file__).resolve().parents[1] / "recipes" / "job_kinds.py"
+    path = Path(__file__).resolve().parents[1] / "examples" / "job_kinds.py"
     spec = importlib.util.spec_from_file_location("job_kinds", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main([job, "--recipe", recipe, "--out", str(tmp_path)]) == 0
     cap = GemmCapture.load(tmp_path / job / "gemm_capture.json")
     if job == "graphs":
-        per_layer = collections.Counter(r.module.split(".")[0] for r in cap.records for _ in range(int(r.calls_per_step)))
+        per_layer = collections.Counter(r.module.split(".")[0] for r in cap.records
+                                        for _ in range(int(r.calls_per_step)))
         assert per_layer == {"0": 12, "1": 12}
         assert cap.meta["graphed_modules"] == ["0", "1"]
         assert cap.meta["kernel_join"] == "joined by launch order", cap.meta["kernel_join"]

@@ -5,15 +5,14 @@ here runs under no Python the profiler could see (the dispatch mode and hooks ar
 real replay runs none. The real thing runs in tests/test_gpu.py."""
 
 import torch
+from helpers.fakes import Clock, FakeKernels
+from test_profiler import MLP
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
 from te_gemm_callback import GemmProfiler
 from te_gemm_callback.capture.graphs import graphed_modules, in_graphed
-from te_gemm_callback.render.tables import capture_table
-
-from helpers.fakes import Clock, FakeKernels
-from test_profiler import MLP
+from te_gemm_callback.reporting.tables import capture_table
 
 
 def fake_graph(module, replays):

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from te_gemm_callback.capture.kernel_records import KernelProfile, KernelStep
+from te_gemm_callback.capture.kernel_profile import KernelProfile, KernelStep
 
 
 class _Session:

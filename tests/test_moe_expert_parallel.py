@@ -7,21 +7,20 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from helpers import import_recipe
+from helpers import import_example
 
 pytestmark = pytest.mark.multiprocess  # DDP ranks / spawned workers
 
-H, I, E, K, T = 16, 24, 4, 2, 20
+H, FF, E, K, T = 16, 24, 4, 2, 20  # FF: the experts' intermediate size
 
 
 def _worker(rank: int, world: int, init: str, q, collapse: bool) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        moe = import_recipe("moe")
+        moe = import_example("moe")
         torch.manual_seed(0)
-        full = moe.MoEMLP(H, I, E, K, te_experts=False)  # same weights on both ranks
-        ep = moe.MoEMLP(H, I, E, K, te_experts=False, ep_group=dist.group.WORLD)
+        full = moe.MoEMLP(H, FF, E, K, te_experts=False)  # same weights on both ranks
+        ep = moe.MoEMLP(H, FF, E, K, te_experts=False, ep_group=dist.group.WORLD)
         lo, hi = rank * E // world, (rank + 1) * E // world
         with torch.no_grad():
             if collapse:  # equal logits: top-2 picks the same two experts, on one rank; the other gets no rows
@@ -70,7 +69,7 @@ def test_expert_parallel_matches_single_process(tmp_path, collapse):
 
 
 def test_expert_parallel_recipe_rejects_uneven_split():
-    moe = import_recipe("moe")
+    moe = import_example("moe")
     try:
         moe.main(["--tiny", "--experts", "3", "--devices", "2", "--expert-parallel", "--no-bench"])
     except SystemExit as e:

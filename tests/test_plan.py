@@ -5,14 +5,14 @@ import json
 
 import pytest
 import torch
+from helpers.fakes import fake_te_sweep
 from torch import nn
 
-from helpers.fakes import fake_te_sweep
-from te_gemm_callback.bench.cells import BenchResult
-from te_gemm_callback.bench.results import BenchResults
-from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
+from te_gemm_callback.analysis.plan import ModuleChoice, PrecisionPlan, apply_precision_plan, make_plan
+from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepTime
 from te_gemm_callback.cli import main
-from te_gemm_callback.plan import ModuleChoice, PrecisionPlan, apply_precision_plan, make_plan
+from te_gemm_callback.microbench.cells import BenchResult
+from te_gemm_callback.microbench.results import BenchResults
 
 # Three modules: "big" where FP8 wins, "small" where it loses, "router" (8 wide) it cannot run.
 SHAPES = {"big": (1024, 1024, 4096), "small": (64, 32, 32), "router": (1024, 1024, 8)}
@@ -77,7 +77,7 @@ def test_bf16_everywhere_when_fp8_loses_on_every_module():
     assert plan.same_as == "BF16" and sorted(plan.keep_bf16) == ["big", "router", "small"]
     assert plan.best_single == "BF16"
     assert plan.predicted_step_ms["plan"] == pytest.approx(plan.predicted_step_ms["BF16"])
-    from te_gemm_callback.render.tables import plan_table
+    from te_gemm_callback.reporting.tables import plan_table
 
     assert plan_table(plan).title == "Precision plan: BF16 everywhere"
 
@@ -144,7 +144,7 @@ def test_apply_precision_plan_leaves_no_hooks_and_changes_no_weights():
 
 
 def test_sweep_measures_the_plan_beside_the_single_recipes(monkeypatch, tmp_path):
-    from te_gemm_callback import analysis
+    from te_gemm_callback.analysis import verdicts as analysis
 
     sweep, fake = fake_te_sweep(monkeypatch)
     torch.manual_seed(0)
@@ -193,7 +193,7 @@ def test_sweep_plan_argument(tmp_path):
 def test_a_module_fp8_cannot_run_stays_bf16_even_if_its_bench_cell_says_fast():
     """A bench cell that ran (TE padded, or another build) must not put an 8-wide router in FP8:
     TE's FP8 GEMMs need every dimension a multiple of 16."""
-    from te_gemm_callback.plan import fp8_shape_ok
+    from te_gemm_callback.analysis.plan import fp8_shape_ok
 
     res = bench()
     changed = 0
@@ -206,7 +206,7 @@ def test_a_module_fp8_cannot_run_stays_bf16_even_if_its_bench_cell_says_fast():
     assert "router" in plan.keep_bf16
     router = next(c for c in plan.modules if c.module == "router")
     assert router.fp8_ms is None and router.keep_bf16
-    from te_gemm_callback.bench.cells import WorkItem
+    from te_gemm_callback.microbench.cells import WorkItem
     from te_gemm_callback.shapes import GemmOp, GemmShape
 
     assert not fp8_shape_ok(WorkItem("x", GemmShape(1000, 1024, 1024, GemmOp.FPROP)))
@@ -250,7 +250,7 @@ def test_a_delayed_scaling_plan_is_swept_on_a_job_in_another_fp8_recipe(monkeypa
 def test_the_swept_plan_is_predicted_from_this_run_like_the_recipes():
     """The plan file's prediction is anchored on the run it was made from; beside the recipes, the
     report predicts the plan from this run's baseline and bench, the same way as theirs."""
-    from te_gemm_callback import analysis
+    from te_gemm_callback.analysis import verdicts as analysis
 
     job = capture(step_ms=10.0, gemm_ms=3.06)  # the job ran BF16: the baseline
     job.meta["recipe"] = "BF16"

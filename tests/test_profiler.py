@@ -184,7 +184,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="adapters"):
         GemmProfiler(Net(), adapters=("cuda",))
     with pytest.raises(RuntimeError, match="no capture yet"):
-        GemmProfiler(Net()).capture
+        _ = GemmProfiler(Net()).capture
 
 
 def test_profiler_ranges_backend_opens_a_torch_profiler_range_per_gemm():

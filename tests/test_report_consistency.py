@@ -8,16 +8,23 @@ import re
 import pytest
 from rich.console import Console
 
-from te_gemm_callback.analysis import analyze, capture_recipe
-from te_gemm_callback.bench.cells import BenchResult
-from te_gemm_callback.bench.results import BenchResults
-from te_gemm_callback.capture.record import GemmCapture, GemmRecord, StepTime
-from te_gemm_callback.checks import precision_ran, share_check
-from te_gemm_callback.notes import instrument_note, instrument_problem
-from te_gemm_callback.render.report import (render_run, report_table, speedup_figure, step_split_figure,
-                                            step_split_title, verdict_panel)
-from te_gemm_callback.render.report import report as render_report
-from te_gemm_callback.render.tables import capture_table, summary_metrics
+from te_gemm_callback.analysis.checks import share_check
+from te_gemm_callback.analysis.notes import instrument_note, instrument_problem
+from te_gemm_callback.analysis.prediction import precision_ran
+from te_gemm_callback.analysis.verdicts import analyze, capture_recipe
+from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepTime
+from te_gemm_callback.microbench.cells import BenchResult
+from te_gemm_callback.microbench.results import BenchResults
+from te_gemm_callback.reporting.speedups import (
+    render_run,
+    report_table,
+    speedup_figure,
+    step_split_figure,
+    step_split_title,
+    verdict_panel,
+)
+from te_gemm_callback.reporting.speedups import report as render_report
+from te_gemm_callback.reporting.tables import capture_table, summary_metrics
 
 M, K, N = 1024, 512, 2048
 CPU = {"device": "CPU (x86_64)", "timing": "host_clock", "gemm_time_source": "host_clock"}
@@ -128,7 +135,8 @@ def test_a_negative_cost_within_noise_and_a_positive_cost_are_stated():
     c = cap([("instrumented", 99.5, 1.0, False), ("clean", 100.0, None, False), ("clean", 101.0, None, False)])
     assert instrument_problem(c) is None
     assert "99.50 ms (-1.0%, within noise: no measurable cost)" in instrument_note(c)
-    c = cap([("instrumented", 492.0, 1.0, True), ("clean", 100.0, None, False), ("clean", 100.0, None, False)], meta=CPU)
+    c = cap([("instrumented", 492.0, 1.0, True), ("clean", 100.0, None, False), ("clean", 100.0, None, False)],
+            meta=CPU)
     assert instrument_problem(c) is None and "492.00 ms (+392.0%)" in instrument_note(c)
 
 
@@ -243,7 +251,8 @@ def test_a_sweeps_bf16_entry_that_ran_fp32_is_named_so(tmp_path):
     assert a.observed_step_speedup == pytest.approx(1.25) and a.predicted_step_speedup is None
     assert a.verdict == "n/a (no FP32 microbenchmark)"
     table = text(report_table(rep))
-    assert "job ran FP32" in table and "BF16 (ran FP32)" in table and "speedups over the BF16 run, which ran FP32" in table
+    assert "job ran FP32" in table and "BF16 (ran FP32)" in table
+    assert "speedups over the BF16 run, which ran FP32" in table
     assert any("every speedup over BF16 here is over FP32" in w for w in rep.warnings)
     # A BF16 run that ran BF16: none of it.
     bf = cap([("instrumented", 140.0, 80.0, False), ("clean", 100.0, None, False)], "bf16", recipe="BF16")
@@ -255,7 +264,8 @@ def test_a_sweeps_bf16_entry_that_ran_fp32_is_named_so(tmp_path):
 def test_an_fp32_run_folder_renders(tmp_path):
     # A CPU fp32 job with its sweep's FP8-off entry, and a BF16-only microbenchmark.
     run = tmp_path / "run"
-    cap([("instrumented", 40.0, 6.0, True), ("clean", 10.0, None, False)], "fp32", meta=CPU).save(run / "gemm_capture.json")
+    cap([("instrumented", 40.0, 6.0, True), ("clean", 10.0, None, False)], "fp32",
+        meta=CPU).save(run / "gemm_capture.json")
     cap([("instrumented", 30.0, 5.0, True), ("clean", 9.0, None, False)], "fp32", meta=CPU,
         recipe="BF16").save(run / "sweep" / "BF16" / "gemm_capture.json")
     bench({"BF16": 1.0}).save(run / "bench.json")
@@ -272,6 +282,6 @@ def test_an_fp32_moe_job_analyses():
     job = cap([("instrumented", 14.0, 6.0, False), ("clean", 10.0, None, False)], "fp32")
     job.records.append(GemmRecord(module="moe", gemm="", op="fprop", m=64, k=32, n=32, batch=1, precision="fp32",
                                   operands=[], source="te", kernel="general_grouped_gemm", recompute=False,
-                                  module_type="GroupedLinear", calls=1, calls_per_step=1.0, flops=2 * 64 * 32 * 32, times_ms=[1.0],
-                                  m_splits=[[32, 32]]))
+                                  module_type="GroupedLinear", calls=1, calls_per_step=1.0, flops=2 * 64 * 32 * 32,
+                                  times_ms=[1.0], m_splits=[[32, 32]]))
     assert analyze(job).current_recipe == "FP32"

@@ -3,8 +3,17 @@ import json
 import pytest
 
 from te_gemm_callback.cli import main
-from te_gemm_callback.shapes import (GemmOp, GemmShape, ModelConfig, backward_shapes, config_gemms,
-                                     fprop_of, gemm_passes, parse_shapes, unique_shapes)
+from te_gemm_callback.shapes import (
+    GemmOp,
+    GemmShape,
+    ModelConfig,
+    backward_shapes,
+    config_gemms,
+    fprop_of,
+    gemm_passes,
+    parse_shapes,
+    unique_shapes,
+)
 
 LLAMA3_8B = ["--hidden-size", "4096", "--intermediate-size", "14336", "--num-attention-heads", "32",
              "--num-key-value-heads", "8", "--gated-mlp", "--num-hidden-layers", "32",

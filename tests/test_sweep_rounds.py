@@ -8,11 +8,12 @@ import time
 
 import pytest
 import torch
+from helpers.fakes import fake_te_sweep
 from torch import nn
 
-from helpers.fakes import fake_te_sweep
-from te_gemm_callback import GemmProfilerCallback, analysis
-from te_gemm_callback.capture.record import GemmCapture, StepTime
+from te_gemm_callback import GemmProfilerCallback
+from te_gemm_callback.analysis import verdicts as analysis
+from te_gemm_callback.capture.capture_file import GemmCapture, StepTime
 
 
 class Probe(nn.Linear):
@@ -37,12 +38,12 @@ def test_rounds_alternate_every_entry_forward_then_reverse(monkeypatch, tmp_path
                           steps=2, warmup=1, rounds=2, budget_s=0, profile_kernels=False, out_dir=tmp_path)
     # Captures (warm-up, instrumented, 2 clean: 4 forwards each) in sweep order, then rounds of
     # (switch + 2 timed) per entry, forward order then reversed: every recipe in every round, since
-    # TE's per-recipe state is put back at each switch (sweep_state.RecipeStates).
+    # TE's per-recipe state is put back at each switch (sweep.state.RecipeStates).
     cap_, blk = 4, 3
     order = ["BF16", "DelayedScaling", "Float8CurrentScaling"]
     assert seen == [r for r in order for _ in range(cap_)] + [r for r in order + order[::-1] for _ in range(blk)]
     assert res.rounds == 2 and "time budget" in res.stopped
-    for label, cap in res.captures.items():
+    for cap in res.captures.values():
         per_round = [s for s in cap.steps if s.round is not None]
         assert [s.round for s in per_round] == [0, 0, 1, 1] and all(s.kind == "clean" for s in per_round)
     saved = GemmCapture.load(res.paths["Float8CurrentScaling"])
@@ -118,7 +119,7 @@ def test_bad_sweep_rounds_is_refused_where_given(monkeypatch):
 
 
 def test_a_swept_plan_keeps_its_modules_in_bf16_in_every_round(monkeypatch):
-    from te_gemm_callback.plan import PrecisionPlan
+    from te_gemm_callback.analysis.plan import PrecisionPlan
 
     sweep, fake = fake_te_sweep(monkeypatch)
     seen = []

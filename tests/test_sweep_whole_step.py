@@ -10,11 +10,11 @@ import time
 
 import pytest
 import torch
+from helpers.fakes import fake_te_sweep
 from torch import nn
 
-from helpers.fakes import fake_te_sweep
-from te_gemm_callback import analysis
-from te_gemm_callback.sweep_state import RecipeStates
+from te_gemm_callback.analysis import verdicts as analysis
+from te_gemm_callback.sweep.state import RecipeStates
 
 
 def _mlp():
@@ -24,7 +24,7 @@ def _mlp():
 
 def _train(model, opt, xs, sweep_after=None, sweep_kw=None):
     """Losses of a plain loop with AdamW and clipping; with ``sweep_after``, a sweep after that step."""
-    from te_gemm_callback.sweep import run_sweep
+    from te_gemm_callback.sweep.engine import run_sweep
 
     losses = []
     for i, x in enumerate(xs):
@@ -57,7 +57,7 @@ def test_training_after_a_whole_step_sweep_is_bitwise_the_same():
 
 
 def test_optimizer_state_the_sweep_creates_is_dropped():
-    from te_gemm_callback.sweep import run_sweep
+    from te_gemm_callback.sweep.engine import run_sweep
 
     model = _mlp()
     opt = torch.optim.AdamW(model.parameters())  # no step yet: no state
@@ -138,7 +138,7 @@ def test_noisy_rounds_go_on_until_the_budget_or_the_cap(monkeypatch):
 
 
 def test_a_verdict_whose_interval_straddles_its_line_is_undecided():
-    from te_gemm_callback.capture.record import GemmCapture, StepTime
+    from te_gemm_callback.capture.capture_file import GemmCapture, StepTime
 
     def cap(recipe, ms):
         return GemmCapture([], [StepTime(k, wall_ms=t, kind="clean", round=k) for k, t in enumerate(ms)],
@@ -146,13 +146,15 @@ def test_a_verdict_whose_interval_straddles_its_line_is_undecided():
 
     bf16 = analysis.observe(cap("BF16", [10.0] * 8))
     # Per-round ratios 1.10 .. 1.30x around a prediction of 1.25x: the interval reaches below 1.19x.
-    fp8 = analysis.observe(cap("Float8CurrentScaling", [10 / r for r in (1.10, 1.15, 1.2, 1.22, 1.24, 1.26, 1.28, 1.3)]))
+    ratios = (1.10, 1.15, 1.2, 1.22, 1.24, 1.26, 1.28, 1.3)
+    fp8 = analysis.observe(cap("Float8CurrentScaling", [10 / r for r in ratios]))
     a = analysis.RecipeAnalysis("Float8CurrentScaling", predicted_step_speedup=1.25,
                                 observed_step_speedup=analysis.observed_speedup(bf16, fp8))
     verdict, ev = analysis.verdict(a, fp8, bf16)
     assert verdict.startswith("undecided") and "95% interval" in " ".join(ev)
     # The same rounds, tight around 1.24x: decided.
-    fp8 = analysis.observe(cap("Float8CurrentScaling", [10 / r for r in (1.23, 1.235, 1.24, 1.24, 1.245, 1.25, 1.24, 1.24)]))
+    ratios = (1.23, 1.235, 1.24, 1.24, 1.245, 1.25, 1.24, 1.24)
+    fp8 = analysis.observe(cap("Float8CurrentScaling", [10 / r for r in ratios]))
     verdict, _ = analysis.verdict(a, fp8, bf16)
     assert verdict.startswith("GEMM-bound")
 
@@ -249,8 +251,8 @@ def test_bad_sweep_budget_is_refused_in_one_line(bad):
 
 
 def test_the_framework_time_outside_the_training_step_is_measured_and_stated():
-    from te_gemm_callback.capture.record import GemmCapture, StepTime
-    from te_gemm_callback.notes import framework_note
+    from te_gemm_callback.analysis.notes import framework_note
+    from te_gemm_callback.capture.capture_file import GemmCapture, StepTime
 
     job = GemmCapture([], [StepTime(i, wall_ms=12.0, kind="clean") for i in range(3)], {"recipe": "BF16"})
     sweep = GemmCapture([], [StepTime(i, wall_ms=10.0, kind="clean", round=i) for i in range(3)],
@@ -261,3 +263,17 @@ def test_the_framework_time_outside_the_training_step_is_measured_and_stated():
     # A forward+backward-only sweep is not the same kind of step: no note.
     sweep.meta["sweep_step"] = "forward+backward only: no optimizer was given to the sweep"
     assert framework_note(job, sweep, {"BF16": 1.0}) is None
+
+
+def test_the_sweep_package_exports_its_entry_point_and_needs_torch_only_for_it():
+    import subprocess
+    import sys
+
+    import te_gemm_callback
+    from te_gemm_callback.sweep import SweepResult, engine, run_sweep
+
+    assert run_sweep is engine.run_sweep is te_gemm_callback.run_sweep and SweepResult is engine.SweepResult
+    # The report reads the sweep's intervals (analysis.intervals) on machines without torch's import cost.
+    code = "import sys, te_gemm_callback.analysis.intervals; assert 'torch' not in sys.modules, 'torch imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -9,17 +9,26 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from te_gemm_callback import GemmProfiler  # noqa: E402
-from te_gemm_callback.models import DemoConfig, te_layers  # noqa: E402
-from te_gemm_callback.precisions import autocast  # noqa: E402
+from te_gemm_callback import GemmProfiler
+from te_gemm_callback.demo.models import DemoConfig, te_layers
+from te_gemm_callback.precisions import autocast
 
 C = DemoConfig(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=16,
                num_hidden_layers=1, sequence_length=512, micro_batch_size=4, gated_mlp=False,
                normalization="LayerNorm")
+
+
+def step(layer: torch.nn.Module, x: torch.Tensor, recipe: str) -> None:
+    """One training step of ``layer`` on ``x`` under ``recipe``. The arguments are passed, not
+    closed over: a closure defined in the loop would hold the loop's names (ruff B023), and
+    default-argument binding would keep each layer alive past its ``del``."""
+    with autocast(recipe):
+        y = layer(x)
+    y.float().pow(2).mean().backward()
+
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])
@@ -34,16 +43,10 @@ if __name__ == "__main__":
             seq = C.sequence_length // dist.get_world_size() if sp else C.sequence_length
             x = torch.randn(seq, C.micro_batch_size, C.hidden_size, device="cuda", dtype=torch.bfloat16,
                             requires_grad=True)
-
-            def step() -> None:
-                with autocast(recipe):
-                    y = layer(x)
-                y.float().pow(2).mean().backward()
-
             for _ in range(2):
-                step()
+                step(layer, x, recipe)
             with GemmProfiler(layer, nvtx=False) as prof:
-                step()
+                step(layer, x, recipe)
             prof.capture.meta["tp_input_rows"] = seq * C.micro_batch_size
             prof.capture.save(out / f"tp_sp{int(sp)}_{recipe}_rank{rank}.json")
             del layer

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from torch import nn
 
-from ..printable import plain
-from .scope import bears_gemm, is_te_module
+from te_gemm_callback.capture.scope import bears_gemm, is_te_module
+from te_gemm_callback.printable import plain
 
 log = logging.getLogger("te_gemm_callback")
 

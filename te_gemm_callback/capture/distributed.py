@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .record import GemmCapture
+from te_gemm_callback.capture.capture_file import GemmCapture
 
 RANKS_SCHEMA = "te-gemm-ranks/1"  # ranks/summary.json: {"schema": ..., "ranks": [rank_summary rows]}
 

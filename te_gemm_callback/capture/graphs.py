@@ -15,7 +15,8 @@ in CUPTI's records like any other) join the eager step's GEMMs by launch order.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the report imports in_graphed; the CLI must start without loading torch
     from torch import nn

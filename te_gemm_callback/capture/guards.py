@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -125,7 +126,7 @@ class ForwardGuard(StandIn):
             raise
 
     @classmethod
-    def install(cls, model: nn.Module, on_raise: Callable[[BaseException], None]) -> "ForwardGuard | None":
+    def install(cls, model: nn.Module, on_raise: Callable[[BaseException], None]) -> ForwardGuard | None:
         """The guard on ``model``, or None where wrapping its forward could change what runs: a
         ``torch.compile``d root (dynamo guards on its forward; an instrumented step's eager swap
         writes the same attribute)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -190,7 +191,7 @@ class _TorchNvtx:
 class ProfilerRanges:
     """An ``nvtx_backend`` for GemmProfiler that opens a torch.profiler range per GEMM
     (``"te_gemm: <range name>"``), so a torch.profiler trace attributes each GEMM's kernels to it
-    (benchmarks/validate_capture.py and benchmarks/kernel_match.py read them). Step ranges are left out."""
+    (benchmarks/validate_capture.py and benchmarks/bench_vs_job.py kernels read them). Step ranges are left out."""
 
     def start(self, name: str) -> Any:
         rf = torch.autograd.profiler.record_function(f"{NVTX_DOMAIN}: {name}")

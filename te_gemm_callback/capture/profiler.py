@@ -5,25 +5,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..clocks import ClockSampler
-from .instruments import EventTimer, Nvtx
-from .graphs import EagerForwards, graphed_modules
-from .guards import ForwardGuard
-from .kernel_records import KernelProfile, KernelStep
-from .record import GemmCapture
-from .recorder import Recorder
-from .results import CaptureResults
-from .stepping import StepBoundaries, _check_micro_batches
-from .scope import ModuleScope, is_te_module
-from .steady import EagerCompiled, GraphCaptures, SteadyWait, compiled_modules
-from .steps import COMPILE, StepPlan, count_arg
-from .te_adapter import TEInterceptor
-from .torch_adapter import GemmDispatchMode
+from te_gemm_callback.capture.capture_file import GemmCapture
+from te_gemm_callback.capture.clocks import ClockSampler
+from te_gemm_callback.capture.graphs import EagerForwards, graphed_modules
+from te_gemm_callback.capture.guards import ForwardGuard
+from te_gemm_callback.capture.instruments import EventTimer, Nvtx
+from te_gemm_callback.capture.kernel_profile import KernelProfile
+from te_gemm_callback.capture.recorder import Recorder
+from te_gemm_callback.capture.results import CaptureResults
+from te_gemm_callback.capture.scope import ModuleScope, is_te_module
+from te_gemm_callback.capture.steady import EagerCompiled, GraphCaptures, SteadyWait, compiled_modules
+from te_gemm_callback.capture.step_plan import StepPlan, count_arg
+from te_gemm_callback.capture.stepping import StepBoundaries, _check_micro_batches
+from te_gemm_callback.capture.te_adapter import TEInterceptor
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -36,11 +36,9 @@ def compiled(model: nn.Module) -> bool:
 class GemmProfiler(CaptureResults, StepBoundaries):
     """Record every GEMM a model runs: shapes, pass, precision, GPU time, owning module.
 
-    Profiled steps come in kinds (:class:`StepPlan`): first ``instrumented_steps`` with the
-    capture instruments attached (shapes, owners, precisions), then ``kernel_warmup_steps`` and
-    ``kernel_steps`` with only kernel activity records (per-GEMM GPU time, CUDA; the warm-up's are
-    not kept), ``settle_steps`` with nothing attached but not timed (the records' sync drained the
-    GPU's queue), then clean steps with nothing attached, whose times are the step times. Each
+    Profiled steps follow a :class:`StepPlan` (docs/step-plan.md): instrumented steps (shapes,
+    owners, precisions), on CUDA a kernels warm-up, a kernels step (per-GEMM GPU time) and a settle
+    step, then clean steps with nothing attached, whose times are the step times. Each
     :class:`StepTime` in the capture says which kind it was.
 
     Steady state only (:mod:`.steady`): a ``torch.compile`` model first runs "compile" steps with
@@ -66,12 +64,12 @@ class GemmProfiler(CaptureResults, StepBoundaries):
             right after an idle gap while CUPTI starts, when its clock is higher.
         settle_steps: steps after the kernels steps, nothing attached and not timed (default 1):
             the session's stop synchronizes, and the step after it starts with the GPU's queue
-            empty, its GPU span longer by the lead the host had (+23% on HF Llama, H200).
+            empty, its GPU span longer by the lead the host had (docs/step-plan.md, settle).
         reuse_owners: instrumented steps after the first hooked one run without module hooks: each
             TE GEMM takes its owner from the hooked step's call at the same launch position, the
             call's layout and operand shapes checked (a step that does not match is left out, and
             hooks come back). The hooks were the largest part of an instrumented step's host cost
-            (benchmarks/instrument_breakdown.py).
+            (benchmarks/instrument_cost.py parts).
         dispatch_steps: instrumented steps on which the torch dispatch mode runs (it costs Python
             time on every aten op): "all", or the first N. Default: all instrumented steps for plain
             torch models, the first for models with TE modules.
@@ -142,7 +140,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self.reuse_owners = reuse_owners
         self.kernel_profile = kernel_profile or KernelProfile()
         self._clock = clock
-        self._mode: GemmDispatchMode | None = None
+        self._mode = None  # the torch dispatch mode while it is on (stepping.py)
         self._paused_mode = False
         # None: nothing attached; "full": every module hooked; "te": the TE GEMM modules hooked;
         # "order": no hooks, TE GEMM owners by launch order (LaunchOwners).
@@ -155,24 +153,16 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self._held = False  # start()'s process-wide pieces (graph counter, nsys range) are on
 
     def _reset(self) -> None:
-        self._boundaries: list[tuple[float, Any]] = []
-        self._kinds: list[str] = []
-        self._dispatch_step_ids: set[int] = set()
-        self._order_steps: set[int] = set()  # instrumented steps whose TE owners came by launch order
-        self._order_failed: set[int] = set()  # ... and those whose calls did not match: left out
-        self._order_off = False
+        self._steps = []  # one StepRecord per step: everything kept of it, dropped whole
+        self._order_off = False  # no TE owners by launch order: a compiled model, or a step did not match
         if self.te is not None:
             self.te.owners.reset()
-        self._kernel_steps: dict[int, KernelStep] = {}
         # Host ms to start the kernel-records session and to stop it (sync, records read).
-        self._session_ms: dict[str, float] = {}
+        self._session_ms = {}
         self._eager = EagerForwards({})
         self._eager_compiled = EagerCompiled({})
         self._wait = SteadyWait(self.max_compile_steps)
-        self._moved: list[tuple[int, int]] = []  # per step: (compile activity, graph captures) in it
-        self._at_open: tuple[int, int] = (0, 0)
         self.kernel_profile.error = None  # a new capture tries the kernel records again
-        self.micro_batches: list[int] = []
         self._capture: GemmCapture | None = None
         self._started = False
         self._abandoned = False  # an exception went through the model's forward: nothing attached again
@@ -183,7 +173,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self.recorder.kernel_counts.clear()
 
     # --- lifecycle -------------------------------------------------------------------------
-    def start(self) -> "GemmProfiler":
+    def start(self) -> GemmProfiler:
         """Begin the first profiled step. A profiler may be started again after :meth:`stop`;
         each start begins a new capture."""
         if self._started:
@@ -247,21 +237,14 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         # stop() right after step(): the step opened by that step() never ran (a plain loop calls
         # step() after every iteration, then leaves the with-block). Autograd's node counter tells,
         # with nothing attached: no forward with grad since the step opened -> nothing ran.
-        empty_tail = i > 0 and self.scope._current_seq() <= self._seq_open + 1 and \
+        empty_tail = i > 0 and self.scope._current_seq() <= self._steps[-1].seq_open + 1 and \
             not any(r[0] == i for r in self.recorder.raw)
         self._close_step(micro_batches, ran=not empty_tail)
         if empty_tail:
-            self._boundaries[-2:] = []
-            self.micro_batches.pop()
-            self._kinds.pop()
-            self._dispatch_step_ids.discard(i)
-            self._order_steps.discard(i)
-            self._order_failed.discard(i)
-            self._kernel_steps.pop(i, None)
-            self._moved.pop()
+            self._steps.pop()
         self._release()
         self._started = False
-        if any(e is not None for _, e in self._boundaries):
+        if any(e is not None for s in self._steps for _, e in (s.start, s.end)):
             torch.cuda.synchronize()  # the last boundary event must complete; after every step
         self.recorder.resolve()
         self._capture = self._build()
@@ -315,7 +298,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
                 self._paused_mode = False
                 self._enter_mode()
 
-    def __enter__(self) -> "GemmProfiler":
+    def __enter__(self) -> GemmProfiler:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -333,9 +316,14 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         return self.recorder.error
 
     @property
+    def micro_batches(self) -> list[int]:
+        """The micro-batches of each closed step, in step order."""
+        return [s.micro_batches for s in self._steps if s.end is not None]
+
+    @property
     def step_kind(self) -> str | None:
         """The kind of the step now open (:class:`StepPlan`), or None when not started."""
-        return self._kinds[-1] if self._started and self._kinds else None
+        return self._steps[-1].kind if self._started and self._steps else None
 
     @property
     def plan_index(self) -> int | None:
@@ -344,58 +332,3 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         if not self._started or self._wait.waiting:
             return None
         return self.recorder.step - self._wait.lead
-
-    def _plan_kind(self, i: int) -> str:
-        return COMPILE if self._wait.waiting else self.plan.kind(i - self._wait.lead)
-
-    # --- instruments -----------------------------------------------------------------------
-    def _attach(self, mode: str) -> None:
-        """Hooks, TE interception. "full": hook every module (the dispatch mode attributes aten
-        GEMMs of any module); "te": only the TE modules that own GEMMs, which is all the TE adapter
-        needs and keeps the per-module cost off every other module; "order": no hooks at all, the
-        TE adapter takes owners from an earlier hooked step by launch order."""
-        if self._attached is not None and self._attached != mode:
-            self.scope.detach()
-            self._attached = None
-        # Graph replays run no Python of the module, compiled code runs none of our hooks, and a
-        # compiled frame must never meet the dispatch mode: instrumented steps run eager forwards.
-        self._eager.enter()
-        self._eager_compiled.enter()
-        if self._attached is None:
-            if mode != "order":
-                self.scope.attach(None if mode == "full" else self.scope.te_gemm_set)
-            self._attached = mode
-            if self.te is not None and not self.te.installed:
-                try:
-                    self.te.install()
-                except Exception:
-                    self.scope.detach()
-                    self._attached = None
-                    raise
-        if self.recorder.error is None:
-            self.recorder.active = True
-            self.scope.enabled = True
-
-    def _detach(self, keep_kernels: bool = False) -> None:
-        self.recorder.active = False
-        self._eager.exit()
-        self._eager_compiled.exit()
-        self._exit_mode()
-        self._paused_mode = False
-        if self.te is not None:
-            self.te.uninstall()
-        if self._attached is not None:
-            self.scope.detach()
-            self._attached = None
-        if not keep_kernels:  # a session across the warm-up and kernels steps stays open
-            self.kernel_profile.discard()
-
-    def _enter_mode(self) -> None:
-        self._mode = GemmDispatchMode(self.recorder)
-        self._mode.__enter__()
-
-    def _exit_mode(self) -> None:
-        if self._mode is not None:
-            self._mode.__exit__(None, None, None)
-            self._mode = None
-

@@ -1,8 +1,7 @@
-"""The recorder behind one capture: GEMM events, the instruments, and the failure switch.
-
-The hot path (one call per GEMM) does two dict look-ups in the adapters, then ``begin`` and ``end``
-here: no dataclass is built and no string formatted per call; events are tuples turned into
-:class:`GemmEvent` after the capture.
+"""Recording GEMM calls while the profiled steps run: what the TE and torch adapters report each
+call to, with the instruments around it (event pair, NVTX range) and the switch that turns the
+capture off after an error. After the steps, :meth:`Recorder.resolve` turns the calls into the
+:class:`GemmEvent` list that :mod:`.capture_file` aggregates and saves.
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ from typing import Any
 
 import torch
 
-from ..shapes import GemmOp, GemmShape
-from .instruments import EventTimer, Nvtx, range_name
-from .record import GemmEvent
-from .scope import ModuleScope, in_backward
-from .torch_adapter import apply_splits, splits_from_offs
+from te_gemm_callback.capture.capture_file import GemmEvent
+from te_gemm_callback.capture.instruments import EventTimer, Nvtx, range_name
+from te_gemm_callback.capture.scope import ModuleScope, in_backward
+from te_gemm_callback.shapes import GemmOp, GemmShape
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -49,7 +47,7 @@ class Recorder:
 
     in_backward = staticmethod(in_backward)
 
-    def site(self, **fields: Any) -> "GemmSite":
+    def site(self, **fields: Any) -> GemmSite:
         """The static description of a GEMM call site, built once per distinct site."""
         key = tuple(fields.values())
         s = self._sites.get(key)
@@ -57,7 +55,7 @@ class Recorder:
             s = self._sites[key] = GemmSite(**fields)
         return s
 
-    def begin(self, site: "GemmSite", recompute: bool = False, m_splits: Any = None) -> tuple:
+    def begin(self, site: GemmSite, recompute: bool = False, m_splits: Any = None) -> tuple:
         handle = self.nvtx.start(site.range_recompute if recompute else site.range) if self.nvtx.enabled else None
         # Start event last, end event first: the pair brackets the GEMM launch tightly.
         return site, recompute, m_splits, self.timer.start(), handle
@@ -121,6 +119,21 @@ class Recorder:
         self.raw.clear()
 
 
+def splits_from_offs(offs: torch.Tensor) -> tuple[int, ...]:
+    """Group sizes from ``_grouped_mm``'s cumulative offsets."""
+    ends = [int(x) for x in offs.tolist()]
+    starts = [0] + ends[:-1]
+    return tuple(e - s for s, e in zip(starts, ends))
+
+
+def apply_splits(ev: GemmEvent) -> None:
+    """The token dimension of a grouped GEMM is the sum of its splits (k for wgrad, else m)."""
+    if ev.op is GemmOp.WGRAD:
+        ev.k = sum(ev.m_splits)
+    else:
+        ev.m = sum(ev.m_splits)
+
+
 def grouped_kernel_counts(m_splits: Any) -> tuple[int, ...]:
     """The GEMM kernels a TE grouped GEMM may launch: one per expert, or one per expert with rows."""
     splits = list(m_splits or [])
@@ -149,10 +162,12 @@ class GemmSite:
 
     @functools.cached_property
     def range(self) -> str:
-        return range_name(self.module, self.gemm, str(self.op), GemmShape(self.m, self.k, self.n, self.op, self.batch).mkn,
-                          self.precision, False)
+        return self._range(recompute=False)
 
     @functools.cached_property
     def range_recompute(self) -> str:
-        return range_name(self.module, self.gemm, str(self.op), GemmShape(self.m, self.k, self.n, self.op, self.batch).mkn,
-                          self.precision, True)
+        return self._range(recompute=True)
+
+    def _range(self, recompute: bool) -> str:
+        mkn = GemmShape(self.m, self.k, self.n, self.op, self.batch).mkn
+        return range_name(self.module, self.gemm, str(self.op), mkn, self.precision, recompute)

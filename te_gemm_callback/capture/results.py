@@ -1,124 +1,122 @@
 """The capture a stopped :class:`~te_gemm_callback.GemmProfiler` hands back: step times with their
 final kinds (steady state, :mod:`.steady`), GEMM records, kernel-time join, coverage and the run's
-conditions. A mixin of the profiler: it reads the profiler's per-step state."""
+conditions. A part of the profiler: it reads each step's :class:`~.profiler_state.StepRecord`."""
 
 from __future__ import annotations
 
 import logging
 import platform
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from ..precisions import te_version
-from .coverage import coverage
-from .kernel_records import breakdown_meta, join_records
-from .record import GemmCapture, StepTime, aggregate
-from .steady import assess, graphs_compiled
-from .steps import CLEAN, INSTRUMENTED, KERNELS, PARTIAL, SETTLE
-
-if TYPE_CHECKING:
-    from .profiler import GemmProfiler
+from te_gemm_callback.capture.capture_file import GemmCapture, StepTime, aggregate
+from te_gemm_callback.capture.coverage import coverage
+from te_gemm_callback.capture.kernel_profile import breakdown_meta, join_records
+from te_gemm_callback.capture.profiler_state import ProfilerState
+from te_gemm_callback.capture.steady import assess, graphs_compiled
+from te_gemm_callback.capture.step_plan import CLEAN, INSTRUMENTED, KERNELS, PARTIAL, SETTLE
+from te_gemm_callback.precisions import te_version
 
 log = logging.getLogger("te_gemm_callback")
 
 
-class CaptureResults:
-    """Builds the :class:`GemmCapture` (``_build``) from a :class:`GemmProfiler`'s state."""
+class CaptureResults(ProfilerState):
+    """Builds the :class:`GemmCapture` (``_build``) from a :class:`GemmProfiler`'s step records."""
 
-    def _build(self: "GemmProfiler") -> GemmCapture:
+    def _build(self) -> GemmCapture:
         rec = self.recorder
-        n_steps = len(self.micro_batches)
-        bounds = self._boundaries
         steps = []
-        for i in range(n_steps):
-            (t0, e0), (t1, e1) = bounds[2 * i], bounds[2 * i + 1]
-            kind = self._kinds[i]
+        for i, s in enumerate(self._steps):
+            (t0, e0), (t1, e1) = s.start, s.end
             gemm_ms = None
-            if kind == KERNELS and i in self._kernel_steps:
-                gemm_ms = self._kernel_steps[i].gemm_ms()
-            elif kind == INSTRUMENTED:
+            if s.kind == KERNELS and s.kernels is not None:
+                gemm_ms = s.kernels.gemm_ms()
+            elif s.kind == INSTRUMENTED:
                 times = [e.time_ms for e in rec.events if e.step == i and e.time_ms is not None]
                 gemm_ms = sum(times) if times else None
             steps.append(StepTime(
                 index=i, wall_ms=(t1 - t0) * 1e3,
                 gpu_ms=float(e0.elapsed_time(e1)) if e0 is not None and e1 is not None else None,
-                gemm_ms=gemm_ms, micro_batches=self.micro_batches[i], kind=kind,
-                dispatch=i in self._dispatch_step_ids))
+                gemm_ms=gemm_ms, micro_batches=s.micro_batches, kind=s.kind, dispatch=s.dispatch))
         # A step with fewer micro-batches than the fullest is never clean (tagged before the outlier
         # test, which must compare full steps only); its GEMMs count per full step below.
-        full = max(self.micro_batches, default=1)
-        kinds = [PARTIAL if k in (CLEAN, SETTLE) and mb < full else k for k, mb in zip(self._kinds, self.micro_batches)]
+        full = max((s.micro_batches for s in self._steps), default=1)
+        kinds = [PARTIAL if s.kind in (CLEAN, SETTLE) and s.micro_batches < full else s.kind for s in self._steps]
         # Compile, recompile, graph-capture and outlier steps are never clean: retagged here, where
         # every step's time is known (an outlier is only one against the others).
-        steady = assess(kinds, self._moved, [s.ms for s in steps], self._wait)
-        for s, kind in zip(steps, steady.kinds):
-            s.kind = kind
-        self._kinds = steady.kinds
+        steady = assess(kinds, [s.moved for s in self._steps], [t.ms for t in steps], self._wait)
+        for t, s, kind in zip(steps, self._steps, steady.kinds):
+            t.kind = s.kind = kind
         if steady.reached is False:  # once per capture: _build runs once per stop()
             log.warning("te-gemm: steady state %s", steady.verdict)
         # Steps recorded per source, in full steps: an instrumented step of 2 micro-batches where the
         # others run 5 ran 2/5 of a step's GEMMs (calls_per_step is per full step).
-        instr = [i for i, k in enumerate(self._kinds) if k == INSTRUMENTED and i not in self._order_failed]
-        per_source = {"te": sum(self.micro_batches[i] for i in instr) / full or 1,
-                      "torch": sum(self.micro_batches[i] for i in self._dispatch_step_ids) / full or 1}
-        kept = [e for e in rec.events if e.source != "te" or e.step not in self._order_failed]
+        te_steps = [s.micro_batches for s in self._steps if s.kind == INSTRUMENTED and not s.order_failed]
+        per_source = {"te": sum(te_steps) / full or 1,
+                      "torch": sum(s.micro_batches for s in self._steps if s.dispatch) / full or 1}
+        failed = self._step_ids(lambda s: s.order_failed)
+        left_out = set(failed)  # their TE GEMMs' owners are unknown
+        kept = [e for e in rec.events if e.source != "te" or e.step not in left_out]
         records = aggregate(kept, per_source)
         meta = self._meta()
         meta["steady_state"] = steady.verdict
-        if PARTIAL in self._kinds:
-            meta["partial_steps"] = (f"steps {', '.join(str(i) for i, k in enumerate(self._kinds) if k == PARTIAL)} ran "
-                                     f"fewer micro-batches than a full step's {full} (gradient accumulation does not "
-                                     "divide the epoch): not clean; GEMM counts and times are per full step")
+        partial = self._step_ids(lambda s: s.kind == PARTIAL)
+        if partial:
+            meta["partial_steps"] = (f"steps {', '.join(map(str, partial))} ran fewer micro-batches than a full "
+                                     f"step's {full} (gradient accumulation does not divide the epoch): not clean; "
+                                     "GEMM counts and times are per full step")
         meta["unsteady_steps"] = steady.unsteady
-        meta["owners_by_launch_order"] = {"steps": sorted(self._order_steps), "failed": sorted(self._order_failed)}
+        meta["owners_by_launch_order"] = {"steps": self._step_ids(lambda s: s.by_order), "failed": failed}
         join = self._join_kernels(records)
         meta.update(join)
         if self._session_ms:
             meta["kernel_session_ms"] = dict(self._session_ms)
-        if self._kernel_steps:
-            meta.update(breakdown_meta(list(self._kernel_steps.values())))
+        if kernel_steps := self._kernel_steps():
+            meta.update(breakdown_meta(list(kernel_steps.values())))
         return GemmCapture(records=records, steps=steps, meta=meta, coverage=self._coverage(records))
 
-    def _join_kernels(self: "GemmProfiler", records: list) -> dict[str, Any]:
+    def _join_kernels(self, records: list) -> dict[str, Any]:
         """Per-GEMM kernel times from the kernels steps, joined by launch order to the reference
         instrumented step (the last one that ran the dispatch mode: it saw every GEMM)."""
         seqs = self.recorder.sequences
-        ref_ids = sorted(self._dispatch_step_ids) or [
-            i for i, k in enumerate(self._kinds) if k == INSTRUMENTED and i not in self._order_failed]
+        ref_ids = self._step_ids(lambda s: s.dispatch) or self._step_ids(
+            lambda s: s.kind == INSTRUMENTED and not s.order_failed)
         ref = seqs.get(ref_ids[-1], []) if ref_ids else []
         counts = self.recorder.kernel_counts.get(ref_ids[-1]) if ref_ids else None
         source = self.recorder.timer.kind if any(r.times_ms for r in records) else "none"
         out: dict[str, Any] = {"gemm_time_source": source}
         if not ref:
             return out  # nothing captured to join kernels to (no instrumented step, or no GEMM)
-        if self._kernel_steps and self._eager_compiled.modules:
+        kernel_steps = self._kernel_steps()
+        if kernel_steps and self._eager_compiled.modules:
             # The instrumented steps ran the compiled modules' eager forward, so the captured order
             # is eager's, while the kernels step runs the compiled graph, whose kernels may be fused
             # or reordered: a launch-order join could pair the wrong GEMMs.
             out["kernel_join"] = ("not joined: a torch.compile model runs its compiled kernels on the kernels step, "
                                   "its eager ones while instrumented; per-step GEMM kernel time is kept")
             return out
-        if not self._kernel_steps:
+        if not kernel_steps:
             if self.plan.kernels:
                 out["kernel_join"] = f"no kernel records ({self.kernel_profile.error or 'no kernels step ran'})"
             return out
-        out.update(join_records(records, ref, counts, self._kernel_steps, source))
+        out.update(join_records(records, ref, counts, kernel_steps, source))
         return out
 
-    def _coverage(self: "GemmProfiler", records: list) -> dict[str, Any]:
-        warn = self.recorder.error is None and any(k == INSTRUMENTED for k in self._kinds)
+    def _coverage(self, records: list) -> dict[str, Any]:
+        warn = self.recorder.error is None and any(s.kind == INSTRUMENTED for s in self._steps)
+        dispatch = self._step_ids(lambda s: s.dispatch)
         return {
             **coverage(self.model, self.scope.ran | self.scope.weights_used, te_watched=self.te is not None,
-                       torch_watched=bool(self._dispatch_step_ids), warn=warn),
+                       torch_watched=bool(dispatch), warn=warn),
             "captured_flops_per_step": sum(r.flops_per_step for r in records),
-            "dispatch_steps": sorted(self._dispatch_step_ids),
-            "step_kinds": list(self._kinds),
+            "dispatch_steps": dispatch,
+            "step_kinds": [s.kind for s in self._steps],
             "error": self.recorder.error,
         }
 
-    def _meta(self: "GemmProfiler") -> dict[str, Any]:
+    def _meta(self) -> dict[str, Any]:
         cuda = torch.cuda.is_available()
         compiled = sorted(self._eager_compiled.modules)
         return {
@@ -131,7 +129,7 @@ class CaptureResults:
             "python": platform.python_version(),
             "adapters": list(self.adapters),
             "timing": self.recorder.timer.kind,
-            "step_time": "clean steps (nothing attached)" if CLEAN in self._kinds else
+            "step_time": "clean steps (nothing attached)" if any(s.kind == CLEAN for s in self._steps) else
                          "no clean step: step times include the capture instruments",
             "model": type(self.model).__name__,
             # torch.compile: shapes come from these modules' eager forward on the instrumented steps

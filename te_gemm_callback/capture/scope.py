@@ -18,13 +18,14 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from .guards import POST, PRE, HookFn, StandIn, register
+from te_gemm_callback.capture.guards import POST, PRE, HookFn, StandIn, register
 
 log = logging.getLogger("te_gemm_callback")
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from torch import nn
 
-from .steps import CLEAN, COMPILE, GRAPH_CAPTURE, OUTLIER, RECOMPILE, SETTLE
+from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, GRAPH_CAPTURE, OUTLIER, RECOMPILE, SETTLE
 
 # Clean steps more than this many times the typical fast clean step are outliers. Steady step
 # scatter on a host of its own stays far inside it (host-bound HF Qwen2 on the H200: 0.87-1.10x
@@ -231,7 +231,8 @@ def assess(kinds: list[str], moved: list[tuple[int, int]], ms: list[float], wait
     dropped = [f"{len(v)} {k} (step{'s' if len(v) > 1 else ''} {', '.join(map(str, v))})"
                for k, v in unsteady.items() if k != COMPILE]
     if slow:  # the outliers come last in ``dropped``: say what they were judged against
-        dropped[-1] += f" above {OUTLIER_FACTOR:g}x the faster half's median ({outlier_ref([ms[i] for i in clean]):.3g} ms)"
+        ref = outlier_ref([ms[i] for i in clean])
+        dropped[-1] += f" above {OUTLIER_FACTOR:g}x the faster half's median ({ref:.3g} ms)"
     lead = f" after {wait.lead} compile step{'s' if wait.lead > 1 else ''}" if wait.lead else ""
     out = f"; left out: {', '.join(dropped)}" if dropped else ""
     if wait.waiting:

@@ -1,35 +1,36 @@
-"""The step boundaries of a :class:`~te_gemm_callback.capture.profiler.GemmProfiler`: what each
-step opens with (its instruments, by its kind in the plan) and closes with (its times, the kernel
-records' session). A mixin of the profiler: it reads and writes the profiler's per-step state."""
+"""The step boundaries of a :class:`~te_gemm_callback.GemmProfiler`: what each step opens with (its
+instruments, by its kind in the plan) and closes with (its times, the kernel records' session). A
+part of the profiler: it writes each step's :class:`~.profiler_state.StepRecord`."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from ..clocks import ClockSampler
-from .steady import activity
-from .steps import CLEAN, COMPILE, INSTRUMENTED, KERNELS, SETTLE, WARMUP
-
-if TYPE_CHECKING:
-    from .profiler import GemmProfiler
+from te_gemm_callback.capture.clocks import ClockSampler
+from te_gemm_callback.capture.profiler_state import Boundary, ProfilerState, StepRecord
+from te_gemm_callback.capture.steady import activity
+from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, INSTRUMENTED, KERNELS, SETTLE, WARMUP
+from te_gemm_callback.capture.torch_adapter import GemmDispatchMode
+from te_gemm_callback.files.jsonio import MAX_INT
 
 log = logging.getLogger("te_gemm_callback")
 
 
-class StepBoundaries:
-    """Opens and closes the profiler's steps (``_open_step``, ``_close_step``)."""
+class StepBoundaries(ProfilerState):
+    """Opens and closes the profiler's steps (``_open_step``, ``_close_step``), and puts on and takes
+    off the instruments each runs under (``_attach``, ``_detach``)."""
 
-    def _boundary(self: "GemmProfiler") -> tuple[float, Any]:
+    def _boundary(self) -> Boundary:
         ev = None
         if self.recorder.timer.cuda:  # one event per step boundary: nothing per GEMM
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
         return self._clock(), ev
 
-    def _open_step(self: "GemmProfiler") -> None:
+    def _open_step(self) -> None:
         i = self.recorder.step
         kind = self._plan_kind(i)
         j = i - self._wait.lead  # index in the plan (negative for a compile step)
@@ -38,6 +39,7 @@ class StepBoundaries:
         # join: elsewhere the pair and its record calls would be most of the per-GEMM host cost.
         self.recorder.timer.enabled = self.timing == "events" or (
             self.timing == "auto" and (self.plan.kernels == 0 or j == 0))
+        dispatched = False
         if kind == INSTRUMENTED and self.recorder.error is None:
             dispatch = "torch" in self.adapters and self.plan.dispatches(j)
             by_order = False
@@ -51,7 +53,7 @@ class StepBoundaries:
                 self._exit_mode()
             if self._mode is not None:
                 self._mode.forward_shapes.clear()
-                self._dispatch_step_ids.add(i)
+                dispatched = True
         else:
             self._detach(keep_kernels=True)
             if kind in (SETTLE, CLEAN) and self._clocks is not None and self._clocks.running:
@@ -68,27 +70,29 @@ class StepBoundaries:
                 self._session_ms["start"] = (self._clock() - t0) * 1e3
         if kind == KERNELS:
             self.kernel_profile.mark()
-        self._kinds.append(kind)
-        self._seq_open = self.scope._current_seq()
+        rec = StepRecord(kind, dispatch=dispatched)
+        self._steps.append(rec)  # step_kind reads it from here on; the boundary comes last
+        rec.seq_open = self.scope._current_seq()
         self.recorder.nvtx.push(f"step {i} ({kind})")
-        self._at_open = activity()  # dynamo's counters: a few dict reads, outside the step's time
-        self._boundaries.append(self._boundary())
+        rec.at_open = activity()  # dynamo's counters: a few dict reads, outside the step's time
+        rec.start = self._boundary()
 
-    def _close_step(self: "GemmProfiler", micro_batches: int, last: bool = True, ran: bool = True) -> None:
-        self._boundaries.append(self._boundary())
+    def _close_step(self, micro_batches: int, last: bool = True, ran: bool = True) -> None:
+        rec = self._steps[-1]
+        rec.end = self._boundary()
         now = activity()
-        self._moved.append((now[0] - self._at_open[0], now[1] - self._at_open[1]))
-        self.micro_batches.append(micro_batches)
+        rec.moved = (now[0] - rec.at_open[0], now[1] - rec.at_open[1])
+        rec.micro_batches = micro_batches
         self.recorder.nvtx.pop()
         i = self.recorder.step
-        if self._kinds[-1] == COMPILE and ran:
+        if rec.kind == COMPILE and ran:
             # The plan starts after the first compile step with no compilation and no graph capture.
-            self._wait.close(i, any(self._moved[-1]))
+            self._wait.close(i, any(rec.moved))
         if ran and self.te is not None and self._attached == "order":
             if self.te.owners.complete():
-                self._order_steps.add(i)
+                rec.by_order = True
             else:  # another call order or other shapes: this step's owners are unknown
-                self._order_failed.add(i)
+                rec.order_failed = True
                 self._order_off = True
                 log.warning("te-gemm: step %d's TE GEMMs did not follow the first instrumented step's order: "
                             "they are left out, and later instrumented steps are hooked again", i)
@@ -102,15 +106,68 @@ class StepBoundaries:
             sync = getattr(self.kernel_profile, "sync_ms", None)
             if sync is not None:
                 self._session_ms["stop_sync"] = sync
-            ids = [j for j, k in enumerate(self._kinds) if k == KERNELS]
+            ids = self._step_ids(lambda s: s.kind == KERNELS)
             if steps is not None and len(steps) == len(ids):
-                self._kernel_steps.update(zip(ids, steps))
+                for j, ks in zip(ids, steps):
+                    self._steps[j].kernels = ks
+
+    def _plan_kind(self, i: int) -> str:
+        return COMPILE if self._wait.waiting else self.plan.kind(i - self._wait.lead)
+
+    # --- instruments -----------------------------------------------------------------------
+    def _attach(self, mode: str) -> None:
+        """Hooks, TE interception. "full": hook every module (the dispatch mode attributes aten
+        GEMMs of any module); "te": only the TE modules that own GEMMs, which is all the TE adapter
+        needs and keeps the per-module cost off every other module; "order": no hooks at all, the
+        TE adapter takes owners from an earlier hooked step by launch order."""
+        if self._attached is not None and self._attached != mode:
+            self.scope.detach()
+            self._attached = None
+        # Graph replays run no Python of the module, compiled code runs none of our hooks, and a
+        # compiled frame must never meet the dispatch mode: instrumented steps run eager forwards.
+        self._eager.enter()
+        self._eager_compiled.enter()
+        if self._attached is None:
+            if mode != "order":
+                self.scope.attach(None if mode == "full" else self.scope.te_gemm_set)
+            self._attached = mode
+            if self.te is not None and not self.te.installed:
+                try:
+                    self.te.install()
+                except Exception:
+                    self.scope.detach()
+                    self._attached = None
+                    raise
+        if self.recorder.error is None:
+            self.recorder.active = True
+            self.scope.enabled = True
+
+    def _detach(self, keep_kernels: bool = False) -> None:
+        self.recorder.active = False
+        self._eager.exit()
+        self._eager_compiled.exit()
+        self._exit_mode()
+        self._paused_mode = False
+        if self.te is not None:
+            self.te.uninstall()
+        if self._attached is not None:
+            self.scope.detach()
+            self._attached = None
+        if not keep_kernels:  # a session across the warm-up and kernels steps stays open
+            self.kernel_profile.discard()
+
+    def _enter_mode(self) -> None:
+        self._mode = GemmDispatchMode(self.recorder)
+        self._mode.__enter__()
+
+    def _exit_mode(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
 
 
 def _check_micro_batches(v: Any) -> None:
     """Refuse a count the capture could not save or load back (0 divided at save; 1.5, True and
     10**30 were saved, then refused by GemmCapture.load)."""
-    from ..jsonio import MAX_INT
-
     if type(v) is not int or not 1 <= v <= MAX_INT:
         raise ValueError(f"micro_batches must be a whole number >= 1 (the micro-batches of the step), got {v!r}")

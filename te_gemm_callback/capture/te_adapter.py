@@ -17,16 +17,17 @@ from __future__ import annotations
 import inspect
 import math
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..shapes import GemmOp
-from .launch_order import LaunchOwners
-from .scope import TAG
+from te_gemm_callback.capture.launch_order import LaunchOwners
+from te_gemm_callback.capture.scope import TAG
+from te_gemm_callback.shapes import GemmOp
 
 if TYPE_CHECKING:
-    from .recorder import Recorder
+    from te_gemm_callback.capture.recorder import Recorder
 
 GEMM_FUNCS = ("general_gemm", "general_grouped_gemm")
 LAYOUT_OP = {"TN": GemmOp.FPROP, "NN": GemmOp.DGRAD, "NT": GemmOp.WGRAD}  # TE layout -> pass
@@ -164,7 +165,7 @@ def unpatch(patched: list[tuple[Any, str, Callable]]) -> None:
 class TEInterceptor:
     """Installs wrappers around TE's GEMM entry points that report to a recorder."""
 
-    def __init__(self, recorder: "Recorder") -> None:
+    def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self._patched: list[tuple[Any, str, Callable]] = []
         self._precisions: dict[tuple, tuple[str, tuple[str, ...]]] = {}
@@ -223,7 +224,7 @@ class TEInterceptor:
         it is one frame: the operands' key, then (hooked step) owner and one look-up, or (by launch
         order) the reference entry at this position, and the recorder's tuple (what
         ``_before_one``, ``Recorder.begin`` and ``Recorder.end`` do, without their calls). Costs
-        measured by benchmarks/instrument_breakdown.py and benchmarks/paired_steps.py."""
+        measured by benchmarks/instrument_cost.py parts and benchmarks/paired_steps.py."""
         rec, calls, local, owners = self.recorder, self._calls, self.recorder.scope._local, self.owners
         timer, nvtx, raw = rec.timer, rec.nvtx, rec.raw
         current_node, task_id = torch._C._current_autograd_node, torch._C._current_graph_task_id

@@ -3,8 +3,7 @@
 nn.Linear, F.linear, HF's Conv1D (addmm with a (in, out) weight), einsum layers (bmm), Mixtral's
 3-D expert weights (mm on a slice, or ``torch._grouped_mm``) and ``F.multi_head_attention_forward``
 all end in the ops below. The mode costs Python dispatch on every aten op of the step, so the
-profiler runs it only on the steps chosen for shape discovery (measured on an H200: +53% step time on a
-Llama when on every step).
+profiler runs it only on the steps chosen for shape discovery (what it costs: docs/step-plan.md).
 
 Pass of a backward GEMM: autograd's mm backward computes ``grad @ W^T`` (dgrad, one operand is the
 weight) and ``X^T @ grad`` (wgrad, no weight operand). A weight is recognised by its storage: a
@@ -16,16 +15,14 @@ module's forward GEMMs (dgrad = M x N x K, wgrad = K x M x N).
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..shapes import GemmOp, GemmShape, backward_shapes
-
-if TYPE_CHECKING:
-    from .recorder import Recorder
+from te_gemm_callback.capture.recorder import Recorder, splits_from_offs
+from te_gemm_callback.shapes import GemmOp, GemmShape, backward_shapes
 
 aten = torch.ops.aten
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
@@ -75,25 +72,10 @@ def dispatch_mkn(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, i
     return a.shape[-2], a.shape[-1], b.shape[-1], a.shape[0], offs  # bmm / 3-D x 3-D
 
 
-def splits_from_offs(offs: torch.Tensor) -> tuple[int, ...]:
-    """Group sizes from ``_grouped_mm``'s cumulative offsets."""
-    ends = [int(x) for x in offs.tolist()]
-    starts = [0] + ends[:-1]
-    return tuple(e - s for s, e in zip(starts, ends))
-
-
-def apply_splits(ev: Any) -> None:
-    """The token dimension of a grouped GEMM is the sum of its splits (k for wgrad, else m)."""
-    if ev.op is GemmOp.WGRAD:
-        ev.k = sum(ev.m_splits)
-    else:
-        ev.m = sum(ev.m_splits)
-
-
 class GemmDispatchMode(TorchDispatchMode):
     """Records aten GEMMs into a recorder; TE-owned calls are left to the TE adapter."""
 
-    def __init__(self, recorder: "Recorder") -> None:
+    def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
         self.param_storages: dict[int, str] = {}

@@ -5,15 +5,15 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def import_recipe(name: str) -> ModuleType:
-    """A training recipe from recipes/ as a module (its ``main(argv)`` runs it), without putting
-    recipes/ on sys.path: the recipes import their shared ``_common`` by name, so it is loaded first."""
+def import_example(name: str) -> ModuleType:
+    """A training example from examples/ as a module (its ``main(argv)`` runs it), without putting
+    examples/ on sys.path: the examples import their shared ``_common`` by name, so it is loaded first."""
     for mod in ("_common", name):
         if mod not in sys.modules:
-            spec = importlib.util.spec_from_file_location(mod, RECIPES / f"{mod}.py")
+            spec = importlib.util.spec_from_file_location(mod, EXAMPLES / f"{mod}.py")
             module = importlib.util.module_from_spec(spec)
             sys.modules[mod] = module
             spec.loader.exec_module(module)

@@ -3,7 +3,7 @@ GPU), and TE's autocast for sweeps on a CPU (TE cannot run there)."""
 
 import contextlib
 
-from te_gemm_callback.capture.kernel_records import split_at_marks
+from te_gemm_callback.capture.kernel_profile import split_at_marks
 
 
 class FakeKernels:
@@ -75,8 +75,9 @@ class FakeAutocast:
 
 def fake_te_sweep(monkeypatch):
     """The sweep module with TE's recipes made available on a CPU model: (sweep, autocast stand-in)."""
-    from te_gemm_callback import precisions, sweep
+    from te_gemm_callback import precisions
     from te_gemm_callback.precisions import Availability
+    from te_gemm_callback.sweep import engine as sweep
 
     fake = FakeAutocast()
     monkeypatch.setattr(sweep, "autocast", fake)

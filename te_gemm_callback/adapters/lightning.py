@@ -1,0 +1,144 @@
+"""Lightning adapter: Lightning's hooks mapped onto :class:`~te_gemm_callback.schedule.GemmSchedule`.
+
+Only adapts: the schedule, the capture and the sweep live in the framework-free core.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytorch_lightning.callbacks import Callback
+
+from te_gemm_callback.schedule import GemmSchedule, JobStep, ScheduleResults, SweepJob, schedule_signature
+
+try:
+    from typing_extensions import override
+except ImportError:  # pragma: no cover
+    def override(f):  # type: ignore[no-redef]
+        return f
+
+if TYPE_CHECKING:
+    from pytorch_lightning import LightningModule, Trainer
+
+
+class GemmProfilerCallback(ScheduleResults, Callback):
+    """Capture the GEMMs of a Lightning training job (``trainer.fit``).
+
+    Steps are optimizer steps (all micro-batches of gradient accumulation count as one); the window,
+    the step plan inside it and every argument are :class:`~te_gemm_callback.schedule.GemmSchedule`'s.
+    Validation is never captured. The sweep's whole steps run the module's ``training_step`` on
+    the last batch, its ``configure_gradient_clipping`` with the Trainer's settings and every
+    optimizer's step (manual optimization: forward+backward only); ``set_recipe`` defaults to
+    setting ``module.recipe`` where the module has that attribute. Metrics go to the Trainer's loggers.
+
+    Example:
+        >>> trainer = pl.Trainer(callbacks=[GemmProfilerCallback(active=6)])   # doctest: +SKIP
+    """
+
+    def __init__(self, **schedule: Any) -> None:
+        self.schedule = GemmSchedule(name=type(self).__name__, **schedule)
+        self._last_batch: Any = None
+        self.rank = 0  # this process's global rank, known once the trainer is set up
+
+    __init__.__signature__ = schedule_signature()  # help() and IDEs show the schedule's arguments
+
+    @property
+    def state_key(self) -> str:
+        # One per output file: two callbacks writing different captures coexist in one Trainer (and
+        # in its checkpoints); two writing the same file are refused by Lightning at Trainer(...).
+        # A resumed fit finds its state by the same output path.
+        return self._generate_state_key(output=str(self.schedule.output_dir / self.schedule.filename))
+
+    @property
+    def _legacy_state_key(self) -> Any:
+        return type(self).__qualname__  # the key of checkpoints written before state_key named the output
+
+    @staticmethod
+    def _micro(trainer: Trainer, batch_idx: int) -> tuple[bool, bool]:
+        acc = max(int(trainer.accumulate_grad_batches), 1)
+        return batch_idx % acc == 0, (batch_idx + 1) % acc == 0 or (batch_idx + 1) == trainer.num_training_batches
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.rank = int(trainer.global_rank)
+
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.schedule.fit_start(trainer.max_steps)
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._last_batch = (batch, batch_idx)
+        if self._micro(trainer, batch_idx)[0]:
+            # Attached here, not in setup: the precision plugin has already swapped in TE layers.
+            self.schedule.step_begin(pl_module)
+        else:
+            self.schedule.micro_batch_begin()
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.schedule.pause()  # what runs between batches (validation, logging) is not ours
+        if self._micro(trainer, batch_idx)[1]:
+            self.schedule.step_end(self._job(trainer))
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.schedule.train_end(self._job(trainer))
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.schedule.exception()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return self.schedule.state_dict()
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.schedule.load_state_dict(state_dict)
+
+    def _job(self, trainer: Trainer) -> JobStep:
+        def log_metrics(metrics: dict[str, float]) -> None:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+
+        return JobStep(global_step=int(trainer.global_step), accumulate=int(trainer.accumulate_grad_batches),
+                       writes=trainer.is_global_zero, log_metrics=log_metrics,
+                       sweep=(lambda: self._sweep_job(trainer)) if self._last_batch is not None else None)
+
+    def _sweep_job(self, trainer: Trainer) -> SweepJob:
+        module = trainer.lightning_module
+        batch, batch_idx = self._last_batch
+        set_recipe = None
+        if self.schedule.set_recipe is None and hasattr(module, "recipe"):
+            original = module.recipe
+
+            def set_recipe(m: Any, r: Any) -> None:
+                m.recipe = original if r is None else r
+
+        def step() -> Any:
+            had, log_fn = "log" in module.__dict__, module.__dict__.get("log")
+            module.log = lambda *a, **k: None  # sweep steps are not training steps: log nothing
+            try:
+                return module.training_step(batch, batch_idx)
+            finally:
+                if had:
+                    module.log = log_fn
+                else:  # the class's log was in use: an instance attribute left here would shadow it forever
+                    del module.log
+
+        optimizers = list(trainer.optimizers) if module.automatic_optimization else []
+
+        def optimizer_step() -> None:
+            # What Lightning's automatic optimization runs after backward: the module's clipping hook
+            # with the Trainer's settings, then each optimizer's step. Not through LightningOptimizer,
+            # whose step hooks advance the fit's step counters.
+            for opt in optimizers:
+                module.configure_gradient_clipping(opt, gradient_clip_val=trainer.gradient_clip_val,
+                                                   gradient_clip_algorithm=trainer.gradient_clip_algorithm)
+                opt.step()
+
+        plugin = getattr(trainer.strategy, "precision_plugin", None)
+        return SweepJob(module, step, optimizers, optimizer_step if optimizers else None,
+                        context=getattr(plugin, "forward_context", None), set_recipe=set_recipe)

@@ -1,0 +1,228 @@
+"""The checks that keep a report from contradicting itself.
+
+A report joins numbers taken on different steps and clocks: GEMM times from instrumented or kernels
+steps, step times from clean ones, speedups between runs captured minutes apart. Where such a join
+cannot hold, a check here says why, and the report states "n/a (why)" instead of the figure:
+
+- a GEMM share above 100%: GEMM time of one step against the time of another (on the CPU, the
+  host-clock GEMM times of the instrumented step against a clean step: the cause, fixed by taking
+  the share within the steps the GEMMs were timed in);
+- a verdict that lies within the steps' own noise, or that sets steps of different kinds (clean
+  against instrumented) side by side;
+- a high-precision job (FP32, FP16): no BF16 run to take speedups over unless one was observed, no
+  microbenchmark of its own precision to predict from.
+
+A negative instrument cost is caught where the cost is stated
+(:func:`te_gemm_callback.analysis.notes.instrument_problem`). :func:`report_checks` returns what
+:func:`te_gemm_callback.analysis.verdicts.analyze` puts in ``Report.meta``: ``gemm_share`` with its
+basis (or ``gemm_share_na``), ``gemm_shares`` per run, ``warnings``, and ``withheld`` (recipe ->
+field -> why), the fields the Report then clears ("evidence": all of it; "derived_evidence": the
+lines made from the non-GEMM time; "verdict": the verdict becomes
+:attr:`~te_gemm_callback.analysis.findings.Verdict.WITHHELD` with its why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from te_gemm_callback.analysis.findings import GAP_VERDICTS, WITHOUT_PREDICTION, Verdict
+from te_gemm_callback.analysis.notes import GEMM_CLOCK_SHORT
+from te_gemm_callback.analysis.prediction import precision_ran
+from te_gemm_callback.capture.capture_file import GemmCapture
+from te_gemm_callback.microbench.results import BenchResults
+
+OTHER_HIGH = ("FP32", "FP16")  # not BF16: the speedups' base, which every table is written over
+
+PREDICTED = ("predicted_step_ms", "predicted_step_speedup", "predicted_step_speedup_unfused")
+BENCHED = ("gemm_ms_bench", "gemm_speedup", "gemm_speedup_vs_current", "high_precision")
+STEP_NOISE_WARN_PCT = 10.0  # the job's steps spread wider than this: said, since every figure carries it
+# What was attached to the steps a step time came from: only steps alike are compared.
+ATTACHED = {"clean": "nothing attached", "settle": "nothing attached", "kernels": "kernel records on",
+            "instrumented": "capture instruments on"}
+
+
+def share_check(cap: GemmCapture, step_ms: float, gemm_ms: float | None) -> dict[str, Any]:
+    """The GEMM share of a run's step that a report may state.
+
+    Returns ``share`` (None where none can be stated, with ``why``), its ``basis`` ("step": the
+    step time the report shows; "timed steps": the steps the GEMMs were timed in), ``of_ms`` (the
+    step time it is a share of) and ``clock``; ``warning`` where a cross-step ratio was refused.
+    """
+    clock = cap.gemm_clock()
+    if gemm_ms is None or not step_ms:
+        return {"share": None, "clock": clock, "why": "GEMMs not timed"}
+    raw = gemm_ms / step_ms
+    if clock == "host_clock":
+        # The CPU's clean steps carry no GEMM time, and the host-clock times of two steps are not
+        # comparable (first calls, caches, the host's other load): the share is taken within the
+        # steps the GEMMs were timed in, one clock, one step. Those steps also carry the
+        # instruments' cost, so it reads low rather than impossible.
+        own = cap.gemm_share_in_timed_steps()
+        if own is None or own[0] > 1:
+            return {"share": None, "clock": clock,
+                    "why": "the GEMMs' host-clock time exceeds the very step they were timed in (overlapping timers)"}
+        out = {"share": own[0], "basis": "timed steps", "of_ms": own[1], "clock": clock}
+        if raw > 1:
+            out["warning"] = (f"the GEMMs' host-clock time on the instrumented step ({gemm_ms:.2f} ms) is "
+                              f"{100 * raw:.0f}% of the clean step ({step_ms:.2f} ms): on the CPU two steps' "
+                              "host-clock times are not comparable (first calls, caches, the host's other load), "
+                              f"so the share is taken within the instrumented step: {100 * own[0]:.1f}%")
+        return out
+    if raw > 1:
+        cause = {"kernel_records": "the kernels step's GEMM kernels add up to more than a clean step: kernels on "
+                                   "concurrent streams count each, or the kernels step ran slower (clock, other load)",
+                 "cuda_events": "each CUDA-event pair also counts the GPU's idle time between its start event "
+                                "and the GEMM's launch (a host-bound job), on instrumented steps slower than the "
+                                "clean ones"}
+        return {"share": None, "clock": clock,
+                "why": (f"GEMM time {gemm_ms:.2f} ms ({GEMM_CLOCK_SHORT[clock]}) exceeds the {step_ms:.2f} ms step: "
+                        + cause.get(clock, "the two come from different steps"))}
+    return {"share": raw, "basis": "step", "of_ms": step_ms, "clock": clock}
+
+
+def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], recipe_of: Callable[[GemmCapture], str],
+                  recipes: list[Any], bench: BenchResults | None, tol: float) -> dict[str, Any]:
+    """``Report.meta`` entries from the checks (module docstring). ``job``: the baseline run's
+    recipe; ``runs``: the observed runs by recipe (``analysis.Observed``); ``caps``: their
+    captures, the job's first; ``recipes``: the analysed rows (``analysis.RecipeAnalysis``);
+    ``tol``: the verdicts' line between GEMM-bound and not (``analysis.GEMM_BOUND_TOL``)."""
+    by: dict[str, GemmCapture] = {}
+    for c in caps:
+        by.setdefault(recipe_of(c), c)  # the first capture of a recipe is its run, as in analyze()
+    warnings: list[str] = []
+    withheld: dict[str, dict[str, str]] = {}
+
+    def hold(recipe: str, fields: Iterable[str], why: str) -> None:
+        for f in fields:
+            withheld.setdefault(recipe, {}).setdefault(f, why)  # the first reason found stands
+
+    shares = {r: share_check(by[r], o.step_ms, o.gemm_ms) for r, o in runs.items() if r in by}
+    for r, chk in shares.items():
+        if chk.get("warning"):
+            warnings.append(f"{r}: {chk['warning']}")
+        elif chk["share"] is None and runs[r].gemm_ms is not None:
+            warnings.append(f"{r}: GEMM share n/a: {chk['why']}")
+    # GEMM time above the step it is set against: Amdahl's inputs and the non-GEMM time go negative.
+    over = {r for r, o in runs.items() if o.gemm_ms is not None and o.gemm_ms > o.step_ms}
+    if job in over:
+        why = (f"GEMM share n/a: the prediction scales the job's GEMM time ({runs[job].gemm_ms:.2f} ms), which "
+               f"exceeds the step it is set against ({runs[job].step_ms:.2f} ms)")
+        for a in recipes:
+            if a.recipe != "plan" or bench is not None:  # without a bench, the plan's is its file's own
+                hold(a.recipe, PREDICTED, why)
+    # The job's precision from what ran: a sweep's FP8-off entry, keyed "BF16", runs the model in
+    # its own dtype, FP32 on an fp32 model. Every speedup is then over that, and is said to be.
+    ran = precision_ran(by["BF16"]) if "BF16" in by else "BF16"
+    baseline_ran = ran if ran in OTHER_HIGH else None
+    job_precision = baseline_ran if job == "BF16" and baseline_ran else job
+    _high_precision(job, runs, recipes, bench, hold, warnings)
+    if baseline_ran:
+        warnings.append(f"the BF16 run (FP8 off) ran {ran} GEMMs, the model's own dtype: every speedup over BF16 "
+                        f"here is over {ran}")
+        if bench is not None and ran not in bench.precisions:
+            why = (f"no {ran} microbenchmark: the BF16 run's GEMMs ran {ran}, and predictions that scale its GEMM "
+                   f"time by BF16 microbenchmark times would be BF16's, not {ran}'s")
+            for a in recipes:
+                hold(a.recipe, PREDICTED, why)
+    base = runs.get("BF16")
+    for a in recipes:
+        r, run = a.recipe, runs.get(a.recipe)
+        if r == "BF16":
+            continue
+        if any(f in withheld.get(r, {}) for f in PREDICTED) and a.verdict_kind not in WITHOUT_PREDICTION:
+            hold(r, ("verdict",), next(withheld[r][f] for f in PREDICTED if f in withheld[r]))
+        if run is None or base is None or r not in by or "BF16" not in by:
+            continue
+        if r in over or "BF16" in over:
+            hold(r, ("verdict", "derived_evidence"), f"GEMM share n/a: {'BF16' if 'BF16' in over else r}'s GEMM time "
+                 "exceeds its step, so its non-GEMM time would be negative")
+        kb, kr = by["BF16"].step_kind(), by[r].step_kind()
+        if kb and kr and ATTACHED[kb] != ATTACHED[kr]:
+            hold(r, ("observed_step_speedup", "observed_ci", "verdict"),
+                 f"steps not comparable: BF16's step time comes from {kb} steps ({ATTACHED[kb]}), {r}'s from {kr} "
+                 f"steps ({ATTACHED[kr]})")
+        noisy = _too_noisy(a, run, base, by[r], by["BF16"], tol)
+        if noisy:
+            hold(r, ("verdict",), noisy)
+    spread = by[job].step_spread() if job in by else None
+    if spread and spread["spread_pct"] is not None and spread["spread_pct"] > STEP_NOISE_WARN_PCT \
+            and not runs[job].round_ms:
+        warnings.append(f"{job}: its {spread['steps']} {spread['kind']} steps vary ±{spread['spread_pct']:.0f}%: "
+                        "its step time, and every share and speedup made from it, carries that noise")
+    jc = shares.get(job) or {"share": None, "why": "GEMMs not timed"}
+    out: dict[str, Any] = {"job_precision": job_precision, "baseline_ran": baseline_ran, "gemm_share": jc["share"],
+                           "gemm_shares": shares, "warnings": warnings, "withheld": withheld}
+    if jc["share"] is None:
+        out["gemm_share_na"] = jc["why"]
+    else:
+        out.update(gemm_share_basis=jc["basis"], gemm_share_of_ms=jc["of_ms"])
+    return out
+
+
+def _high_precision(job: str, runs: dict[str, Any], recipes: list[Any], bench: BenchResults | None,
+                    hold: Callable[..., None], warnings: list[str]) -> None:
+    """An FP32 or FP16 job: every speedup is written over BF16, which it did not run."""
+    for a in recipes:
+        if a.recipe in OTHER_HIGH:  # verdict() judges FP8 recipes; its "ran in high precision" would misread it
+            own = "the job's own" if a.recipe == job else "a"
+            hold(a.recipe, ("verdict", "evidence"), f"not an FP8 recipe: {a.recipe} is {own} high precision, so there "
+                 "is no recipe to judge; its step time is shown, its speedup over BF16 where a BF16 run was observed")
+    if job not in OTHER_HIGH:
+        return
+    if bench is not None and job not in bench.precisions:
+        # Unbenched, the job's GEMMs would stand in at their BF16 time (the fallback for GEMMs a
+        # recipe cannot run): its bench row would be BF16's, every prediction would make BF16 = FP32.
+        why = (f"no {job} microbenchmark: the microbenchmarks timed {', '.join(bench.precisions)} only, so neither "
+               f"{job}'s GEMM time nor a prediction scaled from it (microbenchmark time over {job}'s) can be stated")
+        hold(job, BENCHED, why)
+        for a in recipes:
+            hold(a.recipe, ("gemm_speedup_vs_current",) + PREDICTED, why)
+        warnings.append(f"the job ran {job} and the microbenchmarks timed no {job} GEMM: no step time is predicted")
+    if "BF16" not in runs:
+        warnings.append(f"the job ran {job} and no BF16 run was observed: the observed column (step speedup over "
+                        "BF16) stays empty; a run under BF16 autocast (Lightning precision='bf16-mixed', HF "
+                        "bf16=True) gives the baseline the speedups are written over")
+        for a in recipes:
+            if a.recipe in runs and a.recipe not in OTHER_HIGH:
+                hold(a.recipe, ("verdict",), f"no BF16 run: the job ran {job}, so there is no BF16 step to take "
+                     f"{a.recipe}'s speedup over")
+
+
+def _too_noisy(a: Any, run: Any, base: Any, cap: GemmCapture, base_cap: GemmCapture, tol: float) -> str | None:
+    """Why the verdict cannot pick a side of its ±tol line from these steps, or None. Runs timed
+    in a sweep's alternating rounds are left to the verdict's own interval over the rounds."""
+    if a.verdict_kind not in GAP_VERDICTS or run.round_ms or base.round_ms:
+        return None
+    obs, pred = a.observed_step_speedup, a.predicted_step_speedup
+    sb, sr = base_cap.step_spread(), cap.step_spread()
+    if obs is None or pred is None or not sb or not sr or sb["spread_pct"] is None or sr["spread_pct"] is None:
+        return None
+    noise = (sb["spread_pct"] + sr["spread_pct"]) / 100  # the ratio of two noisy medians: their spreads add
+    gap = obs / pred - 1
+    if abs(abs(gap) - tol) >= noise:
+        return None  # the residual is farther from the line than the noise reaches
+    return (f"too noisy to decide: observed {obs:.2f}x against {pred:.2f}x predicted ({100 * gap:+.1f}%) lies within "
+            f"the steps' own noise (±{100 * noise:.0f}%: BF16's {sb['steps']} {sb['kind']} steps vary "
+            f"±{sb['spread_pct']:.0f}%, {a.recipe}'s {sr['steps']} ±{sr['spread_pct']:.0f}%) of the ±{100 * tol:.0f}% "
+            "line between GEMM-bound and not; more clean steps, or the sweep's alternating rounds, settle it")
+
+
+def apply_withheld(recipes: list[Any], withheld: dict[str, dict[str, str]]) -> None:
+    """Clear the refused fields of the analysed rows (``report_checks``' ``withheld``): a refused
+    verdict becomes :attr:`Verdict.WITHHELD`, rendered "n/a (why)" with the full reason last in its
+    evidence; "evidence" clears all of it, "derived_evidence" the lines made from the non-GEMM time."""
+    for a in recipes:
+        held = withheld.get(a.recipe) or {}
+        ev = a.verdict_evidence
+        for f in held:
+            if f == "evidence":
+                ev.cleared = True
+            elif f == "derived_evidence":
+                ev.non_gemm_withheld = True
+            elif f == "high_precision":
+                a.high_precision = []
+            elif f != "verdict":
+                setattr(a, f, None)
+        if "verdict" in held and a.verdict_kind is not Verdict.WITHHELD:  # not twice for one row
+            a.verdict_kind, ev.withheld = Verdict.WITHHELD, held["verdict"]

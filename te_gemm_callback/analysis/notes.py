@@ -1,0 +1,209 @@
+"""One-line notes a report prints beside its tables: the clock the job ran at against the
+microbenchmark's, the GPU share the microbenchmark gave its GEMMs against the job's, what the
+capture's own instruments cost the job, and the clocks behind its times. The checks that keep a
+report from contradicting itself (a GEMM share above 100%, a negative instrument cost, a verdict
+inside the steps' own noise, an FP32 job read as BF16) live in :mod:`te_gemm_callback.analysis.checks`.
+Pure: they read captures and bench results."""
+
+from __future__ import annotations
+
+import statistics
+
+from te_gemm_callback.capture.capture_file import GemmCapture
+from te_gemm_callback.microbench.results import BenchResults
+
+# What each clock is, in words: the report names the one its numbers came from on this device.
+STEP_CLOCK_WORDS = {"cuda_events": "CUDA events between step boundaries",
+                    "host_clock": "host clock (time.perf_counter) between step boundaries"}
+GEMM_CLOCK_WORDS = {
+    "kernel_records": "kernel durations (torch.profiler kernel records of a kernels step)",
+    "cuda_events": "CUDA-event pair per GEMM",
+    # CPU ops run synchronously: the pair around the call is the op's run time, dispatch included.
+    "host_clock": "host clock (time.perf_counter) around each GEMM call of the instrumented steps (CPU)",
+    None: "not timed",
+}
+GEMM_CLOCK_SHORT = {"kernel_records": "kernel records", "cuda_events": "CUDA events", "host_clock": "host clock",
+                    None: "not timed"}
+STEP_KIND_WORDS = {"clean": "median of clean steps (nothing attached)",
+                   "settle": "median of settle steps (nothing attached; no clean step)",
+                   "kernels": "median of kernels steps (kernel records on; no clean step)",
+                   "instrumented": "median of instrumented steps (capture instruments on; no clean step)"}
+
+
+def step_timing(cap: GemmCapture) -> str:
+    """Which steps the step time is the median of, and on which clock, for this capture's device."""
+    kind = cap.step_kind()
+    return f"{STEP_KIND_WORDS[kind]}, {STEP_CLOCK_WORDS[cap.step_clock()]}" if kind else "no step times"
+
+
+def gemm_timing(cap: GemmCapture) -> str:
+    return GEMM_CLOCK_WORDS[cap.gemm_clock()]
+
+
+def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
+    """The SM clock the job's captured steps ran at against the microbenchmark's (NVML medians).
+    GEMM times scale with it: on the H200 a bench at the idle boost clock read 5-15% fast against
+    training (docs/results/h200.md), so a difference over 5% is called out."""
+    job = cap.meta.get("clocks_during_capture")
+    ran = bench.meta.get("clocks_during_run") if bench is not None else None
+    if not job or not ran:
+        return None
+    j, b = job["sm_clock_mhz_median"], ran["sm_clock_mhz_median"]
+    text = f"SM clock median: job {j:.0f} MHz over the captured steps, microbenchmark {b:.0f} MHz"
+    if abs(b / j - 1) > 0.05:
+        text += (f" ({100 * (b / j - 1):+.0f}%): the microbenchmark's absolute GEMM times are off by about as much; "
+                 "its speedups between recipes much less")
+    return text
+
+
+def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | None:
+    """The share of GPU time the microbenchmark gave its GEMMs against this job's GEMM share of the
+    step (``Report.gemm_share``: the report's baseline run, the figure its table shows). Under a
+    power limit it sets the clock: on the H200 the CodonFM-layer stack's GEMMs were 0.81 of a BF16 step and
+    0.63-0.68 of an FP8 one, and the default 0.75 put all 48 GEMMs within 5-8% of their in-job time,
+    where back-to-back GEMMs read 8-12% slow (docs/results/h200.md). Beyond 0.15 apart the
+    user is told how to bench at the job's own share."""
+    duty = bench.meta.get("gemm_duty") if bench is not None else None
+    if duty is None or bench.meta.get("backend") != "te" or not gemm_share:
+        return None
+    share = min(gemm_share, 1.0)
+    text = (f"microbenchmark GEMMs ran at {duty:g} of the GPU's time (--gemm-duty); this job's GEMMs are "
+            f"{share:.2f} of its step")
+    if abs(share - duty) > 0.15:
+        text += (f": under a power limit that moves the clock they run at; to bench at the job's share, "
+                 f"te-gemm bench --capture gemm_capture.json --gemm-duty {max(share, 0.05):.2f} "
+                 "--json bench.json in the run folder, then te-gemm report")
+    return text
+
+
+INSTRUMENT_WARN_PCT = 5.0  # instrumented steps this much slower than clean ones: a host-bound job
+GPU_BUSY_HOST_BOUND = 0.5  # kernels for less than this share of a clean step: the GPU waits on the host
+# A negative cost this close to zero is noise even where the clean steps agree closely (the H200
+# stack measured -0.15% for its event pairs and NVTX ranges: nothing, within noise).
+NOISE_FLOOR_PCT = 2.0
+_COST_LABELS = (("instrumented", "instrumented steps"),
+                ("dispatch", "the shape-discovery step (torch dispatch mode)"),
+                ("kernels", "the kernels steps (kernel records on)"))
+
+
+def clean_noise(cap: GemmCapture) -> tuple[int, float | None]:
+    """(number of clean steps, half their range as a percent of their median; None under two)."""
+    clean = [s.ms for s in cap.steps_of("clean")]
+    med = statistics.median(clean) if clean else 0.0
+    if len(clean) < 2 or med <= 0:
+        return len(clean), None
+    return len(clean), 100 * (max(clean) - min(clean)) / 2 / med
+
+
+def instrument_problem(cap: GemmCapture) -> str | None:
+    """Why no instrument cost can be stated for this capture, or None: a step with instruments on
+    that ran faster than the clean steps by more than their own noise. An instrument only adds
+    work, so such a step says the steps' conditions moved (the host's other load, its clock), not
+    that the instruments saved time: "-58%" would be printed as a cost it is not."""
+    cost = cap.instrument_cost()
+    if cost is None:
+        return None
+    n, spread = clean_noise(cap)
+    noise = max(spread or 0.0, NOISE_FLOOR_PCT)
+    faster = [label for key, label in _COST_LABELS if cost.get(f"{key}_pct", 0.0) < -noise]
+    if not faster:
+        return None
+    why = [f"only {n} clean step{'s' * (n != 1)}"] if n < 3 else []
+    if spread is not None and spread > NOISE_FLOOR_PCT:
+        why.append(f"the clean steps vary ±{spread:.0f}%")
+    if not why:
+        why.append("the clean steps agree with each other, so the host's load or clock changed between them and the "
+                   "instrumented steps")
+    return (f"too noisy to state an instrument cost: {' and '.join(faster)} ran faster than the clean steps "
+            f"({cost['clean_ms']:.2f} ms), which no instrument can cause; " + ", ".join(why)
+            + " (more active steps, or a quieter host, settle it)")
+
+
+def instrument_note(cap: GemmCapture) -> str | None:
+    """What the capture instruments cost this job: instrumented against clean step time. Step
+    times, shares and verdicts come from the clean steps either way; a large cost says the job is
+    host-bound (the host, not the GPU, sets its pace). A negative cost is stated only within the
+    clean steps' own noise; beyond it the note says the steps are too noisy (:func:`instrument_problem`)."""
+    cost = cap.instrument_cost()
+    if cost is None:
+        if cap.steps and not cap.steps_of("clean"):
+            return ("no clean step was captured: the step time includes the capture instruments "
+                    "(give the capture more active steps)")
+        return None
+    _, spread = clean_noise(cap)
+    noise = max(spread or 0.0, NOISE_FLOOR_PCT)
+    parts = []
+    for key, label in _COST_LABELS:
+        if f"{key}_pct" not in cost:
+            continue
+        ms, pct = cost[f"{key}_ms"], cost[f"{key}_pct"]
+        if pct >= 0:  # CUPTI's per-launch cost shows on the kernels steps of a host-bound job (+15-22% on the H200)
+            parts.append(f"{label} {ms:.2f} ms ({pct:+.1f}%)")
+        elif pct >= -noise:
+            parts.append(f"{label} {ms:.2f} ms ({pct:+.1f}%, within noise: no measurable cost)")
+        else:
+            parts.append(f"{label} {ms:.2f} ms (faster than the clean steps: no cost stated)")
+    session = cap.meta.get("kernel_session_ms") or {}
+    if "stop" in session:
+        # Between steps, so in no step's time, but the job waits for it once per capture.
+        # The stop's sync waits for kernels the host had queued ahead: the job would wait for
+        # them anyway, so that part is said apart from the records' read.
+        sync = session.get("stop_sync")
+        waited = f", {sync:.0f} ms of it waiting for the GPU's queued kernels" if sync is not None else ""
+        parts.append(f"the kernel-records session: {session.get('start', 0.0):.0f} ms to start, "
+                     f"{session['stop']:.0f} ms to stop and read{waited} (once, between steps)")
+    text = f"step times from clean steps ({cost['clean_ms']:.2f} ms, nothing attached); " + ", ".join(parts)
+    problem = instrument_problem(cap)
+    if problem:
+        text += f"; {problem}"
+    busy = _gpu_busy(cap, cost)
+    if busy is not None:
+        text += f"; the GPU ran kernels for {100 * busy:.0f}% of a clean step"
+    if host_bound(cap):
+        text += (": the job is host-bound (the host's Python and launch time, not the GPU, sets the step), so every "
+                 "microsecond of host work shows in its step time")
+    return text
+
+
+def _gpu_busy(cap: GemmCapture, cost: dict[str, float]) -> float | None:
+    """The share of a clean step the GPU ran kernels for, or None without kernel records."""
+    # The kernels step says it without any instrument: per-category kernel time summed
+    # (overlapping streams can only raise it).
+    kernel_ms = sum((cap.meta.get("kernel_breakdown_ms") or {}).values())
+    return min(kernel_ms / cost["clean_ms"], 1.0) if kernel_ms else None
+
+
+def host_bound(cap: GemmCapture) -> bool:
+    """Whether the capture shows a host-bound job (the host, not the GPU, sets its pace): its
+    instrumented steps ran over :data:`INSTRUMENT_WARN_PCT` slower than its clean ones, or the GPU ran
+    kernels for under :data:`GPU_BUSY_HOST_BOUND` of a clean step. :func:`instrument_note` says so."""
+    cost = cap.instrument_cost()
+    if cost is None:
+        return False
+    busy = _gpu_busy(cap, cost)
+    return cost.get("instrumented_pct", 0.0) > INSTRUMENT_WARN_PCT or (busy is not None and busy < GPU_BUSY_HOST_BOUND)
+
+
+def framework_note(job: GemmCapture, sweep_base: GemmCapture, speedups: dict[str, float]) -> str | None:
+    """The job's own step against the sweep's whole training step in the same recipe: what the job
+    does between steps besides training (the framework's loop, logging, other callbacks, data
+    loading) is in the first and not the second. Measured here, not assumed: the job's clean steps
+    against the sweep's. The observed speedups leave it out (the sweep cannot time it per recipe),
+    so the note restates them with it added to every recipe's step. ``speedups``: observed, over
+    BF16, per recipe, the sweep base's own included."""
+    from te_gemm_callback.analysis.prediction import capture_recipe, observe
+
+    if not str(sweep_base.meta.get("sweep_step", "")).startswith("whole") or not job.steps_of("clean"):
+        return None
+    job_ms, sweep_ms = job.step_ms(), observe(sweep_base).step_ms
+    extra = job_ms - sweep_ms
+    text = (f"the job's step {job_ms:.2f} ms (its clean steps, the framework included) against the sweep's whole "
+            f"training step {sweep_ms:.2f} ms in the same recipe: {extra:+.2f} ms ({100 * extra / sweep_ms:+.1f}%)")
+    own = speedups.get(capture_recipe(sweep_base), 1.0 if capture_recipe(sweep_base) == "BF16" else None)
+    others = {r: v for r, v in speedups.items() if r != "BF16"}
+    if extra <= 0 or own is None or not others:
+        return text + ": no time outside the training step shows here"
+    bf16_ms = sweep_ms * own  # the BF16 step these speedups are over
+    with_it = ", ".join(f"{r} {(bf16_ms + extra) / (bf16_ms / v + extra):.2f}x" for r, v in others.items())
+    return (text + " outside the training step (left out of the observed speedups); with it in every recipe's "
+            f"step: {with_it}")

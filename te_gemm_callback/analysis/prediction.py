@@ -1,0 +1,193 @@
+"""What each captured run measured, and the step time predicted for each recipe.
+
+Inputs are measurements only: captures of the live job (step time, in-job GEMM time, operand
+precisions), one per recipe where available, and microbenchmark results on the captured shapes.
+
+Prediction (Amdahl's law, Amdahl 1967; docs/benchmark-methodology.md). With the job observed in
+recipe r0 (step time T, in-job GEMM time G) and microbenchmarked GEMM time B(r) per step for each
+recipe r, the step time if only the GEMMs changed is
+
+    T_pred(r) = T - G + G * B(r) / B(r0)
+
+and the predicted step speedup of r over BF16 is T_pred(BF16) / T_pred(r). For r0 = BF16 this is
+T / (T - G + G / s_r) with s_r = B(BF16) / B(r), the GEMM speedup.
+
+G is GEMM kernel time (the TE interceptor brackets general_gemm; quantization runs before it), so
+B comes from the pre-quantized microbenchmarks (GEMM kernels alone) when they exist: "the GEMMs
+alone". What the job then gains or loses outside the GEMMs (quantization and cast kernels, amax
+reductions, FP8 outputs of fused norm and activation kernels that move half the bytes) is the
+residual, read from the observed runs' non-GEMM time and kernel categories
+(:mod:`te_gemm_callback.analysis.verdicts`). The autocast-mode microbenchmarks (GEMM plus a
+standalone quantization of its inputs) give a second, pessimistic prediction: every cast unfused.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from te_gemm_callback.analysis.intervals import Estimate, estimate
+from te_gemm_callback.capture.capture_file import GemmCapture
+from te_gemm_callback.microbench.cells import WorkItem
+from te_gemm_callback.microbench.results import BenchResults
+from te_gemm_callback.microbench.results import step_ms as bench_step_ms
+from te_gemm_callback.precisions import FAMILY_RECIPE, RECIPE_FAMILY, padded_splits
+
+
+def amdahl(step_ms: float, gemm_ms: float, gemm_speedup: float) -> float:
+    """Step speedup if only the GEMM part (gemm_ms of step_ms) gets gemm_speedup times faster."""
+    if step_ms <= 0 or gemm_speedup <= 0 or not 0 <= gemm_ms <= step_ms:
+        raise ValueError(f"need 0 <= gemm_ms <= step_ms and a positive speedup, "
+                         f"got {gemm_ms}, {step_ms}, {gemm_speedup}")
+    return step_ms / (step_ms - gemm_ms + gemm_ms / gemm_speedup)
+
+
+# High precisions a capture names from its GEMMs' operand dtypes when no FP8 recipe ran.
+HIGH_PRECISION = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}
+
+
+def precision_ran(cap: GemmCapture) -> str:
+    """What a capture's GEMMs ran, from their operand precisions alone (its TE GEMMs vote where it
+    has any: torch GEMMs beside TE layers stay high precision under every recipe): the recipe of
+    the most common FP8 family where there is one, else the most common high precision ("BF16",
+    "FP16", "FP32"); "BF16" without any GEMM."""
+    te = [r for r in cap.records if r.source == "te"] or cap.records
+    parts = [f for r in te for f in r.precision.split("+")]
+    fams = [f for f in parts if f in FAMILY_RECIPE]  # the FP8 families, and "bf16"
+    if any(f != "bf16" for f in fams):
+        return FAMILY_RECIPE[statistics.mode(fams)]
+    high = [HIGH_PRECISION[f] for f in parts if f in HIGH_PRECISION]
+    return statistics.mode(high) if high else "BF16"
+
+
+def capture_recipe(cap: GemmCapture) -> str:
+    """The recipe a capture ran in: the one its file names (a sweep's entry, the key speedups are
+    joined on; "BF16" is the sweep's FP8-off baseline, FP32 on an fp32 model, which the report's
+    checks say), else read from its GEMMs' operand precisions (:func:`precision_ran`): an
+    FP8 recipe, or the high precision that ran: BF16, FP16 or FP32 (an fp32 job is not a BF16 one)."""
+    if cap.meta.get("recipe"):
+        return cap.meta["recipe"]
+    return precision_ran(cap)
+
+
+@dataclass
+class Observed:
+    """What one captured run measured."""
+
+    recipe: str
+    step_ms: float
+    gemm_ms: float | None
+    unquantized: list[str] = field(default_factory=list)  # GEMMs left in high precision
+    kernels: dict[str, float] = field(default_factory=dict)  # kernel ms per step by category
+    round_ms: dict[int, float] = field(default_factory=dict)  # a sweep's alternating rounds: median ms each
+    fwd_bwd_ms: float | None = None  # a sweep step's forward+backward part (median), before its optimizer step
+
+    @property
+    def non_gemm_ms(self) -> float | None:
+        return None if self.gemm_ms is None else self.step_ms - self.gemm_ms
+
+
+def round_speedups(base: Observed, run: Observed) -> list[float]:
+    """Step speedup of ``run`` over ``base`` in each sweep round both ran in, in round order."""
+    return [base.round_ms[k] / run.round_ms[k] for k in sorted(set(base.round_ms) & set(run.round_ms))]
+
+
+def observed_estimate(base: Observed, run: Observed) -> Estimate | None:
+    """The median of the per-round speedups with its 95% interval (:mod:`te_gemm_callback.analysis.intervals`),
+    or None without common rounds."""
+    per_round = round_speedups(base, run)
+    return estimate(per_round) if per_round else None
+
+
+def observed_speedup(base: Observed, run: Observed) -> float:
+    """Step speedup of ``run`` over ``base``: the median over the sweep's alternating rounds of each
+    round's ratio where both ran in the same rounds (the host's drift over the sweep cancels within
+    a round), else the ratio of their median step times."""
+    per_round = round_speedups(base, run)
+    return statistics.median(per_round) if per_round else base.step_ms / run.step_ms
+
+
+def observe(cap: GemmCapture) -> Observed:
+    recipe = capture_recipe(cap)
+    plan = cap.meta.get("plan") or {}
+    # A precision plan's run: its recipe's format, and its BF16 modules left out on purpose.
+    fam = RECIPE_FAMILY.get(plan.get("recipe", recipe), "bf16")
+    kept = tuple(plan.get("keep_bf16", ()))
+    left = sorted({r.name for r in cap.records if r.op == "fprop" and fam not in r.precision.split("+")
+                   and not any(r.module == k or r.module.startswith(k + ".") for k in kept)}) \
+        if recipe != "BF16" else []
+    step = cap.step_ms()
+    if step is None:
+        raise ValueError("capture has no step times")
+    by_round: dict[int, list[float]] = {}
+    for s in cap.steps_of("clean"):
+        if s.round is not None:
+            by_round.setdefault(s.round, []).append(s.ms)
+    round_ms = {k: statistics.median(v) for k, v in by_round.items()}
+    if round_ms:
+        # The step time of the rounds the speedup comes from, so the table's step, its non-GEMM
+        # time and the speedup agree: the capture's own clean steps ran minutes from the other
+        # recipes' (HF on the H200: DelayedScaling 133.0 ms over all clean steps, 0.89x by rounds).
+        step = statistics.median(round_ms.values())
+    parts = [s.fwd_bwd_ms for s in cap.steps_of("clean") if s.fwd_bwd_ms is not None]
+    return Observed(recipe, step, cap.gemm_ms_per_step(), left, dict(cap.meta.get("kernel_breakdown_ms") or {}),
+                    round_ms, statistics.median(parts) if parts else None)
+
+
+def predict_steps(base: Observed, bench_ms: dict[str, float | None]) -> dict[str, float]:
+    """Step time per recipe if only the GEMMs changed (module docstring)."""
+    b0 = bench_ms.get(base.recipe)
+    if not b0 or base.gemm_ms is None:
+        return {}
+    return {r: base.step_ms - base.gemm_ms + base.gemm_ms * b / b0 for r, b in bench_ms.items() if b}
+
+
+def plan_prediction(plan: dict[str, Any], base: Observed, capture: GemmCapture, bench: BenchResults,
+                    items: list[WorkItem], bench_ms: dict[str, float | None], auto_ms: dict[str, float | None],
+                    mode: str) -> tuple[float, float, float | None] | None:
+    """(step ms, speedup, unfused speedup) of the plan, predicted like the single recipes beside it:
+    this run's baseline and bench, the same mode, its ``keep_bf16`` modules at their BF16 time and
+    the rest in its recipe. The plan file's own prediction is anchored on the run it was made from:
+    on a host-bound job the two runs' step times differ, and so would the two predictions."""
+    owner = {r.name: r.module for r in capture.records}
+    keep = set(plan.get("keep_bf16", []))
+
+    def total(m: str) -> float | None:
+        kept = [it for it in items if owner.get(it.name, it.name) in keep]
+        rest = [it for it in items if owner.get(it.name, it.name) not in keep]
+        t_kept = bench_step_ms(bench, kept, "BF16", m)
+        t_rest = bench_step_ms(bench, rest, plan.get("recipe", "BF16"), m, fallback="BF16")
+        return None if t_kept is None or t_rest is None else t_kept + t_rest
+
+    pred = predict_steps(base, {**bench_ms, "plan": total(mode)})
+    if "plan" not in pred or "BF16" not in pred:
+        return None
+    unfused = None
+    if auto_ms:  # the autocast-mode totals behind the recipes' "unfused" prediction
+        u = predict_steps(base, {**auto_ms, "plan": total("autocast")})
+        if "plan" in u and "BF16" in u:
+            unfused = u["BF16"] / u["plan"]
+    return pred["plan"], pred["BF16"] / pred["plan"], unfused
+
+
+def padding_pct(items: list[WorkItem], recipe: str) -> float | None:
+    """Extra grouped-GEMM rows when every expert's rows are padded to the recipe's alignment (the
+    microbenchmarks time the padded GEMMs, as MoE code under that recipe runs them)."""
+    grouped = [it for it in items if it.m_splits]
+    rows = sum(sum(it.m_splits) * it.count for it in grouped)
+    if not rows or recipe not in RECIPE_FAMILY or recipe == "BF16":  # FP32 / FP16 jobs pad nothing either
+        return None
+    padded = sum(sum(padded_splits(it.m_splits, recipe)) * it.count for it in grouped)
+    return 100 * (padded / rows - 1)
+
+
+def short_error(err: str) -> str:
+    """TE's assertion text without the source location: 'ret.lda % 16 == 0' is the part that matters."""
+    if "Assertion failed:" in err:
+        err = err.split("Assertion failed:", 1)[1].split(". ")[0].strip()
+    return err[:120]
+
+
+def in_job_gemm_speedup(run: Observed, bf16: Observed) -> float | None:
+    return bf16.gemm_ms / run.gemm_ms if run.gemm_ms and bf16.gemm_ms else None

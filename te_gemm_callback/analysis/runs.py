@@ -1,0 +1,139 @@
+"""A run folder and everything analysed from it, with no drawing: the report (verdicts, notes,
+checks), the precision plan where the bench allows one, the per-rank summary and kernel split.
+:func:`te_gemm_callback.reporting.speedups.report` draws and writes what :func:`analyze_run` hands it.
+
+A run folder is what the callback (or ``te-gemm run``) writes: ``gemm_capture.json`` of the job,
+``sweep/<recipe>/gemm_capture.json`` of the in-job sweep, ``bench.json`` of the microbenchmarks,
+``ranks/rank<N>.json`` of a multi-process job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from te_gemm_callback.analysis.notes import (
+    clock_note,
+    duty_note,
+    framework_note,
+    host_bound,
+    instrument_note,
+    instrument_problem,
+)
+from te_gemm_callback.analysis.plan import PrecisionPlan, run_plan
+from te_gemm_callback.analysis.prediction import capture_recipe, precision_ran
+from te_gemm_callback.analysis.verdicts import Report, analyze
+from te_gemm_callback.capture import GemmCapture
+from te_gemm_callback.capture.distributed import rank_summary
+from te_gemm_callback.microbench.cells import WorkItem, items_from_capture
+from te_gemm_callback.microbench.results import BenchResults, measured_items
+
+
+@dataclass
+class RunReport:
+    """The report of a run folder and what it was made from."""
+
+    report: Report
+    job: GemmCapture
+    captures: list[GemmCapture]  # the observed runs: the sweep's, else one per recipe
+    bench: BenchResults | None
+    items: list[WorkItem]  # the job's GEMMs, as measured by the bench where it holds them
+    ranks: list[dict[str, Any]] | None = None
+    kernels: dict[str, dict[str, float]] = field(default_factory=dict)  # recipe -> kernel ms by category
+    plan: PrecisionPlan | None = None  # where the bench allows one (analysis.plan.run_plan)
+    # The report.meta notes (keys) that speak of a host-bound run: the report warns with them.
+    host_bound_notes: list[str] = field(default_factory=list)
+    files: dict[str, Path] = field(default_factory=dict)  # what reporting.speedups.report wrote, once it has
+
+
+def analyze_run(run_dir: str | Path) -> RunReport:
+    """Analyse a run folder: no GPU, no drawing. The precision plan comes with it where the bench
+    allows one (:func:`te_gemm_callback.analysis.plan.run_plan`).
+
+    Example:
+        >>> rr = analyze_run("runs/demo")          # doctest: +SKIP
+        >>> [a.verdict for a in rr.report.recipes]  # doctest: +SKIP
+    """
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ValueError(f"{run_dir} is not a folder: point at the callback's output folder")
+    paths = sorted(root.rglob("gemm_capture.json"))
+    if not paths:
+        raise ValueError(f"{run_dir} holds no gemm_capture.json: point at the callback's output folder")
+    sweep = [p for p in paths if "sweep" in p.relative_to(root).parts]
+    main = [p for p in paths if p not in sweep]
+    if sweep:
+        # A sweep compares recipes within one run: with captures of several runs below (a parent
+        # folder), one run's job would be set against another's sweep.
+        runs = sorted({p.parent for p in main} | {_run_of(p, root) for p in sweep})
+        if len(runs) > 1:
+            raise ValueError(f"{run_dir} holds {len(runs)} run folders ({', '.join(map(str, runs[:4]))}"
+                             f"{', ...' if len(runs) > 4 else ''}): give one of them")
+    job = GemmCapture.load(main[0] if main else sweep[0])
+    # Observed runs: the callback's sweep (same model, batch and step definition) when present,
+    # else one capture per recipe (separate runs). The baseline is the job's own recipe.
+    sweep_caps, stale = _same_run(job, [(p, GemmCapture.load(p)) for p in sweep]) if main else \
+        ([GemmCapture.load(p) for p in sweep], [])
+    sweep = sweep if sweep_caps else []
+    caps = sweep_caps or [GemmCapture.load(p) for p in paths if p not in stale]
+    own = capture_recipe(job)
+    # An FP32 (FP16) job's own-precision run in a sweep is its FP8-off entry, keyed "BF16": its
+    # GEMMs ran the job's dtype (the report says so: checks.report_checks).
+    base = next((c for c in caps if capture_recipe(c) == own), None) or \
+        next((c for c in caps if capture_recipe(c) == "BF16" and precision_ran(c) == own), caps[0])
+    bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
+    rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
+    # The step note speaks of the run whose step time the table shows (the sweep's baseline when
+    # there is one); the job's own instrument cost is given beside it.
+    job_note = instrument_note(job) if sweep and main else None
+    observed = {a.recipe: a.observed_step_speedup for a in rep.recipes if a.observed_step_speedup}
+    fw_note = framework_note(job, base, observed) if sweep and main else None
+    for key, note in (("step_note", instrument_note(base)),
+                      ("job_step_note", job_note and f"training job: {job_note}"),
+                      ("framework_note", fw_note),
+                      ("clock_note", clock_note(job, bench)), ("duty_note", duty_note(rep.gemm_share, bench))):
+        if note:
+            rep.meta[key] = note
+    alerts = [key for key, cap in (("step_note", base), ("job_step_note", job if job_note else None))
+              if cap is not None and key in rep.meta and host_bound(cap)]
+    if stale:  # said where the report's readers look first, with the files to remove
+        rep.meta.setdefault("warnings", []).append(
+            f"sweep captures of another run ignored ({', '.join(str(p.relative_to(root)) for p in stale)}): "
+            "their run id is not the job capture's; remove them or run the sweep again")
+    # A cost the notes refuse to state (a step faster with instruments on than off) is a finding
+    # of the report's checks too: listed with them, so that report.json carries it as one.
+    for who, cap in ((f"{capture_recipe(base)} run", base), ("training job", job if sweep and main else None)):
+        problem = instrument_problem(cap) if cap is not None else None
+        if problem:
+            rep.meta.setdefault("warnings", []).append(f"{who}: {problem}")
+    items = measured_items(bench, items_from_capture(job)) if bench is not None else items_from_capture(job)
+    rank_files = sorted((root / "ranks").glob("rank*.json"),
+                        key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
+    ranks = rank_summary([GemmCapture.load(p) for p in rank_files]) if rank_files else None
+    kernels = {capture_recipe(c): c.meta.get("kernel_breakdown_ms") or {} for c in caps}
+    rr = RunReport(rep, job, caps, bench, items, ranks, kernels, host_bound_notes=alerts)
+    rr.plan = run_plan(rr)
+    return rr
+
+
+def _run_of(sweep_capture: Path, root: Path) -> Path:
+    """The run folder a sweep capture belongs to: the folder holding its ``sweep/``."""
+    parts = sweep_capture.relative_to(root).parts
+    return root.joinpath(*parts[:parts.index("sweep")])
+
+
+def _same_run(job: GemmCapture, sweep: list[tuple[Path, GemmCapture]]) -> tuple[list[GemmCapture], list[Path]]:
+    """The sweep captures of the job's run, and the paths of the others. The callback writes one
+    run id into the job capture and every sweep capture of a run (``meta["run_id"]``); where either
+    side has one they must agree. Files of older versions (no id on either side) are taken as one run."""
+    jid = job.meta.get("run_id")
+    kept: list[GemmCapture] = []
+    stale: list[Path] = []
+    for p, c in sweep:
+        rid = c.meta.get("run_id")
+        if rid == jid:  # the same run, or both written before run ids
+            kept.append(c)
+        else:
+            stale.append(p)
+    return kept, stale

@@ -1,0 +1,321 @@
+"""Predicted GEMM speedup against observed step speedup, with a verdict per recipe.
+
+:func:`analyze` joins the job's capture, the microbenchmarks of its shapes and the runs observed in
+other recipes (:mod:`te_gemm_callback.analysis.prediction`: what each run measured, and the Amdahl
+prediction); :func:`judge` decides each recipe's verdict, a :class:`~te_gemm_callback.analysis.findings.Verdict`
+with its numbers (:class:`~te_gemm_callback.analysis.findings.Evidence`), which
+:mod:`te_gemm_callback.analysis.findings` renders as the sentences a report prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from te_gemm_callback.analysis.checks import apply_withheld, report_checks
+from te_gemm_callback.analysis.findings import (
+    Evidence,
+    PlanEvidence,
+    StepParts,
+    Straddle,
+    Verdict,
+    evidence_lines,
+    render,
+    verdict_text,
+)
+from te_gemm_callback.analysis.intervals import Estimate, estimate
+from te_gemm_callback.analysis.notes import gemm_timing, step_timing
+from te_gemm_callback.analysis.prediction import (
+    Observed,
+    amdahl,
+    capture_recipe,
+    in_job_gemm_speedup,
+    observe,
+    observed_estimate,
+    observed_speedup,
+    padding_pct,
+    plan_prediction,
+    predict_steps,
+    round_speedups,
+    short_error,
+)
+from te_gemm_callback.capture.capture_file import GemmCapture
+from te_gemm_callback.microbench.cells import WorkItem, items_from_capture
+from te_gemm_callback.microbench.results import BenchResults, fallback_items, measured_items
+from te_gemm_callback.microbench.results import step_ms as bench_step_ms
+from te_gemm_callback.precisions import row_alignment
+
+# The names this module has always offered: its callers read what a run measured from here too.
+__all__ = ["GEMM_BOUND_TOL", "NO_GAIN", "Observed", "RecipeAnalysis", "Report", "Verdict", "amdahl", "analyze",
+           "capture_recipe", "judge", "observe", "observed_estimate", "observed_speedup", "round_speedups",
+           "verdict"]
+
+GEMM_BOUND_TOL = 0.05  # |observed / predicted - 1| within this: the GEMMs explain the step
+NO_GAIN = 1.05  # GEMM speedup below this: no gain at these shapes
+
+
+@dataclass
+class RecipeAnalysis:
+    """One recipe's row of the report. Its verdict is ``verdict_kind`` with ``verdict_evidence``;
+    ``verdict`` and ``evidence`` are their sentences (:func:`~te_gemm_callback.analysis.findings.render`)."""
+
+    recipe: str
+    gemm_ms_bench: float | None = None  # microbenchmarked GEMM time per step
+    gemm_speedup: float | None = None  # over BF16, microbenchmarks
+    gemm_speedup_vs_current: float | None = None  # over the recipe the job ran in
+    predicted_step_ms: float | None = None
+    predicted_step_speedup: float | None = None  # over BF16, GEMM kernels alone
+    predicted_step_speedup_unfused: float | None = None  # over BF16, GEMMs + standalone quantization
+    observed_step_ms: float | None = None
+    observed_gemm_ms: float | None = None
+    observed_step_speedup: float | None = None  # over BF16: the median of the sweep's per-round ratios
+    observed_ci: tuple[float, float] | None = None  # its 95% interval (None: too few rounds, or no rounds)
+    observed_rerun: tuple[float, float] | None = None  # where a rerun's median should fall, 95% (Estimate.rerun)
+    observed_rounds: int = 0
+    high_precision: list[str] = field(default_factory=list)  # GEMMs this recipe cannot run, timed in BF16
+    padded_rows_pct: float | None = None  # grouped GEMMs: extra rows from per-expert alignment
+    verdict_kind: Verdict | None = None
+    verdict_evidence: Evidence = field(default_factory=Evidence)
+
+    @property
+    def verdict(self) -> str:
+        return verdict_text(self.verdict_kind, self.verdict_evidence)
+
+    @property
+    def evidence(self) -> list[str]:
+        return evidence_lines(self.verdict_kind, self.verdict_evidence)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["verdict"], d["evidence"] = render(self.verdict_kind, self.verdict_evidence)
+        d["verdict_kind"] = self.verdict_kind.value if self.verdict_kind is not None else None
+        return d
+
+
+@dataclass
+class Report:
+    current_recipe: str
+    step_ms: float
+    gemm_ms: float | None
+    recipes: list[RecipeAnalysis]
+    skipped: dict[str, str]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A report states no figure its own checks refused (meta["withheld"]): cleared here, once,
+        # for every consumer (tables, figures, report.json); a refused verdict reads "n/a (why)".
+        apply_withheld(self.recipes, self.meta.get("withheld") or {})
+
+    @property
+    def gemm_share(self) -> float | None:
+        """GEMM time over step time where the two can be compared (``meta["gemm_share_basis"]``
+        says over which step); None where they cannot (``meta["gemm_share_na"]`` says why).
+        Never above 1: a GEMM share over 100% is two steps' times set against each other."""
+        if "gemm_share" in self.meta:
+            return self.meta["gemm_share"]
+        share = self.gemm_ms / self.step_ms if self.gemm_ms is not None and self.step_ms else None
+        return share if share is None or share <= 1 else None
+
+    def withheld(self, recipe: str) -> dict[str, str]:
+        """The fields of a recipe's row the checks refused (``meta["withheld"]``): field -> why."""
+        return (self.meta.get("withheld") or {}).get(recipe) or {}
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the checks found that the report cannot state as a result (printed, and in report.json)."""
+        return list(self.meta.get("warnings") or [])
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["recipes"] = [a.to_dict() for a in self.recipes]
+        d["schema"] = "te-gemm-report/1"
+        d["gemm_share"] = self.gemm_share
+        return d
+
+
+def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: list[GemmCapture] = (),
+            mode: str | None = None, items: list[WorkItem] | None = None) -> Report:
+    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes.
+
+    ``mode``: the microbenchmark mode behind the GEMM speedups and the prediction; default
+    pre-quantized where measured (it times what the capture times: GEMM kernels), else autocast.
+    """
+    base = observe(capture)
+    if base.gemm_ms is None:
+        raise ValueError("the capture has no GEMM times (captured on CPU?): time it on the GPU to analyse")
+    runs = {base.recipe: base}
+    plan_meta = next((c.meta["plan"] for c in observed if c.meta.get("plan")), None)
+    for cap in observed:
+        o = observe(cap)
+        runs.setdefault(o.recipe, o)
+    plan_run = runs.pop("plan", None)
+    items = items or items_from_capture(capture)
+    if bench is not None:
+        items = measured_items(bench, items)
+    modes = bench.meta.get("modes", ["autocast"]) if bench else []
+    mode = mode or ("prequantized" if "prequantized" in modes else "autocast")
+    recipes = list(dict.fromkeys((bench.precisions if bench else []) + list(runs)))
+    # A GEMM a recipe cannot run (an 8-wide router in FP8) stays in BF16 in the job: count it so.
+    bench_ms = {r: bench_step_ms(bench, items, r, mode, fallback="BF16") for r in recipes} if bench else {}
+    pred_step = predict_steps(base, bench_ms)
+    unfused, auto_ms = {}, {}
+    if bench and mode != "autocast" and "autocast" in modes:
+        auto_ms = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes}
+        unfused = predict_steps(base, auto_ms)
+    out = []
+    for r in recipes:
+        a = RecipeAnalysis(r, gemm_ms_bench=bench_ms.get(r))
+        if bench_ms.get(r) and bench_ms.get("BF16"):
+            a.gemm_speedup = bench_ms["BF16"] / bench_ms[r]
+        if bench_ms.get(r) and bench_ms.get(base.recipe):
+            a.gemm_speedup_vs_current = bench_ms[base.recipe] / bench_ms[r]
+        if bench and r != "BF16":
+            a.high_precision = [f"{it.name} ({it.fprop.mkn}): {short_error(why)}"
+                                for it, why in fallback_items(bench, items, r, mode)]
+        a.padded_rows_pct = padding_pct(items, r)
+        if r in pred_step:
+            a.predicted_step_ms = pred_step[r]
+            if "BF16" in pred_step:
+                a.predicted_step_speedup = pred_step["BF16"] / pred_step[r]
+        if r in unfused and "BF16" in unfused:
+            a.predicted_step_speedup_unfused = unfused["BF16"] / unfused[r]
+        if r in runs:
+            a.observed_step_ms, a.observed_gemm_ms = runs[r].step_ms, runs[r].gemm_ms
+            if "BF16" in runs:
+                a.observed_step_speedup = observed_speedup(runs["BF16"], runs[r])
+                _set_interval(a, observed_estimate(runs["BF16"], runs[r]))
+        if a.predicted_step_speedup is None and a.gemm_speedup is None and r in runs and "BF16" in runs:
+            # No microbenchmark of this recipe: the in-job GEMM times of the two runs stand in.
+            a.gemm_speedup = in_job_gemm_speedup(runs[r], runs["BF16"])
+            bf = runs["BF16"]
+            if a.gemm_speedup and bf.gemm_ms is not None:
+                # GEMM time read on instrumented steps (host clock on CPU) can exceed a clean step.
+                a.predicted_step_speedup = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
+        a.verdict_kind, a.verdict_evidence = judge(a, runs.get(r), runs.get("BF16"))
+        out.append(a)
+    if plan_run is not None and plan_meta is not None:
+        predicted = plan_prediction(plan_meta, base, capture, bench, items, bench_ms, auto_ms, mode) if bench else None
+        out.append(_plan_analysis(plan_run, plan_meta, runs, predicted))
+    skipped = dict(bench.skipped) if bench else {}
+    return Report(base.recipe, base.step_ms, base.gemm_ms, out, skipped,
+                  meta={"device": capture.meta.get("device"), "mode": mode,
+                        "prediction": "Amdahl over the measured GEMM share with microbenchmarked GEMM speedups "
+                                      f"({mode} mode)",
+                        # Named per device from the capture: the host clock on a CPU, never assumed CUDA.
+                        "timing": f"step: {step_timing(capture)}; GEMM: {gemm_timing(capture)}",
+                        "step_clock": capture.step_clock(), "gemm_clock": capture.gemm_clock(),
+                        **report_checks(base.recipe, {**runs, **({"plan": plan_run} if plan_run else {})},
+                                        [capture, *observed], capture_recipe, out, bench, GEMM_BOUND_TOL)})
+
+
+def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],
+                   predicted: tuple[float, float, float | None] | None = None) -> RecipeAnalysis:
+    """The swept precision plan against its prediction and against the best single recipe observed
+    in the same sweep. ``predicted`` (step ms, speedup, unfused speedup): made from this run like
+    the single recipes' (:func:`~te_gemm_callback.analysis.prediction.plan_prediction`); without it,
+    the plan file's own."""
+    a = RecipeAnalysis("plan", predicted_step_ms=plan.get("predicted_step_ms"),
+                       predicted_step_speedup=plan.get("predicted_speedup"),
+                       observed_step_ms=run.step_ms, observed_gemm_ms=run.gemm_ms)
+    if predicted is not None:
+        a.predicted_step_ms, a.predicted_step_speedup, a.predicted_step_speedup_unfused = predicted
+    bf16 = runs.get("BF16")
+    if bf16 is not None:
+        a.observed_step_speedup = observed_speedup(bf16, run)
+        _set_interval(a, observed_estimate(bf16, run))
+    a.verdict_kind, ev = judge(a, run, bf16)
+    ev.plan = PlanEvidence(plan.get("recipe"), list(plan.get("keep_bf16", [])), run.step_ms)
+    singles = {r: o.step_ms for r, o in runs.items()}
+    if singles:
+        best = min(singles, key=singles.get)
+        ev.plan.best_single, ev.plan.best_single_ms = best, singles[best]
+    if predicted is not None and plan.get("predicted_speedup"):
+        ev.plan.file_predicted = plan["predicted_speedup"]
+    a.verdict_evidence = ev
+    return a
+
+
+def _set_interval(a: RecipeAnalysis, est: Estimate | None) -> None:
+    if est is not None:
+        a.observed_rounds = est.rounds
+        a.observed_ci = (est.low, est.high) if est.low is not None else None
+        a.observed_rerun = est.rerun
+
+
+def _kernel_moves(run: Observed, bf16: Observed) -> list[tuple[str, float]]:
+    """Kernel categories (torch.profiler) whose time moved from BF16 to this recipe, largest first."""
+    if not (run.kernels and bf16.kernels):
+        return []
+    deltas = sorted(((run.kernels.get(k, 0.0) - bf16.kernels.get(k, 0.0), k) for k in run.kernels if k != "gemm"),
+                    key=lambda d: -abs(d[0]))
+    return [(k, d) for d, k in deltas if abs(d) > 0.01]
+
+
+def _straddle(est: Estimate | None, per_round: list[float], pred: float) -> Straddle | None:
+    """Where the observed speedup cannot pick a side of a verdict's threshold (the edges of the band
+    around the prediction), or None. With a 95% interval: it reaches across an edge. With too few
+    rounds for one (under 6): the rounds themselves fall on both sides of an edge."""
+    if est is None or est.rounds < 2:
+        return None
+    lo, hi, rounds_range = est.low, est.high, False
+    if lo is None or hi is None:
+        lo, hi, rounds_range = min(per_round), max(per_round), True
+    for edge in (1 - GEMM_BOUND_TOL, 1 + GEMM_BOUND_TOL):
+        if lo < edge * pred < hi:
+            return Straddle(lo, hi, edge, est.rounds, rounds_range)
+    return None
+
+
+def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tuple[Verdict, Evidence]:
+    """GEMM-bound / overhead eats the gain / no gain or silent fallback / undecided, with the numbers
+    behind it. Pure: reads ``a`` and the observed runs, changes nothing."""
+    ev = Evidence(recipe=a.recipe)
+    if a.recipe == "BF16":
+        return Verdict.BASELINE, ev
+    both = run is not None and bf16 is not None
+    if run is not None and run.unquantized:
+        ev.unquantized = list(run.unquantized)
+    if a.padded_rows_pct:
+        ev.padded_rows_pct, ev.row_alignment = a.padded_rows_pct, row_alignment(a.recipe)
+    ev.high_precision = list(a.high_precision)
+    ev.gemm_speedup = a.gemm_speedup
+    if both and run.gemm_ms and bf16.gemm_ms:
+        ev.in_job_gemm_ms = (bf16.gemm_ms, run.gemm_ms)
+    if a.gemm_speedup is not None and a.gemm_speedup < NO_GAIN:
+        ev.no_gain_below = NO_GAIN
+        return (Verdict.SILENT_FALLBACK if run is not None and run.unquantized else Verdict.NO_GAIN), ev
+    obs, pred = a.observed_step_speedup, a.predicted_step_speedup
+    if obs is None or pred is None:
+        return Verdict.PREDICTED_ONLY, ev
+    ev.predicted, ev.observed, ev.tolerance = pred, obs, GEMM_BOUND_TOL
+    ev.unfused = a.predicted_step_speedup_unfused
+    per_round = round_speedups(bf16, run) if both else []
+    ev.estimate = estimate(per_round) if per_round else None
+    ev.straddle = _straddle(ev.estimate, per_round, pred)
+    moved = idle = None
+    if both and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
+        ev.non_gemm_ms = (bf16.non_gemm_ms, run.non_gemm_ms)
+        moved = ev.overhead_ms
+    if both and run.fwd_bwd_ms and bf16.fwd_bwd_ms:
+        ev.step_parts = StepParts(bf16.fwd_bwd_ms, run.fwd_bwd_ms, bf16.step_ms, run.step_ms)
+    gap = ev.residual
+    if both and abs(gap) > GEMM_BOUND_TOL:
+        ev.kernel_moves = _kernel_moves(run, bf16)
+        if run.kernels and bf16.kernels:  # step time in no kernel at all: host-bound, GPU idle
+            idle = (run.step_ms - sum(run.kernels.values())) - (bf16.step_ms - sum(bf16.kernels.values()))
+            if abs(idle) > 0.01:
+                ev.idle_ms = idle
+    if ev.straddle is not None:
+        return Verdict.UNDECIDED, ev
+    if abs(gap) <= GEMM_BOUND_TOL:
+        return Verdict.GEMM_BOUND, ev
+    if gap > 0:
+        return Verdict.BETTER_THAN_PREDICTED, ev
+    if idle is not None and moved is not None and idle > 0 and idle >= 0.5 * moved:
+        ev.host_wait_ms = idle
+    return Verdict.OVERHEAD_EATS_GAIN, ev
+
+
+def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tuple[str, list[str]]:
+    """:func:`judge`'s verdict as the report prints it: (its sentence, its evidence lines)."""
+    return render(*judge(a, run, bf16))

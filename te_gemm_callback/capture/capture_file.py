@@ -1,0 +1,377 @@
+"""What a capture holds, and its JSON file (schema ``te-gemm-capture/1``, see docs/capture-format.md).
+
+A :class:`GemmEvent` is one GEMM call; a :class:`GemmRecord` groups identical calls (same module,
+pass, shape, precision) across the captured steps; :class:`GemmCapture` holds records, per-step
+times and the conditions of the run (device, versions).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from te_gemm_callback.files.jsonio import from_fields, read_schema, write_json
+from te_gemm_callback.shapes import GemmOp, GemmShape
+
+SCHEMA = "te-gemm-capture/1"
+
+
+# Calls of one GEMM over the captured steps: far above any job (a million layers x a thousand
+# micro-batches), low enough that FLOPs per step stay finite.
+MAX_CALLS = 10**12
+
+@dataclass
+class GemmEvent:
+    """One GEMM call seen in the live job."""
+
+    step: int
+    module: str  # qualified name of the owning module ("" = outside every module)
+    gemm: str  # sub-GEMM of the module: "fc1"/"fc2" in LayerNormMLP, "" when only one
+    op: GemmOp
+    m: int
+    k: int
+    n: int
+    batch: int = 1
+    precision: str = "bf16"
+    operands: tuple[str, ...] = ()
+    source: str = "torch"  # "te" (general_gemm interception) or "torch" (aten dispatch)
+    kernel: str = ""  # the function called: general_gemm, aten.mm, aten._grouped_mm, ...
+    recompute: bool = False  # forward GEMM re-run in backward by activation checkpointing
+    m_splits: tuple[int, ...] | None = None
+    module_type: str = ""
+    time_ms: float | None = None  # CUDA-event time; None on CPU or before read-back
+
+    @property
+    def shape(self) -> GemmShape:
+        return GemmShape(self.m, self.k, self.n, self.op, self.batch)
+
+    def key(self) -> tuple:
+        return (self.module, self.gemm, str(self.op), self.m, self.k, self.n, self.batch,
+                self.precision, self.recompute, self.source, self.kernel)
+
+
+@dataclass
+class GemmRecord:
+    """Identical GEMM calls grouped over the captured steps."""
+
+    module: str
+    gemm: str
+    op: str
+    m: int
+    k: int
+    n: int
+    batch: int
+    precision: str
+    operands: list[str]
+    source: str
+    kernel: str
+    recompute: bool
+    module_type: str
+    calls: int  # over all captured steps
+    calls_per_step: float
+    flops: int  # of one call
+    times_ms: list[float] = field(default_factory=list)  # one per call, when timed
+    m_splits: list[list[int]] = field(default_factory=list)  # one per call, grouped GEMMs only
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.gemm}" if self.gemm else (self.module or "<top>")
+
+    @property
+    def shape(self) -> GemmShape:
+        return GemmShape(self.m, self.k, self.n, GemmOp(self.op), self.batch)
+
+    def key(self) -> tuple:
+        """The grouping key: equal to :meth:`GemmEvent.key` of the calls it groups."""
+        return (self.module, self.gemm, self.op, self.m, self.k, self.n, self.batch,
+                self.precision, self.recompute, self.source, self.kernel)
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.times_ms) if self.times_ms else None
+
+    @property
+    def ms_per_step(self) -> float | None:
+        return self.median_ms * self.calls_per_step if self.times_ms else None
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.flops * self.calls_per_step
+
+
+@dataclass
+class StepTime:
+    index: int
+    wall_ms: float  # host clock between step boundaries
+    gpu_ms: float | None = None  # CUDA events between step boundaries (stream time, gaps included)
+    gemm_ms: float | None = None  # GEMM time in this step: kernel records, or the sum of event pairs
+    micro_batches: int = 1
+    # "instrumented" (hooks, interception: shapes), "kernels" (kernel records only: per-GEMM GPU
+    # time) or "clean" (nothing attached: the step time); see capture.step_plan.StepPlan.
+    # Never clean (capture.steady): "compile" (before the plan, while dynamo compiles), and planned
+    # clean steps found "recompile", "graph-capture" or "outlier"; no step time is drawn from them.
+    kind: str = "instrumented"
+    dispatch: bool = False  # instrumented step that also ran the torch dispatch mode
+    round: int | None = None  # a sweep's alternating round this clean step was timed in
+    # A sweep step's forward+backward part (GPU ms on CUDA, else host ms), before its optimizer step.
+    fwd_bwd_ms: float | None = None
+
+    @property
+    def ms(self) -> float:
+        return self.gpu_ms if self.gpu_ms is not None else self.wall_ms
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+@dataclass
+class GemmCapture:
+    """Every GEMM recorded inside a profiled region, grouped into records.
+
+    Example:
+        >>> cap = GemmCapture.load("gemm_capture.json")       # doctest: +SKIP
+        >>> sum(r.flops_per_step for r in cap.records)         # doctest: +SKIP
+    """
+
+    records: list[GemmRecord]
+    steps: list[StepTime]
+    meta: dict[str, Any] = field(default_factory=dict)
+    coverage: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return max(len(self.steps), 1)
+
+    @property
+    def flops_per_step(self) -> float:
+        return sum(r.flops_per_step for r in self.records)
+
+    def steps_of(self, kind: str) -> list[StepTime]:
+        return [s for s in self.steps if s.kind == kind]
+
+    @property
+    def full_micro_batches(self) -> int:
+        """Micro-batches of a full step (the fullest one captured): a step with fewer is partial."""
+        return max((s.micro_batches for s in self.steps), default=1)
+
+    def full_steps_of(self, kind: str) -> list[StepTime]:
+        """:meth:`steps_of` without partial steps (fewer micro-batches), unless all are."""
+        steps = self.steps_of(kind)
+        full = [s for s in steps if s.micro_batches >= self.full_micro_batches]
+        return full or steps
+
+    def gemm_ms_per_step(self) -> float | None:
+        """GEMM GPU time per step: kernel records where kernels steps ran (the GPU's own time per
+        kernel), else the instrumented steps' event pairs; a partial step's scaled to a full step
+        (the same GEMMs run once per micro-batch)."""
+        full = self.full_micro_batches
+        for kind in ("kernels", "instrumented"):
+            times = [s.gemm_ms * full / s.micro_batches for s in self.steps_of(kind) if s.gemm_ms is not None]
+            if times:
+                return statistics.median(times)
+        return None
+
+    def step_ms(self) -> float | None:
+        """Median step time of the clean steps (nothing attached); without any, of the settle steps
+        (nothing attached, right after the kernel records' sync), then of the kernels steps, and
+        only failing all of the instrumented ones (see ``meta["step_time"]``). Partial steps (fewer
+        micro-batches: tagged "partial" when planned clean) never give the step time."""
+        for kind in ("clean", "settle", "kernels", "instrumented"):
+            times = [s.ms for s in self.full_steps_of(kind)]
+            if times:
+                return statistics.median(times)
+        return None
+
+    def instrument_cost(self) -> dict[str, float] | None:
+        """Instrumented against clean step time (medians): what the capture instruments cost this
+        job. The dispatch-mode steps are given apart: they cost more and are fewer."""
+        # Full steps only: a partial instrumented step against full clean ones is no instrument cost.
+        full = [s for s in self.steps if s.micro_batches >= self.full_micro_batches]
+        clean = _median([s.ms for s in full if s.kind == "clean"])
+        instr = _median([s.ms for s in full if s.kind == "instrumented" and not s.dispatch])
+        disp = _median([s.ms for s in full if s.kind == "instrumented" and s.dispatch])
+        if not clean or (instr is None and disp is None):
+            return None
+        out = {"clean_ms": clean}
+        if instr is not None:
+            out.update(instrumented_ms=instr, instrumented_pct=100 * (instr / clean - 1))
+        if disp is not None:
+            out.update(dispatch_ms=disp, dispatch_pct=100 * (disp / clean - 1))
+        kern = _median([s.ms for s in full if s.kind == "kernels"])
+        if kern is not None:  # CUPTI's per-launch cost: shown, though no step time comes from it
+            out.update(kernels_ms=kern, kernels_pct=100 * (kern / clean - 1))
+        return out
+
+    def step_kind(self) -> str | None:
+        """The kind of step :meth:`step_ms` draws from (clean, settle, kernels, instrumented)."""
+        return next((k for k in ("clean", "settle", "kernels", "instrumented") if self.steps_of(k)), None)
+
+    def step_clock(self) -> str | None:
+        """The clock behind :meth:`step_ms`: "cuda_events" where those steps carry a GPU time
+        (``StepTime.ms`` prefers it), else "host_clock" (time.perf_counter at the boundaries)."""
+        kind = self.step_kind()
+        if kind is None:
+            return None
+        return "cuda_events" if any(s.gpu_ms is not None for s in self.steps_of(kind)) else "host_clock"
+
+    def step_spread(self) -> dict[str, Any] | None:
+        """How far the steps :meth:`step_ms` draws from agree: their count and half their range as a
+        percent of their median (None with fewer than two): the noise any figure made from the
+        step time carries."""
+        kind = self.step_kind()
+        if kind is None:
+            return None
+        times = [s.ms for s in self.full_steps_of(kind)]
+        med = statistics.median(times)
+        spread = 100 * (max(times) - min(times)) / 2 / med if len(times) > 1 and med > 0 else None
+        return {"kind": kind, "steps": len(times), "spread_pct": spread}
+
+    def gemm_clock(self) -> str | None:
+        """The clock behind :meth:`gemm_ms_per_step`: "kernel_records", "cuda_events", "host_clock",
+        or None when no GEMM was timed. Read from the capture's own record of it, else inferred
+        (older files lack ``gemm_time_source``): a CPU device, or steps without GPU times, mean the
+        host clock; "CUDA events" is never assumed."""
+        if not any(s.gemm_ms is not None for s in self.steps):
+            return None
+        if any(s.kind == "kernels" and s.gemm_ms is not None for s in self.steps):
+            return "kernel_records"
+        known = ("kernel_records", "cuda_events", "host_clock")
+        for key in ("gemm_time_source", "timing"):
+            if self.meta.get(key) in known:
+                return self.meta[key]
+        if str(self.meta.get("device") or "").startswith("CPU"):
+            return "host_clock"
+        return "cuda_events" if any(s.gpu_ms is not None for s in self.steps) else "host_clock"
+
+    def gemm_share_in_timed_steps(self) -> tuple[float, float] | None:
+        """(GEMM share, step ms) within the very steps whose GEMMs were timed: each step's GEMM time
+        over that step's own time, on one clock (medians). On the CPU the clean steps carry no GEMM
+        time, and host-clock times of two different steps are not comparable (first calls, caches,
+        the host's other load), so this is the share a host-clock capture can state."""
+        for kind in ("kernels", "instrumented"):
+            timed = [s for s in self.full_steps_of(kind) if s.gemm_ms is not None and s.ms > 0]
+            if timed:
+                return (statistics.median(s.gemm_ms / s.ms for s in timed),
+                        statistics.median(s.ms for s in timed))
+        return None
+
+    def by_module(self) -> dict[str, list[GemmRecord]]:
+        out: dict[str, list[GemmRecord]] = {}
+        for r in self.records:
+            out.setdefault(r.module, []).append(r)
+        return out
+
+    def shapes(self) -> list[GemmShape]:
+        return [r.shape for r in self.records]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "meta": self.meta,
+            "summary": {
+                "num_steps": len(self.steps),
+                "gemm_flops_per_step": self.flops_per_step,
+                "step_ms_median": self.step_ms(),
+                "gemm_ms_per_step_median": self.gemm_ms_per_step(),
+                "instrument_cost": self.instrument_cost(),
+            },
+            "steps": [asdict(s) for s in self.steps],
+            "records": [asdict(r) for r in self.records],
+            "coverage": self.coverage,
+        }
+
+    def save(self, path: str | Path, root: str | Path | None = None) -> Path:
+        """Write atomically; an existing file at ``path`` that is not a capture is never replaced;
+        ``root``: a folder between it and ``path`` that is a link is refused."""
+        return write_json(path, self.to_dict(), schema=SCHEMA, root=root)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GemmCapture:
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            got = d.get("schema") if isinstance(d, dict) else type(d).__name__
+            raise ValueError(f"not a te-gemm capture (schema {got!r}, want {SCHEMA!r})")
+        try:
+            cap = cls(records=[from_fields(GemmRecord, r) for r in d["records"]],
+                      steps=[from_fields(StepTime, s) for s in d["steps"]],
+                      meta=d.get("meta") or {}, coverage=d.get("coverage") or {})
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"malformed te-gemm capture: {type(err).__name__}: {err}") from None
+        cap.validate()
+        return cap
+
+    def validate(self) -> None:
+        """Raise ValueError on a record no GEMM can have (negative or zero dims, negative counts,
+        non-finite or negative times): such a file is damaged, and its numbers would print as garbage."""
+        def bad(x: Any, least: float) -> bool:
+            return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < least
+
+        from te_gemm_callback.files.jsonio import (  # field types first: a hand-edited file may hold anything
+            CAPTURE_FILE,
+            check,
+        )
+
+        check({"records": [vars(r) for r in self.records], "steps": [vars(s) for s in self.steps],
+               "meta": self.meta, "coverage": self.coverage}, CAPTURE_FILE)
+        for r in self.records:
+            if bad(r.m, 0) or bad(r.k, 1) or bad(r.n, 1) or bad(r.batch, 1):
+                raise ValueError(f"GEMM {r.name} {r.op} has impossible dimensions {r.m}x{r.k}x{r.n} (batch {r.batch})")
+            if r.op not in ("fprop", "dgrad", "wgrad"):
+                raise ValueError(f"GEMM {r.name} has an unknown pass {r.op!r}")
+            if bad(r.calls, 0) or bad(r.calls_per_step, 0):
+                raise ValueError(f"GEMM {r.name} {r.op} has an impossible call count "
+                                 f"({r.calls}, {r.calls_per_step} per step)")
+            if r.calls > MAX_CALLS or r.calls_per_step > MAX_CALLS:  # else FLOPs per step overflow to inf
+                raise ValueError(f"GEMM {r.name} {r.op} has an impossible call count ({r.calls}, {r.calls_per_step} "
+                                 f"per step; at most {MAX_CALLS:.0e})")
+            if r.flops != 2 * r.batch * r.m * r.k * r.n:  # what the tables and TFLOP/s are computed from
+                raise ValueError(f"GEMM {r.name} {r.op} has {r.flops} FLOPs per call, but its shape "
+                                 f"{r.batch}x{r.m}x{r.k}x{r.n} has {2 * r.batch * r.m * r.k * r.n}")
+            # A grouped GEMM's token rows are its experts' rows: m, or k for wgrad (contracted over the rows).
+            rows = r.k if r.op == "wgrad" else r.m
+            if any(sum(sp) != rows for sp in r.m_splits):
+                raise ValueError(f"GEMM {r.name} {r.op} has m_splits that do not add up to its "
+                                 f"{'k' if r.op == 'wgrad' else 'm'} ({rows})")
+            if any(bad(t, 0) for t in r.times_ms):
+                raise ValueError(f"GEMM {r.name} {r.op} has negative or non-finite times")
+        for s in self.steps:
+            if bad(s.wall_ms, 0) or any(v is not None and bad(v, 0) for v in (s.gpu_ms, s.gemm_ms)):
+                raise ValueError(f"step {s.index} has negative or non-finite times")
+            if s.wall_ms == 0 or s.gpu_ms == 0:  # no step takes no time; every speedup and share divides by it
+                raise ValueError(f"step {s.index} has a {'wall' if s.wall_ms == 0 else 'GPU'} time of 0 ms: "
+                                 "the file is damaged")
+
+    @classmethod
+    def load(cls, path: str | Path) -> GemmCapture:
+        data = read_schema(path, SCHEMA, "te-gemm capture")
+        try:
+            return cls.from_dict(data)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+
+def aggregate(events: list[GemmEvent], num_steps: dict[str, float]) -> list[GemmRecord]:
+    """Group events into records, in first-seen order.
+
+    ``num_steps`` maps each source to the steps it recorded on, in full steps (the dispatch adapter
+    may run on fewer steps than the TE adapter; a partial step counts its share of a full one's
+    micro-batches), so ``calls_per_step`` is right for both.
+    """
+    groups: dict[tuple, list[GemmEvent]] = {}
+    for e in events:
+        groups.setdefault(e.key(), []).append(e)
+    records = []
+    for evs in groups.values():
+        e = evs[0]
+        records.append(GemmRecord(
+            module=e.module, gemm=e.gemm, op=str(e.op), m=e.m, k=e.k, n=e.n, batch=e.batch,
+            precision=e.precision, operands=list(e.operands), source=e.source, kernel=e.kernel,
+            recompute=e.recompute, module_type=e.module_type, calls=len(evs),
+            calls_per_step=len(evs) / (num_steps.get(e.source) or 1), flops=e.shape.flops,
+            times_ms=[x.time_ms for x in evs if x.time_ms is not None],
+            m_splits=[list(x.m_splits) for x in evs if x.m_splits is not None],
+        ))
+    return records

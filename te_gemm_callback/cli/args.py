@@ -1,0 +1,99 @@
+"""The command line's argument types and up-front output checks (split from cli.py): each
+refusal is one line, argparse's or a ValueError, given before anything is measured or trained."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def _int(text: str, least: int, what: str) -> int:
+    # ASCII digits only: int() takes other scripts' digits but not, say, superscripts ("²").
+    t = text.strip()
+    if not (t.lstrip("+-").isascii() and t.lstrip("+-").isdigit()) or len(t) > 30:  # int() refuses 4300+ digits
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    v = int(t)
+    if v < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+    return v
+
+
+def _positive(text: str) -> int:
+    return _int(text, 1, "a positive integer")
+
+
+def _non_negative(text: str) -> int:
+    return _int(text, 0, "a non-negative integer")
+
+
+def _run_steps(text: str) -> int:
+    # 1 untouched step, 1 warm-up, then at least one captured: fewer would capture nothing.
+    v = _int(text, 3, "at least 3 steps (1 untouched, 1 warm-up, 1 captured)")
+    if v > MAX_RUN_STEPS:  # a demo run: more only trains longer (a huge count failed in Lightning with a traceback)
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_RUN_STEPS} steps, got {v}")
+    return v
+
+
+MAX_RUN_STEPS = 100_000
+
+
+def _visits(text: str) -> int:
+    from te_gemm_callback.microbench.cells import MAX_VISITS  # torch-free
+
+    v = _positive(text)
+    if v > MAX_VISITS:  # every visit times every cell again: far more only fills memory
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_VISITS} visits, got {v}")
+    return v
+
+
+def _file_path(text: str) -> str:
+    # An empty path was taken as "no file" and the run wrote nothing, exit 0.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
+    return text
+
+
+def _dir_path(text: str) -> str:
+    # An empty folder is Path("") == ".": `--out ""` wrote a run into the current folder.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty string")
+    return text
+
+
+def _check_writable_folder(flag: str, path: str) -> None:
+    """Refuse now an output whose folder cannot be written (else refused after the measuring)."""
+    d = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(d) and os.path.dirname(d) != d:  # the folders still to be made: the first that exists
+        d = os.path.dirname(d)
+    if not os.path.isdir(d) or not os.access(d, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write in {d} (not a writable folder)")
+
+
+def _devices(text: str) -> int | str:
+    return "all" if text == "all" else _positive(text)
+
+
+def _duty(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0.05 to 1, got {text!r}") from None
+    from te_gemm_callback.microbench.cells import MIN_GEMM_DUTY  # torch-free
+
+    if not MIN_GEMM_DUTY <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number from {MIN_GEMM_DUTY:g} to 1, got {v:g}")
+    return v
+
+
+def check_bench_outputs(a: argparse.Namespace) -> None:
+    """`te-gemm bench`'s outputs, checked before measuring: two flags naming one file, and an
+    output whose folder cannot be written (both were refused only after minutes of measuring)."""
+    outs = [(f, p) for f, p in (("--json", a.json), ("-o", a.output), ("--cache", None if a.no_cache else a.cache))
+            if p]
+    for i, (flag, path) in enumerate(outs):
+        other = next((f for f, q in outs[:i] if os.path.abspath(os.path.expanduser(q)) ==
+                      os.path.abspath(os.path.expanduser(path))), None)
+        if other:  # one would overwrite the other after minutes of measuring
+            raise ValueError(f"{flag} and {other} name the same file {path}: give two paths")
+        if flag != "--cache":
+            _check_writable_folder(flag, path)

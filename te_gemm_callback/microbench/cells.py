@@ -1,0 +1,365 @@
+"""What to benchmark (work items from a config, a capture or a shape list), results, and the cache."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from te_gemm_callback.capture.capture_file import GemmCapture
+from te_gemm_callback.files.jsonio import (
+    BENCH_RESULT,
+    CACHE_FILE,
+    check,
+    from_fields,
+    parse_json,
+    read_bytes_bounded,
+    schema_of,
+    write_json,
+)
+from te_gemm_callback.precisions import RECIPE_TABLE
+from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig, config_gemms, fprop_of, gemm_passes
+
+log = logging.getLogger("te_gemm_callback")
+
+MODES = ("autocast", "prequantized")
+BENCH_SCHEMA = "te-gemm-bench/1"  # bench.json (microbench/results.py); here so the CLI can check it torch-free
+# Every visit times each cell at least once and queues every job again: 1000 (60x the GPU default)
+# is hours of host time on a large model; far beyond it the run only fills memory (1e11 was OOM-killed).
+MAX_VISITS = 1000
+# The least --gemm-duty: the rest between timed calls is call * (1/duty - 1); below this it outlasts
+# the calls by over 19x (a duty of 1e-6 rests a million calls' time after each call).
+# notes.duty_note suggests no lower value.
+MIN_GEMM_DUTY = 0.05
+FP8_FAMILY = {r.name for r in RECIPE_TABLE if r.low_precision_peak}  # timed against the FP8 peak
+
+# A model of the sustained dense GEMM rate, BF16 (the FP8 recipes 1.7x it): an H200's under its
+# power limit (docs/benchmark-methodology.md). It only sizes things (iteration counts, heat, the
+# split over GPUs), so a GPU with another rate gets more or fewer samples, not other times.
+_BF16_FLOPS = 6.5e14
+
+
+def gemm_seconds(flops: float, precision: str) -> float:
+    """Model estimate of one GEMM's time: what the microbenchmark plans with before it measures."""
+    return flops / (_BF16_FLOPS * (1.7 if precision in FP8_FAMILY else 1.0))
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One linear layer of the job: its fprop shape and how often a step runs it.
+
+    ``m_splits`` marks a grouped (MoE) GEMM: M = sum(m_splits), one group per expert.
+    """
+
+    name: str
+    fprop: GemmShape
+    count: float = 1.0
+    m_splits: tuple[int, ...] | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.fprop.m, self.fprop.k, self.fprop.n, self.fprop.batch, self.m_splits)
+
+
+def items_from_config(cfg: ModelConfig) -> list[WorkItem]:
+    return [WorkItem(g.name, g.fprop, float(g.count(cfg)), g.m_splits) for g in config_gemms(cfg)]
+
+
+def items_from_shapes(shapes: Iterable[GemmShape]) -> list[WorkItem]:
+    return [WorkItem(s.mkn, fprop_of(s)) for s in shapes]
+
+
+def representative_splits(calls: list[list[int]], k: int = 3) -> list[tuple[tuple[int, ...], float]]:
+    """The m_splits to time for a grouped GEMM whose routing changed from call to call, each with
+    its share of the calls: every distinct split when there are at most ``k``, else ``k`` calls
+    evenly spaced in the order of their imbalance (largest group / mean), equal shares."""
+    distinct: dict[tuple[int, ...], int] = {}
+    for s in calls:
+        distinct[tuple(s)] = distinct.get(tuple(s), 0) + 1
+    if len(distinct) <= k:
+        return [(s, n / len(calls)) for s, n in distinct.items()]
+    ranked = sorted((tuple(s) for s in calls), key=lambda s: max(s) * len(s) / max(sum(s), 1))
+    picks = [ranked[round(i * (len(ranked) - 1) / (k - 1))] for i in range(k)]
+    return [(s, 1.0 / k) for s in picks]
+
+
+def items_from_capture(cap: GemmCapture) -> list[WorkItem]:
+    """One item per captured weight GEMM (fprop records; recomputes excluded, they repeat fprop).
+
+    Batched GEMMs without a weight (attention's bmm in eager code) are not linear layers that a
+    TE recipe changes; they are left out, and the report counts them as non-GEMM time. A grouped
+    (MoE) GEMM whose routing changed between calls becomes a few items, one per representative
+    m_splits (:func:`representative_splits`), its calls shared between them.
+    """
+    items: dict[tuple, WorkItem] = {}
+    for r in cap.records:
+        if r.op != "fprop" or r.recompute or r.batch != 1:
+            continue
+        for splits, share in (representative_splits(r.m_splits) if r.m_splits else [(None, 1.0)]):
+            key = (r.name, r.m, r.k, r.n, splits)
+            prev = items.get(key)
+            count = r.calls_per_step * share + (prev.count if prev else 0.0)
+            items[key] = WorkItem(r.name, GemmShape(r.m, r.k, r.n), count, splits)
+    return list(items.values())
+
+
+# A cell whose spread, IQR / median of its samples (BenchResult.q1_ms, q3_ms: the tables'
+# "spread" column), is above this is measured again (engine.REMEASURES); if it stays above, it is
+# marked noisy and never cached, and a cached entry above it is refused and re-measured. Quiet
+# cells, on a GPU or a CPU, sit far below it and host-starved ones far above, one of them enough to
+# make a layer many times slower in every table (docs/benchmark-methodology.md). Above 0.5 a
+# quarter of the samples or more lie over a quarter of the median from it: the median then depends
+# on which calls the host disturbed.
+SPREAD_LIMIT = 0.5
+
+
+@dataclass
+class BenchResult:
+    """One (shape, pass, precision, mode) timing, with the conditions it was measured under."""
+
+    m: int
+    k: int
+    n: int
+    op: str
+    precision: str
+    mode: str
+    m_splits: list[int] | None = None
+    median_ms: float | None = None
+    q1_ms: float | None = None
+    q3_ms: float | None = None
+    iters: int = 0
+    tflops: float | None = None
+    peak_fraction: float | None = None
+    error: str | None = None
+    backend: str = ""  # "te" or "torch"
+    padded_m_splits: list[int] | None = None  # rows per group as timed, where the recipe needs alignment
+    sm_clock_mhz: float | None = None  # median SM clock (NVML) over the visits that timed this cell
+    conditions: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 1  # measurements taken (a cell above SPREAD_LIMIT is measured again, the quietest kept)
+    noisy: bool = False  # spread still above SPREAD_LIMIT after every attempt: never cached, marked in tables
+    cached: bool = False  # reused from the cache (an earlier run's measurement), not measured by this run
+
+    @property
+    def shape(self) -> GemmShape:
+        return GemmShape(self.m, self.k, self.n, GemmOp(self.op))
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.median_ms is not None
+
+    @property
+    def spread(self) -> float | None:
+        """IQR / median of the cell's samples (the spread the tables print); None when unknown."""
+        if not self.ok or self.q1_ms is None or self.q3_ms is None or self.median_ms <= 0:
+            return None
+        return (self.q3_ms - self.q1_ms) / self.median_ms
+
+    @property
+    def above_spread_limit(self) -> bool:
+        return (self.spread or 0.0) > SPREAD_LIMIT
+
+    @property
+    def cell(self) -> tuple:
+        """What identifies the cell within a run: shape, pass, grouped splits, precision, mode."""
+        return (self.m, self.k, self.n, self.op, tuple(self.m_splits) if self.m_splits else None, self.precision,
+                self.mode)
+
+
+def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int, ...] | None,
+               precision: str, mode: str, flush_l2: bool, gemm_duty: float = 1.0) -> str:
+    splits = ",".join(map(str, m_splits)) if m_splits else "-"
+    return "|".join([device, versions, f"{shape.op}:{shape.mkn}", splits, precision, mode,
+                     "flush" if flush_l2 else "warm-l2"] + ([f"duty {gemm_duty:g}"] if gemm_duty != 1.0 else []))
+
+
+def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | None, precision: str,
+             mode: str) -> str:
+    """The cache key of a cell measured under ``cond`` (a run's device conditions). A CPU cell's
+    key also names the CPU model and torch's thread count (timing.device_conditions): a CPU
+    matmul's time depends on both, and "CPU (x86_64)" alone let one host's cells, or one thread
+    count's, stand for another's. GPU keys are as before (device name, versions, mode, duty)."""
+    versions = f"torch {cond.get('torch')}, TE {cond.get('transformer_engine')}"
+    device = cond.get("device", "?")
+    if "cpu_threads" in cond:
+        device = f"{device}, {cond.get('cpu_model') or 'unknown CPU model'}, {cond['cpu_threads']} threads"
+    return result_key(device, versions, shape, tuple(m_splits) if m_splits else None,
+                      precision, mode, bool(cond.get("flush_l2")), cond.get("gemm_duty", 1.0))
+
+
+# Bumped when the timing changes what a cell measures; a cache written by another version is
+# dropped on load. 2: every timed burst at the sustained clock (version 1, no field, timed many
+# cells at the idle boost clock, fast against training; docs/benchmark-methodology.md).
+# 3: jobs queued back to back, no synchronize between them. 4: each job built once and
+# visited 16 times; timed GEMMs at a training step's duty (timing.GEMM_DUTY).
+TIMING_VERSION = 4
+
+
+CACHE_SCHEMA = "te-gemm-cache/1"
+
+
+class ResultCache:
+    """JSON cache of results and per-device peaks, so reports and reruns do not re-measure.
+
+    Safe to share between processes: saving takes a file lock (``<cache>.lock``), reads what the
+    file holds now, merges this run's cells into it and replaces it atomically, so two benches on
+    one cache lose nothing. A file that is not a cache is refused at once (one line, nothing
+    measured, the file untouched); a corrupt cache is moved aside with a warning; a cache that
+    cannot be written is a warning (``save_error``), never a lost run.
+
+    Only quiet cells are good: a cell marked noisy or with a spread above SPREAD_LIMIT is never
+    stored, and an entry above it (written before the limit existed) is refused on lookup, so the
+    cell is measured again, and dropped from the file on save unless a good one replaced it.
+    A cell that comes from here says so (``BenchResult.cached``).
+    """
+
+    def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False) -> None:
+        env = os.environ.get("TE_GEMM_CACHE") or None  # set but empty: the default
+        default = Path(env) if env else Path.home() / ".cache" / "te_gemm_callback" / "bench.json"
+        # A quoted "~/..." reaches us unexpanded: without this it made a folder named "~".
+        self.path = (Path(path) if path else default).expanduser()
+        self.enabled = enabled
+        self.read_only = read_only  # lookups only: a multi-GPU run's parts, whose caller stores the pooled cells
+        self.save_error: str | None = None
+        self._new: dict[str, Any] = {}  # cells this run measured: what save() merges into the file
+        self.refused: set[str] = set()  # keys whose stored entry was too noisy to reuse: dropped on save
+        self.data: dict[str, Any] = self._empty()
+        if enabled:
+            self.data = self._read(warn=True)
+
+    @staticmethod
+    def _empty() -> dict[str, Any]:
+        return {"schema": CACHE_SCHEMA, "timing_version": TIMING_VERSION, "results": {}, "peaks": {}}
+
+    def _read(self, warn: bool) -> dict[str, Any]:
+        """The cache file's contents now (empty if absent, unreadable, corrupt or of an older timing).
+
+        Whether a file is a cache is decided by its content: JSON with our schema (or an older
+        cache's fields). Anything else (a checkpoint, a PNG, Latin-1 notes) is refused, never
+        treated as "unreadable" and then written over."""
+        p = self.path
+        if not p.exists() or p.is_dir():  # a folder: save() says it cannot write there
+            return self._empty()
+        try:
+            raw = read_bytes_bounded(p)
+        except OSError as err:  # permissions: measure without it (save() cannot replace it either)
+            if warn:
+                log.warning("te-gemm: cache %s unreadable (%s): measuring without it", p, err.strerror or err)
+            return self._empty()
+        except ValueError as err:  # over the size limit, a device
+            raise ValueError(f"{p} is not a te-gemm cache ({err}); {_ELSEWHERE}") from None
+        try:
+            data = parse_json(raw)
+            if not _is_cache(data):
+                raise ValueError(f"{p} is not a te-gemm cache (it holds {schema_of(data) or type(data).__name__}); "
+                                 + _ELSEWHERE)
+            check(data, CACHE_FILE)
+        except ValueError as err:
+            if not _looks_like_cache(raw):  # not ours at all
+                msg = str(err) if str(err).startswith(str(p)) else f"{p} is not a te-gemm cache ({err}); {_ELSEWHERE}"
+                raise ValueError(msg) from None
+            return self._move_aside(err)  # ours, torn or damaged by hand: it is only a cache
+        if data.get("timing_version") != TIMING_VERSION:  # measured another way: re-measure
+            return self._empty()
+        data.setdefault("results", {})
+        data.setdefault("peaks", {})
+        data["schema"] = CACHE_SCHEMA
+        return data
+
+    def _move_aside(self, why: Exception) -> dict[str, Any]:
+        p = self.path
+        aside = p.with_name(f"{p.name}.corrupt-{int(time.time())}")
+        try:
+            os.replace(p, aside)
+            log.warning("te-gemm: cache %s was corrupt: moved aside to %s, starting empty (%s)", p, aside, why)
+        except OSError:
+            log.warning("te-gemm: cache %s is corrupt (%s) and could not be moved aside", p, why)
+        return self._empty()
+
+    def get(self, key: str) -> BenchResult | None:
+        """The stored cell, marked ``cached``; None if absent or too noisy to reuse."""
+        d = self.data["results"].get(key) if self.enabled else None
+        if not d:
+            return None
+        try:
+            check(d, BENCH_RESULT, f"results[{key!r}]")
+        except ValueError as err:  # edited by hand: measured again, dropped on save
+            log.warning("te-gemm: cache %s: %s: measuring that cell again", self.path, err)
+            self.refused.add(key)
+            return None
+        r = from_fields(BenchResult, d)
+        if _too_noisy(r):
+            self.refused.add(key)
+            return None
+        r.cached = True
+        return r
+
+    def put(self, key: str, r: BenchResult) -> None:
+        """Store a cell this run measured: failures are re-tried next time, noisy cells re-measured."""
+        if not r.ok or self.read_only:
+            return
+        if _too_noisy(r):
+            self.refused.add(key)  # an older entry under this key is no better: save() drops it
+            return
+        self.data["results"][key] = self._new[key] = asdict(r) | {"cached": False}
+
+    def save(self) -> str | None:
+        """Merge this run's cells into the file under a lock; returns (and logs) why it could not."""
+        if not self.enabled or self.read_only:
+            return None
+        try:
+            from filelock import FileLock, Timeout
+
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with FileLock(f"{self.path}.lock", timeout=60):
+                    data = self._read(warn=False)
+                    for key in self.refused - self._new.keys():  # heal: unless another process stored a good one
+                        if (d := data["results"].get(key)) and not _usable(d):
+                            del data["results"][key]
+                    data["results"].update(self._new)
+                    data["peaks"].update(self.data.get("peaks", {}))
+                    write_json(self.path, data, indent=None, schema=CACHE_SCHEMA, accept=_is_cache)
+            except Timeout:
+                raise OSError(f"lock {self.path}.lock held by another process for 60 s") from None
+            self.data = data
+            self._new = {}
+            self.save_error = None
+        except (OSError, ValueError) as err:
+            self.save_error = f"results not cached in {self.path}: {err}"
+            log.warning("te-gemm: %s", self.save_error)
+        return self.save_error
+
+
+def _too_noisy(r: BenchResult) -> bool:
+    return r.noisy or r.above_spread_limit
+
+
+_ELSEWHERE = "give --cache a new path or set TE_GEMM_CACHE to one"
+
+
+def _usable(d: dict[str, Any]) -> bool:
+    """A stored entry that is well-formed and quiet enough to reuse."""
+    try:
+        check(d, BENCH_RESULT)
+    except ValueError:
+        return False
+    return not _too_noisy(from_fields(BenchResult, d))
+
+
+def _looks_like_cache(raw: bytes) -> bool:
+    """A cache file torn or damaged after its first bytes still opens the way ours do."""
+    heads = (b'{"schema": "te-gemm-cache', b'{"results"', b'{"timing_version"', b'{"peaks"')
+    return raw[:64].lstrip().startswith(heads)
+
+
+def _is_cache(data: Any) -> bool:
+    return isinstance(data, dict) and (data.get("schema") == CACHE_SCHEMA or (
+        "schema" not in data and "timing_version" in data and isinstance(data.get("results"), dict)))
+
+
+def passes_of(item: WorkItem) -> tuple[GemmShape, GemmShape, GemmShape]:
+    return gemm_passes(item.fprop)

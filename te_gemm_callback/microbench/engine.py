@@ -1,0 +1,271 @@
+"""Offline microbenchmarks of a job's GEMMs in every precision: run every job (microbench/jobs.py) on
+every requested recipe, pool, summarise, cache (the results and their totals: microbench/results.py).
+
+Unsupported recipes are skipped with TE's reason. A run (:class:`BenchRun`) plans one job per work
+item and recipe, takes what the cache holds, and measures the rest: on a GPU each job is built
+once, then visited several times, all visits queued back to back with one synchronize
+(job_queue.JobQueue), its timed GEMMs given a training step's share of the GPU's time
+(timing.GEMM_DUTY), so they run at the clock a training job's GEMMs get; ``meta`` says where the
+time went and at what clocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from te_gemm_callback.capture.clocks import ClockSampler
+from te_gemm_callback.microbench.cells import (
+    MAX_VISITS,
+    MIN_GEMM_DUTY,
+    MODES,
+    SPREAD_LIMIT,
+    BenchResult,
+    ResultCache,
+    WorkItem,
+    cell_key,
+)
+from te_gemm_callback.microbench.job_queue import JobQueue, JobVisits, MeasuredCell, PassMode, PlannedJob
+from te_gemm_callback.microbench.jobs import job_factory
+from te_gemm_callback.microbench.results import BenchResults, summarise
+from te_gemm_callback.microbench.timing import (
+    GEMM_DUTY,
+    HEAT_LOG,
+    L2Flush,
+    device_conditions,
+    measure_peaks,
+    warm_up_gpu,
+)
+from te_gemm_callback.precisions import availability, canonical, padded_splits, te_available
+from te_gemm_callback.shapes import GemmShape, gemm_passes
+
+log = logging.getLogger("te_gemm_callback")
+
+Samples = tuple[list[float], list[float]]  # a measured cell's samples (ms) and the SM clock of each visit
+
+
+# How many times a job with a cell above cells.SPREAD_LIMIT is measured again (the quieter
+# measurement of each cell kept). A host-starved CPU cell or a GPU shared with another job is
+# quiet again within a second or two; one that stays noisy over three measurements is noisy for
+# a reason that another try will not remove, so it is marked and the run goes on.
+REMEASURES = 2
+
+
+def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
+              *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
+              console: Any = None, visits: int | None = None, gemm_duty: float | None = None,
+              visits_of: int | None = None) -> BenchResults:
+    """Time every (work item, pass, precision, mode). Unsupported precisions are skipped with the
+    reason TE gives; a failing cell records its error and the run goes on.
+
+    ``visits``: how many times each job is measured, samples pooled (default ``default_visits()``).
+    ``visits_of``: when this run is one GPU's share of a multi-GPU run (microbench/parallel.py), the
+    visits of all GPUs together: each visit then takes that share of a cell's samples, so the pooled
+    cell has as many as one GPU would time and each GPU does its share of the work.
+    ``gemm_duty``: the share of GPU time the timed calls get, the rest a low-power rest between them
+    (timing.between_calls): a training step's GEMM share, for the clock its GEMMs run at (default
+    timing.GEMM_DUTY).
+    ``meta["timeline_s"]`` says where the wall time went (conditions, warm-up, peaks, each job's
+    setup and total), so a slow run can be explained from its JSON."""
+    run = BenchRun(precisions, modes, flush_l2=flush_l2, cache=cache, visits=visits, gemm_duty=gemm_duty,
+                   visits_of=visits_of)
+    return run.execute(items, progress, console)
+
+
+def default_visits(cuda: bool) -> int:
+    """Visits per job when none are asked for: 16 on a GPU, 1 on the CPU (no power limiter). The
+    limiter swings a GPU's clock a few times a second; 16 visits spread each cell's samples over
+    enough of those swings for cold runs to agree (why 16: docs/benchmark-methodology.md)."""
+    return 16 if cuda else 1
+
+
+class BenchRun:
+    """One :func:`run_bench` call: the recipes that run here (and why the others do not), modes,
+    visits and duty, the device conditions every cell carries, and where the wall time went
+    (``timeline``, the run's ``meta["timeline_s"]``)."""
+
+    def __init__(self, precisions: Iterable[str], modes: Iterable[str], *, flush_l2: bool = False,
+                 cache: ResultCache | None = None, visits: int | None = None, gemm_duty: float | None = None,
+                 visits_of: int | None = None) -> None:
+        self.t_start = time.perf_counter()
+        self.modes = [m for m in MODES if m in set(modes)]
+        if not self.modes:
+            raise ValueError(f"modes must be among {MODES}")
+        self.gemm_duty = GEMM_DUTY if gemm_duty is None else gemm_duty
+        if not MIN_GEMM_DUTY <= self.gemm_duty <= 1.0:  # NaN too
+            raise ValueError(f"gemm_duty must be in [{MIN_GEMM_DUTY:g}, 1], got {self.gemm_duty}")
+        self.cache = cache or ResultCache(enabled=False)
+        self.cuda = torch.cuda.is_available()
+        self.use_te = self.cuda and te_available()[0]
+        self.backend = "te" if self.use_te else "torch"
+        self.recipes, self.skipped = _runnable(precisions, self.use_te)
+        # te_available() imports TE, seconds of a cold start (docs/benchmark-methodology.md): counted
+        # here, so that no job's setup seems to take them.
+        self.timeline: dict[str, Any] = {"jobs": [], "import_and_checks": time.perf_counter() - self.t_start}
+        self.heat0 = dict(HEAT_LOG)
+        t = time.perf_counter()
+        self.cond = device_conditions()
+        self.timeline["conditions"] = time.perf_counter() - t
+        self.visits = default_visits(self.cuda) if visits is None else visits
+        if type(self.visits) is not int or not 1 <= self.visits <= MAX_VISITS:  # bool is an int subclass: refused
+            raise ValueError(f"visits must be an integer from 1 to {MAX_VISITS}, got {self.visits!r}")
+        self.visits_of = visits_of
+        self.flush = L2Flush() if (flush_l2 and self.cuda) else None
+        self.cond.update(flush_l2=bool(self.flush), backend=self.backend, gemm_duty=self.gemm_duty,
+                         timing=self._timing())
+        self.peaks: dict[str, float] = {}
+
+    def _timing(self) -> str:
+        if not self.cuda:
+            return "host clock per call (CPU)"
+        of = (f" on this GPU of {self.visits_of} over all GPUs of a --devices run"
+              if self.visits_of and self.visits_of != self.visits else "")
+        return ("CUDA-event pair per call, launches queued behind dense GEMMs; each job built once, then "
+                f"visited {self.visits} times{of} (every other visit in reverse order), all visits queued back to "
+                f"back with one synchronize, samples pooled; timed GEMMs at {self.gemm_duty:g} of the GPU's time")
+
+    def plan(self, items: list[WorkItem]) -> list[PlannedJob]:
+        """One job per (shape, splits) and recipe, in the items' order: repeated layers share their
+        measurement. Each cell's cache key, and what the cache holds under it."""
+        jobs: dict[tuple, PlannedJob] = {}
+        for it in items:
+            for p in self.recipes:
+                jobs.setdefault((it.key, p), PlannedJob(it, p))
+        for job in jobs.values():
+            job.keys = {(s.op, mo): cell_key(self.cond, s, job.item.m_splits, job.precision, mo)
+                        for s in gemm_passes(job.item.fprop) for mo in self.modes}
+            job.cached = {c: self.cache.get(k) for c, k in job.keys.items()}
+        return list(jobs.values())
+
+    def execute(self, items: list[WorkItem], progress: bool = True, console: Any = None) -> BenchResults:
+        jobs = self.plan(items)
+        # Stored but refused (spread above SPREAD_LIMIT): measured again below, and the file heals.
+        refused = sum(job.cached[c] is None and k in self.cache.data["results"]
+                      for job in jobs for c, k in job.keys.items())
+        todo = [job for job in jobs if job.todo]
+        self.peaks = self.cache.data["peaks"].get(self.cond["device"], {})
+        if self.cuda and todo:  # nothing to measure (all cached): no warm-up either
+            t = time.perf_counter()
+            warm_up_gpu()  # initialisation, and the idle boost spent before the first cell
+            self.timeline["warm_up"] = time.perf_counter() - t
+            t = time.perf_counter()
+            self.peaks = measure_peaks(self.cache.data["peaks"], self.cond["device"])
+            self.timeline["peaks"] = time.perf_counter() - t
+        self.cond["peaks_tflops"] = self.peaks
+        prog = _progress(progress, console)
+        sampler = ClockSampler()  # no NVML (CPU): no samples, clocks_during_run None
+        share = 1 / (self.visits_of or self.visits)
+        with prog, sampler, job_factory(self.use_te, self.modes, self.flush, share, self.gemm_duty) as make_job:
+            task = prog.add_task("GEMM cells", total=max(len(todo) * self.visits, 1))
+            queue = JobQueue(make_job, self.visits, sampler, prog, task, self.timeline)
+            for v in queue.measure(todo):
+                v.job.measured = self._cells(v)
+            self._remeasure(queue, todo)
+        results, samples = self._collect(jobs)
+        self.cache.save()
+        _warn_noisy(results)
+        tl = self.timeline
+        tl["jobs_total"] = sum(j["s"] for j in tl["jobs"])  # GPU seconds, heat and holds included
+        tl["host_total"] = sum(j["host_s"] for j in tl["jobs"])  # host seconds to build and queue them
+        tl["setup_total"] = sum(j["s"] for j in tl.get("setup", []))
+        tl["heat"] = {k: v - self.heat0[k] for k, v in HEAT_LOG.items()}  # what timing at the sustained clock cost
+        meta = dict(self.cond, wall_s=time.perf_counter() - self.t_start, modes=self.modes, precisions=self.recipes,
+                    visits=self.visits, clocks_during_run=sampler.summary(), timeline_s=tl,
+                    spread_limit=SPREAD_LIMIT, cache_refused_noisy=refused)
+        return BenchResults(results, self.skipped, meta, samples)
+
+    def _remeasure(self, queue: JobQueue, measured: list[PlannedJob]) -> None:
+        """Measure again, up to REMEASURES times, every job with a noisy cell (spread above
+        cells.SPREAD_LIMIT), keeping each cell's quieter measurement; a cell still above the limit
+        after the last stays marked ``noisy``. A job that fails on a retry keeps what it had."""
+        total = max(len(measured) * self.visits, 1)
+        for attempt in range(2, REMEASURES + 2):
+            noisy = [job for job in measured if job.noisy]
+            if not noisy:
+                return
+            total += len(noisy) * self.visits
+            queue.prog.update(queue.task, total=total)
+            first = len(self.timeline["jobs"])
+            again = queue.measure(noisy)
+            for entry in self.timeline["jobs"][first:]:
+                entry["attempt"] = attempt  # the timeline says which visits were re-measurements
+            for v in again:
+                new_cells = self._cells(v)
+                for c, old in v.job.measured.items():
+                    new = new_cells[c]
+                    old.result.attempts = new.result.attempts = attempt
+                    if new.result.ok and (not old.result.ok or (new.result.spread or 0.0) < (old.result.spread or 0.0)):
+                        v.job.measured[c] = new
+
+    def _cells(self, v: JobVisits) -> dict[PassMode, MeasuredCell]:
+        """Each cell of a job as one measurement left it (failed, with the job's error, if it did)."""
+        out = {}
+        for s in gemm_passes(v.job.item.fprop):
+            for mo in self.modes:
+                ts = v.times.get((s.op, mo))
+                out[(s.op, mo)] = MeasuredCell(self._result(s, v.job, mo, ts, v.clocks, v.error), ts, v.clocks)
+        return out
+
+    def _result(self, s: GemmShape, job: PlannedJob, mode: str, times: list[float] | None, clocks: list[float],
+                error: str | None) -> BenchResult:
+        it = job.item
+        r = BenchResult(s.m, s.k, s.n, str(s.op), job.precision, mode, list(it.m_splits) if it.m_splits else None,
+                        backend=self.backend, conditions=self.cond)
+        padded = padded_splits(it.m_splits, job.precision) if it.m_splits and self.backend == "te" else None
+        if padded is not None and padded != tuple(it.m_splits):
+            r.padded_m_splits = list(padded)
+        if error or not times:
+            r.error = error or "no timing recorded for this pass"
+            return r
+        return summarise(r, s.flops, times, clocks, self.peaks)
+
+    def _collect(self, jobs: list[PlannedJob]) -> tuple[list[BenchResult], dict[tuple, Samples]]:
+        """Every cell in plan order, cached or measured, and the samples of those measured; measured
+        cells go into the cache (a noisy one is not stored: ResultCache.put)."""
+        results: list[BenchResult] = []
+        samples: dict[tuple, Samples] = {}
+        for job in jobs:
+            for c, key in job.keys.items():
+                r = job.cached[c]
+                if job.todo:
+                    m = job.measured[c]
+                    r = m.result
+                    if r.ok:
+                        samples[r.cell] = (m.samples, m.clocks)
+                    self.cache.put(key, r)
+                results.append(r)
+        return results, samples
+
+
+def _runnable(precisions: Iterable[str], use_te: bool) -> tuple[list[str], dict[str, str]]:
+    """The recipes this machine runs, in the order asked, and each other one with why it does not."""
+    wanted, skipped = [], {}
+    for p in dict.fromkeys(canonical(p) for p in precisions):
+        av = availability(p)
+        if not av.ok:
+            skipped[p] = av.reason
+        elif p != "BF16" and not use_te:
+            skipped[p] = te_available()[1] or "transformer-engine not installed"
+        else:
+            wanted.append(p)
+    return wanted, skipped
+
+
+def _warn_noisy(results: list[BenchResult]) -> None:
+    noisy = [r for r in results if r.noisy]
+    if noisy:
+        log.warning("te-gemm: %d cell(s) kept a spread (IQR/median) above %.0f%% after %d measurements, e.g. %s %s "
+                    "%s: marked noisy, not cached", len(noisy), 100 * SPREAD_LIMIT, REMEASURES + 1, noisy[0].precision,
+                    noisy[0].op, noisy[0].shape.mkn)
+
+
+
+def _progress(enabled: bool, console: Any) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, disable=not enabled, transient=True)

@@ -1,0 +1,299 @@
+"""One job of the microbenchmark: a work item's three GEMM passes in one recipe, in each mode.
+
+Each work item (a linear layer's fprop shape, or a grouped MoE GEMM with its m_splits) is run as
+a real ``te.Linear`` / ``te.GroupedLinear`` forward and backward under the recipe, so dgrad and
+wgrad are the GEMMs TE's backward really calls: same layouts ("NN", "NT"), operand formats and
+scaling (FP8 block scaling with the 1D x 2D scaling training uses), not a forward with swapped
+sizes. Two modes:
+
+- ``autocast`` (what training pays, quantization included), per-iteration CUDA events:
+  fprop = the module's forward (input and weight quantization + GEMM);
+  wgrad = the wgrad GEMM (its operands were quantized by fprop and dgrad);
+  dgrad = backward minus the wgrad GEMM (grad-output quantization + dgrad GEMM).
+- ``prequantized`` (kernel time only): inside that same forward/backward, each GEMM call is
+  re-issued back-to-back with the operands TE built for it, so the quantization happened once,
+  outside the timed region, in exactly TE's formats.
+
+A job is built once (module, operands, TE's first calls) and queued for several visits
+(:meth:`TeJob.queue`), none of which waits for the GPU; between timed calls a low-power rest gives
+the GEMMs a training step's share of the GPU's time (timing.between_calls). Without TE (or without
+CUDA) the torch backend times BF16 matmuls with the same three passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from te_gemm_callback.capture.te_adapter import LAYOUT_OP
+from te_gemm_callback.microbench.cells import WorkItem, gemm_seconds
+from te_gemm_callback.microbench.timing import (
+    GEMM_DUTY,
+    L2Flush,
+    Pairs,
+    adaptive_iters,
+    between_calls,
+    elapsed,
+    hold_gpu,
+    launch_timed,
+    stats,
+    time_cpu,
+)
+from te_gemm_callback.precisions import autocast, import_te, padded_splits
+from te_gemm_callback.shapes import GemmOp
+
+Times = dict[tuple[GemmOp, str], list[float]]  # (pass, mode) -> per-call milliseconds
+Collect = Callable[[], Times]  # reads a job's times once the GPU has run it (after a synchronize)
+
+
+class _GemmTap:
+    """Sits on TE's GEMM entry points during a job: records event pairs, or re-issues each call."""
+
+    def __init__(self) -> None:
+        self.mode = "off"
+        self.n = 10
+        self.burst_s: float | None = None
+        self.flush: Callable[[], None] | None = None
+        self.events: list[tuple[str, Any, Any]] = []
+        self.repeats: list[tuple[str, Pairs]] = []
+        self._patched: list = []
+
+    def __enter__(self) -> _GemmTap:
+        from te_gemm_callback.capture.te_adapter import patch_te_gemms
+
+        self._patched = patch_te_gemms(self._wrap)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from te_gemm_callback.capture.te_adapter import unpatch
+
+        unpatch(self._patched)
+
+    def _wrap(self, orig: Callable, grouped: bool) -> Callable:
+        from te_gemm_callback.capture.te_adapter import arg_reader
+
+        arg = arg_reader(orig)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            layout = arg(args, kwargs, "layout", "TN")
+            if self.mode == "repeat":  # operands are valid now: re-issue the call back-to-back
+                # A named range, so a profiler trace of the bench shows which pass each burst is
+                # (`benchmarks/bench_vs_job.py kernels` reads the kernels under it); outside the timed events.
+                with torch.profiler.record_function(f"te_gemm_bench: {LAYOUT_OP[layout]}"):
+                    self.repeats.append((layout, launch_timed(lambda: orig(*args, **kwargs), self.n, self.flush,
+                                                              self.burst_s)))
+            if self.mode == "events":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                out = orig(*args, **kwargs)
+                e.record()
+                self.events.append((layout, s, e))
+                return out
+            return orig(*args, **kwargs)
+
+        return wrapper
+
+
+class TeJob:
+    """One work item under one recipe: a real ``te.Linear`` / ``te.GroupedLinear`` with its input
+    and output gradient, built once (:attr:`setup_s`: module build and TE/cuBLAS first calls) and
+    then measured in several visits (:meth:`queue`), so a cell's samples spread over the whole run
+    the way a training job's GEMMs spread over its steps."""
+
+    def __init__(self, item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
+                 tap: _GemmTap, share: float = 1.0, gemm_duty: float = GEMM_DUTY) -> None:
+        t0 = time.perf_counter()
+        te = import_te()
+        self.precision, self.modes, self.tap = precision, set(modes), tap
+        self.plan = plan_job(item, precision, modes, share)
+        # Between two timed calls: a forward+backward (three GEMMs) in autocast, one GEMM pre-quantized.
+        self.between_iters = between_calls(flush, gemm_duty, 3e-3 * self.plan.gemm_ms)
+        self.between_repeats = between_calls(flush, gemm_duty, 1e-3 * self.plan.gemm_ms)
+        m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
+        bf16 = torch.bfloat16
+        if item.m_splits:
+            mod = te.GroupedLinear(len(item.m_splits), k, n, bias=False, params_dtype=bf16, device="cuda")
+            # Quantized grouped GEMMs need each expert's rows aligned; the job pads them, so do we
+            # (the padding rows are part of what the recipe costs).
+            splits = list(padded_splits(item.m_splits, precision))
+            m = sum(splits)
+            self.fwd: Callable[[torch.Tensor], torch.Tensor] = lambda x: mod(x, splits)
+        else:
+            mod = te.Linear(k, n, bias=False, params_dtype=bf16, device="cuda")
+            self.fwd = mod
+        self.x = torch.randn(m, k, dtype=bf16, device="cuda", requires_grad=True)
+        self.dy = torch.randn(m, n, dtype=bf16, device="cuda")
+        self.params = list(mod.parameters())
+        self.iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
+        t = time.perf_counter()
+        self.iteration()
+        self.host_s = time.perf_counter() - t  # host time of one forward+backward (sizes the holds)
+        self.setup_s = time.perf_counter() - t0
+
+    def forward(self) -> torch.Tensor:
+        with autocast(self.precision):
+            return self.fwd(self.x)
+
+    def clear_grads(self) -> None:
+        for p in self.params:  # no gradient accumulation kernel between iterations
+            p.grad = None
+        self.x.grad = None
+
+    def iteration(self) -> None:
+        self.clear_grads()
+        self.forward().backward(self.dy)
+
+    def queue(self) -> Collect:
+        """Queue one visit's timed calls; returns what reads their times after the caller's
+        synchronize. Never waits for the GPU: consecutive visits keep it at the sustained clock."""
+        plan, tap, between = self.plan, self.tap, self.between_iters
+        # If the GPU is idle (the run's first visit, or the host fell behind), it has its boost
+        # back: spend it before the first timed call (a busy GPU gets nothing extra).
+        hold_gpu(0.0, plan.timed_s)
+        tap.events, tap.repeats = [], []
+        marks: list[list[Any]] = []
+        if "autocast" in self.modes:
+            tap.mode = "events"
+            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(plan.iters)]
+            # Hold the GPU while the host queues every iteration: TE's Python per iteration can
+            # exceed a small layer's GPU time, and a drained queue would put idle gaps in the pairs.
+            hold_gpu(min(1.5 * plan.iters * self.host_s + 1e-3, 0.5), burst_s=plan.autocast_s)
+            for e0, e1, e2 in marks:
+                self.clear_grads()
+                if between is not None:
+                    between()
+                e0.record()
+                y = self.forward()
+                e1.record()
+                y.backward(self.dy)
+                e2.record()
+        if "prequantized" in self.modes:
+            tap.mode, tap.flush, tap.n, tap.burst_s = "repeat", self.between_repeats, plan.repeats, plan.repeat_burst_s
+            self.iteration()
+        tap.mode = "off"
+        events, repeats = tap.events, tap.repeats
+
+        def collect() -> Times:
+            out: Times = {}
+            if marks:
+                wgrad = [s.elapsed_time(e) for lay, s, e in events if lay == "NT"]
+                fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
+                bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
+                out[(GemmOp.FPROP, "autocast")] = fwd_ms
+                out[(GemmOp.WGRAD, "autocast")] = wgrad
+                out[(GemmOp.DGRAD, "autocast")] = [b - w for b, w in zip(bwd_ms, wgrad)]
+            for layout, pairs in repeats:
+                out[(LAYOUT_OP[layout], "prequantized")] = elapsed(pairs)
+            return out
+
+        return collect
+
+
+class TorchJob:
+    """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
+    time the same three products. Same interface as :class:`TeJob`."""
+
+    def __init__(self, item: WorkItem, modes: Iterable[str], share: float = 1.0, gemm_duty: float = GEMM_DUTY) -> None:
+        t0 = time.perf_counter()
+        m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
+        self.cuda = torch.cuda.is_available()
+        self.modes = list(modes)
+        dev, dt = ("cuda" if self.cuda else "cpu"), torch.bfloat16
+        splits = list(item.m_splits) if item.m_splits else [m]
+        w = torch.randn(n, k, device=dev, dtype=dt)
+        xs = [torch.randn(s, k, device=dev, dtype=dt) for s in splits]
+        dys = [torch.randn(s, n, device=dev, dtype=dt) for s in splits]
+        self.fns = {GemmOp.FPROP: lambda: [x @ w.t() for x in xs],
+                    GemmOp.DGRAD: lambda: [d @ w for d in dys],
+                    GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
+        self.gemm_s = gemm_seconds(item.fprop.flops, "BF16")
+        self.between = between_calls(None, gemm_duty, self.gemm_s) if self.cuda else None
+        self.calls = {}
+        for op, fn in self.fns.items():
+            fn()
+            # On CPU the model rate (a GPU's) does not apply: size from a timed trial.
+            est_ms = 1e3 * self.gemm_s if self.cuda else stats(time_cpu(fn, 2))[0]
+            self.calls[op] = (_share_iters(est_ms, share, target_ms=30.0, lo=10, hi=50) if self.cuda
+                              else _share_iters(est_ms, share, target_ms=20.0, lo=5, hi=50))
+        self.setup_s = time.perf_counter() - t0
+
+    def queue(self) -> Collect:
+        timed: dict[GemmOp, Callable[[], list[float]]] = {}
+        for op, fn in self.fns.items():
+            n = self.calls[op]
+            if self.cuda:
+                pairs = launch_timed(fn, n, self.between, burst_s=n * self.gemm_s)
+                timed[op] = lambda pairs=pairs: elapsed(pairs)
+            else:
+                times = time_cpu(fn, n)
+                timed[op] = lambda times=times: times
+        return lambda: {(op, mode): read() for op, read in timed.items() for mode in self.modes}
+
+
+Job = TeJob | TorchJob
+
+
+@contextlib.contextmanager
+def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share: float,
+                gemm_duty: float = GEMM_DUTY) -> Iterator[Callable[[WorkItem, str], Job]]:
+    """``with job_factory(...) as make: job = make(item, precision)``. With TE, TE's GEMM entry
+    points are tapped for the whole block (the jobs' timed calls go through them)."""
+    modes = list(modes)
+    if not use_te:
+        yield lambda item, precision: TorchJob(item, modes, share, gemm_duty)
+        return
+    with _GemmTap() as tap:
+        yield lambda item, precision: TeJob(item, precision, modes, flush, tap, share, gemm_duty)
+
+
+def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
+           share: float = 1.0, gemm_duty: float = 1.0) -> Times:
+    """One job, built, measured once and read back: for the diagnostics of benchmarks/bench_vs_job.py
+    (kernels, burst), whose calls run back to back (``gemm_duty`` 1) unless asked otherwise."""
+    with job_factory(True, modes, flush, share, gemm_duty) as make:
+        collect = make(item, precision).queue()
+    torch.cuda.synchronize()
+    return collect()
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """How many timed calls a job makes, planned from a FLOP model rather than a timed trial: a
+    trial needs a synchronize, which idles the GPU, and an idle GPU gives its boost back
+    (timing.hold_gpu). ``share``: this visit's part of the cell's samples."""
+
+    gemm_ms: float  # model estimate of one pass's GEMM
+    iters: int  # autocast: forward+backward iterations, one sample of each pass per iteration
+    repeats: int  # pre-quantized: back-to-back re-issues of each pass's GEMM
+    modes: frozenset[str]
+
+    @property
+    def autocast_s(self) -> float:
+        """Expected GPU time of the autocast iterations (three GEMMs each)."""
+        return 3e-3 * self.gemm_ms * self.iters
+
+    @property
+    def repeat_burst_s(self) -> float:
+        """Expected GPU time of one pass's pre-quantized burst."""
+        return 1e-3 * self.gemm_ms * self.repeats
+
+    @property
+    def timed_s(self) -> float:
+        """Expected GPU time of the job's timed calls, all modes."""
+        return self.autocast_s * ("autocast" in self.modes) + 3 * self.repeat_burst_s * ("prequantized" in self.modes)
+
+
+def plan_job(item: WorkItem, precision: str, modes: Iterable[str], share: float = 1.0) -> JobPlan:
+    gemm_ms = 1e3 * gemm_seconds(item.fprop.flops, precision)
+    return JobPlan(gemm_ms, iters=_share_iters(3 * gemm_ms, share, target_ms=60.0, lo=10, hi=30),
+                   repeats=_share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50), modes=frozenset(modes))
+
+
+def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int, hi: int) -> int:
+    return adaptive_iters(estimate_ms, target_ms * share, math.ceil(lo * share), math.ceil(hi * share))

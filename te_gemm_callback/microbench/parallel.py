@@ -1,0 +1,354 @@
+"""Spread a microbenchmark over several local GPUs: one process per GPU, every GPU running every job
+in the same order for its share of the visits, each cell's samples pooled over the GPUs.
+
+Why visits and not cells: under the power limit a GEMM's clock depends on the power of the work
+around it, so the GPUs must run the same mix. Dealing whole recipes to the GPUs gave each its own
+mix, so its own clock, and moved its cells in the direction of that clock (docs/multi-gpu.md). Each
+GPU builds every job (host work, not divided, and small beside the GPU work of the visits), then
+runs its share of the visits.
+
+Device 0's share runs in this process; every other device gets a fresh interpreter
+(``python -m te_gemm_callback.microbench.parallel SPEC OUT``) pinned to its GPU, so a crash or OOM there
+cannot take the caller down: its samples are missing and the run says so. Each worker's start
+(Python, torch and TE imports, a warm-up) takes longer than a small run's GPU work
+(docs/multi-gpu.md), so the workers are started before this module imports torch or TE (nothing
+above the launch needs them): their start-up overlaps this process's own. Every part looks cells up in the
+caller's cache file (read only), so all measure the same cells; the caller stores the pooled ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from te_gemm_callback.files.jsonio import read_json
+from te_gemm_callback.microbench.cells import (
+    MAX_VISITS,
+    MIN_GEMM_DUTY,
+    MODES,
+    BenchResult,
+    ResultCache,
+    WorkItem,
+    cell_key,
+)
+from te_gemm_callback.shapes import GemmOp, GemmShape
+
+if TYPE_CHECKING:
+    from te_gemm_callback.microbench.results import BenchResults
+
+
+def local_gpu_count() -> int:
+    """Visible GPUs without importing torch (the workers start before it loads): the entries of
+    CUDA_VISIBLE_DEVICES when set, else the GPUs ``nvidia-smi -L`` lists; 1 when neither says
+    (a CPU host runs one process)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return max(1, len([d for d in visible.split(",") if d.strip()]))
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 1
+    return max(1, sum(line.startswith("GPU ") for line in out.splitlines()))
+
+
+def visit_shares(visits: int, devices: int) -> list[int]:
+    """Visits per device, as even as they go (the first devices take the remainder); a device with
+    no visit is not used."""
+    return [s for d in range(devices) if (s := visits // devices + (d < visits % devices))]
+
+
+def _item_to_json(it: WorkItem) -> list:
+    s = it.fprop
+    return [it.name, s.m, s.k, s.n, str(s.op), s.batch, it.count, list(it.m_splits) if it.m_splits else None]
+
+
+def _item_from_json(row: list) -> WorkItem:
+    name, m, k, n, op, batch, count, splits = row
+    return WorkItem(name, GemmShape(m, k, n, GemmOp(op), batch), count, tuple(splits) if splits else None)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
+    """SIGTERM (timeout, SLURM, Kubernetes) and SIGHUP (the terminal or SSH session closed) handled
+    as Ctrl-C is: ``stop()`` kills the workers at once, in the handler, whatever the main thread was
+    doing; then the run unwinds and its temporary folder is removed. A SIGHUP that is ignored
+    (``nohup``) stays ignored. Only the main thread can take signals; SIGKILL cannot be caught at all:
+    the workers die with this process by themselves (:func:`_die_with_parent`) and the next run
+    removes the folder (:func:`_remove_stale_folders`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    got: list[int] = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        got.append(signum)
+        stop()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    sigs = [signal.SIGTERM]
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    old = {sig: signal.signal(sig, interrupt) for sig in sigs}
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:
+        if got:  # the workers were killed by the signal: that, not what it broke, is why the run ends
+            raise KeyboardInterrupt(f"signal {got[0]}") from err
+        raise
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if got:
+        # The handler's KeyboardInterrupt can be swallowed where Python ignores exceptions (a signal
+        # landing in an import-lock or weakref callback prints "Exception ignored"): the run still
+        # ends as interrupted.
+        raise KeyboardInterrupt(f"signal {got[0]}")
+
+
+_TMP_PREFIX = "te_gemm_bench_"
+
+
+def _owner_tag() -> str:
+    return f"{socket.gethostname()} {os.getpid()}"
+
+
+def _remove_stale_folders() -> None:
+    """Remove the temporary folders of earlier runs whose process is dead (a parent SIGKILLed, or
+    OOM-killed, cannot remove its own): this user's folders named ``te_gemm_bench_<pid>_*`` whose
+    ``owner`` file, if any, names this host. A pid reused since leaves the folder for a later run.
+    Caveat: a run in another PID namespace sharing this /tmp (another container) looks dead here."""
+    host = socket.gethostname()
+    try:
+        folders = list(Path(tempfile.gettempdir()).glob(_TMP_PREFIX + "*"))
+    except OSError:
+        return
+    for folder in folders:
+        name = re.fullmatch(re.escape(_TMP_PREFIX) + r"(\d+)_\w+", folder.name)
+        if not name:  # an older version's folder names no pid: leave it
+            continue
+        pid = int(name.group(1))
+        try:
+            if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                continue
+            owner = folder / "owner"  # absent if the owner died right after creating the folder
+            if owner.exists() and owner.read_text().split()[:1] != [host]:
+                continue
+        except OSError:
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process holds the pid now
+        return True
+    return True
+
+
+def _die_with_parent(parent: int, folder: Path) -> None:
+    """In a worker: die when the caller dies, whatever killed it (SIGKILL included, which the
+    caller cannot forward). Linux: the kernel sends SIGKILL on the parent's death
+    (PR_SET_PDEATHSIG; it fires when the thread that started us exits, and run_bench_parallel's
+    thread waits for us). Elsewhere, and as a fallback: a thread polls the parent pid and removes
+    the temporary folder before exiting."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the line above: nobody to report to
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="te-gemm-parent-watch", daemon=True).start()
+
+
+def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
+    spec_path, out_path, log_path = tmp / f"spec{device}.json", tmp / f"out{device}.json", tmp / f"log{device}.txt"
+    spec_path.write_text(json.dumps(dict(spec, device=device)))
+    log = open(log_path, "w")
+    # The worker imports this package from where this process found it (a checkout on sys.path
+    # need not be installed or be the working directory).
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "te_gemm_callback.microbench.parallel", str(spec_path),
+                             str(out_path), str(os.getpid())],
+                            stdout=log, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path))
+    log.close()  # the child holds its own handle
+    return proc, out_path, log_path
+
+
+def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list[str], devices: int, *,
+                       flush_l2: bool = False, cache: ResultCache | None = None,
+                       visits: int | None = None, gemm_duty: float | None = None, progress: bool = False,
+                       console: Any = None) -> BenchResults:
+    """``run_bench`` over ``devices`` local GPUs, the visits split between them and each cell's
+    samples pooled (returns run_bench's BenchResults); every measured cell goes into ``cache``.
+    The progress bar, if any, follows device 0's share."""
+    if devices < 1:
+        raise ValueError("--devices must be >= 1")
+    # Checked before any worker starts (one torch process each: thousands filled the memory). Two
+    # processes stay allowed on a host without GPUs: the split and pooling are tested there.
+    if devices > max(2, local_gpu_count()):
+        raise ValueError(f"--devices {devices}, but this host has {local_gpu_count()} visible GPU(s) "
+                         "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L): pass at most that many")
+    if visits is not None and (type(visits) is not int or not 1 <= visits <= MAX_VISITS):
+        raise ValueError(f"visits must be an integer from 1 to {MAX_VISITS}, got {visits!r}")
+    if gemm_duty is not None and not MIN_GEMM_DUTY <= gemm_duty <= 1.0:  # before the workers start, not in them
+        raise ValueError(f"gemm_duty must be in [{MIN_GEMM_DUTY:g}, 1], got {gemm_duty}")
+    _remove_stale_folders()
+    if visits is not None:  # fewer visits than devices: the extra devices would have nothing to do
+        devices = min(devices, visits)
+    from te_gemm_callback.precisions import canonical  # torch-free
+
+    t0 = time.perf_counter()
+    precisions = list(dict.fromkeys(canonical(p) for p in precisions))
+    modes = [m for m in MODES if m in set(modes)]
+    unique = list(dict.fromkeys(items))
+    cache = cache or ResultCache(enabled=False)
+    spec = {"items": [_item_to_json(it) for it in unique], "precisions": precisions, "modes": modes,
+            "flush_l2": flush_l2, "visits": visits, "gemm_duty": gemm_duty, "devices": devices,
+            "cache": str(cache.path) if cache.enabled else None}
+    workers: list[tuple] = []
+
+    def stop_workers() -> None:
+        for _, proc, _, _ in workers:
+            if proc.poll() is None:
+                proc.kill()
+        for _, proc, _, _ in workers:
+            proc.wait()
+
+    with _sigterm_as_interrupt(stop_workers), \
+            tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{os.getpid()}_") as tmp:
+        try:
+            (Path(tmp) / "owner").write_text(_owner_tag())  # who may remove it if we die (_remove_stale_folders)
+            workers += [(d, *_launch(d, spec, Path(tmp))) for d in range(1, devices)]
+            own = _own_share(unique, spec, progress, console)
+            parts, failed = [own], {}
+            for d, proc, out_path, log_path in workers:
+                if not own.samples and proc.poll() is None:
+                    proc.terminate()  # every cell was cached here, so in the worker too: nothing to wait for
+                rc = proc.wait()
+                if rc == 0 and out_path.exists():
+                    parts.append(_part_from_json(read_json(out_path, "bench worker output")))
+                elif own.samples:
+                    tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+                    failed[d] = f"exit {rc}: {tail[0][:200] if tail else 'no output'}"
+        except BaseException:  # an error, Ctrl-C or SIGTERM anywhere: no worker outlives the caller
+            stop_workers()
+            raise
+    from te_gemm_callback.microbench.results import BenchResults, pool_parts
+
+    results = pool_parts([p for p in parts if p.results])
+    if own.samples:
+        for r in results:
+            if r.ok and r.cell in own.samples:
+                cache.put(cell_key(r.conditions, r.shape, r.m_splits, r.precision, r.mode), r)
+        cache.save()
+    used = [p for p in parts if p.samples]
+    meta: dict[str, Any] = dict(own.meta)
+    meta.update(devices=[p.meta.get("device") for p in used], device_indices=[p.meta.get("device_index") for p in used],
+                visits_per_device=[p.meta.get("visits") for p in used], wall_s=time.perf_counter() - t0,
+                samples_per_device=[sum(len(ts) for ts, _ in p.samples.values()) for p in used],
+                worker_wall_s=[p.meta.get("wall_s") for p in used],
+                worker_timeline_s=[p.meta.get("timeline_s") for p in used],
+                clocks_per_device=[p.meta.get("clocks_during_run") for p in used])
+    if used:
+        meta["visits"] = sum(meta["visits_per_device"])
+    if failed:  # their visits are missing; the cells stand on the other GPUs' samples
+        meta["failed_devices"] = failed
+    if len(set(meta["devices"])) > 1:
+        meta["mixed_devices"] = "the GPUs differ; each cell pools samples from all of them"
+    return BenchResults(results, own.skipped, meta)
+
+
+def _own_share(items: list[WorkItem], spec: dict[str, Any], progress: bool, console: Any) -> BenchResults:
+    """Device 0's share, in this process, once the workers have started."""
+    import torch
+
+    if torch.cuda.is_available() and spec["devices"] > torch.cuda.device_count():
+        raise ValueError(f"--devices {spec['devices']}, but this host has {torch.cuda.device_count()} visible GPU(s) "
+                         "(CUDA_VISIBLE_DEVICES counts): pass at most that many")
+    own = _run_share(items, dict(spec, device=0), progress, console)
+    assert own is not None  # device 0 always has a visit (visit_shares)
+    return own
+
+
+def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = False,
+               console: Any = None) -> BenchResults | None:
+    """Device ``spec["device"]``'s share of the visits (None if it has none), cells looked up in the
+    caller's cache file, read only. The caller and every worker split the same total the same way."""
+    import torch
+
+    from te_gemm_callback.microbench.engine import default_visits, run_bench
+
+    total = spec["visits"] or default_visits(torch.cuda.is_available())
+    shares = visit_shares(total, spec["devices"])
+    if spec["device"] >= len(shares):
+        return None
+    cache = ResultCache(spec["cache"], read_only=True) if spec["cache"] else ResultCache(enabled=False)
+    res = run_bench(items, spec["precisions"], spec["modes"], flush_l2=spec["flush_l2"], cache=cache,
+                    progress=progress, console=console, visits=shares[spec["device"]], visits_of=total,
+                    gemm_duty=spec["gemm_duty"])
+    res.meta["device_index"] = spec["device"]
+    return res
+
+
+def _part_from_json(d: dict[str, Any]) -> BenchResults:
+    from te_gemm_callback.microbench.results import BenchResults
+
+    samples = {tuple(tuple(x) if isinstance(x, list) else x for x in cell): (ts, cs) for cell, ts, cs in d["samples"]}
+    return BenchResults([BenchResult(**r) for r in d["results"]], d["skipped"], d["meta"], samples)
+
+
+def _worker_main(spec_path: str, out_path: str, parent: str | None = None) -> int:
+    if parent is not None:
+        _die_with_parent(int(parent), Path(spec_path).parent)
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(spec["device"])
+    res = _run_share([_item_from_json(row) for row in spec["items"]], spec)
+    if res is None:  # fewer visits than devices (the CPU's default is one): nothing for this one
+        Path(out_path).write_text(json.dumps({"results": [], "skipped": {}, "meta": {}, "samples": []}))
+        return 0
+    Path(out_path).write_text(json.dumps({
+        "results": [asdict(r) for r in res.results], "skipped": res.skipped, "meta": res.meta,
+        "samples": [[list(cell), ts, cs] for cell, (ts, cs) in res.samples.items()]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(*sys.argv[1:4]))

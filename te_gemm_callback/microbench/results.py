@@ -1,0 +1,159 @@
+"""A microbenchmark run's results (BenchResults, JSON in and out), the pooling of a multi-GPU run's
+parts, and the totals the report takes from them: GEMM time per call of a layer and per step."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from te_gemm_callback.files.jsonio import from_fields, read_schema, write_json
+from te_gemm_callback.microbench.cells import BENCH_SCHEMA, FP8_FAMILY, BenchResult, WorkItem
+from te_gemm_callback.microbench.timing import stats
+from te_gemm_callback.shapes import GemmOp, GemmShape, gemm_passes
+
+SCHEMA = BENCH_SCHEMA
+
+
+@dataclass
+class BenchResults:
+    """Every cell of a run (cached, measured or failed), the recipes it skipped and why, and the
+    run's conditions and timeline (``meta``)."""
+
+    results: list[BenchResult]
+    skipped: dict[str, str] = field(default_factory=dict)  # precision -> reason it did not run
+    meta: dict[str, Any] = field(default_factory=dict)
+    # Cells this run measured (not cached): BenchResult.cell -> (every sample in ms, the SM clock of
+    # each visit). Kept out of the JSON; what a multi-GPU run pools (pool_parts).
+    samples: dict[tuple, tuple[list[float], list[float]]] = field(default_factory=dict, repr=False)
+
+    def get(self, shape: GemmShape, precision: str, mode: str,
+            m_splits: tuple[int, ...] | None = None) -> BenchResult | None:
+        for r in self.results:
+            same_cell = (r.m, r.k, r.n, r.op, r.precision, r.mode) == (shape.m, shape.k, shape.n, str(shape.op),
+                                                                        precision, mode)
+            if same_cell and (tuple(r.m_splits) if r.m_splits else None) == m_splits:
+                return r
+        return None
+
+    @property
+    def precisions(self) -> list[str]:
+        return list(dict.fromkeys(r.precision for r in self.results))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "meta": self.meta, "skipped": self.skipped,
+                "results": [asdict(r) for r in self.results]}
+
+    def save(self, path: str | Path) -> Path:
+        return write_json(path, self.to_dict(), schema=SCHEMA)
+
+    @classmethod
+    def load(cls, path: str | Path) -> BenchResults:
+        d = read_schema(path, SCHEMA, "te-gemm bench result")  # field types and ranges: jsonio.BENCH_FILE
+        try:
+            return cls([from_fields(BenchResult, r) for r in d["results"]], d.get("skipped") or {}, d.get("meta") or {})
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path}: malformed te-gemm bench result: {type(err).__name__}: {err}") from None
+
+
+def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[float], peaks: dict) -> BenchResult:
+    r.median_ms, r.q1_ms, r.q3_ms = stats(times)
+    r.iters = len(times)
+    r.tflops = flops / (r.median_ms * 1e-3) / 1e12
+    peak = peaks.get("fp8" if r.precision in FP8_FAMILY else "bf16")
+    r.peak_fraction = r.tflops / peak if peak else None
+    r.sm_clock_mhz = statistics.median(clocks) if clocks else None
+    r.noisy = r.above_spread_limit  # cleared if a later attempt is quieter (engine.BenchRun._remeasure)
+    return r
+
+
+def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
+    """One run's results from the parts of a multi-GPU run (microbench/parallel.py): each part ran the
+    same jobs in the same order, its share of the visits, so a cell is summarised over the samples
+    of every part that measured it. The first part's list gives the order, its cached and failed
+    cells stay as they are; a cell that failed on one GPU and ran on another keeps the samples it has.
+    The pooled spread decides whether the cell is noisy (each part re-measured its own noisy cells)."""
+    peaks = parts[0].meta.get("peaks_tflops") or {}
+    out = []
+    for r in parts[0].results:
+        measured = [p.samples[r.cell] for p in parts if r.cell in p.samples]
+        if measured:
+            ok = r if r.ok else next(x for p in parts for x in p.results if x.cell == r.cell and x.ok)
+            flops = ok.tflops * 1e12 * ok.median_ms * 1e-3
+            attempts = max(x.attempts for p in parts for x in p.results if x.cell == r.cell)
+            r = summarise(BenchResult(**{**asdict(ok), "error": None, "attempts": attempts}), flops,
+                          [t for ts, _ in measured for t in ts], [c for _, cs in measured for c in cs], peaks)
+        out.append(r)
+    return out
+
+
+def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
+            ops: tuple[GemmOp, ...] = (GemmOp.FPROP, GemmOp.DGRAD, GemmOp.WGRAD)) -> float | None:
+    """GEMM time of one call of a work item (the passes in ``ops``), or None if any cell failed."""
+    total = 0.0
+    for s in gemm_passes(item.fprop):
+        if s.op not in ops:
+            continue
+        r = res.get(s, precision, mode, item.m_splits)
+        if r is None or not r.ok:
+            return None
+        total += r.median_ms
+    return total
+
+
+def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
+    """Items as this bench run measured them: where a grouped GEMM's representative m_splits were
+    not all timed (a run made when only the first call's splits were), the timed ones carry the
+    layer's calls. Keeps stored runs re-renderable."""
+    timed = {(r.m, r.k, r.n, tuple(r.m_splits) if r.m_splits else None) for r in res.results}
+    groups: dict[tuple, list[WorkItem]] = {}
+    for it in items:
+        groups.setdefault((it.name, it.key[:4]), []).append(it)
+    out = []
+    for group in groups.values():
+        total = sum(it.count for it in group)
+        first = group[0]
+        kept = [it for it in group if (it.fprop.m, it.fprop.k, it.fprop.n, it.m_splits) in timed]
+        if not kept and first.m_splits:  # none of ours timed: the splits this run did time
+            other = [t[3] for t in timed if t[:3] == (first.fprop.m, first.fprop.k, first.fprop.n) and t[3]]
+            kept = [WorkItem(first.name, first.fprop, 1.0, sp) for sp in other]
+        if not kept:
+            out += group  # not measured at all: the totals say so
+            continue
+        kept_calls = sum(it.count for it in kept)
+        scale = total / kept_calls if kept_calls else 1.0  # a hand-made capture may give 0 calls per step
+        out += [WorkItem(it.name, it.fprop, it.count * scale, it.m_splits) for it in kept]
+    return out
+
+
+def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
+            fallback: str | None = None) -> float | None:
+    """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config).
+
+    With ``fallback`` (e.g. "BF16"), an item whose cells failed in ``precision`` (TE cannot run
+    an FP8 GEMM with a dimension that is not a multiple of 16, such as an 8-expert router) counts at
+    its time in ``fallback``: the job would keep that layer in high precision. See
+    :func:`fallback_items`. Without it, any failed cell makes the total None.
+    """
+    total = 0.0
+    for it in items:
+        t = item_ms(res, it, precision, mode)
+        if t is None and fallback is not None and fallback != precision:
+            t = item_ms(res, it, fallback, mode)
+        if t is None:
+            return None
+        total += it.count * t
+    return total
+
+
+def fallback_items(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
+                   fallback: str = "BF16") -> list[tuple[WorkItem, str]]:
+    """Items that failed in ``precision`` but ran in ``fallback``, with the failure reason."""
+    out = []
+    for it in items:
+        if item_ms(res, it, precision, mode) is None and item_ms(res, it, fallback, mode) is not None:
+            errs = [r.error for s in gemm_passes(it.fprop)
+                    if (r := res.get(s, precision, mode, it.m_splits)) is not None and r.error]
+            out.append((it, errs[0] if errs else "not measured"))
+    return out

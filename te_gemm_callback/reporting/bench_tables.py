@@ -1,0 +1,212 @@
+"""Benchmark tables in the sections of TE's benchmarks/gemm/benchmark_gemm.py: per pass, per item totals,
+full model, speedups."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.table import Table
+
+from te_gemm_callback.microbench.cells import SPREAD_LIMIT, BenchResult, WorkItem
+from te_gemm_callback.microbench.results import BenchResults, item_ms, step_ms
+from te_gemm_callback.printable import safe
+from te_gemm_callback.shapes import GemmOp, gemm_passes
+
+PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad"}
+
+# Marks after a time: where it came from and whether to trust it; each table that shows one
+# explains it in its caption (FOOTNOTES).
+CACHED_MARK = "*"
+NOISY_MARK = "!"
+FOOTNOTES = {
+    CACHED_MARK: "from the cache: measured by an earlier run under the same conditions (--no-cache measures again)",
+    NOISY_MARK: f"noisy: spread (IQR/median) still above {100 * SPREAD_LIMIT:.0f}% after re-measuring; not cached, "
+                "the time may be far off",
+}
+
+
+def _fmt(ms: float | None, base: float | None, measured: bool = True, marks: str = "") -> str:
+    if ms is None:
+        return "failed" if measured else "[dim]not measured[/dim]"
+    sp = f" ({base / ms:.2f}x)" if base and ms else ""
+    return f"{ms:.3f}{sp}{_styled(marks)}"
+
+
+def _marks(cells: Iterable[BenchResult | None]) -> str:
+    """The marks of a time made of ``cells`` (one cell, or a layer's or a step's passes): any of
+    them cached or noisy marks the total too, since it carries that cell's time."""
+    ok = [r for r in cells if r is not None and r.ok]
+    return (CACHED_MARK if any(r.cached for r in ok) else "") + (NOISY_MARK if any(r.noisy for r in ok) else "")
+
+
+def _styled(marks: str) -> str:
+    out = f"[dim]{CACHED_MARK}[/dim]" if CACHED_MARK in marks else ""
+    return out + (f"[bold red]{NOISY_MARK}[/bold red]" if NOISY_MARK in marks else "")
+
+
+def _caption(marks: str, *lines: str) -> str | None:
+    """A table's footnotes: each mark it shows, explained, then ``lines``."""
+    notes = [f"{m} {FOOTNOTES[m]}" for m in (CACHED_MARK, NOISY_MARK) if m in marks] + [ln for ln in lines if ln]
+    return safe("\n".join(notes)) if notes else None
+
+
+def _item_cells(res: BenchResults, it: WorkItem, precision: str, mode: str) -> list[BenchResult | None]:
+    return [res.get(s, precision, mode, it.m_splits) for s in gemm_passes(it.fprop)]
+
+
+def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) -> Table:
+    precs = res.precisions
+    t = Table(title=f"{PASS_TITLES[op]} GEMMs ({safe(mode)}): ms per call, speedup over BF16")
+    t.add_column("GEMM")
+    t.add_column("M x K x N", no_wrap=True)
+    for p in precs:  # precision and module names from a bench file or the user's model: escaped
+        t.add_column(safe(p), justify="right", no_wrap=True)
+    t.add_column("spread (IQR/median)", justify="right")
+    seen, shown = set(), ""
+    for it in items:
+        s = gemm_passes(it.fprop)[list(GemmOp).index(op)]
+        if (s, it.m_splits) in seen:
+            continue
+        seen.add((s, it.m_splits))
+        cells, spread = [], 0.0
+        base = res.get(s, "BF16", mode, it.m_splits)
+        base_ms = base.median_ms if base is not None and base.ok else None
+        for p in precs:
+            r = res.get(s, p, mode, it.m_splits)
+            marks = _marks([r])
+            shown += marks
+            cells.append(_fmt(r.median_ms if r is not None and r.ok else None, base_ms, r is not None, marks))
+            if r is not None and r.spread is not None:
+                spread = max(spread, r.spread)
+        label = s.mkn + (f" [{len(it.m_splits)} groups]" if it.m_splits else "")
+        sp = f"{100 * spread:.1f}%"
+        t.add_row(safe(it.name), label, *cells, f"[bold red]{sp}[/bold red]" if spread > SPREAD_LIMIT else sp)
+    t.caption, t.caption_justify = _caption(shown), "left"
+    return t
+
+
+def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
+    """Per work item (fprop+dgrad+wgrad), then the whole step and the estimated GEMM speedup."""
+    precs = res.precisions
+    t = Table(title=f"GEMM time per item and per step ({safe(mode)}), ms")
+    t.add_column("GEMM")
+    t.add_column("calls/step", justify="right")
+    for p in precs:
+        t.add_column(safe(p), justify="right", no_wrap=True)
+    shown = ""
+    for it in items:
+        base = item_ms(res, it, "BF16", mode)
+        row = []
+        for p in precs:
+            marks = _marks(_item_cells(res, it, p, mode))
+            shown += marks
+            row.append(_fmt(item_ms(res, it, p, mode), base, _measured(res, it, p, mode), marks))
+        t.add_row(safe(it.name), f"{it.count:g}", *row)
+    t.add_section()
+    base = step_ms(res, items, "BF16", mode)
+    t.add_row("[b]full step[/b]", "", *[_fmt(step_ms(res, items, p, mode), base,
+                                             any(_measured(res, it, p, mode) for it in items),
+                                             _marks(r for it in items for r in _item_cells(res, it, p, mode)))
+                                        for p in precs])
+    skipped = "not run: " + "; ".join(f"{p}: {why}" for p, why in res.skipped.items()) if res.skipped else ""
+    t.caption, t.caption_justify = _caption(shown, skipped), "left"
+    return t
+
+
+def _measured(res: BenchResults, it: WorkItem, precision: str, mode: str) -> bool:
+    """Whether the bench holds any cell of this item (a bench of other shapes holds none)."""
+    return any(res.get(s, precision, mode, it.m_splits) is not None for s in gemm_passes(it.fprop))
+
+
+def speedup_summary(res: BenchResults, items: list[WorkItem], mode: str) -> dict[str, float | None]:
+    base = step_ms(res, items, "BF16", mode)
+    out = {}
+    for p in res.precisions:
+        ms = step_ms(res, items, p, mode)
+        out[p] = base / ms if base and ms else None
+    return out
+
+
+def swapped_items(items: list[WorkItem]) -> list[WorkItem]:
+    """What TE's benchmark_gemm.py times for dgrad and wgrad: a forward GEMM with the pass's
+    written sizes (M x N x K for dgrad, K x M x N for wgrad)."""
+    out = []
+    for it in items:
+        if it.m_splits:
+            continue
+        _, d, w = gemm_passes(it.fprop)
+        out += [WorkItem(f"{it.name} dgrad-as-fprop", d.__class__(d.m, d.k, d.n)),
+                WorkItem(f"{it.name} wgrad-as-fprop", w.__class__(w.m, w.k, w.n))]
+    return out
+
+
+def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkItem], mode: str) -> Table:
+    """Real backward GEMMs against the swapped-forward stand-in, per shape and precision."""
+    t = Table(title=f"Real dgrad/wgrad vs. a forward GEMM with swapped sizes ({safe(mode)}), ms")
+    for c in ("GEMM", "pass", "M x K x N", "precision", "real", "swapped fwd", "swapped/real"):
+        t.add_column(c, justify="right" if c in ("real", "swapped fwd", "swapped/real") else "left", no_wrap=True)
+    for it in items:
+        if it.m_splits:
+            continue
+        for s in gemm_passes(it.fprop)[1:]:
+            fwd = s.__class__(s.m, s.k, s.n)
+            for p in real.precisions:
+                a, b = real.get(s, p, mode), swapped.get(fwd, p, mode)
+                if a is None or b is None or not (a.ok and b.ok):
+                    continue
+                t.add_row(safe(it.name), str(s.op), s.mkn, safe(p), f"{a.median_ms:.3f}", f"{b.median_ms:.3f}",
+                          f"{b.median_ms / a.median_ms:.3f}")
+    return t
+
+
+def run_summary(res: BenchResults) -> str:
+    """One line: how many cells, where, how long, and at what SM clock (the number a reader needs
+    to compare runs: at the power limit the clock, and with it every time, moves by up to 25%)."""
+    m = res.meta
+    line = f"{len(res.results)} cells on {safe(m.get('device'))}, measured in {m.get('wall_s', 0):.1f} s"
+    if len(m.get("visits_per_device") or []) > 1:
+        line += (f" over {len(m['visits_per_device'])} devices (visits {'+'.join(map(str, m['visits_per_device']))}, "
+                 "samples pooled)")
+    for d, why in (m.get("failed_devices") or {}).items():
+        line += f"; [red]GPU {safe(d)}'s worker failed ({safe(why)}): its visits are missing[/red]"
+    if m.get("mixed_devices"):
+        devices = ", ".join(map(str, dict.fromkeys(m["devices"])))
+        line += f"; [yellow]{safe(devices)}: {safe(m['mixed_devices'])}[/yellow]"
+    per_gpu = [c for c in m.get("clocks_per_device") or [] if c]
+    if len(per_gpu) > 1:  # each GPU's own: two GPUs of one model can hold different clocks at one power limit
+        clocks = " / ".join(f"{c['sm_clock_mhz_median']:.0f}" for c in per_gpu)
+        gpus = " / ".join(str(i) for i in (m.get("device_indices") or range(len(per_gpu))))
+        power = " / ".join(f"{c['power_w_median']:.0f}" for c in per_gpu)
+        line += f"; SM clock median {clocks} MHz (GPU {gpus}), board power median {power} W (NVML)"
+    elif ck := m.get("clocks_during_run"):
+        line += (f"; SM clock median {ck['sm_clock_mhz_median']:.0f} MHz (min {ck['sm_clock_mhz_min']:.0f}), "
+                 f"board power median {ck['power_w_median']:.0f} W (NVML)")
+    if m.get("gemm_duty") is not None and m.get("backend") == "te":
+        line += f"; timed GEMMs at {m['gemm_duty']:g} of the GPU's time (--gemm-duty)"
+    heat = (m.get("timeline_s") or {}).get("heat")
+    if heat and heat.get("holds"):
+        line += (f"; {heat['heat_s']:.1f} s of dense load to keep every burst at the sustained clock "
+                 f"({heat['idle_holds']} of {heat['holds']} holds found the GPU idle)")
+    return line + _quality(res)
+
+
+def _quality(res: BenchResults) -> str:
+    """Where the cells came from and which to doubt: reused from the cache, measured again,
+    noisy, cached ones refused as too noisy (the marks the tables show)."""
+    ok = [r for r in res.results if r.ok]
+    cached = sum(r.cached for r in ok)
+    again = sum(r.attempts > 1 and not (r.cached or r.noisy) for r in ok)
+    noisy = [r for r in ok if r.noisy]
+    refused = res.meta.get("cache_refused_noisy") or 0
+    limit = 100 * (res.meta.get("spread_limit") or SPREAD_LIMIT)
+    out = ""
+    if cached:
+        out += f"; {cached} of {len(res.results)} cells reused from the cache ({CACHED_MARK})"
+    if refused:
+        out += f"; {refused} cached cells refused (spread above {limit:.0f}%) and measured again"
+    if again:
+        out += f"; {again} cells measured again (their job had a spread above {limit:.0f}%), the quieter kept"
+    if noisy:
+        out += (f"; [bold red]{len(noisy)} noisy cells ({NOISY_MARK}): spread still above {limit:.0f}% after "
+                f"{max(r.attempts for r in noisy)} measurements, not cached[/bold red]")
+    return out

@@ -1,0 +1,222 @@
+"""Matplotlib figures, drawn headless: each on its own Agg canvas, never through pyplot, so that
+importing or drawing here leaves the user's matplotlib backend as they chose it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from te_gemm_callback.files.png import write_figure_atomic
+from te_gemm_callback.microbench.cells import WorkItem
+from te_gemm_callback.microbench.results import BenchResults, item_ms
+from te_gemm_callback.shapes import GemmOp
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from te_gemm_callback.analysis.verdicts import RecipeAnalysis, Report
+
+
+def new_figure(figsize: tuple[float, float]) -> tuple[Figure, Axes]:
+    """A figure with one axes on an Agg canvas of its own: no pyplot, no global backend. Nothing
+    holds it but the caller (pyplot's figures stay open until closed), so it is freed with them."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write a figure as PNG (parent folders created) through
+    :func:`~te_gemm_callback.files.png.write_figure_atomic`: atomic, marked as ours, never through a
+    symbolic link nor over a PNG this tool did not write (one-line ValueError or OSError naming it)."""
+    fig.tight_layout()
+    return write_figure_atomic(fig, path, dpi=120, bbox_inches="tight")
+
+
+def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
+    """Items that differ only in their layer index (blocks.0.fc1, blocks.1.fc1, ... with one
+    shape) as one group, labelled blocks.*.fc1 (x4): the per-layer view TE's benchmark_gemm.py gives of a deep model.
+    Items of one grouped GEMM that differ only in their m_splits stay one layer."""
+    groups: dict[tuple, list[WorkItem]] = {}
+    for it in items:
+        groups.setdefault((re.sub(r"\.\d+(?=\.|$)", ".*", it.name), it.key[:4]), []).append(it)
+    return [(name if len(layers) == 1 else f"{name} (x{len(layers)})", g)
+            for (name, _), g in groups.items() for layers in [{it.name for it in g}]]
+
+
+def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, path: str | Path,
+                        title: str | None = None) -> Path:
+    """One bar per precision; per work item a Fprop+Dgrad segment and a Wgrad segment, weighted
+    by calls per step, repeated layers stacked as one group; speedup over BF16 above each bar (the
+    figure of TE's benchmark_gemm.py, on real shapes). A GEMM a recipe cannot run is drawn at its BF16 time,
+    hatched (the job keeps it in BF16)."""
+    precs = [p for p in res.precisions]
+    cmap = colormaps["tab20"]
+    fig, ax = new_figure((max(6, 1.6 * len(precs) + 3), 5.5))
+    totals = {}
+    for j, p in enumerate(precs):
+        bottom = 0.0
+        for i, (label, group) in enumerate(layer_groups(items)):
+            for seg, ops, shade in (("Fprop+Dgrad", (GemmOp.FPROP, GemmOp.DGRAD), 0), ("Wgrad", (GemmOp.WGRAD,), 1)):
+                h, fell_back = 0.0, False
+                for it in group:
+                    val = item_ms(res, it, p, mode, ops)
+                    if val is None and p != "BF16":
+                        val, fell_back = item_ms(res, it, "BF16", mode, ops), True
+                    h += (val or 0.0) * it.count
+                if not h:
+                    continue
+                ax.bar(j, h, bottom=bottom, color=cmap((2 * i + shade) % 20), edgecolor="white", linewidth=0.5,
+                       hatch="xx" if fell_back else None, label=f"{label} {seg}" if j == 0 else None)
+                bottom += h
+        totals[p] = bottom
+    base = totals.get("BF16")
+    for j, p in enumerate(precs):
+        if totals[p] and base:
+            ax.text(j, totals[p], f"{base / totals[p]:.2f}x", ha="center", va="bottom", fontsize=10, weight="bold")
+    ax.set_xticks(range(len(precs)), precs, rotation=15)
+    ax.set_ylabel("GEMM time (ms)")
+    device = res.meta.get("device", "")
+    ax.set_title(title or f"GEMM time per step by precision ({mode}) — {device}")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if res.skipped:
+        lines = [f"not run: {p}: {why[:70]}" for p, why in res.skipped.items()]
+        fig.text(0.01, -0.02 * len(lines), "\n".join(lines), fontsize=7, va="bottom")
+    return save_figure(fig, path)
+
+
+def ranks_figure(rows: list[dict], path: str | Path) -> Path:
+    """Per rank: step time split into GEMM, communication no compute overlapped, and the rest;
+    grouped-GEMM rows above each bar for MoE (token imbalance), errors in the label."""
+    fig, ax = new_figure((max(5, 0.9 * len(rows) + 3), 4.2))
+    for i, r in enumerate(rows):
+        step, gemm, exposed = r.get("step_ms") or 0.0, r.get("gemm_ms") or 0.0, r.get("comm_exposed_ms") or 0.0
+        exposed = min(exposed, max(step - gemm, 0.0))  # a warm-up wait can exceed one step: clip to it
+        parts = (("GEMM", gemm, "#3182bd"), ("NCCL not overlapped", exposed, "#fd8d3c"),
+                 ("rest of the step", max(step - gemm - exposed, 0.0), "#bdbdbd"))
+        bottom = 0.0
+        for label, v, color in parts:
+            ax.bar(i, v, bottom=bottom, color=color, label=label if i == 0 else None)
+            bottom += v
+        top = f"{step:.1f} ms"
+        if r.get("grouped_rows_per_step"):
+            top += f"\n{r['grouped_rows_per_step']:.0f} rows"
+        ax.text(i, bottom, top, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)), [f"rank {r['rank']}" + (" (error)" if r.get("error") else "") for r in rows])
+    ax.set_ylim(0, 1.2 * max((r.get("step_ms") or 0.0 for r in rows), default=1.0) or 1.0)
+    ax.set_ylabel("ms per step")
+    window = next((r.get("comm_window") for r in rows if r.get("comm_window")), None)
+    ax.set_title("Per-rank step: GEMM, exposed communication, rest"
+                 + (f"\n(GEMM and step: captured steps; NCCL: {window})" if window else ""), fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, path)
+
+
+def speedup_figure(rep: Report, path: str | Path) -> Path:
+    """Predicted (GEMMs alone) against observed step speedup per recipe, GEMM speedup beside them."""
+    recs = list(rep.recipes)
+    x = range(len(recs))
+    fig, ax = new_figure((max(6, 1.8 * len(recs) + 2), 4.5))
+    w = 0.27
+    for off, key, label, color in ((-w, "gemm_speedup", "GEMM speedup (bench)", "#9ecae1"),
+                                   (0, "predicted_step_speedup", "predicted step speedup", "#3182bd"),
+                                   (w, "observed_step_speedup", "observed step speedup", "#e6550d")):
+        vals = [getattr(a, key) or 0 for a in recs]
+        # The observed bars carry their 95% interval (the sweep's rounds), where there is one.
+        err = None
+        if key == "observed_step_speedup" and any(a.observed_ci for a in recs):
+            err = [[v - a.observed_ci[0] if a.observed_ci and v else 0 for a, v in zip(recs, vals)],
+                   [a.observed_ci[1] - v if a.observed_ci and v else 0 for a, v in zip(recs, vals)]]
+        bars = ax.bar([i + off for i in x], vals, w, label=label, color=color, yerr=err, capsize=3 if err else 0)
+        for a, b, v in zip(recs, bars, vals):
+            if v:
+                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+            elif key in rep.withheld(a.recipe):  # refused by the report's checks: said, not left blank
+                ax.text(b.get_x() + b.get_width() / 2, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ran = rep.meta.get("baseline_ran")
+    ax.set_xticks(list(x), [f"{a.recipe}\n(ran {ran})" if ran and a.recipe == "BF16" else a.recipe for a in recs],
+                  rotation=15)
+    ax.set_ylabel(f"speedup over BF16 (ran {ran})" if ran else "speedup over BF16")
+    ax.set_title(f"Predicted vs observed speedup — {rep.meta.get('device', '')}")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def _run_share(rep: Report, a: RecipeAnalysis) -> tuple[float | None, str]:
+    """(GEMM share of this run's step, its basis) as the report's checks gave it; for a Report made
+    without them, the plain ratio where it is one (never above 1)."""
+    chk = (rep.meta.get("gemm_shares") or {}).get(a.recipe)
+    if chk is not None:
+        return chk.get("share"), chk.get("basis") or ""
+    g = a.observed_gemm_ms
+    return (g / a.observed_step_ms, "step") if g is not None and g <= a.observed_step_ms else (None, "")
+
+
+# The GEMM part of a bar drawn from the share of another step (host clock): an estimate, hatched.
+_TIMED_SHARE = "gemm (share of its timed step)"
+
+
+def step_split_title(rep: Report, kernels: dict[str, dict[str, float]] | None = None) -> str:
+    """The step-split figure's title: its clocks named for what they were on this device (the host
+    clock on a CPU, kernel records or CUDA events on a GPU)."""
+    from te_gemm_callback.analysis.notes import GEMM_CLOCK_SHORT
+
+    rest = "kernel time by category" if any((kernels or {}).values()) else "the step minus GEMM"
+    clock = GEMM_CLOCK_SHORT.get(rep.meta["gemm_clock"]) if "gemm_clock" in rep.meta else "in-job timing"
+    return f"Step time split (GEMM: {clock}; the rest: {rest})"
+
+
+def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str, float]] | None = None) -> Path:
+    """Observed step time per recipe: GEMM and the rest, and, where the sweep profiled kernels,
+    the rest split into attention, quantization/cast, norm, communication, optimizer and other.
+    A run whose GEMM share the checks refused is drawn whole, unsplit, and says so; one whose share
+    comes from the steps its GEMMs were timed in (host clock) is split by that share."""
+    from te_gemm_callback.capture.kernels import CATEGORIES
+
+    recs = [a for a in rep.recipes if a.observed_step_ms]
+    colors = dict(zip(CATEGORIES, ("#3182bd", "#9e9ac8", "#e6550d", "#74c476", "#fd8d3c", "#fdd0a2", "#bdbdbd")))
+    fig, ax = new_figure((max(5, 1.5 * len(recs) + 3), 4.5))
+    seen = set()
+    for i, a in enumerate(recs):
+        parts, label = _split_bar(a, *_run_share(rep, a), (kernels or {}).get(a.recipe))
+        bottom = 0.0
+        for k, v in parts:
+            est = k == _TIMED_SHARE
+            ax.bar(i, v, bottom=bottom, color=colors["gemm"] if est else colors.get(k, "#f0f0f0"),
+                   edgecolor="#bdbdbd" if k not in colors else None,
+                   hatch=".." if est else "//" if k not in colors else None, label=None if k in seen else k)
+            seen.add(k)
+            bottom += v
+        ax.text(i, a.observed_step_ms, label, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(recs)), [a.recipe for a in recs], rotation=15)
+    ax.set_ylim(0, 1.22 * max((a.observed_step_ms for a in recs), default=1.0))  # room for the labels
+    ax.set_ylabel("ms per step")
+    ax.set_title(step_split_title(rep, kernels))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, path)
+
+
+def _split_bar(a: RecipeAnalysis, share: float | None, basis: str,
+               split: dict[str, float] | None) -> tuple[list[tuple[str, float]], str]:
+    """One run's bar in the step-split figure: its (part, ms) segments, bottom up, and its label."""
+    if share is None:
+        what = "GEMMs not timed" if a.observed_gemm_ms is None else "GEMM share n/a"
+        return [(f"step ({what})", a.observed_step_ms)], f"{a.observed_step_ms:.1f} ms\n{what}"
+    g = share * a.observed_step_ms
+    # A share of the timed step, drawn at that share of this step: an estimate, drawn hatched.
+    parts = [("gemm" if basis == "step" else _TIMED_SHARE, g)]
+    if split and basis == "step":  # kernel times; what they do not cover is idle/launch time, shown as other
+        rest = [(k, v) for k, v in split.items() if k != "gemm" and v > 0]
+        covered = g + sum(v for _, v in rest)
+        parts += rest + [("no kernel (host-bound gaps)", max(a.observed_step_ms - covered, 0.0))]
+    else:
+        parts.append(("other", a.observed_step_ms - g))
+    label = (f"{a.observed_step_ms:.1f} ms\n{100 * share:.0f}% GEMM"
+             + ("\n(of its timed step)" if basis == "timed steps" else ""))
+    return parts, label

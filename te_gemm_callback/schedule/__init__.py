@@ -1,0 +1,387 @@
+"""The capture's schedule over a training job's optimizer steps, which every adapter drives.
+
+A framework adapter (Lightning's callback, Hugging Face's TrainerCallback) or a plain loop only
+tells :class:`GemmSchedule` where the job is: an optimizer step begins, another micro-batch of it
+begins, the job leaves our code (validation, logging), the step ends, training ends or raised. The
+schedule does the rest, in one place: the window (``wait`` untouched, ``warmup`` instrumented and
+discarded, ``active`` captured, as ``torch.profiler.schedule``), the step plan inside the active
+steps (docs/step-plan.md), finishing and publishing the capture (gathered from every rank, written
+on rank zero, printed, logged), and the recipe sweep. Nothing here imports a training framework;
+nothing the schedule does can stop the job (:func:`guard`).
+
+A plain loop::
+
+    sched = GemmSchedule(output_dir="te_gemm", sweep=["BF16", "Float8CurrentScaling"])
+    for i, batch in enumerate(loader):
+        sched.step_begin(model)
+        loss = model(batch).loss; loss.backward(); opt.step(); opt.zero_grad()
+        sched.step_end(JobStep(global_step=i + 1, sweep=lambda: SweepJob(model, lambda: model(batch).loss, [opt])))
+    sched.train_end()
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from te_gemm_callback.capture import GemmCapture, GemmProfiler
+from te_gemm_callback.schedule.arguments import check_arguments
+from te_gemm_callback.schedule.results import ScheduleResults, sweep_metrics
+
+__all__ = ["GemmSchedule", "JobStep", "ScheduleResults", "SweepJob", "check_arguments", "guard", "kernel_steps",
+           "phase", "schedule_signature", "sweep_metrics"]
+
+log = logging.getLogger("te_gemm_callback")
+
+
+@dataclass
+class SweepJob:
+    """What the recipe sweep needs from the job (:func:`~te_gemm_callback.sweep.run_sweep`):
+    ``step`` runs one forward on the job's batch and returns the loss; ``optimizer_step`` is what
+    the job runs after backward (clipping, every optimizer's step), default: step ``optimizers``."""
+
+    module: Any
+    step: Callable[[], Any]
+    optimizers: Sequence[Any] = ()
+    optimizer_step: Callable[[], Any] | None = None
+    context: Callable[[], Any] | None = None  # an outer context per step (Lightning's precision plugin)
+    set_recipe: Callable[[Any, Any], Any] | None = None
+
+
+@dataclass
+class JobStep:
+    """Where the job is when a step ends, in the adapter's words."""
+
+    global_step: int = 0
+    accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    writes: bool = True  # this process writes the run folder (rank zero)
+    log_metrics: Callable[[dict[str, float]], Any] | None = None  # the job's own logger
+    sweep: Callable[[], SweepJob] | None = None  # None: the sweep waits for a later step or train_end
+
+
+def schedule_signature() -> inspect.Signature:
+    """:class:`GemmSchedule`'s keyword arguments, for the adapters' ``__init__(**schedule)``:
+    ``help()`` and IDEs show them, and the arguments are documented once."""
+    params = [p for n, p in inspect.signature(GemmSchedule.__init__).parameters.items() if n != "name"]
+    return inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.name != "self" else p
+                              for p in params], return_annotation=None)
+
+
+def guard(fn: Callable[[], Any], what: str) -> Any:
+    """Run one piece of our own work; a failure is logged once and never reaches the training job
+    (returns False then)."""
+    try:
+        return fn()
+    except Exception as err:
+        log.warning("te-gemm: %s: %s: %s (training goes on)", what, type(err).__name__, err)
+        return False
+
+
+def phase(step: int, wait: int, warmup: int, active: int) -> str:
+    """The schedule of ``torch.profiler.schedule``: untouched, warm-up (discarded), active, done."""
+    if step < wait:
+        return "wait"
+    if step < wait + warmup:
+        return "warmup"
+    if step < wait + warmup + active:
+        return "active"
+    return "done"
+
+
+def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int]:
+    """GemmProfiler's kernel arguments for an active window (docs/step-plan.md): the kernels step,
+    then the settle step and a warm-up before them where the window keeps room for a clean step.
+    A short window keeps the kernels step and one clean step; the settle step goes before the
+    warm-up (it biases the step time, the warm-up only the GEMM times' clock)."""
+    if not kernels or active <= instrumented:
+        return {"kernel_steps": 0}
+    room = active - instrumented - 2  # after the kernels step and one clean step
+    return {"kernel_steps": 1, "settle_steps": 1 if room >= 1 else 0, "kernel_warmup_steps": 1 if room >= 2 else 0}
+
+
+class GemmSchedule:
+    """Capture the GEMMs of a training job over a window of its optimizer steps (module docstring).
+
+    Args:
+        wait, warmup, active: the window, in optimizer steps (all micro-batches of gradient
+            accumulation are one step).
+        instrumented_steps: how many of the active steps run instrumented (shapes, owners,
+            precisions); the others follow the step plan (docs/step-plan.md).
+        output_dir: where ``filename`` is written (rank zero; every rank's under ``ranks/``).
+        nvtx: NVTX range per GEMM and per step (domain ``te_gemm``): True, False, or "auto" (only
+            when an NVTX tool such as ``nsys profile`` is listening).
+        nsys_capture: cudaProfilerStart/Stop around the active steps; run the job under
+            ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop``.
+        adapters, dispatch_steps: see :class:`~te_gemm_callback.GemmProfiler`.
+        sweep: recipes to time on the job's own model and batch (:func:`~te_gemm_callback.sweep.run_sweep`):
+            whole training steps alternated in rounds, then everything put back; written to
+            ``output_dir/sweep/<recipe>/``. The report's observed step speedups come from here.
+        sweep_steps, sweep_warmup: clean and untimed steps per recipe and round.
+        sweep_rounds: the fewest alternating rounds (0: none); then more until every observed
+            speedup's 95% interval is within +-2% or ``sweep_budget_s`` seconds are spent.
+        set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves.
+        sweep_plan: a precision plan (``te-gemm plan``'s file or a PrecisionPlan) swept as "plan".
+        kernel_breakdown: on CUDA, the kernels step among the active ones and one per swept recipe.
+        verbose: print the capture table when done.
+    """
+
+    def __init__(self, wait: int = 1, warmup: int = 1, active: int = 6, output_dir: str | Path = "te_gemm",
+                 nvtx: bool | str = "auto", nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
+                 dispatch_steps: int | str | None = None, verbose: bool = True, filename: str = "gemm_capture.json",
+                 sweep: Sequence[str] | None = None, sweep_steps: int = 3, set_recipe: Any = None,
+                 kernel_breakdown: bool = True, sweep_warmup: int = 2, instrumented_steps: int = 1,
+                 sweep_plan: Any = None, sweep_rounds: int = 6, sweep_budget_s: float = 20.0,
+                 name: str = "GemmSchedule") -> None:
+        self.sweep, self.sweep_plan = check_arguments(
+            wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
+            sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
+            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s, set_recipe=set_recipe,
+            output_dir=output_dir)
+        self.wait, self.warmup, self.active, self.instrumented_steps = wait, warmup, active, instrumented_steps
+        self.output_dir, self.filename, self.verbose, self.name = Path(output_dir), filename, verbose, name
+        self.profiler_kwargs = dict(adapters=tuple(adapters), dispatch_steps=dispatch_steps, nvtx=nvtx)
+        self.nsys_capture, self.kernel_breakdown, self.set_recipe = nsys_capture, kernel_breakdown, set_recipe
+        self.sweep_steps, self.sweep_warmup = sweep_steps, sweep_warmup
+        self.sweep_rounds, self.sweep_budget_s = sweep_rounds, sweep_budget_s
+        self.kernel_recorder: Callable[[], Any] | None = None  # a KernelProfile factory (default: the profiler's)
+        self.steps_seen = 0  # optimizer steps completed while this schedule watched
+        self.done = False
+        self.resumed = False
+        self.capture: GemmCapture | None = None
+        self.path: Path | None = None
+        self.run_id: str | None = None  # meta["run_id"] of this run's capture and of its sweep's
+        self.rank_summary: list[dict] | None = None
+        self.sweep_result: Any = None
+        self.metrics: dict[str, float] = {}
+        self._swept = False
+        self._prof: GemmProfiler | None = None
+        self._phase: str | None = None
+        self._micro_batches = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy or pickle leaves the live capture behind (thread-local state, hooks and a dispatch
+        # mode that belong to the running job): a copy made inside the window has no capture open.
+        return {**self.__dict__, "_prof": None, "_phase": None}
+
+    def phase(self, step: int) -> str:
+        return phase(step, self.wait, self.warmup, self.active)
+
+    # --- what the adapters call -------------------------------------------------------------
+    def fit_start(self, max_steps: int | None = None) -> None:
+        """Training starts (again): say what this run will capture."""
+        end = self.wait + self.warmup + self.active
+        if self._prof is not None:
+            # An earlier run that raised inside the window without telling us (the HF Trainer has no
+            # exception hook): its instruments came off with the exception; drop its capture and
+            # start the window again from here, warm-up first.
+            log.warning("te-gemm: an earlier run ended inside the capture window: its capture is dropped, "
+                        "capturing again from step %d (warm-up first)", self.steps_seen + 1)
+            self._drop()
+            self.wait = self.steps_seen
+        if self.done and not self.resumed:
+            log.warning("te-gemm: this %s already captured a run (%s): it captures nothing in this one; give each "
+                        "run its own", self.name, self.path or "its capture")
+        elif max_steps is not None and 0 <= max_steps < end:
+            log.warning("te-gemm: max_steps=%d ends before the capture window (steps %d-%d): %s", max_steps,
+                        self.wait + self.warmup + 1, end,
+                        "nothing will be captured" if max_steps <= self.wait + self.warmup else
+                        f"only {max_steps - self.wait - self.warmup} of {self.active} active step(s) will be")
+
+    def step_begin(self, model: Any) -> None:
+        """An optimizer step's first micro-batch begins; ``model`` is the module the job trains."""
+        if self.done:
+            return
+        ph = self.phase(self.steps_seen)
+        if ph in ("warmup", "active") and (self._prof is None or ph != self._phase):
+            self._finish(JobStep(), keep=False)
+            # guard() gives False on a failure: no profiler then, not a False one.
+            self._prof = guard(lambda: self._new_profiler(model, ph), "could not start capturing") or None
+            self._phase = ph if self._prof is not None else None
+            # Reported once: capture turns itself off rather than retry (and warn) every step.
+            self.done = self._prof is None
+        elif self._prof is not None:
+            self._resume()
+        self._micro_batches = 1
+
+    def micro_batch_begin(self) -> None:
+        """Another micro-batch of the same optimizer step begins (gradient accumulation)."""
+        if self._prof is not None:
+            self._resume()
+        self._micro_batches += 1
+
+    def pause(self) -> None:
+        """The job leaves its training step (validation, logging): what runs now is not ours."""
+        if self._prof is not None and guard(self._prof.pause, "capture stopped") is False:
+            self._drop()
+
+    def step_end(self, job: JobStep | None = None) -> None:
+        """The optimizer step ended."""
+        if self.done:
+            return
+        self.steps_seen += 1
+        if self._prof is None:
+            return
+        if self.phase(self.steps_seen) == self._phase:
+            prof = self._prof
+
+            def advance() -> None:
+                prof.resume()
+                prof.step(micro_batches=self._micro_batches)
+                prof.pause()  # logging, evaluation and saving between steps are not ours
+
+            if guard(advance, "capture stopped") is False:
+                self._drop()
+            self._micro_batches = 0
+        else:
+            self._finish(job or JobStep(), keep=self._phase == "active")
+            self.done = self.phase(self.steps_seen) == "done"
+
+    def train_end(self, job: JobStep | None = None) -> None:
+        """Training ended: finish an open window, and run a sweep still owed."""
+        job = job or JobStep()
+        if self._prof is None and not self.done and self.capture is None:
+            first = self.wait + self.warmup
+            log.warning("te-gemm: training ended after %d step(s), before the capture window (steps %d-%d): nothing "
+                        "was captured; lower wait/warmup or train longer", self.steps_seen, first + 1,
+                        first + self.active)
+        self._finish(job, keep=self._phase == "active")
+        if self.capture is not None:
+            self._sweep_and_log(job)
+
+    def exception(self) -> None:
+        """The job raised: take everything off, publish nothing."""
+        self._finish(JobStep(), keep=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps_seen": self.steps_seen, "done": self.done, "path": str(self.path) if self.path else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_seen = int(state.get("steps_seen", 0))
+        self.done = bool(state.get("done", False))
+        self.path = Path(state["path"]) if state.get("path") else None
+        self.resumed = True
+        if not self.done and self.wait <= self.steps_seen < self.wait + self.warmup + self.active:
+            # Resumed inside the window: the new process has neither warmed up nor captured the
+            # window's first steps. Start the window again from here, warm-up first.
+            log.warning("te-gemm: resumed at step %d, inside the capture window: capturing again from here "
+                        "(warm-up first)", self.steps_seen)
+            self.wait = self.steps_seen
+
+    # --- the capture -----------------------------------------------------------------------
+    def _new_profiler(self, model: Any, ph: str) -> GemmProfiler:
+        active = ph == "active"
+        kernels = active and self.kernel_breakdown and self._kernels_possible(model)
+        recorder = self.kernel_recorder() if kernels and self.kernel_recorder is not None else None
+        return GemmProfiler(model, nsys_capture=self.nsys_capture and active,
+                            instrumented_steps=self.instrumented_steps if active else "all",
+                            **kernel_steps(kernels, self.active, self.instrumented_steps),
+                            kernel_profile=recorder, **self.profiler_kwargs).start()
+
+    @staticmethod
+    def _kernels_possible(model: Any) -> bool:
+        # The model's device, not the host's: a CPU job on a machine with a GPU has no kernels.
+        return next((p.device.type for p in model.parameters()), "cpu") == "cuda"
+
+    def _resume(self) -> None:
+        if guard(self._prof.resume, "capture stopped") is False:
+            self._drop()
+
+    def _drop(self) -> None:
+        """Take everything a failed profiler put on off; it is not used again."""
+        prof, self._prof, self._phase = self._prof, None, None
+        if prof is not None:
+            try:
+                prof._release()
+            except Exception:  # already broken: nothing of it is used
+                pass
+
+    def _finish(self, job: JobStep, keep: bool) -> None:
+        prof, ph = self._prof, self._phase
+        if prof is None:
+            return
+        self._prof, self._phase = None, None
+
+        def stop() -> GemmCapture:
+            prof.resume()  # stop() closes the open step with its boundary event
+            return prof.stop(micro_batches=max(self._micro_batches, 1))
+
+        cap = guard(stop, "capture could not be finished")
+        if cap is False:
+            self._prof = prof
+            self._drop()
+            return
+        if keep and ph == "active":
+            if len(cap.steps) < self.active:
+                log.warning("te-gemm: training ended inside the capture window: %d of %d active step(s) captured "
+                            "(kinds: %s)", len(cap.steps), self.active, ", ".join(s.kind for s in cap.steps))
+            self._publish(job, cap)
+            self.done = True
+
+    def _publish(self, job: JobStep, cap: GemmCapture) -> None:
+        """Gather (collective), save, print, sweep and log the active steps' capture."""
+        from te_gemm_callback.capture.distributed import gather_captures
+        from te_gemm_callback.files.run_folder import new_run_id
+        from te_gemm_callback.reporting import summary_metrics
+
+        cap.meta["accumulate_grad_batches"] = int(job.accumulate)
+        cap.meta["global_step_end"] = int(job.global_step)
+        cap.meta["run_id"] = self.run_id = new_run_id()
+        # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.
+        gathered = guard(lambda: gather_captures(cap), "captures of the other ranks not gathered")
+        if not cap.steps:
+            return
+        self.capture = cap
+        if job.writes:
+            guard(lambda: self._save(cap, gathered or None), f"capture not written to {self.output_dir}")
+        self.metrics.update(guard(lambda: summary_metrics(cap), "no summary metrics") or {})
+        self._sweep_and_log(job, fresh=True)
+
+    def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
+        from te_gemm_callback.files.run_folder import clear_stale_sweep, save_capture, write_ranks
+        from te_gemm_callback.reporting import capture_table, print_table
+        from te_gemm_callback.reporting.tables import ranks_table
+
+        # Written before anything is printed: a table that cannot be printed never costs the capture.
+        self.path = save_capture(cap, self.output_dir, self.filename, keep_existing=self.resumed)
+        if gathered is not None and len(gathered) > 1:
+            self.rank_summary = write_ranks(gathered, self.output_dir)
+        log.info("te-gemm: capture written to %s", self.path)
+        if not self.resumed:  # a resumed job's folder keeps the first process's run beside this one
+            guard(lambda: clear_stale_sweep(self.output_dir, self.run_id), "stale sweep captures not removed")
+        if self.verbose:
+            def show() -> None:
+                print_table(capture_table(cap, limit=40))
+                if self.rank_summary is not None:
+                    print_table(ranks_table(self.rank_summary))
+
+            guard(show, "capture table not printed")
+
+    def _sweep_and_log(self, job: JobStep, fresh: bool = False) -> None:
+        """Run the sweep once, when the job can give what it needs; then hand the metrics to its logger."""
+        swept = False
+        if self.sweep and not self._swept and job.sweep is not None:
+            self._swept = swept = True
+            self.metrics.update(guard(lambda: self._run_sweep(job), "recipe sweep failed and was skipped") or {})
+        if job.log_metrics is not None and (fresh or swept) and self.metrics:
+            guard(lambda: job.log_metrics(dict(self.metrics)), "metrics not logged")
+
+    def _run_sweep(self, job: JobStep) -> dict[str, float]:
+        from te_gemm_callback.analysis.verdicts import capture_recipe
+        from te_gemm_callback.sweep.engine import run_sweep
+
+        sj = job.sweep()
+        out_dir = self.output_dir / "sweep" if job.writes else None
+        if out_dir is not None and out_dir.is_symlink():  # run_sweep checks only the folders below it
+            raise ValueError(f"{out_dir} is a symbolic link: the sweep writes only into real folders")
+        opt_step = sj.optimizer_step if sj.optimizer_step is not None or not sj.optimizers else None
+        res = self.sweep_result = run_sweep(
+            sj.module, sj.step, self.sweep, steps=self.sweep_steps, warmup=self.sweep_warmup,
+            profile_kernels=self.kernel_breakdown, set_recipe=sj.set_recipe or self.set_recipe, context=sj.context,
+            out_dir=out_dir, job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"],
+            plan=self.sweep_plan, rounds=self.sweep_rounds, budget_s=self.sweep_budget_s,
+            optimizers=list(sj.optimizers), optimizer_step=opt_step, run_id=self.run_id)
+        return sweep_metrics(res)

@@ -1,0 +1,61 @@
+"""Importing the reporting package, and drawing with it, leaves the user's matplotlib backend as they
+chose it and never loads pyplot. Run in a fresh interpreter: other tests in this process load pyplot."""
+
+import os
+import subprocess
+import sys
+
+CODE = r"""
+import sys
+
+import matplotlib
+from matplotlib import rcsetup
+
+def backend():  # the setting itself: reading rcParams["backend"] would resolve it, loading pyplot
+    return dict.__getitem__(matplotlib.rcParams, "backend")
+
+before = backend()
+import te_gemm_callback
+import te_gemm_callback.reporting
+import te_gemm_callback.reporting.bench_tables
+import te_gemm_callback.reporting.figures
+import te_gemm_callback.reporting.pipeline
+import te_gemm_callback.reporting.speedups
+import te_gemm_callback.reporting.tables
+assert "matplotlib.pyplot" not in sys.modules, "pyplot loaded at import"
+assert backend() is before or backend() == before, (before, backend())
+
+from te_gemm_callback.analysis.verdicts import RecipeAnalysis, Report
+from te_gemm_callback.reporting.figures import speedup_figure, step_split_figure
+
+rep = Report("BF16", 10.0, 6.0, [RecipeAnalysis("BF16", observed_step_ms=10.0, observed_gemm_ms=6.0),
+                                 RecipeAnalysis("DelayedScaling", gemm_speedup=1.8, predicted_step_speedup=1.36,
+                                                observed_step_speedup=1.2, observed_step_ms=8.3,
+                                                observed_gemm_ms=3.3)], {})
+out = sys.argv[1]
+assert speedup_figure(rep, out + "/speedups.png").stat().st_size > 0
+assert step_split_figure(rep, out + "/step_split.png").stat().st_size > 0
+assert "matplotlib.pyplot" not in sys.modules, "pyplot loaded to draw"
+assert backend() is before or backend() == before, (before, backend())
+print("auto" if before is rcsetup._auto_backend_sentinel else before)
+"""
+
+
+def _run(tmp_path, mplbackend):
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    if mplbackend:
+        env["MPLBACKEND"] = mplbackend
+    return subprocess.run([sys.executable, "-c", CODE, str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_reporting_leaves_an_unset_backend_unset(tmp_path):
+    res = _run(tmp_path, None)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "auto"  # still matplotlib's own choice to make, when pyplot first loads
+
+
+def test_reporting_leaves_a_chosen_backend_chosen(tmp_path):
+    res = _run(tmp_path, "svg")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "svg"
