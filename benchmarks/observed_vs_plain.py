@@ -157,7 +157,7 @@ def main() -> int:
             module = Job()
         with tempfile.TemporaryDirectory() as out:
             cb = GemmProfilerCallback(wait=1, warmup=1, active=6, output_dir=out, sweep=recipes, verbose=False,
-                                      sweep_steps=a.steps, sweep_budget_s=a.budget)
+                                      sweep_steps=a.steps, sweep_budget_s=a.budget, report=False)
             tr = trainer(9, [cb], cuda)
             tr.fit(module, torch.utils.data.DataLoader(data, batch_size=None))
         report = report_speedups(cb.sweep_result) if cb.sweep_result else {}

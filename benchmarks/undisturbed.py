@@ -159,7 +159,7 @@ def check_fit(model_name: str, recipe: str, reps: int, clean: int, instrumented:
         if on:
             cbs.append(GemmProfilerCallback(wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented,
                                             output_dir=out / f"{model_name}-{recipe}-{i // 2}", verbose=False,
-                                            kernel_breakdown=kernels))
+                                            kernel_breakdown=kernels, report=False))
         trainer(steps, cbs, **kw).fit(module, loader)
         fits.append((on, timer.steps_ms()))
         if on:

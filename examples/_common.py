@@ -85,7 +85,8 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
         set_recipe: Callable | None = None) -> GemmProfilerCallback:
     cb = GemmProfilerCallback(wait=1, warmup=1, active=max(a.steps - 3, 1), output_dir=out,
                               sweep=sweep_list(a.sweep), set_recipe=set_recipe, verbose=not a.tiny,
-                              sweep_plan=a.sweep_plan, sweep_rounds=a.sweep_rounds, sweep_budget_s=a.sweep_budget)
+                              sweep_plan=a.sweep_plan, sweep_rounds=a.sweep_rounds, sweep_budget_s=a.sweep_budget,
+                              report=False)  # finish() benchmarks the recipes asked for (--sweep, --recipe)
     kw = {"precision": precision} if precision else {}
     if (st := strategy(a)) is not None:
         kw["strategy"] = st

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +110,24 @@ def canonical(name: str) -> str:
     raise ValueError(f"unknown precision {name!r}: choose from {', '.join(RECIPES)}")
 
 
+def parse_recipes(text: str) -> list[str]:
+    """A user's comma-separated recipe list (``--precisions``) as TE class names, in the order given,
+    each once. ValueError, one line, for an empty entry, an unknown name, or "FP8" alone: it names
+    four recipes that time differently, and taking one of them for it would pass that one's numbers
+    off as "FP8" (``canonical`` keeps the old alias for Python callers)."""
+    out = []
+    for part in text.split(","):
+        name = part.strip()
+        if not name:
+            raise ValueError(f"empty recipe name in {text!r}: give comma-separated names, "
+                             "e.g. BF16,Float8CurrentScaling")
+        if name.lower() == "fp8":
+            raise ValueError(f"{name!r} names {len(FP8_RECIPES)} recipes ({', '.join(FP8_RECIPES)}): "
+                             "choose one or more of them")
+        out.append(canonical(name))
+    return list(dict.fromkeys(out))
+
+
 @dataclass(frozen=True)
 class Availability:
     recipe: str
@@ -135,6 +154,33 @@ def availability(recipe: str) -> Availability:
         return Availability(recipe, False, f"this transformer_engine has no {fn_name}()")
     ok, reason = fn(return_reason=True)
     return Availability(recipe, bool(ok), "" if ok else str(reason))
+
+
+def skipped_by_reason(skipped: Mapping[str, str]) -> dict[str, list[str]]:
+    """The recipes that did not run, grouped by why (first-seen order): on a host without CUDA or TE
+    every TE recipe has the same reason, said once for all of them rather than once per recipe."""
+    out: dict[str, list[str]] = {}
+    for recipe, why in skipped.items():
+        out.setdefault(str(why), []).append(str(recipe))
+    return out
+
+
+def skipped_lines(skipped: Mapping[str, str]) -> list[str]:
+    """One line per cause: ``"DelayedScaling, Float8CurrentScaling not run: <why>"``."""
+    return [f"{', '.join(recipes)} not run: {why}" for why, recipes in skipped_by_reason(skipped).items()]
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str, logger: logging.Logger | None = None) -> bool:
+    """Log ``message`` as a warning the first time this process asks; True if it was logged. A cause
+    that every recipe, cell or report of a run meets (no CUDA device, TE not installed) is said once."""
+    if message in _WARNED:
+        return False
+    _WARNED.add(message)
+    (logger or logging.getLogger("te_gemm_callback")).warning("%s", message)
+    return True
 
 
 def make_recipe(recipe: str) -> Any:

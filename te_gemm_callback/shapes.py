@@ -16,7 +16,20 @@ The wgrad row follows TE's ``benchmarks/gemm/benchmark_gemm.py`` (in_features x 
 out_features) so that printed shapes paste into its ``--shapes`` flag; the contraction runs over
 the tokens. Every pass costs ``2*M*K*N`` FLOPs (one multiply and one add per MAC). M is the
 product of all leading dimensions of the input. :func:`backward_shapes` is the only place where
-dgrad and wgrad are derived from fprop.
+the backward passes are derived from fprop.
+
+A GEMM with no weight (attention's ``Q K^T`` and ``P V``, an einsum of two activations) computes
+``C = A @ B`` with A (M, K) and B (K, N). Its backward computes the gradients of both inputs, and
+neither is a weight gradient, so they carry names of their own, with the same written sizes:
+
+=======  ==============  ===================
+pass     computes        written (M x K x N)
+=======  ==============  ===================
+dgrad_a  dA = dC B^T     M x N x K
+dgrad_b  dB = A^T dC     K x M x N
+=======  ==============  ===================
+
+Captures written before these names existed label such GEMMs dgrad and wgrad; they still load.
 """
 
 from __future__ import annotations
@@ -28,14 +41,32 @@ from te_gemm_callback.files.jsonio import MAX_DIM
 
 
 class GemmOp(str, enum.Enum):
-    """Which pass of a linear layer a GEMM belongs to."""
+    """Which pass a GEMM belongs to: a linear layer's fprop, dgrad, wgrad, or, for a GEMM with no
+    weight, the gradient of its left (dgrad_a) or right (dgrad_b) input."""
 
     FPROP = "fprop"
     DGRAD = "dgrad"
     WGRAD = "wgrad"
+    DGRAD_A = "dgrad_a"
+    DGRAD_B = "dgrad_b"
 
     def __str__(self) -> str:  # "fprop", not "GemmOp.FPROP", in tables and JSON
         return self.value
+
+    @property
+    def sized_as(self) -> GemmOp:
+        """The linear-layer pass written with the same sizes: dgrad_a as dgrad, dgrad_b as wgrad."""
+        return _SIZED_AS.get(self, self)
+
+    @property
+    def weightless(self) -> bool:
+        """A backward pass of a GEMM without a weight."""
+        return self in _SIZED_AS
+
+
+_SIZED_AS = {GemmOp.DGRAD_A: GemmOp.DGRAD, GemmOp.DGRAD_B: GemmOp.WGRAD}
+# Every pass name a capture or a bench file may hold, in the order tables list them.
+PASS_NAMES = tuple(op.value for op in GemmOp)
 
 
 @dataclass(frozen=True, order=True)
@@ -74,27 +105,30 @@ class GemmShape:
         return d
 
 
-def backward_shapes(fprop: GemmShape) -> tuple[GemmShape, GemmShape]:
-    """(dgrad, wgrad) of a forward GEMM, in the convention of this module's docstring."""
+def backward_shapes(fprop: GemmShape, weight: bool = True) -> tuple[GemmShape, GemmShape]:
+    """The two backward GEMMs of a forward GEMM, in the convention of this module's docstring:
+    (dgrad, wgrad) of a linear layer, or (dgrad_a, dgrad_b) with ``weight=False``."""
     if fprop.op is not GemmOp.FPROP:
         raise ValueError(f"expected an fprop shape, got {fprop.op}")
     m, k, n = fprop.m, fprop.k, fprop.n
+    da, db = (GemmOp.DGRAD, GemmOp.WGRAD) if weight else (GemmOp.DGRAD_A, GemmOp.DGRAD_B)
     return (
-        GemmShape(m, n, k, GemmOp.DGRAD, fprop.batch),  # dX = dY W: contract over N
-        GemmShape(k, m, n, GemmOp.WGRAD, fprop.batch),  # dW = dY^T X: contract over tokens
+        GemmShape(m, n, k, da, fprop.batch),  # dX = dY W (dA = dC B^T): contract over N
+        GemmShape(k, m, n, db, fprop.batch),  # dW = dY^T X (dB = A^T dC): contract over tokens (M)
     )
 
 
-def gemm_passes(fprop: GemmShape) -> tuple[GemmShape, GemmShape, GemmShape]:
-    """(fprop, dgrad, wgrad) of one linear layer."""
-    return (fprop, *backward_shapes(fprop))
+def gemm_passes(fprop: GemmShape, weight: bool = True) -> tuple[GemmShape, GemmShape, GemmShape]:
+    """(fprop, dgrad, wgrad) of one linear layer; (fprop, dgrad_a, dgrad_b) with ``weight=False``."""
+    return (fprop, *backward_shapes(fprop, weight))
 
 
 def fprop_of(shape: GemmShape) -> GemmShape:
-    """Inverse of :func:`backward_shapes`: the forward GEMM a dgrad or wgrad belongs to."""
-    if shape.op is GemmOp.DGRAD:
+    """Inverse of :func:`backward_shapes`: the forward GEMM a backward pass belongs to."""
+    sized = shape.op.sized_as
+    if sized is GemmOp.DGRAD:
         return GemmShape(shape.m, shape.n, shape.k, GemmOp.FPROP, shape.batch)
-    if shape.op is GemmOp.WGRAD:
+    if sized is GemmOp.WGRAD:
         return GemmShape(shape.k, shape.m, shape.n, GemmOp.FPROP, shape.batch)
     return shape
 

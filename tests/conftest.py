@@ -6,6 +6,13 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: never download
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _result_cache(tmp_path_factory):
+    # The callbacks benchmark and report by default: the tests' cells go to a cache of their own,
+    # never the user's (and never one test run's noisy CPU cells into the next).
+    os.environ.setdefault("TE_GEMM_CACHE", str(tmp_path_factory.mktemp("cache") / "bench_cache.json"))
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -152,7 +152,7 @@ def test_heater_falls_back_to_smaller_sizes_then_a_spin_when_gpu_memory_is_full(
     assert timing._heater() is h  # decided once per device
 
 
-def test_items_from_capture_skip_recompute_and_attention():
+def test_items_from_capture_cover_attention_bmm_as_batched_gemms():
     from te_gemm_callback import GemmProfiler
 
     model = torch.nn.MultiheadAttention(16, 2, batch_first=True)
@@ -160,7 +160,60 @@ def test_items_from_capture_skip_recompute_and_attention():
     with GemmProfiler(model) as prof:
         model(x, x, x)[0].sum().backward()
     items = items_from_capture(prof.capture)
-    assert items and all(i.fprop.batch == 1 for i in items)  # the attention bmm is not a weight GEMM
+    # The projections are linear layers; the attention bmm (Q K^T, P V) is timed as the batched
+    # GEMM of two activations it is, never dropped, never given a weight gradient.
+    linear = [i for i in items if i.fprop.batch == 1]
+    batched = [i for i in items if i.fprop.batch > 1]
+    assert {i.name for i in linear} == {".in_proj", "out_proj"} and all(i.runs_recipe for i in linear)
+    assert len(batched) == 2 and not any(i.weight or i.runs_recipe for i in batched)
+    assert all(i.ops == (GemmOp.FPROP, GemmOp.DGRAD_A, GemmOp.DGRAD_B) for i in batched)
+    assert {i.fprop.batch for i in batched} == {2 * 2}  # batch x heads
+
+
+def test_items_from_capture_weigh_each_pass_by_its_own_calls():
+    # A layer run twice per step, once under no_grad (its backward runs once), and a layer whose
+    # backward alone was captured: each pass counts at the calls the job made of it.
+    from te_gemm_callback.capture.capture_file import GemmCapture
+    from te_gemm_callback.shapes import gemm_passes
+
+    def record(name, s, calls):
+        return {"module": name, "gemm": "", "op": str(s.op), "m": s.m, "k": s.k, "n": s.n, "batch": 1,
+                "precision": "bf16", "operands": [], "source": "torch", "kernel": "aten.mm", "recompute": False,
+                "module_type": "Linear", "calls": calls, "calls_per_step": float(calls), "flops": s.flops}
+
+    f, d, w = gemm_passes(GemmShape(32, 16, 24))
+    cap = GemmCapture.from_dict({"schema": "te-gemm-capture/1", "steps": [{"index": 0, "wall_ms": 5.0}], "records": [
+        record("twice", f, 2), record("twice", d, 1), record("twice", w, 1), record("late", w, 3)]})
+    twice, late = items_from_capture(cap)
+    assert (twice.count, twice.passes) == (2.0, ((GemmOp.FPROP, 1.0), (GemmOp.DGRAD, 0.5), (GemmOp.WGRAD, 0.5)))
+    assert (late.fprop, late.count, late.passes) == (f, 3.0, ((GemmOp.WGRAD, 1.0),))
+    cells = [BenchResult(s.m, s.k, s.n, str(s.op), "BF16", "autocast", median_ms=ms)
+             for s, ms in ((f, 1.0), (d, 10.0), (w, 100.0))]
+    res = BenchResults(cells, {}, {"modes": ["autocast"]})
+    assert step_ms(res, [twice], "BF16", "autocast") == pytest.approx(2 * 1.0 + 10.0 + 100.0)
+    assert step_ms(res, [late], "BF16", "autocast") == pytest.approx(3 * 100.0)
+
+
+@cpu_path
+def test_bench_times_batched_and_weightless_items_as_what_they_are(tmp_path):
+    # A bmm item (4 products of 8x16 @ 16x8) without a weight: fprop and its two input gradients,
+    # each a batched cell; a first layer whose input needs no gradient: fprop and wgrad, no dgrad.
+    bmm = WorkItem("attn", GemmShape(8, 16, 8, batch=4), 2.0, None, False,
+                   ((GemmOp.FPROP, 1.0), (GemmOp.DGRAD_A, 1.0), (GemmOp.DGRAD_B, 1.0)))
+    first = WorkItem("fc1", GemmShape(32, 16, 24), 1.0, passes=((GemmOp.FPROP, 1.0), (GemmOp.WGRAD, 1.0)))
+    res = run_bench([bmm, first], ["BF16"], ["autocast"], cache=ResultCache(tmp_path / "c.json"), progress=False)
+    cells = sorted((r.op, r.batch, r.m, r.k, r.n, r.backend) for r in res.results)
+    assert cells == [("dgrad_a", 4, 8, 8, 16, "torch"), ("dgrad_b", 4, 16, 8, 8, "torch"),
+                     ("fprop", 1, 32, 16, 24, "torch"), ("fprop", 4, 8, 16, 8, "torch"),
+                     ("wgrad", 1, 16, 32, 24, "torch")]
+    assert all(r.ok for r in res.results)
+    # FLOPs of a batched cell count every product.
+    fprop = res.get(GemmShape(8, 16, 8, batch=4), "BF16", "autocast")
+    assert fprop.tflops == pytest.approx(2 * 4 * 8 * 16 * 8 / (fprop.median_ms * 1e-3) / 1e12)
+    total = sum(r.median_ms for r in res.results if r.batch == 4)
+    assert step_ms(res, [bmm], "BF16", "autocast") == pytest.approx(2.0 * total)
+    back = BenchResults.load(res.save(tmp_path / "r.json"))  # the new passes and batch load back
+    assert back.results == res.results
 
 
 @cpu_path
@@ -177,15 +230,15 @@ def test_cli_bench_end_to_end(tmp_path, capsys, monkeypatch):
     assert data["schema"] == "te-gemm-bench/1" and len(data["results"]) == 4 * 3  # 4 shapes x 3 passes
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--shapes", "8x8"], "bad shape"),
-    (["--shapes", "8x8x8", *CFG], "exactly one"),
-    (["--hidden-size", "64"], "missing config flags"),
-    (["--capture", "/nonexistent.json"], "cannot read te-gemm capture /nonexistent.json"),
-    (["--shapes", "8x8x8", "--precisions", "fp9"], "unknown precision"),
+@pytest.mark.parametrize("args,needle,code", [
+    (["--shapes", "8x8"], "bad shape", 2),
+    (["--shapes", "8x8x8", *CFG], "exactly one", 2),
+    (["--hidden-size", "64"], "missing config flags", 2),
+    (["--capture", "/nonexistent.json"], "cannot read te-gemm capture /nonexistent.json", 1),  # an input, not usage
+    (["--shapes", "8x8x8", "--precisions", "fp9"], "unknown precision", 2),
 ])
-def test_cli_bench_errors(capsys, args, needle):
-    assert main(["bench", *args]) == 2
+def test_cli_bench_errors(capsys, args, needle, code):
+    assert main(["bench", *args]) == code
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
 

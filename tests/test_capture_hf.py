@@ -130,17 +130,18 @@ def test_mixtral_grouped_mm_matches_eager_count_and_records_splits():
         assert token_dim == tokens * top_k
 
 
-def test_mha_out_proj_is_seen_under_its_attention_module():
+def test_mha_out_proj_is_owned_by_its_own_module():
     # nn.MultiheadAttention calls F.multi_head_attention_forward with out_proj's weight: the
-    # out_proj Linear's own forward never runs, its GEMM is recorded under the attention module,
-    # and since a captured GEMM used its weight the coverage report does not call it missing.
+    # out_proj Linear's own forward never runs, yet its GEMMs are recorded under it (the weight
+    # says whose they are), the input projection under the attention module as its in_proj, and
+    # the coverage report does not call out_proj missing.
     mha = nn.MultiheadAttention(32, 4, batch_first=True)
     x = torch.randn(2, 8, 32, requires_grad=True)
     with GemmProfiler(mha) as prof:
         mha(x, x, x)[0].sum().backward()
     cap = prof.capture
-    fprop = sorted((r.m, r.k, r.n) for r in cap.records if r.op == "fprop" and r.batch == 1)
-    assert (16, 32, 32) in fprop  # out_proj
+    fprop = {r.name: (r.m, r.k, r.n) for r in cap.records if r.op == "fprop" and r.batch == 1}
+    assert fprop == {"out_proj": (16, 32, 32), ".in_proj": (16, 32, 96)}
     assert cap.coverage["never_ran"] == []
     with torch.enable_grad():
         total, _ = flop_counter_mm(lambda: mha(x, x, x)[0].sum().backward())

@@ -1,5 +1,5 @@
 """Fault injection on the files the tool reads and writes, and on a multi-process bench's workers:
-a hostile-but-fair user's inputs end in one line that says what to fix (exit 2, as every CLI error),
+a hostile-but-fair user's inputs end in one line that says what to fix (exit 1; 2 for a usage error),
 never a traceback, a wrong number or a lost file. CPU only."""
 
 import json
@@ -66,7 +66,7 @@ def test_cache_never_replaces_a_file_that_does_not_decode(tmp_path, monkeypatch,
     else:
         monkeypatch.setenv("TE_GEMM_CACHE", str(victim))
         code = main(BENCH)
-    assert code == 2
+    assert code == 1
     one_line_error(capsys, f"{victim} is not a te-gemm cache", "give --cache a new path")
     assert victim.read_bytes() == before
 
@@ -103,7 +103,7 @@ def test_bench_json_values_are_refused(tmp_path, capsys, field, value):
     msg = str(e.value)
     assert msg.startswith(f"{run / 'bench.json'}: ") and field in msg and "\n" not in msg
     for cmd in ("report", "plan"):
-        assert main([cmd, str(run)]) == 2
+        assert main([cmd, str(run)]) == 1
         one_line_error(capsys, "bench.json: ", field)
 
 
@@ -128,7 +128,7 @@ def test_hand_edited_capture_fields_are_refused(tmp_path, capsys, where, field, 
     msg = str(e.value)
     assert msg.startswith(f"{path}: ") and field in msg and "\n" not in msg
     for args in (["show", str(path)], ["bench", "--capture", str(path), "--no-cache"]):
-        assert main(args) == 2
+        assert main(args) == 1
         one_line_error(capsys, str(path), field)
 
 
@@ -145,7 +145,7 @@ def test_deep_nesting_is_a_one_line_error(tmp_path, capsys, depth):
     d = json.loads(path.read_text())
     d["meta"]["x"] = "@@"
     path.write_text(json.dumps(d).replace('"@@"', "[" * depth + "]" * depth))
-    assert main(["show", str(path)]) == 2
+    assert main(["show", str(path)]) == 1
     one_line_error(capsys, str(path), f"nested more than {jsonio.MAX_DEPTH} levels deep")
 
 
@@ -155,7 +155,7 @@ def test_reads_are_bounded(tmp_path, monkeypatch, capsys):
     d = json.loads(path.read_text())
     d["meta"]["padding"] = "x" * 2**21
     path.write_text(json.dumps(d))
-    assert main(["show", str(path)]) == 2
+    assert main(["show", str(path)]) == 1
     one_line_error(capsys, str(path), "over the 1 MiB limit")
 
 
@@ -169,7 +169,7 @@ def test_show_dev_zero_stops_at_once():
     t = time.time()
     proc = subprocess.run([sys.executable, "-m", "te_gemm_callback.cli", "show", "/dev/zero"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, preexec_fn=limit)
-    assert proc.returncode == 2 and proc.stderr.strip() == \
+    assert proc.returncode == 1 and proc.stderr.strip() == \
         "te-gemm show: error: /dev/zero is a device, not a file: give the path of a JSON file"
     assert time.time() - t < 60
 
@@ -211,7 +211,7 @@ def test_no_write_through_a_symbolic_link(tmp_path, capsys, no_measuring):
     link.symlink_to(outside)
     with pytest.raises(ValueError, match="it is a symbolic link"):
         bench().save(link)
-    assert main(BENCH + ["--no-cache", "--json", str(link)]) == 2
+    assert main(BENCH + ["--no-cache", "--json", str(link)]) == 1
     one_line_error(capsys, f"refusing to write {link}: it is a symbolic link")
     assert link.is_symlink() and outside.read_bytes() == before
 
@@ -233,7 +233,7 @@ def test_bench_refuses_outputs_of_another_kind_before_measuring(tmp_path, capsys
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
     for flag, needle in (("--json", "not a te-gemm-bench/1 file"), ("-o", "not a PNG figure")):
-        assert main(BENCH + ["--no-cache", flag, str(notes)]) == 2
+        assert main(BENCH + ["--no-cache", flag, str(notes)]) == 1
         one_line_error(capsys, f"refusing to overwrite {notes}", needle)
     assert notes.read_text() == "my notes\n" and no_measuring == []
 
@@ -244,7 +244,7 @@ def test_plan_yaml_replaces_only_its_own_kind(tmp_path, capsys):
     run = run_folder(tmp_path)
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
-    assert main(["plan", str(run), "--yaml", str(notes)]) == 2
+    assert main(["plan", str(run), "--yaml", str(notes)]) == 1
     one_line_error(capsys, f"refusing to overwrite {notes}", "te-gemm plan YAML")
     assert notes.read_text() == "my notes\n"
     assert not (run / "precision_plan.json").exists()  # both targets checked before either is written
@@ -421,7 +421,7 @@ def test_zero_step_times_are_one_line_errors(tmp_path, capsys, which):  # probe 
         s["wall_ms"] = 0
     path.write_text(json.dumps(d))
     for args in (["report", str(run)], ["plan", str(run)]):
-        assert main(args) == 2
+        assert main(args) == 1
         one_line_error(capsys, "wall time of 0 ms")
 
 
@@ -438,11 +438,11 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path, capsys, no_measuring):  # pro
     old = signal.signal(signal.SIGALRM, hung)
     signal.alarm(20)  # before the fix, open() waited for a writer forever
     try:
-        assert main(["show", str(fifo)]) == 2
+        assert main(["show", str(fifo)]) == 1
         one_line_error(capsys, "FIFO")
-        assert main(["report", str(run)]) == 2
+        assert main(["report", str(run)]) == 1
         one_line_error(capsys, "FIFO")
-        assert main(BENCH + ["--cache", str(fifo)]) == 2
+        assert main(BENCH + ["--cache", str(fifo)]) == 1
         one_line_error(capsys, "FIFO")
     finally:
         signal.alarm(0)
@@ -458,7 +458,7 @@ def test_capture_fields_are_cross_checked(tmp_path, capsys, field, value, needle
     path.write_text(json.dumps(d))
     with pytest.raises(ValueError, match=needle):
         GemmCapture.load(path)
-    assert main(["show", str(path)]) == 2
+    assert main(["show", str(path)]) == 1
     one_line_error(capsys, needle)
 
 
@@ -469,7 +469,7 @@ def test_bench_outputs_are_checked_before_measuring(tmp_path, capsys, no_measuri
     if os.access(ro, os.W_OK):  # root writes anywhere: os.access stands in for a read-only folder
         real = os.access
         monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro else real(p, mode))
-    assert main(BENCH + ["--no-cache", "--json", str(ro / "sub" / "b.json")]) == 2
+    assert main(BENCH + ["--no-cache", "--json", str(ro / "sub" / "b.json")]) == 1
     one_line_error(capsys, "--json", "not a writable folder")
     ro.chmod(0o755)
     same = str(tmp_path / "x.json")
@@ -481,7 +481,7 @@ def test_bench_outputs_are_checked_before_measuring(tmp_path, capsys, no_measuri
 
 def test_error_lines_never_echo_escape_sequences(tmp_path, capsys):  # probe fault 22
     bad = tmp_path / "\x1b[31mred\x1b]0;title\x07.json"
-    assert main(["show", str(bad)]) == 2
+    assert main(["show", str(bad)]) == 1
     err = one_line_error(capsys, "?[31mred")
     assert "\x1b" not in err and "\x07" not in err
 

@@ -143,6 +143,23 @@ def test_te_gemms_shapes_passes_precision_and_owner(fake_te):
     assert len(prof.capture.records) == 9 + 3
 
 
+def test_te_owners_carry_no_wrapper_prefix(fake_te):
+    # Activation checkpointing wraps each layer (``_checkpoint_wrapped_module``): the TE GEMMs, the
+    # recompute included, are the layer's, under the name the model gives it.
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    lin, _ = fake_te
+    model = nn.Sequential(checkpoint_wrapper(make_linear(lin, 16, 32)), checkpoint_wrapper(make_linear(lin, 32, 8)))
+    x = torch.randn(4, 16, requires_grad=True)
+    with GemmProfiler(model) as prof:
+        model(x).sum().backward()
+    cap = prof.capture
+    assert {(r.name, r.op) for r in cap.records if not r.recompute} == {
+        (m, op) for m in ("0", "1") for op in ("fprop", "dgrad", "wgrad")}
+    assert {r.module_type for r in cap.records} == {"Linear"}
+    assert cap.coverage["never_ran"] == [] and cap.coverage["gemm_modules"] == 2
+
+
 def test_grouped_gemm_records_m_splits(fake_te):
     _, grouped = fake_te
 

@@ -23,8 +23,10 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
     The window, the step plan inside it and every argument are
     :class:`~te_gemm_callback.schedule.GemmSchedule`'s, in optimizer steps (all micro-batches of
     gradient accumulation are one step). ``output_dir/gemm_capture.json`` is written on the main
-    process (every rank's under ``ranks/`` in a multi-process job); with ``sweep``, each recipe is
-    timed on the job's model once training ends: whole steps on a batch of its training data
+    process (every rank's under ``ranks/`` in a multi-process job), then benchmarked and reported
+    there (``report``); metrics, figures and the verdict table go to the integrations in the job's
+    ``report_to`` (TensorBoard, W&B, MLflow). With ``sweep``, each recipe is timed on the job's model
+    once training ends: whole steps on a batch of its training data
     (forward, backward, clipping to ``max_grad_norm``, the optimizer's step; model, optimizer and
     TE state, gradients and RNG put back), written to ``output_dir/sweep/<recipe>/``, so
     ``te-gemm report output_dir`` gives the verdicts. Nothing here can stop training.
@@ -58,8 +60,14 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
 
     @staticmethod
     def _job(args: Any, state: Any, kwargs: dict, sweep: bool) -> JobStep:
+        from te_gemm_callback.reporting.loggers import hf_logging_dir, to_report_to
+
+        def log(metrics: dict, files: dict) -> None:  # to every integration in the job's report_to
+            to_report_to(args.report_to, hf_logging_dir(args), metrics, files, int(state.global_step))
+
         return JobStep(global_step=int(state.global_step), accumulate=int(args.gradient_accumulation_steps),
-                       writes=bool(state.is_world_process_zero),
+                       writes=bool(state.is_world_process_zero), log_metrics=lambda m: log(m, {}),
+                       log_artifacts=lambda files: log({}, files),
                        sweep=(lambda: _sweep_job(args, kwargs)) if sweep else None)
 
 

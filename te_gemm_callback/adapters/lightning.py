@@ -103,8 +103,14 @@ class GemmProfilerCallback(ScheduleResults, Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
+        def log_artifacts(files: dict) -> None:
+            from te_gemm_callback.reporting.loggers import to_lightning_logger
+
+            for logger in trainer.loggers:
+                to_lightning_logger(logger, files, trainer.global_step)
+
         return JobStep(global_step=int(trainer.global_step), accumulate=int(trainer.accumulate_grad_batches),
-                       writes=trainer.is_global_zero, log_metrics=log_metrics,
+                       writes=trainer.is_global_zero, log_metrics=log_metrics, log_artifacts=log_artifacts,
                        sweep=(lambda: self._sweep_job(trainer)) if self._last_batch is not None else None)
 
     def _sweep_job(self, trainer: Trainer) -> SweepJob:

@@ -182,7 +182,8 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     # multiples of 16 (it asserts "Leading dimension requirement on A for FP8 GEMM"); a module with
     # such a GEMM stays BF16 whatever its bench cell says. Grouped GEMMs' rows are padded per expert
     # by the MoE code under FP8, and the bench times them padded.
-    unsafe = {owner.get(it.name, it.name) for it in items if not fp8_shape_ok(it)}
+    # Only GEMMs a recipe runs can keep a module in BF16: an attention bmm runs in BF16 under every recipe.
+    unsafe = {owner.get(it.name, it.name) for it in items if it.runs_recipe and not fp8_shape_ok(it)}
     for r in recipes:
         times = {m: (None if m in unsafe else t) for m, t in module_times(items, owner, bench, r).items()}
         choices = [ModuleChoice(m, bf16[m], times.get(m), keep_bf16=times.get(m) is None or times[m] >= bf16[m])

@@ -7,6 +7,7 @@ times and the conditions of the run (device, versions).
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.files.jsonio import from_fields, read_schema, write_json
-from te_gemm_callback.shapes import GemmOp, GemmShape
+from te_gemm_callback.shapes import PASS_NAMES, GemmOp, GemmShape
 
 SCHEMA = "te-gemm-capture/1"
+
+log = logging.getLogger("te_gemm_callback")
 
 
 # Calls of one GEMM over the captured steps: far above any job (a million layers x a thousand
@@ -124,6 +127,70 @@ class StepTime:
         return self.gpu_ms if self.gpu_ms is not None else self.wall_ms
 
 
+@dataclass
+class KernelTimeline:
+    """Every kernel of one kernels step, GEMMs and the rest, as the GPU ran them: what a trace
+    viewer shows (:mod:`te_gemm_callback.reporting.trace`).
+
+    ``kernels`` holds one row per kernel, in start order: ``[name, start_us, dur_us, stream, record,
+    call]``: ``name`` an index into ``names`` (each distinct kernel name once: a name is a C++
+    template signature, often hundreds of characters, and a step runs the same few kernels many
+    times), ``start_us`` from the step's start (its marker on the GPU), ``stream`` the CUDA stream
+    or None, and for a GEMM kernel ``call`` (its GEMM call's position in the step's launch order)
+    and ``record`` (the index in the capture's records of the GEMM it joined; None for a GEMM that
+    another adapter counts, and for every kernel that is no GEMM). ``total``: the kernels the step
+    ran; more than the rows where the timeline was cut (``meta.kernel_timeline_cut`` says so).
+    """
+
+    step: int  # index in the capture's steps
+    span_us: float  # from the step's start to its last kernel's end
+    names: list[str]
+    kernels: list[list[Any]]
+    total: int
+
+    ROW = ("name", "start_us", "dur_us", "stream", "record", "call")
+
+    def problem(self, records: int, steps: int) -> str | None:
+        """What makes this timeline not fit a capture of ``records`` records and ``steps`` steps
+        (an index out of range, a row of another length, a negative or non-finite time), or None."""
+        def num(x: Any) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+        def index(x: Any, n: int | None) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and 0 <= x and (n is None or x < n)
+
+        if not index(self.step, steps):
+            return f"step {self.step!r} is not one of the capture's {steps} steps"
+        if not num(self.span_us) or not index(self.total, None) or self.total < len(self.kernels):
+            return "its span or kernel count is damaged"
+        for i, row in enumerate(self.kernels):
+            if not isinstance(row, (list, tuple)) or len(row) != len(self.ROW):
+                return f"kernel {i} is not a row of {len(self.ROW)} ({', '.join(self.ROW)})"
+            name, start, dur, stream, record, call = row
+            if not index(name, len(self.names)) or not num(start) or not num(dur):
+                return f"kernel {i} has a name index past the names, or a negative or non-finite time"
+            if (record is not None and not index(record, records)) or (call is not None and not index(call, None)) \
+                    or (stream is not None and (isinstance(stream, bool) or not isinstance(stream, int))):
+                return f"kernel {i} names a record, call or stream that is not one"
+        return None
+
+    @classmethod
+    def read(cls, d: Any, records: int, steps: int) -> KernelTimeline | None:
+        """The timeline a capture file holds, or None: none there, or one that does not fit the
+        capture, which is dropped with a warning; the capture's own numbers never depend on it."""
+        if d is None:
+            return None
+        try:
+            tl = from_fields(cls, d)
+            why = tl.problem(records, steps)
+        except (TypeError, AttributeError) as err:
+            why = f"{type(err).__name__}: {err}"
+        if why is None:
+            return tl
+        log.warning("te-gemm: the capture's kernel timeline is dropped (%s); the rest of the capture loads", why)
+        return None
+
+
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -141,6 +208,9 @@ class GemmCapture:
     steps: list[StepTime]
     meta: dict[str, Any] = field(default_factory=dict)
     coverage: dict[str, Any] = field(default_factory=dict)
+    # The kernels step's kernels (a joined kernels step on a GPU), else None: CPU jobs, a join that
+    # failed, captures written before the field existed.
+    kernel_timeline: KernelTimeline | None = None
 
     @property
     def num_steps(self) -> int:
@@ -282,6 +352,8 @@ class GemmCapture:
             "steps": [asdict(s) for s in self.steps],
             "records": [asdict(r) for r in self.records],
             "coverage": self.coverage,
+            # Left out when absent: the file stays what older versions wrote.
+            **({"kernel_timeline": asdict(self.kernel_timeline)} if self.kernel_timeline is not None else {}),
         }
 
     def save(self, path: str | Path, root: str | Path | None = None) -> Path:
@@ -301,6 +373,8 @@ class GemmCapture:
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"malformed te-gemm capture: {type(err).__name__}: {err}") from None
         cap.validate()
+        # After the records: a timeline is read against them, and dropped alone where it does not fit.
+        cap.kernel_timeline = KernelTimeline.read(d.get("kernel_timeline"), len(cap.records), len(cap.steps))
         return cap
 
     def validate(self) -> None:
@@ -314,12 +388,14 @@ class GemmCapture:
             check,
         )
 
+        tl = self.kernel_timeline
         check({"records": [vars(r) for r in self.records], "steps": [vars(s) for s in self.steps],
-               "meta": self.meta, "coverage": self.coverage}, CAPTURE_FILE)
+               "meta": self.meta, "coverage": self.coverage,
+               "kernel_timeline": vars(tl) if tl is not None else None}, CAPTURE_FILE)
         for r in self.records:
             if bad(r.m, 0) or bad(r.k, 1) or bad(r.n, 1) or bad(r.batch, 1):
                 raise ValueError(f"GEMM {r.name} {r.op} has impossible dimensions {r.m}x{r.k}x{r.n} (batch {r.batch})")
-            if r.op not in ("fprop", "dgrad", "wgrad"):
+            if r.op not in PASS_NAMES:
                 raise ValueError(f"GEMM {r.name} has an unknown pass {r.op!r}")
             if bad(r.calls, 0) or bad(r.calls_per_step, 0):
                 raise ValueError(f"GEMM {r.name} {r.op} has an impossible call count "

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from te_gemm_callback.capture.scope import bears_gemm, is_te_module
+from te_gemm_callback.capture.scope import bears_gemm, display_names, is_te_module, wrapper_attr
 from te_gemm_callback.printable import plain
 
 log = logging.getLogger("te_gemm_callback")
@@ -29,7 +29,10 @@ def coverage(model: nn.Module, seen: Iterable[str], *, te_watched: bool, torch_w
     a plain ``nn.Linear`` without a dispatch step is not "never ran". ``warn``: one warning each.
     """
     seen = set(seen)
-    gemm = {n: is_te_module(m) for n, m in model.named_modules() if bears_gemm(m)}
+    # Names as the capture shows them (wrapper attributes dropped: scope.display_names).
+    shown = display_names(model)
+    gemm = {shown[n]: is_te_module(m) for n, m in model.named_modules()
+            if bears_gemm(m) and wrapper_attr(m) is None}
     watched = {n for n, te_mod in gemm.items() if (te_watched if te_mod else torch_watched)}
     never_ran = [n for n in gemm if n in watched and n not in seen]
     not_watched = [n for n in gemm if n not in watched]

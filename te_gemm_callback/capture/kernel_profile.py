@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from te_gemm_callback.capture.capture_file import KernelTimeline
 from te_gemm_callback.capture.kernels import (
     breakdown_ms,
     comm_overlap_ms,
@@ -32,24 +33,37 @@ log = logging.getLogger("te_gemm_callback")
 
 @dataclass
 class KernelStep:
-    """Kernels of one profiled step, in start order: (name, start µs, end µs)."""
+    """Kernels of one profiled step, in start order: (name, start µs, end µs).
+
+    ``streams``: the CUDA stream of each kernel, in the same order (empty where the records did not
+    say). ``start``: the step marker's start on the same clock (None without a marker): the GPU
+    reached the step's start there, so the step's kernels are timed from it."""
 
     kernels: list[tuple[str, float, float]] = field(default_factory=list)
+    streams: list[int | None] = field(default_factory=list)
+    start: float | None = None
 
-    def gemm_kernels(self) -> list[tuple[str, float, float]]:
-        """One entry per GEMM call. cuBLAS's split-K GEMMs launch a second kernel that reduces
-        the partial sums (``..._execute_split_k_kernel``, ``splitKreduce_kernel``; H200, fp32
-        nn.Linear backward): it is the tail of the GEMM before it, so its time is added there and
-        it does not count as a GEMM of its own."""
-        out: list[tuple[str, float, float]] = []
-        for k in self.kernels:
+    def gemm_units(self) -> list[list[int]]:
+        """The kernels (indices into ``kernels``) of each GEMM, in launch order. cuBLAS's split-K
+        GEMMs launch a second kernel that reduces the partial sums (``..._execute_split_k_kernel``,
+        ``splitKreduce_kernel``; H200, fp32 nn.Linear backward): it is the tail of the GEMM before
+        it, so it joins that GEMM's unit and does not count as a GEMM of its own."""
+        out: list[list[int]] = []
+        for i, k in enumerate(self.kernels):
             if not is_gemm_kernel(k[0]):
                 continue
             if out and _split_k_tail(k[0]):
-                name, s, e = out[-1]
-                out[-1] = (name, s, e + (k[2] - k[1]))
+                out[-1].append(i)
             else:
-                out.append(k)
+                out.append([i])
+        return out
+
+    def gemm_kernels(self) -> list[tuple[str, float, float]]:
+        """One entry per GEMM (:meth:`gemm_units`): a split-K tail's time is added to its GEMM."""
+        out: list[tuple[str, float, float]] = []
+        for unit in self.gemm_units():
+            name, s, e = self.kernels[unit[0]]
+            out.append((name, s, e + sum(self.kernels[i][2] - self.kernels[i][1] for i in unit[1:])))
         return out
 
     def gemm_ms(self) -> float:
@@ -154,7 +168,8 @@ class KernelProfile:
             torch.cuda.synchronize()
             self.sync_ms = (time.perf_counter() - t0) * 1e3
             prof.__exit__(None, None, None)
-            return split_at_marks(sorted(kernel_intervals(prof), key=lambda k: k[1]), self._marks)
+            records = sorted(kernel_records(prof), key=lambda k: k[1])
+            return split_at_marks([k[:3] for k in records], self._marks, [k[3] for k in records])
         except Exception as err:
             self.error = f"{type(err).__name__}: {err}"
             log.warning("te-gemm: kernel records lost: %s", self.error)
@@ -174,15 +189,41 @@ class KernelProfile:
                 pass
 
 
-def split_at_marks(kernels: list[tuple[str, float, float]], marks: int) -> list[KernelStep]:
+def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, float, int | None]]:
+    """(name, start µs, end µs, stream) of every ``device`` kernel in a finished ``torch.profiler``
+    session: :func:`~te_gemm_callback.capture.kernels.kernel_intervals` with each kernel's stream
+    (Kineto's resource id of a GPU activity: its CUDA stream), read from the same raw records and
+    with the same filter. Where they cannot be read, the parsed events without streams."""
+    try:
+        results = prof.profiler.kineto_results
+        t0 = results.trace_start_ns()
+        out = []
+        for e in results.events():
+            if device not in str(e.device_type()) or getattr(e, "is_hidden_event", lambda: False)():
+                continue
+            stream = e.device_resource_id() if hasattr(e, "device_resource_id") else None
+            out.append((e.name(), (e.start_ns() - t0) / 1e3, (e.start_ns() - t0 + e.duration_ns()) / 1e3, stream))
+        return out
+    except AttributeError:  # another torch: the parsed events, streams unknown
+        return [(n, s, e, None) for n, s, e in kernel_intervals(prof, device)]
+
+
+def split_at_marks(kernels: list[tuple[str, float, float]], marks: int,
+                   streams: list[int | None] | None = None) -> list[KernelStep]:
     """One KernelStep per step marker (kernels in start order; the markers themselves dropped);
-    without markers, one step of everything. Kernels before the first marker (a warm-up step) go."""
+    without markers, one step of everything. Kernels before the first marker (a warm-up step) go.
+    ``streams``: each kernel's stream, in the same order (None: not known), split alike."""
+    st = list(streams) if streams is not None and len(streams) == len(kernels) else []
+
+    def part(a: int, b: int, start: float | None) -> KernelStep:
+        return KernelStep(kernels[a:b], st[a:b] if st else [], start)
+
     if marks == 0:
-        return [KernelStep(kernels)]
+        return [part(0, len(kernels), None)]
     at = [i for i, k in enumerate(kernels) if MARKER in k[0]]
     if len(at) != marks:
         raise RuntimeError(f"{marks} step marker(s) launched, {len(at)} among the {len(kernels)} kernel records")
-    return [KernelStep(kernels[a + 1:b]) for a, b in zip(at, at[1:] + [len(kernels)])]
+    return [part(a + 1, b, kernels[a][1]) for a, b in zip(at, at[1:] + [len(kernels)])]
 
 
 def join_by_order(sequence: list[Any], step: KernelStep,
@@ -199,17 +240,8 @@ def join_by_order(sequence: list[Any], step: KernelStep,
     an event pair around the call would read it. Returns (call, ms) for the counted calls, or None
     when no choice of counts matches."""
     gemms = step.gemm_kernels()
-    if not sequence:
-        return None
-    options = kernels_per_call or [(1,)] * len(sequence)
-    if len(options) != len(sequence):
-        return None
-    depth = max(len(o) for o in options)
-    for choice in range(depth):
-        counts = [o[min(choice, len(o) - 1)] for o in options]
-        if sum(counts) == len(gemms):
-            break
-    else:
+    counts = _call_counts(sequence, len(gemms), kernels_per_call)
+    if counts is None:
         return None
     out: list[tuple[Any, float]] = []
     i = 0
@@ -220,6 +252,72 @@ def join_by_order(sequence: list[Any], step: KernelStep,
             ms = (max(e for _, _, e in group) - min(s for _, s, _ in group)) / 1e3 if group else 0.0
             out.append((call, ms))
     return out
+
+
+def _call_counts(sequence: list[Any], gemms: int,
+                 kernels_per_call: list[tuple[int, ...]] | None) -> list[int] | None:
+    """GEMM kernels per call: the first choice of :func:`join_by_order`'s counts whose total is
+    ``gemms``, or None."""
+    if not sequence:
+        return None
+    options = kernels_per_call or [(1,)] * len(sequence)
+    if len(options) != len(sequence):
+        return None
+    for choice in range(max(len(o) for o in options)):
+        counts = [o[min(choice, len(o) - 1)] for o in options]
+        if sum(counts) == gemms:
+            return counts
+    return None
+
+
+def kernel_calls(sequence: list[Any], step: KernelStep,
+                 kernels_per_call: list[tuple[int, ...]] | None = None) -> list[int | None] | None:
+    """Per kernel of ``step``, the position in ``sequence`` of the GEMM call that launched it, by
+    the same launch-order join as :func:`join_by_order` (a split-K tail, an expert's kernel: its
+    call's position); None for every kernel that is no GEMM. None where the join does not match."""
+    units = step.gemm_units()
+    counts = _call_counts(sequence, len(units), kernels_per_call)
+    if counts is None:
+        return None
+    out: list[int | None] = [None] * len(step.kernels)
+    u = 0
+    for call, n in enumerate(counts):
+        for unit in units[u:u + n]:
+            for i in unit:
+                out[i] = call
+        u += n
+    return out
+
+
+# Kernels a timeline keeps: a step of a large MoE model runs a few thousand; each kernel costs about
+# 70 bytes in the capture file, so a timeline at the cap adds under 1.5 MB.
+MAX_TIMELINE_KERNELS = 20_000
+# Kernel names are C++ template signatures, some thousands of characters long; the start names the
+# kernel, the rest are its template arguments.
+MAX_KERNEL_NAME = 500
+
+
+def kernel_timeline(index: int, step: KernelStep, calls: list[int | None], sequence: list[Any],
+                    record_of: dict[Any, int], limit: int = MAX_TIMELINE_KERNELS) -> KernelTimeline:
+    """The timeline of kernels step ``index``: every kernel (at most ``limit``, the first by start)
+    with its start and duration in µs from the step's start, its stream, and for a GEMM kernel its
+    call's position (``calls``: :func:`kernel_calls`) and the record that call was grouped into
+    (``record_of``: the key of a call in ``sequence`` -> index in the capture's records)."""
+    ks = step.kernels
+    t0 = step.start if step.start is not None else min((s for _, s, _ in ks), default=0.0)
+    # No kernel starts before the marker in start order; a clock that says otherwise is held at 0.
+    t0 = min([t0, *(s for _, s, _ in ks)])
+    names: dict[str, int] = {}
+    rows: list[list[Any]] = []
+    for i, (name, s, e) in enumerate(ks[:limit]):
+        at = names.setdefault(name[:MAX_KERNEL_NAME], len(names))
+        call = calls[i]
+        key = sequence[call] if call is not None else None
+        rows.append([at, round(s - t0, 3), round(max(e - s, 0.0), 3),
+                     step.streams[i] if i < len(step.streams) else None,
+                     record_of.get(key) if key is not None else None, call])
+    span = max((e for _, _, e in ks), default=t0) - t0
+    return KernelTimeline(step=index, span_us=round(span, 3), names=list(names), kernels=rows, total=len(ks))
 
 
 def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
@@ -265,4 +363,4 @@ def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...
 
 
 __all__ = ["KernelProfile", "KernelStep", "join_by_order", "join_records", "breakdown_meta", "split_at_marks",
-           "MARKER"]
+           "kernel_calls", "kernel_records", "kernel_timeline", "MARKER", "MAX_TIMELINE_KERNELS"]

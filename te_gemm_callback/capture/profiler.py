@@ -39,7 +39,9 @@ class GemmProfiler(CaptureResults, StepBoundaries):
     Profiled steps follow a :class:`StepPlan` (docs/step-plan.md): instrumented steps (shapes,
     owners, precisions), on CUDA a kernels warm-up, a kernels step (per-GEMM GPU time) and a settle
     step, then clean steps with nothing attached, whose times are the step times. Each
-    :class:`StepTime` in the capture says which kind it was.
+    :class:`StepTime` in the capture says which kind it was. The kernels step's kernels, GEMMs named
+    by the records they joined, stay in the capture as ``kernel_timeline``
+    (:func:`te_gemm_callback.reporting.trace.write_trace` draws it as a Perfetto trace).
 
     Steady state only (:mod:`.steady`): a ``torch.compile`` model first runs "compile" steps with
     nothing attached until a step runs with no compilation (dynamo's counters); its instrumented

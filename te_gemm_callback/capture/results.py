@@ -11,9 +11,15 @@ from typing import Any
 
 import torch
 
-from te_gemm_callback.capture.capture_file import GemmCapture, StepTime, aggregate
+from te_gemm_callback.capture.capture_file import GemmCapture, KernelTimeline, StepTime, aggregate
 from te_gemm_callback.capture.coverage import coverage
-from te_gemm_callback.capture.kernel_profile import breakdown_meta, join_records
+from te_gemm_callback.capture.kernel_profile import (
+    MAX_TIMELINE_KERNELS,
+    breakdown_meta,
+    join_records,
+    kernel_calls,
+    kernel_timeline,
+)
 from te_gemm_callback.capture.profiler_state import ProfilerState
 from te_gemm_callback.capture.steady import assess, graphs_compiled
 from te_gemm_callback.capture.step_plan import CLEAN, INSTRUMENTED, KERNELS, PARTIAL, SETTLE
@@ -75,16 +81,40 @@ class CaptureResults(ProfilerState):
             meta["kernel_session_ms"] = dict(self._session_ms)
         if kernel_steps := self._kernel_steps():
             meta.update(breakdown_meta(list(kernel_steps.values())))
-        return GemmCapture(records=records, steps=steps, meta=meta, coverage=self._coverage(records))
+        timeline = self._timeline(records)
+        if timeline is not None and timeline.total > len(timeline.kernels):
+            meta["kernel_timeline_cut"] = (f"the kernels step ran {timeline.total} kernels; its timeline keeps the "
+                                           f"first {len(timeline.kernels)} by start")
+        return GemmCapture(records=records, steps=steps, meta=meta, coverage=self._coverage(records),
+                           kernel_timeline=timeline)
+
+    def _join_ref(self) -> tuple[list, list[tuple[int, ...]] | None]:
+        """The reference instrumented step's GEMM calls (the last one that ran the dispatch mode: it
+        saw every GEMM), in launch order, and the kernel counts each may have launched."""
+        ref_ids = self._step_ids(lambda s: s.dispatch) or self._step_ids(
+            lambda s: s.kind == INSTRUMENTED and not s.order_failed)
+        if not ref_ids:
+            return [], None
+        return self.recorder.sequences.get(ref_ids[-1], []), self.recorder.kernel_counts.get(ref_ids[-1])
+
+    def _timeline(self, records: list) -> KernelTimeline | None:
+        """The first kernels step whose kernels joined the captured GEMMs, as a timeline: its GEMM
+        kernels named by the records they joined, beside every other kernel of the step. None
+        where no step joined (no kernels step, a compiled model, counts that did not match)."""
+        ref, counts = self._join_ref()
+        if not ref or self._eager_compiled.modules:  # nothing to name GEMMs by, or no launch-order join
+            return None
+        record_of = {r.key(): j for j, r in enumerate(records)}
+        for i, ks in sorted(self._kernel_steps().items()):
+            calls = kernel_calls(ref, ks, counts)
+            if calls is not None:
+                return kernel_timeline(i, ks, calls, ref, record_of, MAX_TIMELINE_KERNELS)
+        return None
 
     def _join_kernels(self, records: list) -> dict[str, Any]:
         """Per-GEMM kernel times from the kernels steps, joined by launch order to the reference
         instrumented step (the last one that ran the dispatch mode: it saw every GEMM)."""
-        seqs = self.recorder.sequences
-        ref_ids = self._step_ids(lambda s: s.dispatch) or self._step_ids(
-            lambda s: s.kind == INSTRUMENTED and not s.order_failed)
-        ref = seqs.get(ref_ids[-1], []) if ref_ids else []
-        counts = self.recorder.kernel_counts.get(ref_ids[-1]) if ref_ids else None
+        ref, counts = self._join_ref()
         source = self.recorder.timer.kind if any(r.times_ms for r in records) else "none"
         out: dict[str, Any] = {"gemm_time_source": source}
         if not ref:
@@ -141,6 +171,6 @@ class CaptureResults(ProfilerState):
             "dynamo_graphs": graphs_compiled() if compiled else None,
             # CUDA graphs: these modules replay a graph on kernels and clean steps; their GEMMs
             # were captured from their eager forward on the instrumented steps.
-            "graphed_modules": sorted(self._eager.graphed),
+            "graphed_modules": sorted(self.scope.shown.get(n, n) for n in self._eager.graphed),  # as owners read
             "clocks_during_capture": self._clocks.summary() if self._clocks is not None else None,
         }

@@ -11,6 +11,13 @@ the owner of every backward GEMM is exact. Inner modules return first, so a node
 the innermost module that created it. "Created during this forward" is decided by autograd's
 sequence numbers (per thread, increasing): a node numbered below the next number when the
 forward began already existed (a parent's earlier op, which a child's output may lead back to).
+
+Names: a module is shown by its qualified name in the model the user wrote, without the
+attributes through which wrappers hold it (``torch.compile``'s ``_orig_mod``, DDP's ``module``,
+FSDP's ``_fsdp_wrapped_module``, activation checkpointing's ``_checkpoint_wrapped_module``): the
+same layer has the same name whether the job compiles or distributes the model or not. Only the
+wrapper's own attribute is dropped, decided by the wrapper's type; a submodule a user named
+``module`` keeps its name.
 """
 
 from __future__ import annotations
@@ -43,6 +50,48 @@ def bears_gemm(m: nn.Module) -> bool:
     if is_te_module(m):
         return any(p.dim() >= 2 for _, p in m.named_parameters(recurse=False))
     return any(p.dim() >= 3 for _, p in m.named_parameters(recurse=False))
+
+
+# Wrapper class (any class of that name defined in torch, or a subclass of one) -> the attribute
+# under which it holds the module it wraps. ActivationWrapper is the base of checkpoint_wrapper's
+# CheckpointWrapper and OffloadWrapper.
+_WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module", "DataParallel": "module",
+             "FullyShardedDataParallel": "_fsdp_wrapped_module", "ActivationWrapper": "_checkpoint_wrapped_module"}
+
+
+def wrapper_attr(module: nn.Module) -> str | None:
+    """The attribute under which ``module`` wraps another, if it is one of torch's wrappers."""
+    for cls in type(module).__mro__:
+        attr = _WRAPPERS.get(cls.__name__)
+        if attr is not None and cls.__module__.startswith("torch.") and attr in module._modules:
+            return attr
+    return None
+
+
+def display_names(model: nn.Module) -> dict[str, str]:
+    """Qualified name in ``model`` -> the name shown (wrapper attributes dropped). A wrapper and the
+    module it wraps get one name. Example: for ``torch.compile(net)``, ``"_orig_mod.fc1"`` -> ``"fc1"``."""
+    modules: dict[str, nn.Module] = {}
+    shown: dict[str, str] = {}
+    for raw, m in model.named_modules():  # pre-order: a parent comes before its children
+        modules[raw] = m
+        parent, _, attr = raw.rpartition(".")
+        if not raw:
+            shown[raw] = ""
+        elif wrapper_attr(modules[parent]) == attr:
+            shown[raw] = shown[parent]
+        else:
+            shown[raw] = f"{shown[parent]}.{attr}" if shown[parent] else attr
+    return shown
+
+
+def shown_param_name(shown: dict[str, str], raw: str) -> str:
+    """A parameter's qualified name (``named_parameters``) with its module's name as shown."""
+    module, dot, attr = raw.rpartition(".")
+    if not dot:
+        return raw
+    mod = shown.get(module, module)
+    return f"{mod}.{attr}" if mod else attr
 
 
 def te_ops_owners(modules: dict[str, nn.Module]) -> dict[int, tuple[str, str]]:
@@ -111,8 +160,13 @@ class ModuleScope:
 
     def __init__(self, model: nn.Module, on_error: Callable[[BaseException], None]) -> None:
         self.model = model
-        self.names: dict[int, str] = {id(m): n for n, m in model.named_modules()}
-        self.modules: dict[str, nn.Module] = {n: m for n, m in model.named_modules()}
+        # Names as shown (display_names): a wrapper and the module it wraps share one, which
+        # stands for the wrapped module (pre-order: it comes later and takes the entry).
+        self.shown: dict[str, str] = display_names(model)
+        raw_modules = dict(model.named_modules())
+        self.names: dict[int, str] = {id(m): self.shown[n] for n, m in raw_modules.items()}
+        self.modules: dict[str, nn.Module] = {self.shown[n]: m for n, m in raw_modules.items()}
+        self.raw_names: dict[str, str] = {self.shown[n]: n for n in raw_modules}
         # Modules inside a TE module: their aten GEMMs belong to the TE adapter, never counted twice.
         te_names = {n for n, m in self.modules.items() if is_te_module(m)}
         self.te_scoped: set[str] = {n for n in self.modules if self._has_te_ancestor(n, te_names)}
@@ -171,8 +225,10 @@ class ModuleScope:
         """Hook every module, or only ``names``. A leaf owner's tag walk covers the one or two
         autograd nodes its forward made; hooking a parent would walk all of its children's."""
         chosen = None if names is None else set(names)
-        for name, module in self.model.named_modules():
-            if chosen is not None and name not in chosen:
+        for raw, module in self.model.named_modules():
+            name = self.shown[raw]
+            # A wrapper runs no GEMM of its own: the module it wraps, under the same name, is hooked.
+            if (chosen is not None and name not in chosen) or wrapper_attr(module) is not None:
                 continue
             # Hook objects, not closures: a deepcopy or pickle of the model gets inert ones (guards.py).
             self._handles.append(register(module, _Pre(self, name)))
@@ -228,6 +284,16 @@ class ModuleScope:
 
     def module(self, name: str | None) -> nn.Module | None:
         return self.modules.get(name) if name is not None else None
+
+    def param_name(self, raw: str) -> str:
+        """A parameter's qualified name in the model, as shown (wrapper attributes dropped)."""
+        return shown_param_name(self.shown, raw)
+
+    def param_name_in(self, module_name: str, rel: str) -> str:
+        """The shown name of parameter ``rel`` (as ``named_parameters`` of the module shown as
+        ``module_name`` names it)."""
+        raw_module = self.raw_names.get(module_name, module_name)
+        return self.param_name(f"{raw_module}.{rel}" if raw_module else rel)
 
     def ops_owner(self, depth: int = 12) -> str | None:
         """The te.ops op running the GEMM now, read from the calling frames: the basic linear op

@@ -5,17 +5,28 @@ nn.Linear, F.linear, HF's Conv1D (addmm with a (in, out) weight), einsum layers 
 all end in the ops below. The mode costs Python dispatch on every aten op of the step, so the
 profiler runs it only on the steps chosen for shape discovery (what it costs: docs/step-plan.md).
 
-Pass of a backward GEMM: autograd's mm backward computes ``grad @ W^T`` (dgrad, one operand is the
-weight) and ``X^T @ grad`` (wgrad, no weight operand). A weight is recognised by its storage: a
-parameter, a view of one, or a cast of one (torch.autocast copies the weight once per forward).
-GEMMs with no weight at all (attention's QK^T in eager code) are told apart by shape against the
-module's forward GEMMs (dgrad = M x N x K, wgrad = K x M x N).
+Pass and owner of a backward GEMM: each forward GEMM made an autograd node (its sequence number is
+the one autograd handed out just before the GEMM reached this mode), and the backward GEMMs run
+inside that node, so the forward GEMM they belong to is known exactly: its owner, its shape, and
+its operands. The operand a backward GEMM reuses says which gradient it computes: ``dC B^T`` reads
+B and computes A's gradient, ``A^T dC`` reads A and computes B's. For a linear layer (B is the
+weight) these are dgrad and wgrad; for a GEMM with no weight (attention's ``Q K^T`` and ``P V``,
+an einsum of two activations) dgrad_a and dgrad_b (shapes.py): no weight, no "wgrad". Where the
+node is unknown (a custom Function's backward) or reused storages cannot tell, sizes decide
+against the forward GEMMs the module ran (gradient of A = M x N x K, of B = K x M x N).
+
+A weight is recognised by its storage: a parameter, a view of one, or a cast of one
+(torch.autocast copies the weight once per forward). Whose GEMM it is: the module running, except
+where a module hands a submodule's weight to a functional call (``nn.MultiheadAttention`` gives
+``out_proj.weight`` to ``F.multi_head_attention_forward``): that submodule owns it. Inside
+MultiheadAttention the input projection is named by its weight (``attn.in_proj``, or
+``q_proj``/``k_proj``/``v_proj`` with separate weights).
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -41,6 +52,28 @@ _CASTS = {op for op in (_op("_to_copy"), _op("clone"), _op("contiguous")) if op 
 # never as the mm/addmm/bmm above: seen here, they say why the capture holds no torch GEMMs.
 _INFERENCE_COMPOSITES = {op for op in (_op("linear"), _op("matmul"), _op("einsum")) if op is not None}
 _WATCHED = _CASTS | _INFERENCE_COMPOSITES
+# The GEMMs autograd makes a node for (a derivative formula of their own); _scaled_mm has none.
+_DIFFERENTIABLE = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm"}
+# nn.MultiheadAttention's input-projection weights (packed, or separate when kdim/vdim differ) ->
+# the sub-GEMM they name.
+_MHA_PROJ = {"in_proj_weight": "in_proj", "q_proj_weight": "q_proj", "k_proj_weight": "k_proj",
+             "v_proj_weight": "v_proj"}
+
+
+class ForwardGemm(NamedTuple):
+    """A forward GEMM as its backward GEMMs need it: who owns it, its shape, and its operands."""
+
+    module: str | None  # the owner it was recorded under
+    gemm: str  # its sub-GEMM label
+    shape: GemmShape  # fprop, as recorded (m x k x n, batch)
+    a: int | None  # storage of its left operand
+    b: int | None  # storage of its right operand
+    weighted: bool  # an operand was a weight: a linear layer's (dgrad, wgrad), else (dgrad_a, dgrad_b)
+
+
+def _under(name: str, parent: str) -> bool:
+    """Whether module ``name`` is strictly inside module ``parent``."""
+    return name != parent and (not parent or name.startswith(parent + "."))
 
 
 def _storage_key(t: Any) -> int | None:
@@ -81,8 +114,14 @@ class GemmDispatchMode(TorchDispatchMode):
         self.param_storages: dict[int, str] = {}
         self.casts: dict[int, tuple[weakref.ref, str]] = {}
         self.refresh_params()
-        # Forward shapes of each module this step, to tell dgrad from wgrad without a weight.
-        self.forward_shapes: dict[str | None, set[GemmShape]] = {}
+        # Forward GEMMs of each module this step (by the module running), for backward GEMMs whose
+        # node is unknown: fprop shape -> its ForwardGemm.
+        self.forward_shapes: dict[str | None, dict[GemmShape, ForwardGemm]] = {}
+        # Forward GEMMs of this step by the sequence number of the autograd node each made.
+        self.nodes: dict[int, ForwardGemm] = {}
+        self._nodes_step = -1
+        # Without the sequence-number getter (older torch) nodes are not known: sizes decide.
+        self._next_seq = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
         self.te_forward: set[tuple[int, int, int, int]] = set()  # aten GEMMs inside TE modules
 
     @classmethod
@@ -95,7 +134,8 @@ class GemmDispatchMode(TorchDispatchMode):
         return True
 
     def refresh_params(self) -> None:
-        self.param_storages = {k: n for n, p in self.recorder.scope.model.named_parameters()
+        scope = self.recorder.scope
+        self.param_storages = {k: scope.param_name(n) for n, p in scope.model.named_parameters()
                                if (k := _storage_key(p)) is not None}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -140,7 +180,7 @@ class GemmDispatchMode(TorchDispatchMode):
         module = self.recorder.scope.module(module_name)
         for n, q in (module.named_parameters() if module is not None else ()):
             if q is p:
-                return f"{module_name}.{n}" if module_name else n
+                return self.recorder.scope.param_name_in(module_name or "", n)
         return None
 
     def _current_params(self, module_name: str | None) -> set[int]:
@@ -166,14 +206,34 @@ class GemmDispatchMode(TorchDispatchMode):
         return True
 
     def is_weight(self, t: Any, module_name: str | None = None) -> bool:
+        return self.weight_name(t, module_name) is not None
+
+    def weight_name(self, t: Any, module_name: str | None = None) -> str | None:
+        """The (shown) name of the parameter ``t`` is, a view of, or a cast of; "" for a parameter
+        the module holds now under no name we know (FSDP2's all-gathered weight); None for an
+        activation."""
         key = _storage_key(t)
         if key is None:
-            return False
+            return None
         name = self.param_storages.get(key) or (self.casts[key][1] if self._live_cast(key) else None)
         if name is not None:
             self.recorder.scope.weights_used.add(name.rpartition(".")[0])
-            return True
-        return key in self._current_params(module_name)
+            return name
+        return "" if key in self._current_params(module_name) else None
+
+    def _owner(self, module_name: str | None, weight: str | None) -> tuple[str | None, str]:
+        """(owner, sub-GEMM) of a forward GEMM run while ``module_name``'s forward runs with weight
+        ``weight``: a submodule whose weight its parent hands to a functional call owns the GEMM
+        (MultiheadAttention's out_proj); MultiheadAttention's input projection is its ``in_proj``."""
+        if not weight or module_name is None:
+            return module_name, ""
+        holder, _, attr = weight.rpartition(".")
+        if _under(holder, module_name):
+            return holder, ""
+        if holder == module_name and attr in _MHA_PROJ and \
+                isinstance(self.recorder.scope.module(module_name), nn.MultiheadAttention):
+            return module_name, _MHA_PROJ[attr]
+        return module_name, ""
 
     def _before(self, name: str, args: tuple, kwargs: dict) -> Any:
         rec = self.recorder
@@ -196,21 +256,33 @@ class GemmDispatchMode(TorchDispatchMode):
                 m_splits = splits_from_offs(offs)
             else:  # reading device memory now would sync inside the step: resolve later
                 m_splits = rec.defer_copy(offs)
-        operands = [x for x in args if isinstance(x, torch.Tensor) and x.dim() >= 2][:2]
-        has_weight = any(self.is_weight(x, module_name) for x in operands)
+        a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+        operands = [x for x in (a, b) if isinstance(x, torch.Tensor)]
+        weights = [self.weight_name(x, module_name) for x in operands]
+        has_weight = any(w is not None for w in weights)
         backward = not in_fwd and rec.in_backward()
-        op = GemmOp.FPROP
+        shape = GemmShape(m, k, n, batch=batch)
         if backward:
-            op, m, k, n = self._backward_op(module_name, GemmShape(m, k, n, GemmOp.DGRAD, batch), has_weight)
+            owner, gemm, op, (m, k, n) = self._backward(module_name, shape, operands, has_weight)
         else:
-            self.forward_shapes.setdefault(module_name, set()).add(GemmShape(m, k, n, batch=batch))
+            owner, gemm = self._owner(module_name, next((w for w in weights if w), None))
+            fwd = ForwardGemm(owner, gemm, shape, _storage_key(a), _storage_key(b), has_weight)
+            self.forward_shapes.setdefault(module_name, {}).setdefault(shape, fwd)
+            if self._next_seq is not None and name in _DIFFERENTIABLE and torch.is_grad_enabled() and \
+                    any(x.requires_grad for x in operands):
+                if rec.step != self._nodes_step:  # the nodes of earlier steps have run their backward
+                    self.nodes.clear()
+                    self._nodes_step = rec.step
+                # Autograd made this GEMM's node just before dispatching it here: the latest number.
+                self.nodes[self._next_seq() - 1] = fwd
+            op = GemmOp.FPROP
         if isinstance(m_splits, tuple):
             m = sum(m_splits) if op is not GemmOp.WGRAD else m
             k = sum(m_splits) if op is GemmOp.WGRAD else k
         dtypes = "+".join(dict.fromkeys(_DTYPES.get(x.dtype, str(x.dtype)) for x in operands))
-        module = rec.scope.module(module_name)
+        module = rec.scope.module(owner)
         site = rec.site(
-            module=module_name or "", gemm="", op=op, m=m, k=k, n=n, batch=batch, precision=dtypes,
+            module=owner or "", gemm=gemm, op=op, m=m, k=k, n=n, batch=batch, precision=dtypes,
             operands=tuple(f"Tensor[{x.dtype}]" for x in operands), source="torch",
             kernel=f"aten.{name}", module_type=type(module).__name__ if module is not None else "")
         return rec.begin(site, in_fwd and rec.in_backward(), m_splits)
@@ -221,21 +293,49 @@ class GemmDispatchMode(TorchDispatchMode):
                 return True
         return False
 
-    def _backward_op(self, module_name: str | None, shape: GemmShape,
-                     has_weight: bool) -> tuple[GemmOp, int, int, int]:
-        """Pass of a backward GEMM and its shape in the package convention.
+    def _backward(self, module_name: str | None, raw: GemmShape, operands: list[torch.Tensor],
+                  has_weight: bool) -> tuple[str | None, str, GemmOp, tuple[int, int, int]]:
+        """(owner, sub-GEMM, pass, shape in the package convention) of a backward GEMM.
 
-        Autograd may compute a gradient transposed (dW^T = X^T dY for ``mm(X, W.t())``, dW for
-        addmm): FLOPs are the same, so the shape is written the canonical way (shapes.py).
-        """
-        raw = (shape.m, shape.k, shape.n)
-        for f in self.forward_shapes.get(module_name, ()):
-            if f.batch != shape.batch:
-                continue
-            dgrad, wgrad = backward_shapes(f)
-            d, w = (dgrad.m, dgrad.k, dgrad.n), (wgrad.m, wgrad.k, wgrad.n)
-            if not has_weight and raw in (w, w[::-1]):
-                return (GemmOp.WGRAD, *w)
-            if raw in (d, d[::-1]):
-                return (GemmOp.DGRAD, *d)
-        return (GemmOp.DGRAD if has_weight else GemmOp.WGRAD, *raw)
+        The forward GEMM whose node runs it gives owner and pass; failing that (no node known), the
+        forward GEMMs the owning module ran, by sizes. Autograd may compute a 2-D gradient
+        transposed (dW^T = X^T dY for ``mm(X, W.t())``, dW for addmm): FLOPs are the same, so the
+        shape is written the canonical way (shapes.py)."""
+        node = torch._C._current_autograd_node() if self.nodes else None
+        fwd = self.nodes.get(node._sequence_nr()) if node is not None else None
+        if fwd is not None and fwd.shape.batch == raw.batch:
+            keys = {_storage_key(x) for x in operands}
+            reads_a, reads_b = fwd.a in keys, fwd.b in keys
+            # The operand it reads is not the one whose gradient it computes (dA = dC B^T reads B).
+            grad_of = ("b" if reads_a else "a") if reads_a != reads_b else None
+            found = _pass(raw, fwd, has_weight, grad_of)
+            if found is not None:
+                return (fwd.module, fwd.gemm, *found)
+        for fwd in self.forward_shapes.get(module_name, {}).values():
+            if fwd.shape.batch == raw.batch and (found := _pass(raw, fwd, has_weight, None)) is not None:
+                return (fwd.module, fwd.gemm, *found)
+        # Nothing to match: a GEMM with a weight computes an input's gradient, one without most
+        # likely a linear layer's weight gradient (a custom Function's backward).
+        return module_name, "", GemmOp.DGRAD if has_weight else GemmOp.WGRAD, (raw.m, raw.k, raw.n)
+
+
+def _pass(raw: GemmShape, fwd: ForwardGemm, has_weight: bool,
+          grad_of: str | None) -> tuple[GemmOp, tuple[int, int, int]] | None:
+    """Pass and canonical shape of backward GEMM ``raw`` if its sizes fit forward GEMM ``fwd``, else
+    None. ``grad_of``: the input whose gradient it computes, where its operands told ("a", "b")."""
+    da, db = backward_shapes(fwd.shape, weight=fwd.weighted)
+    d, w = (da.m, da.k, da.n), (db.m, db.k, db.n)
+    got = (raw.m, raw.k, raw.n)
+    flip = raw.batch == 1  # mm's backward may run transposed; bmm's never does
+    is_d = got == d or (flip and got == d[::-1])
+    is_w = got == w or (flip and got == w[::-1])
+    if is_d and is_w:  # sizes alone cannot tell (square products)
+        if grad_of is not None:
+            return (da.op, d) if grad_of == "a" else (db.op, w)
+        # A linear layer's GEMM that reads the weight computes the input's gradient.
+        return (da.op, d) if has_weight or not fwd.weighted else (db.op, w)
+    if is_w and not (fwd.weighted and has_weight):  # a weight gradient never reads the weight
+        return db.op, w
+    if is_d:
+        return da.op, d
+    return None

@@ -7,6 +7,52 @@ import argparse
 import os
 
 
+class UsageError(ValueError):
+    """A command line that cannot work as given (flags that contradict each other, a value no run
+    could use): exit 2, as argparse's own refusals. Any other ValueError or OSError is a failure of
+    the run or its inputs (a bad run folder, a file of another kind): exit 1."""
+
+
+EXIT_CODES = """exit codes:
+  0    done
+  1    the run or its inputs failed: a bad run folder or input file, an output that would replace a file of \
+another kind, every measurement failed
+  2    a usage error: a bad flag, value or combination of flags (as argparse refuses them); nothing measured or \
+written
+  130  interrupted: Ctrl-C, or SIGTERM during a multi-GPU bench"""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help says its default: ``(default: X)`` from the parser unless the help
+    already says it, ``(required)`` for a required option, on/off for a flag. Descriptions and
+    epilogs keep their lines (the exit codes are a list), each wrapped to the terminal."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or "(required" in text or action.default is argparse.SUPPRESS or \
+                not action.option_strings:
+            return text
+        if action.required:
+            return f"{text} (required)"
+        if action.default is None:
+            return f"{text} (default: none)"
+        if isinstance(action.default, bool):  # store_true, --x/--no-x
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        return f"{text} (default: %(default)s)"
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import re
+        import textwrap
+
+        lines = []
+        for line in text.splitlines():
+            item = re.match(r"\s+\S+\s+", line)  # an indented list item ("  1    what"): wrap under its text
+            lead, hang = line[:len(line) - len(line.lstrip())], " " * item.end() if item else ""
+            lines.append(textwrap.fill(line.strip(), width, initial_indent=indent + lead,
+                                       subsequent_indent=indent + hang) if line.strip() else "")
+        return "\n".join(lines)
+
+
 def _int(text: str, least: int, what: str) -> int:
     # ASCII digits only: int() takes other scripts' digits but not, say, superscripts ("²").
     t = text.strip()
@@ -69,6 +115,34 @@ def _check_writable_folder(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: cannot write in {d} (not a writable folder)")
 
 
+def parse_precisions(text: str | None) -> list[str] | None:
+    """``--precisions`` of bench and run, checked the one way before anything is read or measured:
+    a usage error (exit 2) for an empty entry, an unknown name, or "FP8" alone; None: not given."""
+    if text is None:
+        return None
+    from te_gemm_callback.precisions import parse_recipes  # torch-free
+
+    try:
+        return parse_recipes(text)
+    except ValueError as err:
+        raise UsageError(f"--precisions: {err}") from None
+
+
+def _modes(text: str) -> list[str]:
+    from te_gemm_callback.microbench.cells import MODES  # torch-free
+
+    modes = [m.strip() for m in text.split(",")]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"expected comma-separated modes among {', '.join(MODES)}, got {text!r}")
+    return [m for m in MODES if m in modes]  # the order the tables and figures use
+
+
+def _limit(text: str) -> int | None:
+    """Rows to print: a positive count, or 0 for every row (None)."""
+    return _int(text, 0, "a row count (0: every row)") or None
+
+
 def _devices(text: str) -> int | str:
     return "all" if text == "all" else _positive(text)
 
@@ -94,6 +168,6 @@ def check_bench_outputs(a: argparse.Namespace) -> None:
         other = next((f for f, q in outs[:i] if os.path.abspath(os.path.expanduser(q)) ==
                       os.path.abspath(os.path.expanduser(path))), None)
         if other:  # one would overwrite the other after minutes of measuring
-            raise ValueError(f"{flag} and {other} name the same file {path}: give two paths")
+            raise UsageError(f"{flag} and {other} name the same file {path}: give two paths")
         if flag != "--cache":
             _check_writable_folder(flag, path)

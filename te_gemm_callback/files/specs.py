@@ -81,16 +81,30 @@ CAPTURE_META = Dict({
     "world_size": Int(least=1, null=True), "accumulate_grad_batches": Int(least=1, null=True),
     "sweep_rounds": Dict({"rounds": Int(least=0), "stopped": Str(), "min_rounds": Int(least=0),
                           "budget_s": Num(least=0), "target": Num(least=0)}, null=True),
-    "sweep_step": Str(null=True), "warnings": List(Str(), null=True), "run_id": Str(null=True)}, null=True)
+    "sweep_step": Str(null=True), "warnings": List(Str(), null=True), "run_id": Str(null=True),
+    "kernel_timeline_cut": Str(null=True)}, null=True)
+# The kernels step's kernels (capture_file.KernelTimeline), optional: older captures have none. Types
+# only: indices and times are checked against the capture on load, and a timeline that does not fit
+# is dropped alone (the capture's numbers never come from it).
+CAPTURE_TIMELINE = Dict({
+    "step": Int(), "span_us": Num(finite=False), "names": List(Str()),
+    "kernels": List(List(Num(null=True, finite=False))), "total": Int()}, null=True)
 CAPTURE_FILE = Dict({
     "records": List(CAPTURE_RECORD), "steps": List(CAPTURE_STEP), "meta": CAPTURE_META,
-    "coverage": Dict({"never_ran": List(Str()), "not_watched": List(Str()), "error": Str(null=True)}, null=True)},
+    "coverage": Dict({"never_ran": List(Str()), "not_watched": List(Str()), "error": Str(null=True)}, null=True),
+    "kernel_timeline": CAPTURE_TIMELINE},
     required=("records", "steps"))
 
-# One bench cell (bench/cells.py BenchResult), in bench.json and in the cache.
+# Every pass name (shapes.PASS_NAMES; written out here, since shapes imports this package): a
+# linear layer's three, and the two input gradients of a GEMM without a weight.
+PASS_NAMES = ("fprop", "dgrad", "wgrad", "dgrad_a", "dgrad_b")
+
+# One bench cell (microbench/cells.py BenchResult), in bench.json and in the cache. ``batch``: a
+# batched GEMM's independent products (absent in files written before batched cells: 1).
 BENCH_RESULT = Dict({
     "m": Int(least=0, most=MAX_DIM), "k": Int(least=1, most=MAX_DIM), "n": Int(least=1, most=MAX_DIM),
-    "op": Str(choices=("fprop", "dgrad", "wgrad")), "precision": Str(), "mode": Str(),
+    "batch": Int(least=1, most=MAX_DIM),
+    "op": Str(choices=PASS_NAMES), "precision": Str(), "mode": Str(),
     "m_splits": List(Int(least=0, most=MAX_DIM), null=True), "median_ms": Num(above=0, null=True),
     "q1_ms": _MS, "q3_ms": _MS, "iters": Int(least=0), "tflops": _MS, "peak_fraction": _MS,
     "error": Str(null=True), "backend": Str(), "padded_m_splits": List(Int(least=0, most=MAX_DIM), null=True),

@@ -63,7 +63,7 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
     else:
         raise ValueError("bench() takes a GemmCapture or its path, a ModelConfig, 'MxKxN,...' shapes, or GemmShapes")
     if not items:
-        raise ValueError("nothing to benchmark: the source holds no weight GEMMs")
+        raise ValueError("nothing to benchmark: the source holds no GEMMs")
     rc = ResultCache(enabled=False) if cache is False else ResultCache(None if cache is True else cache)
     recipes = list(recipes or RECIPES)
     if devices > 1:

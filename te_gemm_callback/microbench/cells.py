@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +50,63 @@ def gemm_seconds(flops: float, precision: str) -> float:
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One linear layer of the job: its fprop shape and how often a step runs it.
+    """One GEMM of the job: its fprop shape, how often a step runs it, and the passes it runs.
 
-    ``m_splits`` marks a grouped (MoE) GEMM: M = sum(m_splits), one group per expert.
+    ``m_splits`` marks a grouped (MoE) GEMM: M = sum(m_splits), one group per expert. ``weight``:
+    a linear layer (fprop, dgrad, wgrad); False for a GEMM of two activations (fprop, dgrad_a,
+    dgrad_b: shapes.py). ``passes``: each pass the job runs with its calls per call of the item
+    (the count), in GemmOp order; empty for all three once each (a config's or a shape list's layer).
+    A first layer whose input needs no gradient has no dgrad, and the bench times none.
     """
 
     name: str
     fprop: GemmShape
     count: float = 1.0
     m_splits: tuple[int, ...] | None = None
+    weight: bool = True
+    passes: tuple[tuple[GemmOp, float], ...] = ()
 
     @property
     def key(self) -> tuple:
-        return (self.fprop.m, self.fprop.k, self.fprop.n, self.fprop.batch, self.m_splits)
+        """What one job measures for every item that shares it (repeated layers). A TE recipe runs
+        only linear layers, so a GEMM without a weight is timed apart from a layer of its sizes."""
+        return (self.fprop.m, self.fprop.k, self.fprop.n, self.fprop.batch, self.m_splits, self.weight)
+
+    @property
+    def runs_recipe(self) -> bool:
+        """Whether a TE recipe runs this GEMM (a te.Linear / te.GroupedLinear layer: one product with
+        a weight). Batched and weightless GEMMs (torch.bmm, an einsum of activations) run as they
+        are whatever the recipe: the bench times them as torch matmuls under every recipe."""
+        return self.weight and self.fprop.batch == 1
+
+    @property
+    def ops(self) -> tuple[GemmOp, ...]:
+        return tuple(op for op, _ in self.passes) if self.passes else tuple(s.op for s in self.all_passes)
+
+    @property
+    def all_passes(self) -> tuple[GemmShape, GemmShape, GemmShape]:
+        return gemm_passes(self.fprop, self.weight)
+
+    def calls_of(self, op: GemmOp) -> float:
+        """Calls of pass ``op`` per call of the item (1 for each of a layer's three by default)."""
+        if not self.passes:
+            return 1.0
+        return next((n for o, n in self.passes if o is op), 0.0)
+
+
+def passes_of(item: WorkItem) -> tuple[GemmShape, ...]:
+    """The shapes of the passes the item runs (a subset of fprop, dgrad, wgrad or of fprop,
+    dgrad_a, dgrad_b), in that order."""
+    ops = set(item.ops)
+    return tuple(s for s in item.all_passes if s.op in ops)
+
+
+def merged(a: WorkItem, b: WorkItem) -> WorkItem:
+    """One job's item for two items of one key: every pass either runs."""
+    if not (a.passes and b.passes):
+        return a if not a.passes else b
+    ops = dict(a.passes) | dict(b.passes)
+    return replace(a, passes=tuple((op, ops[op]) for op in GemmOp if op in ops))
 
 
 def items_from_config(cfg: ModelConfig) -> list[WorkItem]:
@@ -88,23 +132,39 @@ def representative_splits(calls: list[list[int]], k: int = 3) -> list[tuple[tupl
 
 
 def items_from_capture(cap: GemmCapture) -> list[WorkItem]:
-    """One item per captured weight GEMM (fprop records; recomputes excluded, they repeat fprop).
+    """One item per captured GEMM (owner and sub-GEMM, forward shape): the passes the job ran, each
+    at its calls per step, and nothing it did not run (a layer whose input needs no gradient ran
+    no dgrad). Every kind is covered: linear layers, grouped (MoE) GEMMs, and batched or
+    weightless GEMMs (attention's bmm in eager code), the latter timed as the torch matmuls they
+    are (:attr:`WorkItem.runs_recipe`). Recomputes (activation checkpointing) are left out: they
+    are fprop again, of the same cell.
 
-    Batched GEMMs without a weight (attention's bmm in eager code) are not linear layers that a
-    TE recipe changes; they are left out, and the report counts them as non-GEMM time. A grouped
-    (MoE) GEMM whose routing changed between calls becomes a few items, one per representative
-    m_splits (:func:`representative_splits`), its calls shared between them.
+    A grouped GEMM whose routing changed between calls becomes a few items, one per
+    representative m_splits (:func:`representative_splits`), its calls shared between them.
+    Captures written before the weightless pass names existed (a bmm's "dgrad" and "wgrad") give
+    items with those passes, timed as the batched GEMMs they are.
     """
-    items: dict[tuple, WorkItem] = {}
+    groups: dict[tuple, dict[str, Any]] = {}
     for r in cap.records:
-        if r.op != "fprop" or r.recompute or r.batch != 1:
+        if r.recompute:
             continue
-        for splits, share in (representative_splits(r.m_splits) if r.m_splits else [(None, 1.0)]):
-            key = (r.name, r.m, r.k, r.n, splits)
-            prev = items.get(key)
-            count = r.calls_per_step * share + (prev.count if prev else 0.0)
-            items[key] = WorkItem(r.name, GemmShape(r.m, r.k, r.n), count, splits)
-    return list(items.values())
+        f = fprop_of(r.shape)
+        g = groups.setdefault((r.name, f), {"calls": {}, "weight": True, "splits": [], "fprop_splits": []})
+        op = GemmOp(r.op)
+        g["calls"][op] = g["calls"].get(op, 0.0) + r.calls_per_step
+        g["weight"] = g["weight"] and not op.weightless
+        g["fprop_splits" if op is GemmOp.FPROP else "splits"].extend(r.m_splits)
+    items: list[WorkItem] = []
+    for (name, f), g in groups.items():
+        calls: dict[GemmOp, float] = g["calls"]
+        # Calls of the item: its fprop's (each backward pass follows one); a GEMM captured in
+        # backward only (its forward ran unseen), its most frequent pass's.
+        count = calls.get(GemmOp.FPROP) or max(calls.values())
+        passes = tuple((op, calls[op] / count if count else 1.0) for op in GemmOp if op in calls)
+        splits_of_calls = g["fprop_splits"] or g["splits"]
+        for splits, share in (representative_splits(splits_of_calls) if splits_of_calls else [(None, 1.0)]):
+            items.append(WorkItem(name, f, count * share, splits, g["weight"], passes))
+    return items
 
 
 # A cell whose spread, IQR / median of its samples (BenchResult.q1_ms, q3_ms: the tables'
@@ -142,10 +202,11 @@ class BenchResult:
     attempts: int = 1  # measurements taken (a cell above SPREAD_LIMIT is measured again, the quietest kept)
     noisy: bool = False  # spread still above SPREAD_LIMIT after every attempt: never cached, marked in tables
     cached: bool = False  # reused from the cache (an earlier run's measurement), not measured by this run
+    batch: int = 1  # independent products of a batched GEMM (torch.bmm); 1 for every linear layer
 
     @property
     def shape(self) -> GemmShape:
-        return GemmShape(self.m, self.k, self.n, GemmOp(self.op))
+        return GemmShape(self.m, self.k, self.n, GemmOp(self.op), self.batch)
 
     @property
     def ok(self) -> bool:
@@ -164,9 +225,9 @@ class BenchResult:
 
     @property
     def cell(self) -> tuple:
-        """What identifies the cell within a run: shape, pass, grouped splits, precision, mode."""
+        """What identifies the cell within a run: shape, pass, grouped splits, precision, mode, batch."""
         return (self.m, self.k, self.n, self.op, tuple(self.m_splits) if self.m_splits else None, self.precision,
-                self.mode)
+                self.mode, self.batch)
 
 
 def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int, ...] | None,
@@ -359,7 +420,3 @@ def _looks_like_cache(raw: bytes) -> bool:
 def _is_cache(data: Any) -> bool:
     return isinstance(data, dict) and (data.get("schema") == CACHE_SCHEMA or (
         "schema" not in data and "timing_version" in data and isinstance(data.get("results"), dict)))
-
-
-def passes_of(item: WorkItem) -> tuple[GemmShape, GemmShape, GemmShape]:
-    return gemm_passes(item.fprop)

@@ -28,6 +28,8 @@ from te_gemm_callback.microbench.cells import (
     ResultCache,
     WorkItem,
     cell_key,
+    merged,
+    passes_of,
 )
 from te_gemm_callback.microbench.job_queue import JobQueue, JobVisits, MeasuredCell, PassMode, PlannedJob
 from te_gemm_callback.microbench.jobs import job_factory
@@ -41,7 +43,7 @@ from te_gemm_callback.microbench.timing import (
     warm_up_gpu,
 )
 from te_gemm_callback.precisions import availability, canonical, padded_splits, te_available
-from te_gemm_callback.shapes import GemmShape, gemm_passes
+from te_gemm_callback.shapes import GemmShape
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -134,10 +136,11 @@ class BenchRun:
         jobs: dict[tuple, PlannedJob] = {}
         for it in items:
             for p in self.recipes:
-                jobs.setdefault((it.key, p), PlannedJob(it, p))
+                job = jobs.setdefault((it.key, p), PlannedJob(it, p))
+                job.item = merged(job.item, it)  # every pass any item of the key runs, none other
         for job in jobs.values():
             job.keys = {(s.op, mo): cell_key(self.cond, s, job.item.m_splits, job.precision, mo)
-                        for s in gemm_passes(job.item.fprop) for mo in self.modes}
+                        for s in passes_of(job.item) for mo in self.modes}
             job.cached = {c: self.cache.get(k) for c, k in job.keys.items()}
         return list(jobs.values())
 
@@ -204,7 +207,7 @@ class BenchRun:
     def _cells(self, v: JobVisits) -> dict[PassMode, MeasuredCell]:
         """Each cell of a job as one measurement left it (failed, with the job's error, if it did)."""
         out = {}
-        for s in gemm_passes(v.job.item.fprop):
+        for s in passes_of(v.job.item):
             for mo in self.modes:
                 ts = v.times.get((s.op, mo))
                 out[(s.op, mo)] = MeasuredCell(self._result(s, v.job, mo, ts, v.clocks, v.error), ts, v.clocks)
@@ -213,9 +216,11 @@ class BenchRun:
     def _result(self, s: GemmShape, job: PlannedJob, mode: str, times: list[float] | None, clocks: list[float],
                 error: str | None) -> BenchResult:
         it = job.item
+        # A GEMM no recipe runs (batched, weightless) is a torch matmul whatever the backend.
+        backend = self.backend if it.runs_recipe else "torch"
         r = BenchResult(s.m, s.k, s.n, str(s.op), job.precision, mode, list(it.m_splits) if it.m_splits else None,
-                        backend=self.backend, conditions=self.cond)
-        padded = padded_splits(it.m_splits, job.precision) if it.m_splits and self.backend == "te" else None
+                        backend=backend, conditions=self.cond, batch=s.batch)
+        padded = padded_splits(it.m_splits, job.precision) if it.m_splits and backend == "te" else None
         if padded is not None and padded != tuple(it.m_splits):
             r.padded_m_splits = list(padded)
         if error or not times:

@@ -18,6 +18,11 @@ A job is built once (module, operands, TE's first calls) and queued for several 
 (:meth:`TeJob.queue`), none of which waits for the GPU; between timed calls a low-power rest gives
 the GEMMs a training step's share of the GPU's time (timing.between_calls). Without TE (or without
 CUDA) the torch backend times BF16 matmuls with the same three passes.
+
+A job times the passes its item runs and no other (a layer whose input needs no gradient has no
+dgrad: its te.Linear input then needs none either). A GEMM no TE recipe runs (a batched GEMM,
+or one without a weight: attention's bmm in eager code) is timed as the torch matmul it is, under
+every recipe: ``C = A @ B`` and its two input gradients ``dC B^T`` and ``A^T dC``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 import torch
 
 from te_gemm_callback.capture.te_adapter import LAYOUT_OP
-from te_gemm_callback.microbench.cells import WorkItem, gemm_seconds
+from te_gemm_callback.microbench.cells import WorkItem, gemm_seconds, passes_of
 from te_gemm_callback.microbench.timing import (
     GEMM_DUTY,
     L2Flush,
@@ -112,8 +117,9 @@ class TeJob:
         te = import_te()
         self.precision, self.modes, self.tap = precision, set(modes), tap
         self.plan = plan_job(item, precision, modes, share)
-        # Between two timed calls: a forward+backward (three GEMMs) in autocast, one GEMM pre-quantized.
-        self.between_iters = between_calls(flush, gemm_duty, 3e-3 * self.plan.gemm_ms)
+        self.ops = set(item.ops)
+        # Between two timed calls: a forward+backward (its GEMMs) in autocast, one GEMM pre-quantized.
+        self.between_iters = between_calls(flush, gemm_duty, 1e-3 * self.plan.passes * self.plan.gemm_ms)
         self.between_repeats = between_calls(flush, gemm_duty, 1e-3 * self.plan.gemm_ms)
         m, k, n = item.fprop.m, item.fprop.k, item.fprop.n
         bf16 = torch.bfloat16
@@ -127,9 +133,14 @@ class TeJob:
         else:
             mod = te.Linear(k, n, bias=False, params_dtype=bf16, device="cuda")
             self.fwd = mod
-        self.x = torch.randn(m, k, dtype=bf16, device="cuda", requires_grad=True)
+        # Only the passes the job ran: no input gradient (dgrad) or weight gradient (wgrad) TE's
+        # backward would then skip; no backward at all for a forward-only GEMM.
+        self.x = torch.randn(m, k, dtype=bf16, device="cuda", requires_grad=GemmOp.DGRAD in self.ops)
         self.dy = torch.randn(m, n, dtype=bf16, device="cuda")
         self.params = list(mod.parameters())
+        for prm in self.params:
+            prm.requires_grad_(GemmOp.WGRAD in self.ops)
+        self.backward = bool(self.ops & {GemmOp.DGRAD, GemmOp.WGRAD})
         self.iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
         t = time.perf_counter()
         self.iteration()
@@ -147,7 +158,9 @@ class TeJob:
 
     def iteration(self) -> None:
         self.clear_grads()
-        self.forward().backward(self.dy)
+        y = self.forward()
+        if self.backward:
+            y.backward(self.dy)
 
     def queue(self) -> Collect:
         """Queue one visit's timed calls; returns what reads their times after the caller's
@@ -171,7 +184,8 @@ class TeJob:
                 e0.record()
                 y = self.forward()
                 e1.record()
-                y.backward(self.dy)
+                if self.backward:
+                    y.backward(self.dy)
                 e2.record()
         if "prequantized" in self.modes:
             tap.mode, tap.flush, tap.n, tap.burst_s = "repeat", self.between_repeats, plan.repeats, plan.repeat_burst_s
@@ -186,18 +200,22 @@ class TeJob:
                 fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
                 bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
                 out[(GemmOp.FPROP, "autocast")] = fwd_ms
-                out[(GemmOp.WGRAD, "autocast")] = wgrad
-                out[(GemmOp.DGRAD, "autocast")] = [b - w for b, w in zip(bwd_ms, wgrad)]
+                if GemmOp.WGRAD in self.ops:
+                    out[(GemmOp.WGRAD, "autocast")] = wgrad
+                if GemmOp.DGRAD in self.ops:  # backward minus its wgrad GEMM, where it ran one
+                    out[(GemmOp.DGRAD, "autocast")] = [b - w for b, w in zip(bwd_ms, wgrad or [0.0] * len(bwd_ms))]
             for layout, pairs in repeats:
-                out[(LAYOUT_OP[layout], "prequantized")] = elapsed(pairs)
+                if LAYOUT_OP[layout] in self.ops:
+                    out[(LAYOUT_OP[layout], "prequantized")] = elapsed(pairs)
             return out
 
         return collect
 
 
 class TorchJob:
-    """BF16 matmuls with torch alone (CPU, or a GPU without TE): no quantization, so both modes
-    time the same three products. Same interface as :class:`TeJob`."""
+    """BF16 matmuls with torch alone (CPU, a GPU without TE, or a GEMM no recipe runs): no
+    quantization, so both modes time the same products, the passes the item runs. Same interface
+    as :class:`TeJob`."""
 
     def __init__(self, item: WorkItem, modes: Iterable[str], share: float = 1.0, gemm_duty: float = GEMM_DUTY) -> None:
         t0 = time.perf_counter()
@@ -205,13 +223,24 @@ class TorchJob:
         self.cuda = torch.cuda.is_available()
         self.modes = list(modes)
         dev, dt = ("cuda" if self.cuda else "cpu"), torch.bfloat16
-        splits = list(item.m_splits) if item.m_splits else [m]
-        w = torch.randn(n, k, device=dev, dtype=dt)
-        xs = [torch.randn(s, k, device=dev, dtype=dt) for s in splits]
-        dys = [torch.randn(s, n, device=dev, dtype=dt) for s in splits]
-        self.fns = {GemmOp.FPROP: lambda: [x @ w.t() for x in xs],
-                    GemmOp.DGRAD: lambda: [d @ w for d in dys],
-                    GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
+        fns: dict[GemmOp, Callable[[], Any]]
+        if item.runs_recipe:  # a linear layer: Y = X W^T, one product per group of a grouped GEMM
+            splits = list(item.m_splits) if item.m_splits else [m]
+            w = torch.randn(n, k, device=dev, dtype=dt)
+            xs = [torch.randn(s, k, device=dev, dtype=dt) for s in splits]
+            dys = [torch.randn(s, n, device=dev, dtype=dt) for s in splits]
+            fns = {GemmOp.FPROP: lambda: [x @ w.t() for x in xs],
+                   GemmOp.DGRAD: lambda: [d @ w for d in dys],
+                   GemmOp.WGRAD: lambda: [d.t() @ x for d, x in zip(dys, xs)]}
+        else:  # C = A @ B, batched or not, as the job ran it: its input gradients dC B^T and A^T dC
+            lead = (item.fprop.batch,) if item.fprop.batch > 1 else ()
+            a, b = torch.randn(*lead, m, k, device=dev, dtype=dt), torch.randn(*lead, k, n, device=dev, dtype=dt)
+            dc = torch.randn(*lead, m, n, device=dev, dtype=dt)
+            grad_a, grad_b = (lambda: dc @ b.transpose(-2, -1)), (lambda: a.transpose(-2, -1) @ dc)
+            # A batched GEMM with a weight (a 3-D parameter) has dgrad and wgrad of the same sizes.
+            fns = {GemmOp.FPROP: lambda: a @ b, GemmOp.DGRAD_A: grad_a, GemmOp.DGRAD_B: grad_b,
+                   GemmOp.DGRAD: grad_a, GemmOp.WGRAD: grad_b}
+        self.fns = {s.op: fns[s.op] for s in passes_of(item)}
         self.gemm_s = gemm_seconds(item.fprop.flops, "BF16")
         self.between = between_calls(None, gemm_duty, self.gemm_s) if self.cuda else None
         self.calls = {}
@@ -249,7 +278,9 @@ def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share
         yield lambda item, precision: TorchJob(item, modes, share, gemm_duty)
         return
     with _GemmTap() as tap:
-        yield lambda item, precision: TeJob(item, precision, modes, flush, tap, share, gemm_duty)
+        # A GEMM no recipe runs (batched, weightless) is the same torch matmul under every recipe.
+        yield lambda item, precision: (TeJob(item, precision, modes, flush, tap, share, gemm_duty) if item.runs_recipe
+                                       else TorchJob(item, modes, share, gemm_duty))
 
 
 def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
@@ -272,11 +303,12 @@ class JobPlan:
     iters: int  # autocast: forward+backward iterations, one sample of each pass per iteration
     repeats: int  # pre-quantized: back-to-back re-issues of each pass's GEMM
     modes: frozenset[str]
+    passes: int = 3  # the GEMMs of one iteration: the passes the item runs
 
     @property
     def autocast_s(self) -> float:
-        """Expected GPU time of the autocast iterations (three GEMMs each)."""
-        return 3e-3 * self.gemm_ms * self.iters
+        """Expected GPU time of the autocast iterations (one GEMM per pass each)."""
+        return 1e-3 * self.passes * self.gemm_ms * self.iters
 
     @property
     def repeat_burst_s(self) -> float:
@@ -286,13 +318,16 @@ class JobPlan:
     @property
     def timed_s(self) -> float:
         """Expected GPU time of the job's timed calls, all modes."""
-        return self.autocast_s * ("autocast" in self.modes) + 3 * self.repeat_burst_s * ("prequantized" in self.modes)
+        return (self.autocast_s * ("autocast" in self.modes)
+                + self.passes * self.repeat_burst_s * ("prequantized" in self.modes))
 
 
 def plan_job(item: WorkItem, precision: str, modes: Iterable[str], share: float = 1.0) -> JobPlan:
     gemm_ms = 1e3 * gemm_seconds(item.fprop.flops, precision)
-    return JobPlan(gemm_ms, iters=_share_iters(3 * gemm_ms, share, target_ms=60.0, lo=10, hi=30),
-                   repeats=_share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50), modes=frozenset(modes))
+    passes = len(passes_of(item))
+    return JobPlan(gemm_ms, iters=_share_iters(passes * gemm_ms, share, target_ms=60.0, lo=10, hi=30),
+                   repeats=_share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50), modes=frozenset(modes),
+                   passes=passes)
 
 
 def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int, hi: int) -> int:

@@ -73,12 +73,14 @@ def visit_shares(visits: int, devices: int) -> list[int]:
 
 def _item_to_json(it: WorkItem) -> list:
     s = it.fprop
-    return [it.name, s.m, s.k, s.n, str(s.op), s.batch, it.count, list(it.m_splits) if it.m_splits else None]
+    return [it.name, s.m, s.k, s.n, str(s.op), s.batch, it.count, list(it.m_splits) if it.m_splits else None,
+            it.weight, [[str(op), calls] for op, calls in it.passes]]
 
 
 def _item_from_json(row: list) -> WorkItem:
-    name, m, k, n, op, batch, count, splits = row
-    return WorkItem(name, GemmShape(m, k, n, GemmOp(op), batch), count, tuple(splits) if splits else None)
+    name, m, k, n, op, batch, count, splits, weight, passes = row
+    return WorkItem(name, GemmShape(m, k, n, GemmOp(op), batch), count, tuple(splits) if splits else None, weight,
+                    tuple((GemmOp(o), c) for o, c in passes))
 
 
 @contextlib.contextmanager

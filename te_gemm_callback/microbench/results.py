@@ -4,14 +4,14 @@ parts, and the totals the report takes from them: GEMM time per call of a layer 
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.files.jsonio import from_fields, read_schema, write_json
-from te_gemm_callback.microbench.cells import BENCH_SCHEMA, FP8_FAMILY, BenchResult, WorkItem
+from te_gemm_callback.microbench.cells import BENCH_SCHEMA, FP8_FAMILY, BenchResult, WorkItem, passes_of
 from te_gemm_callback.microbench.timing import stats
-from te_gemm_callback.shapes import GemmOp, GemmShape, gemm_passes
+from te_gemm_callback.shapes import GemmOp, GemmShape
 
 SCHEMA = BENCH_SCHEMA
 
@@ -31,8 +31,8 @@ class BenchResults:
     def get(self, shape: GemmShape, precision: str, mode: str,
             m_splits: tuple[int, ...] | None = None) -> BenchResult | None:
         for r in self.results:
-            same_cell = (r.m, r.k, r.n, r.op, r.precision, r.mode) == (shape.m, shape.k, shape.n, str(shape.op),
-                                                                        precision, mode)
+            same_cell = (r.m, r.k, r.n, r.op, r.precision, r.mode, r.batch) == (
+                shape.m, shape.k, shape.n, str(shape.op), precision, mode, shape.batch)
             if same_cell and (tuple(r.m_splits) if r.m_splits else None) == m_splits:
                 return r
         return None
@@ -89,16 +89,18 @@ def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
 
 
 def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
-            ops: tuple[GemmOp, ...] = (GemmOp.FPROP, GemmOp.DGRAD, GemmOp.WGRAD)) -> float | None:
-    """GEMM time of one call of a work item (the passes in ``ops``), or None if any cell failed."""
+            ops: tuple[GemmOp, ...] | None = None) -> float | None:
+    """GEMM time of one call of a work item: each pass it runs at its calls per call of the item
+    (only the passes in ``ops``, where given: a weightless GEMM's dgrad_a and dgrad_b count as the
+    dgrad and wgrad they are sized as), or None if any cell failed."""
     total = 0.0
-    for s in gemm_passes(item.fprop):
-        if s.op not in ops:
+    for s in passes_of(item):
+        if ops is not None and s.op not in ops and s.op.sized_as not in ops:
             continue
         r = res.get(s, precision, mode, item.m_splits)
         if r is None or not r.ok:
             return None
-        total += r.median_ms
+        total += r.median_ms * item.calls_of(s.op)
     return total
 
 
@@ -106,7 +108,7 @@ def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
     """Items as this bench run measured them: where a grouped GEMM's representative m_splits were
     not all timed (a run made when only the first call's splits were), the timed ones carry the
     layer's calls. Keeps stored runs re-renderable."""
-    timed = {(r.m, r.k, r.n, tuple(r.m_splits) if r.m_splits else None) for r in res.results}
+    timed = {(r.m, r.k, r.n, r.batch, tuple(r.m_splits) if r.m_splits else None) for r in res.results}
     groups: dict[tuple, list[WorkItem]] = {}
     for it in items:
         groups.setdefault((it.name, it.key[:4]), []).append(it)
@@ -114,16 +116,17 @@ def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
     for group in groups.values():
         total = sum(it.count for it in group)
         first = group[0]
-        kept = [it for it in group if (it.fprop.m, it.fprop.k, it.fprop.n, it.m_splits) in timed]
+        f = first.fprop
+        kept = [it for it in group if (it.fprop.m, it.fprop.k, it.fprop.n, it.fprop.batch, it.m_splits) in timed]
         if not kept and first.m_splits:  # none of ours timed: the splits this run did time
-            other = [t[3] for t in timed if t[:3] == (first.fprop.m, first.fprop.k, first.fprop.n) and t[3]]
-            kept = [WorkItem(first.name, first.fprop, 1.0, sp) for sp in other]
+            other = [t[4] for t in timed if t[:4] == (f.m, f.k, f.n, f.batch) and t[4]]
+            kept = [replace(first, count=1.0, m_splits=sp) for sp in other]
         if not kept:
             out += group  # not measured at all: the totals say so
             continue
         kept_calls = sum(it.count for it in kept)
         scale = total / kept_calls if kept_calls else 1.0  # a hand-made capture may give 0 calls per step
-        out += [WorkItem(it.name, it.fprop, it.count * scale, it.m_splits) for it in kept]
+        out += [replace(it, count=it.count * scale) for it in kept]
     return out
 
 
@@ -153,7 +156,7 @@ def fallback_items(res: BenchResults, items: list[WorkItem], precision: str, mod
     out = []
     for it in items:
         if item_ms(res, it, precision, mode) is None and item_ms(res, it, fallback, mode) is not None:
-            errs = [r.error for s in gemm_passes(it.fprop)
+            errs = [r.error for s in passes_of(it)
                     if (r := res.get(s, precision, mode, it.m_splits)) is not None and r.error]
             out.append((it, errs[0] if errs else "not measured"))
     return out

@@ -1,7 +1,8 @@
 """Reporting: draws and writes what :mod:`te_gemm_callback.analysis` hands it (rich tables, the
-verdict panel, figures, report.json); it computes no result of its own. Figures are drawn on their
-own Agg canvases (:mod:`~te_gemm_callback.reporting.figures`): importing or drawing here leaves the
-user's matplotlib backend as they chose it."""
+verdict panel, figures, report.json, report.md: :mod:`~te_gemm_callback.reporting.markdown`); it
+computes no result of its own. Figures are drawn on their own Agg canvases
+(:mod:`~te_gemm_callback.reporting.figures`): importing or drawing here leaves the user's
+matplotlib backend as they chose it."""
 
 from te_gemm_callback.reporting.tables import capture_table, human_flops, print_table, shapes_table, summary_metrics
 

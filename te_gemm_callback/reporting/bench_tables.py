@@ -7,12 +7,14 @@ from collections.abc import Iterable
 
 from rich.table import Table
 
-from te_gemm_callback.microbench.cells import SPREAD_LIMIT, BenchResult, WorkItem
+from te_gemm_callback.microbench.cells import SPREAD_LIMIT, BenchResult, WorkItem, passes_of
 from te_gemm_callback.microbench.results import BenchResults, item_ms, step_ms
+from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import safe
 from te_gemm_callback.shapes import GemmOp, gemm_passes
 
-PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad"}
+PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad",
+               GemmOp.DGRAD_A: "Dgrad (left input, no weight)", GemmOp.DGRAD_B: "Dgrad (right input, no weight)"}
 
 # Marks after a time: where it came from and whether to trust it; each table that shows one
 # explains it in its caption (FOOTNOTES).
@@ -51,7 +53,7 @@ def _caption(marks: str, *lines: str) -> str | None:
 
 
 def _item_cells(res: BenchResults, it: WorkItem, precision: str, mode: str) -> list[BenchResult | None]:
-    return [res.get(s, precision, mode, it.m_splits) for s in gemm_passes(it.fprop)]
+    return [res.get(s, precision, mode, it.m_splits) for s in passes_of(it)]
 
 
 def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) -> Table:
@@ -64,8 +66,8 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
     t.add_column("spread (IQR/median)", justify="right")
     seen, shown = set(), ""
     for it in items:
-        s = gemm_passes(it.fprop)[list(GemmOp).index(op)]
-        if (s, it.m_splits) in seen:
+        s = next((s for s in passes_of(it) if s.op is op), None)
+        if s is None or (s, it.m_splits) in seen:  # a pass this item's GEMM did not run in the job
             continue
         seen.add((s, it.m_splits))
         cells, spread = [], 0.0
@@ -108,14 +110,14 @@ def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
                                              any(_measured(res, it, p, mode) for it in items),
                                              _marks(r for it in items for r in _item_cells(res, it, p, mode)))
                                         for p in precs])
-    skipped = "not run: " + "; ".join(f"{p}: {why}" for p, why in res.skipped.items()) if res.skipped else ""
+    skipped = "; ".join(skipped_lines(res.skipped))  # one line per cause, not one per recipe
     t.caption, t.caption_justify = _caption(shown, skipped), "left"
     return t
 
 
 def _measured(res: BenchResults, it: WorkItem, precision: str, mode: str) -> bool:
     """Whether the bench holds any cell of this item (a bench of other shapes holds none)."""
-    return any(res.get(s, precision, mode, it.m_splits) is not None for s in gemm_passes(it.fprop))
+    return any(res.get(s, precision, mode, it.m_splits) is not None for s in passes_of(it))
 
 
 def speedup_summary(res: BenchResults, items: list[WorkItem], mode: str) -> dict[str, float | None]:
@@ -132,7 +134,7 @@ def swapped_items(items: list[WorkItem]) -> list[WorkItem]:
     written sizes (M x N x K for dgrad, K x M x N for wgrad)."""
     out = []
     for it in items:
-        if it.m_splits:
+        if it.m_splits or not it.runs_recipe:  # TE's tool times linear layers' passes only
             continue
         _, d, w = gemm_passes(it.fprop)
         out += [WorkItem(f"{it.name} dgrad-as-fprop", d.__class__(d.m, d.k, d.n)),
@@ -148,7 +150,7 @@ def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkIte
     for it in items:
         if it.m_splits:
             continue
-        for s in gemm_passes(it.fprop)[1:]:
+        for s in (s for s in passes_of(it) if s.op in (GemmOp.DGRAD, GemmOp.WGRAD)):
             fwd = s.__class__(s.m, s.k, s.n)
             for p in real.precisions:
                 a, b = real.get(s, p, mode), swapped.get(fwd, p, mode)

@@ -4,6 +4,7 @@ importing or drawing here leaves the user's matplotlib backend as they chose it.
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from matplotlib.figure import Figure
 from te_gemm_callback.files.png import write_figure_atomic
 from te_gemm_callback.microbench.cells import WorkItem
 from te_gemm_callback.microbench.results import BenchResults, item_ms
+from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.shapes import GemmOp
 
 if TYPE_CHECKING:
@@ -36,6 +38,27 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     symbolic link nor over a PNG this tool did not write (one-line ValueError or OSError naming it)."""
     fig.tight_layout()
     return write_figure_atomic(fig, path, dpi=120, bbox_inches="tight")
+
+
+FOOTNOTE_FONTSIZE = 7
+FOOTNOTE_LINES = 3  # per note: a long reason (a TE error) is shortened, at a word boundary, past this
+
+
+def footnote_lines(text: str, width: int, max_lines: int = FOOTNOTE_LINES) -> list[str]:
+    """``text`` wrapped on word boundaries into lines of at most ``width`` characters (a single
+    word longer than that stays whole, on a line of its own), continuation lines indented; past
+    ``max_lines`` lines it ends, after a whole word, in "...". Never cuts a word. Dollar signs are
+    escaped: matplotlib would read text between two of them as math."""
+    words = " ".join(str(text).split())
+    lines = textwrap.wrap(words, width=max(width, 20), subsequent_indent="  ", break_long_words=False,
+                          break_on_hyphens=False, max_lines=max_lines, placeholder=" ...")
+    return [ln.replace("$", r"\$") for ln in lines]
+
+
+def footnote_width(fig: Figure, fontsize: float = FOOTNOTE_FONTSIZE) -> int:
+    """About how many characters of ``fontsize`` points fit across ``fig`` (an average glyph is
+    about 0.6 of the font size wide)."""
+    return int(fig.get_figwidth() * 72 / (0.6 * fontsize))
 
 
 def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
@@ -85,8 +108,9 @@ def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, pat
     ax.set_title(title or f"GEMM time per step by precision ({mode}) — {device}")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if res.skipped:
-        lines = [f"not run: {p}: {why[:70]}" for p, why in res.skipped.items()]
-        fig.text(0.01, -0.02 * len(lines), "\n".join(lines), fontsize=7, va="bottom")
+        width = footnote_width(fig)
+        lines = [ln for text in skipped_lines(res.skipped) for ln in footnote_lines(text, width)]
+        fig.text(0.01, -0.02 * len(lines), "\n".join(lines), fontsize=FOOTNOTE_FONTSIZE, va="bottom")
     return save_figure(fig, path)
 
 

@@ -1,9 +1,12 @@
-"""The speedup report of an analysed run: terminal table and verdict panel, figures, JSON, written
-as :func:`te_gemm_callback.analysis.runs.analyze_run` hands them over (:func:`write_run`)."""
+"""The speedup report of an analysed run: terminal table and verdict panel, figures, JSON, report.md
+and the kernel timeline (trace.json), written as :func:`te_gemm_callback.analysis.runs.analyze_run`
+hands them over (:func:`write_run`)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,109 +16,44 @@ from rich.panel import Panel
 from rich.table import Table
 
 from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
-from te_gemm_callback.files.png import PNG_KIND, plain_name
-from te_gemm_callback.printable import safe
+from te_gemm_callback.files.png import FIGURE_MARKER, PNG_KIND, plain_name, png_software
+from te_gemm_callback.precisions import skipped_lines
+from te_gemm_callback.printable import plain, safe
 from te_gemm_callback.reporting.figures import speedup_figure, step_split_figure, step_split_title
+from te_gemm_callback.reporting.markdown import MD_KIND, write_report_md
+from te_gemm_callback.reporting.tables import plan_line, share_text, speedup_rows
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
     from te_gemm_callback.analysis.verdicts import Report
+    from te_gemm_callback.capture import GemmCapture
 
-# The figures' names, importable from here as before they moved to reporting.figures.
-__all__ = ["REPORT_SCHEMA", "bench_modes", "plan_line", "render_run", "report", "report_table", "report_targets",
-           "share_text", "speedup_figure", "step_split_figure", "step_split_title", "verdict_panel",
-           "write_report_json", "write_run"]
+# The figures' names (and plan_line, share_text: now in reporting.tables), importable from here as before.
+__all__ = ["REPORT_FIGURES", "REPORT_SCHEMA", "bench_modes", "plan_line", "remove_stale_figures", "render_run",
+           "report", "report_table", "report_targets", "share_text", "speedup_figure", "step_split_figure",
+           "step_split_title", "verdict_panel", "write_report_json", "write_run"]
 
 log = logging.getLogger("te_gemm_callback")
 REPORT_SCHEMA = "te-gemm-report/1"
-
-
-def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
-    return "-" if v is None else fmt.format(v)
-
-
-def _cell(rep: Report, a: Any, name: str, fmt: str = "{:.2f}x") -> str:
-    # "n/a" for a refused figure (its why is in the caption), "-" for one never measured.
-    return "n/a" if name in rep.withheld(a.recipe) else _x(getattr(a, name), fmt)
-
-
-def share_text(rep: Report) -> str:
-    """The GEMM share as the report may state it: of the step shown, of the steps the GEMMs were
-    timed in (host clock), or "n/a (why)"; never a share above 100%."""
-    share, basis = rep.gemm_share, rep.meta.get("gemm_share_basis", "step")
-    if rep.gemm_ms is None:
-        return "GEMMs not timed"
-    if share is None:
-        why = rep.meta.get("gemm_share_na") or "GEMM time exceeds the step"
-        return f"GEMMs {rep.gemm_ms:.2f} ms, GEMM share n/a ({why.split(': ')[0]})"
-    if basis == "timed steps":
-        of = rep.meta.get("gemm_share_of_ms")
-        # A lower bound where that step ran slower than the step shown: it also ran the instruments.
-        low = "; a lower bound: that step also ran the capture instruments" if of and of > rep.step_ms else ""
-        return (f"GEMMs {100 * share:.1f}% of the instrumented step they were timed in"
-                + (f" ({share * of:.2f} of {of:.2f} ms, host clock{low})" if of else " (host clock)"))
-    return f"GEMMs {rep.gemm_ms:.2f} ms ({100 * share:.1f}% of the step)"
+# Every figure a report may draw into its run folder (gemm_<mode>.png: one per mode bench.json may
+# hold, files/specs.py BENCH_FILE). Only these are ever removed as stale: a figure of ours under
+# another name (te-gemm bench -o) was asked for by the user, not by a report.
+REPORT_FIGURES = ("speedups.png", "step_split.png", "gemm_autocast.png", "gemm_prequantized.png", "ranks.png")
 
 
 def report_table(rep: Report) -> Table:
-    # The job's precision is what its GEMMs ran (FP32 on an fp32 model), not the key its run is joined on.
-    job = rep.meta.get("job_precision") or rep.current_recipe
+    """The speedup table for the terminal (:func:`~te_gemm_callback.reporting.tables.speedup_rows`)."""
+    s = speedup_rows(rep)
     # Recipe and precision names, notes and reasons come from files: escaped (printable.safe).
-    t = Table(title=safe(f"GEMM vs step speedup — job ran {job}: step {rep.step_ms:.2f} ms, {share_text(rep)}"))
-    ran = rep.meta.get("baseline_ran")
-    unfused = any(a.predicted_step_speedup_unfused is not None for a in rep.recipes)
-    # The job's own column only where some row has it (an FP32 job's has no FP32 microbenchmark).
-    vs_cur = rep.current_recipe != "BF16" and any(a.gemm_speedup_vs_current is not None for a in rep.recipes)
-    cols = (["recipe", "GEMM ms (bench)", "GEMM speedup"] + ([f"vs {safe(rep.current_recipe)}"] if vs_cur else [])
-            + ["predicted step"] + (["pred. unfused"] if unfused else [])
-            + ["observed step", "95% CI", "a rerun", "observed ms"])
-    for c in cols:
-        t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=True)
-    for a in rep.recipes:
-        name = f"{a.recipe} (ran {ran})" if ran and a.recipe == "BF16" else a.recipe
-        row = ([safe(name), _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")]
-               + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
-               + [_cell(rep, a, "predicted_step_speedup")]
-               + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else []))
-        t.add_row(*row, _cell(rep, a, "observed_step_speedup"), _interval(a), _rerun(a),
-                  _x(a.observed_step_ms, "{:.2f}"))
-    for r in rep.skipped:  # why each was skipped: the verdict panel says
-        t.add_row(safe(r), "not run", *[""] * (len(cols) - 2), style="dim")
-    notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
-        [rep.meta[k] for k in ("job_step_note", "framework_note", "clock_note", "duty_note") if rep.meta.get(k)]
-    if rep.meta.get("timing"):
-        notes.append(f"Timing: {rep.meta['timing']}")
-    held = {why for r in (rep.meta.get("withheld") or {}) for f, why in rep.withheld(r).items()
-            if f not in ("verdict", "evidence")}
-    notes += [f"n/a: {why}" for why in sorted(held)]
-    over = f"the BF16 run, which ran {ran}" if ran else "BF16"
-    t.caption = safe(f"speedups over {over}. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the "
-                     "captured shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. "
-                     "unfused: each GEMM plus a standalone quantization of its inputs (autocast mode). observed step: "
-                     "whole training steps (optimizer included) in the sweep's alternating rounds, the median of the "
-                     "per-round ratios; 95% CI: its order-statistic interval (from 6 rounds); a rerun: where another "
-                     "run's median (a loop of your own) should fall, the CI widened by sqrt(2). Attention's QK^T and "
-                     "softmax·V count as non-GEMM time" + "".join(f". {n}" for n in notes))
+    t = Table(title=safe(s.title))
+    for c in s.columns:
+        t.add_column(safe(c), justify="left" if c == "recipe" else "right", no_wrap=True)
+    for row in s.rows:
+        t.add_row(*map(safe, row))
+    for r in s.skipped:  # why each was skipped: the verdict panel says
+        t.add_row(safe(r), "not run", *[""] * (len(s.columns) - 2), style="dim")
+    t.caption = safe(s.explained + "".join(f". {n}" for n in s.notes))
     return t
-
-
-def _rerun(a: Any) -> str:
-    """Where a rerun's median should fall (the CI widened by sqrt(2), stats.Estimate.rerun): the range
-    to hold a user's own timing loop against, since their loop has an error of its own."""
-    r = getattr(a, "observed_rerun", None)
-    return f"{r[0]:.2f}-{r[1]:.2f}x" if a.recipe != "BF16" and r else ""
-
-
-def _interval(a: Any) -> str:
-    """The observed speedup's 95% interval, or why there is none (the baseline has none: 1.00x by
-    definition)."""
-    if a.recipe == "BF16":
-        return ""
-    if a.observed_ci:
-        return f"{a.observed_ci[0]:.2f}-{a.observed_ci[1]:.2f}x"
-    if a.observed_rounds:
-        return f"({a.observed_rounds} rounds: too few)"
-    return ""
 
 
 def verdict_panel(rep: Report) -> Panel:
@@ -126,8 +64,8 @@ def verdict_panel(rep: Report) -> Panel:
             continue
         lines.append(f"[b]{safe(a.recipe)}[/b]: {safe(a.verdict)}")
         lines += [f"   • {safe(e)}" for e in a.evidence]
-    for r, why in rep.skipped.items():
-        lines.append(f"[dim]{safe(r)}: not available here — {safe(why)}[/dim]")
+    for line in skipped_lines(rep.skipped):  # one line per cause: on a CPU every TE recipe shares one
+        lines.append(f"[dim]{safe(line)}[/dim]")
     if not any(a.recipe != "BF16" for a in rep.recipes) and not rep.skipped:
         lines.append("only BF16 was measured")
     return Panel(Group(*lines), title="verdicts")
@@ -160,11 +98,15 @@ def report(run_dir: str | Path, out: Any = None) -> RunReport:
 
 
 def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, Path]:
-    """Draw and write an analysed run into ``run_dir``: report.json, the figures, and the precision
-    plan it holds; print the tables and verdicts to ``out`` if given. Nothing is computed here.
+    """Draw and write an analysed run into ``run_dir``: report.json, the figures, the precision
+    plan it holds, the kernel timeline (trace.json, where the capture has one) and report.md,
+    which links them; print the tables and verdicts to ``out`` if given. Nothing is computed here.
     Every target is checked before anything is written (:func:`report_targets`: a link, a user's
-    own PNG or JSON there is refused in one line); the precision plan, an extra, is skipped with a
-    warning naming the file where a file of the user's holds its place."""
+    own PNG, JSON or report.md there is refused in one line); the precision plan and the trace,
+    extras, are skipped with a warning naming the file where they cannot be written. Figures an
+    earlier report drew here that this one did not (a mode the new bench.json lacks) are removed
+    (:func:`remove_stale_figures`). Returns the files written, by name ("report_md"; "trace" only
+    where written)."""
     from te_gemm_callback.reporting.figures import ranks_figure, stacked_gemm_figure
 
     root = Path(run_dir)
@@ -178,6 +120,8 @@ def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, 
         files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, targets[f"gemm_{mode}"])
     if ranks:
         files["ranks"] = ranks_figure(ranks, targets["ranks"])
+    # Only once this report's figures are all written: a report that fails halfway removes nothing.
+    removed = remove_stale_figures(root, files.values())
     if plan is not None:
         from te_gemm_callback.analysis.plan import write_plan
 
@@ -186,12 +130,67 @@ def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, 
                                                              root / "precision_plan_nvdlfw.yaml")
         except ValueError as err:  # a file of the user's where the plan goes: the report itself stands
             log.warning("te-gemm: precision plan not written: %s", err)
+    trace = _write_trace(rr.job, root / "trace.json")
+    if trace is not None:
+        files["trace"] = trace
+    # Last: it links what was written above, and nothing else.
+    files["report_md"] = write_report_md(rr, targets["report_md"], files, root)
     if out is not None:
-        _print_run(rr, modes, files, out)
+        _print_run(rr, modes, files, out, removed)
     return files
 
 
-def _print_run(rr: RunReport, modes: list[str], files: dict[str, Path], out: Any) -> None:
+def _write_trace(cap: GemmCapture, path: Path) -> Path | None:
+    """The capture's kernel timeline as a Chrome/Perfetto trace
+    (:func:`te_gemm_callback.reporting.trace.write_trace`), or None: where the capture has no
+    timeline, where this install has no trace writer, or where writing failed (said once, in the
+    log: the trace is an extra, the report stands without it)."""
+    try:
+        from te_gemm_callback.reporting.trace import write_trace
+    except ImportError as err:
+        # No trace writer in this install: nothing to say. One that is there but cannot load: said.
+        if not (isinstance(err, ModuleNotFoundError) and err.name == "te_gemm_callback.reporting.trace"):
+            log.warning("te-gemm: trace.json not written: %s", plain(err))
+        return None
+    try:
+        return write_trace(cap, path)
+    except Exception as err:  # any failure of an extra: logged, never fatal to the report
+        log.warning("te-gemm: trace.json not written: %s", plain(err))
+        return None
+
+
+def remove_stale_figures(root: Path, written: Any = ()) -> list[Path]:
+    """Remove the report figures (:data:`REPORT_FIGURES`) in ``root`` that this report did not
+    write (``written``): a gemm_prequantized.png an earlier report drew would sit beside the new
+    report as if it were of this bench. Only a regular file carrying our PNG marker
+    (:func:`~te_gemm_callback.files.png.png_software`) is removed; a PNG of the user's, a link or
+    anything else under one of these names is left as it is. Returns the files removed."""
+    keep = {Path(p).name for p in written}
+    gone = []
+    for name in REPORT_FIGURES:
+        if name in keep:
+            continue
+        p = root / name
+        try:
+            st = os.lstat(p)
+        except OSError:  # absent (or unreadable: then not ours to judge)
+            continue
+        if not stat.S_ISREG(st.st_mode) or png_software(p) != FIGURE_MARKER:
+            continue
+        try:
+            p.unlink()
+        except OSError as err:  # a read-only folder: the report itself stands
+            log.warning("te-gemm: could not remove the stale figure %s: %s", plain(p), err.strerror or err)
+            continue
+        gone.append(p)
+    if gone:
+        log.warning("te-gemm: removed %s: figure(s) of an earlier report that this report's inputs no longer "
+                    "produce", ", ".join(plain(p) for p in gone))
+    return gone
+
+
+def _print_run(rr: RunReport, modes: list[str], files: dict[str, Path], out: Any,
+               removed: Sequence[Path] = ()) -> None:
     rep, bench = rr.report, rr.bench
     if rr.ranks:
         from te_gemm_callback.reporting.tables import ranks_table
@@ -210,6 +209,8 @@ def _print_run(rr: RunReport, modes: list[str], files: dict[str, Path], out: Any
         out.print(f"[yellow]warning: {safe(rep.meta[key])}[/yellow]")
     for name, path in files.items():
         out.print(f"{name}: {safe(path)}")
+    for path in removed:
+        out.print(f"removed {safe(path)}: a figure of an earlier report that these inputs no longer produce")
 
 
 def bench_modes(bench: Any) -> list[str]:
@@ -224,21 +225,12 @@ def bench_modes(bench: Any) -> list[str]:
 def report_targets(root: Path, modes: Sequence[str] = (), ranks: bool = False) -> dict[str, Path]:
     """The files a report writes into ``root``, each checked as :func:`report` writes it (not a
     symbolic link, not a file this tool did not write: one-line ValueError), none written yet."""
-    names = {"report": "report.json", "speedups": "speedups.png", "step_split": "step_split.png",
-             **{f"gemm_{m}": f"gemm_{m}.png" for m in modes}, **({"ranks": "ranks.png"} if ranks else {})}
+    names = {"report": "report.json", "report_md": "report.md", "speedups": "speedups.png",
+             "step_split": "step_split.png", **{f"gemm_{m}": f"gemm_{m}.png" for m in modes},
+             **({"ranks": "ranks.png"} if ranks else {})}
     # A mode from a hand-edited bench.json could hold "/" or "..": the figure would land elsewhere.
     out = {key: root / plain_name(name) for key, name in names.items()}
+    kinds = {"report": json_kind(REPORT_SCHEMA), "report_md": MD_KIND}
     for key, path in out.items():
-        check_target(path, json_kind(REPORT_SCHEMA) if key == "report" else PNG_KIND)
+        check_target(path, kinds.get(key, PNG_KIND))
     return out
-
-
-def plan_line(plan: Any) -> str:
-    """One line for the report: the plan, its predicted step speedup, where to find it."""
-    pred = plan.predicted_speedup
-    what = (f"{plan.same_as} everywhere (no mixed plan gains enough)" if plan.same_as else
-            f"{plan.recipe} with {len(plan.keep_bf16)} module(s) kept in BF16")
-    tail = (f", predicted {pred['plan']:.2f}x vs best single {plan.best_single} {pred[plan.best_single]:.2f}x"
-            if pred.get("plan") and plan.best_single in pred else
-            f", predicted speedup {plan.meta.get('prediction', 'n/a')}")  # says why none is given
-    return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"

@@ -1,8 +1,10 @@
-"""Rich terminal tables for shapes and captures."""
+"""Rich terminal tables for shapes and captures, and the plain text behind the speedup table
+(:func:`speedup_rows`), which the terminal table and report.md each render in their own escaping."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -11,6 +13,9 @@ from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.capture.graphs import in_graphed
 from te_gemm_callback.printable import safe
 from te_gemm_callback.shapes import ConfigGemm, ModelConfig, gemm_passes
+
+if TYPE_CHECKING:
+    from te_gemm_callback.analysis.verdicts import Report
 
 
 def human_flops(x: float) -> str:
@@ -184,3 +189,138 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
         t.caption = safe("predicted step (Amdahl over the job's GEMM share, autocast-mode microbenchmarks): "
                          + ", ".join(parts) + f". {verdict}")
     return t
+
+
+def plan_line(plan: Any) -> str:
+    """One line for the report: the plan, its predicted step speedup, where to find it."""
+    pred = plan.predicted_speedup
+    what = (f"{plan.same_as} everywhere (no mixed plan gains enough)" if plan.same_as else
+            f"{plan.recipe} with {len(plan.keep_bf16)} module(s) kept in BF16")
+    tail = (f", predicted {pred['plan']:.2f}x vs best single {plan.best_single} {pred[plan.best_single]:.2f}x"
+            if pred.get("plan") and plan.best_single in pred else
+            f", predicted speedup {plan.meta.get('prediction', 'n/a')}")  # says why none is given
+    return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
+
+
+# ---------------------------------------------------------------------------------------------
+# The speedup table's text: unescaped, so that each renderer escapes it for where it goes (rich
+# markup for the terminal, Markdown for report.md) and the two never disagree on a number.
+
+
+def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _cell(rep: Report, a: Any, name: str, fmt: str = "{:.2f}x") -> str:
+    # "n/a" for a refused figure (its why is in the caption), "-" for one never measured.
+    return "n/a" if name in rep.withheld(a.recipe) else _x(getattr(a, name), fmt)
+
+
+def share_text(rep: Report) -> str:
+    """The GEMM share as the report may state it: of the step shown, of the steps the GEMMs were
+    timed in (host clock), or "n/a (why)"; never a share above 100%."""
+    share, basis = rep.gemm_share, rep.meta.get("gemm_share_basis", "step")
+    if rep.gemm_ms is None:
+        return "GEMMs not timed"
+    if share is None:
+        why = rep.meta.get("gemm_share_na") or "GEMM time exceeds the step"
+        return f"GEMMs {rep.gemm_ms:.2f} ms, GEMM share n/a ({why.split(': ')[0]})"
+    if basis == "timed steps":
+        of = rep.meta.get("gemm_share_of_ms")
+        # A lower bound where that step ran slower than the step shown: it also ran the instruments.
+        low = "; a lower bound: that step also ran the capture instruments" if of and of > rep.step_ms else ""
+        return (f"GEMMs {100 * share:.1f}% of the instrumented step they were timed in"
+                + (f" ({share * of:.2f} of {of:.2f} ms, host clock{low})" if of else " (host clock)"))
+    return f"GEMMs {rep.gemm_ms:.2f} ms ({100 * share:.1f}% of the step)"
+
+
+def rerun_text(a: Any) -> str:
+    """Where a rerun's median should fall (the CI widened by sqrt(2), stats.Estimate.rerun): the range
+    to hold a user's own timing loop against, since their loop has an error of its own."""
+    r = getattr(a, "observed_rerun", None)
+    return f"{r[0]:.2f}-{r[1]:.2f}x" if a.recipe != "BF16" and r else ""
+
+
+def interval_text(a: Any) -> str:
+    """The observed speedup's 95% interval, or why there is none (the baseline has none: 1.00x by
+    definition)."""
+    if a.recipe == "BF16":
+        return ""
+    if a.observed_ci:
+        return f"{a.observed_ci[0]:.2f}-{a.observed_ci[1]:.2f}x"
+    if a.observed_rounds:
+        return f"({a.observed_rounds} rounds: too few)"
+    return ""
+
+
+@dataclass
+class SpeedupRows:
+    """The speedup table as plain, unescaped text: ``rows`` one per ``Report.recipes`` (in order),
+    ``skipped`` the recipes not run; ``explained`` says what the columns are, ``notes`` what the
+    report adds about this run (instrument cost, clocks, timing, why a figure is n/a)."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    skipped: list[str] = field(default_factory=list)
+    explained: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def speedup_rows(rep: Report) -> SpeedupRows:
+    """The GEMM vs step speedup table of a report, as text (:class:`SpeedupRows`)."""
+    # The job's precision is what its GEMMs ran (FP32 on an fp32 model), not the key its run is joined on.
+    job = rep.meta.get("job_precision") or rep.current_recipe
+    title = f"GEMM vs step speedup — job ran {job}: step {rep.step_ms:.2f} ms, {share_text(rep)}"
+    ran = rep.meta.get("baseline_ran")
+    unfused = any(a.predicted_step_speedup_unfused is not None for a in rep.recipes)
+    # The job's own column only where some row has it (an FP32 job's has no FP32 microbenchmark).
+    vs_cur = rep.current_recipe != "BF16" and any(a.gemm_speedup_vs_current is not None for a in rep.recipes)
+    cols = (["recipe", "GEMM ms (bench)", "GEMM speedup"] + ([f"vs {rep.current_recipe}"] if vs_cur else [])
+            + ["predicted step"] + (["pred. unfused"] if unfused else [])
+            + ["observed step", "95% CI", "a rerun", "observed ms"])
+    rows = []
+    for a in rep.recipes:
+        name = f"{a.recipe} (ran {ran})" if ran and a.recipe == "BF16" else a.recipe
+        rows.append([name, _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")]
+                    + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
+                    + [_cell(rep, a, "predicted_step_speedup")]
+                    + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
+                    + [_cell(rep, a, "observed_step_speedup"), interval_text(a), rerun_text(a),
+                       _x(a.observed_step_ms, "{:.2f}")])
+    notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
+        [rep.meta[k] for k in ("job_step_note", "framework_note", "clock_note", "duty_note") if rep.meta.get(k)]
+    if rep.meta.get("timing"):
+        notes.append(f"Timing: {rep.meta['timing']}")
+    held = {why for r in (rep.meta.get("withheld") or {}) for f, why in rep.withheld(r).items()
+            if f not in ("verdict", "evidence")}
+    notes += [f"n/a: {why}" for why in sorted(held)]
+    over = f"the BF16 run, which ran {ran}" if ran else "BF16"
+    explained = (f"speedups over {over}. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the "
+                 "captured shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. "
+                 "unfused: each GEMM plus a standalone quantization of its inputs (autocast mode). observed step: "
+                 "whole training steps (optimizer included) in the sweep's alternating rounds, the median of the "
+                 "per-round ratios; 95% CI: its order-statistic interval (from 6 rounds); a rerun: where another "
+                 "run's median (a loop of your own) should fall, the CI widened by sqrt(2). Attention's QK^T and "
+                 "softmax·V count as non-GEMM time")
+    return SpeedupRows(title, cols, rows, list(rep.skipped), explained, notes)
+
+
+def top_gemm_rows(cap: GemmCapture, limit: int = 10) -> tuple[list[str], list[list[str]], int]:
+    """The capture's GEMMs that took the most time per step, as text: (columns, rows, how many more).
+    The share is of the captured GEMM time per step; an untimed capture (no per-call times) is
+    ordered by FLOPs, its times "-"."""
+    timed = any(r.times_ms for r in cap.records)
+    total = sum(r.ms_per_step or 0.0 for r in cap.records)
+    graphed = cap.meta.get("graphed_modules") or []
+    key = (lambda r: -(r.ms_per_step or 0.0)) if timed else (lambda r: -r.flops_per_step)
+    ranked = sorted(cap.records, key=key)
+    rows = []
+    for r in ranked[:limit]:
+        op = r.op + (" (recompute)" if r.recompute else "") + (" (graphed)" if in_graphed(r.module, graphed) else "")
+        shape = r.shape.mkn + (f" [{len(r.m_splits[0])} groups]" if r.m_splits else "")
+        ms = r.ms_per_step
+        share = f"{100 * ms / total:.1f}%" if ms is not None and total > 0 else "-"
+        rows.append([r.name, op, shape, r.precision, _ms(ms), share])
+    cols = ["module", "pass", "M x K x N", "precision", "ms/step", "share of GEMM time"]
+    return cols, rows, max(len(ranked) - limit, 0)

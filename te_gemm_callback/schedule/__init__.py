@@ -30,6 +30,7 @@ from typing import Any
 
 from te_gemm_callback.capture import GemmCapture, GemmProfiler
 from te_gemm_callback.schedule.arguments import check_arguments
+from te_gemm_callback.schedule.publish import Publishing, guard
 from te_gemm_callback.schedule.results import ScheduleResults, sweep_metrics
 
 __all__ = ["GemmSchedule", "JobStep", "ScheduleResults", "SweepJob", "check_arguments", "guard", "kernel_steps",
@@ -60,6 +61,7 @@ class JobStep:
     accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
     writes: bool = True  # this process writes the run folder (rank zero)
     log_metrics: Callable[[dict[str, float]], Any] | None = None  # the job's own logger
+    log_artifacts: Callable[[dict[str, Path]], Any] | None = None  # the report's files to the job's logger
     sweep: Callable[[], SweepJob] | None = None  # None: the sweep waits for a later step or train_end
 
 
@@ -69,16 +71,6 @@ def schedule_signature() -> inspect.Signature:
     params = [p for n, p in inspect.signature(GemmSchedule.__init__).parameters.items() if n != "name"]
     return inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.name != "self" else p
                               for p in params], return_annotation=None)
-
-
-def guard(fn: Callable[[], Any], what: str) -> Any:
-    """Run one piece of our own work; a failure is logged once and never reaches the training job
-    (returns False then)."""
-    try:
-        return fn()
-    except Exception as err:
-        log.warning("te-gemm: %s: %s: %s (training goes on)", what, type(err).__name__, err)
-        return False
 
 
 def phase(step: int, wait: int, warmup: int, active: int) -> str:
@@ -103,7 +95,7 @@ def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int
     return {"kernel_steps": 1, "settle_steps": 1 if room >= 1 else 0, "kernel_warmup_steps": 1 if room >= 2 else 0}
 
 
-class GemmSchedule:
+class GemmSchedule(Publishing):
     """Capture the GEMMs of a training job over a window of its optimizer steps (module docstring).
 
     Args:
@@ -126,7 +118,12 @@ class GemmSchedule:
         set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves.
         sweep_plan: a precision plan (``te-gemm plan``'s file or a PrecisionPlan) swept as "plan".
         kernel_breakdown: on CUDA, the kernels step among the active ones and one per swept recipe.
-        verbose: print the capture table when done.
+        report: True: right after the capture (and the sweep), benchmark the captured shapes in every
+            recipe this machine runs and write the report (report.json, report.md, figures, trace)
+            into ``output_dir`` on rank zero, its cost stated in the log, its files and metrics handed
+            to the job's logger; "end": the same when training ends; False: neither (``te-gemm
+            bench`` and ``te-gemm report`` later).
+        verbose: print the capture table (and the report) when done.
     """
 
     def __init__(self, wait: int = 1, warmup: int = 1, active: int = 6, output_dir: str | Path = "te_gemm",
@@ -135,12 +132,13 @@ class GemmSchedule:
                  sweep: Sequence[str] | None = None, sweep_steps: int = 3, set_recipe: Any = None,
                  kernel_breakdown: bool = True, sweep_warmup: int = 2, instrumented_steps: int = 1,
                  sweep_plan: Any = None, sweep_rounds: int = 6, sweep_budget_s: float = 20.0,
-                 name: str = "GemmSchedule") -> None:
+                 report: bool | str = True, name: str = "GemmSchedule") -> None:
         self.sweep, self.sweep_plan = check_arguments(
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
             sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s, set_recipe=set_recipe,
-            output_dir=output_dir)
+            output_dir=output_dir, report=report)
+        self.report = report
         self.wait, self.warmup, self.active, self.instrumented_steps = wait, warmup, active, instrumented_steps
         self.output_dir, self.filename, self.verbose, self.name = Path(output_dir), filename, verbose, name
         self.profiler_kwargs = dict(adapters=tuple(adapters), dispatch_steps=dispatch_steps, nvtx=nvtx)
@@ -158,6 +156,8 @@ class GemmSchedule:
         self.sweep_result: Any = None
         self.metrics: dict[str, float] = {}
         self._swept = False
+        self._reported = False
+        self.report_files: dict[str, Path] = {}
         self._prof: GemmProfiler | None = None
         self._phase: str | None = None
         self._micro_batches = 0
@@ -251,6 +251,7 @@ class GemmSchedule:
         self._finish(job, keep=self._phase == "active")
         if self.capture is not None:
             self._sweep_and_log(job)
+            self._report(job, at_end=True)
 
     def exception(self) -> None:
         """The job raised: take everything off, publish nothing."""
@@ -320,68 +321,3 @@ class GemmSchedule:
                             "(kinds: %s)", len(cap.steps), self.active, ", ".join(s.kind for s in cap.steps))
             self._publish(job, cap)
             self.done = True
-
-    def _publish(self, job: JobStep, cap: GemmCapture) -> None:
-        """Gather (collective), save, print, sweep and log the active steps' capture."""
-        from te_gemm_callback.capture.distributed import gather_captures
-        from te_gemm_callback.files.run_folder import new_run_id
-        from te_gemm_callback.reporting import summary_metrics
-
-        cap.meta["accumulate_grad_batches"] = int(job.accumulate)
-        cap.meta["global_step_end"] = int(job.global_step)
-        cap.meta["run_id"] = self.run_id = new_run_id()
-        # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.
-        gathered = guard(lambda: gather_captures(cap), "captures of the other ranks not gathered")
-        if not cap.steps:
-            return
-        self.capture = cap
-        if job.writes:
-            guard(lambda: self._save(cap, gathered or None), f"capture not written to {self.output_dir}")
-        self.metrics.update(guard(lambda: summary_metrics(cap), "no summary metrics") or {})
-        self._sweep_and_log(job, fresh=True)
-
-    def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
-        from te_gemm_callback.files.run_folder import clear_stale_sweep, save_capture, write_ranks
-        from te_gemm_callback.reporting import capture_table, print_table
-        from te_gemm_callback.reporting.tables import ranks_table
-
-        # Written before anything is printed: a table that cannot be printed never costs the capture.
-        self.path = save_capture(cap, self.output_dir, self.filename, keep_existing=self.resumed)
-        if gathered is not None and len(gathered) > 1:
-            self.rank_summary = write_ranks(gathered, self.output_dir)
-        log.info("te-gemm: capture written to %s", self.path)
-        if not self.resumed:  # a resumed job's folder keeps the first process's run beside this one
-            guard(lambda: clear_stale_sweep(self.output_dir, self.run_id), "stale sweep captures not removed")
-        if self.verbose:
-            def show() -> None:
-                print_table(capture_table(cap, limit=40))
-                if self.rank_summary is not None:
-                    print_table(ranks_table(self.rank_summary))
-
-            guard(show, "capture table not printed")
-
-    def _sweep_and_log(self, job: JobStep, fresh: bool = False) -> None:
-        """Run the sweep once, when the job can give what it needs; then hand the metrics to its logger."""
-        swept = False
-        if self.sweep and not self._swept and job.sweep is not None:
-            self._swept = swept = True
-            self.metrics.update(guard(lambda: self._run_sweep(job), "recipe sweep failed and was skipped") or {})
-        if job.log_metrics is not None and (fresh or swept) and self.metrics:
-            guard(lambda: job.log_metrics(dict(self.metrics)), "metrics not logged")
-
-    def _run_sweep(self, job: JobStep) -> dict[str, float]:
-        from te_gemm_callback.analysis.verdicts import capture_recipe
-        from te_gemm_callback.sweep.engine import run_sweep
-
-        sj = job.sweep()
-        out_dir = self.output_dir / "sweep" if job.writes else None
-        if out_dir is not None and out_dir.is_symlink():  # run_sweep checks only the folders below it
-            raise ValueError(f"{out_dir} is a symbolic link: the sweep writes only into real folders")
-        opt_step = sj.optimizer_step if sj.optimizer_step is not None or not sj.optimizers else None
-        res = self.sweep_result = run_sweep(
-            sj.module, sj.step, self.sweep, steps=self.sweep_steps, warmup=self.sweep_warmup,
-            profile_kernels=self.kernel_breakdown, set_recipe=sj.set_recipe or self.set_recipe, context=sj.context,
-            out_dir=out_dir, job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"],
-            plan=self.sweep_plan, rounds=self.sweep_rounds, budget_s=self.sweep_budget_s,
-            optimizers=list(sj.optimizers), optimizer_step=opt_step, run_id=self.run_id)
-        return sweep_metrics(res)

@@ -20,7 +20,7 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
                     sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
                     sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 6,
                     sweep_budget_s: float = 20.0, set_recipe: Any = None,
-                    output_dir: Any = None) -> tuple[list[str] | None, Any]:
+                    output_dir: Any = None, report: Any = True) -> tuple[list[str] | None, Any]:
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
     sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
     added to the recipes). Called where the arguments are given, not once training runs."""
@@ -50,6 +50,8 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
             raise ValueError(f"output_dir must be a folder path, got {output_dir!r}")
         if os.path.exists(output_dir) and not os.path.isdir(output_dir):
             raise ValueError(f"output_dir {plain(output_dir)} exists and is not a folder: give a folder path")
+    if report not in (True, False, "end"):  # bool(report) would take any string for True
+        raise ValueError(f"report must be True, False or 'end', got {report!r}")
     if set_recipe is not None and not callable(set_recipe):  # else the sweep fails after training
         raise ValueError(f"set_recipe must be a function f(module, recipe_or_None) or None, got {set_recipe!r}")
     from te_gemm_callback.precisions import canonical

@@ -32,9 +32,10 @@ def sweep_metrics(res: Any) -> dict[str, float]:
     """Logger scalars from a :class:`~te_gemm_callback.sweep.engine.SweepResult`: observed step
     time and speedup per recipe."""
     from te_gemm_callback.analysis.verdicts import analyze
+    from te_gemm_callback.precisions import skipped_lines, warn_once
 
-    for r, why in res.skipped.items():
-        log.warning("te-gemm: sweep skipped %s: %s", r, why)
+    for line in skipped_lines(res.skipped):  # one line per cause, once per process
+        warn_once(f"te-gemm: sweep: {line}")
     caps = list(res.captures.values())
     if not caps:
         return {}

@@ -1,0 +1,188 @@
+"""``te-gemm cache list|clear``: what the microbenchmark result cache holds, and its removal.
+
+The cache is the file :class:`~te_gemm_callback.microbench.cells.ResultCache` reads and writes
+(``--cache``, else ``$TE_GEMM_CACHE``, else ``~/.cache/te_gemm_callback/bench.json``). Both commands
+decide by the file's content that it is a cache, as the cache itself does: a file of another kind
+is named and left untouched. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from te_gemm_callback.cli.args import UsageError
+from te_gemm_callback.printable import safe
+
+
+def cache_path(path: str | None) -> Path:
+    """The file a bench with ``--cache path`` would use (the same default and ``~`` expansion)."""
+    from te_gemm_callback.microbench.cells import ResultCache
+
+    return ResultCache(path, enabled=False).path  # disabled: only the path, the file is not read
+
+
+def _aside(path: Path) -> list[Path]:
+    """Corrupt caches the cache moved aside (``<name>.corrupt-<time>``): ours, regular files only."""
+    pattern = re.compile(re.escape(path.name) + r"\.corrupt-\d+")
+    try:
+        return sorted(p for p in path.parent.iterdir()
+                      if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink())
+    except OSError:
+        return []
+
+
+def _read_cache(path: Path) -> tuple[dict[str, Any] | None, int]:
+    """The cache's content (None for a cache torn mid-write: still ours) and its size in bytes.
+    ValueError, naming the file, for anything that is not a cache (a link, a folder, another file)."""
+    from te_gemm_callback.files.jsonio import parse_json, read_bytes_bounded, schema_of
+    from te_gemm_callback.microbench.cells import _is_cache, _looks_like_cache
+
+    if path.is_symlink():  # the cache never writes through a link; its removal must not either
+        raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}), not a te-gemm cache: give the real path")
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path} is not a regular file, so not a te-gemm cache")
+    raw = read_bytes_bounded(path)
+    try:
+        data = parse_json(raw)
+    except ValueError as err:
+        if _looks_like_cache(raw):
+            return None, st.st_size
+        raise ValueError(f"{path} is not a te-gemm cache ({err}); nothing was changed") from None
+    if not _is_cache(data):
+        if _looks_like_cache(raw):
+            return None, st.st_size
+        raise ValueError(f"{path} is not a te-gemm cache (it holds {schema_of(data) or type(data).__name__}); "
+                         "nothing was changed")
+    return data, st.st_size
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    return f"{n / 1024:.1f} KiB" if n < 2**20 else f"{n / 2**20:.1f} MiB"
+
+
+def cell_counts(results: dict[str, Any]) -> Counter:
+    """Cells per (device, versions, recipe), from the cache keys (microbench.cells.result_key:
+    ``device|versions|pass:MxKxN|splits|recipe|mode|l2[|duty]``); an entry whose key does not split
+    so is counted under its own fields."""
+    counts: Counter = Counter()
+    for key, entry in results.items():
+        parts = str(key).split("|")
+        if len(parts) >= 7:
+            device, versions, recipe = parts[0], parts[1], parts[4]
+        else:
+            e = entry if isinstance(entry, dict) else {}
+            cond = e.get("conditions") if isinstance(e.get("conditions"), dict) else {}
+            device, versions, recipe = str(cond.get("device", "?")), "?", str(e.get("precision", "?"))
+        counts[(device, versions, recipe)] += 1
+    return counts
+
+
+def cmd_cache_list(a: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from te_gemm_callback.microbench.cells import TIMING_VERSION
+    from te_gemm_callback.reporting.tables import console
+
+    out = console()
+    path = cache_path(a.cache)
+    aside = _aside(path)
+    out.print(f"cache: {safe(path)}")
+    if not os.path.lexists(path):
+        out.print("no cache yet: te-gemm bench writes one (--no-cache: measure without it)")
+    else:
+        data, size = _read_cache(path)
+        if data is None:
+            out.print(f"size: {_size(size)}; damaged (torn mid-write or edited): the next bench moves it aside and "
+                      "starts empty")
+        else:
+            results = data.get("results") if isinstance(data.get("results"), dict) else {}
+            version = data.get("timing_version")
+            out.print(f"size: {_size(size)}, {len(results)} cell(s), timing version {safe(version)}")
+            if version != TIMING_VERSION:
+                out.print(f"[yellow]written by another timing version (this one measures with {TIMING_VERSION}): "
+                          "te-gemm bench measures every cell again; te-gemm cache clear removes these[/yellow]")
+            counts = cell_counts(results)
+            if counts:
+                t = Table(title="cells per device and recipe")
+                for c in ("device", "versions", "recipe", "cells"):
+                    t.add_column(c, justify="right" if c == "cells" else "left")
+                for (device, versions, recipe), n in sorted(counts.items()):
+                    t.add_row(safe(device), safe(versions), safe(recipe), str(n))
+                out.print(t)
+            peaks = data.get("peaks") if isinstance(data.get("peaks"), dict) else {}
+            if peaks:
+                out.print("peak TFLOP/s measured on: " + safe(", ".join(map(str, peaks))))
+    if aside:
+        out.print(f"{len(aside)} damaged cache(s) moved aside: " + safe(", ".join(p.name for p in aside)))
+    return 0
+
+
+def cmd_cache_clear(a: argparse.Namespace) -> int:
+    from filelock import FileLock, Timeout
+
+    path = cache_path(a.cache)
+    aside = _aside(path)
+    exists = os.path.lexists(path)
+    if not exists and not aside:
+        print(f"nothing to clear: no cache at {safe(path)}")
+        return 0
+    what = []
+    if exists:
+        data, size = _read_cache(path)  # refuses a file that is not a cache before anything is asked
+        cells = len(data["results"]) if data is not None and isinstance(data.get("results"), dict) else None
+        what.append(f"{path} ({_size(size)}" + ("" if cells is None else f", {cells} cell(s)") + ")")
+    what += [str(p) for p in aside]
+    if not a.yes:
+        if not sys.stdin.isatty():  # a script must say so: a prompt nobody sees would hang it
+            raise UsageError(f"pass --yes to remove {'; '.join(what)} without a prompt")
+        answer = input(f"remove {safe('; '.join(what))}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 0
+    if exists:
+        try:
+            # A bench saving now merges into the file under this lock: it finishes first, or saves after.
+            with FileLock(f"{path}.lock", timeout=60):
+                path.unlink()
+        except Timeout:
+            raise OSError(f"lock {path}.lock held by another process for 60 s: a bench is saving; try again") from None
+    for p in aside:
+        p.unlink()
+    print(f"removed {safe('; '.join(what))}")
+    return 0
+
+
+def add_cache_parser(sub: Any) -> None:
+    """The ``cache`` subcommand and its ``list`` / ``clear`` commands."""
+    from te_gemm_callback.cli.args import EXIT_CODES, _file_path
+
+    where = ("the result cache file (default: $TE_GEMM_CACHE if set, else ~/.cache/te_gemm_callback/bench.json; "
+             "te-gemm bench --cache takes the same)")
+    c = sub.add_parser("cache", help="list or clear the microbenchmark result cache",
+                       description="The microbenchmark result cache: every cell te-gemm bench measured, keyed by "
+                                   "device, torch/TE versions, shape, pass, recipe, mode and conditions, so a rerun "
+                                   "or a report does not measure it again.", epilog=EXIT_CODES)
+    cs = c.add_subparsers(dest="cache_cmd", required=True, metavar="{list,clear}")
+    s = cs.add_parser("list", help="where the cache is, its size, and its cells per device and recipe",
+                      description="Where the cache is, its size and number of cells, and how many cells each "
+                                  "device (with its torch/TE versions) and recipe has there. Reads only.",
+                      epilog=EXIT_CODES)
+    s.add_argument("--cache", type=_file_path, help=where)
+    s.set_defaults(fn=cmd_cache_list)
+    s = cs.add_parser("clear", help="remove the cache (every cell is measured again next time)",
+                      description="Remove the cache file (and damaged copies it moved aside), under its lock so "
+                                  "a bench saving at the same time is not cut short. A file that is not a te-gemm "
+                                  "cache is refused and left as it is.", epilog=EXIT_CODES)
+    s.add_argument("--cache", type=_file_path, help=where)
+    s.add_argument("-y", "--yes", action="store_true", help="remove without asking (needed when not on a terminal)")
+    s.set_defaults(fn=cmd_cache_clear)

@@ -1,0 +1,300 @@
+"""report.md: the report of an analysed run as GitHub-flavoured Markdown, where users already look
+(a pull request, a wiki, the run folder on GitHub): the checks, the verdicts with their evidence,
+the speedup table, the capture's top GEMMs, the figures and the kernel timeline as relative links,
+the notes behind the numbers, and the commands that make it again.
+
+Nothing is computed here: every number is one the terminal report prints, from the same text
+(:func:`te_gemm_callback.reporting.tables.speedup_rows`). Every string that comes from a file or
+the user's model (module, recipe and device names, reasons, notes, paths) is escaped
+(:func:`md_escape`), so a module named ``a|b`` or ``<img src=x>`` is text, never markup.
+
+The file starts with :data:`MD_MARKER`; an existing report.md is replaced only when it starts with
+it (:data:`MD_KIND`), as figures carry their PNG marker and the plan's YAML its first line: a
+report.md of the user's own is refused, never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from te_gemm_callback.files.jsonio import text_kind, write_text
+from te_gemm_callback.printable import plain
+from te_gemm_callback.reporting.tables import capture_share, plan_line, share_text, speedup_rows, top_gemm_rows
+
+if TYPE_CHECKING:
+    from te_gemm_callback.analysis.runs import RunReport
+
+# The first line of every report.md we write; what marks one as ours to replace. An HTML comment:
+# GitHub and other renderers show nothing of it.
+MD_MARKER_PREFIX = "<!-- te-gemm-callback report.md"
+MD_MARKER = (f"{MD_MARKER_PREFIX}: written by te-gemm report from this run folder; every report "
+             "replaces it, so edits here are lost -->")
+MD_KIND = text_kind("te-gemm report.md", MD_MARKER_PREFIX.encode())
+
+# Characters with a meaning anywhere in a line of GFM: escapes, code spans, emphasis, links and
+# images, HTML and autolinks (opened by "<": a lone ">" is text), table cells, strikethrough,
+# entities, math.
+_INLINE = re.compile(r"([\\`*_\[\]<|~&$])")
+# Characters with a meaning at the start of a line: headings, lists, setext underlines, quotes.
+_LEADING = re.compile(r"^(?:([#+=>-])|(\d+)([.)]))")
+# How the figures a report draws are titled in report.md (gemm_<mode>: one per bench mode).
+FIGURE_TITLES = {"speedups": "Predicted vs observed step speedup", "step_split": "Step time split",
+                 "ranks": "Per-rank step: GEMM, exposed communication, rest"}
+TOP_GEMMS = 10
+
+
+def md_escape(text: Any, line_start: bool = False) -> str:
+    """``text`` as Markdown shows it literally, on one line: runs of whitespace (newlines included)
+    become one space, control characters "?", every character with a meaning in GFM escaped
+    (pipes included: safe in a table cell); with ``line_start``, also what would open a heading
+    or a list at the start of a line."""
+    s = plain(" ".join(str(text).split()))
+    s = _INLINE.sub(r"\\\1", s)
+    if line_start:
+        s = _LEADING.sub(lambda m: "\\" + m.group(1) if m.group(1) else m.group(2) + "\\" + m.group(3), s)
+    return s
+
+
+def md_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Iterable[int] = ()) -> list[str]:
+    """A GFM table, every cell escaped (:func:`md_escape`); ``right``: the columns aligned right."""
+    right = set(right)
+    out = ["| " + " | ".join(md_escape(c) for c in columns) + " |",
+           "| " + " | ".join("---:" if i in right else ":---" for i in range(len(columns))) + " |"]
+    for row in rows:
+        cells = [md_escape(c) for c in row] + [""] * (len(columns) - len(row))
+        out.append("| " + " | ".join(cells[:len(columns)]) + " |")
+    return out
+
+
+def code_block(lines: Iterable[str], lang: str = "") -> list[str]:
+    """A fenced code block of ``lines``, its fence longer than any run of backticks in them (so no
+    line can close it), control characters shown as "?"."""
+    body = [plain(ln) for ln in lines]
+    runs = [len(r) for ln in body for r in re.findall(r"`+", ln)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    return [fence + lang, *body, fence]
+
+
+def link_target(path: Path, root: Path) -> str:
+    """``path`` as a link from a file in ``root``: relative, forward slashes, percent-encoded (a
+    space or a parenthesis in a name would end the link)."""
+    try:
+        rel = os.path.relpath(path, root)
+    except ValueError:  # another drive (Windows): the name, since our files lie in root
+        rel = Path(path).name
+    return quote(Path(rel).as_posix())
+
+
+def _figure_title(key: str) -> str:
+    if key.startswith("gemm_"):
+        return f"GEMM time per step by precision ({key[5:]} microbenchmarks)"
+    return FIGURE_TITLES.get(key, key)
+
+
+def _verdicts(rr: RunReport) -> list[str]:
+    rep = rr.report
+    out = ["## Verdicts", ""]
+    for a in rep.recipes:
+        if a.recipe == "BF16":
+            continue
+        out.append(f"- **{md_escape(a.recipe)}**: {md_escape(a.verdict)}")
+        # A list item's text is a line of its own to Markdown: "- # x" would be a heading in it.
+        out += [f"  - {md_escape(e, line_start=True)}" for e in a.evidence]
+    for r, why in rep.skipped.items():
+        out.append(f"- **{md_escape(r)}**: not available here — {md_escape(why)}")
+    if not any(a.recipe != "BF16" for a in rep.recipes) and not rep.skipped:
+        out.append("- only BF16 was measured")
+    if rr.plan is not None:
+        out += ["", md_escape(plan_line(rr.plan), line_start=True)]
+    return out
+
+
+def _speedups(rr: RunReport) -> list[str]:
+    rep, s = rr.report, speedup_rows(rr.report)
+    verdicts = [a.verdict for a in rep.recipes]
+    rows = [[*row, v] for row, v in zip(s.rows, verdicts)]
+    rows += [[r, "not run", *[""] * (len(s.columns) - 2), "not available here"] for r in s.skipped]
+    cols = [*s.columns, "verdict"]
+    return ["## Speedups", "", md_escape(s.title, line_start=True), "",
+            *md_table(cols, rows, right=range(1, len(s.columns))), "",
+            md_escape(s.explained + ".", line_start=True)]
+
+
+def _capture(rr: RunReport) -> list[str]:
+    cap = rr.job
+    cols, rows, more = top_gemm_rows(cap, TOP_GEMMS)
+    what = (f"{cap.meta.get('device', '?')}: {len(cap.records)} GEMM records over {len(cap.steps)} captured "
+            f"step(s)")
+    share = capture_share(cap)
+    out = ["## Capture: top GEMMs by time", "", md_escape(what + (f"; {share}" if share else ""), line_start=True),
+           ""]
+    if more:
+        rows.append([f"... {more} more", "", "", "", "", ""])
+    if not any(r.times_ms for r in cap.records):
+        out += ["Not timed (no per-call GEMM times): the GEMMs with the most FLOPs per step.", ""]
+    return out + md_table(cols, rows, right=(4, 5))
+
+
+def _figures(files: Mapping[str, Path], root: Path) -> list[str]:
+    figs = [(k, p) for k, p in files.items() if Path(p).suffix.lower() == ".png"]
+    if not figs:
+        return []
+    out = ["## Figures"]
+    for key, path in figs:
+        title = md_escape(_figure_title(key))
+        out += ["", f"**{title}**", "", f"![{title}]({link_target(path, root)})"]
+    return out
+
+
+def _trace(files: Mapping[str, Path], root: Path) -> list[str]:
+    if "trace" not in files:
+        return []
+    target = link_target(files["trace"], root)
+    return ["## Kernel timeline", "",
+            f"[{md_escape(Path(files['trace']).name)}]({target}): the capture's kernels on a timeline; open "
+            "it in <https://ui.perfetto.dev> or chrome://tracing (load the file there)."]
+
+
+def _checks(rr: RunReport) -> list[str]:
+    rep = rr.report
+    lines = [f"- check: {md_escape(w)}" for w in rep.warnings]
+    lines += [f"- warning: {md_escape(rep.meta[k])}" for k in rr.host_bound_notes if rep.meta.get(k)]
+    if not lines:
+        return []
+    return ["## Checks and warnings", "",
+            "What the report's checks found and will not state as a result; read it before any figure it touches.",
+            "", *lines]
+
+
+def _notes(rr: RunReport) -> list[str]:
+    from rich.text import Text
+
+    rep, meta = rr.report, rr.report.meta
+    labelled = [("Instrument cost", meta.get("step_note")), ("Instrument cost", meta.get("job_step_note")),
+                ("Framework", meta.get("framework_note")), ("Clock", meta.get("clock_note")),
+                ("GEMM duty", meta.get("duty_note")), ("Timing", meta.get("timing")),
+                ("Prediction", meta.get("prediction"))]
+    # Notes that make a run host-bound are already among the warnings (:func:`_checks`).
+    shown = {meta.get(k) for k in rr.host_bound_notes}
+    lines = [f"- {label}: {md_escape(text)}" for label, text in labelled if text and text not in shown]
+    held = sorted({why for r in (meta.get("withheld") or {}) for f, why in rep.withheld(r).items()
+                   if f not in ("verdict", "evidence")})
+    lines += [f"- n/a: {md_escape(why)}" for why in held]
+    if rr.bench is not None:
+        from te_gemm_callback.reporting.bench_tables import run_summary
+
+        # run_summary is rich markup for the terminal; its plain text here.
+        lines.append(f"- Microbenchmark: {md_escape(Text.from_markup(run_summary(rr.bench)).plain)}")
+    return ["## Notes", "", *lines] if lines else []
+
+
+def _job_capture(root: Path) -> Path:
+    """The capture the report's job was read from (as :func:`~te_gemm_callback.analysis.runs.analyze_run`
+    picks it: the first outside sweep/, else the first)."""
+    paths = sorted(root.rglob("gemm_capture.json"))
+    main = [p for p in paths if "sweep" not in p.relative_to(root).parts]
+    return (main or paths or [root / "gemm_capture.json"])[0]
+
+
+def _bench_commands(rr: RunReport, root: Path) -> list[str]:
+    q = shlex.quote
+    capture = _job_capture(root)
+    bench_json = root / "bench.json"
+    if rr.bench is None:
+        return ["No bench.json here: microbenchmark the job's shapes (on the machine the job ran on) for predictions "
+                "and GEMM speedups, then report again:", "",
+                *code_block([f"te-gemm bench --capture {q(str(capture))} --json {q(str(bench_json))}",
+                             f"te-gemm report {q(str(root))}"], "sh")]
+    m = rr.bench.meta
+    # The recipes asked for: those measured and those this host could not run (a GPU host may).
+    ran = m["precisions"] if isinstance(m.get("precisions"), list) else rr.bench.precisions
+    precisions = list(dict.fromkeys(str(p) for p in [*ran, *rr.bench.skipped]))
+    modes = [mode for mode in (m.get("modes") or ["autocast"]) if isinstance(mode, str)]
+    opts = [f"--precisions {q(','.join(precisions))}"] if precisions else []
+    if m.get("gemm_duty") is not None and m.get("backend") == "te":
+        opts.append(f"--gemm-duty {m['gemm_duty']:g}")
+    if m.get("visits"):
+        opts.append(f"--visits {int(m['visits'])}")
+    if m.get("flush_l2"):
+        opts.append("--flush-l2")
+    if len(m.get("visits_per_device") or []) > 1:
+        opts.append(f"--devices {len(m['visits_per_device'])}")
+    # --modes always, even for one: the bench file --json replaces would otherwise pick the modes.
+    cmd = " ".join(["te-gemm bench --capture", q(str(capture)), *opts, "--modes", q(",".join(modes)),
+                    "--json", q(str(bench_json))])
+    return ["Measure the microbenchmarks again (on the machine the job ran on), then make the report again:", "",
+            *code_block([cmd, f"te-gemm report {q(str(root))}"], "sh")]
+
+
+# Capture meta fields that say where a capture came from, in the order shown.
+PROVENANCE = ("command", "argv", "cwd", "host", "created", "model", "device", "compute_capability", "torch",
+              "cuda", "transformer_engine", "python", "adapters", "git_commit", "run_id")
+
+
+def _provenance(meta: Mapping[str, Any]) -> list[str]:
+    fields = dict(meta.get("provenance")) if isinstance(meta.get("provenance"), Mapping) else {}
+    for key in PROVENANCE:
+        if meta.get(key) not in (None, "", []):
+            fields.setdefault(key, meta[key])
+    lines: list[str] = []
+    command, argv = fields.pop("command", None), fields.pop("argv", None)
+    command = command or argv
+    if isinstance(meta.get("provenance"), str):
+        lines.append(f"- {md_escape(meta['provenance'], line_start=True)}")
+    for key, value in fields.items():
+        if isinstance(value, (list, tuple)):
+            value = ", ".join(map(str, value))
+        lines.append(f"- {md_escape(key)}: {md_escape(value)}")
+    if command:
+        text = shlex.join(map(str, command)) if isinstance(command, (list, tuple)) else str(command)
+        lines += ["- command:", "", *["  " + ln for ln in code_block(text.splitlines() or [""], "sh")]]
+    return lines
+
+
+def _commands(rr: RunReport, root: Path) -> list[str]:
+    out = ["## Commands", "", "Make this report again from the run folder (no GPU needed):", "",
+           *code_block([f"te-gemm report {shlex.quote(str(root))}"], "sh"), "",
+           f"or from Python: `te_gemm_callback.report({_py_str(root)})`.", "", *_bench_commands(rr, root)]
+    prov = _provenance(rr.job.meta)
+    if prov:
+        capture = link_target(_job_capture(root), root)
+        out += ["", f"The job's capture ([{md_escape(_job_capture(root).name)}]({capture})) records:", "", *prov]
+    return out
+
+
+def _py_str(root: Path) -> str:
+    """A Python string literal of the path, fit for a code span (no backtick can end it early)."""
+    return plain(repr(str(root))).replace("`", "\\x60")
+
+
+def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) -> str:
+    """The text of report.md (without :data:`MD_MARKER`) for an analysed run whose files, written
+    into ``root``, are ``files`` (what :func:`~te_gemm_callback.reporting.speedups.write_run` wrote:
+    the figures and trace among them are linked, nothing else)."""
+    root = Path(root)
+    rep = rr.report
+    job = rep.meta.get("job_precision") or rep.current_recipe
+    name = root.resolve().name or str(root)
+    head = [f"# GEMM report: {md_escape(name)}", "",
+            md_escape(f"{rep.meta.get('device') or 'unknown device'}; job ran {job}: step {rep.step_ms:.2f} ms, "
+                      f"{share_text(rep)}.", line_start=True)]
+    sections = [head, _checks(rr), _verdicts(rr), _speedups(rr), _capture(rr), _figures(files, root),
+                _trace(files, root), _notes(rr), _commands(rr, root)]
+    return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
+
+
+def write_markdown(path: str | Path, text: str) -> Path:
+    """Write ``text`` as a report.md of ours (:data:`MD_MARKER` first), atomically; an existing
+    file only if it is one of ours (:data:`MD_KIND`: one-line ValueError otherwise)."""
+    return write_text(path, f"{MD_MARKER}\n\n{text}", MD_KIND)
+
+
+def write_report_md(rr: RunReport, path: str | Path, files: Mapping[str, Path], root: str | Path) -> Path:
+    """:func:`report_markdown` written to ``path`` (:func:`write_markdown`)."""
+    return write_markdown(path, report_markdown(rr, files, root))

@@ -1,0 +1,149 @@
+"""What the schedule does once its window is over: publish the capture (gathered from every rank,
+written on rank zero, printed, logged), run the recipe sweep when the job can give what it needs,
+then benchmark and report into the run folder and hand the report to the job's logger."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from te_gemm_callback.schedule.results import sweep_metrics
+
+if TYPE_CHECKING:
+    from te_gemm_callback.capture import GemmCapture
+    from te_gemm_callback.schedule import JobStep
+
+log = logging.getLogger("te_gemm_callback")
+
+
+def guard(fn: Callable[[], Any], what: str) -> Any:
+    """Run one piece of our own work; a failure is logged once and never reaches the training job
+    (returns False then)."""
+    try:
+        return fn()
+    except Exception as err:
+        log.warning("te-gemm: %s: %s: %s (training goes on)", what, type(err).__name__, err)
+        return False
+
+
+class Publishing:
+    """The publishing half of :class:`~te_gemm_callback.schedule.GemmSchedule` (its attributes)."""
+
+    def _publish(self, job: JobStep, cap: GemmCapture) -> None:
+        """Gather (collective), save, print, sweep and log the active steps' capture."""
+        from te_gemm_callback.capture.distributed import gather_captures
+        from te_gemm_callback.files.run_folder import new_run_id
+        from te_gemm_callback.reporting import summary_metrics
+
+        cap.meta["accumulate_grad_batches"] = int(job.accumulate)
+        cap.meta["global_step_end"] = int(job.global_step)
+        cap.meta["run_id"] = self.run_id = new_run_id()
+        # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.
+        gathered = guard(lambda: gather_captures(cap), "captures of the other ranks not gathered")
+        if not cap.steps:
+            return
+        self.capture = cap
+        if job.writes:
+            guard(lambda: self._save(cap, gathered or None), f"capture not written to {self.output_dir}")
+        self.metrics.update(guard(lambda: summary_metrics(cap), "no summary metrics") or {})
+        self._sweep_and_log(job, fresh=True)
+        self._report(job, at_end=False)
+
+    def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
+        from te_gemm_callback.files.run_folder import clear_stale_sweep, save_capture, write_ranks
+        from te_gemm_callback.reporting import capture_table, print_table
+        from te_gemm_callback.reporting.tables import ranks_table
+
+        # Written before anything is printed: a table that cannot be printed never costs the capture.
+        self.path = save_capture(cap, self.output_dir, self.filename, keep_existing=self.resumed)
+        if gathered is not None and len(gathered) > 1:
+            self.rank_summary = write_ranks(gathered, self.output_dir)
+        log.info("te-gemm: capture written to %s", self.path)
+        if not self.resumed:  # a resumed job's folder keeps the first process's run beside this one
+            guard(lambda: clear_stale_sweep(self.output_dir, self.run_id), "stale sweep captures not removed")
+        if self.verbose:
+            def show() -> None:
+                print_table(capture_table(cap, limit=40))
+                if len(cap.records) > 40:  # the table stops at 40 rows: say where the rest is
+                    log.info("te-gemm: %d more GEMM row(s) in the capture: te-gemm show %s --limit 0",
+                             len(cap.records) - 40, self.path)
+                if self.rank_summary is not None:
+                    print_table(ranks_table(self.rank_summary))
+
+            guard(show, "capture table not printed")
+
+    def _sweep_and_log(self, job: JobStep, fresh: bool = False) -> None:
+        """Run the sweep once, when the job can give what it needs; then hand the metrics to its logger."""
+        swept = False
+        if self.sweep and not self._swept and job.sweep is not None:
+            self._swept = swept = True
+            self.metrics.update(guard(lambda: self._run_sweep(job), "recipe sweep failed and was skipped") or {})
+        if job.log_metrics is not None and (fresh or swept) and self.metrics:
+            guard(lambda: job.log_metrics(dict(self.metrics)), "metrics not logged")
+
+    def _report(self, job: JobStep, at_end: bool) -> None:
+        """Benchmark the captured shapes and write the report into the run folder (rank zero), once."""
+        if not self.report or self._reported or self.path is None or not job.writes:
+            return
+        if (self.report == "end" or (self.sweep and not self._swept)) and not at_end:
+            return  # asked for at the end, or the sweep it sets beside the prediction has not run yet
+        self._reported = True
+        t0 = time.perf_counter()
+        files = guard(self._bench_and_report, "benchmarks and report not written")
+        if not files:
+            return
+        self.report_files = files
+        log.info("te-gemm: benchmarked the captured shapes and wrote the report to %s in %.1f s (report='end' "
+                 "moves this to the end of training, report=False leaves it to te-gemm bench/report)",
+                 self.output_dir, time.perf_counter() - t0)
+        from te_gemm_callback.reporting.loggers import report_metrics
+
+        metrics = guard(lambda: report_metrics(files), "no report metrics") or {}
+        self.metrics.update(metrics)
+        if job.log_metrics is not None and metrics:
+            guard(lambda: job.log_metrics(metrics), "report metrics not logged")
+        if job.log_artifacts is not None:
+            guard(lambda: job.log_artifacts(files), "report not handed to the logger")
+
+    def _bench_and_report(self) -> dict[str, Path]:
+        from te_gemm_callback.precisions import RECIPES
+        from te_gemm_callback.reporting.pipeline import bench_and_report
+
+        console = None
+        if self.verbose:
+            from rich.console import Console
+
+            console = Console()
+        import torch
+
+        # The microbenchmarks draw their inputs from the global RNGs; inside a fit those streams are
+        # the job's (dropout, sampling), so they are put back as they were: training goes on as if
+        # nothing ran.
+        cpu = torch.get_rng_state()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            return bench_and_report(self.output_dir, self.path, RECIPES, console=console)
+        finally:
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
+
+    def _run_sweep(self, job: JobStep) -> dict[str, float]:
+        from te_gemm_callback.analysis.verdicts import capture_recipe
+        from te_gemm_callback.sweep.engine import run_sweep
+
+        sj = job.sweep()
+        out_dir = self.output_dir / "sweep" if job.writes else None
+        if out_dir is not None and out_dir.is_symlink():  # run_sweep checks only the folders below it
+            raise ValueError(f"{out_dir} is a symbolic link: the sweep writes only into real folders")
+        opt_step = sj.optimizer_step if sj.optimizer_step is not None or not sj.optimizers else None
+        res = self.sweep_result = run_sweep(
+            sj.module, sj.step, self.sweep, steps=self.sweep_steps, warmup=self.sweep_warmup,
+            profile_kernels=self.kernel_breakdown, set_recipe=sj.set_recipe or self.set_recipe, context=sj.context,
+            out_dir=out_dir, job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"],
+            plan=self.sweep_plan, rounds=self.sweep_rounds, budget_s=self.sweep_budget_s,
+            optimizers=list(sj.optimizers), optimizer_step=opt_step, run_id=self.run_id)
+        return sweep_metrics(res)

@@ -1,0 +1,114 @@
+"""The report without another command, where users already look: a Lightning fit and an HF Trainer
+run with the callbacks' defaults leave the report in the run folder, and hand metrics, figures and
+the verdict table to the job's own logger (TensorBoard read back with its own event reader)."""
+
+import logging
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from test_callback import DemoTransformer
+
+from te_gemm_callback import GemmProfilerCallback
+
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+
+def _events(folder):
+    """Scalars, images and text tags of every TensorBoard event file under ``folder``."""
+    tags = {"scalars": set(), "images": set(), "tensors": set()}
+    for f in folder.rglob("events.out.tfevents.*"):
+        acc = event_accumulator.EventAccumulator(str(f), size_guidance={"images": 0, "tensors": 0})
+        acc.Reload()
+        for kind in tags:
+            tags[kind] |= set(acc.Tags().get(kind, []))
+    return tags
+
+
+def test_a_lightning_fit_with_the_defaults_leaves_the_report_and_logs_it(tmp_path, caplog):
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path / "gemm", verbose=False)
+    logger = pl.loggers.TensorBoardLogger(tmp_path, name="tb")
+    trainer = pl.Trainer(max_steps=6, accelerator="cpu", callbacks=[cb], logger=logger, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    with caplog.at_level(logging.INFO, logger="te_gemm_callback"):
+        trainer.fit(DemoTransformer())
+    out = tmp_path / "gemm"
+    for name in ("gemm_capture.json", "bench.json", "report.json", "report.md", "speedups.png"):
+        assert (out / name).is_file(), name
+    # The cost is said, with how to move it or turn it off.
+    assert any("wrote the report" in r.getMessage() and "report=False" in r.getMessage() for r in caplog.records)
+    tags = _events(tmp_path / "tb")
+    assert {"te_gemm/gemm_share", "te_gemm/gemm_speedup/BF16"} <= tags["scalars"]
+    assert "te_gemm/speedups" in tags["images"] and any("te_gemm/report" in t for t in tags["tensors"])
+
+
+def test_report_false_writes_no_report_and_end_defers_it(tmp_path):
+    for report, written in ((False, False), ("end", True)):
+        out = tmp_path / str(report)
+        cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=out, verbose=False, report=report)
+        pl.Trainer(max_steps=6, accelerator="cpu", callbacks=[cb], logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0).fit(DemoTransformer())
+        assert (out / "gemm_capture.json").is_file() and (out / "report.json").is_file() == written
+
+
+def test_a_bad_report_argument_is_refused_at_construction():
+    with pytest.raises(ValueError, match="report must be True, False or 'end'"):
+        GemmProfilerCallback(report="yes")
+
+
+def test_an_hf_run_reports_to_tensorboard_through_report_to(tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from test_hf_trainer import Tokens, tiny_llama
+
+    from te_gemm_callback.adapters.hf import GemmProfilerTrainerCallback
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))  # the Trainer's and ours
+    torch.manual_seed(0)
+    cb = GemmProfilerTrainerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path / "te_gemm", verbose=False,
+                                     sweep=["BF16"], sweep_steps=1, sweep_rounds=0)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=6, per_device_train_batch_size=2,
+                                          report_to=["tensorboard"], save_strategy="no", logging_steps=1000,
+                                          use_cpu=True, disable_tqdm=True)
+    transformers.Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(32), callbacks=[cb]).train()
+    assert (tmp_path / "te_gemm" / "report.json").is_file() and (tmp_path / "te_gemm" / "report.md").is_file()
+    tags = _events(tmp_path / "tb")
+    assert "te_gemm/observed_step_speedup/BF16" in tags["scalars"] and "te_gemm/gemm_share" in tags["scalars"]
+    assert "te_gemm/speedups" in tags["images"]
+
+
+class _DropoutLM(pl.LightningModule):
+    """Dropout draws from the global RNG every step: a report inside the fit that moved the RNG
+    would change every later loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(0.2), torch.nn.Linear(64, 16))
+        self.losses = []
+
+    def training_step(self, batch, batch_idx):
+        loss = self.net(batch[0]).square().mean()
+        self.losses.append(loss.detach().clone())
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self):
+        x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)
+
+
+def test_the_report_inside_the_fit_leaves_training_bitwise_the_same(tmp_path):
+    def fit(callbacks):
+        torch.manual_seed(0)
+        model = _DropoutLM()
+        pl.Trainer(max_steps=10, accelerator="cpu", callbacks=callbacks, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False).fit(model)
+        return model.losses
+
+    plain = fit([])
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path, verbose=False)
+    with_report = fit([cb])
+    assert (tmp_path / "report.json").is_file()  # the report ran after step 5, inside the fit
+    assert len(plain) == len(with_report) == 10 and all(torch.equal(a, b) for a, b in zip(plain, with_report))
