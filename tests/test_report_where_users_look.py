@@ -112,3 +112,20 @@ def test_the_report_inside_the_fit_leaves_training_bitwise_the_same(tmp_path):
     with_report = fit([cb])
     assert (tmp_path / "report.json").is_file()  # the report ran after step 5, inside the fit
     assert len(plain) == len(with_report) == 10 and all(torch.equal(a, b) for a, b in zip(plain, with_report))
+
+
+def test_a_lightning_fit_hands_figures_and_the_verdict_table_to_wandb(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the run's files stay on disk, read back below
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.chdir(tmp_path)
+    logger = pl.loggers.WandbLogger(project="te-gemm-test", save_dir=str(tmp_path), offline=True)
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path / "gemm", verbose=False)
+    pl.Trainer(max_steps=6, accelerator="cpu", callbacks=[cb], logger=logger, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0).fit(DemoTransformer())
+    wandb.finish()
+    media = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("files/media/**/*") if p.is_file()]
+    assert sum("images/te_gemm/figures" in m for m in media) == 4  # speedups, step split, both GEMM figures
+    assert any("table/te_gemm/report" in m for m in media)
