@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from te_gemm_callback.shapes import ModelConfig
+
 
 class UsageError(ValueError):
     """A command line that cannot work as given (flags that contradict each other, a value no run
@@ -171,3 +173,46 @@ def check_bench_outputs(a: argparse.Namespace) -> None:
             raise UsageError(f"{flag} and {other} name the same file {path}: give two paths")
         if flag != "--cache":
             _check_writable_folder(flag, path)
+
+
+def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    g = p.add_argument_group("model config" if required else
+                             "model config (one source of shapes: these flags, or --shapes, or --capture)")
+    # Without a config (bench from --shapes or --capture) these stay unset: "(default: none)".
+    g.add_argument("--hidden-size", type=_positive, required=required, help="H, the model width")
+    g.add_argument("--intermediate-size", type=_positive, required=required, help="I, the MLP width")
+    g.add_argument("--num-attention-heads", type=_positive, required=required, help="attention heads")
+    g.add_argument("--num-key-value-heads", type=_positive, help="GQA/MQA key/value heads (default: = heads)")
+    g.add_argument("--head-dim", type=_positive, help="per-head width (default: hidden / heads)")
+    g.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=False,
+                   help="SwiGLU/GeGLU: gate and up projections")
+    g.add_argument("--fused-gate-up", action=argparse.BooleanOptionalAction, default=True,
+                   help="gate+up as one 2I GEMM (TE LayerNormMLP) or two I GEMMs")
+    g.add_argument("--fused-qkv", action=argparse.BooleanOptionalAction, default=True,
+                   help="q, k and v as one GEMM or three")
+    g.add_argument("--num-experts", type=_non_negative, default=0, help="MoE experts per layer (0: a dense MLP)")
+    g.add_argument("--top-k", type=_positive, default=1, help="experts each token is routed to")
+    g.add_argument("--tensor-parallel", type=_positive, default=1, help="tensor-parallel ranks the GEMMs split over")
+    g.add_argument("--vocab-size", type=_positive, help="adds the lm_head GEMM (default: none, no lm_head)")
+    g.add_argument("--num-hidden-layers", type=_positive, required=required, help="transformer layers")
+    g.add_argument("--micro-batch-size", type=_positive, required=required, help="sequences per micro-batch")
+    g.add_argument("--sequence-length", type=_positive, required=required, help="tokens per sequence")
+
+
+def config_from_args(a: argparse.Namespace) -> ModelConfig:
+    """The model config the flags give; flags that contradict each other are a usage error."""
+    try:
+        return _config(a)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _config(a: argparse.Namespace) -> ModelConfig:
+    return ModelConfig(
+        hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
+        num_attention_heads=a.num_attention_heads, num_key_value_heads=a.num_key_value_heads,
+        head_dim=a.head_dim, gated_mlp=a.gated_mlp, fused_gate_up=a.fused_gate_up,
+        fused_qkv=a.fused_qkv, num_experts=a.num_experts, top_k=a.top_k,
+        tensor_parallel=a.tensor_parallel, vocab_size=a.vocab_size,
+        num_hidden_layers=a.num_hidden_layers, micro_batch_size=a.micro_batch_size,
+        sequence_length=a.sequence_length)

@@ -1,0 +1,168 @@
+"""``te-gemm bench``: microbenchmark shapes, a model config or a capture in every recipe (split
+from the command line's main module so each stays readable in one sitting)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from te_gemm_callback.cli.args import (
+    UsageError,
+    check_bench_outputs,
+    config_from_args,
+    parse_precisions,
+)
+from te_gemm_callback.printable import safe
+from te_gemm_callback.reporting.tables import console
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    # Nothing here imports torch or TE before run_bench_parallel has started its workers.
+    from te_gemm_callback.capture import GemmCapture
+    from te_gemm_callback.microbench.cells import ResultCache, items_from_capture, items_from_config, items_from_shapes
+    from te_gemm_callback.precisions import RECIPES, skipped_lines
+    from te_gemm_callback.shapes import parse_shapes
+
+    precisions = parse_precisions(a.precisions) or list(RECIPES)
+    sources = [a.shapes is not None, a.capture is not None, a.hidden_size is not None]
+    if sum(sources) != 1:
+        raise UsageError("give exactly one of: the model-config flags, --shapes MxKxN,..., or --capture FILE")
+    if a.modes and a.pre_quantize:
+        raise UsageError("give --modes or --pre-quantize (= --modes prequantized), not both")
+    if a.capture:
+        items = items_from_capture(GemmCapture.load(a.capture))
+        if not items:
+            raise ValueError(f"{a.capture} holds no GEMMs to benchmark")
+    elif a.shapes:
+        try:
+            shapes = parse_shapes(a.shapes)
+        except ValueError as err:
+            raise UsageError(f"--shapes: {err}") from None
+        items = items_from_shapes(shapes)
+    else:
+        missing = [f for f in ("intermediate_size", "num_attention_heads", "num_hidden_layers",
+                               "micro_batch_size", "sequence_length") if getattr(a, f) is None]
+        if missing:
+            raise UsageError("missing config flags: " + ", ".join("--" + m.replace("_", "-") for m in missing))
+        items = items_from_config(config_from_args(a))
+    # Outputs that would be refused are refused now, not after minutes of measuring.
+    from te_gemm_callback.files.jsonio import check_target, json_kind
+    from te_gemm_callback.files.png import PNG_KIND
+    from te_gemm_callback.microbench.cells import BENCH_SCHEMA
+
+    if a.json:
+        check_target(a.json, json_kind(BENCH_SCHEMA))
+    if a.output:
+        check_target(a.output, PNG_KIND)
+    check_bench_outputs(a)
+    modes, kept = bench_modes(a)
+    cache = ResultCache(a.cache, enabled=not a.no_cache)
+    out = console()
+    if kept:
+        out.print(f"modes {', '.join(modes)}: those of the existing {safe(a.json)}, which this run replaces "
+                  "(--modes to choose others)")
+    from te_gemm_callback.microbench.parallel import local_gpu_count  # torch-free
+
+    if a.devices == "all":
+        a.devices = local_gpu_count()
+    # Before launch: one torch process per device (5000 filled the memory). Two stay allowed on a
+    # host without GPUs: the workers' split, pooling and signals are tested there.
+    elif a.devices > max(2, local_gpu_count()):
+        raise UsageError(f"--devices {a.devices}, but this host has {local_gpu_count()} visible GPU(s) "
+                         "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L; a host without GPUs counts 1): pass at most that")
+    if a.devices > 1:
+        from te_gemm_callback.microbench.parallel import run_bench_parallel
+
+        res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
+                                 visits=a.visits, gemm_duty=a.gemm_duty, progress=True, console=out)
+    from te_gemm_callback.microbench.engine import run_bench
+    from te_gemm_callback.reporting.bench_tables import (
+        pass_table,
+        run_summary,
+        speedup_summary,
+        swapped_items,
+        swapped_table,
+        totals_table,
+    )
+    from te_gemm_callback.reporting.figures import stacked_gemm_figure
+
+    if a.devices == 1:
+        res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits,
+                        gemm_duty=a.gemm_duty)
+    from te_gemm_callback.microbench.cells import passes_of
+    from te_gemm_callback.shapes import GemmOp
+
+    # The recipes that did not run are said once below, one line per cause: not in every table's caption,
+    # where a host without CUDA repeated "no CUDA device; transformer-engine not installed" per recipe.
+    quiet = dataclasses.replace(res, skipped={})
+    for mode in modes:
+        for op in GemmOp:  # a table per pass the job ran (dgrad_a/dgrad_b: GEMMs with no weight)
+            if any(s.op is op for it in items for s in passes_of(it)):
+                out.print(pass_table(res, items, op, mode))
+        out.print(totals_table(quiet, items, mode))
+        for p, sp in speedup_summary(res, items, mode).items():
+            if p == "BF16":
+                continue
+            label = f" ({mode})" if len(modes) > 1 else ""
+            out.print(f"estimated GEMM speedup over BF16{label}, {p}: " + ("n/a" if sp is None else f"{sp:.2f}x"))
+    for line in skipped_lines(res.skipped):
+        out.print(f"[yellow]{safe(line)}")
+    mode = modes[0]
+    if a.compare_swapped:
+        sw_items = swapped_items(items)
+        sw = run_bench(sw_items, res.precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out,
+                       visits=a.visits, gemm_duty=a.gemm_duty)
+        out.print(swapped_table(res, sw, items, mode))
+    if a.json:
+        res.save(a.json)
+    if a.output:
+        stacked_gemm_figure(res, items, mode, a.output)
+    out.print(run_summary(res))
+    if cache.save_error:  # after the results: a cache that could not be written loses nothing shown
+        out.print(f"[yellow]warning: {safe(cache.save_error)}")
+    failed = [r for r in res.results if not r.ok]
+    if res.results and len(failed) == len(res.results):
+        reasons = sorted({(r.error or "no time")[:160] for r in failed})
+        print(f"te-gemm bench: error: every cell failed ({len(failed)}): " + "; ".join(reasons[:3]), file=sys.stderr)
+        return 1
+    return 0
+
+
+def bench_modes(a: argparse.Namespace) -> tuple[list[str], bool]:
+    """The modes to measure, and whether they are those of the bench file ``--json`` replaces.
+
+    ``--modes``, or ``--pre-quantize``, say; else a bench file already at ``--json`` (a run folder's
+    bench.json holds both modes) keeps its modes, so re-benchmarking a run never drops the mode its
+    report and figures were drawn from; else autocast."""
+    if a.modes:
+        return a.modes, False
+    if a.pre_quantize:
+        return ["prequantized"], False
+    old = _bench_file_modes(a.json) if a.json else None
+    if old and old != ["autocast"]:
+        return old, True
+    return ["autocast"], False
+
+
+def _bench_file_modes(path: str) -> list[str] | None:
+    """The modes of the bench file at ``path`` (None: absent, or no modes to read). Torch-free."""
+    from te_gemm_callback.files.jsonio import read_json
+    from te_gemm_callback.microbench.cells import MODES
+
+    if not Path(path).is_file():
+        return None
+    try:
+        data = read_json(path)
+    except ValueError:  # check_target took it for a bench file; one that cannot be read keeps nothing
+        return None
+    if not isinstance(data, dict):
+        return None
+    meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+    named = meta.get("modes")
+    if not isinstance(named, list):  # an older file: the modes its cells were measured in
+        results = data.get("results") if isinstance(data.get("results"), list) else []
+        named = [r.get("mode") for r in results if isinstance(r, dict)]
+    modes = [m for m in MODES if m in {x for x in named if isinstance(x, str)}]
+    return modes or None
