@@ -38,7 +38,7 @@ def test_a_lightning_fit_with_the_defaults_leaves_the_report_and_logs_it(tmp_pat
     # The cost is said, with how to move it or turn it off.
     assert any("wrote the report" in r.getMessage() and "report=False" in r.getMessage() for r in caplog.records)
     tags = _events(tmp_path / "tb")
-    assert {"te_gemm/gemm_share", "te_gemm/gemm_speedup/BF16"} <= tags["scalars"]
+    assert {"te_gemm/gemm_share", "te_gemm/report/gemm_share", "te_gemm/report/gemm_speedup/BF16"} <= tags["scalars"]
     assert "te_gemm/speedups" in tags["images"] and any("te_gemm/report" in t for t in tags["tensors"])
 
 
@@ -73,7 +73,7 @@ def test_an_hf_run_reports_to_tensorboard_through_report_to(tmp_path, monkeypatc
     transformers.Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(32), callbacks=[cb]).train()
     assert (tmp_path / "te_gemm" / "report.json").is_file() and (tmp_path / "te_gemm" / "report.md").is_file()
     tags = _events(tmp_path / "tb")
-    assert "te_gemm/observed_step_speedup/BF16" in tags["scalars"] and "te_gemm/gemm_share" in tags["scalars"]
+    assert "te_gemm/observed_step_speedup/BF16" in tags["scalars"] and "te_gemm/report/gemm_share" in tags["scalars"]
     assert "te_gemm/speedups" in tags["images"]
 
 

@@ -47,7 +47,7 @@ def test_a_plain_loop_drives_the_schedule_to_a_capture_a_sweep_and_metrics(tmp_p
     assert sched.sweep_result is not None and set(sched.sweep_result.captures) == {"BF16"}
     assert (tmp_path / "sweep" / "BF16" / "gemm_capture.json").exists()
     # Handed to the loop's logger: the capture's and the sweep's metrics, then the report's.
-    assert "te_gemm/sweep_step_ms/BF16" in logged[0] and "te_gemm/gemm_share" in logged[-1]
+    assert "te_gemm/sweep_step_ms/BF16" in logged[0] and "te_gemm/report/gemm_share" in logged[-1]
     assert (tmp_path / "report.json").is_file() and (tmp_path / "report.md").is_file()
 
 
@@ -99,3 +99,32 @@ def test_the_callbacks_show_the_schedules_arguments():
 
     want = [p for p in inspect.signature(GemmSchedule).parameters if p != "name"]
     assert list(inspect.signature(GemmProfilerCallback).parameters) == want
+
+
+def test_a_sweep_step_holds_as_many_micro_batches_as_the_jobs_step():
+    from te_gemm_callback.schedule import accumulated
+
+    lin = torch.nn.Linear(4, 1, bias=False)
+    xs = [torch.randn(3, 4) for _ in range(3)]
+    calls = []
+
+    def step():
+        calls.append(1)
+        return lin(xs[len(calls) - 1]).sum()
+
+    accumulated(step, 3)().backward()  # the sweep's own backward on the last micro-batch's loss
+    assert len(calls) == 3
+    want = sum(x.sum(0) for x in xs) / 3  # what a job dividing each loss by 3 accumulates
+    assert torch.allclose(lin.weight.grad[0], want)
+    assert accumulated(step, 1) is step
+
+
+def test_misuse_of_the_schedule_is_said_once(tmp_path, caplog):
+    import logging
+
+    sched = GemmSchedule(wait=0, warmup=0, active=2, output_dir=tmp_path, verbose=False, report=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        for i in range(3):
+            sched.step_end(JobStep(global_step=i + 1))
+    said = [r.getMessage() for r in caplog.records if "step_end called without step_begin" in r.getMessage()]
+    assert len(said) == 1

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from te_gemm_callback.schedule import GemmSchedule, JobStep, ScheduleResults, SweepJob, schedule_signature
+from te_gemm_callback.schedule import (
+    GemmSchedule,
+    JobStep,
+    ScheduleResults,
+    SweepJob,
+    accumulated,
+    schedule_doc,
+    schedule_signature,
+)
 
 try:
     from transformers import TrainerCallback
@@ -71,6 +79,9 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
                        sweep=(lambda: _sweep_job(args, kwargs)) if sweep else None)
 
 
+GemmProfilerTrainerCallback.__doc__ = schedule_doc(GemmProfilerTrainerCallback.__doc__)
+
+
 def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
     import torch
 
@@ -96,4 +107,6 @@ def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
         optimizers[0].step()
 
     model.train()
-    return SweepJob(model, lambda: model(**batch), optimizers, optimizer_step if optimizers else None, context)
+    # A whole step holds as many micro-batches as the job's (one batch of its data, each time).
+    step = accumulated(lambda: model(**batch), max(int(args.gradient_accumulation_steps), 1))
+    return SweepJob(model, step, optimizers, optimizer_step if optimizers else None, context)

@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_lightning.callbacks import Callback
 
-from te_gemm_callback.schedule import GemmSchedule, JobStep, ScheduleResults, SweepJob, schedule_signature
+from te_gemm_callback.schedule import (
+    GemmSchedule,
+    JobStep,
+    ScheduleResults,
+    SweepJob,
+    accumulated,
+    schedule_doc,
+    schedule_signature,
+)
 
 try:
     from typing_extensions import override
@@ -146,5 +154,10 @@ class GemmProfilerCallback(ScheduleResults, Callback):
                 opt.step()
 
         plugin = getattr(trainer.strategy, "precision_plugin", None)
+        # A whole step holds as many micro-batches as the job's (its last batch, each time).
+        step = accumulated(step, max(int(trainer.accumulate_grad_batches), 1) if optimizers else 1)
         return SweepJob(module, step, optimizers, optimizer_step if optimizers else None,
                         context=getattr(plugin, "forward_context", None), set_recipe=set_recipe)
+
+
+GemmProfilerCallback.__doc__ = schedule_doc(GemmProfilerCallback.__doc__)

@@ -201,8 +201,10 @@ def framework_note(job: GemmCapture, sweep_base: GemmCapture, speedups: dict[str
             f"training step {sweep_ms:.2f} ms in the same recipe: {extra:+.2f} ms ({100 * extra / sweep_ms:+.1f}%)")
     own = speedups.get(capture_recipe(sweep_base), 1.0 if capture_recipe(sweep_base) == "BF16" else None)
     others = {r: v for r, v in speedups.items() if r != "BF16"}
-    if extra <= 0 or own is None or not others:
+    if extra <= 0:
         return text + ": no time outside the training step shows here"
+    if own is None or not others:
+        return text + " outside the training step (left out of the observed speedups)"
     bf16_ms = sweep_ms * own  # the BF16 step these speedups are over
     with_it = ", ".join(f"{r} {(bf16_ms + extra) / (bf16_ms / v + extra):.2f}x" for r, v in others.items())
     return (text + " outside the training step (left out of the observed speedups); with it in every recipe's "

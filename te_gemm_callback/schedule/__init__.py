@@ -53,6 +53,24 @@ class SweepJob:
     set_recipe: Callable[[Any, Any], Any] | None = None
 
 
+def accumulated(step: Callable[[], Any], micro_batches: int) -> Callable[[], Any]:
+    """A sweep step of ``micro_batches`` micro-batches, as the job's optimizer step has under gradient
+    accumulation: forward and backward of the first ``micro_batches - 1`` here (their gradients add
+    up), the last one's loss returned for the sweep's own backward and optimizer step. Each loss is
+    divided by ``micro_batches``, as Lightning and the HF Trainer divide it."""
+    if micro_batches <= 1:
+        return step
+
+    def run() -> Any:
+        from te_gemm_callback.sweep.engine import _loss
+
+        for _ in range(micro_batches - 1):
+            (_loss(step()) / micro_batches).backward()
+        return _loss(step()) / micro_batches
+
+    return run
+
+
 @dataclass
 class JobStep:
     """Where the job is when a step ends, in the adapter's words."""
@@ -63,6 +81,13 @@ class JobStep:
     log_metrics: Callable[[dict[str, float]], Any] | None = None  # the job's own logger
     log_artifacts: Callable[[dict[str, Path]], Any] | None = None  # the report's files to the job's logger
     sweep: Callable[[], SweepJob] | None = None  # None: the sweep waits for a later step or train_end
+
+
+def schedule_doc(adapter_doc: str) -> str:
+    """An adapter's docstring followed by :class:`GemmSchedule`'s arguments, so ``help()`` on a
+    callback lists every argument where its signature shows them (documented once, here)."""
+    args = GemmSchedule.__doc__[GemmSchedule.__doc__.index("    Args:"):]
+    return adapter_doc.rstrip() + "\n\n" + args
 
 
 def schedule_signature() -> inspect.Signature:
@@ -161,6 +186,7 @@ class GemmSchedule(Publishing):
         self._prof: GemmProfiler | None = None
         self._phase: str | None = None
         self._micro_batches = 0
+        self._in_step = False  # between step_begin and step_end: a loop that calls one without the other is told
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy or pickle leaves the live capture behind (thread-local state, hooks and a dispatch
@@ -193,6 +219,9 @@ class GemmSchedule(Publishing):
 
     def step_begin(self, model: Any) -> None:
         """An optimizer step's first micro-batch begins; ``model`` is the module the job trains."""
+        if self._in_step:
+            self._misuse("step_begin called twice without step_end: call step_end(...) when each optimizer step ends")
+        self._in_step = True
         if self.done:
             return
         ph = self.phase(self.steps_seen)
@@ -220,6 +249,9 @@ class GemmSchedule(Publishing):
 
     def step_end(self, job: JobStep | None = None) -> None:
         """The optimizer step ended."""
+        if not self._in_step:
+            self._misuse("step_end called without step_begin: call step_begin(model) when each optimizer step begins")
+        self._in_step = False
         if self.done:
             return
         self.steps_seen += 1
@@ -255,7 +287,15 @@ class GemmSchedule(Publishing):
 
     def exception(self) -> None:
         """The job raised: take everything off, publish nothing."""
+        if self._prof is not None and self._phase == "active":
+            log.warning("te-gemm: the job raised inside the capture window: its capture is not written (nothing "
+                        "of ours is left on the model); a later run captures from its own window")
         self._finish(JobStep(), keep=False)
+
+    def _misuse(self, what: str) -> None:
+        from te_gemm_callback.precisions import warn_once
+
+        warn_once(f"te-gemm: {self.name}: {what}")
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps_seen": self.steps_seen, "done": self.done, "path": str(self.path) if self.path else None}

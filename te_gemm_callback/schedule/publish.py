@@ -96,9 +96,9 @@ class Publishing:
         if not files:
             return
         self.report_files = files
-        log.info("te-gemm: benchmarked the captured shapes and wrote the report to %s in %.1f s (report='end' "
-                 "moves this to the end of training, report=False leaves it to te-gemm bench/report)",
-                 self.output_dir, time.perf_counter() - t0)
+        moves = "" if self.report == "end" else "report='end' moves this to the end of training, "
+        log.info("te-gemm: benchmarked the captured shapes and wrote the report to %s in %.1f s (%sreport=False "
+                 "leaves it to te-gemm bench/report)", self.output_dir, time.perf_counter() - t0, moves)
         from te_gemm_callback.reporting.loggers import report_metrics
 
         metrics = guard(lambda: report_metrics(files), "no report metrics") or {}
