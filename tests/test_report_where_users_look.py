@@ -129,3 +129,15 @@ def test_a_lightning_fit_hands_figures_and_the_verdict_table_to_wandb(tmp_path, 
     media = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("files/media/**/*") if p.is_file()]
     assert sum("images/te_gemm/figures" in m for m in media) == 4  # speedups, step split, both GEMM figures
     assert any("table/te_gemm/report" in m for m in media)
+
+
+def test_report_false_beside_an_earlier_report_says_it_is_not_this_runs(tmp_path, caplog):
+    def fit(report):
+        cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path, verbose=False, report=report)
+        pl.Trainer(max_steps=6, accelerator="cpu", callbacks=[cb], logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0).fit(DemoTransformer())
+
+    fit(True)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        fit(False)
+    assert any("holds an earlier run's report" in r.getMessage() for r in caplog.records)

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 # The first line of every report.md we write; what marks one as ours to replace. An HTML comment:
 # GitHub and other renderers show nothing of it.
 MD_MARKER_PREFIX = "<!-- te-gemm-callback report.md"
-MD_MARKER = (f"{MD_MARKER_PREFIX}: written by te-gemm report from this run folder; every report "
-             "replaces it, so edits here are lost -->")
+MD_MARKER = (f"{MD_MARKER_PREFIX}: written from this run folder (the callback's report, te-gemm report or "
+             "te_gemm_callback.report); every report replaces it, so edits here are lost -->")
 MD_KIND = text_kind("te-gemm report.md", MD_MARKER_PREFIX.encode())
 
 # Characters with a meaning anywhere in a line of GFM: escapes, code spans, emphasis, links and

@@ -62,6 +62,10 @@ class Publishing:
         if gathered is not None and len(gathered) > 1:
             self.rank_summary = write_ranks(gathered, self.output_dir)
         log.info("te-gemm: capture written to %s", self.path)
+        if not self.report and (self.output_dir / "report.json").is_file():
+            # report=False writes no report: one already here is an earlier run's, not this capture's.
+            log.warning("te-gemm: %s holds an earlier run's report (report.json, report.md, figures), not this "
+                        "capture's: te-gemm bench and te-gemm report remake it", self.output_dir)
         if not self.resumed:  # a resumed job's folder keeps the first process's run beside this one
             guard(lambda: clear_stale_sweep(self.output_dir, self.run_id), "stale sweep captures not removed")
         if self.verbose:
