@@ -18,7 +18,6 @@ from test_plan import bench, capture
 
 import te_gemm_callback
 from te_gemm_callback.cli import build_parser, main
-from te_gemm_callback.microbench import engine
 from te_gemm_callback.microbench.cells import ResultCache, result_key
 from te_gemm_callback.precisions import FP8_RECIPES, parse_recipes, skipped_lines, warn_once
 from te_gemm_callback.shapes import GemmShape
@@ -53,14 +52,6 @@ def subcommands():
         out.append((name, p))
         out += [(f"{name} {sub}", sp) for sub, sp in children(p)]
     return out
-
-
-@pytest.fixture
-def no_measuring(monkeypatch):
-    """run_bench replaced: a test that reaches it has measured (what a refusal must come before)."""
-    calls = []
-    monkeypatch.setattr(engine, "run_bench", lambda *a, **kw: calls.append(kw) or pytest.fail("measured"))
-    return calls
 
 
 # 1. Help and version.

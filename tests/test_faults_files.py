@@ -21,7 +21,6 @@ from test_plan import bench, capture
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.cli import main
 from te_gemm_callback.files import jsonio, png
-from te_gemm_callback.microbench import engine
 from te_gemm_callback.microbench.cells import ResultCache
 from te_gemm_callback.microbench.results import BenchResults
 
@@ -34,14 +33,6 @@ def run_folder(tmp_path):
     capture().save(run / "gemm_capture.json")
     bench().save(run / "bench.json")
     return run
-
-
-@pytest.fixture
-def no_measuring(monkeypatch):
-    """run_bench replaced: a test that reaches it has measured (what a refusal must come before)."""
-    calls = []
-    monkeypatch.setattr(engine, "run_bench", lambda *a, **kw: calls.append(kw) or pytest.fail("measured"))
-    return calls
 
 
 # 1. A file that is not a cache is never replaced by one, whatever its bytes: decided by content.

@@ -40,23 +40,10 @@ def report_metrics(files: dict[str, Path]) -> dict[str, float]:
 
 
 def verdict_markdown(files: dict[str, Path]) -> str:
-    """The verdict table as Markdown: report.md when the report wrote one, else built from report.json."""
+    """The verdicts and tables as Markdown: the report.md the report wrote (its writer renders the
+    tables; nothing here renders them again)."""
     md = files.get("report_md")
-    if md is not None and Path(md).is_file():
-        return Path(md).read_text()
-    rep = read_json(files["report"])
-
-    def x(v: Any) -> str:
-        return f"{v:.2f}x" if isinstance(v, (int, float)) else "-"
-
-    rows = ["| recipe | GEMM speedup | predicted step | observed step (95% CI) | verdict |", "|---|---|---|---|---|"]
-    for r in rep.get("recipes", []):
-        ci = r.get("observed_ci")
-        obs = x(r.get("observed_step_speedup")) + (f" ({ci[0]:.2f}-{ci[1]:.2f}x)" if ci else "")
-        verdict = str(r.get("verdict", "")).replace("|", "\\|").replace("\n", " ")
-        rows.append(f"| {r['recipe']} | {x(r.get('gemm_speedup'))} | {x(r.get('predicted_step_speedup'))} | "
-                    f"{obs} | {verdict} |")
-    return "\n".join(rows) + "\n"
+    return Path(md).read_text() if md is not None and Path(md).is_file() else ""
 
 
 def _figures(files: dict[str, Path]) -> list[tuple[str, Path]]:

@@ -62,11 +62,11 @@ def accumulated(step: Callable[[], Any], micro_batches: int) -> Callable[[], Any
         return step
 
     def run() -> Any:
-        from te_gemm_callback.sweep.engine import _loss
+        from te_gemm_callback.sweep.engine import step_loss
 
         for _ in range(micro_batches - 1):
-            (_loss(step()) / micro_batches).backward()
-        return _loss(step()) / micro_batches
+            (step_loss(step()) / micro_batches).backward()
+        return step_loss(step()) / micro_batches
 
     return run
 

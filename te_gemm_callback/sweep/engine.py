@@ -72,7 +72,7 @@ def _on_cuda(model: nn.Module) -> bool:
     return any(p.is_cuda for p in model.parameters())
 
 
-def _loss(out: Any) -> torch.Tensor:
+def step_loss(out: Any) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
     if isinstance(out, dict) and "loss" in out:
@@ -145,10 +145,10 @@ class Sweep:
             warnings.filterwarnings("ignore", message="Recipe type changed")
             if self.set_recipe is not None:
                 self.set_recipe(self.model, recipe)
-                loss = _loss(self.step_fn())
+                loss = step_loss(self.step_fn())
             else:
                 with autocast(recipe):
-                    loss = _loss(self.step_fn())
+                    loss = step_loss(self.step_fn())
         loss.backward()
         if mid is not None:
             mid()  # the end of forward+backward, before the optimizer step
