@@ -36,6 +36,9 @@ def base_parser(description: str, te_layers: bool = True, strategies: tuple[str,
                    help="also sweep a precision plan (`te-gemm plan RUN_DIR` writes precision_plan.json)")
     p.add_argument("--no-bench", action="store_true", help="skip the microbenchmarks and report")
     p.add_argument("--out", default=None, help="output folder (default runs/<recipe name>)")
+    p.add_argument("--nsys-capture", action="store_true",
+                   help="cudaProfilerStart/Stop around the profiled steps, for nsys profile -c cudaProfilerApi "
+                        "(docs/nsight-systems.md)")
     if te_layers:
         p.add_argument("--no-te", action="store_true", help="plain torch layers even where TE is installed")
     p.add_argument("--devices", type=int, default=1, help="GPUs (processes); rank 0 gathers every rank's "
@@ -86,6 +89,7 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
     cb = GemmProfilerCallback(wait=1, warmup=1, active=max(a.steps - 3, 1), output_dir=out,
                               sweep=sweep_list(a.sweep), set_recipe=set_recipe, verbose=not a.tiny,
                               sweep_plan=a.sweep_plan, sweep_rounds=a.sweep_rounds, sweep_budget_s=a.sweep_budget,
+                              nsys_capture=a.nsys_capture,
                               report=False)  # finish() benchmarks the recipes asked for (--sweep, --recipe)
     kw = {"precision": precision} if precision else {}
     if (st := strategy(a)) is not None:

@@ -1,9 +1,11 @@
 """GPU tests (run on the H200 host; skipped without CUDA)."""
 
 import collections
+import json
 
 import pytest
 import torch
+from helpers.scripts import benchmark
 from torch import nn
 
 from te_gemm_callback import GemmProfiler
@@ -616,3 +618,60 @@ def test_job_kinds_recipe(job, recipe, tmp_path):
         assert {r.precision for r in cap.records} == {"fp8_current"}
     else:
         assert cap.meta["compiled"] is True and len(cap.records) == 6
+
+
+NSYS_SCRIPT = """
+import json, sys, torch
+from te_gemm_callback import GemmProfiler
+m = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048)).cuda().bfloat16()
+x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
+def step():
+    m(x).float().pow(2).mean().backward()
+step()
+with GemmProfiler(m, nsys_capture=True) as prof:
+    for i in range(6):
+        step()
+        if i < 5:
+            prof.step()
+c = prof.capture
+json.dump({"meta": c.meta, "kinds": [s.kind for s in c.steps],
+           "times": {f"{r.module} {r.op}": r.times_ms for r in c.records}}, open(sys.argv[1], "w"))
+"""
+
+
+def test_under_nsys_gemm_times_come_from_events_and_the_file_holds_our_ranges(tmp_path):
+    # Nsight Systems owns CUPTI while it profiles: no kernels step, events on the instrumented steps,
+    # one line naming it; the capture range holds our NVTX ranges (Nsight Systems 2025.3 on the H200
+    # host writes a .qdstrm it cannot import there: its bytes are read).
+    import glob
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    nsys = shutil.which("nsys") or next(iter(glob.glob("/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys")
+                                             + glob.glob("/opt/nvidia/nsight-systems*/**/bin/nsys", recursive=True)),
+                                        None)
+    if nsys is None:
+        pytest.skip("no nsys binary on this host")
+    script, out = tmp_path / "job.py", tmp_path / "cap.json"
+    script.write_text(NSYS_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    # --capture-range-end=stop: nsys's default (stop-shutdown) would end the script at the Stop,
+    # which GemmProfiler.stop() calls before the script writes its file.
+    proc = subprocess.run([nsys, "profile", "-t", "cuda,nvtx", "-c", "cudaProfilerApi", "--capture-range-end=stop",
+                           "-s", "none",
+                           "--cpuctxsw=none", "-f", "true", "-o", str(tmp_path / "rep"), sys.executable, str(script),
+                           str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "lost" not in proc.stderr and "Nsight Systems is profiling this process" in proc.stderr
+    got = json.loads(out.read_text())
+    assert got["meta"]["cupti_owner"].startswith("Nsight Systems") and got["meta"]["gemm_time_source"] == "cuda_events"
+    assert got["kinds"] == ["instrumented"] * 3 + ["clean"] * 3
+    assert all(len(t) >= 2 and min(t) > 0 for t in got["times"].values()), got["times"]
+    [rep] = [p for p in tmp_path.glob("rep.*") if p.suffix in (".qdstrm", ".nsys-rep")]
+    data = benchmark("nsys_check").lz4_expand(rep.read_bytes())  # the file's event stream is LZ4-compressed
+    assert b"te_gemm" in data and b"step 0 (instrumented)" in data and b"step 5 (clean)" in data
+    assert b"1 wgrad 2048x4096x2048 bf16" in data and b"0 fprop 4096x2048x2048 bf16" in data
+    assert rep.stat().st_size < 100 * 2**20
+

@@ -37,7 +37,10 @@ def step_timing(cap: GemmCapture) -> str:
 
 
 def gemm_timing(cap: GemmCapture) -> str:
-    return GEMM_CLOCK_WORDS[cap.gemm_clock()]
+    text = GEMM_CLOCK_WORDS[cap.gemm_clock()]
+    if owner := cap.meta.get("cupti_owner"):  # capture/cupti.py: why no kernel records
+        text += f"; no kernel records: {owner} held CUPTI during the capture"
+    return text
 
 
 def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:

@@ -121,6 +121,12 @@ class KernelProfile:
     def start(self) -> bool:
         import torch
 
+        from te_gemm_callback.capture.cupti import torch_profiler_running
+
+        if torch_profiler_running():  # CUPTI has one subscriber: the job's session keeps it
+            self.error = "the job's own torch.profiler is recording: CUPTI's kernel records are its"
+            log.warning("te-gemm: no kernel records (%s)", self.error)
+            return False
         # Kineto leaves CUPTI attached after a session unless TEARDOWN_CUPTI=1: every later kernel
         # launch of the job then costs more host time (pytorch/pytorch#144455), which a host-bound
         # job pays on every step. A user's own setting wins (CUDA graphs with CUDA < 12.6 crash on
@@ -169,10 +175,17 @@ class KernelProfile:
             self.sync_ms = (time.perf_counter() - t0) * 1e3
             prof.__exit__(None, None, None)
             records = sorted(kernel_records(prof), key=lambda k: k[1])
+            if not records and self._marks:
+                # Not even the step marker came back: CUPTI's activity records went to another
+                # subscriber that cupti.py did not recognise (nsys attached after launch, say).
+                self.error = ("no kernel came back from torch.profiler: another profiler probably holds CUPTI "
+                              "(Nsight Systems, Nsight Compute, a CUPTI injection)")
+                log.warning("te-gemm: no kernel records: %s", self.error)
+                return None
             return split_at_marks([k[:3] for k in records], self._marks, [k[3] for k in records])
         except Exception as err:
             self.error = f"{type(err).__name__}: {err}"
-            log.warning("te-gemm: kernel records lost: %s", self.error)
+            log.warning("te-gemm: kernel records unusable: %s", self.error)
             return None
 
     def _restore_env(self) -> None:

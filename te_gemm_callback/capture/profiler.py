@@ -13,6 +13,7 @@ from torch import nn
 
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.capture.clocks import ClockSampler
+from te_gemm_callback.capture.cupti import NONE, CuptiOwner, cupti_owner
 from te_gemm_callback.capture.graphs import EagerForwards, graphed_modules
 from te_gemm_callback.capture.guards import ForwardGuard
 from te_gemm_callback.capture.instruments import EventTimer, Nvtx
@@ -24,6 +25,7 @@ from te_gemm_callback.capture.steady import EagerCompiled, GraphCaptures, Steady
 from te_gemm_callback.capture.step_plan import StepPlan, count_arg
 from te_gemm_callback.capture.stepping import StepBoundaries, _check_micro_batches
 from te_gemm_callback.capture.te_adapter import TEInterceptor
+from te_gemm_callback.precisions import warn_once
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -81,8 +83,16 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         timing: per-GEMM time source. "auto" (True): kernel records where kernel steps run, else
             CUDA-event pairs on the instrumented steps (host clock on a CPU); "events": event pairs
             on the instrumented steps as well; "none" (False): no per-GEMM time.
-        nsys_capture: call cudaProfilerStart/Stop around the profiled steps, for
-            ``nsys profile --capture-range=cudaProfilerApi``.
+        nsys_capture: cudaProfilerStart at the first profiled step, cudaProfilerStop once the capture
+            is built (at the end of :meth:`stop`), so that ``nsys profile -c cudaProfilerApi``
+            records the profiled steps and nothing else (docs/nsight-systems.md). ``"held"``: the
+            caller ends the range with :meth:`end_nsys_range` (the callbacks do, once the capture
+            file is written: nsys's default ``--capture-range-end=stop-shutdown`` ends the job there).
+
+    Under a profiler that owns CUPTI's kernel records (Nsight Systems, another CUPTI injection, a
+    torch.profiler session of the job's own: :mod:`.cupti`) the kernels steps run instrumented and
+    CUDA events time each GEMM; under Nsight Compute nothing is timed. One line says which profiler
+    it is; ``meta["cupti_owner"]`` keeps it.
         clock_reader: reads (SM clock MHz, board power W) on a background thread over the steps
             whose GEMM times the capture reports (the kernels steps; the instrumented steps where no
             kernels step runs) (default: NVML on a CUDA host, nothing elsewhere); the summary goes to
@@ -125,19 +135,26 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         cuda = on_gpu or kernel_profile is not None
         if kernel_steps is None:
             kernel_steps = 1 if cuda and timing != "none" else 0
-        self.plan = StepPlan(instrumented=count_arg("instrumented_steps", instrumented_steps, True),
-                             kernels=count_arg("kernel_steps", kernel_steps) if cuda else 0,
-                             dispatch=count_arg("dispatch_steps", dispatch_steps, True),
-                             kernels_warmup=count_arg("kernel_warmup_steps", kernel_warmup_steps),
-                             settle=count_arg("settle_steps", settle_steps))
+        self._base_plan = StepPlan(instrumented=count_arg("instrumented_steps", instrumented_steps, True),
+                                   kernels=count_arg("kernel_steps", kernel_steps) if cuda else 0,
+                                   dispatch=count_arg("dispatch_steps", dispatch_steps, True),
+                                   kernels_warmup=count_arg("kernel_warmup_steps", kernel_warmup_steps),
+                                   settle=count_arg("settle_steps", settle_steps))
+        self.plan = self._base_plan
         self.max_compile_steps = max(count_arg("max_compile_steps", max_compile_steps), 1)
         if self.plan.instrumented == 0 and self.plan.kernels == 0:
             log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
         self.nsys_capture = nsys_capture
+        # cudaProfilerStart/Stop (torch.cuda.profiler), only where they reach a GPU.
+        self._range_api: Any = torch.cuda.profiler if nsys_capture and torch.cuda.is_available() else None
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
-        self.timing = timing
+        self.timing = self._base_timing = timing
         nvtx_on = True if nvtx == "auto" and nsys_capture else nvtx  # under nsys: a tool will listen
         self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(nvtx_on, nvtx_backend))
+        # Only GPU kernels can be lost to another profiler (a CPU model on a GPU host has none).
+        self._cuda = cuda
+        self.cupti: CuptiOwner | None = None
+        self._follow_cupti()
         self.te = TEInterceptor(self.recorder) if "te" in self.adapters else None
         self.reuse_owners = reuse_owners
         self.kernel_profile = kernel_profile or KernelProfile()
@@ -153,6 +170,27 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self._sample_clocks = False
         self._guard: ForwardGuard | None = None
         self._held = False  # start()'s process-wide pieces (graph counter, nsys range) are on
+        self._range_open = False  # cudaProfilerStart called, its Stop not yet
+
+    def _follow_cupti(self) -> None:
+        """Plan around a profiler that owns CUPTI (:mod:`.cupti`), looked up at construction and
+        again at each start (the job may have started its own torch.profiler in between): the
+        kernels warm-up and kernels steps become instrumented ones, so that as many steps run as
+        planned and each GEMM is timed by CUDA events on several steps (medians) rather than on the
+        first alone, which also runs the dispatch mode. Under Nsight Compute no GEMM is timed."""
+        owner = cupti_owner() if self._cuda else None
+        self.cupti, base = owner, self._base_plan
+        self.plan, self.timing = base, self._base_timing
+        if owner is None:
+            self.recorder.timer.kind = EventTimer(self.timing != "none").kind
+            return
+        warn_once(owner.line(), log)
+        if base.kernels and base.instrumented != "all":
+            self.plan = StepPlan(instrumented=base.instrumented + base.kernels_warmup + base.kernels, kernels=0,
+                                 dispatch=base.dispatch)
+        if owner.timing == NONE:
+            self.timing = "none"
+        self.recorder.timer.kind = EventTimer(self.timing != "none").kind
 
     def _reset(self) -> None:
         self._steps = []  # one StepRecord per step: everything kept of it, dropped whole
@@ -181,6 +219,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         if self._started:
             raise RuntimeError("GemmProfiler already started")
         self._reset()
+        self._follow_cupti()
         self._started = True
         self._thread = self.scope.owner_thread = threading.get_ident()
         self.scope.ran.clear()
@@ -201,8 +240,12 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self._guard = ForwardGuard.install(self.model, self._abandon)
         # Kept hooked for a compiled model (TE launch-order owners are checked on eager models only).
         self._order_off = compiled(self.model)
-        if self.nsys_capture and torch.cuda.is_available():
-            torch.cuda.profiler.start()
+        if self._range_api is not None:
+            # Ended once the capture is built (or, "held", saved): nsys's default
+            # --capture-range-end=stop-shutdown ends the job at the first Stop (H200, nsys 2025.3:
+            # SIGTERM to the process right after it).
+            self._range_api.start()
+            self._range_open = True
         # The SM clock over the steps whose GEMM times the capture reports: 20 reads a second on
         # a background thread (NVML ~10-50 us each), which takes the GIL each time. Started with
         # the kernels steps where there are some (the instrumented steps need not pay for it), else
@@ -250,11 +293,20 @@ class GemmProfiler(CaptureResults, StepBoundaries):
             torch.cuda.synchronize()  # the last boundary event must complete; after every step
         self.recorder.resolve()
         self._capture = self._build()
+        if self.nsys_capture != "held":
+            self.end_nsys_range()
         return self._capture
+
+    def end_nsys_range(self) -> None:
+        """cudaProfilerStop for ``nsys_capture``: once, and only after start() began the range."""
+        if self._range_open:
+            self._range_open = False
+            self._range_api.stop()
 
     def _release(self) -> None:
         """Take off everything start() put on (idempotent): instruments, the forward guard, the
-        graph-capture counter, the nsys range, the clock sampler."""
+        graph-capture counter, the clock sampler. The nsys range stays open until the capture is
+        built (:meth:`stop`) or saved (``nsys_capture="held"``)."""
         self._detach()
         if self._guard is not None:
             self._guard.remove()
@@ -262,8 +314,6 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         if self._held:
             self._held = False
             GraphCaptures.uninstall()
-            if self.nsys_capture and torch.cuda.is_available():
-                torch.cuda.profiler.stop()
         if self._clocks is not None and self._clocks.running:
             self._clocks.__exit__(None, None, None)
 

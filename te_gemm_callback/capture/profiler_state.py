@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from te_gemm_callback.capture.clocks import ClockSampler
+from te_gemm_callback.capture.cupti import CuptiOwner
 from te_gemm_callback.capture.graphs import EagerForwards
 from te_gemm_callback.capture.kernel_profile import KernelProfile, KernelStep
 from te_gemm_callback.capture.recorder import Recorder
@@ -51,6 +52,8 @@ class ProfilerState:
     model: nn.Module
     adapters: tuple[str, ...]
     plan: StepPlan
+    _base_plan: StepPlan  # as asked; ``plan`` is it, or its form under a CUPTI owner
+    cupti: CuptiOwner | None
     timing: str
     reuse_owners: bool
     recorder: Recorder
@@ -71,6 +74,8 @@ class ProfilerState:
     _order_off: bool
     _abandoned: bool
     _session_ms: dict[str, float]
+    _range_open: bool
+    _range_api: Any
 
     def _step_ids(self, test: Callable[[StepRecord], bool]) -> list[int]:
         """Indices of the steps whose record passes ``test``."""

@@ -38,6 +38,8 @@ def no_trace_reason(cap: GemmCapture) -> str | None:
     """Why ``cap`` has no trace, in one line; None when it has one."""
     if cap.kernel_timeline is not None:
         return None
+    if owner := cap.meta.get("cupti_owner"):  # capture/cupti.py: no kernels step ran under it
+        return f"{owner} held CUPTI's kernel records during the capture: its own timeline has every kernel"
     if not any(s.kind == "kernels" for s in cap.steps):
         if str(cap.meta.get("device") or "").startswith("CPU"):
             return "a CPU job has no GPU kernel records (the capture ran no kernels step)"

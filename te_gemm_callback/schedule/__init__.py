@@ -131,8 +131,10 @@ class GemmSchedule(Publishing):
         output_dir: where ``filename`` is written (rank zero; every rank's under ``ranks/``).
         nvtx: NVTX range per GEMM and per step (domain ``te_gemm``): True, False, or "auto" (only
             when an NVTX tool such as ``nsys profile`` is listening).
-        nsys_capture: cudaProfilerStart/Stop around the active steps; run the job under
-            ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop``.
+        nsys_capture: cudaProfilerStart at the first active step, cudaProfilerStop once the capture
+            file is written; run the job under ``nsys profile -t cuda,nvtx -c cudaProfilerApi
+            --capture-range-end=stop -s none`` (nsys's default range end stops the job at the Stop:
+            docs/nsight-systems.md).
         adapters, dispatch_steps: see :class:`~te_gemm_callback.GemmProfiler`.
         sweep: recipes to time on the job's own model and batch (:func:`~te_gemm_callback.sweep.run_sweep`):
             whole training steps alternated in rounds, then everything put back; written to
@@ -317,7 +319,8 @@ class GemmSchedule(Publishing):
         active = ph == "active"
         kernels = active and self.kernel_breakdown and self._kernels_possible(model)
         recorder = self.kernel_recorder() if kernels and self.kernel_recorder is not None else None
-        return GemmProfiler(model, nsys_capture=self.nsys_capture and active,
+        # "held": the range ends once the capture file is written (_publish), not at stop().
+        return GemmProfiler(model, nsys_capture="held" if self.nsys_capture and active else False,
                             instrumented_steps=self.instrumented_steps if active else "all",
                             **kernel_steps(kernels, self.active, self.instrumented_steps),
                             kernel_profile=recorder, **self.profiler_kwargs).start()
@@ -337,6 +340,7 @@ class GemmSchedule(Publishing):
         if prof is not None:
             try:
                 prof._release()
+                prof.end_nsys_range()
             except Exception:  # already broken: nothing of it is used
                 pass
 
@@ -359,5 +363,6 @@ class GemmSchedule(Publishing):
             if len(cap.steps) < self.active:
                 log.warning("te-gemm: training ended inside the capture window: %d of %d active step(s) captured "
                             "(kinds: %s)", len(cap.steps), self.active, ", ".join(s.kind for s in cap.steps))
-            self._publish(job, cap)
+            self._publish(job, cap, prof)
             self.done = True
+        guard(prof.end_nsys_range, "nsys capture range not ended")  # a window not kept: nothing to save first

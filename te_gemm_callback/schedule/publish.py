@@ -32,8 +32,9 @@ def guard(fn: Callable[[], Any], what: str) -> Any:
 class Publishing:
     """The publishing half of :class:`~te_gemm_callback.schedule.GemmSchedule` (its attributes)."""
 
-    def _publish(self, job: JobStep, cap: GemmCapture) -> None:
-        """Gather (collective), save, print, sweep and log the active steps' capture."""
+    def _publish(self, job: JobStep, cap: GemmCapture, prof: Any = None) -> None:
+        """Gather (collective), save, print, sweep and log the active steps' capture. ``prof``: the
+        profiler whose nsys capture range ends once the capture is on disk."""
         from te_gemm_callback.capture.distributed import gather_captures
         from te_gemm_callback.files.run_folder import new_run_id
         from te_gemm_callback.reporting import summary_metrics
@@ -48,6 +49,10 @@ class Publishing:
         self.capture = cap
         if job.writes:
             guard(lambda: self._save(cap, gathered or None), f"capture not written to {self.output_dir}")
+        if prof is not None:
+            # cudaProfilerStop with the capture on disk: under nsys's default
+            # --capture-range-end=stop-shutdown nsys ends the job here (docs/nsight-systems.md).
+            guard(prof.end_nsys_range, "nsys capture range not ended")
         self.metrics.update(guard(lambda: summary_metrics(cap), "no summary metrics") or {})
         self._sweep_and_log(job, fresh=True)
         self._report(job, at_end=False)

@@ -1,0 +1,242 @@
+"""Another profiler owns CUPTI: Nsight Systems, Nsight Compute, another injection, the job's own
+torch.profiler. The capture recognises it from what each tool sets in the process (the variables
+below are those nsys and ncu 2025.3.1 set on the H200 host, read 2026-12-02), times GEMMs by
+events instead of kernel records, says so in one line, and never reports records "lost".
+
+A stand-in kernel recorder plays torch.profiler's CUDA activity, which cannot run without a GPU:
+under an owner it must never be started."""
+
+import logging
+import uuid
+
+import pytest
+import torch
+from helpers.fakes import Clock, FakeKernels
+from helpers.scripts import benchmark
+from test_clean_steps import run
+from test_profiler import MLP
+
+from te_gemm_callback import GemmProfiler
+from te_gemm_callback.capture.cupti import EVENTS, NONE, cupti_owner
+from te_gemm_callback.capture.kernel_profile import KernelProfile
+
+NSYS_TOOLS = "/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64"
+
+
+def nsys_env(session: str) -> dict[str, str]:
+    """What `nsys profile -t cuda,nvtx` set for python on the H200 host (the ones that matter)."""
+    return {"NSYS_PROFILING_SESSION_ID": session,
+            "CUDA_INJECTION64_PATH": f"{NSYS_TOOLS}/libToolsInjection64.so",
+            "NVTX_INJECTION64_PATH": f"{NSYS_TOOLS}/libToolsInjection64.so",
+            "LD_PRELOAD": f"{NSYS_TOOLS}/libToolsInjectionProxy64.so", "QUADD_INJECTION_PROXY": "NVTX"}
+
+
+NCU_ENV = {"NV_COMPUTE_PROFILER_PERFWORKS_DIR":
+           "/opt/nvidia/nsight-compute/2025.3.1/target/linux-desktop-glibc_2_11_3-x64/.",
+           "NV_TPS_LAUNCH_TOKEN": "Interactive Profile", "NV_NSIGHT_INJECTION_TRANSPORT_TYPE": "uds",
+           "NV_CUDA_START_SUSPENDED": "1"}
+OWNER_VARS = ("NSYS_PROFILING_SESSION_ID", "NV_COMPUTE_PROFILER_PERFWORKS_DIR", "NV_TPS_LAUNCH_TOKEN",
+              "CUDA_INJECTION64_PATH", "CUDA_INJECTION32_PATH")
+
+
+@pytest.fixture
+def no_owner(monkeypatch):
+    for var in OWNER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def never():
+    return False
+
+
+def test_each_tool_is_recognised_from_its_environment():
+    nsys = cupti_owner(nsys_env("10558"), never)
+    assert (nsys.name, nsys.timing, nsys.evidence) == ("Nsight Systems", EVENTS, "NSYS_PROFILING_SESSION_ID=10558")
+    ncu = cupti_owner(NCU_ENV, never)
+    assert (ncu.name, ncu.timing) == ("Nsight Compute", NONE)
+    # nsys's injection library alone (a session variable stripped by a launcher) still names it.
+    assert cupti_owner({"CUDA_INJECTION64_PATH": f"{NSYS_TOOLS}/libToolsInjection64.so"}, never).name == \
+        "Nsight Systems"
+    other = cupti_owner({"CUDA_INJECTION64_PATH": "/opt/tool/libmytracer.so"}, never)
+    assert other.name == "a CUPTI tool (libmytracer.so)" and other.timing == EVENTS
+    assert cupti_owner({"NVTX_INJECTION64_PATH": "/x/libnvtx_tool.so", "PATH": "/usr/bin"}, never) is None
+    assert cupti_owner({}, never) is None
+    assert cupti_owner({}, lambda: True).name == "torch.profiler"
+
+
+def test_a_running_torch_profiler_is_seen(no_owner):
+    # The real autograd profiler state, not a stand-in: the job's own session on the CPU.
+    assert cupti_owner() is None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert cupti_owner().name == "torch.profiler"
+    assert cupti_owner() is None
+
+
+def kernel_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if "kernel records" in r.getMessage() or "lost" in r.getMessage()]
+
+
+def test_under_nsys_the_kernels_steps_run_instrumented_and_events_time_every_gemm(no_owner, caplog):
+    session = uuid.uuid4().hex[:8]  # a line said once per process: a new session id says it again
+    for k, v in nsys_env(session).items():
+        no_owner.setenv(k, v)
+    model, x, clock, kp = MLP(), torch.randn(4, 16, requires_grad=True), Clock(), FakeKernels()
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        prof = GemmProfiler(model, kernel_profile=kp, clock=clock)
+        cap, seen = run(prof, model, x, clock, n=5)
+    # As many steps as planned (1 instrumented, 1 warm-up, 1 kernels, 1 settle, then clean): the
+    # warm-up and kernels steps run instrumented; no settle (no records' sync to settle after).
+    assert [s.kind for s in cap.steps] == ["instrumented"] * 3 + ["clean"] * 2
+    assert kp.started == 0  # CUPTI is nsys's: our records never start
+    assert all(len(r.times_ms) == 3 for r in cap.records)  # one time per instrumented step
+    assert cap.meta["gemm_time_source"] == "host_clock"  # CUDA events on a GPU; the host clock here
+    assert cap.meta["cupti_owner"] == f"Nsight Systems (NSYS_PROFILING_SESSION_ID={session})"
+    assert cap.meta["kernel_join"].startswith("no kernel records: Nsight Systems holds CUPTI")
+    said = [r.getMessage() for r in caplog.records if session in r.getMessage()]
+    assert len(said) == 1 and "CUDA events around each GEMM" in said[0]
+    assert [m for m in kernel_warnings(caplog) if session not in m] == []  # no "lost", no second line
+
+
+def test_under_ncu_no_gemm_is_timed_and_shapes_stay(no_owner, caplog):
+    for k, v in NCU_ENV.items():
+        no_owner.setenv(k, v)
+    no_owner.setenv("NV_TPS_LAUNCH_TOKEN", uuid.uuid4().hex)  # a fresh line for this test
+    model, x, clock, kp = MLP(), torch.randn(4, 16, requires_grad=True), Clock(), FakeKernels()
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        cap, _ = run(GemmProfiler(model, kernel_profile=kp, clock=clock), model, x, clock, n=4)
+    assert kp.started == 0 and len(cap.records) == 6
+    assert all(r.times_ms == [] for r in cap.records) and cap.meta["timing"] == "none"
+    assert "no GEMM is timed" in cap.meta["kernel_join"]
+    said = [r.getMessage() for r in caplog.records if "Nsight Compute" in r.getMessage()]
+    assert len(said) == 1 and "replays the kernels" in said[0]
+
+
+def test_a_torch_profiler_started_after_construction_is_seen_at_start(no_owner, caplog):
+    model, x, clock, kp = MLP(), torch.randn(4, 16, requires_grad=True), Clock(), FakeKernels()
+    prof = GemmProfiler(model, kernel_profile=kp, clock=clock)
+    assert prof.plan.kernels == 1 and prof.cupti is None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        cap, _ = run(prof, model, x, clock, n=5)
+    assert kp.started == 0 and cap.meta["cupti_owner"].startswith("torch.profiler")
+    assert [s.kind for s in cap.steps] == ["instrumented"] * 3 + ["clean"] * 2
+    # The next capture, with the job's session closed, plans its kernels step again.
+    cap2, _ = run(prof, model, x, clock, n=5)
+    assert kp.started == 1 and cap2.meta["cupti_owner"] is None and cap2.meta["gemm_time_source"] == "kernel_records"
+
+
+def test_the_kernel_recorder_does_not_fight_the_jobs_torch_profiler(no_owner):
+    kp = KernelProfile()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert kp.start() is False
+    assert "torch.profiler" in kp.error and not kp.running
+
+
+class Range:
+    """cudaProfilerStart/Stop as the profiler calls them (torch.cuda.profiler), with the step open."""
+
+    def __init__(self):
+        self.calls, self.prof = [], None
+
+    def start(self):
+        self.calls.append(("start", self.prof._steps[-1].kind if self.prof._steps else None))
+
+    def stop(self):
+        self.calls.append(("stop", self.prof._steps[-1].kind))
+
+
+def test_nsys_capture_brackets_the_profiled_steps_until_the_capture_is_built(no_owner):
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    prof = GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock, nsys_capture=True)
+    prof._range_api = rng = Range()  # a CPU has no CUDA profiler API to call
+    rng.prof = prof
+    built = []
+    real_build = prof._build
+    prof._build = lambda: built.append(len(rng.calls)) or real_build()
+    run(prof, model, x, clock, n=6)
+    # Started before the first step opened; stopped after the capture was built, never inside a
+    # step: nsys's default range end stops the job at the Stop, so nothing may be left to compute.
+    assert rng.calls == [("start", None), ("stop", "clean")] and built == [1] and not prof._range_open
+
+
+def test_a_held_range_ends_when_the_caller_says(no_owner):
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    prof = GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock, nsys_capture="held")
+    prof._range_api = rng = Range()
+    rng.prof = prof
+    run(prof, model, x, clock, n=3)
+    assert [c[0] for c in rng.calls] == ["start"]
+    prof.end_nsys_range()
+    prof.end_nsys_range()  # once only
+    assert [c[0] for c in rng.calls] == ["start", "stop"]
+
+
+def test_the_callback_ends_the_range_once_the_capture_file_is_written(no_owner, tmp_path):
+    # Lightning fit: the Stop comes after gemm_capture.json exists (nsys may end the job there).
+    import pytorch_lightning as pl
+    from test_callback import DemoTransformer
+
+    from te_gemm_callback import GemmProfilerCallback
+    from te_gemm_callback.capture import profiler as profiler_module
+
+    seen = []
+
+    class Api:
+        def start(self):
+            seen.append(("start", (tmp_path / "gemm" / "gemm_capture.json").exists()))
+
+        def stop(self):
+            seen.append(("stop", (tmp_path / "gemm" / "gemm_capture.json").exists()))
+
+    real_init = profiler_module.GemmProfiler.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        if kw.get("nsys_capture"):
+            self._range_api = Api()
+
+    no_owner.setattr(profiler_module.GemmProfiler, "__init__", init)
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path / "gemm", verbose=False,
+                              nsys_capture=True, sweep=None, report=False)
+    trainer = pl.Trainer(max_steps=7, accelerator="cpu", callbacks=[cb], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(DemoTransformer())
+    assert seen == [("start", False), ("stop", True)]
+
+
+def test_dispatch_step_event_times_give_way_to_lighter_steps():
+    # The dispatch mode costs Python time per aten op: its event pairs can hold GPU idle time.
+    from te_gemm_callback.capture.capture_file import GemmEvent
+    from te_gemm_callback.capture.results import _prefer_light_steps
+    from te_gemm_callback.shapes import GemmOp
+
+    def ev(step, ms, module="a"):
+        return GemmEvent(module=module, gemm="", op=GemmOp.FPROP, m=4, k=4, n=4, precision="bf16",
+                         operands=(), source="te", kernel="general_gemm", module_type="Linear", step=step, time_ms=ms)
+
+    evs = [ev(0, 1.3), ev(1, 1.0), ev(2, 1.01), ev(0, 2.0, "lm_head")]
+    _prefer_light_steps(evs, {0})
+    assert [e.time_ms for e in evs] == [None, 1.0, 1.01, 2.0]  # lm_head was timed on step 0 only: kept
+
+
+def _lit_len(n: int) -> tuple[int, bytes]:
+    """An LZ4 length field: the token's nibble and the bytes after it (255s, then the rest)."""
+    if n < 15:
+        return n, b""
+    n -= 15
+    return 15, b"\xff" * (n // 255) + bytes([n % 255])
+
+
+def test_the_recorded_file_reader_expands_lz4_back_references():
+    # nsys stores its event stream LZ4-compressed: a range name sharing a prefix with an earlier one
+    # is a back-reference, not a string. Hand-encoded per the LZ4 block format.
+    nc = benchmark("nsys_check")
+    pad = bytes(range(256)) * 20  # 5120 literal bytes: a run the reader keeps (over 4 KiB)
+    first = b"blocks.0.fc1 fprop 8x8x8 bf16|"
+    hi, ext = _lit_len(len(pad) + len(first))
+    seq1 = bytes([hi << 4 | 3]) + ext + pad + first + (30).to_bytes(2, "little")  # match "blocks." (7)
+    seq2 = bytes([1 << 4 | 15]) + b"1" + (30).to_bytes(2, "little") + bytes([2])  # match 21 bytes, 4+15+2
+    data = b"header" + seq1 + seq2 + b"\x00"
+    text = nc.lz4_expand(data)
+    assert b"blocks.1.fc1 fprop 8x8x8 bf16" in text and b"blocks.1.fc1 fprop" not in data
+    assert text.endswith(first + b"blocks.1.fc1 fprop 8x8x8 bf16")
