@@ -245,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir", type=_dir_path, help="the run folder (the callback's output_dir, te-gemm run --out)")
     s.set_defaults(fn=cmd_report)
 
+    from te_gemm_callback.cli.project import add_project_parser
+
+    add_project_parser(command, _dir_path, _file_path)
+
     s = command("plan", "which modules to keep in BF16 under an FP8 recipe, from a run folder with bench.json",
                 "Pick, per module, BF16 or the best FP8 recipe from the run folder's microbenchmarks, write the plan "
                 "(for apply_precision_plan) and TE's debug-API config, and print it.")

@@ -6,6 +6,7 @@ visits gathered is a :class:`JobVisits`, each cell's share of it a :class:`Measu
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -191,5 +192,11 @@ class JobQueue:
         return [q.entry for q in queued]
 
 
+# TE's C++ errors open with where they were raised, "<file>:<line> in function <f>: Assertion
+# failed: <expr>. ", before the sentence that says what is wrong (transformer_engine/common/util/logging.h).
+_TE_WHERE = re.compile(r"^\S+:\d+ in function \S+: (Assertion failed: .*?\. )?")
+
+
 def _reason(err: Exception) -> str:
-    return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {_TE_WHERE.sub('', text)[:200]}"

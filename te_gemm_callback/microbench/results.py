@@ -61,7 +61,8 @@ def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[flo
     r.median_ms, r.q1_ms, r.q3_ms = stats(times)
     r.iters = len(times)
     r.tflops = flops / (r.median_ms * 1e-3) / 1e12
-    peak = peaks.get("fp8" if r.precision in FP8_FAMILY else "bf16")
+    # No FP4 peak is measured (measure_peaks times BF16 and FP8): an NVFP4 cell has no fraction.
+    peak = None if r.precision == "NVFP4BlockScaling" else peaks.get("fp8" if r.precision in FP8_FAMILY else "bf16")
     r.peak_fraction = r.tflops / peak if peak else None
     r.sm_clock_mhz = statistics.median(clocks) if clocks else None
     r.noisy = r.above_spread_limit  # cleared if a later attempt is quieter (engine.BenchRun._remeasure)

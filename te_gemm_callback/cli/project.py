@@ -1,0 +1,61 @@
+"""``te-gemm project``: a run folder's GEMMs projected onto another GPU (docs/projection.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from te_gemm_callback.printable import safe
+
+
+def cmd_project(a: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from te_gemm_callback.files.jsonio import write_json
+    from te_gemm_callback.projection import PROJECTION_SCHEMA, project_run
+    from te_gemm_callback.reporting.tables import console
+
+    rp = project_run(a.run_dir, a.gpu, a.source_gpu)
+    label = "measured" if rp.measured else "projection"
+    t = Table(title=safe(f"{label}: {rp.source.name} -> {rp.target.name}, GEMM time per step ({rp.mode}) "
+                         f"and step speedup over BF16"))
+    for col in ("recipe", f"GEMM ms ({rp.target.key})", "band", "step ms", f"speedup ({label})",
+                f"speedup on {rp.source.key} (bench)", f"observed on {rp.source.key}"):
+        t.add_column(col, justify="left" if col == "recipe" else "right")
+
+    def x(v: float | None, fmt: str) -> str:
+        return fmt.format(v) if v is not None else "-"
+
+    for s in rp.steps:
+        t.add_row(s.recipe, x(s.gemm_ms, "{:.2f}"), f"{s.gemm_low_ms:.2f}-{s.gemm_high_ms:.2f}",
+                  x(s.step_ms, "{:.2f}"), x(s.speedup, "{:.2f}x"), x(s.source_speedup, "{:.2f}x"),
+                  x(s.observed_speedup, "{:.2f}x"))
+    out = console()
+    out.print(t)
+    for n in rp.notes:
+        out.print(safe(n))
+    path = Path(a.json or Path(a.run_dir) / f"projection-{rp.target.key}.json")
+    write_json(path, rp.to_dict(), schema=PROJECTION_SCHEMA, root=a.run_dir if a.json is None else None)
+    out.print(f"projection: {safe(path)} (per-cell times, bands and their basis; method: docs/projection.md)")
+    return 0
+
+
+def add_project_parser(command, dir_path, file_path) -> None:
+    from te_gemm_callback.projection import GPUS
+
+    s = command("project", "project a run folder's GEMMs and step onto another GPU (e.g. Hopper -> Blackwell)",
+                "Scale each GEMM the run's bench measured (both modes) to another GPU by public peaks per format, "
+                "add the quantization traffic each recipe costs at the target's bandwidth (MXFP8 and NVFP4 too, "
+                "which Hopper cannot run), and the job's non-GEMM time scaled by bandwidth; print the projected "
+                "GEMM time per step, its band and the step speedups beside the source's, and write "
+                "RUN_DIR/projection-GPU.json. Labelled 'projection'; on the GPU itself, the measured numbers. "
+                "Method and validation: docs/projection.md. No GPU needed.")
+    s.add_argument("run_dir", type=dir_path, help="a run folder with gemm_capture.json and bench.json (both modes)")
+    s.add_argument("--gpu", required=True, type=str.upper, choices=sorted(GPUS), help="the GPU to project onto")
+    s.add_argument("--source-gpu", type=str.upper, choices=sorted(GPUS),
+                   help="the GPU the bench ran on (default: read from bench.json)")
+    s.add_argument("--json", type=file_path, help="where to write (default: RUN_DIR/projection-GPU.json)")
+    s.set_defaults(fn=cmd_project)
+
+
+__all__ = ["cmd_project", "add_project_parser"]

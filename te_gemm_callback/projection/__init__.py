@@ -1,0 +1,144 @@
+"""Stage: project a run's measured GEMMs onto another GPU (Hopper -> Blackwell, or H100), per GEMM
+and recipe, and the step speedups that follow: :func:`project_run` (docs/projection.md).
+
+- :mod:`.gpus`: public peaks and bandwidths, with sources;
+- :mod:`.traffic`: the quantization traffic each recipe adds per operand;
+- :mod:`.model`: the per-cell projection and its band.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from te_gemm_callback.projection.gpus import GPUS, GpuSpec, gpu
+from te_gemm_callback.projection.model import RECIPES, Projected, Projection
+
+PROJECTION_SCHEMA = "te-gemm-projection/1"
+
+
+@dataclass
+class StepProjection:
+    """One recipe's projected step on the target: GEMM time per step (with its band) and the step."""
+
+    recipe: str
+    gemm_ms: float
+    gemm_low_ms: float
+    gemm_high_ms: float
+    step_ms: float | None = None
+    speedup: float | None = None  # over BF16 on the target
+    source_speedup: float | None = None  # the same formula on the source's bench (measured there)
+    observed_speedup: float | None = None  # the run's observed speedup on the source (a sweep), if any
+
+
+@dataclass
+class RunProjection:
+    target: GpuSpec
+    source: GpuSpec
+    mode: str
+    steps: list[StepProjection] = field(default_factory=list)
+    cells: list[Projected] = field(default_factory=list)
+    non_gemm_ms: float | None = None  # the job's non-GEMM step time on the target (bandwidth-scaled)
+    job_recipe: str | None = None
+    notes: list[str] = field(default_factory=list)
+    measured: bool = False  # the target is the GPU the run was measured on: nothing projected
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": PROJECTION_SCHEMA, "label": "measured" if self.measured else "projection",
+                "target": self.target.name, "source": self.source.name, "mode": self.mode,
+                "job_recipe": self.job_recipe, "non_gemm_ms": self.non_gemm_ms, "notes": self.notes,
+                "sources": list(self.target.sources),
+                "steps": [vars(s) for s in self.steps],
+                "cells": [{"shape": c.shape.mkn, "op": str(c.shape.op), "recipe": c.recipe, "mode": c.mode,
+                           "ms": c.ms, "low_ms": c.low_ms, "high_ms": c.high_ms, "gemm_ms": c.gemm_ms,
+                           "quant_ms": c.quant_ms, "basis": c.basis} for c in self.cells]}
+
+
+def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpec | None = None,
+                mode: str = "autocast") -> RunProjection:
+    """Project a run folder (gemm_capture.json and bench.json) onto ``target``: every cell of its
+    bench in every recipe, the GEMM time per step of the job's GEMMs, and the step: the job's
+    non-GEMM time (its clean step less its in-job GEMM time) scaled by the bandwidth ratio, plus the
+    projected GEMM time of the recipe (``mode``: "autocast", quantization included)."""
+    from te_gemm_callback.analysis.prediction import capture_recipe
+    from te_gemm_callback.capture import GemmCapture
+    from te_gemm_callback.microbench.cells import items_from_capture
+    from te_gemm_callback.microbench.results import BenchResults, measured_items, step_ms
+
+    root = Path(run_dir)
+    if not (root / "bench.json").is_file():
+        raise ValueError(f"{root} has no bench.json: te-gemm bench --capture {root}/gemm_capture.json "
+                         f"--modes autocast,prequantized --json {root}/bench.json on the source GPU first")
+    bench = BenchResults.load(root / "bench.json")
+    cap = GemmCapture.load(root / "gemm_capture.json")
+    tgt = target if isinstance(target, GpuSpec) else gpu(target)
+    src = source if isinstance(source, GpuSpec) or source is None else gpu(source)
+    proj = Projection(bench, tgt, src)
+    if "prequantized" not in (bench.meta.get("modes") or []):
+        raise ValueError(f"{root}/bench.json has no pre-quantized cells, which the projection scales: "
+                         f"te-gemm bench --capture {root}/gemm_capture.json --modes autocast,prequantized "
+                         f"--json {root}/bench.json")
+    cells = proj.cells()
+    projected = proj.as_bench(cells)
+    items = measured_items(bench, items_from_capture(cap))
+    out = RunProjection(tgt, proj.source, mode, cells=cells, job_recipe=capture_recipe(cap), measured=proj.same)
+    job_step, job_gemm = cap.step_ms(), cap.gemm_ms_per_step()
+    if job_step is not None and job_gemm is not None and job_step > job_gemm:
+        out.non_gemm_ms = (job_step - job_gemm) * proj.bw
+    else:
+        out.notes.append("no step projection: the capture has no clean step time or no in-job GEMM time")
+
+    def step_of(res: BenchResults, recipe: str) -> float | None:
+        """Job step with ``recipe``'s GEMMs: the job's non-GEMM time, less what its own recipe's
+        autocast adds to its kernels (quantization: in-job it is non-GEMM time), plus ``recipe``'s
+        autocast GEMM time (Amdahl)."""
+        job = out.job_recipe or "BF16"
+        own, own_pre = step_ms(res, items, job, mode), step_ms(res, items, job, "prequantized")
+        new = step_ms(res, items, recipe, mode, "BF16")
+        if out.non_gemm_ms is None or own is None or own_pre is None or new is None:
+            return None
+        return new + out.non_gemm_ms / (1 if res is projected else proj.bw) - (own - own_pre)
+
+    observed = _observed(root)
+    base_t, base_s = step_of(projected, "BF16"), step_of(bench, "BF16")
+    for r in RECIPES:
+        g = step_ms(projected, items, r, mode, "BF16")
+        if g is None or not any(c.recipe == r for c in cells):
+            continue
+        lo = sum(it.count * _edge(projected, it, r, mode, "q1_ms") for it in items)
+        hi = sum(it.count * _edge(projected, it, r, mode, "q3_ms") for it in items)
+        st, ss = step_of(projected, r), step_of(bench, r)
+        out.steps.append(StepProjection(
+            r, g, lo, hi, st, base_t / st if st and base_t else None,
+            base_s / ss if ss and base_s and step_ms(bench, items, r, mode) is not None else None, observed.get(r)))
+    if out.non_gemm_ms is not None:
+        out.notes.append(f"non-GEMM step time scaled by HBM bandwidth {proj.source.bandwidth:g} -> "
+                         f"{tgt.bandwidth:g} TB/s: {out.non_gemm_ms:.2f} ms on the target")
+    return out
+
+
+def _edge(res: Any, item: Any, recipe: str, mode: str, field_: str) -> float:
+    from te_gemm_callback.microbench.cells import passes_of
+
+    total = 0.0
+    for s in passes_of(item):
+        r = res.get(s, recipe, mode, item.m_splits) or res.get(s, "BF16", mode, item.m_splits)
+        if r is not None and getattr(r, field_) is not None:
+            total += getattr(r, field_) * item.calls_of(s.op)
+    return total
+
+
+def _observed(root: Path) -> dict[str, float]:
+    """The run's observed step speedups (a sweep on the source GPU), from its report.json."""
+    import json
+
+    try:
+        rep = json.loads((root / "report.json").read_text())
+        return {a["recipe"]: a["observed_step_speedup"] for a in rep.get("recipes", [])
+                if a.get("observed_step_speedup")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+__all__ = ["GPUS", "GpuSpec", "Projection", "Projected", "RunProjection", "StepProjection", "project_run", "gpu"]

@@ -1,0 +1,84 @@
+"""Public figures of the GPUs a run can be projected from and onto: dense tensor-core peak per
+format and HBM bandwidth, each with its source.
+
+Dense peaks: NVIDIA quotes Hopper and Blackwell BF16/FP8 peaks with 2:4 sparsity; the dense figure
+is half of it. Blackwell's FP4 figures are quoted dense and sparse apart (Blackwell Ultra's dense
+NVFP4 is 15 PF per GB300 against 20 PF sparse: not half), so they are taken as quoted. NVIDIA
+lists no separate MXFP8 rate: block-scaled FP8 runs at the FP8 rate (tcgen05 kind::mxf8f6f4), an
+assumption the projection states. Figures read 2026-12-02.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+HGX = "https://www.nvidia.com/en-us/data-center/hgx/"
+H100_PAGE = "https://www.nvidia.com/en-us/data-center/h100/"
+H200_PAGE = "https://www.nvidia.com/en-us/data-center/h200/"
+GB200_PAGE = "https://www.nvidia.com/en-us/data-center/gb200-nvl72/"
+ULTRA_BLOG = ("https://developer.nvidia.com/blog/inside-nvidia-blackwell-ultra-the-chip-powering-the-ai-factory-era/")
+CUBLAS_BLOG = ("https://developer.nvidia.com/blog/"
+               "boosting-matrix-multiplication-speed-and-flexibility-with-nvidia-cublas-12-9/")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU's public figures. ``peaks``: dense TFLOPS per tensor format ("bf16", "fp8", "fp4");
+    ``bandwidth``: HBM TB/s; ``names``: substrings of ``torch.cuda.get_device_name()`` that mean it."""
+
+    key: str
+    name: str
+    arch: str  # "hopper" or "blackwell"
+    peaks: dict[str, float]
+    bandwidth: float
+    power_w: int | None
+    sources: tuple[str, ...]
+    names: tuple[str, ...] = field(default=())
+
+    def peak(self, fmt: str) -> float | None:
+        return self.peaks.get(fmt)
+
+
+GPUS: dict[str, GpuSpec] = {g.key: g for g in (
+    GpuSpec("H100", "H100 SXM", "hopper", {"bf16": 989.5, "fp8": 1979.0}, 3.35, 700,
+            (f"{H100_PAGE} (BF16 1,979 and FP8 3,958 TFLOPS with sparsity; 3.35 TB/s)",),
+            ("H100 80GB HBM3", "H100 SXM")),
+    GpuSpec("H200", "H200 SXM", "hopper", {"bf16": 989.5, "fp8": 1979.0}, 4.8, 700,
+            (f"{H200_PAGE} (SXM: BF16 1,979 and FP8 3,958 TFLOPS with sparsity; 4.8 TB/s)",), ("H200",)),
+    GpuSpec("H200NVL", "H200 NVL", "hopper", {"bf16": 835.5, "fp8": 1670.5}, 4.8, 600,
+            (f"{H200_PAGE} (NVL: BF16 1,671 and FP8 3,341 TFLOPS with sparsity; 4.8 TB/s)",), ("H200 NVL",)),
+    GpuSpec("B200", "B200 (HGX)", "blackwell", {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0}, 8.0, 1000,
+            (f"{HGX} (HGX B200, 8 GPUs: FP4 72 PF dense, FP8 72 PF and BF16 36 PF with sparsity; 64 TB/s)",),
+            ("B200",)),
+    GpuSpec("B300", "B300 (HGX, Blackwell Ultra)", "blackwell", {"bf16": 2250.0, "fp8": 4500.0, "fp4": 13500.0},
+            8.0, 1100,
+            (f"{HGX} (HGX B300, 8 GPUs: FP4 108 PF dense, FP8 72 PF and BF16 36 PF with sparsity)",
+             f"{ULTRA_BLOG} (8 TB/s per GPU)"), ("B300",)),
+    GpuSpec("GB200", "GB200 (per GPU, NVL72)", "blackwell", {"bf16": 2500.0, "fp8": 5000.0, "fp4": 10000.0}, 8.0,
+            1200, (f"{GB200_PAGE} (72 GPUs: FP4 720 PF dense, FP8 720 PF and BF16 360 PF with sparsity; "
+                   "576 TB/s)",), ("GB200",)),
+)}
+
+# The most a block-scaled FP4 GEMM gained over an FP8 one in NVIDIA's own library on Blackwell:
+# "FP4 ... reaches up to 2.3x ... over FP8 matmuls on Blackwell" (cuBLAS 12.9, CUBLAS_BLOG). B300's
+# FP4 peak is 3x its FP8 peak; a projection does not credit FP4 with more than NVIDIA measured.
+FP4_OVER_FP8_MAX = 2.3
+
+# Tensor format each recipe's GEMMs run in.
+FORMAT = {"BF16": "bf16", "DelayedScaling": "fp8", "Float8CurrentScaling": "fp8", "Float8BlockScaling": "fp8",
+          "MXFP8BlockScaling": "fp8", "NVFP4BlockScaling": "fp4"}
+
+
+def gpu(key: str) -> GpuSpec:
+    """The spec for ``key`` (case and spaces ignored), or a one-line error naming the known ones."""
+    k = key.replace(" ", "").upper()
+    if k not in GPUS:
+        raise ValueError(f"unknown GPU {key!r}: one of {', '.join(GPUS)}")
+    return GPUS[k]
+
+
+def gpu_of_device(device: str) -> GpuSpec | None:
+    """The spec whose names match ``device`` (a torch device name), the longest match first
+    ("NVIDIA H200 NVL" is the NVL, not the SXM)."""
+    hits = [(len(n), g) for g in GPUS.values() for n in g.names if n.lower() in (device or "").lower()]
+    return max(hits, key=lambda h: h[0])[1] if hits else None

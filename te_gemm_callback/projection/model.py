@@ -1,0 +1,226 @@
+"""Project a run's microbenchmark onto another GPU, cell by cell (docs/projection.md).
+
+For each measured shape and pass, and each recipe:
+
+- GEMM kernel (pre-quantized time): the source GPU's pre-quantized time of the same recipe (for
+  MXFP8 and NVFP4, which Hopper cannot run: of Float8CurrentScaling, the Hopper FP8 GEMM without
+  block scales in its main loop, as Blackwell applies them in the tensor core), scaled by the
+  ratio of the two GPUs' dense peaks for the formats (the shape keeps the fraction of peak it
+  reached on the source); FP4 credited with at most FP4_OVER_FP8_MAX times the FP8 rate; never
+  under the time to move its operands and output once at the target's bandwidth.
+- quantization (autocast minus pre-quantized, less BF16's own autocast excess): the source's
+  measured excess of that cell scaled by the bandwidth ratio (the training schedule, which the
+  bench's autocast mode times); under another schedule, or for a recipe the source did not run,
+  the traffic model's bytes (:mod:`.traffic`) at the cast bandwidth the source reached for the
+  recipe over all its cells, scaled by the bandwidth ratio; a recipe the source did not run takes
+  Float8BlockScaling's (the Hopper cast kernels that, like MXFP8's and NVFP4's, compute block scales
+  inside the cast), else the mean of the FP8 recipes it ran.
+- BF16's own autocast excess (module work around the GEMM) scaled by bandwidth.
+
+Band: each cell's source spread (half its IQR over its median) plus the clock term: the source ran
+at ``1 - r`` under its maximum SM clock during the bench (NVML, ``r`` = median / max), and a peak
+ratio assumes the target runs as far under its own, unknown; its clock could sit anywhere from at
+its maximum to twice as far under, so the band is +-(1 - r). Formats the source did not run add
+their own term (MXFP8: +-5%, the block-scale loads Hopper's per-tensor kernel does not have; NVFP4:
+the FP4 rate between NVIDIA's 2.3x over FP8 and the target's peak ratio).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any
+
+from te_gemm_callback.microbench.results import BenchResults
+from te_gemm_callback.projection.gpus import FORMAT, FP4_OVER_FP8_MAX, GpuSpec, gpu_of_device
+from te_gemm_callback.projection.traffic import gemm_io_bytes, quant_bytes
+from te_gemm_callback.shapes import GemmShape
+
+RECIPES = ("BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling",
+           "NVFP4BlockScaling")
+# The source recipe whose GEMM kernel a recipe is projected from, where the source did not run it.
+KERNEL_BASE = {"MXFP8BlockScaling": "Float8CurrentScaling", "NVFP4BlockScaling": "Float8CurrentScaling"}
+CAST_BASE = "Float8BlockScaling"  # whose cast bandwidth a recipe without a measured cast takes
+MXFP8_TERM = 0.05
+# Recipes whose GEMMs need Blackwell's block-scaled tensor cores (TE: compute capability 10.0).
+BLACKWELL_ONLY = ("MXFP8BlockScaling", "NVFP4BlockScaling")
+
+
+@dataclass(frozen=True)
+class Projected:
+    """One projected cell: time on the target (ms), the band's low and high edges, and how it came."""
+
+    shape: GemmShape
+    recipe: str
+    mode: str
+    ms: float
+    low_ms: float
+    high_ms: float
+    gemm_ms: float
+    quant_ms: float
+    basis: str  # "measured" (the target is the source), or what the projection took
+
+
+def _ms(bench: BenchResults, shape: GemmShape, recipe: str, mode: str) -> float | None:
+    r = bench.get(shape, recipe, mode)
+    return r.median_ms if r is not None and r.ok else None
+
+
+def _spread(bench: BenchResults, shape: GemmShape, recipe: str, mode: str) -> float:
+    r = bench.get(shape, recipe, mode)
+    if r is None or not r.ok or r.q1_ms is None or r.q3_ms is None or not r.median_ms:
+        return 0.0
+    return (r.q3_ms - r.q1_ms) / 2 / r.median_ms
+
+
+def source_gpu(bench: BenchResults) -> GpuSpec:
+    g = gpu_of_device(str(bench.meta.get("device") or ""))
+    if g is None:
+        raise ValueError(f"no public figures for the bench's device {bench.meta.get('device')!r}: "
+                         "pass --source-gpu with one of the known GPUs")
+    return g
+
+
+def clock_term(bench: BenchResults) -> float:
+    """1 - (median SM clock during the bench / the GPU's maximum SM clock), from NVML; 0.2 when
+    the bench did not record them."""
+    try:
+        med = float(bench.meta["clocks_during_run"]["sm_clock_mhz_median"])
+        top = float(bench.meta["sm_clock_max_mhz"])
+        return max(0.0, 1.0 - med / top)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return 0.2
+
+
+class Projection:
+    """Everything needed to project one bench run onto ``target`` (``source`` defaults to the GPU
+    the bench names). ``schedule``: which operands a pass's quantization covers (:mod:`.traffic`)."""
+
+    def __init__(self, bench: BenchResults, target: GpuSpec, source: GpuSpec | None = None,
+                 schedule: str = "training") -> None:
+        self.bench, self.target = bench, target
+        self.source = source or source_gpu(bench)
+        self.schedule = schedule
+        self.same = self.source.key == self.target.key
+        self.clock = clock_term(bench)
+        self.bw = self.source.bandwidth / self.target.bandwidth
+        self.cast_bw = self._cast_bandwidth()
+
+    def _excess(self, shape: GemmShape, recipe: str) -> float | None:
+        """Autocast minus pre-quantized, less BF16's own difference: the recipe's quantization."""
+        a, p = _ms(self.bench, shape, recipe, "autocast"), _ms(self.bench, shape, recipe, "prequantized")
+        ab, pb = _ms(self.bench, shape, "BF16", "autocast"), _ms(self.bench, shape, "BF16", "prequantized")
+        if a is None or p is None:
+            return None
+        return max(a - p - ((ab - pb) if ab is not None and pb is not None else 0.0), 0.0)
+
+    def _cast_bandwidth(self) -> dict[str, float]:
+        """Per recipe the source ran in both modes: bytes its quantization moved (the training
+        schedule, what the bench's autocast mode times) over the time it took, in GB/s."""
+        out = {}
+        shapes = {r.shape for r in self.bench.results if r.ok}
+        for recipe in RECIPES[1:]:
+            moved = took = 0.0
+            for s in shapes:
+                ex = self._excess(s, recipe)
+                if ex is not None:
+                    moved += quant_bytes(recipe, s, "training")
+                    took += ex
+            if took > 0 and moved > 0:
+                out[recipe] = moved / took / 1e6  # bytes per ms -> GB/s
+        return out
+
+    def cast_gbps(self, recipe: str) -> float | None:
+        """The source's cast bandwidth for ``recipe``, or the block-scaled one, or the FP8 mean."""
+        if recipe in self.cast_bw:
+            return self.cast_bw[recipe]
+        if CAST_BASE in self.cast_bw:
+            return self.cast_bw[CAST_BASE]
+        return statistics.mean(self.cast_bw.values()) if self.cast_bw else None
+
+    def _kernel(self, shape: GemmShape, recipe: str) -> tuple[float, str, float] | None:
+        """(GEMM ms on the target, basis, extra band term)."""
+        own = _ms(self.bench, shape, recipe, "prequantized")
+        base = recipe if own is not None else KERNEL_BASE.get(recipe)
+        src_ms = own if own is not None else (_ms(self.bench, shape, base, "prequantized") if base else None)
+        if src_ms is None:
+            return None
+        f_src, f_tgt = FORMAT[base], FORMAT[recipe]
+        p_src, p_tgt = self.source.peak(f_src), self.target.peak(f_tgt)
+        if not p_src or not p_tgt:
+            return None
+        extra, note = 0.0, ""
+        if f_tgt == "fp4" and f_src != "fp4":
+            capped = min(p_tgt, FP4_OVER_FP8_MAX * self.target.peak("fp8"))
+            extra = max(p_tgt / capped - 1.0, 0.0) / 2  # between NVIDIA's 2.3x and the peak ratio
+            p_tgt, note = capped, f", FP4 at {capped / self.target.peak('fp8'):.1f}x the FP8 rate"
+        elif base != recipe:
+            extra = MXFP8_TERM
+        ms = src_ms * p_src / p_tgt
+        floor = gemm_io_bytes(f_tgt, shape) / (self.target.bandwidth * 1e9)  # TB/s -> bytes per ms
+        basis = f"{base} pre-quantized on {self.source.key} x peak {f_src}->{f_tgt}{note}"
+        return max(ms, floor), basis, extra
+
+    def cell(self, shape: GemmShape, recipe: str, mode: str) -> Projected | None:
+        """The projected time of one cell, or None where nothing to project it from was measured
+        or the target cannot run the recipe (MXFP8 and NVFP4 on Hopper)."""
+        if recipe in BLACKWELL_ONLY and self.target.arch != "blackwell":
+            return None
+        if self.same:
+            ms = _ms(self.bench, shape, recipe, mode)
+            if ms is None:
+                return None
+            s = _spread(self.bench, shape, recipe, mode)
+            return Projected(shape, recipe, mode, ms, ms * (1 - s), ms * (1 + s), ms, 0.0, "measured")
+        k = self._kernel(shape, recipe)
+        if k is None:
+            return None
+        gemm, basis, extra = k
+        quant = 0.0
+        if mode == "autocast":
+            ab, pb = _ms(self.bench, shape, "BF16", "autocast"), _ms(self.bench, shape, "BF16", "prequantized")
+            around = max(ab - pb, 0.0) * self.bw if ab is not None and pb is not None else 0.0
+            if recipe == "BF16":
+                quant = around
+            else:
+                ex = self._excess(shape, recipe)
+                if ex is not None and self.schedule == "training":  # this cell's own measured cast
+                    q = ex * self.bw
+                else:  # the traffic model's bytes at the source's cast bandwidth, scaled to the target
+                    gbps = self.cast_gbps(recipe)
+                    if gbps is None:
+                        return None
+                    q = quant_bytes(recipe, shape, self.schedule) / (gbps * 1e6 / self.bw)
+                quant = q + around
+        base = KERNEL_BASE.get(recipe, recipe) if _ms(self.bench, shape, recipe, "prequantized") is None else recipe
+        s = _spread(self.bench, shape, base, "prequantized")
+        if mode == "autocast" and recipe != "BF16" and _ms(self.bench, shape, recipe, "autocast") is not None:
+            s = max(s, _spread(self.bench, shape, recipe, "autocast"))
+        ms = gemm + quant
+        band = s + self.clock + extra
+        return Projected(shape, recipe, mode, ms, ms * (1 - band), ms * (1 + band), gemm, quant, basis)
+
+    def cells(self, recipes: tuple[str, ...] = RECIPES, modes: tuple[str, ...] = ("autocast", "prequantized")
+              ) -> list[Projected]:
+        shapes = list(dict.fromkeys(r.shape for r in self.bench.results if r.ok))
+        return [p for s in shapes for r in recipes for m in modes if (p := self.cell(s, r, m)) is not None]
+
+    def as_bench(self, cells: list[Projected]) -> BenchResults:
+        """The projection as a bench result for the target (band edges as its quartiles), so that
+        every table and total that reads a bench reads it; ``meta.projection`` says what it is."""
+        out = []
+        for p in cells:
+            like = self.bench.get(p.shape, "BF16", "prequantized") or next(iter(self.bench.results))
+            out.append(replace(like, m=p.shape.m, k=p.shape.k, n=p.shape.n, op=str(p.shape.op), precision=p.recipe,
+                               mode=p.mode, median_ms=p.ms, q1_ms=p.low_ms, q3_ms=p.high_ms, tflops=None,
+                               peak_fraction=None, error=None, sm_clock_mhz=None, noisy=False, cached=False,
+                               attempts=1, iters=0, conditions={}))
+        meta: dict[str, Any] = {
+            "device": self.target.name, "projection": {
+                "source": self.source.name, "target": self.target.name, "schedule": self.schedule,
+                "clock_term": round(self.clock, 4), "bandwidth_ratio": round(self.bw, 4),
+                "cast_gbps_on_source": {k: round(v, 1) for k, v in self.cast_bw.items()},
+                "sources": list(self.target.sources) + list(self.source.sources),
+                "measured": self.same},
+            "modes": sorted({p.mode for p in cells}), "precisions": list(dict.fromkeys(p.recipe for p in cells))}
+        return BenchResults(out, {}, meta)
