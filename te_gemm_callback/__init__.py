@@ -40,7 +40,7 @@ __all__ = [
     # measure
     "bench", "run_sweep",
     # report
-    "report", "analyze_run", "make_plan", "apply_precision_plan",
+    "report", "analyze_run", "make_plan", "apply_precision_plan", "project_run",
     # shapes
     "GemmOp", "GemmShape", "ModelConfig", "backward_shapes", "config_gemms",
 ]
@@ -63,6 +63,7 @@ _LAZY = {
     "analyze_run": ("analysis.runs", "analyze_run"),
     "make_plan": ("analysis.plan", "make_plan"),
     "apply_precision_plan": ("analysis.plan", "apply_precision_plan"),
+    "project_run": ("projection", "project_run"),
 }
 
 

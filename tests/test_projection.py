@@ -190,3 +190,38 @@ def test_bench_cells_of_blackwell_recipes_read_right():
                    2 * 8192**3, [1.0, 1.0], [], peaks)
     assert nv.peak_fraction is None  # no FP4 peak measured: never a fraction of the BF16 one
     assert mx.peak_fraction == pytest.approx(mx.tflops / 1400.0)
+
+
+def test_the_report_carries_the_projection_when_asked(tmp_path, caplog):
+    import logging
+    import shutil
+
+    from te_gemm_callback.reporting.speedups import report
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN_5B, run)
+    rr = report(run, project=("B300", "H100"))
+    md = (run / "report.md").read_text()
+    assert "## Projected onto B300" in md and "## Projected onto H100" in md
+    assert "[projection-B300.json](projection-B300.json)" in md and (run / "projection-B300.json").is_file()
+    meta = json.loads((run / "report.json").read_text())["meta"]
+    assert [p["label"] for p in meta["projections"]] == ["projection", "projection"]
+    assert {s["recipe"] for s in meta["projections"][1]["steps"]} >= {"BF16", "DelayedScaling"}
+    assert len(rr.projections) == 2
+    # Asked for where it cannot be made (a run of a CPU): said in one line, the report stands.
+    bench = json.loads((run / "bench.json").read_text())
+    bench["meta"]["device"] = "CPU (x86_64)"
+    (run / "bench.json").write_text(json.dumps(bench))
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        rr = report(run, project=("B300",))
+    assert rr.projections == [] and "## Projected onto" not in (run / "report.md").read_text()
+    assert any("no projection onto B300" in r.getMessage() for r in caplog.records)
+
+
+def test_callbacks_take_the_gpus_to_project_onto():
+    from te_gemm_callback import GemmProfilerCallback, GemmSchedule
+
+    assert GemmSchedule(project="b300").project == ("B300",)
+    assert GemmProfilerCallback(project=["GB200", "H100"]).schedule.project == ("GB200", "H100")
+    with pytest.raises(ValueError, match="unknown GPU 'A100'"):
+        GemmProfilerCallback(project=["A100"])

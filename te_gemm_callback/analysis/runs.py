@@ -45,6 +45,8 @@ class RunReport:
     # The report.meta notes (keys) that speak of a host-bound run: the report warns with them.
     host_bound_notes: list[str] = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)  # what reporting.speedups.report wrote, once it has
+    # The run projected onto other GPUs where the report was asked to (projection.RunProjection).
+    projections: list[Any] = field(default_factory=list)
 
 
 def analyze_run(run_dir: str | Path) -> RunReport:

@@ -145,10 +145,19 @@ def _weight_gemms(cap) -> set[tuple]:
     return {(r.module, r.gemm, r.op, r.m, r.k, r.n, r.batch) for r in cap.records if not r.m_splits}
 
 
+def _gpus(text: str) -> list[str]:
+    from te_gemm_callback.projection import gpu
+
+    try:
+        return [gpu(g).key for g in text.split(",") if g.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def cmd_report(a: argparse.Namespace) -> int:
     from te_gemm_callback.reporting.speedups import render_run
 
-    render_run(a.run_dir, console())
+    render_run(a.run_dir, console(), a.project or ())
     return 0
 
 
@@ -243,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "Read a run folder (gemm_capture.json, bench.json, the sweep's captures) and write its tables, "
                 "verdicts, report.json and figures again. Nothing is measured; no GPU needed.")
     s.add_argument("run_dir", type=_dir_path, help="the run folder (the callback's output_dir, te-gemm run --out)")
+    s.add_argument("--project", type=_gpus, default=None, metavar="GPU[,GPU]",
+                   help="also project the run onto these GPUs (B300, B200, GB200, H100...): a section of report.md "
+                        "each, labelled projection (te-gemm project; docs/projection.md) (default: none)")
     s.set_defaults(fn=cmd_report)
 
     from te_gemm_callback.cli.project import add_project_parser

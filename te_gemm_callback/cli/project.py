@@ -9,31 +9,14 @@ from te_gemm_callback.printable import safe
 
 
 def cmd_project(a: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from te_gemm_callback.files.jsonio import write_json
     from te_gemm_callback.projection import PROJECTION_SCHEMA, project_run
+    from te_gemm_callback.reporting.projection_tables import projection_table
     from te_gemm_callback.reporting.tables import console
 
     rp = project_run(a.run_dir, a.gpu, a.source_gpu)
-    label = "measured" if rp.measured else "projection"
-    t = Table(title=safe(f"{label}: {rp.source.name} -> {rp.target.name}, GEMM time per step ({rp.mode}) "
-                         f"and step speedup over BF16"))
-    for col in ("recipe", f"GEMM ms ({rp.target.key})", "band", "step ms", f"speedup ({label})",
-                f"speedup on {rp.source.key} (bench)", f"observed on {rp.source.key}"):
-        t.add_column(col, justify="left" if col == "recipe" else "right")
-
-    def x(v: float | None, fmt: str) -> str:
-        return fmt.format(v) if v is not None else "-"
-
-    for s in rp.steps:
-        t.add_row(s.recipe, x(s.gemm_ms, "{:.2f}"), f"{s.gemm_low_ms:.2f}-{s.gemm_high_ms:.2f}",
-                  x(s.step_ms, "{:.2f}"), x(s.speedup, "{:.2f}x"), x(s.source_speedup, "{:.2f}x"),
-                  x(s.observed_speedup, "{:.2f}x"))
     out = console()
-    out.print(t)
-    for n in rp.notes:
-        out.print(safe(n))
+    out.print(projection_table(rp))
     path = Path(a.json or Path(a.run_dir) / f"projection-{rp.target.key}.json")
     write_json(path, rp.to_dict(), schema=PROJECTION_SCHEMA, root=a.run_dir if a.json is None else None)
     out.print(f"projection: {safe(path)} (per-cell times, bands and their basis; method: docs/projection.md)")

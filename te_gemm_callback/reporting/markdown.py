@@ -273,6 +273,26 @@ def _py_str(root: Path) -> str:
     return plain(repr(str(root))).replace("`", "\\x60")
 
 
+def _projections(rr: RunReport, files: Mapping[str, Path]) -> list[list[str]]:
+    """A section per GPU the run was projected onto (docs/projection.md), labelled as such."""
+    from te_gemm_callback.reporting.projection_tables import COLUMNS, rows, title
+
+    out = []
+    for rp in rr.projections:
+        head = f"## {'Measured on' if rp.measured else 'Projected onto'} {md_escape(rp.target.name)}"
+        what = "." if rp.measured else (". Not measured: public peaks and bandwidths, this run's bench and a "
+                                        "quantization traffic model (method and validation: docs/projection.md).")
+        lines = [head, "", md_escape(title(rp) + what, line_start=True), "",
+                 "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in rows(rp)]
+        lines += ["", *[f"- {md_escape(n)}" for n in rp.notes]]
+        written = files.get(f"projection_{rp.target.key}")
+        if written is not None:
+            lines.append(f"- every cell, its band and its basis: [{md_escape(written.name)}]({quote(written.name)})")
+        out.append(lines)
+    return out
+
+
 def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) -> str:
     """The text of report.md (without :data:`MD_MARKER`) for an analysed run whose files, written
     into ``root``, are ``files`` (what :func:`~te_gemm_callback.reporting.speedups.write_run` wrote:
@@ -284,8 +304,8 @@ def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) 
     head = [f"# GEMM report: {md_escape(name)}", "",
             md_escape(f"{rep.meta.get('device') or 'unknown device'}; job ran {job}: step {rep.step_ms:.2f} ms, "
                       f"{share_text(rep)}.", line_start=True)]
-    sections = [head, _checks(rr), _verdicts(rr), _speedups(rr), _capture(rr), _figures(files, root),
-                _trace(files, root), _notes(rr), _commands(rr, root)]
+    sections = [head, _checks(rr), _verdicts(rr), _speedups(rr), *_projections(rr, files), _capture(rr),
+                _figures(files, root), _trace(files, root), _notes(rr), _commands(rr, root)]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
 
 

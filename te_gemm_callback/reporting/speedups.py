@@ -76,15 +76,17 @@ def write_report_json(rep: Report, path: str | Path) -> Path:
 
 
 
-def render_run(run_dir: str | Path, out: Any = None) -> dict[str, Path]:
+def render_run(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> dict[str, Path]:
     """:func:`report`'s files."""
-    return report(run_dir, out).files
+    return report(run_dir, out, project).files
 
 
-def report(run_dir: str | Path, out: Any = None) -> RunReport:
+def report(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> RunReport:
     """Analyse a run folder (:func:`te_gemm_callback.analysis.runs.analyze_run`), write report.json, the
     figures and the precision plan into it, and print the tables and verdicts to ``out`` (a rich
-    Console) if given (:func:`write_run`).
+    Console) if given (:func:`write_run`). ``project``: GPUs (``"B300"``) to project the run onto
+    as well (:func:`te_gemm_callback.projection.project_run`): a section of report.md each, their
+    summary in report.json, every cell in projection-GPU.json.
 
     Example:
         >>> rr = report("runs/demo")                              # doctest: +SKIP
@@ -93,6 +95,12 @@ def report(run_dir: str | Path, out: Any = None) -> RunReport:
     from te_gemm_callback.analysis.runs import analyze_run
 
     rr = analyze_run(run_dir)
+    if project:
+        from te_gemm_callback.reporting.projection_tables import project_runs, summary
+
+        rr.projections = project_runs(run_dir, project)
+        if rr.projections:  # report.json says what was projected, beside what was measured
+            rr.report.meta["projections"] = [summary(rp) for rp in rr.projections]
     rr.files = write_run(rr, run_dir, out)
     return rr
 
@@ -130,6 +138,15 @@ def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, 
                                                              root / "precision_plan_nvdlfw.yaml")
         except ValueError as err:  # a file of the user's where the plan goes: the report itself stands
             log.warning("te-gemm: precision plan not written: %s", err)
+    for rp in rr.projections:
+        from te_gemm_callback.files.jsonio import write_json
+        from te_gemm_callback.projection import PROJECTION_SCHEMA
+
+        try:
+            files[f"projection_{rp.target.key}"] = write_json(root / f"projection-{rp.target.key}.json", rp.to_dict(),
+                                                              schema=PROJECTION_SCHEMA, root=root)
+        except ValueError as err:  # a file of the user's under that name: the report stands
+            log.warning("te-gemm: projection-%s.json not written: %s", rp.target.key, err)
     trace = _write_trace(rr.job, root / "trace.json")
     if trace is not None:
         files["trace"] = trace
@@ -203,6 +220,11 @@ def _print_run(rr: RunReport, modes: list[str], files: dict[str, Path], out: Any
             out.print(totals_table(bench, rr.items, mode))
     out.print(report_table(rep))
     out.print(verdict_panel(rep))
+    if rr.projections:
+        from te_gemm_callback.reporting.projection_tables import projection_table
+
+        for rp in rr.projections:
+            out.print(projection_table(rp))
     if rr.plan is not None:
         out.print(safe(plan_line(rr.plan)))
     for key in rr.host_bound_notes:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.capture import GemmCapture, GemmProfiler
-from te_gemm_callback.schedule.arguments import check_arguments
+from te_gemm_callback.schedule.arguments import check_arguments, check_project
 from te_gemm_callback.schedule.publish import Publishing, guard
 from te_gemm_callback.schedule.results import ScheduleResults, sweep_metrics
 
@@ -150,6 +150,8 @@ class GemmSchedule(Publishing):
             into ``output_dir`` on rank zero, its cost stated in the log, its files and metrics handed
             to the job's logger; "end": the same when training ends; False: neither (``te-gemm
             bench`` and ``te-gemm report`` later).
+        project: GPUs to project the run onto in that report (``("B300",)``; B200, GB200, H100...):
+            a section of report.md each, labelled projection (``te-gemm project``, docs/projection.md).
         verbose: print the capture table (and the report) when done.
     """
 
@@ -159,12 +161,13 @@ class GemmSchedule(Publishing):
                  sweep: Sequence[str] | None = None, sweep_steps: int = 3, set_recipe: Any = None,
                  kernel_breakdown: bool = True, sweep_warmup: int = 2, instrumented_steps: int = 1,
                  sweep_plan: Any = None, sweep_rounds: int = 6, sweep_budget_s: float = 20.0,
-                 report: bool | str = True, name: str = "GemmSchedule") -> None:
+                 report: bool | str = True, project: Sequence[str] = (), name: str = "GemmSchedule") -> None:
         self.sweep, self.sweep_plan = check_arguments(
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
             sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s, set_recipe=set_recipe,
             output_dir=output_dir, report=report)
+        self.project = check_project(project)
         self.report = report
         self.wait, self.warmup, self.active, self.instrumented_steps = wait, warmup, active, instrumented_steps
         self.output_dir, self.filename, self.verbose, self.name = Path(output_dir), filename, verbose, name

@@ -75,3 +75,14 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
         if r not in out:
             out.append(r)
     return out, plan
+
+
+def check_project(project: Any) -> tuple[str, ...]:
+    """The GPUs to project onto, by their keys; a one-line ValueError naming the known ones."""
+    from te_gemm_callback.projection import gpu
+
+    if isinstance(project, str):
+        project = (project,)
+    if not isinstance(project, (list, tuple)):
+        raise ValueError(f"project must be a list of GPU names such as ('B300',), got {project!r}")
+    return tuple(gpu(str(g)).key for g in project)

@@ -134,7 +134,7 @@ class Publishing:
         cpu = torch.get_rng_state()
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         try:
-            return bench_and_report(self.output_dir, self.path, RECIPES, console=console)
+            return bench_and_report(self.output_dir, self.path, RECIPES, console=console, project=self.project)
         finally:
             torch.set_rng_state(cpu)
             if cuda is not None:

@@ -1,0 +1,66 @@
+"""A run projected onto another GPU, drawn: the terminal table, the rows report.md's section
+shows, and the summary report.json keeps (te_gemm_callback.projection computes it; docs/projection.md)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from te_gemm_callback.printable import safe
+
+log = logging.getLogger("te_gemm_callback")
+COLUMNS = ("recipe", "GEMM ms / step", "band", "step ms", "step speedup", "on the source (bench)",
+           "observed on the source")
+
+
+def _x(v: float | None, fmt: str) -> str:
+    return fmt.format(v) if v is not None else "-"
+
+
+def rows(rp: Any) -> list[list[str]]:
+    return [[s.recipe, _x(s.gemm_ms, "{:.2f}"), f"{s.gemm_low_ms:.2f}-{s.gemm_high_ms:.2f}", _x(s.step_ms, "{:.2f}"),
+             _x(s.speedup, "{:.2f}x"), _x(s.source_speedup, "{:.2f}x"), _x(s.observed_speedup, "{:.2f}x")]
+            for s in rp.steps]
+
+
+def title(rp: Any) -> str:
+    label = "measured" if rp.measured else "projection"
+    return (f"{label}: {rp.source.name} -> {rp.target.name}: GEMM time per step ({rp.mode}), its band, the step and "
+            "its speedup over BF16")
+
+
+def projection_table(rp: Any) -> Table:
+    t = Table(title=safe(title(rp)))
+    for c in COLUMNS:
+        t.add_column(c, justify="left" if c == "recipe" else "right")
+    for row in rows(rp):
+        t.add_row(*row)
+    t.caption = safe("; ".join(rp.notes))
+    return t
+
+
+def summary(rp: Any) -> dict[str, Any]:
+    """What report.json keeps of a projection (the cells stay in projection-GPU.json)."""
+    d = rp.to_dict()
+    return {k: d[k] for k in ("label", "target", "source", "mode", "job_recipe", "non_gemm_ms", "steps", "notes")}
+
+
+def project_runs(run_dir: str | Path, gpus: Sequence[str]) -> list[Any]:
+    """One projection per GPU asked for; one that cannot be made (no pre-quantized cells in the
+    bench, an unknown device) is said in one line and left out: the report stands without it."""
+    from te_gemm_callback.projection import project_run
+
+    out = []
+    for g in gpus:
+        try:
+            out.append(project_run(run_dir, g))
+        except ValueError as err:
+            log.warning("te-gemm: no projection onto %s: %s", g, err)
+    return out
+
+
+__all__ = ["COLUMNS", "projection_table", "project_runs", "rows", "summary", "title"]
