@@ -58,9 +58,13 @@ def test_gemm_io_floor():
 
 @pytest.mark.parametrize("name, key", [("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200NVL"),
                                        ("NVIDIA B200", "B200"), ("NVIDIA GB200", "GB200"),
-                                       ("NVIDIA B300 SXM6 AC", "B300"), ("NVIDIA H100 80GB HBM3", "H100")])
+                                       ("NVIDIA B300 SXM6 AC", "B300"), ("NVIDIA H100 80GB HBM3", "H100"),
+                                       ("NVIDIA GH200 480GB", None), ("NVIDIA H100 PCIe", None),
+                                       ("NVIDIA A100-SXM4-80GB", None)])
 def test_device_names(name, key):
-    assert gpu_of_device(name).key == key
+    # Whole words only: a GH200 (other memory, other power) is no H200; an H100 PCIe no H100 SXM.
+    g = gpu_of_device(name)
+    assert (g.key if g else None) == key
 
 
 def test_every_gpu_cites_its_figures():
@@ -108,7 +112,7 @@ def test_cell_projection_by_hand():
     # NVFP4: FP4 at most 2.3x NVIDIA's FP8 rate (B300's peak ratio is 3x); its band holds the rest.
     nv = p.cell(BIG, "NVFP4BlockScaling", "prequantized")
     assert nv.ms == pytest.approx(1.0 * 1979 / (2.3 * 4500))
-    assert nv.high_ms / nv.ms - 1 == pytest.approx(0.2 + (3 / 2.3 - 1) / 2)
+    assert nv.high_ms / nv.ms - 1 == pytest.approx(0.2 + (3 / 2.3 - 1) / 2 + 0.10)  # + no Hopper counterpart
     # Nothing to project from: a recipe with neither its own nor a base kernel measured.
     assert p.cell(BIG, "DelayedScaling", "prequantized") is None
 
@@ -147,9 +151,25 @@ def test_command_writes_its_json_and_refuses_bad_input(tmp_path):
     assert d["label"] == "projection" and d["target"].startswith("B300") and d["source"] == "H200 SXM"
     assert "NVFP4BlockScaling" in {s["recipe"] for s in d["steps"]} and "projection" in r.stdout
     assert run_cli("project", str(RUN_5B), "--gpu", "A100").returncode == 2
-    (tmp_path / "run").mkdir()
-    r = run_cli("project", str(tmp_path / "run"), "--gpu", "B300")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "gemm_capture.json").write_bytes((RUN_5B / "gemm_capture.json").read_bytes())
+    r = run_cli("project", str(run), "--gpu", "B300")
     assert r.returncode == 1 and "no bench.json" in r.stderr and r.stderr.count("\n") == 1
+    r = run_cli("project", str(run / "gemm_capture.json"), "--gpu", "B300")
+    assert r.returncode == 1 and "no run folder" in r.stderr and not r.stdout
+    # --source-gpu never overrides the device bench.json names.
+    bench = json.loads((RUN_5B / "bench.json").read_text())
+    (run / "bench.json").write_text(json.dumps(bench))
+    r = run_cli("project", str(run), "--gpu", "B300", "--source-gpu", "H100")
+    assert r.returncode == 1 and "measured on NVIDIA H200 (H200 SXM), not on H100 SXM" in r.stderr and not r.stdout
+    assert run_cli("project", str(run), "--gpu", "h200 nvl").returncode == 0  # as gpu() reads it
+    # Nothing usable: every cell failed. Not an empty table with exit 0.
+    for c in bench["results"]:
+        c.update(error="RuntimeError: out of memory", median_ms=None, q1_ms=None, q3_ms=None)
+    (run / "bench.json").write_text(json.dumps(bench))
+    r = run_cli("project", str(run), "--gpu", "B300")
+    assert r.returncode == 1 and "no cell of" in r.stderr
 
 
 def test_projection_of_te_guides_5b_layer_against_its_b300_figures():

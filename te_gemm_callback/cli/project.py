@@ -9,18 +9,31 @@ from te_gemm_callback.printable import safe
 
 
 def cmd_project(a: argparse.Namespace) -> int:
-    from te_gemm_callback.files.jsonio import write_json
-    from te_gemm_callback.projection import PROJECTION_SCHEMA, project_run
+    from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
+    from te_gemm_callback.projection import PROJECTION_SCHEMA, gpu, project_run
     from te_gemm_callback.reporting.projection_tables import projection_table
     from te_gemm_callback.reporting.tables import console
 
+    if not Path(a.run_dir).is_dir():
+        raise ValueError(f"no run folder {a.run_dir}: give the folder holding gemm_capture.json and bench.json")
+    path = Path(a.json or Path(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
+    root = a.run_dir if a.json is None else None
+    check_target(path, json_kind(PROJECTION_SCHEMA), root)  # refused before anything is printed
     rp = project_run(a.run_dir, a.gpu, a.source_gpu)
     out = console()
     out.print(projection_table(rp))
-    path = Path(a.json or Path(a.run_dir) / f"projection-{rp.target.key}.json")
-    write_json(path, rp.to_dict(), schema=PROJECTION_SCHEMA, root=a.run_dir if a.json is None else None)
+    write_json(path, rp.to_dict(), schema=PROJECTION_SCHEMA, root=root)
     out.print(f"projection: {safe(path)} (per-cell times, bands and their basis; method: docs/projection.md)")
     return 0
+
+
+def _gpu(text: str) -> str:
+    from te_gemm_callback.projection import gpu
+
+    try:
+        return gpu(text).key
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_project_parser(command, dir_path, file_path) -> None:
@@ -34,9 +47,11 @@ def add_project_parser(command, dir_path, file_path) -> None:
                 "RUN_DIR/projection-GPU.json. Labelled 'projection'; on the GPU itself, the measured numbers. "
                 "Method and validation: docs/projection.md. No GPU needed.")
     s.add_argument("run_dir", type=dir_path, help="a run folder with gemm_capture.json and bench.json (both modes)")
-    s.add_argument("--gpu", required=True, type=str.upper, choices=sorted(GPUS), help="the GPU to project onto")
-    s.add_argument("--source-gpu", type=str.upper, choices=sorted(GPUS),
-                   help="the GPU the bench ran on (default: read from bench.json)")
+    s.add_argument("--gpu", required=True, type=_gpu, metavar="GPU",
+                   help=f"the GPU to project onto: {', '.join(GPUS)} (any case)")
+    s.add_argument("--source-gpu", type=_gpu, metavar="GPU",
+                   help="the GPU the bench ran on, only where bench.json's device name is not recognised "
+                        "(default: read from bench.json)")
     s.add_argument("--json", type=file_path, help="where to write (default: RUN_DIR/projection-GPU.json)")
     s.set_defaults(fn=cmd_project)
 

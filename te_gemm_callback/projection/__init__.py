@@ -30,6 +30,10 @@ class StepProjection:
     speedup: float | None = None  # over BF16 on the target
     source_speedup: float | None = None  # the same formula on the source's bench (measured there)
     observed_speedup: float | None = None  # the run's observed speedup on the source (a sweep), if any
+    step_low_ms: float | None = None  # the step with the GEMM band's edges
+    step_high_ms: float | None = None
+    source_step_ms: float | None = None  # the same recipe's step on the source, the same formula
+    vs_source: float | None = None  # source step / target step: what moving this recipe's job gains
 
 
 @dataclass
@@ -67,6 +71,11 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
     from te_gemm_callback.microbench.results import BenchResults, measured_items, step_ms
 
     root = Path(run_dir)
+    if not root.is_dir():
+        raise ValueError(f"no run folder {root}: give the folder holding gemm_capture.json and bench.json")
+    if not (root / "gemm_capture.json").is_file():
+        raise ValueError(f"{root} has no gemm_capture.json: a run folder is where the callback or te-gemm run wrote "
+                         "its capture")
     if not (root / "bench.json").is_file():
         raise ValueError(f"{root} has no bench.json: te-gemm bench --capture {root}/gemm_capture.json "
                          f"--modes autocast,prequantized --json {root}/bench.json on the source GPU first")
@@ -80,10 +89,18 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
                          f"te-gemm bench --capture {root}/gemm_capture.json --modes autocast,prequantized "
                          f"--json {root}/bench.json")
     cells = proj.cells()
+    if not cells:
+        raise ValueError(f"no cell of {root}/bench.json can be projected: every cell failed, or none was measured "
+                         "pre-quantized; bench the capture again")
     projected = proj.as_bench(cells)
     items = measured_items(bench, items_from_capture(cap))
     out = RunProjection(tgt, proj.source, mode, cells=cells, job_recipe=capture_recipe(cap), measured=proj.same)
     job_step, job_gemm = cap.step_ms(), cap.gemm_ms_per_step()
+    if cap.step_kind() not in (None, "clean"):
+        out.notes.append(f"the job's step time is of its {cap.step_kind()} steps (no clean step in the capture): "
+                         "instruments included")
+    if not proj.clock_known:
+        out.notes.append("the bench recorded no SM clocks: the band's clock term is taken as 20%")
     if job_step is not None and job_gemm is not None and job_step > job_gemm:
         out.non_gemm_ms = (job_step - job_gemm) * proj.bw
     else:
@@ -109,9 +126,12 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
         lo = sum(it.count * _edge(projected, it, r, mode, "q1_ms") for it in items)
         hi = sum(it.count * _edge(projected, it, r, mode, "q3_ms") for it in items)
         st, ss = step_of(projected, r), step_of(bench, r)
+        measured_here = step_ms(bench, items, r, mode) is not None
         out.steps.append(StepProjection(
             r, g, lo, hi, st, base_t / st if st and base_t else None,
-            base_s / ss if ss and base_s and step_ms(bench, items, r, mode) is not None else None, observed.get(r)))
+            base_s / ss if ss and base_s and measured_here else None, observed.get(r),
+            st - (g - lo) if st else None, st + (hi - g) if st else None,
+            ss if measured_here else None, ss / st if ss and st and measured_here else None))
     if out.non_gemm_ms is not None:
         out.notes.append(f"non-GEMM step time scaled by HBM bandwidth {proj.source.bandwidth:g} -> "
                          f"{tgt.bandwidth:g} TB/s: {out.non_gemm_ms:.2f} ms on the target")

@@ -10,6 +10,7 @@ assumption the projection states. Figures read 2026-12-02.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 HGX = "https://www.nvidia.com/en-us/data-center/hgx/"
@@ -78,7 +79,8 @@ def gpu(key: str) -> GpuSpec:
 
 
 def gpu_of_device(device: str) -> GpuSpec | None:
-    """The spec whose names match ``device`` (a torch device name), the longest match first
-    ("NVIDIA H200 NVL" is the NVL, not the SXM)."""
-    hits = [(len(n), g) for g in GPUS.values() for n in g.names if n.lower() in (device or "").lower()]
+    """The spec whose names match ``device`` (a torch device name) as whole words, the longest
+    match first ("NVIDIA H200 NVL" is the NVL, not the SXM; "NVIDIA GH200" is neither)."""
+    hits = [(len(n), g) for g in GPUS.values() for n in g.names
+            if re.search(rf"(?<![A-Za-z0-9]){re.escape(n)}(?![A-Za-z0-9])", device or "", re.IGNORECASE)]
     return max(hits, key=lambda h: h[0])[1] if hits else None

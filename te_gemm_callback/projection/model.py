@@ -22,7 +22,8 @@ at ``1 - r`` under its maximum SM clock during the bench (NVML, ``r`` = median /
 ratio assumes the target runs as far under its own, unknown; its clock could sit anywhere from at
 its maximum to twice as far under, so the band is +-(1 - r). Formats the source did not run add
 their own term (MXFP8: +-5%, the block-scale loads Hopper's per-tensor kernel does not have; NVFP4:
-the FP4 rate between NVIDIA's 2.3x over FP8 and the target's peak ratio).
++-10% for a kernel with no Hopper counterpart, plus half the gap between NVIDIA's 2.3x over FP8 and
+the target's FP4/FP8 peak ratio).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from te_gemm_callback.microbench.results import BenchResults
-from te_gemm_callback.projection.gpus import FORMAT, FP4_OVER_FP8_MAX, GpuSpec, gpu_of_device
+from te_gemm_callback.projection.gpus import FORMAT, FP4_OVER_FP8_MAX, GPUS, GpuSpec, gpu_of_device
 from te_gemm_callback.projection.traffic import gemm_io_bytes, quant_bytes
 from te_gemm_callback.shapes import GemmShape
 
@@ -42,6 +43,9 @@ RECIPES = ("BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling
 KERNEL_BASE = {"MXFP8BlockScaling": "Float8CurrentScaling", "NVFP4BlockScaling": "Float8CurrentScaling"}
 CAST_BASE = "Float8BlockScaling"  # whose cast bandwidth a recipe without a measured cast takes
 MXFP8_TERM = 0.05
+# An NVFP4 GEMM projected from an FP8 one: the kernel has no Hopper counterpart at all (4-bit
+# operands, E4M3 block scales under a per-tensor one), a term of its own on top of the FP4 cap's.
+NVFP4_TERM = 0.10
 # Recipes whose GEMMs need Blackwell's block-scaled tensor cores (TE: compute capability 10.0).
 BLACKWELL_ONLY = ("MXFP8BlockScaling", "NVFP4BlockScaling")
 
@@ -61,6 +65,14 @@ class Projected:
     basis: str  # "measured" (the target is the source), or what the projection took
 
 
+def _rate(g: GpuSpec, fmt: str) -> float | None:
+    """The rate a format is projected at: its peak, FP4 at most FP4_OVER_FP8_MAX times FP8's."""
+    p = g.peak(fmt)
+    if fmt == "fp4" and p and g.peak("fp8"):
+        return min(p, FP4_OVER_FP8_MAX * g.peak("fp8"))
+    return p
+
+
 def _ms(bench: BenchResults, shape: GemmShape, recipe: str, mode: str) -> float | None:
     r = bench.get(shape, recipe, mode)
     return r.median_ms if r is not None and r.ok else None
@@ -73,23 +85,33 @@ def _spread(bench: BenchResults, shape: GemmShape, recipe: str, mode: str) -> fl
     return (r.q3_ms - r.q1_ms) / 2 / r.median_ms
 
 
-def source_gpu(bench: BenchResults) -> GpuSpec:
-    g = gpu_of_device(str(bench.meta.get("device") or ""))
-    if g is None:
-        raise ValueError(f"no public figures for the bench's device {bench.meta.get('device')!r}: "
-                         "pass --source-gpu with one of the known GPUs")
-    return g
+def source_gpu(bench: BenchResults, given: GpuSpec | None = None) -> GpuSpec:
+    """The GPU the bench ran on: read from its device name; ``given`` (``--source-gpu``) only where
+    the name is not one of ours, and never against it."""
+    device = str(bench.meta.get("device") or "")
+    g = gpu_of_device(device)
+    if g is not None and given is not None and given.key != g.key:
+        raise ValueError(f"bench.json was measured on {device} ({g.name}), not on {given.name}: leave out --source-gpu")
+    if g is None and given is None:
+        known = ", ".join(s.name for s in GPUS.values())
+        raise ValueError(f"no public figures for {device or 'an unnamed device'} here (known: {known}): a projection "
+                         "from it is not supported; --source-gpu only names one of these whose device name was "
+                         "not recognised")
+    return g or given
 
 
-def clock_term(bench: BenchResults) -> float:
-    """1 - (median SM clock during the bench / the GPU's maximum SM clock), from NVML; 0.2 when
+CLOCK_TERM_UNKNOWN = 0.2  # a bench without NVML clocks: about the H200's (19% under its maximum)
+
+
+def clock_term(bench: BenchResults) -> float | None:
+    """1 - (median SM clock during the bench / the GPU's maximum SM clock), from NVML; None when
     the bench did not record them."""
     try:
         med = float(bench.meta["clocks_during_run"]["sm_clock_mhz_median"])
         top = float(bench.meta["sm_clock_max_mhz"])
         return max(0.0, 1.0 - med / top)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return 0.2
+        return None
 
 
 class Projection:
@@ -99,10 +121,12 @@ class Projection:
     def __init__(self, bench: BenchResults, target: GpuSpec, source: GpuSpec | None = None,
                  schedule: str = "training") -> None:
         self.bench, self.target = bench, target
-        self.source = source or source_gpu(bench)
+        self.source = source_gpu(bench, source)
         self.schedule = schedule
         self.same = self.source.key == self.target.key
-        self.clock = clock_term(bench)
+        clock = clock_term(bench)
+        self.clock_known = clock is not None
+        self.clock = clock if clock is not None else CLOCK_TERM_UNKNOWN
         self.bw = self.source.bandwidth / self.target.bandwidth
         self.cast_bw = self._cast_bandwidth()
 
@@ -146,14 +170,15 @@ class Projection:
         if src_ms is None:
             return None
         f_src, f_tgt = FORMAT[base], FORMAT[recipe]
-        p_src, p_tgt = self.source.peak(f_src), self.target.peak(f_tgt)
+        p_src, p_tgt = _rate(self.source, f_src), _rate(self.target, f_tgt)
         if not p_src or not p_tgt:
             return None
         extra, note = 0.0, ""
-        if f_tgt == "fp4" and f_src != "fp4":
-            capped = min(p_tgt, FP4_OVER_FP8_MAX * self.target.peak("fp8"))
-            extra = max(p_tgt / capped - 1.0, 0.0) / 2  # between NVIDIA's 2.3x and the peak ratio
-            p_tgt, note = capped, f", FP4 at {capped / self.target.peak('fp8'):.1f}x the FP8 rate"
+        if f_tgt == "fp4":
+            if p_tgt < self.target.peak("fp4"):
+                note = f", FP4 at {p_tgt / self.target.peak('fp8'):.1f}x the FP8 rate"
+            if f_src != "fp4":  # a kernel with no counterpart on the source: 4-bit data, two-level scales
+                extra = max(self.target.peak("fp4") / p_tgt - 1.0, 0.0) / 2 + NVFP4_TERM
         elif base != recipe:
             extra = MXFP8_TERM
         ms = src_ms * p_src / p_tgt

@@ -13,8 +13,10 @@ from rich.table import Table
 from te_gemm_callback.printable import safe
 
 log = logging.getLogger("te_gemm_callback")
-COLUMNS = ("recipe", "GEMM ms / step", "band", "step ms", "step speedup", "on the source (bench)",
-           "observed on the source")
+# Speedups over BF16 on the target, on the source (its bench, and a sweep's observed one), then the
+# same recipe's step on the source and what moving to the target gains.
+COLUMNS = ("recipe", "GEMM ms/step (band)", "step ms (band)", "vs BF16", "source: bench", "source: observed",
+           "source step ms", "target gain")
 
 
 def _x(v: float | None, fmt: str) -> str:
@@ -22,21 +24,23 @@ def _x(v: float | None, fmt: str) -> str:
 
 
 def rows(rp: Any) -> list[list[str]]:
-    return [[s.recipe, _x(s.gemm_ms, "{:.2f}"), f"{s.gemm_low_ms:.2f}-{s.gemm_high_ms:.2f}", _x(s.step_ms, "{:.2f}"),
-             _x(s.speedup, "{:.2f}x"), _x(s.source_speedup, "{:.2f}x"), _x(s.observed_speedup, "{:.2f}x")]
+    return [[s.recipe, f"{s.gemm_ms:.2f} ({s.gemm_low_ms:.1f}-{s.gemm_high_ms:.1f})",
+             f"{s.step_ms:.2f} ({s.step_low_ms:.1f}-{s.step_high_ms:.1f})" if s.step_ms is not None else "-",
+             _x(s.speedup, "{:.2f}x"), _x(s.source_speedup, "{:.2f}x"), _x(s.observed_speedup, "{:.2f}x"),
+             _x(s.source_step_ms, "{:.2f}"), _x(s.vs_source, "{:.2f}x")]
             for s in rp.steps]
 
 
 def title(rp: Any) -> str:
     label = "measured" if rp.measured else "projection"
-    return (f"{label}: {rp.source.name} -> {rp.target.name}: GEMM time per step ({rp.mode}), its band, the step and "
-            "its speedup over BF16")
+    return (f"{label}: {rp.source.name} -> {rp.target.name}: GEMM time per step ({rp.mode}) and the step predicted "
+            "from it, with bands; speedups over BF16 on each GPU; the same recipe's step on both")
 
 
 def projection_table(rp: Any) -> Table:
     t = Table(title=safe(title(rp)))
     for c in COLUMNS:
-        t.add_column(c, justify="left" if c == "recipe" else "right")
+        t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=c == "recipe")
     for row in rows(rp):
         t.add_row(*row)
     t.caption = safe("; ".join(rp.notes))
