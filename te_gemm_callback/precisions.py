@@ -8,8 +8,11 @@ wrong library) into a message that says what to do.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -153,7 +156,51 @@ def availability(recipe: str) -> Availability:
     if fn is None:
         return Availability(recipe, False, f"this transformer_engine has no {fn_name}()")
     ok, reason = fn(return_reason=True)
-    return Availability(recipe, bool(ok), "" if ok else str(reason))
+    if not ok:
+        return Availability(recipe, False, str(reason))
+    refused = arch_refusal(recipe, tuple(torch.cuda.get_device_capability()))
+    return Availability(recipe, refused is None, refused or "")
+
+
+def arch_refusal(recipe: str, capability: tuple[int, int]) -> str | None:
+    """Why a recipe TE reports as available is still not run on a GPU of this compute capability
+    (None: it is run). TE's own checks are wider than what its recipes support for training:
+    is_nvfp4_available is True on any SM >= 10.0 (pytorch/quantization.py:171-175), and
+    is_fp8_block_scaling_available on any SM >= 9.0 with CUDA 12.9 (:178-186)."""
+    recipe = canonical(recipe)
+    sm = f"SM {capability[0]}.{capability[1]}"
+    # TE documents NVFP4 training on SM 10.0 and 10.3 only (docs/features/low_precision_training/
+    # nvfp4/nvfp4.rst:247). On SM 12.x its fused RHT cast is off (csrc/quantizer.cpp:1934-1939) and
+    # stochastic rounding runs in software (common/util/ptx.cuh:526): not a training step's time.
+    if recipe == "NVFP4BlockScaling" and capability not in ((10, 0), (10, 3)):
+        return f"NVFP4 training is supported on SM 10.0 and 10.3 only (TE's nvfp4.rst); this GPU is {sm}"
+    # From SM 10.0 TE runs FP8 block scaling as MXFP8 (csrc/extensions/gemm.cpp:312-322), and MXFP8 is
+    # not supported on SM 12.0+ (pytorch/quantization.py:164-165).
+    if recipe == "Float8BlockScaling" and capability >= (12, 0):
+        return (f"Float8BlockScaling runs as MXFP8 on Blackwell, which TE does not support on SM 12.0+; "
+                f"this GPU is {sm}")
+    return None
+
+
+def shape_problem(recipe: str, m: int | None, k: int, n: int, grouped: bool = False) -> str | None:
+    """Why TE cannot run a te.Linear / te.GroupedLinear of fprop shape M x K x N under ``recipe``
+    (None: it can), in one line, so that the cell says it rather than TE's C++ assertion.
+    ``m`` None: not checked (a grouped GEMM's rows are padded per group to row_alignment)."""
+    recipe = canonical(recipe)
+    if recipe not in ("MXFP8BlockScaling", "NVFP4BlockScaling"):
+        return None
+    # A linear layer quantizes its input (M, K), weight (N, K) and output gradient (M, N) in both
+    # directions: MXFP8 needs every dimension divisible by its 32-element block
+    # (csrc/quantizer.cpp:1514, :1861), NVFP4's quantize kernel rows and columns divisible by 32
+    # for TMA alignment (common/cast/nvfp4/quantize_transpose_nvfp4.cuh:1472-1475).
+    bad = [f"{d}={v}" for d, v in (("M", m), ("K", k), ("N", n)) if v is not None and v % 32]
+    if bad:
+        return f"{recipe} needs M, K and N divisible by 32 (TE's quantization blocks): {', '.join(bad)}"
+    # NVFP4 grouped split-quantize needs the inner dimension (K of the input, N of the output
+    # gradient) divisible by 128 (csrc/extensions/cast.cpp:1855-1856).
+    if grouped and recipe == "NVFP4BlockScaling" and (k % 128 or n % 128):
+        return f"NVFP4 grouped GEMMs need K and N divisible by 128 (TE's split quantize): K={k}, N={n}"
+    return None
 
 
 def skipped_by_reason(skipped: Mapping[str, str]) -> dict[str, list[str]]:
@@ -191,6 +238,43 @@ def make_recipe(recipe: str) -> Any:
     import_te()
     mod = importlib.import_module("transformer_engine.common.recipe")
     return getattr(mod, recipe)()
+
+
+# Environment variables that change what a TE recipe runs. TE reads the recipes' defaults from them
+# when it defines the recipe classes (common/recipe/__init__.py: NVTE_BACKWARD_OVERRIDE, which runs
+# a recipe's backward in BF16, :261-692; NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES :302;
+# NVTE_FP8_BLOCK_SCALING_FP32_SCALES :429; NVTE_NVFP4_* :558-566) and the NVFP4 quantizer when it
+# runs (NVTE_USE_FAST_MATH, csrc/quantizer.cpp:2686; NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH :2693).
+RECIPE_ENV_VARS = ("NVTE_BACKWARD_OVERRIDE", "NVTE_FP8_BLOCK_SCALING_FP32_SCALES",
+                   "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "NVTE_USE_FAST_MATH")
+RECIPE_ENV_PREFIX = "NVTE_NVFP4_"
+
+
+def recipe_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The NVTE_* variables set here that change a TE recipe (:data:`RECIPE_ENV_VARS`, NVTE_NVFP4_*),
+    sorted by name."""
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in sorted(env) if k in RECIPE_ENV_VARS or k.startswith(RECIPE_ENV_PREFIX)}
+
+
+def recipe_config(recipe: str) -> str | None:
+    """The configuration of the recipe TE builds here (its repr: formats, quantization parameters,
+    backward override), None for BF16 or where TE cannot be imported."""
+    if canonical(recipe) == "BF16" or not te_available()[0]:
+        return None
+    try:
+        return repr(make_recipe(recipe))
+    except Exception as err:  # e.g. an NVTE_* value TE's recipe refuses: its cells fail and say so
+        return f"not built: {type(err).__name__}: {err}"
+
+
+def recipe_fingerprint(config: str | None, env: Mapping[str, str] | None) -> str | None:
+    """A short hash of a recipe's configuration and the recipe environment, for cache keys (None
+    when neither is known)."""
+    if not config and not env:
+        return None
+    text = json.dumps([config, dict(env or {})], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def row_alignment(recipe: str) -> int:

@@ -31,6 +31,10 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
         cache: True (the default cache), False, or a cache file path.
         visits, gemm_duty, flush_l2: see ``te-gemm bench --help``.
 
+    Raises:
+        engine.BenchStopped: a CUDA error left the GPU context unusable; its ``results`` hold the
+            cells measured or cached before it.
+
     Example:
         >>> from te_gemm_callback import bench
         >>> res = bench("64x32x16", ["BF16"], ["autocast"], cache=False)

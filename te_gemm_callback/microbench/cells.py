@@ -21,7 +21,7 @@ from te_gemm_callback.files.jsonio import (
     schema_of,
     write_json,
 )
-from te_gemm_callback.precisions import RECIPE_TABLE
+from te_gemm_callback.precisions import RECIPE_TABLE, recipe_fingerprint
 from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig, config_gemms, fprop_of, gemm_passes
 
 log = logging.getLogger("te_gemm_callback")
@@ -36,16 +36,6 @@ MAX_VISITS = 1000
 # notes.duty_note suggests no lower value.
 MIN_GEMM_DUTY = 0.05
 FP8_FAMILY = {r.name for r in RECIPE_TABLE if r.low_precision_peak}  # timed against the FP8 peak
-
-# A model of the sustained dense GEMM rate, BF16 (the FP8 recipes 1.7x it): an H200's under its
-# power limit (docs/benchmark-methodology.md). It only sizes things (iteration counts, heat, the
-# split over GPUs), so a GPU with another rate gets more or fewer samples, not other times.
-_BF16_FLOPS = 6.5e14
-
-
-def gemm_seconds(flops: float, precision: str) -> float:
-    """Model estimate of one GEMM's time: what the microbenchmark plans with before it measures."""
-    return flops / (_BF16_FLOPS * (1.7 if precision in FP8_FAMILY else 1.0))
 
 
 @dataclass(frozen=True)
@@ -242,8 +232,14 @@ def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | N
     """The cache key of a cell measured under ``cond`` (a run's device conditions). A CPU cell's
     key also names the CPU model and torch's thread count (timing.device_conditions): a CPU
     matmul's time depends on both, and "CPU (x86_64)" alone let one host's cells, or one thread
-    count's, stand for another's. GPU keys are as before (device name, versions, mode, duty)."""
+    count's, stand for another's. GPU keys are as before (device name, versions, mode, duty); a TE
+    recipe's also carries a hash of the recipe's configuration and environment."""
     versions = f"torch {cond.get('torch')}, TE {cond.get('transformer_engine')}"
+    # A TE recipe's cell is keyed on the recipe TE built and the NVTE_* variables that change it
+    # (BenchRun records both): a cell timed without NVFP4's RHT must not stand for one with it.
+    if precision != "BF16" and (tag := recipe_fingerprint((cond.get("recipe_config") or {}).get(precision),
+                                                          cond.get("recipe_env"))):
+        versions += f", recipe {tag}"
     device = cond.get("device", "?")
     if "cpu_threads" in cond:
         device = f"{device}, {cond.get('cpu_model') or 'unknown CPU model'}, {cond['cpu_threads']} threads"

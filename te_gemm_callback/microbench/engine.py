@@ -33,6 +33,7 @@ from te_gemm_callback.microbench.cells import (
 )
 from te_gemm_callback.microbench.job_queue import JobQueue, JobVisits, MeasuredCell, PassMode, PlannedJob
 from te_gemm_callback.microbench.jobs import job_factory
+from te_gemm_callback.microbench.rates import set_rate_model
 from te_gemm_callback.microbench.results import BenchResults, summarise
 from te_gemm_callback.microbench.timing import (
     GEMM_DUTY,
@@ -42,7 +43,14 @@ from te_gemm_callback.microbench.timing import (
     measure_peaks,
     warm_up_gpu,
 )
-from te_gemm_callback.precisions import availability, canonical, padded_splits, te_available
+from te_gemm_callback.precisions import (
+    availability,
+    canonical,
+    padded_splits,
+    recipe_config,
+    recipe_environment,
+    te_available,
+)
 from te_gemm_callback.shapes import GemmShape
 
 log = logging.getLogger("te_gemm_callback")
@@ -57,12 +65,23 @@ Samples = tuple[list[float], list[float]]  # a measured cell's samples (ms) and 
 REMEASURES = 2
 
 
+class BenchStopped(RuntimeError, ValueError):
+    """A run stopped by an error that left the CUDA context unusable: every later cell would have
+    failed with it. ``results``: the cells measured or cached before it (measured ones are in the
+    cache too). A ValueError as well, so that the command line says it in one line."""
+
+    def __init__(self, message: str, results: BenchResults) -> None:
+        super().__init__(message)
+        self.results = results
+
+
 def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
               *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
               console: Any = None, visits: int | None = None, gemm_duty: float | None = None,
               visits_of: int | None = None) -> BenchResults:
     """Time every (work item, pass, precision, mode). Unsupported precisions are skipped with the
-    reason TE gives; a failing cell records its error and the run goes on.
+    reason TE gives; a failing cell records its error and the run goes on, unless the error leaves
+    the CUDA context unusable: then :class:`BenchStopped`, with the cells measured before it.
 
     ``visits``: how many times each job is measured, samples pooled (default ``default_visits()``).
     ``visits_of``: when this run is one GPU's share of a multi-GPU run (microbench/parallel.py), the
@@ -119,7 +138,14 @@ class BenchRun:
         self.flush = L2Flush() if (flush_l2 and self.cuda) else None
         self.cond.update(flush_l2=bool(self.flush), backend=self.backend, gemm_duty=self.gemm_duty,
                          timing=self._timing())
+        # What a TE recipe's cells ran under (cells.cell_key keys them on it): the recipe TE builds
+        # and the NVTE_* variables that change it (precisions.RECIPE_ENV_VARS).
+        te_recipes = [p for p in self.recipes if p != "BF16"]
+        if te_recipes:
+            self.cond["recipe_config"] = {p: recipe_config(p) for p in te_recipes}
+        self.cond["recipe_env"] = recipe_environment()
         self.peaks: dict[str, float] = {}
+        self.rate_model: dict[str, float] = {}  # the planning rates (TFLOP/s) once the peaks are known
 
     def _timing(self) -> str:
         if not self.cuda:
@@ -159,6 +185,7 @@ class BenchRun:
             self.peaks = measure_peaks(self.cache.data["peaks"], self.cond["device"])
             self.timeline["peaks"] = time.perf_counter() - t
         self.cond["peaks_tflops"] = self.peaks
+        self.rate_model = set_rate_model(self.peaks)  # each recipe's rests sized for this GPU's rates
         prog = _progress(progress, console)
         sampler = ClockSampler()  # no NVML (CPU): no samples, clocks_during_run None
         share = 1 / (self.visits_of or self.visits)
@@ -167,7 +194,10 @@ class BenchRun:
             queue = JobQueue(make_job, self.visits, sampler, prog, task, self.timeline)
             for v in queue.measure(todo):
                 v.job.measured = self._cells(v)
-            self._remeasure(queue, todo)
+            if queue.stopped is None:
+                self._remeasure(queue, todo)
+        if queue.stopped is not None:
+            self._stop(jobs, queue.stopped)
         results, samples = self._collect(jobs)
         self.cache.save()
         _warn_noisy(results)
@@ -178,7 +208,7 @@ class BenchRun:
         tl["heat"] = {k: v - self.heat0[k] for k, v in HEAT_LOG.items()}  # what timing at the sustained clock cost
         meta = dict(self.cond, wall_s=time.perf_counter() - self.t_start, modes=self.modes, precisions=self.recipes,
                     visits=self.visits, clocks_during_run=sampler.summary(), timeline_s=tl,
-                    spread_limit=SPREAD_LIMIT, cache_refused_noisy=refused)
+                    spread_limit=SPREAD_LIMIT, cache_refused_noisy=refused, rate_model_tflops=self.rate_model)
         return BenchResults(results, self.skipped, meta, samples)
 
     def _remeasure(self, queue: JobQueue, measured: list[PlannedJob]) -> None:
@@ -188,7 +218,7 @@ class BenchRun:
         total = max(len(measured) * self.visits, 1)
         for attempt in range(2, REMEASURES + 2):
             noisy = [job for job in measured if job.noisy]
-            if not noisy:
+            if not noisy or queue.stopped is not None:
                 return
             total += len(noisy) * self.visits
             queue.prog.update(queue.task, total=total)
@@ -203,6 +233,18 @@ class BenchRun:
                     old.result.attempts = new.result.attempts = attempt
                     if new.result.ok and (not old.result.ok or (new.result.spread or 0.0) < (old.result.spread or 0.0)):
                         v.job.measured[c] = new
+
+    def _stop(self, jobs: list[PlannedJob], why: str) -> None:
+        """End the run after an error that lost the CUDA context: the cells measured before it go
+        into the cache, and are raised with the message; no later cell is recorded as failed."""
+        kept = [job for job in jobs if not job.todo or job.measured]
+        results, _ = self._collect(kept)
+        self.cache.save()
+        where = " (in the cache too)" if self.cache.enabled and not self.cache.read_only else ""
+        meta = dict(self.cond, precisions=self.recipes, modes=self.modes, stopped=why)
+        raise BenchStopped(f"stopped after a CUDA error, which leaves this process's GPU context unusable: {why}; "
+                           f"{sum(r.ok for r in results)} cell(s) measured or cached before it are kept{where}, "
+                           "a run in a new process measures the rest", BenchResults(results, self.skipped, meta))
 
     def _cells(self, v: JobVisits) -> dict[PassMode, MeasuredCell]:
         """Each cell of a job as one measurement left it (failed, with the job's error, if it did)."""

@@ -97,13 +97,17 @@ class JobQueue:
                  task: Any, timeline: dict[str, Any]) -> None:
         self.make_job, self.visits, self.sampler = make_job, visits, sampler
         self.prog, self.task, self.timeline = prog, task, timeline
+        # Set by the first error that leaves the CUDA context unusable (:func:`context_lost`): the
+        # cell and the error. Nothing is built or queued after it.
+        self.stopped: str | None = None
 
     def measure(self, jobs: list[PlannedJob]) -> list[JobVisits]:
         """Build and visit ``jobs``, a fresh :class:`JobVisits` each (a failed retry must not fail
-        the cells an earlier measurement had)."""
-        out = [JobVisits(job) for job in jobs]
-        pending = list(out)
-        while pending:
+        the cells an earlier measurement had). After an error that lost the CUDA context
+        (:attr:`stopped`), those of the batches that ran before it: no later job could run."""
+        out: list[JobVisits] = []
+        pending = [JobVisits(job) for job in jobs]
+        while pending and self.stopped is None:
             batch = self.build(pending)
             pending = pending[len(batch):]  # a job that did not fit is first in the next batch
             built = [v for v in batch if v.error is None]
@@ -111,13 +115,22 @@ class JobQueue:
             # second, and a cell's samples spread over the run average it as a training job's steps
             # do. Every other visit in reverse order, so that no job always runs at one end of it.
             sequence = [(n, v) for n in range(self.visits) for v in (built if n % 2 == 0 else built[::-1])]
-            self.timeline["jobs"] += self.run(sequence)
+            if self.stopped is None:
+                self.timeline["jobs"] += self.run(sequence)
             self.prog.advance(self.task, (len(batch) - len(built)) * self.visits)
             for v in batch:  # frees their memory for the next batch
                 v.runner = None
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            if self.stopped is None:
+                out += batch
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
         return out
+
+    def _failed(self, v: JobVisits, err: Exception) -> None:
+        """Record why a job failed; an error that lost the CUDA context stops the queue."""
+        v.error = _reason(err)
+        if self.stopped is None and context_lost(v.error):
+            self.stopped = f"{v.job.precision} {v.job.label}: {v.error}"
 
     def build(self, pending: list[JobVisits]) -> list[JobVisits]:
         """Build the next batch of jobs (module, operands, TE's first calls): host work, done before
@@ -137,8 +150,10 @@ class JobQueue:
                     torch.cuda.empty_cache()
                     if batch:  # the built jobs hold the memory: this one goes in the next batch
                         break
-                v.error = _reason(err)
+                self._failed(v, err)
             batch.append(v)
+            if self.stopped is not None:
+                break
             if v.runner is None:
                 continue
             self.timeline.setdefault("setup", []).append({"item": job.label, "precision": job.precision,
@@ -151,11 +166,22 @@ class JobQueue:
         """Queue every (visit, job) of ``sequence`` back to back, the host at most ``_JOBS_QUEUED``
         jobs ahead of the GPU, then wait once and pool each job's samples. Returns one timeline
         entry per visit of a job: its GPU span and the SM clock over it."""
+        try:
+            return self._run(sequence)
+        except RuntimeError as err:  # a wait or an event met the lost context: the batch is lost
+            if not context_lost(str(err)):
+                raise
+            self.stopped = self.stopped or _reason(err)
+            return []
+
+    def _run(self, sequence: list[tuple[int, JobVisits]]) -> list[dict[str, Any]]:
         clock = StreamClock()
         if clock.cuda:  # the GPU idled while the host built the jobs: spend its boost before the first
             spend_boost()
         queued: list[_Queued] = []
         for visit, v in sequence:
+            if self.stopped is not None:
+                return [q.entry for q in queued]  # no wait: it would raise the same error again
             job = v.job
             self.prog.update(self.task, description=f"{job.precision} {job.item.fprop.mkn}")
             if v.error is not None:  # failed in an earlier visit
@@ -170,7 +196,7 @@ class JobQueue:
             try:
                 collect = v.runner.queue()
             except Exception as err:  # OOM, kernel or shape error: record and go on
-                v.error = _reason(err)
+                self._failed(v, err)
             entry.update(host_s=time.perf_counter() - t_job, heat_s=HEAT_LOG["heat_s"] - heat0)
             queued.append(_Queued(v, entry, collect, start, clock.mark()))
             self.prog.advance(self.task)
@@ -182,7 +208,7 @@ class JobQueue:
                     for cell, ts in q.collect().items():
                         v.times.setdefault(cell, []).extend(ts)
                 except Exception as err:  # an error the GPU reported late
-                    v.error = _reason(err)
+                    self._failed(v, err)
             t0, t1 = clock.at(q.start), clock.at(q.end)
             q.entry["s"] = t1 - t0  # when the GPU ran this job (on CPU: the host did)
             ck = self.sampler.summary(since=t0, until=t1)
@@ -195,6 +221,14 @@ class JobQueue:
 # TE's C++ errors open with where they were raised, "<file>:<line> in function <f>: Assertion
 # failed: <expr>. ", before the sentence that says what is wrong (transformer_engine/common/util/logging.h).
 _TE_WHERE = re.compile(r"^\S+:\d+ in function \S+: (Assertion failed: .*?\. )?")
+
+
+def context_lost(reason: str) -> bool:
+    """Whether an error (its text) leaves the CUDA context unusable: a device-side fault is sticky,
+    every later CUDA call in the process fails with it ("CUDA error: ..." from torch, "CUDA Error:
+    ..." from TE, common/util/logging.h). Out of memory is not: it is said apart."""
+    text = reason.lower()
+    return "cuda error" in text and "out of memory" not in text
 
 
 def _reason(err: Exception) -> str:

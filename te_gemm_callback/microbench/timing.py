@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from te_gemm_callback.microbench.cells import gemm_seconds
+from te_gemm_callback.microbench.rates import gemm_seconds
 
 # Hold the GPU long enough for the CPU to queue the timed launches ahead of it, so launch latency
 # and Python overhead never show between two GEMMs (the same idea as triton's do_bench).

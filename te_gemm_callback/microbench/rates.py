@@ -1,0 +1,61 @@
+"""The rate model the microbenchmark plans with before it measures: one GEMM's expected time per recipe.
+
+It sizes things (iteration counts, heat, the split over GPUs) and, through ``timing.between_calls``,
+the rest between timed calls: ``model time * (1 / duty - 1)``. A model slower or faster than the
+GPU by a different factor per recipe gives each recipe another duty cycle, and under a power limit
+another clock. So the rates follow the GPU: they are fitted on an H200 and rescaled by the peaks
+``timing.measure_peaks`` takes on this one (:func:`set_rate_model`, called once the run has them).
+
+Numbers used:
+- H200, BF16: 650 TFLOP/s sustained under its power limit; FP8 recipes 1.7x that. measure_peaks
+  gave 702 and 684 TFLOP/s BF16, 1390 and 1367 FP8 there (docs/results/h200/{5b,dense}/bench.json),
+  so the references are 693 and 1379. A peak within 5% of its reference is the spread of one GPU
+  model between runs and hosts, not another GPU: the H200 model is kept as it is (no change there).
+- NVFP4: 3.5x the BF16 rate. No FP4 peak is measured; TE's B300 pre-quantized layer runs 13.10 ms
+  in BF16 and 3.76 ms in NVFP4 (1463 and 5094 TFLOP/s; docs/projection.md), a ratio of 3.48.
+  With 1.0 (what NVFP4 had before), its cells got about half the duty cycle BF16's got there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from te_gemm_callback.microbench.cells import FP8_FAMILY
+
+H200_BF16_FLOPS = 6.5e14
+FP8_OVER_BF16 = 1.7
+NVFP4_OVER_BF16 = 3.5
+H200_PEAKS_TFLOPS = {"bf16": 693.0, "fp8": 1379.0}
+SAME_GPU = 0.05
+
+_RATES: dict[str, float] = {}
+
+
+def _scale(peaks: Mapping[str, float], kind: str) -> float:
+    """This GPU's measured peak over the H200's, 1.0 within SAME_GPU of it or where none was measured."""
+    p = peaks.get(kind)
+    if not isinstance(p, (int, float)) or not math.isfinite(p) or p <= 0:
+        return 1.0
+    r = p / H200_PEAKS_TFLOPS[kind]
+    return 1.0 if abs(r - 1.0) <= SAME_GPU else r
+
+
+def set_rate_model(peaks: Mapping[str, float] | None) -> dict[str, float]:
+    """Rescale the model to this GPU's measured peaks (``measure_peaks``: TFLOP/s of "bf16" and, where
+    measured, "fp8"); None or {} restores the H200 model. Returns the rates now used (TFLOP/s)."""
+    peaks = peaks or {}
+    bf16 = H200_BF16_FLOPS * _scale(peaks, "bf16")
+    fp8 = H200_BF16_FLOPS * FP8_OVER_BF16 * _scale(peaks, "fp8") if peaks.get("fp8") else bf16 * FP8_OVER_BF16
+    _RATES.update(bf16=bf16, fp8=fp8, nvfp4=bf16 * NVFP4_OVER_BF16)
+    return {k: v / 1e12 for k, v in _RATES.items()}
+
+
+def gemm_seconds(flops: float, precision: str) -> float:
+    """Model estimate of one GEMM's time: what the microbenchmark plans with before it measures."""
+    if precision == "NVFP4BlockScaling":
+        return flops / _RATES["nvfp4"]
+    return flops / _RATES["fp8" if precision in FP8_FAMILY else "bf16"]
+
+
+set_rate_model(None)
