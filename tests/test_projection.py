@@ -95,13 +95,15 @@ def made_up_bench():
 def test_cell_projection_by_hand():
     p = Projection(made_up_bench(), gpu("B300"))
     assert p.source.key == "H200" and p.clock == pytest.approx(0.2) and p.bw == pytest.approx(4.8 / 8.0)
+    w_h, w_t = (8192 * 8192 * 2 / (bw * 1e9) for bw in (4.8, 8.0))  # the BF16 output's write, ms
     bf = p.cell(BIG, "BF16", "prequantized")
-    assert bf.ms == pytest.approx(2.0 * 989.5 / 2250)  # the same fraction of the target's BF16 peak
+    # The main loop keeps its fraction of the BF16 peak; the output's write moves with bandwidth.
+    assert bf.ms == pytest.approx((2.0 - w_h) * 989.5 / 2250 + w_t)
     assert bf.high_ms / bf.ms - 1 == pytest.approx(0.02 + 0.2)  # its spread + the clock term
     cs = p.cell(BIG, "Float8CurrentScaling", "autocast")
     # Kernel by the FP8 peak ratio; quantization: 1.5 - 1.0 - (2.1 - 2.0) = 0.4 ms at 4.8 -> 8 TB/s;
     # BF16's own autocast excess (0.1 ms) scaled alike.
-    assert cs.gemm_ms == pytest.approx(1.0 * 1979 / 4500)
+    assert cs.gemm_ms == pytest.approx((1.0 - w_h) * 1979 / 4500 + w_t)
     assert cs.quant_ms == pytest.approx(0.4 * 0.6 + 0.1 * 0.6)
     # MXFP8, never run on Hopper: Float8CurrentScaling's kernel; the cast at CS's measured bandwidth.
     mx = p.cell(BIG, "MXFP8BlockScaling", "autocast")
@@ -111,7 +113,7 @@ def test_cell_projection_by_hand():
     assert "Float8CurrentScaling pre-quantized" in mx.basis
     # NVFP4: FP4 at most 2.3x NVIDIA's FP8 rate (B300's peak ratio is 3x); its band holds the rest.
     nv = p.cell(BIG, "NVFP4BlockScaling", "prequantized")
-    assert nv.ms == pytest.approx(1.0 * 1979 / (2.3 * 4500))
+    assert nv.ms == pytest.approx((1.0 - w_h) * 1979 / (2.3 * 4500) + w_t)
     assert nv.high_ms / nv.ms - 1 == pytest.approx(0.2 + (3 / 2.3 - 1) / 2 + 0.10)  # + no Hopper counterpart
     # Nothing to project from: a recipe with neither its own nor a base kernel measured.
     assert p.cell(BIG, "DelayedScaling", "prequantized") is None
@@ -182,13 +184,11 @@ def test_projection_of_te_guides_5b_layer_against_its_b300_figures():
         for recipe, te in recipes.items():
             got = sum(ours[(recipe, mode)][o][0] for o in ("fprop", "dgrad", "wgrad"))
             diffs[(mode, recipe)] = got / sum(te) - 1
-    for (mode, recipe), d in diffs.items():
-        if recipe != "NVFP4BlockScaling":
-            assert abs(d) <= 0.15, (mode, recipe, d)
-    assert abs(diffs[("autocast", "NVFP4BlockScaling")]) <= 0.25
-    # Measured 2026-12-02: NVFP4 pre-quantized -29%, outside 25%: the B300 reached 38% of its FP4
-    # peak there. Kept visible here, not hidden: if the model changes, this says which way it moved.
-    assert -0.35 < diffs[("prequantized", "NVFP4BlockScaling")] < -0.2
+    for (mode, recipe), d in diffs.items():  # per layer: 15%, NVFP4 25%
+        assert abs(d) <= (0.25 if recipe == "NVFP4BlockScaling" else 0.15), (mode, recipe, d)
+    # Where it stood on 2026-12-02: NVFP4 pre-quantized -24% (the B300 reached 38% of its FP4 peak
+    # there), the closest to its bound: a model change that moves it says so here first.
+    assert -0.25 < diffs[("prequantized", "NVFP4BlockScaling")] < -0.2
     te_order = sorted(v.TE_B300["autocast"], key=lambda r: sum(v.TE_B300["autocast"][r]))
     our_order = sorted(v.TE_B300["autocast"], key=lambda r: diffs[("autocast", r)] * 0 + sum(
         ours[(r, "autocast")][o][0] for o in ("fprop", "dgrad", "wgrad")))

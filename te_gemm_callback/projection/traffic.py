@@ -82,6 +82,11 @@ def quant_bytes(recipe: str, shape: GemmShape, schedule: str = "training") -> fl
     return 0.0  # wgrad: both operands were quantized by fprop and dgrad
 
 
+def output_bytes(shape: GemmShape) -> float:
+    """Bytes of a GEMM's BF16 output (M x N per product)."""
+    return shape.batch * shape.m * shape.n * BF16_BYTES
+
+
 def gemm_io_bytes(fmt: str, shape: GemmShape) -> float:
     """Bytes a GEMM itself must move at least: both operands in ``fmt`` once, the BF16 output once
     (the memory floor under a compute-bound projection)."""
