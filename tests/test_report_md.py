@@ -120,7 +120,7 @@ def test_report_md_holds_verdicts_table_figures_and_commands(tmp_path, capsys):
     assert f"te-gemm report {run}" in md and f"te_gemm_callback.report('{run}')" in md
     assert (f"te-gemm bench --capture {run / 'gemm_capture.json'} --precisions "
             "BF16,DelayedScaling,Float8CurrentScaling,NVFP4BlockScaling --modes autocast,prequantized "
-            f"--json {run / 'bench.json'}") in md
+            f"--no-cache --json {run / 'bench.json'}") in md
     assert "- run\\_id: r1" in md  # the capture's own provenance
     # Made again, our own report.md is replaced; the CLI writes and names it too.
     assert main(["report", str(run)]) == 0
@@ -280,3 +280,21 @@ def test_a_report_without_a_trace_stands(tmp_path, monkeypatch, caplog, case):
     assert "trace.json" not in files["report_md"].read_text()
     said = [r.getMessage() for r in caplog.records if "trace.json" in r.getMessage()]
     assert said == (["te-gemm: trace.json not written: disk on fire"] if case == "fails" else [])
+
+
+def test_report_md_says_what_the_capture_ran_under():
+    # A compiled model, no steady state, nsys holding CUPTI, no clean step: each a line beside the
+    # capture's table, none for a plain capture.
+    from te_gemm_callback.capture.capture_file import GemmCapture, StepTime
+    from te_gemm_callback.reporting.markdown import _capture_conditions
+
+    plain = GemmCapture([], [StepTime(0, 1.0, kind="instrumented"), StepTime(1, 1.0, kind="clean")],
+                        {"steady_state": "reached: 1 clean step"})
+    assert _capture_conditions(plain) == []
+    odd = GemmCapture([], [StepTime(0, 1.0, kind="instrumented")],
+                      {"compiled": True, "compiled_modules": ["model"], "steady_state": "not reached: compiling",
+                       "cupti_owner": "Nsight Systems (NSYS_PROFILING_SESSION_ID=7)", "gemm_time_source": "cuda_events"})
+    text = "\n".join(_capture_conditions(odd))
+    assert "- torch.compile: model;" in text and "- steady state not reached: compiling" in text
+    assert "held CUPTI during the capture: GEMMs timed by CUDA events" in text
+    assert "no clean step was captured (steps: instrumented)" in text

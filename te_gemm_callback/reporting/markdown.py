@@ -138,7 +138,28 @@ def _capture(rr: RunReport) -> list[str]:
         rows.append([f"... {more} more", "", "", "", "", ""])
     if not any(r.times_ms for r in cap.records):
         out += ["Not timed (no per-call GEMM times): the GEMMs with the most FLOPs per step.", ""]
-    return out + md_table(cols, rows, right=(4, 5))
+    return out + md_table(cols, rows, right=(4, 5)) + _capture_conditions(cap)
+
+
+def _capture_conditions(cap: Any) -> list[str]:
+    """What about the capture's steps a reader of its numbers should know: a compiled model, steady
+    state, another profiler that held CUPTI, a window training ended inside."""
+    m = cap.meta
+    lines = []
+    if m.get("compiled"):
+        mods = ", ".join(m.get("compiled_modules") or []) or "the model"
+        lines.append(f"torch.compile: {mods}; shapes from their eager forward on the instrumented steps, step times "
+                     "from the compiled code")
+    if m.get("steady_state") and not str(m["steady_state"]).startswith("reached"):
+        lines.append(f"steady state {m['steady_state']}")
+    if m.get("cupti_owner"):
+        timed = "CUDA events" if m.get("gemm_time_source") == "cuda_events" else "nothing"
+        lines.append(f"{m['cupti_owner']} held CUPTI during the capture: GEMMs timed by {timed}, no kernel timeline")
+    kinds = [s.kind for s in cap.steps]
+    if kinds and "clean" not in kinds:
+        lines.append(f"no clean step was captured (steps: {', '.join(kinds)}): training ended inside the window, or "
+                     "it was too short; the step time includes the capture's instruments")
+    return ["", *[f"- {md_escape(x)}" for x in lines]] if lines else []
 
 
 def _figures(files: Mapping[str, Path], root: Path) -> list[str]:
@@ -226,8 +247,9 @@ def _bench_commands(rr: RunReport, root: Path) -> list[str]:
     if len(m.get("visits_per_device") or []) > 1:
         opts.append(f"--devices {len(m['visits_per_device'])}")
     # --modes always, even for one: the bench file --json replaces would otherwise pick the modes.
+    # --no-cache: measured again, not read back from the cache that made this bench.json.
     cmd = " ".join(["te-gemm bench --capture", q(str(capture)), *opts, "--modes", q(",".join(modes)),
-                    "--json", q(str(bench_json))])
+                    "--no-cache", "--json", q(str(bench_json))])
     return ["Measure the microbenchmarks again (on the machine the job ran on), then make the report again:", "",
             *code_block([cmd, f"te-gemm report {q(str(root))}"], "sh")]
 
