@@ -293,7 +293,8 @@ def test_report_md_says_what_the_capture_ran_under():
     assert _capture_conditions(plain) == []
     odd = GemmCapture([], [StepTime(0, 1.0, kind="instrumented")],
                       {"compiled": True, "compiled_modules": ["model"], "steady_state": "not reached: compiling",
-                       "cupti_owner": "Nsight Systems (NSYS_PROFILING_SESSION_ID=7)", "gemm_time_source": "cuda_events"})
+                       "cupti_owner": "Nsight Systems (NSYS_PROFILING_SESSION_ID=7)",
+                       "gemm_time_source": "cuda_events"})
     text = "\n".join(_capture_conditions(odd))
     assert "- torch.compile: model;" in text and "- steady state not reached: compiling" in text
     assert "held CUPTI during the capture: GEMMs timed by CUDA events" in text
