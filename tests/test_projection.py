@@ -196,7 +196,7 @@ def test_projection_of_te_guides_5b_layer_against_its_b300_figures():
 
 
 def test_bench_cells_of_blackwell_recipes_read_right():
-    # What the review of the MXFP8/NVFP4 paths against TE's code found (Hopper never ran them).
+    # Two cells of the MXFP8/NVFP4 paths as TE's code says they go (Hopper never ran them).
     from te_gemm_callback.microbench.job_queue import _reason
     from te_gemm_callback.microbench.results import summarise
 
