@@ -4,11 +4,11 @@
 #   bash benchmarks/h200.sh OUT                     # every section (a few hours)
 #   bash benchmarks/h200.sh OUT clean,paired        # some of them
 # Sections: observed main clean interleaved fit paired cost kernels teardown capture recipes plan jobs
-#           bench swapped diagnose tests
+#           bench swapped diagnose nsys layer5b tests
 # observed needs transformers (offline: pip install --no-index --find-links WHEELS transformers).
 set -uo pipefail
 out=$(realpath -m "${1:?output folder}")
-only=${2:-observed,main,clean,interleaved,fit,paired,cost,kernels,teardown,capture,recipes,plan,jobs,bench,swapped,diagnose,tests}
+only=${2:-observed,main,clean,interleaved,fit,paired,cost,kernels,teardown,capture,recipes,plan,jobs,bench,swapped,diagnose,nsys,layer5b,tests}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 has() { [[ ",$only," == *",$1,"* ]]; }
@@ -155,6 +155,20 @@ if has diagnose; then
         | grep -E "job GEMM kernels|overlapping|same kernel in"
     python benchmarks/bench_vs_job.py burst --calls 400 --json "$out/burst.json" 2>&1 | quiet | grep -v "clock (s"
     python benchmarks/bench_vs_job.py burst --recovery 2 --json "$out/recovery.json" 2>&1 | quiet | cut -c1-160
+fi
+if has nsys; then
+    echo "== under Nsight Systems: per-GEMM times against the runs without it, the file and our ranges in it"
+    # nsys on PATH, else the one inside an Nsight Compute install (the H200 host has no other).
+    nsys=$(command -v nsys || find /opt/nvidia -name nsys -type f 2>/dev/null | head -1)
+    python benchmarks/nsys_check.py --out "$out/nsys" --nsys "$nsys" --nsys-flags "-s none --cpuctxsw=none" 2>&1 \
+        | quiet | tail -34
+fi
+if has layer5b; then
+    echo "== TE's 5B layer on this GPU, both modes (docs/results/h200/5b), projected onto the B300"
+    python examples/dense.py --layers 1 --steps 12 --sweep none --no-bench --out "$out/5b" > "$out/5b.log" 2>&1
+    python -m te_gemm_callback.cli bench --capture "$out/5b/gemm_capture.json" --modes autocast,prequantized \
+        --json "$out/5b/bench.json" 2>&1 | quiet | tail -3
+    python benchmarks/projection_vs_te_guide.py --run "$out/5b" 2>&1 | tail -12
 fi
 if has tests; then
     echo "== GPU tests"
