@@ -181,15 +181,13 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         owner = cupti_owner() if self._cuda else None
         self.cupti, base = owner, self._base_plan
         self.plan, self.timing = base, self._base_timing
-        if owner is None:
-            self.recorder.timer.kind = EventTimer(self.timing != "none").kind
-            return
-        warn_once(owner.line(), log)
-        if base.kernels and base.instrumented != "all":
-            self.plan = StepPlan(instrumented=base.instrumented + base.kernels_warmup + base.kernels, kernels=0,
-                                 dispatch=base.dispatch)
-        if owner.timing == NONE:
-            self.timing = "none"
+        if owner is not None:
+            warn_once(owner.line(), log)
+            if base.kernels and base.instrumented != "all":
+                self.plan = StepPlan(instrumented=base.instrumented + base.kernels_warmup + base.kernels, kernels=0,
+                                     dispatch=base.dispatch)
+            if owner.timing == NONE:
+                self.timing = "none"
         self.recorder.timer.kind = EventTimer(self.timing != "none").kind
 
     def _reset(self) -> None:

@@ -10,13 +10,11 @@ from te_gemm_callback.printable import safe
 
 def cmd_project(a: argparse.Namespace) -> int:
     from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
-    from te_gemm_callback.projection import PROJECTION_SCHEMA, gpu, project_run
+    from te_gemm_callback.projection import PROJECTION_SCHEMA, check_run_folder, gpu, project_run
     from te_gemm_callback.reporting.projection_tables import projection_table
     from te_gemm_callback.reporting.tables import console
 
-    if not Path(a.run_dir).is_dir():
-        raise ValueError(f"no run folder {a.run_dir}: give the folder holding gemm_capture.json and bench.json")
-    path = Path(a.json or Path(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
+    path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
     root = a.run_dir if a.json is None else None
     check_target(path, json_kind(PROJECTION_SCHEMA), root)  # refused before anything is printed
     rp = project_run(a.run_dir, a.gpu, a.source_gpu)

@@ -8,7 +8,7 @@ and recipe, and the step speedups that follow: :func:`project_run` (docs/project
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,14 @@ class RunProjection:
                            "quant_ms": c.quant_ms, "basis": c.basis} for c in self.cells]}
 
 
+def check_run_folder(run_dir: str | Path) -> Path:
+    """The run folder as a Path; a one-line ValueError where there is no such folder."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ValueError(f"no run folder {root}: give the folder holding gemm_capture.json and bench.json")
+    return root
+
+
 def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpec | None = None,
                 mode: str = "autocast") -> RunProjection:
     """Project a run folder (gemm_capture.json and bench.json) onto ``target``: every cell of its
@@ -70,9 +78,7 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
     from te_gemm_callback.microbench.cells import items_from_capture
     from te_gemm_callback.microbench.results import BenchResults, measured_items, step_ms
 
-    root = Path(run_dir)
-    if not root.is_dir():
-        raise ValueError(f"no run folder {root}: give the folder holding gemm_capture.json and bench.json")
+    root = check_run_folder(run_dir)
     if not (root / "gemm_capture.json").is_file():
         raise ValueError(f"{root} has no gemm_capture.json: a run folder is where the callback or te-gemm run wrote "
                          "its capture")
@@ -118,13 +124,15 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
         return new + out.non_gemm_ms / (1 if res is projected else proj.bw) - (own - own_pre)
 
     observed = _observed(root)
+    # The band's edges as benches of their own: the same totals as the central value (step_ms).
+    low, high = (BenchResults([replace(c, median_ms=getattr(c, edge)) for c in projected.results])
+                 for edge in ("q1_ms", "q3_ms"))
     base_t, base_s = step_of(projected, "BF16"), step_of(bench, "BF16")
     for r in RECIPES:
         g = step_ms(projected, items, r, mode, "BF16")
         if g is None or not any(c.recipe == r for c in cells):
             continue
-        lo = sum(it.count * _edge(projected, it, r, mode, "q1_ms") for it in items)
-        hi = sum(it.count * _edge(projected, it, r, mode, "q3_ms") for it in items)
+        lo, hi = (step_ms(edge, items, r, mode, "BF16") or g for edge in (low, high))
         st, ss = step_of(projected, r), step_of(bench, r)
         measured_here = step_ms(bench, items, r, mode) is not None
         out.steps.append(StepProjection(
@@ -136,17 +144,6 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
         out.notes.append(f"non-GEMM step time scaled by HBM bandwidth {proj.source.bandwidth:g} -> "
                          f"{tgt.bandwidth:g} TB/s: {out.non_gemm_ms:.2f} ms on the target")
     return out
-
-
-def _edge(res: Any, item: Any, recipe: str, mode: str, field_: str) -> float:
-    from te_gemm_callback.microbench.cells import passes_of
-
-    total = 0.0
-    for s in passes_of(item):
-        r = res.get(s, recipe, mode, item.m_splits) or res.get(s, "BF16", mode, item.m_splits)
-        if r is not None and getattr(r, field_) is not None:
-            total += getattr(r, field_) * item.calls_of(s.op)
-    return total
 
 
 def _observed(root: Path) -> dict[str, float]:
@@ -161,4 +158,5 @@ def _observed(root: Path) -> dict[str, float]:
         return {}
 
 
-__all__ = ["GPUS", "GpuSpec", "Projection", "Projected", "RunProjection", "StepProjection", "project_run", "gpu"]
+__all__ = ["GPUS", "GpuSpec", "Projection", "Projected", "RunProjection", "StepProjection", "check_run_folder",
+           "project_run", "gpu"]

@@ -163,8 +163,8 @@ class Projection:
             return self.cast_bw[CAST_BASE]
         return statistics.mean(self.cast_bw.values()) if self.cast_bw else None
 
-    def _kernel(self, shape: GemmShape, recipe: str) -> tuple[float, str, float] | None:
-        """(GEMM ms on the target, basis, extra band term)."""
+    def _kernel(self, shape: GemmShape, recipe: str) -> tuple[float, str, float, str] | None:
+        """(GEMM ms on the target, basis, extra band term, the source recipe it came from)."""
         own = _ms(self.bench, shape, recipe, "prequantized")
         base = recipe if own is not None else KERNEL_BASE.get(recipe)
         src_ms = own if own is not None else (_ms(self.bench, shape, base, "prequantized") if base else None)
@@ -189,7 +189,7 @@ class Projection:
         ms = max(src_ms - w_src, 0.0) * p_src / p_tgt + w_tgt
         floor = gemm_io_bytes(f_tgt, shape) / (self.target.bandwidth * 1e9)  # TB/s -> bytes per ms
         basis = f"{base} pre-quantized on {self.source.key} x peak {f_src}->{f_tgt}{note}"
-        return max(ms, floor), basis, extra
+        return max(ms, floor), basis, extra, base
 
     def cell(self, shape: GemmShape, recipe: str, mode: str) -> Projected | None:
         """The projected time of one cell, or None where nothing to project it from was measured
@@ -205,7 +205,7 @@ class Projection:
         k = self._kernel(shape, recipe)
         if k is None:
             return None
-        gemm, basis, extra = k
+        gemm, basis, extra, base = k
         quant = 0.0
         if mode == "autocast":
             ab, pb = _ms(self.bench, shape, "BF16", "autocast"), _ms(self.bench, shape, "BF16", "prequantized")
@@ -222,7 +222,6 @@ class Projection:
                         return None
                     q = quant_bytes(recipe, shape, self.schedule) / (gbps * 1e6 / self.bw)
                 quant = q + around
-        base = KERNEL_BASE.get(recipe, recipe) if _ms(self.bench, shape, recipe, "prequantized") is None else recipe
         s = _spread(self.bench, shape, base, "prequantized")
         if mode == "autocast" and recipe != "BF16" and _ms(self.bench, shape, recipe, "autocast") is not None:
             s = max(s, _spread(self.bench, shape, recipe, "autocast"))
