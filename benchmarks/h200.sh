@@ -4,11 +4,11 @@
 #   bash benchmarks/h200.sh OUT                     # every section (a few hours)
 #   bash benchmarks/h200.sh OUT clean,paired        # some of them
 # Sections: observed main clean interleaved fit paired cost kernels teardown capture recipes plan jobs
-#           bench swapped diagnose nsys layer5b tests
+#           bench swapped diagnose nsys nsys-size layer5b tests
 # observed needs transformers (offline: pip install --no-index --find-links WHEELS transformers).
 set -uo pipefail
 out=$(realpath -m "${1:?output folder}")
-only=${2:-observed,main,clean,interleaved,fit,paired,cost,kernels,teardown,capture,recipes,plan,jobs,bench,swapped,diagnose,nsys,layer5b,tests}
+only=${2:-observed,main,clean,interleaved,fit,paired,cost,kernels,teardown,capture,recipes,plan,jobs,bench,swapped,diagnose,nsys,nsys-size,layer5b,tests}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 has() { [[ ",$only," == *",$1,"* ]]; }
@@ -162,6 +162,12 @@ if has nsys; then
     nsys=$(command -v nsys || find /opt/nvidia -name nsys -type f 2>/dev/null | head -1)
     python benchmarks/nsys_check.py --out "$out/nsys" --nsys "$nsys" --nsys-flags "-s none --cpuctxsw=none" 2>&1 \
         | quiet | tail -34
+fi
+if has nsys-size; then
+    echo "== what makes an nsys recording large: nsys's CPU sampling and context-switch trace on and off"
+    nsys=$(command -v nsys || find /opt/nvidia -name nsys -type f 2>/dev/null | head -1)
+    echo "perf_event_paranoid $(cat /proc/sys/kernel/perf_event_paranoid 2>/dev/null); $(nproc) CPUs"
+    python benchmarks/nsys_file_size.py --out "$out/nsys-size" --nsys "$nsys" --budget 420 2>&1 | quiet
 fi
 if has layer5b; then
     echo "== TE's 5B layer on this GPU, both modes (docs/results/h200/5b), projected onto the B300"

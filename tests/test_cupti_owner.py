@@ -240,3 +240,27 @@ def test_the_recorded_file_reader_expands_lz4_back_references():
     text = nc.lz4_expand(data)
     assert b"blocks.1.fc1 fprop 8x8x8 bf16" in text and b"blocks.1.fc1 fprop" not in data
     assert text.endswith(first + b"blocks.1.fc1 fprop 8x8x8 bf16")
+
+
+@pytest.mark.parametrize("idle,capturing,spins", [(True, False, True), (False, False, False), (True, True, False)])
+def test_a_start_event_on_an_idle_stream_waits_behind_a_spin(monkeypatch, idle, capturing, spins):
+    # The CUDA calls are stand-ins (no GPU here); what is checked is which of them the timer makes,
+    # in which order: a spin only on an idle stream, never inside a graph capture, always before the
+    # start event. tests/test_gpu.py times a real GEMM against its kernel record.
+    from te_gemm_callback.capture import instruments
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
+    monkeypatch.setattr(instruments, "_current_stream", lambda: "stream")
+    monkeypatch.setattr(instruments, "_idle", lambda s: calls.append(("query", s)) or idle)
+    monkeypatch.setattr(instruments, "_record", lambda s=None: calls.append(("event", s)) or len(calls))
+    timer = instruments.EventTimer(True)
+    timer.start()
+    kinds = [c[0] for c in calls]
+    assert kinds[-1] == "event" and calls[-1][1] == "stream"
+    assert ("spin", instruments.LEAD_CYCLES) in calls if spins else "spin" not in kinds
+    calls.clear()
+    instruments.EventTimer(True, lead_cycles=0).start()
+    assert [c[0] for c in calls] == ["event"]

@@ -620,23 +620,37 @@ def test_job_kinds_recipe(job, recipe, tmp_path):
         assert cap.meta["compiled"] is True and len(cap.records) == 6
 
 
-NSYS_SCRIPT = """
-import json, sys, torch
-from te_gemm_callback import GemmProfiler
-m = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048)).cuda().bfloat16()
-x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
-def step():
-    m(x).float().pow(2).mean().backward()
-step()
-with GemmProfiler(m, nsys_capture=True) as prof:
-    for i in range(6):
-        step()
-        if i < 5:
-            prof.step()
-c = prof.capture
-json.dump({"meta": c.meta, "kinds": [s.kind for s in c.steps],
-           "times": {f"{r.module} {r.op}": r.times_ms for r in c.records}}, open(sys.argv[1], "w"))
-"""
+def test_an_event_pair_on_an_idle_gpu_holds_the_gemm_not_its_launch():
+    # Oracle: torch.profiler's kernel record of the same GEMM calls. Each call starts on an idle GPU
+    # (a sync before it), where a bare start event is stamped before the host has launched the GEMM.
+    import statistics
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from te_gemm_callback.capture.instruments import EventTimer
+
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    for _ in range(10):  # cuBLAS handle, heuristics, clocks up
+        a @ b
+    torch.cuda.synchronize()
+    pairs = {"lead": [], "bare": []}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(30):
+            for kind, timer in (("lead", EventTimer(True)), ("bare", EventTimer(True, lead_cycles=0))):
+                torch.cuda.synchronize()
+                start = timer.start()
+                a @ b
+                pairs[kind].append(timer.stop(start))
+        torch.cuda.synchronize()
+    ms = {k: statistics.median(EventTimer.elapsed_ms(p) for p in v) for k, v in pairs.items()}
+    kernels = [e.time_range.elapsed_us() / 1e3 for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and "spin" not in e.name.lower()]
+    assert len(kernels) >= 60, [e.name for e in prof.events()][:20]
+    kernel_ms = statistics.median(kernels)
+    print(f"kernel {kernel_ms * 1e3:.1f} us, pair with lead {ms['lead'] * 1e3:.1f} us, bare {ms['bare'] * 1e3:.1f} us")
+    assert abs(ms["lead"] / kernel_ms - 1) < 0.05 + 0.002 / kernel_ms, (kernel_ms, ms)
+    assert ms["bare"] > ms["lead"], (kernel_ms, ms)
 
 
 def test_under_nsys_gemm_times_come_from_events_and_the_file_holds_our_ranges(tmp_path):
@@ -655,7 +669,7 @@ def test_under_nsys_gemm_times_come_from_events_and_the_file_holds_our_ranges(tm
     if nsys is None:
         pytest.skip("no nsys binary on this host")
     script, out = tmp_path / "job.py", tmp_path / "cap.json"
-    script.write_text(NSYS_SCRIPT)
+    script.write_text(benchmark("nsys_file_size").JOB)  # the size benchmark's job
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     # --capture-range-end=stop: nsys's default (stop-shutdown) would end the script at the Stop,
     # which GemmProfiler.stop() calls before the script writes its file.
