@@ -63,9 +63,9 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
             for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
 
 
-# GPU cycles of the spin kernel queued ahead of a start event on an idle stream: ~50 us at the
-# 1.7-2.0 GHz SM clocks of H100/H200/B200, more than the host needs to record the event and launch
-# the GEMM through TE or the torch dispatch mode (see EventTimer.start).
+# GPU cycles of the spin kernel queued ahead of each start event: ~50 us at the 1.7-2.0 GHz SM
+# clocks of H100/H200/B200, more than the host needs to record the event and launch the GEMM
+# through TE or the torch dispatch mode (see EventTimer.start).
 LEAD_CYCLES = 100_000
 
 
@@ -73,13 +73,14 @@ class EventTimer:
     """CUDA-event pairs around GEMMs; on a CPU-only machine, host-clock pairs (CPU kernels run
     synchronously, so the host clock is their time).
 
-    ``lead_cycles``: on a stream with nothing left to run, a spin kernel of that many GPU cycles
-    goes ahead of the start event. An idle GPU stamps the start event the moment the host records
-    it, and the pair then also holds the host's time to launch the GEMM (H200 under nsys: +8% and
-    +12% on 0.04-0.06 ms GEMMs timed on the dispatch-mode step); behind the spin, the start event
-    runs once the GEMM is already queued. A busy stream needs none (the work ahead covers the
-    launch): a GPU-bound step gets no spin at all, a host-bound one spins where its GPU had run
-    dry anyway. 0 turns it off."""
+    ``lead_cycles``: a spin kernel of that many GPU cycles goes ahead of each start event, so the
+    GPU reaches the event only once the host has launched the GEMM. Without it, a GPU that runs dry
+    before the GEMM is launched stamps the start event early, and the pair also holds the host's
+    time to launch the GEMM (H200 under nsys, dispatch-mode step: +8% and +12% on 0.04-0.06 ms
+    GEMMs). Queuing it only on a stream found idle is not enough: the spin or any short kernel
+    ahead ends before a slow host launches the GEMM (measured: +126% and +413% on those GEMMs).
+    The spin is GPU time of the steps that carry event pairs, never of a clean step; the profiler
+    turns it off (0) where kernel records will time the GEMMs and the pairs are only a fallback."""
 
     def __init__(self, enabled: bool, lead_cycles: int = LEAD_CYCLES) -> None:
         self.cuda = torch.cuda.is_available()
@@ -92,12 +93,10 @@ class EventTimer:
             return None
         if not self.cuda:
             return time.perf_counter()
-        stream = _current_stream()
-        # Not while a CUDA graph is being captured (the spin would join the job's graph, and a
-        # capturing stream cannot be queried).
-        if self.lead_cycles and not torch.cuda.is_current_stream_capturing() and _idle(stream):
+        # Not while a CUDA graph is being captured: the spin would join the job's graph.
+        if self.lead_cycles and not torch.cuda.is_current_stream_capturing():
             torch.cuda._sleep(self.lead_cycles)  # on the current stream, as the event below
-        return _record(stream)
+        return _record()
 
     def stop(self, start: Any) -> Any:
         if start is None:
@@ -128,16 +127,11 @@ def _current_stream() -> Any:
         return None
 
 
-def _idle(stream: Any) -> bool:
-    """Whether the stream has finished all the work queued on it (cudaStreamQuery, no sync)."""
-    return bool((stream if stream is not None else torch.cuda.current_stream()).query())
-
-
-def _record(stream: Any = None) -> Any:
+def _record() -> Any:
     """A timing event recorded on the current stream (autograd sets it to the forward's stream in
-    backward too); ``stream``: that stream, already looked up (:func:`_current_stream`)."""
+    backward too)."""
     ev = torch.cuda.Event(enable_timing=True)
-    ev.record(stream if stream is not None else _current_stream())
+    ev.record(_current_stream())
     return ev
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from te_gemm_callback.capture.clocks import ClockSampler
+from te_gemm_callback.capture.instruments import LEAD_CYCLES
 from te_gemm_callback.capture.profiler_state import Boundary, ProfilerState, StepRecord
 from te_gemm_callback.capture.steady import activity
 from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, INSTRUMENTED, KERNELS, SETTLE, WARMUP
@@ -37,8 +38,11 @@ class StepBoundaries(ProfilerState):
         # Event pairs where no kernel records will time the GEMMs, and on the first step (already
         # the costly shape-discovery one) as a fallback should the kernels step not come or not
         # join: elsewhere the pair and its record calls would be most of the per-GEMM host cost.
-        self.recorder.timer.enabled = self.timing == "events" or (
-            self.timing == "auto" and (self.plan.kernels == 0 or j == 0))
+        timed = self.timing == "events" or (self.timing == "auto" and self.plan.kernels == 0)
+        self.recorder.timer.enabled = timed or (self.timing == "auto" and j == 0)
+        # The spin ahead of each start event (EventTimer) only where the pairs give the GEMM times:
+        # a fallback pair costs the job no GPU time.
+        self.recorder.timer.lead_cycles = LEAD_CYCLES if timed else 0
         dispatched = False
         if kind == INSTRUMENTED and self.recorder.error is None:
             dispatch = "torch" in self.adapters and self.plan.dispatches(j)
