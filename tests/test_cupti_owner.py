@@ -243,37 +243,48 @@ def test_the_recorded_file_reader_expands_lz4_back_references():
 
 
 @pytest.mark.parametrize("capturing", [False, True])
-def test_a_start_event_waits_behind_a_spin(monkeypatch, capturing):
+def test_a_start_event_waits_behind_a_spin_that_outlasts_the_hosts_launch(monkeypatch, capturing):
     # The CUDA calls are stand-ins (no GPU here); what is checked is which of them the timer makes,
-    # in which order: a spin before every start event, none inside a graph capture, none when off.
-    # tests/test_gpu.py times real GEMMs against their kernel records.
+    # in which order: a spin before every start event, none inside a graph capture, none when off;
+    # a host slower than half the spin doubles the spins after it, up to a cap. tests/test_gpu.py
+    # times real GEMMs against their kernel records.
     from te_gemm_callback.capture import instruments
 
-    calls = []
+    calls, now = [], [0.0]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
     monkeypatch.setattr(instruments, "_record", lambda: calls.append(("event",)) or len(calls))
-    instruments.EventTimer(True).start()
-    assert calls == ([] if capturing else [("spin", instruments.LEAD_CYCLES)]) + [("event",)]
+    monkeypatch.setattr(instruments.time, "perf_counter", lambda: now[0])
+    timer = instruments.EventTimer(True)
+    timer.stop(timer.start())
+    assert calls == ([] if capturing else [("spin", instruments.LEAD_CYCLES)]) + [("event",), ("event",)]
+    for host_s in (50e-6, 150e-6, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0):  # 50 us: within half of a 200 us spin
+        start = timer.start()
+        now[0] += host_s
+        timer.stop(start)
+    grown = [c[1] for c in calls if c[0] == "spin"]
+    if capturing:  # no spin, nothing learnt from the host
+        assert grown == [] and timer.lead_cycles == instruments.LEAD_CYCLES
+    else:
+        lead = instruments.LEAD_CYCLES
+        assert grown[:4] == [lead, lead, lead, 2 * lead] and timer.lead_cycles == instruments.MAX_LEAD_CYCLES
     calls.clear()
-    instruments.EventTimer(True, lead_cycles=0).start()
+    instruments.EventTimer(True, lead=False).start()
     assert calls == [("event",)]
 
 
 def test_the_spin_runs_only_where_event_pairs_give_the_gemm_times(no_owner, monkeypatch):
     # With kernels steps planned, the first step's pairs are a fallback: no spin. Under nsys the
     # pairs are the times: a spin on every instrumented step.
-    from te_gemm_callback.capture.instruments import LEAD_CYCLES
-
-    for env, want in (({}, {0}), (nsys_env(uuid.uuid4().hex[:8]), {LEAD_CYCLES})):
+    for env, want in (({}, {False}), (nsys_env(uuid.uuid4().hex[:8]), {True})):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         model, leads = MLP(), set()
         with GemmProfiler(model, instrumented_steps=2, kernel_profile=FakeKernels()) as prof:
             for i in range(4):
                 model(torch.randn(4, 16)).sum().backward()
-                leads.add(prof.recorder.timer.lead_cycles)
+                leads.add(prof.recorder.timer.lead)
                 if i < 3:
                     prof.step()
         assert leads == want, (env, leads)

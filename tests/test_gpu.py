@@ -641,7 +641,7 @@ def test_an_event_pair_holds_the_gemm_not_the_hosts_time_to_launch_it():
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(20):
             for ahead in ("idle", "short kernel"):
-                for kind, timer in (("lead", EventTimer(True)), ("bare", EventTimer(True, lead_cycles=0))):
+                for kind, timer in (("lead", EventTimer(True)), ("bare", EventTimer(True, lead=False))):
                     torch.cuda.synchronize()
                     if ahead == "short kernel":
                         torch.cuda._sleep(10_000)  # ~5 us of work ahead of the pair

@@ -63,29 +63,34 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
             for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
 
 
-# GPU cycles of the spin kernel queued ahead of each start event: ~50 us at the 1.7-2.0 GHz SM
-# clocks of H100/H200/B200, more than the host needs to record the event and launch the GEMM
-# through TE or the torch dispatch mode (see EventTimer.start).
-LEAD_CYCLES = 100_000
+# GPU cycles of the spin kernel queued ahead of each start event: ~200 us at the 1.7-2.0 GHz SM
+# clocks of H100/H200/B200, several times what the host takes to record the event and launch the
+# GEMM through TE or the torch dispatch mode (H200 under nsys: 30-60 us); grown where a host takes
+# longer (EventTimer.stop), up to MAX_LEAD_CYCLES.
+LEAD_CYCLES = 400_000
+MAX_LEAD_CYCLES = 8_000_000
+_CYCLES_PER_S = 2.0e9  # the fastest of those clocks: a spin is at least this long
 
 
 class EventTimer:
     """CUDA-event pairs around GEMMs; on a CPU-only machine, host-clock pairs (CPU kernels run
     synchronously, so the host clock is their time).
 
-    ``lead_cycles``: a spin kernel of that many GPU cycles goes ahead of each start event, so the
+    ``lead``: a spin kernel of ``lead_cycles`` GPU cycles goes ahead of each start event, so the
     GPU reaches the event only once the host has launched the GEMM. Without it, a GPU that runs dry
     before the GEMM is launched stamps the start event early, and the pair also holds the host's
     time to launch the GEMM (H200 under nsys, dispatch-mode step: +8% and +12% on 0.04-0.06 ms
-    GEMMs). Queuing it only on a stream found idle is not enough: the spin or any short kernel
-    ahead ends before a slow host launches the GEMM (measured: +126% and +413% on those GEMMs).
-    The spin is GPU time of the steps that carry event pairs, never of a clean step; the profiler
-    turns it off (0) where kernel records will time the GEMMs and the pairs are only a fallback."""
+    GEMMs; a 24 us GEMM launched 30 us after its start event reads 85 us). A spin only on a stream
+    found idle is not enough (a short kernel ahead ends before a slow host launches the GEMM:
+    +126% and +413% on those GEMMs), nor is a spin shorter than the host's launch (50 us: the
+    24 us GEMM read 50 us). The profiler turns the spin on only where the pairs give the GEMM
+    times, never on a clean step; it is GPU time of those instrumented steps."""
 
-    def __init__(self, enabled: bool, lead_cycles: int = LEAD_CYCLES) -> None:
+    def __init__(self, enabled: bool, lead: bool = True, lead_cycles: int = LEAD_CYCLES) -> None:
         self.cuda = torch.cuda.is_available()
         self.enabled = enabled  # switched per step by the profiler
         self.kind = ("cuda_events" if self.cuda else "host_clock") if enabled else "none"
+        self.lead = lead  # switched per step by the profiler
         self.lead_cycles = lead_cycles
 
     def start(self) -> Any:
@@ -93,17 +98,24 @@ class EventTimer:
             return None
         if not self.cuda:
             return time.perf_counter()
+        t = time.perf_counter()
         # Not while a CUDA graph is being captured: the spin would join the job's graph.
-        if self.lead_cycles and not torch.cuda.is_current_stream_capturing():
+        lead = self.lead and not torch.cuda.is_current_stream_capturing()
+        if lead:
             torch.cuda._sleep(self.lead_cycles)  # on the current stream, as the event below
-        return _record()
+        return _record(), t if lead else None
 
     def stop(self, start: Any) -> Any:
         if start is None:
             return None
         if not self.cuda:
             return (start, time.perf_counter())
-        return (start, _record())
+        ev, t = start
+        end = _record()
+        # The host took more than half the spin from its launch to here: later spins twice as long.
+        if t is not None and (time.perf_counter() - t) * _CYCLES_PER_S > self.lead_cycles / 2:
+            self.lead_cycles = min(2 * self.lead_cycles, MAX_LEAD_CYCLES)
+        return ev, end
 
     @staticmethod
     def elapsed_ms(pair: Any) -> float | None:

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from te_gemm_callback.capture.clocks import ClockSampler
-from te_gemm_callback.capture.instruments import LEAD_CYCLES
 from te_gemm_callback.capture.profiler_state import Boundary, ProfilerState, StepRecord
 from te_gemm_callback.capture.steady import activity
 from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, INSTRUMENTED, KERNELS, SETTLE, WARMUP
@@ -42,7 +41,7 @@ class StepBoundaries(ProfilerState):
         self.recorder.timer.enabled = timed or (self.timing == "auto" and j == 0)
         # The spin ahead of each start event (EventTimer) only where the pairs give the GEMM times:
         # a fallback pair costs the job no GPU time.
-        self.recorder.timer.lead_cycles = LEAD_CYCLES if timed else 0
+        self.recorder.timer.lead = timed
         dispatched = False
         if kind == INSTRUMENTED and self.recorder.error is None:
             dispatch = "torch" in self.adapters and self.plan.dispatches(j)
