@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import shlex
@@ -49,6 +50,18 @@ def find_nsys(given: str | None) -> str:
 def dense(out: Path, layers: int, steps: int, extra: list[str]) -> list[str]:
     return [sys.executable, str(ROOT / "examples" / "dense.py"), "--layers", str(layers), "--steps", str(steps),
             "--sweep", "none", "--no-bench", "--out", str(out), *extra]
+
+
+def small(out: Path, layers: int, steps: int, extra: list[str]) -> list[str]:
+    """The job of benchmarks/nsys_file_size.py: two plain nn.Linear(2048, 2048), every GEMM timed on
+    the dispatch-mode steps (no TE module), ~25 us each; ``--nsys-capture`` is always on in it (the
+    range calls do nothing without nsys)."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec = importlib.util.spec_from_file_location("nsys_file_size", ROOT / "benchmarks" / "nsys_file_size.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    (out / "job.py").write_text(mod.JOB)
+    return [sys.executable, str(out / "job.py"), str(out / "job.json")]
 
 
 def run(cmd: list[str], log: Path, must_pass: bool = True) -> float:
@@ -131,6 +144,8 @@ def main() -> int:
     p.add_argument("--out", required=True, help="folder for the three run folders, logs and nsys_check.json")
     p.add_argument("--nsys", default=None, help="the nsys binary (default: PATH, then /opt/nvidia)")
     p.add_argument("--nsys-flags", default="", help="more nsys profile flags, e.g. '-s none --cpuctxsw=none'")
+    p.add_argument("--job", choices=("dense", "small"), default="dense",
+                   help="dense: examples/dense.py (TE layers, lm_head); small: two plain nn.Linear layers")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--steps", type=int, default=9)
     p.add_argument("--plain-runs", type=int, choices=(1, 2), default=2,
@@ -142,14 +157,15 @@ def main() -> int:
     nsys = find_nsys(a.nsys)
     report = out / "nsys" / "profile"
     report.parent.mkdir(parents=True, exist_ok=True)
+    job = dense if a.job == "dense" else small
     nsys_cmd = [nsys, "profile", "-t", "cuda,nvtx", "-c", "cudaProfilerApi", *shlex.split(a.nsys_flags),
                 "-f", "true", "-o", str(report)]
-    wall = {"plain1": run(dense(out / "plain1", a.layers, a.steps, []), out / "plain1.log"),
+    wall = {"plain1": run(job(out / "plain1", a.layers, a.steps, []), out / "plain1.log"),
             # nsys's default --capture-range-end=stop-shutdown ends the job at cudaProfilerStop, which
             # comes once the capture file is written: the run may exit by SIGTERM, its capture kept.
-            "nsys": run(nsys_cmd + dense(out / "nsys", a.layers, a.steps, ["--nsys-capture"]), out / "nsys.log",
+            "nsys": run(nsys_cmd + job(out / "nsys", a.layers, a.steps, ["--nsys-capture"]), out / "nsys.log",
                         must_pass=False),
-            **({"plain2": run(dense(out / "plain2", a.layers, a.steps, []), out / "plain2.log")}
+            **({"plain2": run(job(out / "plain2", a.layers, a.steps, []), out / "plain2.log")}
                if a.plain_runs == 2 else {})}
     caps = {k: GemmCapture.load(out / k / "gemm_capture.json") for k in wall}
     times = {k: per_gemm(c) for k, c in caps.items()}
@@ -167,7 +183,7 @@ def main() -> int:
     names = list(times["nsys"]) + [f"step {s.index} ({s.kind})" for s in caps["nsys"].steps]
     held = {str(f): names_in(f, names) for f in files}
     result = {
-        "command": shlex.join(nsys_cmd + dense(out / "nsys", a.layers, a.steps, ["--nsys-capture"])),
+        "command": shlex.join(nsys_cmd + job(out / "nsys", a.layers, a.steps, ["--nsys-capture"])),
         "wall_s": wall, "gemms": len(rows), "worst_nsys_vs_plain": worst, "worst_plain_vs_plain": worst_plain,
         "within_tolerance": bool(rows) and worst <= a.tolerance,
         "time_source": {k: c.meta.get("gemm_time_source") for k, c in caps.items()},

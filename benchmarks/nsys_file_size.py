@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The job under nsys: what the GPU test runs too (tests/test_gpu.py).
 JOB = """
-import json, sys, time, torch
+import json, os, sys, time, torch
 from te_gemm_callback import GemmProfiler
 from te_gemm_callback.capture.instruments import range_name
 out, before = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
@@ -48,6 +48,7 @@ with GemmProfiler(m, nsys_capture=True) as prof:
             prof.step()
 range_s = time.perf_counter() - t0
 c = prof.capture
+c.save(os.path.join(os.path.dirname(os.path.abspath(out)), "gemm_capture.json"))
 json.dump({"meta": c.meta, "kinds": [s.kind for s in c.steps], "range_s": range_s, "before": before,
            "times": {f"{r.module} {r.op}": r.times_ms for r in c.records},
            "names": [f"step {s.index} ({s.kind})" for s in c.steps]

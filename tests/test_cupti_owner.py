@@ -243,32 +243,20 @@ def test_the_recorded_file_reader_expands_lz4_back_references():
 
 
 @pytest.mark.parametrize("capturing", [False, True])
-def test_a_start_event_waits_behind_a_spin_that_outlasts_the_hosts_launch(monkeypatch, capturing):
+def test_a_start_event_waits_behind_a_spin(monkeypatch, capturing):
     # The CUDA calls are stand-ins (no GPU here); what is checked is which of them the timer makes,
-    # in which order: a spin before every start event, none inside a graph capture, none when off;
-    # a host slower than half the spin doubles the spins after it, up to a cap. tests/test_gpu.py
-    # times real GEMMs against their kernel records.
+    # in which order: a spin before every start event, none inside a graph capture, none when off.
+    # tests/test_gpu.py times real GEMMs against their kernel records.
     from te_gemm_callback.capture import instruments
 
-    calls, now = [], [0.0]
+    calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
     monkeypatch.setattr(instruments, "_record", lambda: calls.append(("event",)) or len(calls))
-    monkeypatch.setattr(instruments.time, "perf_counter", lambda: now[0])
     timer = instruments.EventTimer(True)
     timer.stop(timer.start())
     assert calls == ([] if capturing else [("spin", instruments.LEAD_CYCLES)]) + [("event",), ("event",)]
-    for host_s in (50e-6, 150e-6, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0):  # 50 us: within half of a 200 us spin
-        start = timer.start()
-        now[0] += host_s
-        timer.stop(start)
-    grown = [c[1] for c in calls if c[0] == "spin"]
-    if capturing:  # no spin, nothing learnt from the host
-        assert grown == [] and timer.lead_cycles == instruments.LEAD_CYCLES
-    else:
-        lead = instruments.LEAD_CYCLES
-        assert grown[:4] == [lead, lead, lead, 2 * lead] and timer.lead_cycles == instruments.MAX_LEAD_CYCLES
     calls.clear()
     instruments.EventTimer(True, lead=False).start()
     assert calls == [("event",)]

@@ -621,12 +621,10 @@ def test_job_kinds_recipe(job, recipe, tmp_path):
 
 
 def test_an_event_pair_holds_the_gemm_not_the_hosts_time_to_launch_it():
-    # Oracle: torch.profiler's kernel records of the same GEMM calls. Each call comes with a 30 us
-    # host delay between the start event and the launch (the dispatch mode's Python, nsys's API
-    # trace), after an idle GPU or behind a short kernel: a start event that runs before the launch
-    # would add that delay to the GEMM's time.
+    # Oracle: torch.profiler's kernel records of the same GEMM calls. Each call starts on an idle
+    # GPU or behind a short kernel, where a bare start event runs before the host has launched the
+    # GEMM and the pair holds the launch (H200: a 24 us GEMM read 43 us bare, 26 us behind the spin).
     import statistics
-    import time
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -646,9 +644,6 @@ def test_an_event_pair_holds_the_gemm_not_the_hosts_time_to_launch_it():
                     if ahead == "short kernel":
                         torch.cuda._sleep(10_000)  # ~5 us of work ahead of the pair
                     start = timer.start()
-                    t = time.perf_counter()
-                    while time.perf_counter() - t < 30e-6:
-                        pass
                     a @ b
                     pairs[ahead, kind].append(timer.stop(start))
         torch.cuda.synchronize()
@@ -660,8 +655,8 @@ def test_an_event_pair_holds_the_gemm_not_the_hosts_time_to_launch_it():
     print(f"kernel {kernel_ms * 1e3:.1f} us; pairs:",
           ", ".join(f"{where} {kind} {v * 1e3:.1f} us" for (where, kind), v in ms.items()))
     for ahead in ("idle", "short kernel"):
-        assert abs(ms[ahead, "lead"] / kernel_ms - 1) < 0.05 + 0.002 / kernel_ms, (kernel_ms, ms)
-        assert ms[ahead, "bare"] > ms[ahead, "lead"] + 0.015, (kernel_ms, ms)  # the test can tell
+        assert abs(ms[ahead, "lead"] / kernel_ms - 1) < 0.05 + 0.003 / kernel_ms, (kernel_ms, ms)
+        assert ms[ahead, "bare"] > ms[ahead, "lead"] + 0.008, (kernel_ms, ms)  # the test can tell
 
 
 def test_under_nsys_gemm_times_come_from_events_and_the_file_holds_our_ranges(tmp_path):

@@ -63,13 +63,12 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
             for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
 
 
-# GPU cycles of the spin kernel queued ahead of each start event: ~200 us at the 1.7-2.0 GHz SM
-# clocks of H100/H200/B200, several times what the host takes to record the event and launch the
-# GEMM through TE or the torch dispatch mode (H200 under nsys: 30-60 us); grown where a host takes
-# longer (EventTimer.stop), up to MAX_LEAD_CYCLES.
-LEAD_CYCLES = 400_000
-MAX_LEAD_CYCLES = 8_000_000
-_CYCLES_PER_S = 2.0e9  # the fastest of those clocks: a spin is at least this long
+# GPU cycles of the spin kernel queued ahead of each start event: ~50 us at the 1.7-2.0 GHz SM
+# clocks of H100/H200/B200, more than the host takes to record the event and launch the GEMM
+# through TE (H200: ~20 us from Python, a little more under nsys). Not longer: a spin is GPU idle
+# time inside the step, and 200 us spins let a power-capped H200 clock its 2.8 ms GEMMs 6% faster
+# than in the job.
+LEAD_CYCLES = 100_000
 
 
 class EventTimer:
@@ -79,12 +78,11 @@ class EventTimer:
     ``lead``: a spin kernel of ``lead_cycles`` GPU cycles goes ahead of each start event, so the
     GPU reaches the event only once the host has launched the GEMM. Without it, a GPU that runs dry
     before the GEMM is launched stamps the start event early, and the pair also holds the host's
-    time to launch the GEMM (H200 under nsys, dispatch-mode step: +8% and +12% on 0.04-0.06 ms
-    GEMMs; a 24 us GEMM launched 30 us after its start event reads 85 us). A spin only on a stream
-    found idle is not enough (a short kernel ahead ends before a slow host launches the GEMM:
-    +126% and +413% on those GEMMs), nor is a spin shorter than the host's launch (50 us: the
-    24 us GEMM read 50 us). The profiler turns the spin on only where the pairs give the GEMM
-    times, never on a clean step; it is GPU time of those instrumented steps."""
+    time to launch the GEMM (H200: a 24 us GEMM on an idle GPU reads 43 us; 26 us behind the spin).
+    A spin only on a stream found idle is not enough: a short kernel ahead ends before a slow host
+    launches the GEMM. A host slower than the spin still leaks its excess into the pair (H200, 30 us
+    of host work between the start event and the launch: 50 us for that GEMM). The profiler turns
+    the spin on only where the pairs give the GEMM times, never on a clean step."""
 
     def __init__(self, enabled: bool, lead: bool = True, lead_cycles: int = LEAD_CYCLES) -> None:
         self.cuda = torch.cuda.is_available()
@@ -98,24 +96,17 @@ class EventTimer:
             return None
         if not self.cuda:
             return time.perf_counter()
-        t = time.perf_counter()
         # Not while a CUDA graph is being captured: the spin would join the job's graph.
-        lead = self.lead and not torch.cuda.is_current_stream_capturing()
-        if lead:
+        if self.lead and not torch.cuda.is_current_stream_capturing():
             torch.cuda._sleep(self.lead_cycles)  # on the current stream, as the event below
-        return _record(), t if lead else None
+        return _record()
 
     def stop(self, start: Any) -> Any:
         if start is None:
             return None
         if not self.cuda:
             return (start, time.perf_counter())
-        ev, t = start
-        end = _record()
-        # The host took more than half the spin from its launch to here: later spins twice as long.
-        if t is not None and (time.perf_counter() - t) * _CYCLES_PER_S > self.lead_cycles / 2:
-            self.lead_cycles = min(2 * self.lead_cycles, MAX_LEAD_CYCLES)
-        return ev, end
+        return (start, _record())
 
     @staticmethod
     def elapsed_ms(pair: Any) -> float | None:
