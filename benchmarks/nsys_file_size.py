@@ -6,7 +6,9 @@ The job is two ``nn.Linear(2048, 2048)`` layers in BF16 with ``GemmProfiler(nsys
 for six steps (three instrumented, three clean), after ``--before`` steps outside the capture range
 (a longer job before the range shows whether what nsys records is bounded by the range). Each run:
 its wall time, the time the capture range was open (from the job), the recorded file's size, and
-whether our range names are in it (benchmarks/nsys_check.py reads the file).
+whether our range names are in it (benchmarks/nsys_check.py reads the file), and how many ELF
+headers it holds (copies of the process's shared libraries). One run takes the same loop without
+the profiler, its range opened and closed by hand.
 
     python benchmarks/nsys_file_size.py --out runs/nsys-size
     python benchmarks/nsys_file_size.py --out runs/nsys-size --runs "default:;no-sampling:-s none"
@@ -56,9 +58,30 @@ json.dump({"meta": c.meta, "kinds": [s.kind for s in c.steps], "range_s": range_
           open(out, "w"))
 """
 
-# name:flags[:steps before the range]; nsys's defaults collect CPU samples and context switches.
+# The same loop without te-gemm-callback: the range opened and closed by hand around six steps.
+PLAIN_JOB = """
+import json, sys, time, torch
+out, before = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
+m = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048)).cuda().bfloat16()
+x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
+def step():
+    m(x).float().pow(2).mean().backward()
+for _ in range(1 + before):
+    step()
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+torch.cuda.profiler.start()
+for _ in range(6):
+    step()
+torch.cuda.synchronize()
+torch.cuda.profiler.stop()
+json.dump({"range_s": time.perf_counter() - t0, "before": before, "names": []}, open(out, "w"))
+"""
+
+# name:flags[:steps before the range[:plain]]; nsys's defaults collect CPU samples and context
+# switches; "plain" runs PLAIN_JOB instead of JOB.
 DEFAULT_RUNS = ("neither:-s none --cpuctxsw=none;default:;no-sampling:-s none;no-ctxsw:--cpuctxsw=none;"
-                "default-long-before::300")
+                "plain-default::0:plain;default-long-before::300")
 
 
 def _nsys_check():
@@ -68,11 +91,21 @@ def _nsys_check():
     return mod
 
 
-def run_one(nsys: str, out: Path, name: str, flags: str, before: int, timeout: float) -> dict:
+def elf_images(path: Path) -> int:
+    """ELF headers in the file: images of the process's shared libraries that nsys copied in."""
+    n, tail = 0, b""
+    with open(path, "rb") as f:
+        while chunk := f.read(64 << 20):
+            n += (tail + chunk).count(b"\x7fELF")
+            tail = chunk[-3:]
+    return n
+
+
+def run_one(nsys: str, out: Path, name: str, flags: str, before: int, timeout: float, plain: bool = False) -> dict:
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     script, cap = folder / "job.py", folder / "job.json"
-    script.write_text(JOB)
+    script.write_text(PLAIN_JOB if plain else JOB)
     # --capture-range-end=stop: the job goes on after the range and writes what it measured.
     cmd = [nsys, "profile", "-t", "cuda,nvtx", "-c", "cudaProfilerApi", "--capture-range-end=stop",
            *shlex.split(flags), "-f", "true", "-o", str(folder / "rep"), sys.executable, str(script), str(cap),
@@ -90,11 +123,13 @@ def run_one(nsys: str, out: Path, name: str, flags: str, before: int, timeout: f
     wall = time.perf_counter() - t0
     files = sorted(p for p in folder.glob("rep.*") if p.suffix in (".qdstrm", ".nsys-rep"))
     job = json.loads(cap.read_text()) if cap.exists() else {}
-    row = {"run": name, "flags": flags, "before": before, "rc": rc, "wall_s": round(wall, 1),
+    row = {"run": name, "job": "plain" if plain else "capture", "flags": flags, "before": before, "rc": rc,
+           "wall_s": round(wall, 1),
            "range_s": round(job["range_s"], 2) if "range_s" in job else None,
            "files": {p.name: p.stat().st_size for p in files}, "command": shlex.join(cmd),
-           "time_source": job.get("meta", {}).get("gemm_time_source")}
-    if files and job and files[0].stat().st_size < 2**30:  # reading a GB file back is no use here
+           "time_source": job.get("meta", {}).get("gemm_time_source"),
+           "elf_images": {p.name: elf_images(p) for p in files}}
+    if files and job.get("names") and files[0].stat().st_size < 2**30:  # reading a GB file back is no use here
         names = job["names"]
         data = _nsys_check().lz4_expand(files[0].read_bytes())
         row["names_in_file"] = f"{sum(n.encode() in data for n in names)} of {len(names)}"
@@ -119,11 +154,13 @@ def main() -> int:
         if left < 30:
             rows.append({"run": name, "flags": flags, "skipped": "no time left"})
             continue
-        rows.append(run_one(nsys, out, name, flags, int(rest[0]) if rest and rest[0] else 0, min(a.timeout, left)))
+        before = int(rest[0]) if rest and rest[0] else 0
+        rows.append(run_one(nsys, out, name, flags, before, min(a.timeout, left), plain=rest[1:] == ["plain"]))
         r = rows[-1]
         print(f"{name:20} {flags or '(nsys defaults)':28} before={r['before']:<4} rc={r['rc']!s:8} "
               f"wall {r['wall_s']:6.1f} s range {r['range_s']} s files "
-              f"{ {k: f'{v / 2**20:.2f} MiB' for k, v in r['files'].items()} } names {r.get('names_in_file')}",
+              f"{ {k: f'{v / 2**20:.2f} MiB' for k, v in r['files'].items()} } ELF images {r['elf_images']} "
+              f"names {r.get('names_in_file')}",
               flush=True)
         (out / "sizes.json").write_text(json.dumps(rows, indent=1))
     return 0
