@@ -29,11 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The job under nsys: what the GPU test runs too (tests/test_gpu.py).
-JOB = """
+# The loop both jobs run: two linear layers, one step before anything (and --before more).
+_LOOP = """
 import json, os, sys, time, torch
-from te_gemm_callback import GemmProfiler
-from te_gemm_callback.capture.instruments import range_name
 out, before = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
 m = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048)).cuda().bfloat16()
 x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
@@ -43,6 +41,12 @@ for _ in range(1 + before):
     step()
 torch.cuda.synchronize()
 t0 = time.perf_counter()
+"""
+
+# The job under nsys: what the GPU test runs too (tests/test_gpu.py).
+JOB = _LOOP + """
+from te_gemm_callback import GemmProfiler
+from te_gemm_callback.capture.instruments import range_name
 with GemmProfiler(m, nsys_capture=True) as prof:
     for i in range(6):
         step()
@@ -59,17 +63,7 @@ json.dump({"meta": c.meta, "kinds": [s.kind for s in c.steps], "range_s": range_
 """
 
 # The same loop without te-gemm-callback: the range opened and closed by hand around six steps.
-PLAIN_JOB = """
-import json, sys, time, torch
-out, before = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
-m = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048)).cuda().bfloat16()
-x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
-def step():
-    m(x).float().pow(2).mean().backward()
-for _ in range(1 + before):
-    step()
-torch.cuda.synchronize()
-t0 = time.perf_counter()
+PLAIN_JOB = _LOOP + """
 torch.cuda.profiler.start()
 for _ in range(6):
     step()
