@@ -16,6 +16,8 @@ quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogge
 TIMEFORMAT='wall %R s'
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 python -c "import torch, transformer_engine as t; print('torch', torch.__version__, 'TE', t.__version__)" 2>&1 | quiet
+# nsys on PATH, else the one inside an Nsight Compute install (the H200 host has no other).
+nsys_bin() { command -v nsys || find /opt/nvidia -name nsys -type f 2>/dev/null | head -1; }
 ub() { python benchmarks/undisturbed.py "$@" 2>&1 | quiet | grep -E "^(interleaved|fit|kernels|teardown)|Error"; }
 
 if has observed; then
@@ -158,16 +160,13 @@ if has diagnose; then
 fi
 if has nsys; then
     echo "== under Nsight Systems: per-GEMM times against the runs without it, the file and our ranges in it"
-    # nsys on PATH, else the one inside an Nsight Compute install (the H200 host has no other).
-    nsys=$(command -v nsys || find /opt/nvidia -name nsys -type f 2>/dev/null | head -1)
-    python benchmarks/nsys_check.py --out "$out/nsys" --nsys "$nsys" --nsys-flags "-s none --cpuctxsw=none" 2>&1 \
+    python benchmarks/nsys_check.py --out "$out/nsys" --nsys "$(nsys_bin)" --nsys-flags "-s none --cpuctxsw=none" 2>&1 \
         | quiet | tail -34
 fi
 if has nsys-size; then
     echo "== what makes an nsys recording large: nsys's CPU sampling and context-switch trace on and off"
-    nsys=$(command -v nsys || find /opt/nvidia -name nsys -type f 2>/dev/null | head -1)
     echo "perf_event_paranoid $(cat /proc/sys/kernel/perf_event_paranoid 2>/dev/null); $(nproc) CPUs"
-    python benchmarks/nsys_file_size.py --out "$out/nsys-size" --nsys "$nsys" --budget 420 2>&1 | quiet
+    python benchmarks/nsys_file_size.py --out "$out/nsys-size" --nsys "$(nsys_bin)" --budget 420 2>&1 | quiet
 fi
 if has layer5b; then
     echo "== TE's 5B layer on this GPU, both modes (docs/results/h200/5b), projected onto the B300"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib.util
 import json
 import os
 import shlex
@@ -56,11 +55,10 @@ def small(out: Path, layers: int, steps: int, extra: list[str]) -> list[str]:
     """The job of benchmarks/nsys_file_size.py: two plain nn.Linear(2048, 2048), every GEMM timed on
     the dispatch-mode steps (no TE module), ~25 us each; ``--nsys-capture`` is always on in it (the
     range calls do nothing without nsys)."""
+    from nsys_file_size import JOB  # its sibling: it imports this script's helpers at its top
+
     out.mkdir(parents=True, exist_ok=True)
-    spec = importlib.util.spec_from_file_location("nsys_file_size", ROOT / "benchmarks" / "nsys_file_size.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    (out / "job.py").write_text(mod.JOB)
+    (out / "job.py").write_text(JOB)
     return [sys.executable, str(out / "job.py"), str(out / "job.json")]
 
 

@@ -17,7 +17,6 @@ the profiler, its range opened and closed by hand.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -26,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from nsys_check import find_nsys, lz4_expand
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,13 +79,6 @@ DEFAULT_RUNS = ("neither:-s none --cpuctxsw=none;default:;no-sampling:-s none;no
                 "plain-default::0:plain;default-long-before::300")
 
 
-def _nsys_check():
-    spec = importlib.util.spec_from_file_location("nsys_check", ROOT / "benchmarks" / "nsys_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def elf_images(path: Path) -> int:
     """ELF headers in the file: images of the process's shared libraries that nsys copied in."""
     n, tail = 0, b""
@@ -125,7 +119,7 @@ def run_one(nsys: str, out: Path, name: str, flags: str, before: int, timeout: f
            "elf_images": {p.name: elf_images(p) for p in files}}
     if files and job.get("names") and files[0].stat().st_size < 2**30:  # reading a GB file back is no use here
         names = job["names"]
-        data = _nsys_check().lz4_expand(files[0].read_bytes())
+        data = lz4_expand(files[0].read_bytes())
         row["names_in_file"] = f"{sum(n.encode() in data for n in names)} of {len(names)}"
     return row
 
@@ -140,7 +134,7 @@ def main() -> int:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    nsys = _nsys_check().find_nsys(a.nsys)
+    nsys = find_nsys(a.nsys)
     rows, t0 = [], time.perf_counter()
     for spec in filter(None, a.runs.split(";")):
         name, flags, *rest = spec.split(":")

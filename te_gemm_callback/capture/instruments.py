@@ -75,7 +75,7 @@ class EventTimer:
     """CUDA-event pairs around GEMMs; on a CPU-only machine, host-clock pairs (CPU kernels run
     synchronously, so the host clock is their time).
 
-    ``lead``: a spin kernel of ``lead_cycles`` GPU cycles goes ahead of each start event, so the
+    ``lead``: a spin kernel of ``LEAD_CYCLES`` GPU cycles goes ahead of each start event, so the
     GPU reaches the event only once the host has launched the GEMM. Without it, a GPU that runs dry
     before the GEMM is launched stamps the start event early, and the pair also holds the host's
     time to launch the GEMM (H200: a 24 us GEMM on an idle GPU reads 43 us; 26 us behind the spin).
@@ -84,12 +84,11 @@ class EventTimer:
     of host work between the start event and the launch: 50 us for that GEMM). The profiler turns
     the spin on only where the pairs give the GEMM times, never on a clean step."""
 
-    def __init__(self, enabled: bool, lead: bool = True, lead_cycles: int = LEAD_CYCLES) -> None:
+    def __init__(self, enabled: bool, lead: bool = True) -> None:
         self.cuda = torch.cuda.is_available()
         self.enabled = enabled  # switched per step by the profiler
         self.kind = ("cuda_events" if self.cuda else "host_clock") if enabled else "none"
         self.lead = lead  # switched per step by the profiler
-        self.lead_cycles = lead_cycles
 
     def start(self) -> Any:
         if not self.enabled:
@@ -98,7 +97,7 @@ class EventTimer:
             return time.perf_counter()
         # Not while a CUDA graph is being captured: the spin would join the job's graph.
         if self.lead and not torch.cuda.is_current_stream_capturing():
-            torch.cuda._sleep(self.lead_cycles)  # on the current stream, as the event below
+            torch.cuda._sleep(LEAD_CYCLES)  # on the current stream, as the event below
         return _record()
 
     def stop(self, start: Any) -> Any:
@@ -118,23 +117,19 @@ class EventTimer:
         return float(start.elapsed_time(end))
 
 
-def _current_stream() -> Any:
-    """The current stream of the current device, or None (then the public lookup is used).
-    ``torch.cuda.current_stream()``'s device lookup (``is_available()``, an environment read) was
-    most of an event record's host cost (H200, torch 2.11, cProfile: ~20 us a record, ~14 of it
-    there); the current device and its stream are read directly instead."""
-    try:
-        sid, dev, typ = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
-        return torch.cuda.Stream(stream_id=sid, device_index=dev, device_type=typ)
-    except (AttributeError, TypeError, ValueError):  # another torch: the public path
-        return None
-
-
 def _record() -> Any:
     """A timing event recorded on the current stream (autograd sets it to the forward's stream in
-    backward too)."""
+    backward too). ``Event.record()`` without a stream finds it through
+    ``torch.cuda.current_stream()``, whose device lookup (``is_available()``, an environment read)
+    was most of a record's host cost (H200, torch 2.11, cProfile: ~20 µs a record, ~14 of it
+    there); the current device and its stream are read directly instead."""
     ev = torch.cuda.Event(enable_timing=True)
-    ev.record(_current_stream())
+    try:
+        sid, dev, typ = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
+        stream = torch.cuda.Stream(stream_id=sid, device_index=dev, device_type=typ)
+    except (AttributeError, TypeError, ValueError):  # another torch: the public path
+        stream = None
+    ev.record(stream)
     return ev
 
 
