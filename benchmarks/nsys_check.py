@@ -156,8 +156,12 @@ def main() -> int:
     report = out / "nsys" / "profile"
     report.parent.mkdir(parents=True, exist_ok=True)
     job = dense if a.job == "dense" else small
-    nsys_cmd = [nsys, "profile", "-t", "cuda,nvtx", "-c", "cudaProfilerApi", *shlex.split(a.nsys_flags),
-                "-f", "true", "-o", str(report)]
+    flags = shlex.split(a.nsys_flags)
+    if a.job == "small" and not any(f.startswith("--capture-range-end") for f in flags):
+        # The small job saves its capture after GemmProfiler.stop(), whose cudaProfilerStop ends the
+        # job under nsys's default range end (stop-shutdown): it must go on after the range.
+        flags.append("--capture-range-end=stop")
+    nsys_cmd = [nsys, "profile", "-t", "cuda,nvtx", "-c", "cudaProfilerApi", *flags, "-f", "true", "-o", str(report)]
     wall = {"plain1": run(job(out / "plain1", a.layers, a.steps, []), out / "plain1.log"),
             # nsys's default --capture-range-end=stop-shutdown ends the job at cudaProfilerStop, which
             # comes once the capture file is written: the run may exit by SIGTERM, its capture kept.
