@@ -7,6 +7,7 @@ A stand-in kernel recorder plays torch.profiler's CUDA activity, which cannot ru
 under an owner it must never be started."""
 
 import logging
+import sys
 import uuid
 
 import pytest
@@ -276,3 +277,76 @@ def test_the_spin_runs_only_where_event_pairs_give_the_gemm_times(no_owner, monk
                 if i < 3:
                     prof.step()
         assert leads == want, (env, leads)
+
+
+class _Event:
+    """A CUDA event stand-in whose pair reads ``ms``."""
+
+    ms = 0.0
+
+    def elapsed_time(self, end: object) -> float:
+        return self.ms
+
+
+class _Gate:
+    """A HostGate stand-in: what was closed and opened, in order; gate 2 gives up."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls, self.n = calls, 0
+
+    def close(self) -> int:
+        self.n += 1
+        self.calls.append(("close", self.n))
+        return self.n
+
+    def open(self, n: int) -> None:
+        self.calls.append(("open", n))
+
+    def held(self, n: int) -> bool:
+        return n != 2
+
+
+def test_a_gate_opens_after_the_end_event_and_a_gate_that_gave_up_drops_its_pair(monkeypatch):
+    # Stand-ins for the CUDA calls (no GPU here): the order the timer makes them in, which pairs it
+    # keeps, and the floor it takes off. tests/test_gpu.py runs the real gate against kernel records.
+    from te_gemm_callback.capture import instruments
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(instruments, "_record", lambda: calls.append(("event",)) or _Event())
+    timer = instruments.EventTimer(True)
+    timer.gate = _Gate(calls)
+    first = timer.stop(timer.start())
+    # Opened only once the end event is queued: a short GEMM could otherwise end before it.
+    assert calls == [("close", 1), ("event",), ("event",), ("open", 1)]
+    second = timer.stop(timer.start())
+    _Event.ms = 0.0013
+    timer.calibrate()  # empty pairs behind the same gate, none behind a spin
+    assert timer.floor_ms == pytest.approx(0.0013) and not any(c[0] == "spin" for c in calls)
+    _Event.ms = 0.050
+    assert timer.elapsed_ms(first) == pytest.approx(0.050 - 0.0013)
+    assert timer.elapsed_ms(second) is None and timer.dropped == 1  # its gate gave up: the host's time is in it
+    _Event.ms = 0.001  # under the floor: nothing to take off
+    assert timer.elapsed_ms(first) == pytest.approx(0.001)
+    assert timer.lead_kind == "gate"
+
+
+def test_without_triton_no_gate_is_built_the_spin_stands_in_and_it_is_said_once(monkeypatch, caplog):
+    # No Triton on this CPU machine, as on a host whose torch lacks it: the gate's kernel cannot be
+    # imported. The device lookup is a stand-in (no GPU here).
+    from te_gemm_callback.capture import gate, instruments
+
+    monkeypatch.setattr(gate, "_GATES", {})
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ImportError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        timers = [instruments.EventTimer(True) for _ in range(2)]
+        for t in timers:
+            t.prepare()
+    assert [t.gate for t in timers] == [None, None] and timers[0].lead_kind == "spin"
+    said = [r.getMessage() for r in caplog.records if "no GPU gate" in r.getMessage()]
+    assert len(said) == 1 and "pip install triton" in said[0] and "spin stands in" in said[0], said

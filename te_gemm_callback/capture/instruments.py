@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,58 +64,111 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
             for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
 
 
-# GPU cycles of the spin kernel queued ahead of each start event: ~50 us at the 1.7-2.0 GHz SM
-# clocks of H100/H200/B200, more than the host takes to record the event and launch the GEMM
-# through TE (H200: ~20 us from Python, a little more under nsys). Not longer: a spin is GPU idle
+# GPU cycles of the spin kernel that stands in for the gate (:mod:`.gate`) where Triton is missing:
+# ~50 us at the 1.7-2.0 GHz SM clocks of H100/H200/B200, more than a plain host takes to record the
+# event and launch the GEMM through TE (H200: ~20 us from Python). Not longer: a spin is GPU idle
 # time inside the step, and 200 us spins let a power-capped H200 clock its 2.8 ms GEMMs 6% faster
 # than in the job.
 LEAD_CYCLES = 100_000
+FLOOR_PAIRS = 20  # empty pairs that measure the pair's own floor (calibrate)
 
 
 class EventTimer:
     """CUDA-event pairs around GEMMs; on a CPU-only machine, host-clock pairs (CPU kernels run
     synchronously, so the host clock is their time).
 
-    ``lead``: a spin kernel of ``LEAD_CYCLES`` GPU cycles goes ahead of each start event, so the
-    GPU reaches the event only once the host has launched the GEMM. Without it, a GPU that runs dry
-    before the GEMM is launched stamps the start event early, and the pair also holds the host's
-    time to launch the GEMM (H200: a 24 us GEMM on an idle GPU reads 43 us; 26 us behind the spin).
-    A spin only on a stream found idle is not enough: a short kernel ahead ends before a slow host
-    launches the GEMM. A host slower than the spin still leaks its excess into the pair (H200, 30 us
-    of host work between the start event and the launch: 50 us for that GEMM). The profiler turns
-    the spin on only where the pairs give the GEMM times, never on a clean step."""
+    ``lead``: something goes ahead of each start event so that the GPU reaches it only once the host
+    has launched the GEMM. Without it, a GPU that runs dry before the GEMM is launched stamps the
+    start event early, and the pair also holds the host's time to launch the GEMM (H200: a 24 us GEMM
+    on an idle GPU reads 43 us). The lead is the GPU gate (:mod:`.gate`, built by :meth:`prepare`),
+    which waits for the host's word however slow the host is; without Triton, a spin kernel of
+    ``LEAD_CYCLES``, which covers ~50 us of host time and no more. The profiler turns the lead on only
+    where the pairs give the GEMM times, never on a clean step.
+
+    A pair still reads a little more than the kernel: the events' own time (H200: an empty pair
+    1.3 us; a pair around a 24 us GEMM 26 us). :meth:`calibrate` measures the empty pair in the
+    process after the steps and :meth:`elapsed_ms` takes it off (``floor_ms``)."""
 
     def __init__(self, enabled: bool, lead: bool = True) -> None:
         self.cuda = torch.cuda.is_available()
         self.enabled = enabled  # switched per step by the profiler
         self.kind = ("cuda_events" if self.cuda else "host_clock") if enabled else "none"
         self.lead = lead  # switched per step by the profiler
+        self.gate: Any = None  # a HostGate once prepare() built one; else the spin leads
+        self.floor_ms = 0.0
+        self.dropped = 0  # pairs left out: their gate gave up before the host's word
+
+    def prepare(self) -> None:
+        """Build the GPU gate (once per process and device; the first build compiles its kernel)
+        before the steps whose pairs it leads: outside every step's time."""
+        if self.cuda and self.gate is None:
+            from te_gemm_callback.capture.gate import host_gate
+
+            self.gate = host_gate()
+
+    @property
+    def lead_kind(self) -> str:
+        return "gate" if self.gate is not None else "spin"
 
     def start(self) -> Any:
         if not self.enabled:
             return None
         if not self.cuda:
             return time.perf_counter()
-        # Not while a CUDA graph is being captured: the spin would join the job's graph.
+        n = None
+        # Not while a CUDA graph is being captured: the lead would join the job's graph.
         if self.lead and not torch.cuda.is_current_stream_capturing():
-            torch.cuda._sleep(LEAD_CYCLES)  # on the current stream, as the event below
-        return _record()
+            if self.gate is not None:
+                n = self.gate.close()  # on the current stream, as the event below
+            else:
+                torch.cuda._sleep(LEAD_CYCLES)
+        return _record(), n
 
     def stop(self, start: Any) -> Any:
         if start is None:
             return None
         if not self.cuda:
             return (start, time.perf_counter())
-        return (start, _record())
+        ev, n = start
+        end = _record()
+        if n is not None:
+            # After the end event's launch: opened before it, the GPU could finish a short GEMM
+            # before the end event is queued, and the pair would hold the host's time at its end.
+            self.gate.open(n)
+        return ev, end, n
 
-    @staticmethod
-    def elapsed_ms(pair: Any) -> float | None:
+    def elapsed_ms(self, pair: Any) -> float | None:
+        """The pair's time, its floor taken off; None for a pair whose gate gave up (after a sync)."""
         if pair is None:
             return None
-        start, end = pair
-        if isinstance(start, float):
-            return (end - start) * 1e3
-        return float(start.elapsed_time(end))
+        if isinstance(pair[0], float):
+            return (pair[1] - pair[0]) * 1e3
+        start, end, n = pair
+        if n is not None and not self.gate.held(n):
+            self.dropped += 1
+            return None
+        ms = float(start.elapsed_time(end))
+        return ms - self.floor_ms if ms > self.floor_ms else ms
+
+    def calibrate(self) -> None:
+        """Measure the floor: the median of ``FLOOR_PAIRS`` empty pairs behind the same lead. After
+        the steps (it synchronizes), never inside one."""
+        if not self.cuda:
+            return
+        pairs = []
+        for _ in range(FLOOR_PAIRS):
+            n = None
+            if self.gate is not None:
+                n = self.gate.close()
+            else:
+                torch.cuda._sleep(LEAD_CYCLES)
+            ev = _record()
+            end = _record()
+            if n is not None:
+                self.gate.open(n)
+            pairs.append((ev, end))
+        torch.cuda.synchronize()
+        self.floor_ms = statistics.median(float(a.elapsed_time(b)) for a, b in pairs)
 
 
 def _record() -> Any:

@@ -209,6 +209,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self.recorder.events.clear()
         self.recorder.sequences.clear()
         self.recorder.kernel_counts.clear()
+        self.recorder.timer.dropped = 0
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> GemmProfiler:

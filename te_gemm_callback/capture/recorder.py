@@ -101,6 +101,8 @@ class Recorder:
         """Read back event times and deferred splits: one synchronize, after the profiled steps."""
         if torch.cuda.is_available() and any(r[4] is not None or isinstance(r[3], torch.Tensor) for r in self.raw):
             torch.cuda.synchronize()
+            if any(r[4] is not None for r in self.raw):
+                self.timer.calibrate()  # the pairs' floor, measured now that the steps are done
         for step, site, recompute, m_splits, pair in self.raw:
             seq = self.sequences.setdefault(step, [])
             counts = self.kernel_counts.setdefault(step, [])
@@ -108,7 +110,7 @@ class Recorder:
                 seq.append(None)
                 counts.append((1,))
                 continue
-            ev = GemmEvent(step=step, recompute=recompute, time_ms=EventTimer.elapsed_ms(pair),
+            ev = GemmEvent(step=step, recompute=recompute, time_ms=self.timer.elapsed_ms(pair),
                            m_splits=m_splits, **site.fields())
             if isinstance(m_splits, torch.Tensor):
                 ev.m_splits = splits_from_offs(m_splits)

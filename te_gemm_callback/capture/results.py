@@ -165,6 +165,9 @@ class CaptureResults(ProfilerState):
             "python": platform.python_version(),
             "adapters": list(self.adapters),
             "timing": self.recorder.timer.kind,
+            # CUDA-event pairs: what led each start event (gate or spin), the floor taken off each
+            # pair (an empty pair's median), and the pairs left out because their gate gave up.
+            "event_pairs": _event_pairs(self.recorder.timer),
             "step_time": "clean steps (nothing attached)" if any(s.kind == CLEAN for s in self._steps) else
                          "no clean step: step times include the capture instruments",
             "model": type(self.model).__name__,
@@ -182,6 +185,12 @@ class CaptureResults(ProfilerState):
             # Another profiler held CUPTI (cupti.py): no kernel records, GEMMs timed by events or not at all.
             "cupti_owner": self.cupti.meta() if self.cupti is not None else None,
         }
+
+
+def _event_pairs(timer: Any) -> dict[str, Any] | None:
+    if timer.kind != "cuda_events":
+        return None
+    return {"lead": timer.lead_kind, "floor_us": round(timer.floor_ms * 1e3, 2), "dropped": timer.dropped}
 
 
 def _prefer_light_steps(events: list, dispatch_steps: set[int]) -> None:

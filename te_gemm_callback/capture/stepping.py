@@ -39,9 +39,12 @@ class StepBoundaries(ProfilerState):
         # join: elsewhere the pair and its record calls would be most of the per-GEMM host cost.
         timed = self.timing == "events" or (self.timing == "auto" and self.plan.kernels == 0)
         self.recorder.timer.enabled = timed or (self.timing == "auto" and j == 0)
-        # The spin ahead of each start event (EventTimer) only where the pairs give the GEMM times:
-        # a fallback pair costs the job no GPU time.
+        # The gate (or spin) ahead of each start event (EventTimer) only where the pairs give the
+        # GEMM times: a fallback pair costs the job no GPU time. Built here, before the boundary and
+        # before the dispatch mode: its first build compiles a kernel.
         self.recorder.timer.lead = timed
+        if timed and self.recorder.timer.enabled and not self._abandoned:
+            self.recorder.timer.prepare()
         dispatched = False
         if kind == INSTRUMENTED and self.recorder.error is None:
             dispatch = "torch" in self.adapters and self.plan.dispatches(j)
