@@ -113,7 +113,7 @@ def main() -> None:
     a = p.parse_args()
     timers = {"gate": EventTimer(True), "spin": EventTimer(True), "bare": EventTimer(True, lead=False)}
     timers["gate"].prepare()
-    if timers["gate"].gate is None:
+    if timers["gate"].gates.get(torch.cuda.current_device()) is None:
         del timers["gate"]
     for t in timers.values():
         t.calibrate()  # the floor each lead leaves in an empty pair

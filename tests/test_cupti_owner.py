@@ -6,11 +6,13 @@ events instead of kernel records, says so in one line, and never reports records
 A stand-in kernel recorder plays torch.profiler's CUDA activity, which cannot run without a GPU:
 under an owner it must never be started."""
 
+import contextlib
 import logging
 import sys
 import uuid
 
 import pytest
+import test_te_adapter_mock
 import torch
 from helpers.fakes import Clock, FakeKernels
 from helpers.scripts import benchmark
@@ -87,10 +89,10 @@ def test_under_nsys_the_kernels_steps_run_instrumented_and_events_time_every_gem
         prof = GemmProfiler(model, kernel_profile=kp, clock=clock)
         cap, seen = run(prof, model, x, clock, n=5)
     # As many steps as planned (1 instrumented, 1 warm-up, 1 kernels, 1 settle, then clean): the
-    # warm-up and kernels steps run instrumented; no settle (no records' sync to settle after).
-    assert [s.kind for s in cap.steps] == ["instrumented"] * 3 + ["clean"] * 2
+    # warm-up, kernels and settle steps run instrumented (no records' sync to settle after).
+    assert [s.kind for s in cap.steps] == ["instrumented"] * 4 + ["clean"]
     assert kp.started == 0  # CUPTI is nsys's: our records never start
-    assert all(len(r.times_ms) == 3 for r in cap.records)  # one time per instrumented step
+    assert all(len(r.times_ms) == 4 for r in cap.records)  # one time per instrumented step
     assert cap.meta["gemm_time_source"] == "host_clock"  # CUDA events on a GPU; the host clock here
     assert cap.meta["cupti_owner"] == f"Nsight Systems (NSYS_PROFILING_SESSION_ID={session})"
     assert cap.meta["kernel_join"].startswith("no kernel records: Nsight Systems holds CUPTI")
@@ -120,7 +122,7 @@ def test_a_torch_profiler_started_after_construction_is_seen_at_start(no_owner, 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         cap, _ = run(prof, model, x, clock, n=5)
     assert kp.started == 0 and cap.meta["cupti_owner"].startswith("torch.profiler")
-    assert [s.kind for s in cap.steps] == ["instrumented"] * 3 + ["clean"] * 2
+    assert [s.kind for s in cap.steps] == ["instrumented"] * 4 + ["clean"]
     # The next capture, with the job's session closed, plans its kernels step again.
     cap2, _ = run(prof, model, x, clock, n=5)
     assert kp.started == 1 and cap2.meta["cupti_owner"] is None and cap2.meta["gemm_time_source"] == "kernel_records"
@@ -279,59 +281,139 @@ def test_the_spin_runs_only_where_event_pairs_give_the_gemm_times(no_owner, monk
         assert leads == want, (env, leads)
 
 
+fake_te = test_te_adapter_mock.fake_te  # the TE stand-in's fixture, shared
+
+
 class _Event:
-    """A CUDA event stand-in whose pair reads ``ms``."""
+    """A CUDA event stand-in: every pair reads ``_Event.ms``."""
 
     ms = 0.0
 
     def elapsed_time(self, end: object) -> float:
-        return self.ms
+        return _Event.ms
 
 
-class _Gate:
-    """A HostGate stand-in: what was closed and opened, in order; gate 2 gives up."""
+class _GateGPU:
+    """The gate kernel as the GPU runs it, in Python: a launch is queued, and runs (reads the host's
+    slot, writes what it saw) when the test says the GPU gets there; one that finds its slot short
+    has given up."""
 
-    def __init__(self, calls: list) -> None:
-        self.calls, self.n = calls, 0
+    def __init__(self) -> None:
+        self.queued: list[tuple] = []
 
-    def close(self) -> int:
-        self.n += 1
-        self.calls.append(("close", self.n))
-        return self.n
+    def __call__(self, flag, flag_slot, want, seen, seen_slot, timeout_ns) -> None:
+        self.queued.append((flag, flag_slot, want, seen, seen_slot))
 
-    def open(self, n: int) -> None:
-        self.calls.append(("open", n))
+    def run(self) -> None:
+        import ctypes
 
-    def held(self, n: int) -> bool:
-        return n != 2
+        for flag, flag_slot, want, seen, seen_slot in self.queued:
+            v = ctypes.c_int32.from_address(flag.data_ptr() + 4 * flag_slot).value
+            seen[seen_slot] = want if v >= want else -want
+        self.queued.clear()
 
 
-def test_a_gate_opens_after_the_end_event_and_a_gate_that_gave_up_drops_its_pair(monkeypatch):
-    # Stand-ins for the CUDA calls (no GPU here): the order the timer makes them in, which pairs it
-    # keeps, and the floor it takes off. tests/test_gpu.py runs the real gate against kernel records.
+def cpu_gate():
+    """The real HostGate, its slots in CPU memory and its kernel the stand-in above (no GPU here);
+    whoever reads what a gate saw reads it after the GPU reached every queued gate (a sync)."""
+    from te_gemm_callback.capture.gate import HostGate
+
+    gpu = _GateGPU()
+
+    class OnCPU(HostGate):
+        def held(self, n):
+            gpu.run()
+            return super().held(n)
+
+    return OnCPU(device="cpu", kernel=gpu, pinned=False), gpu
+
+
+def test_each_gate_opens_on_its_own_slot_and_one_that_gave_up_is_told(monkeypatch):
+    # The host side of the real HostGate (numbers, slots, what the gate saw); the kernel and the GPU
+    # are a Python stand-in that runs each queued gate when told. tests/test_gpu.py runs the kernel.
+    from te_gemm_callback.capture import gate as gate_mod
+
+    monkeypatch.setattr(gate_mod, "SEEN_SLOTS", 8)  # small, to wrap
+    g, gpu = cpu_gate()
+    a, b = g.close(), g.close()  # two threads' gates, say backward's and the main thread's
+    g.open(b)  # b's host is first: that must not open a
+    gpu.run()
+    assert g.held(b) and not g.held(a)  # a gave up before its host's word
+    g.open(a)
+    c = g.close()
+    g.open(c)
+    assert g.held(c)
+    for _ in range(8):  # a later gate on a's slot of what-it-saw: a stays not held, never guessed held
+        n = g.close()
+        g.open(n)
+    assert not g.held(a) and g.held(n)
+
+
+def test_a_gated_pair_opens_after_its_end_event_drops_when_its_gate_gave_up_and_loses_its_floor(monkeypatch):
+    # Stand-ins for the CUDA calls (no GPU here) around the real HostGate's host side: the order the
+    # timer makes its calls in, which pairs it keeps, and the floor it takes off.
     from te_gemm_callback.capture import instruments
 
     calls = []
+    g, gpu = cpu_gate()
+    launch = g._kernel
+    g._kernel = lambda *a: (calls.append(("gate", a[2])), launch(*a))
+    opened = g.open
+    g.open = lambda n: (calls.append(("open", n)), opened(n))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(instruments, "_record", lambda: calls.append(("event",)) or _Event())
+    monkeypatch.setattr(_Event, "ms", 0.0)
     timer = instruments.EventTimer(True)
-    timer.gate = _Gate(calls)
+    timer.gates = {0: g}
+    n0 = g.close() + 1  # the numbers the timer's gates will take
+    g.open(n0 - 1)
+    calls.clear()
     first = timer.stop(timer.start())
     # Opened only once the end event is queued: a short GEMM could otherwise end before it.
-    assert calls == [("close", 1), ("event",), ("event",), ("open", 1)]
-    second = timer.stop(timer.start())
+    assert calls == [("gate", n0), ("event",), ("event",), ("open", n0)]
+    gpu.run()
+    second = timer.start()  # the GPU reaches this gate before its host's word: it gives up
+    gpu.run()
+    second = timer.stop(second)
     _Event.ms = 0.0013
     timer.calibrate()  # empty pairs behind the same gate, none behind a spin
     assert timer.floor_ms == pytest.approx(0.0013) and not any(c[0] == "spin" for c in calls)
     _Event.ms = 0.050
     assert timer.elapsed_ms(first) == pytest.approx(0.050 - 0.0013)
-    assert timer.elapsed_ms(second) is None and timer.dropped == 1  # its gate gave up: the host's time is in it
-    _Event.ms = 0.001  # under the floor: nothing to take off
-    assert timer.elapsed_ms(first) == pytest.approx(0.001)
-    assert timer.lead_kind == "gate"
+    assert timer.elapsed_ms(second) is None  # the host's time may be in it
+    _Event.ms = 0.001  # under the floor: zero, not a jump back to the raw time
+    assert timer.elapsed_ms(first) == 0.0
+    assert timer.leads == {"gate"}
+    # A device without a gate: the spin leads its pairs.
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    calls.clear()
+    timer.stop(timer.start())
+    assert calls[0] == ("spin", instruments.LEAD_CYCLES) and timer.leads == {"gate", "spin"}
+
+
+def test_a_dropped_pair_is_counted_against_its_step():
+    # Recorder.resolve: a pair whose time came back None (its gate gave up) counts against its step,
+    # whose GEMM total the capture then leaves out rather than sum short (results.py).
+    from te_gemm_callback.capture.recorder import GemmSite, Recorder
+    from te_gemm_callback.shapes import GemmOp
+
+    class Timer:
+        cuda, kind = False, "host_clock"
+
+        def elapsed_ms(self, pair):
+            return None if pair in (None, "gave up") else 1.0
+
+    rec = Recorder(scope=None, timer=Timer(), nvtx=None)
+    site = GemmSite(module="fc", gemm="", op=GemmOp.FPROP, m=4, k=8, n=16, batch=1, precision="fp32",
+                    operands=(), source="torch", kernel="aten.mm", module_type="Linear")
+    rec.raw += [(0, site, False, None, "ok"), (1, site, False, None, "gave up"), (1, site, False, None, "ok"),
+                (2, site, False, None, None)]
+    rec.resolve()
+    assert rec.dropped == {1: 1} and [e.time_ms for e in rec.events] == [1.0, None, 1.0, None]
 
 
 def test_without_triton_no_gate_is_built_the_spin_stands_in_and_it_is_said_once(monkeypatch, caplog):
@@ -343,10 +425,34 @@ def test_without_triton_no_gate_is_built_the_spin_stands_in_and_it_is_said_once(
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ImportError
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
         timers = [instruments.EventTimer(True) for _ in range(2)]
         for t in timers:
             t.prepare()
-    assert [t.gate for t in timers] == [None, None] and timers[0].lead_kind == "spin"
+    assert [t.gates for t in timers] == [{0: None}, {0: None}]
     said = [r.getMessage() for r in caplog.records if "no GPU gate" in r.getMessage()]
     assert len(said) == 1 and "pip install triton" in said[0] and "spin stands in" in said[0], said
+
+
+def test_under_nsys_gemms_outside_te_get_a_second_dispatch_step_only_where_there_are_some(no_owner, fake_te):
+    # A TE model's plain nn.Linear head is timed only on dispatch steps (TE GEMMs on the light ones):
+    # under nsys the settle slot runs the dispatch mode too, for two pairs rather than one; a model
+    # whose GEMMs are all TE's keeps one dispatch step (the mode costs host time on every aten op).
+    from torch import nn
+
+    for k, v in nsys_env(uuid.uuid4().hex[:8]).items():
+        no_owner.setenv(k, v)
+    lin, _ = fake_te
+    for head, want in ((False, [True, False, False, False]), (True, [True, True, False, False])):
+        model, x, clock = test_te_adapter_mock._te_net(lin), torch.randn(4, 16, requires_grad=True), Clock()
+        if head:
+            model.add_module("head", nn.Linear(48, 10))
+        cap, _ = run(GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock), model, x, clock, n=5)
+        assert [s.kind for s in cap.steps] == ["instrumented"] * 4 + ["clean"]
+        assert [s.dispatch for s in cap.steps[:4]] == want, head
+        for r in cap.records:
+            # TE GEMMs: a time per instrumented step (host-clock pairs here; with CUDA events only the
+            # light steps' are kept, results._prefer_light_steps); the head's: the dispatch steps'.
+            assert len(r.times_ms) == (2 if r.source == "torch" else 4) and r.calls_per_step == 1, r
+        assert {r.source for r in cap.records} == ({"te", "torch"} if head else {"te"})

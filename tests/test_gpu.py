@@ -635,7 +635,15 @@ def test_an_event_pair_holds_the_gemm_not_the_hosts_time_to_launch_it():
 
     gated, bare = EventTimer(True), EventTimer(True, lead=False)
     gated.prepare()
-    assert gated.gate is not None
+    gate = gated.gates[torch.cuda.current_device()]
+    assert gate is not None
+    # Built and compiled once: no gate number (1, a multiple of 16, ...) compiles another kernel
+    # inside a bracket; what a gate costs the host.
+    t0 = time.perf_counter()
+    for _ in range(40):
+        gate.open(gate.close())
+    close_open_us = (time.perf_counter() - t0) / 40 * 1e6
+    assert close_open_us < 500, close_open_us
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     for _ in range(10):  # cuBLAS handle, heuristics, clocks up
@@ -660,9 +668,11 @@ def test_an_event_pair_holds_the_gemm_not_the_hosts_time_to_launch_it():
                if e.device_type == torch.autograd.DeviceType.CUDA and ("gemm" in e.name.lower() or "nvjet" in e.name)]
     assert len(kernels) >= 120, sorted({e.name for e in prof.events()})[:20]
     kernel_ms = statistics.median(kernels)
-    print(f"kernel {kernel_ms * 1e3:.1f} us; floor {gated.floor_ms * 1e3:.2f} us; pairs:",
+    print(f"kernel {kernel_ms * 1e3:.1f} us; floor {gated.floor_ms * 1e3:.2f} us; gate close+open "
+          f"{close_open_us:.1f} us on the host; pairs:",
           ", ".join(f"{delay} us {kind} {v * 1e3:.1f} us" for (delay, kind), v in ms.items()))
-    assert gated.dropped == 0 and 0 < gated.floor_ms < 0.005
+    assert all(gated.elapsed_ms(p) is not None for v in pairs.values() for p in v)
+    assert 0 < gated.floor_ms < 0.005 and gated.leads == {"gate"}
     for delay_us in (0, 30, 200):
         assert abs(ms[delay_us, "gate"] / kernel_ms - 1) < 0.05 + 0.001 / kernel_ms, (kernel_ms, ms)
     assert ms[200, "bare"] > ms[200, "gate"] + 0.15, (kernel_ms, ms)  # the test can tell
@@ -683,21 +693,21 @@ def test_a_gate_the_host_never_opens_lets_the_stream_go_and_its_pair_is_dropped(
     a @ a
     torch.cuda.synchronize()
     before = _record()
-    start = timer.start()
+    ev, gate, n = timer.start()
     a @ a
-    ev, n = start
     end = _record()  # never opened: the host's word does not come
     t0 = time.perf_counter()
     torch.cuda.synchronize()
     waited_s = time.perf_counter() - t0
     gave_up_ms = before.elapsed_time(ev)
     print(f"the gate gave up after {gave_up_ms:.2f} ms (host waited {waited_s * 1e3:.1f} ms)")
-    assert 0.2 < gave_up_ms < 50 and waited_s < 1.0
-    assert timer.elapsed_ms((ev, end, n)) is None and timer.dropped == 1
-    again = timer.stop(timer.start())
+    assert 1.5 < gave_up_ms < 10 and waited_s < 1.0  # TIMEOUT_NS: 2 ms
+    assert timer.elapsed_ms((ev, end, gate, n)) is None
+    start = timer.start()
     a @ a
+    again = timer.stop(start)
     torch.cuda.synchronize()
-    assert timer.elapsed_ms(again) is not None and timer.dropped == 1
+    assert timer.elapsed_ms(again) is not None
 
 
 def test_under_nsys_gemm_times_come_from_events_and_the_file_holds_our_ranges(tmp_path):

@@ -9,32 +9,37 @@ dispatch mode: 46 us GEMMs read 93-201 us behind a 50 us spin), and a longer spi
 lets a power-capped GPU clock its big GEMMs faster than in the job.
 
 The gate waits exactly as long as the host: a one-program Triton kernel goes ahead of the start
-event and polls a counter in pinned host memory until it reaches the gate's number, which the host
-writes once the GEMM and the end event are launched (:meth:`HostGate.open`). H200, 2048^3 BF16 GEMM
-(24 us kernel): 26.0 us behind the gate with or without 100 us of host work between the start event
-and the launch, against 26.8 and 115 us behind the spin (``benchmarks/event_floor.py --gate``).
+event and polls a slot in pinned host memory until it holds the gate's number, which the host
+writes once the GEMM and the end event are launched (:meth:`HostGate.open`). Each gate has its own
+slot (its number modulo ``FLAG_SLOTS``), so gates closed on two threads (autograd's backward thread
+and the main one) never open each other. H200, 2048^3 BF16 GEMM (23.6 us kernel record): 24.8-24.9
+us behind the gate (its floor off) with 0, 30 or 200 us of host work between the start event and
+the launch, 71-294 us bare (tests/test_gpu.py; ``benchmarks/event_floor.py`` for more shapes).
 
-Never a deadlock: the gate gives up after ``MAX_POLLS`` reads of host memory (about 2 ms; a host
-that synchronizes inside the bracket, say a cudaFree under memory pressure or a lazily loaded kernel,
-waits that long once), and writes what it saw, so a pair whose gate gave up is dropped
-(:meth:`HostGate.held`). Without Triton (a CPU build of torch, or a host where it cannot build its
-launcher) there is no gate, and the event timer falls back to the spin.
+Never a deadlock: the gate gives up after ``TIMEOUT_NS`` of the GPU's global timer (a host that
+synchronizes inside the bracket, say a cudaFree under memory pressure or a lazily loaded kernel,
+waits that long once), and writes whether it opened on the host's word, so the pair of a gate that
+gave up is dropped (:meth:`HostGate.held`). No gate without Triton (a CPU build of torch, a host
+where it cannot build its launcher; the event timer's spin stands in) or under
+``CUDA_LAUNCH_BLOCKING=1`` (each launch returns once its kernel is done: the host could never open
+a gate before the gate gives up, and the start event cannot run ahead of the launch anyway).
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
+import os
+from collections.abc import Callable
 
 import torch
 
 log = logging.getLogger("te_gemm_callback")
 
-# Reads of host memory before a gate lets the stream go without the host's word: ~4.4 us each on
-# the H200 (4000 reads took 17.4 ms), so ~2 ms: far above the host's time to launch a GEMM, short
-# enough that a host which synchronizes inside the bracket loses little.
-MAX_POLLS = 460
-SLOTS = 1 << 16  # what each gate saw, by its number modulo SLOTS: read once per capture
+TIMEOUT_NS = 2_000_000  # far above the host's time to launch a GEMM, little lost if it comes
+FLAG_SLOTS = 256  # host slots: gate n polls slot n % FLAG_SLOTS
+SEEN_SLOTS = 1 << 18  # what gate n saw, at n % SEEN_SLOTS (1 MiB): read once per capture
 
 
 class _HostPointer:
@@ -51,63 +56,73 @@ class _HostPointer:
 
 
 class HostGate:
-    """Holds the current stream until the host says the GEMM is queued. ``close()`` before the start
-    event, ``open(n)`` after the end event; ``held(n)`` after a synchronize: whether gate ``n`` opened
-    on the host's word (its pair is the GEMM's) rather than by giving up."""
+    """Holds the current stream until the host says the GEMM is queued: ``close()`` before the start
+    event, ``open(n)`` after the end event; ``held(n)``, after a synchronize, whether gate ``n``
+    opened on the host's word (its pair is the GEMM's) rather than by giving up.
 
-    def __init__(self, device: int | None = None) -> None:
-        from te_gemm_callback.capture import gate_kernel  # Triton: only where a gate is built
+    ``kernel(flag, flag_slot, want, seen, seen_slot, timeout_ns)`` launches the gate (default: the
+    Triton kernel of :mod:`.gate_kernel`); ``pinned``/``device``: where the slots live (tests run
+    the host side on a CPU with a stand-in kernel)."""
 
-        self._kernel = gate_kernel.gate
-        self.flag = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        self._cell = ctypes.c_int32.from_address(self.flag.data_ptr())
+    def __init__(self, device: int | str = "cuda", kernel: Callable[..., None] | None = None,
+                 pinned: bool = True) -> None:
+        if kernel is None:
+            from te_gemm_callback.capture import gate_kernel  # Triton: only where a gate is built
+
+            kernel = gate_kernel.launch
+        self._kernel = kernel
+        self.flag = torch.zeros(FLAG_SLOTS, dtype=torch.int32, pin_memory=pinned)
+        self._slots = (ctypes.c_int32 * FLAG_SLOTS).from_address(self.flag.data_ptr())
         self._ptr = _HostPointer(self.flag.data_ptr())
-        self.seen = torch.zeros(SLOTS, dtype=torch.int32, device=device if device is not None else "cuda")
-        self.n = 0
-        self._seen_host: list[int] | None = None
-        n = self.close()  # compiles and loads the kernel now, not inside a timed bracket
-        self.open(n)
-        torch.cuda.synchronize()
+        self.seen = torch.zeros(SEEN_SLOTS, dtype=torch.int32, device=device)
+        self._numbers = itertools.count(1)  # next() is atomic under the GIL: no two gates share one
+        self._seen_host: torch.Tensor | None = None
+        for _ in range(2):  # compile and load the kernel now, never inside a timed bracket
+            n = self.close()
+            self.open(n)
+        if self.seen.is_cuda:
+            torch.cuda.synchronize(self.seen.device)
         if not self.held(n):
-            raise RuntimeError("the gate kernel did not see the host's counter")
+            raise RuntimeError("the gate kernel did not see the host's word")
 
     def close(self) -> int:
-        self.n += 1
+        n = next(self._numbers)
         self._seen_host = None
-        self._kernel[(1,)](self._ptr, self.n, self.seen, self.n % SLOTS, MAX_POLLS)
-        return self.n
+        self._kernel(self._ptr, n % FLAG_SLOTS, n, self.seen, n % SEEN_SLOTS, TIMEOUT_NS)
+        return n
 
     def open(self, n: int) -> None:
         # A plain store to pinned memory, after the launches it vouches for have returned.
-        self._cell.value = n
+        self._slots[n % FLAG_SLOTS] = n
 
     def held(self, n: int) -> bool:
-        """Whether gate ``n`` opened on the host's word. Call after a synchronize."""
+        """Whether gate ``n`` opened on the host's word. Call after a synchronize. False too where a
+        later gate took its slot (more than SEEN_SLOTS gates before the read): dropped, not guessed."""
         if self._seen_host is None:
-            self._seen_host = self.seen.tolist()
-        return self._seen_host[n % SLOTS] >= n
+            self._seen_host = self.seen.cpu()
+        return int(self._seen_host[n % SEEN_SLOTS]) == n
 
 
 _GATES: dict[int, HostGate | None] = {}  # one per device and process: the kernel compiles once
 
 
-def host_gate() -> HostGate | None:
-    """The current device's gate, built on first use; None where one cannot be built (no Triton,
-    no compiler for its launcher), said once."""
-    try:
-        dev = torch.cuda.current_device()
-    except Exception:  # no CUDA device to gate
+def host_gate(device: int) -> HostGate | None:
+    """Device ``device``'s gate, built on first use; None where none can be built (no Triton, no
+    compiler for its launcher: said once) or none is wanted (blocking launches)."""
+    if os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
         return None
-    if dev not in _GATES:
+    if device not in _GATES:
         try:
-            _GATES[dev] = HostGate(dev)
+            with torch.cuda.device(device):
+                _GATES[device] = HostGate(device)
         except Exception as err:  # the spin stands in: never break the job for a gate
-            _GATES[dev] = None
+            _GATES[device] = None
             log.warning("te-gemm: no GPU gate ahead of the timed GEMMs (%s: %s): a 50 us spin stands in, and a "
                         "host slower than it adds its launch time to small GEMMs' times; the gate needs Triton "
                         "(pip install triton) and a C compiler for its launcher",
                         type(err).__name__, str(err).splitlines()[0] if str(err) else "")
-    return _GATES[dev]
+    return _GATES[device]
 
 
-__all__ = ["HostGate", "host_gate", "MAX_POLLS", "SLOTS"]
+__all__ = ["HostGate", "host_gate", "TIMEOUT_NS", "FLAG_SLOTS", "SEEN_SLOTS"]
+

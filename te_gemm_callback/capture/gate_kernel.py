@@ -1,18 +1,31 @@
 """The Triton kernel behind :class:`~.gate.HostGate`, in a module of its own: importing Triton takes
-a while and needs a CUDA build of torch, so only a gate that is about to be used imports it."""
+a while and needs a CUDA build of torch, so only a gate that is about to be built imports it."""
+
+from typing import Any
 
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def gate(flag_ptr, want, seen_ptr, slot, max_polls):
-    # One program: poll the host's counter in pinned memory (volatile: every read reaches host
-    # memory, none is cached) until it reaches this gate's number, or give up after max_polls.
-    v = tl.load(flag_ptr, volatile=True)
-    i = 0
-    while (v < want) & (i < max_polls):
-        v = tl.load(flag_ptr, volatile=True)
-        i += 1
-    # What the gate saw when it let the stream go: below ``want`` means it timed out.
-    tl.store(seen_ptr + slot, v)
+def _now():
+    # The GPU's global timer (ns), the same on every SM: a timeout in time, whatever a poll costs.
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+# No specialization on the integer arguments: Triton would compile another kernel the first time one
+# of them is 1 or a multiple of 16, inside a timed bracket.
+@triton.jit(do_not_specialize=["flag_slot", "want", "seen_slot", "timeout_ns"])
+def gate(flag_ptr, flag_slot, want, seen_ptr, seen_slot, timeout_ns):
+    # One program: poll the host's slot in pinned memory (volatile: every read reaches host memory)
+    # until it holds this gate's number, or give up after timeout_ns.
+    start = _now()
+    v = tl.load(flag_ptr + flag_slot, volatile=True)
+    while (v < want) & (_now() - start < timeout_ns):
+        v = tl.load(flag_ptr + flag_slot, volatile=True)
+    # The gate's number where it opened on the host's word, minus it where it gave up.
+    tl.store(seen_ptr + seen_slot, tl.where(v >= want, want, -want))
+
+
+def launch(flag: Any, flag_slot: int, want: int, seen: Any, seen_slot: int, timeout_ns: int) -> None:
+    gate[(1,)](flag, flag_slot, want, seen, seen_slot, timeout_ns)

@@ -80,95 +80,99 @@ class EventTimer:
     ``lead``: something goes ahead of each start event so that the GPU reaches it only once the host
     has launched the GEMM. Without it, a GPU that runs dry before the GEMM is launched stamps the
     start event early, and the pair also holds the host's time to launch the GEMM (H200: a 24 us GEMM
-    on an idle GPU reads 43 us). The lead is the GPU gate (:mod:`.gate`, built by :meth:`prepare`),
-    which waits for the host's word however slow the host is; without Triton, a spin kernel of
-    ``LEAD_CYCLES``, which covers ~50 us of host time and no more. The profiler turns the lead on only
-    where the pairs give the GEMM times, never on a clean step.
+    on an idle GPU reads 43 us). The lead is the current device's GPU gate (:mod:`.gate`, built by
+    :meth:`prepare`), which waits for the host's word however slow the host is; where there is none,
+    a spin kernel of ``LEAD_CYCLES``, which covers ~50 us of host time and no more. The profiler
+    turns the lead on only where the pairs give the GEMM times, never on a clean step.
 
     A pair still reads a little more than the kernel: the events' own time (H200: an empty pair
-    1.3 us; a pair around a 24 us GEMM 26 us). :meth:`calibrate` measures the empty pair in the
-    process after the steps and :meth:`elapsed_ms` takes it off (``floor_ms``)."""
+    1.3 us). :meth:`calibrate` measures the empty pair in the process after the steps, and
+    :meth:`elapsed_ms` takes it off every pair (``floor_ms``)."""
 
     def __init__(self, enabled: bool, lead: bool = True) -> None:
         self.cuda = torch.cuda.is_available()
         self.enabled = enabled  # switched per step by the profiler
         self.kind = ("cuda_events" if self.cuda else "host_clock") if enabled else "none"
         self.lead = lead  # switched per step by the profiler
-        self.gate: Any = None  # a HostGate once prepare() built one; else the spin leads
+        self.gates: dict[int, Any] = {}  # device -> its HostGate (None: none could be built)
         self.floor_ms = 0.0
-        self.dropped = 0  # pairs left out: their gate gave up before the host's word
+        self.leads: set[str] = set()  # what led the pairs so far: "gate", "spin"
 
-    def prepare(self) -> None:
-        """Build the GPU gate (once per process and device; the first build compiles its kernel)
-        before the steps whose pairs it leads: outside every step's time."""
-        if self.cuda and self.gate is None:
-            from te_gemm_callback.capture.gate import host_gate
+    def prepare(self, devices: Any = ()) -> None:
+        """Build the GPU gates of the current device and ``devices`` (once per process and device;
+        the first build compiles the kernel) before the steps whose pairs they lead: outside every
+        step's time. A device without one gets the spin."""
+        if not self.cuda:
+            return
+        from te_gemm_callback.capture.gate import host_gate
 
-            self.gate = host_gate()
-
-    @property
-    def lead_kind(self) -> str:
-        return "gate" if self.gate is not None else "spin"
+        for d in {torch.cuda.current_device(), *devices}:
+            if d not in self.gates:
+                self.gates[d] = host_gate(d)
 
     def start(self) -> Any:
         if not self.enabled:
             return None
         if not self.cuda:
             return time.perf_counter()
-        n = None
+        gate = n = None
         # Not while a CUDA graph is being captured: the lead would join the job's graph.
         if self.lead and not torch.cuda.is_current_stream_capturing():
-            if self.gate is not None:
-                n = self.gate.close()  # on the current stream, as the event below
+            gate = self.gates.get(_device()) if self.gates else None
+            if gate is not None:
+                n = gate.close()  # on the current stream, as the event below
+                self.leads.add("gate")
             else:
                 torch.cuda._sleep(LEAD_CYCLES)
-        return _record(), n
+                self.leads.add("spin")
+        return _record(), gate, n
 
     def stop(self, start: Any) -> Any:
         if start is None:
             return None
         if not self.cuda:
             return (start, time.perf_counter())
-        ev, n = start
+        ev, gate, n = start
         end = _record()
-        if n is not None:
+        if gate is not None:
             # After the end event's launch: opened before it, the GPU could finish a short GEMM
             # before the end event is queued, and the pair would hold the host's time at its end.
-            self.gate.open(n)
-        return ev, end, n
+            gate.open(n)
+        return ev, end, gate, n
 
     def elapsed_ms(self, pair: Any) -> float | None:
-        """The pair's time, its floor taken off; None for a pair whose gate gave up (after a sync)."""
+        """The pair's time less the floor; None for a pair whose gate gave up (after a sync)."""
         if pair is None:
             return None
         if isinstance(pair[0], float):
             return (pair[1] - pair[0]) * 1e3
-        start, end, n = pair
-        if n is not None and not self.gate.held(n):
-            self.dropped += 1
+        start, end, gate, n = pair
+        if gate is not None and not gate.held(n):
             return None
-        ms = float(start.elapsed_time(end))
-        return ms - self.floor_ms if ms > self.floor_ms else ms
+        return max(float(start.elapsed_time(end)) - self.floor_ms, 0.0)
 
     def calibrate(self) -> None:
-        """Measure the floor: the median of ``FLOOR_PAIRS`` empty pairs behind the same lead. After
-        the steps (it synchronizes), never inside one."""
+        """Measure the floor: the median of ``FLOOR_PAIRS`` empty pairs behind the current device's
+        lead. After the steps (it synchronizes), never inside one."""
         if not self.cuda:
             return
+        gate = self.gates.get(_device())
         pairs = []
         for _ in range(FLOOR_PAIRS):
-            n = None
-            if self.gate is not None:
-                n = self.gate.close()
-            else:
-                torch.cuda._sleep(LEAD_CYCLES)
-            ev = _record()
-            end = _record()
-            if n is not None:
-                self.gate.open(n)
-            pairs.append((ev, end))
+            n = gate.close() if gate is not None else torch.cuda._sleep(LEAD_CYCLES)
+            pairs.append((_record(), _record()))
+            if gate is not None:
+                gate.open(n)
         torch.cuda.synchronize()
         self.floor_ms = statistics.median(float(a.elapsed_time(b)) for a, b in pairs)
+
+
+def _device() -> int:
+    """The current CUDA device, without ``torch.cuda.current_device()``'s lazy-init check."""
+    try:
+        return torch._C._cuda_getDevice()
+    except AttributeError:  # a CPU build of torch (tests with stand-ins), another torch
+        return torch.cuda.current_device()
 
 
 def _record() -> Any:

@@ -181,11 +181,18 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         owner = cupti_owner() if self._cuda else None
         self.cupti, base = owner, self._base_plan
         self.plan, self.timing = base, self._base_timing
+        self._more_dispatch = 0
         if owner is not None:
             warn_once(owner.line(), log)
             if base.kernels and base.instrumented != "all":
-                self.plan = StepPlan(instrumented=base.instrumented + base.kernels_warmup + base.kernels, kernels=0,
-                                     dispatch=base.dispatch)
+                # The settle steps too: no records' sync to settle after, and as many steps profiled.
+                self.plan = StepPlan(instrumented=base.instrumented + base.kernels_warmup + base.kernels + base.settle,
+                                     kernels=0, dispatch=base.dispatch)
+                if isinstance(base.dispatch, int) and base.dispatch and owner.timing != NONE:
+                    # GEMMs outside TE modules are timed on dispatch steps only: where the first
+                    # step found some, the settle slots run the dispatch mode too (stepping.py), for
+                    # a median of several pairs rather than one.
+                    self._more_dispatch = base.settle
             if owner.timing == NONE:
                 self.timing = "none"
         self.recorder.timer.kind = EventTimer(self.timing != "none").kind
@@ -209,7 +216,8 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self.recorder.events.clear()
         self.recorder.sequences.clear()
         self.recorder.kernel_counts.clear()
-        self.recorder.timer.dropped = 0
+        self.recorder.dropped.clear()
+        self.recorder.timer.leads.clear()
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> GemmProfiler:

@@ -76,6 +76,7 @@ class ProfilerState:
     _session_ms: dict[str, float]
     _range_open: bool
     _range_api: Any
+    _more_dispatch: int  # instrumented steps past the plan's dispatch ones that may run it (stepping.py)
 
     def _step_ids(self, test: Callable[[StepRecord], bool]) -> list[int]:
         """Indices of the steps whose record passes ``test``."""

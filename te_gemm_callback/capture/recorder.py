@@ -42,6 +42,7 @@ class Recorder:
         # Per step and call, the GEMM kernel counts it may have launched (see join_by_order).
         self.kernel_counts: dict[int, list[tuple[int, ...]]] = {}
         self.error: str | None = None
+        self.dropped: dict[int, int] = {}  # step -> its event pairs left out (EventTimer.elapsed_ms)
         self._sites: dict[tuple, GemmSite] = {}
         self._inference_said = False
 
@@ -110,8 +111,10 @@ class Recorder:
                 seq.append(None)
                 counts.append((1,))
                 continue
-            ev = GemmEvent(step=step, recompute=recompute, time_ms=self.timer.elapsed_ms(pair),
-                           m_splits=m_splits, **site.fields())
+            ms = self.timer.elapsed_ms(pair)
+            if pair is not None and ms is None:  # its gate gave up: the pair may hold host time
+                self.dropped[step] = self.dropped.get(step, 0) + 1
+            ev = GemmEvent(step=step, recompute=recompute, time_ms=ms, m_splits=m_splits, **site.fields())
             if isinstance(m_splits, torch.Tensor):
                 ev.m_splits = splits_from_offs(m_splits)
                 apply_splits(ev)

@@ -41,7 +41,8 @@ class CaptureResults(ProfilerState):
                 gemm_ms = s.kernels.gemm_ms()
             elif s.kind == INSTRUMENTED:
                 times = [e.time_ms for e in rec.events if e.step == i and e.time_ms is not None]
-                gemm_ms = sum(times) if times else None
+                # A pair dropped (its gate gave up): the sum would fall short, so the step has none.
+                gemm_ms = sum(times) if times and i not in rec.dropped else None
             steps.append(StepTime(
                 index=i, wall_ms=(t1 - t0) * 1e3,
                 gpu_ms=float(e0.elapsed_time(e1)) if e0 is not None and e1 is not None else None,
@@ -167,7 +168,7 @@ class CaptureResults(ProfilerState):
             "timing": self.recorder.timer.kind,
             # CUDA-event pairs: what led each start event (gate or spin), the floor taken off each
             # pair (an empty pair's median), and the pairs left out because their gate gave up.
-            "event_pairs": _event_pairs(self.recorder.timer),
+            "event_pairs": _event_pairs(self.recorder),
             "step_time": "clean steps (nothing attached)" if any(s.kind == CLEAN for s in self._steps) else
                          "no clean step: step times include the capture instruments",
             "model": type(self.model).__name__,
@@ -187,10 +188,13 @@ class CaptureResults(ProfilerState):
         }
 
 
-def _event_pairs(timer: Any) -> dict[str, Any] | None:
-    if timer.kind != "cuda_events":
+def _event_pairs(rec: Any) -> dict[str, Any] | None:
+    """What led the CUDA-event pairs' start events ("gate", "spin", both, or nothing: pairs kept only
+    as a fallback), the floor taken off each pair, and the pairs dropped because their gate gave up."""
+    if rec.timer.kind != "cuda_events":
         return None
-    return {"lead": timer.lead_kind, "floor_us": round(timer.floor_ms * 1e3, 2), "dropped": timer.dropped}
+    return {"lead": "+".join(sorted(rec.timer.leads)) or None, "floor_us": round(rec.timer.floor_ms * 1e3, 2),
+            "dropped": sum(rec.dropped.values())}
 
 
 def _prefer_light_steps(events: list, dispatch_steps: set[int]) -> None:

@@ -44,10 +44,11 @@ class StepBoundaries(ProfilerState):
         # before the dispatch mode: its first build compiles a kernel.
         self.recorder.timer.lead = timed
         if timed and self.recorder.timer.enabled and not self._abandoned:
-            self.recorder.timer.prepare()
+            self.recorder.timer.prepare({p.device.index for p in self.model.parameters() if p.is_cuda}
+                                        if not self.recorder.timer.gates else ())
         dispatched = False
         if kind == INSTRUMENTED and self.recorder.error is None:
-            dispatch = "torch" in self.adapters and self.plan.dispatches(j)
+            dispatch = "torch" in self.adapters and (self.plan.dispatches(j) or self._dispatch_more(j))
             by_order = False
             if self.te is not None:
                 self.te.owners.begin_step(by_order=self.reuse_owners and not dispatch and not self._order_off)
@@ -116,6 +117,15 @@ class StepBoundaries(ProfilerState):
             if steps is not None and len(steps) == len(ids):
                 for j, ks in zip(ids, steps):
                     self._steps[j].kernels = ks
+
+    def _dispatch_more(self, j: int) -> bool:
+        """An instrumented step past the plan's dispatch steps that runs the dispatch mode anyway:
+        under a profiler that owns CUPTI, where the dispatch steps recorded GEMMs the TE adapter
+        does not see (a plain nn.Linear lm_head), whose only times are those steps' pairs."""
+        if not self._more_dispatch or not isinstance(self.plan.dispatch, int) or \
+                not self.plan.dispatch <= j < self.plan.dispatch + self._more_dispatch:
+            return False
+        return any(r[1] is not None and r[1].source == "torch" for r in self.recorder.raw)
 
     def _plan_kind(self, i: int) -> str:
         return COMPILE if self._wait.waiting else self.plan.kind(i - self._wait.lead)
