@@ -162,6 +162,13 @@ if has nsys; then
     echo "== under Nsight Systems: per-GEMM times against the runs without it, the file and our ranges in it"
     python benchmarks/nsys_check.py --out "$out/nsys" --nsys "$(nsys_bin)" --nsys-flags "-s none --cpuctxsw=none" 2>&1 \
         | quiet | tail -34
+    python benchmarks/nsys_check.py --job small --out "$out/nsys-small" --nsys "$(nsys_bin)" \
+        --nsys-flags "-s none --cpuctxsw=none" 2>&1 | quiet | tail -9
+    echo "== event pairs against kernel records: the gate, the spin, bare; with and without nsys"
+    python benchmarks/event_floor.py --json "$out/event_pairs.json" 2>&1 | quiet | cut -c1-200
+    "$(nsys_bin)" profile -t cuda -s none --cpuctxsw=none -f true -o "$out/event_pairs_nsys" \
+        python benchmarks/event_floor.py --events-only --json "$out/event_pairs_nsys.json" > "$out/event_pairs_nsys.log" 2>&1
+    rm -f "$out"/event_pairs_nsys.qdstrm "$out"/event_pairs_nsys.nsys-rep
 fi
 if has nsys-size; then
     echo "== what makes an nsys recording large: nsys's CPU sampling and context-switch trace on and off"

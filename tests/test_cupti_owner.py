@@ -10,6 +10,7 @@ import contextlib
 import logging
 import sys
 import uuid
+from types import SimpleNamespace
 
 import pytest
 import test_te_adapter_mock
@@ -366,6 +367,7 @@ def test_a_gated_pair_opens_after_its_end_event_drops_when_its_gate_gave_up_and_
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(instruments, "_record", lambda: calls.append(("event",)) or _Event())
+    monkeypatch.setattr(instruments, "_fill_target", lambda: SimpleNamespace(zero_=lambda: calls.append(("fill",))))
     monkeypatch.setattr(_Event, "ms", 0.0)
     timer = instruments.EventTimer(True)
     timer.gates = {0: g}
@@ -379,11 +381,13 @@ def test_a_gated_pair_opens_after_its_end_event_drops_when_its_gate_gave_up_and_
     second = timer.start()  # the GPU reaches this gate before its host's word: it gives up
     gpu.run()
     second = timer.stop(second)
-    _Event.ms = 0.0013
-    timer.calibrate()  # empty pairs behind the same gate, none behind a spin
-    assert timer.floor_ms == pytest.approx(0.0013) and not any(c[0] == "spin" for c in calls)
+    _Event.ms = 0.003
+    calls.clear()
+    timer.calibrate()  # pairs around a fill kernel behind the same gate, none behind a spin
+    assert calls[:4] == [("gate", n0 + 2), ("event",), ("fill",), ("event",)] and calls[4][0] == "open"
+    assert timer.floor_ms == pytest.approx(0.003) and not any(c[0] == "spin" for c in calls)
     _Event.ms = 0.050
-    assert timer.elapsed_ms(first) == pytest.approx(0.050 - 0.0013)
+    assert timer.elapsed_ms(first) == pytest.approx(0.050 - 0.003)
     assert timer.elapsed_ms(second) is None  # the host's time may be in it
     _Event.ms = 0.001  # under the floor: zero, not a jump back to the raw time
     assert timer.elapsed_ms(first) == 0.0

@@ -738,7 +738,7 @@ def test_under_nsys_gemm_times_come_from_events_and_the_file_holds_our_ranges(tm
     assert "lost" not in proc.stderr and "Nsight Systems is profiling this process" in proc.stderr
     got = json.loads(out.read_text())
     assert got["meta"]["cupti_owner"].startswith("Nsight Systems") and got["meta"]["gemm_time_source"] == "cuda_events"
-    assert got["kinds"] == ["instrumented"] * 3 + ["clean"] * 3
+    assert got["kinds"] == ["instrumented"] * 4 + ["clean"] * 2
     assert all(len(t) >= 2 and min(t) > 0 for t in got["times"].values()), got["times"]
     [rep] = [p for p in tmp_path.glob("rep.*") if p.suffix in (".qdstrm", ".nsys-rep")]
     data = benchmark("nsys_check").lz4_expand(rep.read_bytes())  # the file's event stream is LZ4-compressed

@@ -18,8 +18,9 @@ owner is found before a kernels step is planned, from what each tool leaves in t
 
 What the capture does then: under Nsight Systems, another injection or the job's torch.profiler,
 each GEMM is timed by a CUDA-event pair on the instrumented steps (the steps that would have run
-with kernel records run instrumented instead); under Nsight Compute nothing is timed, since it
-replays and serializes the kernels it profiles, and only shapes and precisions are kept.
+with kernel records, and the settle steps after them, run instrumented instead); under Nsight
+Compute nothing is timed, since it replays and serializes the kernels it profiles, and only shapes
+and precisions are kept.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
 # time inside the step, and 200 us spins let a power-capped H200 clock its 2.8 ms GEMMs 6% faster
 # than in the job.
 LEAD_CYCLES = 100_000
-FLOOR_PAIRS = 20  # empty pairs that measure the pair's own floor (calibrate)
+FLOOR_PAIRS = 20  # pairs around a fill kernel that measure the pairs' floor (calibrate)
 
 
 class EventTimer:
@@ -85,9 +85,13 @@ class EventTimer:
     a spin kernel of ``LEAD_CYCLES``, which covers ~50 us of host time and no more. The profiler
     turns the lead on only where the pairs give the GEMM times, never on a clean step.
 
-    A pair still reads a little more than the kernel: the events' own time (H200: an empty pair
-    1.3 us). :meth:`calibrate` measures the empty pair in the process after the steps, and
-    :meth:`elapsed_ms` takes it off every pair (``floor_ms``)."""
+    A pair still reads more than the kernel it holds: the events' own time and the GPU's launch of
+    the kernel between them. :meth:`calibrate` measures a pair around a one-element fill kernel in
+    the process after the steps, and :meth:`elapsed_ms` takes it off every pair (``floor_ms``),
+    the fill's own ~1 us with it. H200, behind the gate (``benchmarks/event_floor.py``, 2026-12-02):
+    the fill's pair 3.0 us (the fill's kernel record 0.8 us, an empty pair 1.3 us); with it off,
+    GEMMs of 24-48 us read -2.1% to +0.3% of their kernel records (the empty pair off: +2.3% to
+    +5.1%); GEMMs under 10 us are off by 10% and more either way."""
 
     def __init__(self, enabled: bool, lead: bool = True) -> None:
         self.cuda = torch.cuda.is_available()
@@ -152,19 +156,27 @@ class EventTimer:
         return max(float(start.elapsed_time(end)) - self.floor_ms, 0.0)
 
     def calibrate(self) -> None:
-        """Measure the floor: the median of ``FLOOR_PAIRS`` empty pairs behind the current device's
-        lead. After the steps (it synchronizes), never inside one."""
+        """Measure the floor: the median of ``FLOOR_PAIRS`` pairs around a one-element fill kernel
+        behind the current device's lead. After the steps (it synchronizes), never inside one."""
         if not self.cuda:
             return
         gate = self.gates.get(_device())
+        fill = _fill_target()
         pairs = []
         for _ in range(FLOOR_PAIRS):
             n = gate.close() if gate is not None else torch.cuda._sleep(LEAD_CYCLES)
-            pairs.append((_record(), _record()))
+            start = _record()
+            fill.zero_()  # the least a kernel can be: what the pair adds around one
+            pairs.append((start, _record()))
             if gate is not None:
                 gate.open(n)
         torch.cuda.synchronize()
         self.floor_ms = statistics.median(float(a.elapsed_time(b)) for a, b in pairs)
+
+
+def _fill_target() -> torch.Tensor:
+    """One element on the current device: its fill is the smallest kernel a pair can hold."""
+    return torch.zeros(1, device=torch.device("cuda", _device()))
 
 
 def _device() -> int:

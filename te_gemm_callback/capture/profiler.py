@@ -90,9 +90,10 @@ class GemmProfiler(CaptureResults, StepBoundaries):
             file is written: nsys's default ``--capture-range-end=stop-shutdown`` ends the job there).
 
     Under a profiler that owns CUPTI's kernel records (Nsight Systems, another CUPTI injection, a
-    torch.profiler session of the job's own: :mod:`.cupti`) the kernels steps run instrumented and
-    CUDA events time each GEMM; under Nsight Compute nothing is timed. One line says which profiler
-    it is; ``meta["cupti_owner"]`` keeps it.
+    torch.profiler session of the job's own: :mod:`.cupti`) the kernels and settle steps run
+    instrumented and CUDA events time each GEMM, each behind a GPU gate (:mod:`.gate`); under
+    Nsight Compute nothing is timed. One line says which profiler it is; ``meta["cupti_owner"]``
+    keeps it, ``meta["event_pairs"]`` what led the pairs, their floor and the pairs dropped.
         clock_reader: reads (SM clock MHz, board power W) on a background thread over the steps
             whose GEMM times the capture reports (the kernels steps; the instrumented steps where no
             kernels step runs) (default: NVML on a CUDA host, nothing elsewhere); the summary goes to
