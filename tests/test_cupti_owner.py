@@ -460,3 +460,30 @@ def test_under_nsys_gemms_outside_te_get_a_second_dispatch_step_only_where_there
             # light steps' are kept, results._prefer_light_steps); the head's: the dispatch steps'.
             assert len(r.times_ms) == (2 if r.source == "torch" else 4) and r.calls_per_step == 1, r
         assert {r.source for r in cap.records} == ({"te", "torch"} if head else {"te"})
+
+
+def test_gemms_timed_on_dispatch_steps_only_are_named_and_the_report_says_so():
+    # Under nsys a TE model's plain lm_head has times from the dispatch-mode steps only, its TE
+    # GEMMs from the light steps (the dispatch-step pairs of those dropped): the capture names the
+    # former, and report.md's capture conditions say they are the least certain, with the pairs
+    # dropped and a spin that stood in for the gate.
+    from te_gemm_callback.capture.capture_items import GemmEvent
+    from te_gemm_callback.capture.results import _prefer_light_steps
+    from te_gemm_callback.reporting.markdown import _event_pair_notes
+    from te_gemm_callback.shapes import GemmOp
+
+    def ev(step, module, op, source, ms):
+        return GemmEvent(step=step, module=module, gemm="", op=op, m=8, k=8, n=8, source=source, time_ms=ms)
+
+    events = [ev(s, "blocks.0.qkv", GemmOp.FPROP, "te", 1.0 + s) for s in range(4)]
+    events += [ev(s, "lm_head", op, "torch", 0.04) for s in (0, 1) for op in (GemmOp.FPROP, GemmOp.DGRAD)]
+    only = _prefer_light_steps(events, dispatch_steps={0, 1})
+    assert only == ["lm_head dgrad", "lm_head fprop"]
+    assert [e.time_ms for e in events[:4]] == [None, None, 3.0, 4.0]  # TE: the light steps' pairs
+    assert all(e.time_ms == 0.04 for e in events[4:])
+    # Every instrumented step a dispatch step (a model without TE): nothing to single out.
+    assert _prefer_light_steps([ev(0, "fc", GemmOp.FPROP, "torch", 0.1)], dispatch_steps={0}) == []
+    notes = _event_pair_notes({"lead": "gate+spin", "dropped": 2, "dispatch_steps_only": only})
+    assert len(notes) == 3 and notes[0].startswith("lm_head dgrad, lm_head fprop: timed on the dispatch-mode steps")
+    assert "2 event pair(s) dropped" in notes[1] and "50 us spin" in notes[2]
+    assert _event_pair_notes({"lead": "gate", "dropped": 0, "dispatch_steps_only": []}) == []

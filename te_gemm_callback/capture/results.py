@@ -66,10 +66,13 @@ class CaptureResults(ProfilerState):
         failed = self._step_ids(lambda s: s.order_failed)
         left_out = set(failed)  # their TE GEMMs' owners are unknown
         kept = [e for e in rec.events if e.source != "te" or e.step not in left_out]
+        dispatch_only: list[str] = []
         if rec.timer.kind == "cuda_events":
-            _prefer_light_steps(kept, set(self._step_ids(lambda s: s.dispatch)))
+            dispatch_only = _prefer_light_steps(kept, set(self._step_ids(lambda s: s.dispatch)))
         records = aggregate(kept, per_source)
         meta = self._meta()
+        if meta["event_pairs"] is not None:
+            meta["event_pairs"]["dispatch_steps_only"] = dispatch_only
         meta["steady_state"] = steady.verdict
         partial = self._step_ids(lambda s: s.kind == PARTIAL)
         if partial:
@@ -197,12 +200,18 @@ def _event_pairs(rec: Any) -> dict[str, Any] | None:
             "dropped": sum(rec.dropped.values())}
 
 
-def _prefer_light_steps(events: list, dispatch_steps: set[int]) -> None:
+def _prefer_light_steps(events: list, dispatch_steps: set[int]) -> list[str]:
     """Where a GEMM was timed by CUDA events on instrumented steps without the dispatch mode too,
-    drop its dispatch-mode times: that mode costs Python time on every aten op, so the GPU may run dry
-    between an event and the GEMM it brackets, and the pair then holds the gap (H200, two 4096
-    Linear layers under nsys: dgrad and wgrad read +25% on the dispatch step, fprop +1%)."""
+    drop its dispatch-mode times: that mode costs Python time on every aten op, so the GPU waits at
+    the gate between GEMMs there, and runs them on a GPU less loaded than the job's. Returns the
+    GEMMs (``module[.gemm] pass``) timed on dispatch-mode steps only where lighter steps timed
+    others: plain torch layers beside TE ones, whose times are then the least certain."""
     light = {e.key() for e in events if e.time_ms is not None and e.step not in dispatch_steps}
+    only = set()
     for e in events:
-        if e.step in dispatch_steps and e.time_ms is not None and e.key() in light:
-            e.time_ms = None
+        if e.step in dispatch_steps and e.time_ms is not None:
+            if e.key() in light:
+                e.time_ms = None
+            elif light:
+                only.add(f"{e.module or '<top>'}{'.' + e.gemm if e.gemm else ''} {e.op}")
+    return sorted(only)

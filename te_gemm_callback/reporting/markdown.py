@@ -155,11 +155,28 @@ def _capture_conditions(cap: Any) -> list[str]:
     if m.get("cupti_owner"):
         timed = "CUDA events" if m.get("gemm_time_source") == "cuda_events" else "nothing"
         lines.append(f"{m['cupti_owner']} held CUPTI during the capture: GEMMs timed by {timed}, no kernel timeline")
+    lines += _event_pair_notes(m.get("event_pairs") or {})
     kinds = [s.kind for s in cap.steps]
     if kinds and "clean" not in kinds:
         lines.append(f"no clean step was captured (steps: {', '.join(kinds)}): training ended inside the window, or "
                      "it was too short; the step time includes the capture's instruments")
     return ["", *[f"- {md_escape(x)}" for x in lines]] if lines else []
+
+
+def _event_pair_notes(pairs: Mapping[str, Any]) -> list[str]:
+    """What a reader of event-timed GEMMs should know (capture/results.py ``meta.event_pairs``)."""
+    out = []
+    if only := pairs.get("dispatch_steps_only"):
+        shown = ", ".join(only[:6]) + (f" and {len(only) - 6} more" if len(only) > 6 else "")
+        out.append(f"{shown}: timed on the dispatch-mode steps only (a slow host, the GPU waiting between GEMMs): "
+                   "the least certain GEMM times here")
+    if pairs.get("dropped"):
+        out.append(f"{pairs['dropped']} event pair(s) dropped: their GPU gate gave up before the host launched "
+                   "the GEMM (the host synchronized inside the bracket); those steps have no GEMM total")
+    if pairs.get("lead") and "spin" in pairs["lead"]:
+        out.append("event pairs behind a 50 us spin, not the GPU gate (no Triton): a host slower than that adds "
+                   "its launch time to small GEMMs' times")
+    return out
 
 
 def _figures(files: Mapping[str, Path], root: Path) -> list[str]:
