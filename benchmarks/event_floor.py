@@ -3,10 +3,11 @@
 GPU gate ahead of the start event, with the 50 us spin that stands in without Triton, and bare.
 
 Per shape (the dense example's lm_head GEMMs as autograd runs them, a 4096-wide projection, square
-GEMMs from ~4 us to ~180 us, a null kernel): the kernel time from CUPTI kernel records
-(torch.profiler: the sum of the call's kernels), and each timer's pairs (``EventTimer``, its floor
-taken off) with the host working 0 or 100 us between the start event and the launch (a slow host:
-the dispatch mode, a profiler's API trace), and on an idle GPU.
+GEMMs from ~4 us to ~180 us, a one-element fill): the kernel time from CUPTI kernel records
+(torch.profiler: the sum of the call's kernels), and each timer's raw pairs (``EventTimer``, no
+floor taken off) with the host working 0 or 100 us between the start event and the launch (a slow
+host: the dispatch mode, a profiler's API trace), and on an idle GPU. The "fill (one element)" row
+is the floor the capture takes off each pair; the "empty pair" row, the events' own time.
 
     python benchmarks/event_floor.py --json OUT.json
     nsys profile -t cuda -s none --cpuctxsw=none python benchmarks/event_floor.py --events-only --json OUT.json
@@ -46,7 +47,7 @@ def calls() -> list[tuple[str, object]]:
         a, b = torch.randn(s, s, device=dev, dtype=dt), torch.randn(s, s, device=dev, dtype=dt)
         out.append((f"square {s}^3", lambda a=a, b=b: torch.mm(a, b)))
     z = torch.zeros(1, device=dev)
-    out.append(("null kernel", z.zero_))
+    out.append(("fill (one element)", z.zero_))
     return out
 
 
@@ -86,7 +87,7 @@ def kernel_records(fn, reps: int) -> dict:
 
 
 def pairs(fn, timer: EventTimer, reps: int, delay_us: float, idle: bool) -> float:
-    """Median us of ``timer``'s pairs around ``fn`` (its floor taken off), the host working
+    """Median us of ``timer``'s pairs around ``fn`` (as the timer reads them), the host working
     ``delay_us`` between the start event and the launch; on an idle GPU (a sync before each) or
     behind the previous call (the GPU kept busy)."""
     got = []
@@ -115,14 +116,17 @@ def main() -> None:
     timers["gate"].prepare()
     if timers["gate"].gates.get(torch.cuda.current_device()) is None:
         del timers["gate"]
-    for t in timers.values():
-        t.calibrate()  # the floor each lead leaves in an empty pair
-    floors = {k: t.floor_ms * 1e3 for k, t in timers.items()}
-    print("floors (us):", json.dumps(floors), flush=True)
+    dev = torch.cuda.current_device()
+    floors = {}
+    for name, t in timers.items():
+        t.devices.add(dev)
+        t.calibrate()  # the floor the capture takes off: a pair around a one-element fill
+        floors[name] = t.floors.pop(dev) * 1e3  # the rows are raw pairs: none taken off here
+    print("fill-pair floors (us):", json.dumps(floors), flush=True)
     rows = []
-    for label, fn in calls():
+    for label, fn in [*calls(), ("empty pair", lambda: None)]:
         row = {"gemm": label}
-        if not a.events_only:
+        if not a.events_only and label != "empty pair":
             row.update(kernel_records(fn, a.reps))
         for name, t in timers.items():
             for d in (float(x) for x in a.delays.split(",")):
@@ -131,8 +135,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                  "floors_us": floors, "rows": rows}, indent=1))
-
+                                  "raw_pairs": True, "fill_floor_us": floors, "rows": rows}, indent=1))
 
 if __name__ == "__main__":
     main()

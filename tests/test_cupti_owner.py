@@ -256,6 +256,7 @@ def test_a_start_event_waits_behind_a_spin(monkeypatch, capturing):
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
     monkeypatch.setattr(instruments, "_record", lambda: calls.append(("event",)) or len(calls))
     timer = instruments.EventTimer(True)
@@ -366,6 +367,7 @@ def test_a_gated_pair_opens_after_its_end_event_drops_when_its_gate_gave_up_and_
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(instruments, "_record", lambda: calls.append(("event",)) or _Event())
     monkeypatch.setattr(instruments, "_fill_target", lambda: SimpleNamespace(zero_=lambda: calls.append(("fill",))))
     monkeypatch.setattr(_Event, "ms", 0.0)
@@ -385,18 +387,24 @@ def test_a_gated_pair_opens_after_its_end_event_drops_when_its_gate_gave_up_and_
     calls.clear()
     timer.calibrate()  # pairs around a fill kernel behind the same gate, none behind a spin
     assert calls[:4] == [("gate", n0 + 2), ("event",), ("fill",), ("event",)] and calls[4][0] == "open"
-    assert timer.floor_ms == pytest.approx(0.003) and not any(c[0] == "spin" for c in calls)
+    assert timer.floors == {0: pytest.approx(0.003)} and not any(c[0] == "spin" for c in calls)
     _Event.ms = 0.050
-    assert timer.elapsed_ms(first) == pytest.approx(0.050 - 0.003)
-    assert timer.elapsed_ms(second) is None  # the host's time may be in it
-    _Event.ms = 0.001  # under the floor: zero, not a jump back to the raw time
-    assert timer.elapsed_ms(first) == 0.0
+    assert timer.read(first) == (pytest.approx(0.050 - 0.003), None)
+    assert timer.read(second) == (None, "gave up")  # the host's time may be in it
+    _Event.ms = 0.002  # no longer than the floor: no time, and said why (never 0, never the raw pair)
+    assert timer.read(first) == (None, "below floor")
     assert timer.leads == {"gate"}
     # A device without a gate: the spin leads its pairs.
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     calls.clear()
     timer.stop(timer.start())
     assert calls[0] == ("spin", instruments.LEAD_CYCLES) and timer.leads == {"gate", "spin"}
+    # Blocking launches: nothing leads (the launch returns once the GEMM is done).
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    timer.prepare([0])
+    calls.clear()
+    timer.stop(timer.start())
+    assert calls == [("event",), ("event",)]
 
 
 def test_a_dropped_pair_is_counted_against_its_step():
@@ -408,16 +416,18 @@ def test_a_dropped_pair_is_counted_against_its_step():
     class Timer:
         cuda, kind = False, "host_clock"
 
-        def elapsed_ms(self, pair):
-            return None if pair in (None, "gave up") else 1.0
+        def read(self, pair):
+            why = {None: None, "gave up": "gave up", "tiny": "below floor"}
+            return (1.0, None) if pair not in why else (None, why[pair])
 
     rec = Recorder(scope=None, timer=Timer(), nvtx=None)
     site = GemmSite(module="fc", gemm="", op=GemmOp.FPROP, m=4, k=8, n=16, batch=1, precision="fp32",
                     operands=(), source="torch", kernel="aten.mm", module_type="Linear")
     rec.raw += [(0, site, False, None, "ok"), (1, site, False, None, "gave up"), (1, site, False, None, "ok"),
-                (2, site, False, None, None)]
+                (2, site, False, None, None), (2, site, False, None, "tiny")]
     rec.resolve()
-    assert rec.dropped == {1: 1} and [e.time_ms for e in rec.events] == [1.0, None, 1.0, None]
+    assert rec.dropped == {1: 1} and [e.time_ms for e in rec.events] == [1.0, None, 1.0, None, None]
+    assert rec.below_floor == 1  # too short to time: counted, its step's total kept
 
 
 def test_without_triton_no_gate_is_built_the_spin_stands_in_and_it_is_said_once(monkeypatch, caplog):
@@ -441,7 +451,7 @@ def test_without_triton_no_gate_is_built_the_spin_stands_in_and_it_is_said_once(
 
 def test_under_nsys_gemms_outside_te_get_a_second_dispatch_step_only_where_there_are_some(no_owner, fake_te):
     # A TE model's plain nn.Linear head is timed only on dispatch steps (TE GEMMs on the light ones):
-    # under nsys the settle slot runs the dispatch mode too, for two pairs rather than one; a model
+    # under nsys one more step runs the dispatch mode, for two pairs rather than one; a model
     # whose GEMMs are all TE's keeps one dispatch step (the mode costs host time on every aten op).
     from torch import nn
 
@@ -460,6 +470,13 @@ def test_under_nsys_gemms_outside_te_get_a_second_dispatch_step_only_where_there
             # light steps' are kept, results._prefer_light_steps); the head's: the dispatch steps'.
             assert len(r.times_ms) == (2 if r.source == "torch" else 4) and r.calls_per_step == 1, r
         assert {r.source for r in cap.records} == ({"te", "torch"} if head else {"te"})
+    # One more dispatch step whatever the settle steps; none where nothing is timed.
+    model, x, clock = test_te_adapter_mock._te_net(lin), torch.randn(4, 16, requires_grad=True), Clock()
+    model.add_module("head", nn.Linear(48, 10))
+    for kw, want in (({"settle_steps": 3}, [True, True] + [False] * 4), ({"timing": "none"}, [True])):
+        prof = GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock, **kw)
+        cap, _ = run(prof, model, x, clock, n=len(want) + 1)
+        assert [s.dispatch for s in cap.steps if s.kind == "instrumented"] == want, kw
 
 
 def test_gemms_timed_on_dispatch_steps_only_are_named_and_the_report_says_so():
@@ -483,7 +500,25 @@ def test_gemms_timed_on_dispatch_steps_only_are_named_and_the_report_says_so():
     assert all(e.time_ms == 0.04 for e in events[4:])
     # Every instrumented step a dispatch step (a model without TE): nothing to single out.
     assert _prefer_light_steps([ev(0, "fc", GemmOp.FPROP, "torch", 0.1)], dispatch_steps={0}) == []
-    notes = _event_pair_notes({"lead": "gate+spin", "dropped": 2, "dispatch_steps_only": only})
-    assert len(notes) == 3 and notes[0].startswith("lm_head dgrad, lm_head fprop: timed on the dispatch-mode steps")
-    assert "2 event pair(s) dropped" in notes[1] and "50 us spin" in notes[2]
+    notes = _event_pair_notes({"lead": "gate+spin", "dropped": 2, "below_floor": 3, "dispatch_steps_only": only})
+    assert len(notes) == 4 and notes[0].startswith("lm_head dgrad, lm_head fprop: timed on the dispatch-mode steps")
+    assert "2 event pair(s) dropped" in notes[1] and notes[2].startswith("some event pairs behind a 50 us spin")
+    assert notes[3].startswith("3 GEMM call(s) shorter than the event pairs' floor")
     assert _event_pair_notes({"lead": "gate", "dropped": 0, "dispatch_steps_only": []}) == []
+
+
+@pytest.mark.parametrize("bad, where", [("x", "meta.event_pairs:"), ({"lead": 3}, "meta.event_pairs.lead:"),
+                                        ({"dispatch_steps_only": "lm_head"}, "meta.event_pairs.dispatch_steps_only:")])
+def test_a_capture_with_a_malformed_event_pairs_entry_is_refused_in_one_line(tmp_path, bad, where):
+    # A hand-edited or foreign capture: refused on load with the field named, never a crash in report.md.
+    import json
+    from pathlib import Path
+
+    from te_gemm_callback import GemmCapture
+
+    d = json.loads((Path(__file__).parents[1] / "docs/results/h200/dense/gemm_capture.json").read_text())
+    d["meta"]["event_pairs"] = bad
+    (tmp_path / "cap.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=where.replace(".", r"\.")) as err:
+        GemmCapture.load(tmp_path / "cap.json")
+    assert "\n" not in str(err.value)

@@ -12,9 +12,10 @@ The gate waits exactly as long as the host: a one-program Triton kernel goes ahe
 event and polls a slot in pinned host memory until it holds the gate's number, which the host
 writes once the GEMM and the end event are launched (:meth:`HostGate.open`). Each gate has its own
 slot (its number modulo ``FLAG_SLOTS``), so gates closed on two threads (autograd's backward thread
-and the main one) never open each other. H200, 2048^3 BF16 GEMM (23.6 us kernel record): 24.8-24.9
-us behind the gate (its floor off) with 0, 30 or 200 us of host work between the start event and
-the launch, 71-294 us bare (tests/test_gpu.py; ``benchmarks/event_floor.py`` for more shapes).
+and the main one) never open each other. H200, 2048^3 BF16 GEMM (23.7 us kernel record): 25.0-25.1
+us behind the gate with 0, 30 or 200 us of host work between the start event and the launch,
+69.5-290.8 us bare, both less the empty pair's 1.3 us (tests/test_gpu.py; ``benchmarks/event_floor.py``
+for more shapes).
 
 Never a deadlock: the gate gives up after ``TIMEOUT_NS`` of the GPU's global timer (a host that
 synchronizes inside the bracket, say a cudaFree under memory pressure or a lazily loaded kernel,

@@ -86,12 +86,12 @@ class EventTimer:
     turns the lead on only where the pairs give the GEMM times, never on a clean step.
 
     A pair still reads more than the kernel it holds: the events' own time and the GPU's launch of
-    the kernel between them. :meth:`calibrate` measures a pair around a one-element fill kernel in
-    the process after the steps, and :meth:`elapsed_ms` takes it off every pair (``floor_ms``),
-    the fill's own ~1 us with it. H200, behind the gate (``benchmarks/event_floor.py``, 2026-12-02):
-    the fill's pair 3.0 us (the fill's kernel record 0.8 us, an empty pair 1.3 us); with it off,
-    GEMMs of 24-48 us read -2.1% to +0.3% of their kernel records (the empty pair off: +2.3% to
-    +5.1%); GEMMs under 10 us are off by 10% and more either way."""
+    the kernel between them. :meth:`calibrate` measures a pair around a one-element fill kernel on
+    each device in the process after the steps, and :meth:`read` takes it off every pair
+    (``floors``), the fill's own ~1 us with it: a kernel shorter than that reads nothing. H200,
+    behind the gate (``benchmarks/event_floor.py``, 2026-12-02): the fill's pair 3.0 us (its kernel
+    record 0.8 us, an empty pair 1.3 us); with it off, GEMMs of 24-48 us read -2.1% to +0.3% of
+    their kernel records (the empty pair off: +2.3% to +5.1%); under 10 us, 10% and more off."""
 
     def __init__(self, enabled: bool, lead: bool = True) -> None:
         self.cuda = torch.cuda.is_available()
@@ -99,18 +99,23 @@ class EventTimer:
         self.kind = ("cuda_events" if self.cuda else "host_clock") if enabled else "none"
         self.lead = lead  # switched per step by the profiler
         self.gates: dict[int, Any] = {}  # device -> its HostGate (None: none could be built)
-        self.floor_ms = 0.0
+        self.floors: dict[int, float] = {}  # device -> its pairs' floor, ms (calibrate)
         self.leads: set[str] = set()  # what led the pairs so far: "gate", "spin"
+        self.devices: set[int] = set()  # the devices pairs were recorded on
+        # Blocking launches (CUDA_LAUNCH_BLOCKING=1): each launch returns once its kernel is done,
+        # so a start event cannot run ahead of the GEMM and nothing need lead it (prepare).
+        self.blocking = False
 
     def prepare(self, devices: Any = ()) -> None:
-        """Build the GPU gates of the current device and ``devices`` (once per process and device;
-        the first build compiles the kernel) before the steps whose pairs they lead: outside every
-        step's time. A device without one gets the spin."""
+        """Build the GPU gates of ``devices`` (default: the current one) once per process and
+        device (the first build compiles the kernel), before the steps whose pairs they lead:
+        outside every step's time. A device without one gets the spin."""
         if not self.cuda:
             return
+        self.blocking = os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")
         from te_gemm_callback.capture.gate import host_gate
 
-        for d in {torch.cuda.current_device(), *devices}:
+        for d in set(devices) or {torch.cuda.current_device()}:
             if d not in self.gates:
                 self.gates[d] = host_gate(d)
 
@@ -120,58 +125,70 @@ class EventTimer:
         if not self.cuda:
             return time.perf_counter()
         gate = n = None
+        dev = _device()
         # Not while a CUDA graph is being captured: the lead would join the job's graph.
-        if self.lead and not torch.cuda.is_current_stream_capturing():
-            gate = self.gates.get(_device()) if self.gates else None
+        if self.lead and not self.blocking and not torch.cuda.is_current_stream_capturing():
+            gate = self.gates.get(dev) if self.gates else None
             if gate is not None:
                 n = gate.close()  # on the current stream, as the event below
                 self.leads.add("gate")
             else:
                 torch.cuda._sleep(LEAD_CYCLES)
                 self.leads.add("spin")
-        return _record(), gate, n
+        self.devices.add(dev)
+        return _record(), gate, n, dev
 
     def stop(self, start: Any) -> Any:
         if start is None:
             return None
         if not self.cuda:
             return (start, time.perf_counter())
-        ev, gate, n = start
+        ev, gate, n, dev = start
         end = _record()
         if gate is not None:
             # After the end event's launch: opened before it, the GPU could finish a short GEMM
             # before the end event is queued, and the pair would hold the host's time at its end.
             gate.open(n)
-        return ev, end, gate, n
+        return ev, end, gate, n, dev
+
+    def read(self, pair: Any) -> tuple[float | None, str | None]:
+        """(ms, why not): the pair's time less its device's floor, or None and why: "gave up" (its
+        gate let the stream go before the host's word: the pair may hold host time) or "below
+        floor" (a kernel too short for a pair to tell: under ~1 us). After a synchronize."""
+        if pair is None:
+            return None, None
+        if isinstance(pair[0], float):
+            return (pair[1] - pair[0]) * 1e3, None
+        start, end, gate, n, dev = pair
+        if gate is not None and not gate.held(n):
+            return None, "gave up"
+        ms = float(start.elapsed_time(end)) - self.floors.get(dev, 0.0)
+        return (ms, None) if ms > 0 else (None, "below floor")
 
     def elapsed_ms(self, pair: Any) -> float | None:
-        """The pair's time less the floor; None for a pair whose gate gave up (after a sync)."""
-        if pair is None:
-            return None
-        if isinstance(pair[0], float):
-            return (pair[1] - pair[0]) * 1e3
-        start, end, gate, n = pair
-        if gate is not None and not gate.held(n):
-            return None
-        return max(float(start.elapsed_time(end)) - self.floor_ms, 0.0)
+        return self.read(pair)[0]
 
     def calibrate(self) -> None:
-        """Measure the floor: the median of ``FLOOR_PAIRS`` pairs around a one-element fill kernel
-        behind the current device's lead. After the steps (it synchronizes), never inside one."""
+        """Measure each device's floor: the median of ``FLOOR_PAIRS`` pairs around a one-element
+        fill kernel behind that device's lead. After the steps (it synchronizes), never inside one."""
         if not self.cuda:
             return
-        gate = self.gates.get(_device())
-        fill = _fill_target()
-        pairs = []
-        for _ in range(FLOOR_PAIRS):
-            n = gate.close() if gate is not None else torch.cuda._sleep(LEAD_CYCLES)
-            start = _record()
-            fill.zero_()  # the least a kernel can be: what the pair adds around one
-            pairs.append((start, _record()))
-            if gate is not None:
-                gate.open(n)
-        torch.cuda.synchronize()
-        self.floor_ms = statistics.median(float(a.elapsed_time(b)) for a, b in pairs)
+        for dev in self.devices or {_device()}:
+            with torch.cuda.device(dev):
+                gate = self.gates.get(dev) if not self.blocking else None
+                fill = _fill_target()
+                pairs = []
+                for _ in range(FLOOR_PAIRS):
+                    n = gate.close() if gate is not None else None
+                    if gate is None and not self.blocking:
+                        torch.cuda._sleep(LEAD_CYCLES)
+                    start = _record()
+                    fill.zero_()  # the least a kernel can be: what the pair adds around one
+                    pairs.append((start, _record()))
+                    if gate is not None:
+                        gate.open(n)
+                torch.cuda.synchronize()
+                self.floors[dev] = statistics.median(float(a.elapsed_time(b)) for a, b in pairs)
 
 
 def _fill_target() -> torch.Tensor:

@@ -189,11 +189,13 @@ class GemmProfiler(CaptureResults, StepBoundaries):
                 # The settle steps too: no records' sync to settle after, and as many steps profiled.
                 self.plan = StepPlan(instrumented=base.instrumented + base.kernels_warmup + base.kernels + base.settle,
                                      kernels=0, dispatch=base.dispatch)
-                if isinstance(base.dispatch, int) and base.dispatch and owner.timing != NONE:
+                if isinstance(base.dispatch, int) and base.dispatch and base.settle and owner.timing != NONE \
+                        and self._base_timing != "none":
                     # GEMMs outside TE modules are timed on dispatch steps only: where the first
-                    # step found some, the settle slots run the dispatch mode too (stepping.py), for
-                    # a median of several pairs rather than one.
-                    self._more_dispatch = base.settle
+                    # step found some, the step after the dispatch ones runs the dispatch mode too
+                    # (stepping.py), for two pairs rather than one; the settle slot keeps the light
+                    # steps as many as before.
+                    self._more_dispatch = 1
             if owner.timing == NONE:
                 self.timing = "none"
         self.recorder.timer.kind = EventTimer(self.timing != "none").kind
@@ -218,7 +220,9 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self.recorder.sequences.clear()
         self.recorder.kernel_counts.clear()
         self.recorder.dropped.clear()
+        self.recorder.below_floor = 0
         self.recorder.timer.leads.clear()
+        self.recorder.timer.devices.clear()
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> GemmProfiler:

@@ -42,7 +42,8 @@ class Recorder:
         # Per step and call, the GEMM kernel counts it may have launched (see join_by_order).
         self.kernel_counts: dict[int, list[tuple[int, ...]]] = {}
         self.error: str | None = None
-        self.dropped: dict[int, int] = {}  # step -> its event pairs left out (EventTimer.elapsed_ms)
+        self.dropped: dict[int, int] = {}  # step -> its event pairs left out (EventTimer.read)
+        self.below_floor = 0  # pairs no longer than their floor: no time
         self._sites: dict[tuple, GemmSite] = {}
         self._inference_said = False
 
@@ -111,9 +112,11 @@ class Recorder:
                 seq.append(None)
                 counts.append((1,))
                 continue
-            ms = self.timer.elapsed_ms(pair)
-            if pair is not None and ms is None:  # its gate gave up: the pair may hold host time
+            ms, why = self.timer.read(pair)
+            if why == "gave up":  # its gate let the stream go first: the pair may hold host time
                 self.dropped[step] = self.dropped.get(step, 0) + 1
+            elif why == "below floor":
+                self.below_floor += 1
             ev = GemmEvent(step=step, recompute=recompute, time_ms=ms, m_splits=m_splits, **site.fields())
             if isinstance(m_splits, torch.Tensor):
                 ev.m_splits = splits_from_offs(m_splits)

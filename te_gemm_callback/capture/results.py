@@ -193,11 +193,13 @@ class CaptureResults(ProfilerState):
 
 def _event_pairs(rec: Any) -> dict[str, Any] | None:
     """What led the CUDA-event pairs' start events ("gate", "spin", both, or nothing: pairs kept only
-    as a fallback), the floor taken off each pair, and the pairs dropped because their gate gave up."""
+    as a fallback), the floor taken off each pair (us, by device), the pairs dropped because their
+    gate gave up, and those that read no more than the floor (kernels under ~1 us)."""
     if rec.timer.kind != "cuda_events":
         return None
-    return {"lead": "+".join(sorted(rec.timer.leads)) or None, "floor_us": round(rec.timer.floor_ms * 1e3, 2),
-            "dropped": sum(rec.dropped.values())}
+    return {"lead": "+".join(sorted(rec.timer.leads)) or None,
+            "floor_us": {str(d): round(ms * 1e3, 2) for d, ms in sorted(rec.timer.floors.items())},
+            "dropped": sum(rec.dropped.values()), "below_floor": rec.below_floor}
 
 
 def _prefer_light_steps(events: list, dispatch_steps: set[int]) -> list[str]:

@@ -82,7 +82,10 @@ CAPTURE_META = Dict({
     "sweep_rounds": Dict({"rounds": Int(least=0), "stopped": Str(), "min_rounds": Int(least=0),
                           "budget_s": Num(least=0), "target": Num(least=0)}, null=True),
     "sweep_step": Str(null=True), "warnings": List(Str(), null=True), "run_id": Str(null=True),
-    "kernel_timeline_cut": Str(null=True), "cupti_owner": Str(null=True)}, null=True)
+    "kernel_timeline_cut": Str(null=True), "cupti_owner": Str(null=True),
+    # capture/results.py _event_pairs: CUDA-event pairs' lead, floor by device, pairs left out.
+    "event_pairs": Dict({"lead": Str(null=True), "floor_us": Dict(values=Num(least=0)), "dropped": Int(least=0),
+                         "below_floor": Int(least=0), "dispatch_steps_only": List(Str())}, null=True)}, null=True)
 # The kernels step's kernels (capture_file.KernelTimeline), optional: older captures have none. Types
 # only: indices and times are checked against the capture on load, and a timeline that does not fit
 # is dropped alone (the capture's numbers never come from it).

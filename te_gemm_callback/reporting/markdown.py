@@ -174,8 +174,11 @@ def _event_pair_notes(pairs: Mapping[str, Any]) -> list[str]:
         out.append(f"{pairs['dropped']} event pair(s) dropped: their GPU gate gave up before the host launched "
                    "the GEMM (the host synchronized inside the bracket); those steps have no GEMM total")
     if pairs.get("lead") and "spin" in pairs["lead"]:
-        out.append("event pairs behind a 50 us spin, not the GPU gate (no Triton): a host slower than that adds "
-                   "its launch time to small GEMMs' times")
+        some = "some event pairs" if "gate" in pairs["lead"] else "event pairs"
+        out.append(f"{some} behind a 50 us spin, not the GPU gate (no gate could be built: see the log): a host "
+                   "slower than that adds its launch time to small GEMMs' times")
+    if pairs.get("below_floor"):
+        out.append(f"{pairs['below_floor']} GEMM call(s) shorter than the event pairs' floor (~1 us): not timed")
     return out
 
 
