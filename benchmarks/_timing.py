@@ -47,6 +47,22 @@ def median_ci(xs: list[float], level: float = 0.95, n: int = 4000, seed: int = 0
     return statistics.median(xs), meds[int(tail * n)], meds[min(n - 1, int((1 - tail) * n))]
 
 
+def median_ratio_ci(num: list[float], den: list[float], level: float = 0.95, n: int = 4000,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """(ratio, low, high): median(num) / median(den) and a bootstrap percentile interval for it,
+    each sample resampled on its own (two groups of runs: each run is one unit). Fixed seed."""
+    import random
+
+    if not num or not den:
+        raise ValueError("median_ratio_ci needs at least one value on each side")
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(num, k=len(num))) / statistics.median(rng.choices(den, k=len(den)))
+                    for _ in range(n))
+    tail = (1 - level) / 2
+    lo, hi = ratios[int(tail * n)], ratios[min(n - 1, int((1 - tail) * n))]
+    return statistics.median(num) / statistics.median(den), lo, hi
+
+
 def hostbound_job(recipe: str) -> tuple[Any, Callable[[], None]]:
     """The host-bound stack in a plain loop with fused AdamW, warmed up: (model, train_step)."""
     import torch

@@ -160,8 +160,8 @@ if has diagnose; then
 fi
 if has nsys; then
     echo "== under Nsight Systems: per-GEMM times against the runs without it, the file and our ranges in it"
-    python benchmarks/nsys_check.py --out "$out/nsys" --nsys "$(nsys_bin)" --nsys-flags "-s none --cpuctxsw=none" 2>&1 \
-        | quiet | tail -34
+    python benchmarks/nsys_check.py --out "$out/nsys" --nsys "$(nsys_bin)" --nsys-flags "-s none --cpuctxsw=none" \
+        --rounds 3 2>&1 | quiet | tail -34
     python benchmarks/nsys_check.py --job small --out "$out/nsys-small" --nsys "$(nsys_bin)" \
         --nsys-flags "-s none --cpuctxsw=none" 2>&1 | quiet | tail -9
     echo "== event pairs against kernel records: the gate, the spin, bare; with and without nsys"

@@ -2,15 +2,17 @@
 """The capture under Nsight Systems: per-GEMM times against the same job without nsys, and what
 the recorded file holds.
 
-Runs the dense example (TE layers, 2 by default) three times, one after another: without nsys, under
-``nsys profile -t cuda,nvtx -c cudaProfilerApi [NSYS_FLAGS] ... --nsys-capture``, and without nsys
-again (the two runs without it show how far per-GEMM times move between runs anyway). Then, per
-captured GEMM, the time under nsys against the median of the two runs without it; and the recorded
-file's size and which of the capture's NVTX range names it holds (the file's own bytes: a .qdstrm
-where nsys could not import it into a report, a .nsys-rep where it could).
+Runs the dense example (TE layers, 2 by default), alternating: without nsys, under
+``nsys profile -t cuda,nvtx -c cudaProfilerApi [NSYS_FLAGS] ... --nsys-capture``, without nsys
+again, and so on for ``--rounds`` runs under nsys (the runs without it show how far per-GEMM times
+move between runs anyway: on the H200 host, 6.5-6.9% between two runs). Then, per captured GEMM,
+the median time under nsys against the median of the runs without it, with a bootstrap interval
+over the runs (each run one unit), and how far the runs without nsys spread around their median;
+and the recorded file's size and which of the capture's NVTX range names it holds (the file's own
+bytes: a .qdstrm where nsys could not import it into a report, a .nsys-rep where it could).
 
     python benchmarks/nsys_check.py --out runs/nsys                       # nsys found on PATH or /opt
-    python benchmarks/nsys_check.py --out runs/nsys --nsys-flags "-s none --cpuctxsw=none"
+    python benchmarks/nsys_check.py --out runs/nsys --nsys-flags "-s none --cpuctxsw=none" --rounds 3
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _timing import median_ratio_ci  # noqa: E402
 
 from te_gemm_callback import GemmCapture  # noqa: E402
 from te_gemm_callback.capture.instruments import range_name  # noqa: E402
@@ -74,6 +78,22 @@ def run(cmd: list[str], log: Path, must_pass: bool = True) -> float:
 def per_gemm(cap: GemmCapture) -> dict[str, float]:
     return {range_name(r.module, r.gemm, r.op, r.shape.mkn, r.precision, r.recompute): r.median_ms
             for r in cap.records if r.median_ms is not None}
+
+
+def compare(nsys: list[dict[str, float]], plain: list[dict[str, float]], tolerance: float) -> list[dict]:
+    """Per GEMM timed in every run: the median under nsys against the median without it, the 95%
+    interval of that ratio over the runs, and the runs without nsys' widest distance from their own
+    median; slowest first. ``within``: the median ratio within ``tolerance``."""
+    rows = []
+    names = set.intersection(*(set(t) for t in nsys + plain))
+    for name in names:
+        ns, ps = [t[name] for t in nsys], [t[name] for t in plain]
+        ratio, lo, hi = median_ratio_ci(ns, ps)
+        base = statistics.median(ps)
+        rows.append({"gemm": name, "nsys_ms": statistics.median(ns), "plain_ms": base, "nsys_vs_plain": ratio - 1,
+                     "ci95": [lo - 1, hi - 1], "plain_spread": max(abs(p / base - 1) for p in ps),
+                     "within": abs(ratio - 1) <= tolerance})
+    return sorted(rows, key=lambda r: -r["nsys_ms"])
 
 
 def lz4_expand(src: bytes) -> bytes:
@@ -146,62 +166,72 @@ def main() -> int:
                    help="dense: examples/dense.py (TE layers, lm_head); small: two plain nn.Linear layers")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--steps", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs under nsys, each after one without it, and one more without it at the end")
     p.add_argument("--plain-runs", type=int, choices=(1, 2), default=2,
-                   help="runs without nsys: 2 (before and after) also show the run-to-run spread")
+                   help="with one round: 2 runs without nsys (before and after) or 1 (before)")
     p.add_argument("--tolerance", type=float, default=0.05, help="largest relative difference accepted per GEMM")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     nsys = find_nsys(a.nsys)
-    report = out / "nsys" / "profile"
-    report.parent.mkdir(parents=True, exist_ok=True)
     job = dense if a.job == "dense" else small
     flags = shlex.split(a.nsys_flags)
     if a.job == "small" and not any(f.startswith("--capture-range-end") for f in flags):
         # The small job saves its capture after GemmProfiler.stop(), whose cudaProfilerStop ends the
         # job under nsys's default range end (stop-shutdown): it must go on after the range.
         flags.append("--capture-range-end=stop")
-    nsys_cmd = [nsys, "profile", "-t", "cuda,nvtx", "-c", "cudaProfilerApi", *flags, "-f", "true", "-o", str(report)]
-    wall = {"plain1": run(job(out / "plain1", a.layers, a.steps, []), out / "plain1.log"),
+    nsys_cmd = [nsys, "profile", "-t", "cuda,nvtx", "-c", "cudaProfilerApi", *flags, "-f", "true", "-o"]
+    # plain0, nsys0, plain1, nsys1, ..., plainR: each nsys run between two without it.
+    order = [f"plain{i // 2}" if i % 2 == 0 else f"nsys{i // 2}" for i in range(2 * a.rounds + 1)]
+    if a.rounds == 1 and a.plain_runs == 1:
+        order = order[:2]
+    wall = {}
+    for name in order:
+        if name.startswith("plain"):
+            wall[name] = run(job(out / name, a.layers, a.steps, []), out / f"{name}.log")
+        else:
             # nsys's default --capture-range-end=stop-shutdown ends the job at cudaProfilerStop, which
             # comes once the capture file is written: the run may exit by SIGTERM, its capture kept.
-            "nsys": run(nsys_cmd + job(out / "nsys", a.layers, a.steps, ["--nsys-capture"]), out / "nsys.log",
-                        must_pass=False),
-            **({"plain2": run(job(out / "plain2", a.layers, a.steps, []), out / "plain2.log")}
-               if a.plain_runs == 2 else {})}
+            rep = out / name / "profile"
+            rep.parent.mkdir(parents=True, exist_ok=True)
+            cmd = [*nsys_cmd, str(rep)]
+            wall[name] = run(cmd + job(out / name, a.layers, a.steps, ["--nsys-capture"]), out / f"{name}.log",
+                             must_pass=False)
     caps = {k: GemmCapture.load(out / k / "gemm_capture.json") for k in wall}
     times = {k: per_gemm(c) for k, c in caps.items()}
-    rows, worst, worst_plain = [], 0.0, 0.0
-    for name, t in sorted(times["nsys"].items(), key=lambda kv: -kv[1]):
-        ref = [times[k][name] for k in ("plain1", "plain2") if k in times and name in times[k]]
-        if len(ref) < a.plain_runs:
-            continue
-        base = statistics.median(ref)
-        diff, between = t / base - 1, (ref[1] / ref[0] - 1 if len(ref) == 2 else 0.0)
-        worst, worst_plain = max(worst, abs(diff)), max(worst_plain, abs(between))
-        rows.append({"gemm": name, "nsys_ms": t, "plain_ms": base, "nsys_vs_plain": diff, "plain2_vs_plain1": between})
+    runs_nsys = [times[k] for k in order if k.startswith("nsys")]
+    runs_plain = [times[k] for k in order if k.startswith("plain")]
+    rows = compare(runs_nsys, runs_plain, a.tolerance)
+    worst = max((abs(r["nsys_vs_plain"]) for r in rows), default=0.0)
+    worst_plain = max((r["plain_spread"] for r in rows), default=0.0)
+    report = out / "nsys0" / "profile"
     files = sorted(p for p in report.parent.glob("profile.*") if p.suffix in (".qdstrm", ".nsys-rep"))
     # The range holds the capture window: every step's range and every GEMM's.
-    names = list(times["nsys"]) + [f"step {s.index} ({s.kind})" for s in caps["nsys"].steps]
+    names = list(times["nsys0"]) + [f"step {s.index} ({s.kind})" for s in caps["nsys0"].steps]
     held = {str(f): names_in(f, names) for f in files}
+    first = caps["nsys0"]
     result = {
-        "command": shlex.join(nsys_cmd + job(out / "nsys", a.layers, a.steps, ["--nsys-capture"])),
-        "wall_s": wall, "gemms": len(rows), "worst_nsys_vs_plain": worst, "worst_plain_vs_plain": worst_plain,
-        "within_tolerance": bool(rows) and worst <= a.tolerance,
+        "command": shlex.join([*nsys_cmd, str(report)] + job(out / "nsys0", a.layers, a.steps, ["--nsys-capture"])),
+        "order": order, "wall_s": wall, "gemms": len(rows), "worst_nsys_vs_plain": worst,
+        "worst_plain_spread": worst_plain, "within_tolerance": bool(rows) and all(r["within"] for r in rows),
         "time_source": {k: c.meta.get("gemm_time_source") for k, c in caps.items()},
-        "cupti_owner": caps["nsys"].meta.get("cupti_owner"), "kernel_join": caps["nsys"].meta.get("kernel_join"),
+        "event_pairs": {k: c.meta.get("event_pairs") for k, c in caps.items() if k.startswith("nsys")},
+        "cupti_owner": first.meta.get("cupti_owner"), "kernel_join": first.meta.get("kernel_join"),
         "step_kinds": {k: [s.kind for s in c.steps] for k, c in caps.items()},
         "files": {str(f): os.path.getsize(f) for f in files},
         "names_in_file": {f: f"{sum(h.values())} of {len(h)}" for f, h in held.items()},
         "names_missing": {f: [n for n, ok in h.items() if not ok] for f, h in held.items()},
         "rows": rows}
     (out / "nsys_check.json").write_text(json.dumps(result, indent=1))
-    print(f"{'GEMM':58} {'nsys ms':>9} {'plain ms':>9} {'nsys/plain':>10} {'plain2/plain1':>13}")
+    print(f"{'GEMM':58} {'nsys ms':>9} {'plain ms':>9} {'nsys/plain':>10} {'95% interval':>17} {'plain spread':>12}")
     for r in rows:
+        lo, hi = r["ci95"]
         print(f"{r['gemm'][:58]:58} {r['nsys_ms']:9.3f} {r['plain_ms']:9.3f} {100 * r['nsys_vs_plain']:+9.1f}% "
-              f"{100 * r['plain2_vs_plain1']:+12.1f}%")
-    print(f"{len(rows)} GEMMs; worst nsys vs plain {100 * worst:.1f}% (tolerance {100 * a.tolerance:.0f}%), "
-          f"worst plain vs plain {100 * worst_plain:.1f}%")
+              f"{100 * lo:+7.1f}..{100 * hi:+.1f}% {100 * r['plain_spread']:11.1f}%")
+    print(f"{len(rows)} GEMMs, {a.rounds} run(s) under nsys, {len(runs_plain)} without; worst nsys vs plain "
+          f"{100 * worst:.1f}% (tolerance {100 * a.tolerance:.0f}%), {sum(r['within'] for r in rows)} within; "
+          f"the runs without nsys spread up to {100 * worst_plain:.1f}% around their median")
     print(f"time source: {result['time_source']}; under nsys: {result['cupti_owner']}")
     for f, size in result["files"].items():
         print(f"{f}: {size / 2**20:.1f} MiB, our range names in it: {result['names_in_file'][f]}")

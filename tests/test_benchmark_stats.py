@@ -59,3 +59,33 @@ def test_window_stats_reads_each_step_kind_against_the_plain_blocks_around_it():
         assert res[kind]["pct_ci95"] == [pytest.approx(100 * (f - 1))] * 2
     assert res["clean"]["steps"] == 2 * len(windows) and res["clean-first"]["steps"] == len(windows)
     assert res["instrumented_vs_window_clean"]["pct_window_median"] == pytest.approx(100 * (1.10 / 1.02 - 1))
+
+
+def test_median_ratio_ci_brackets_the_ratio_and_tells_a_shift_from_run_to_run_noise():
+    from _timing import median_ratio_ci
+
+    plain = [1.00, 1.04, 0.97, 1.02]
+    ratio, lo, hi = median_ratio_ci([1.01, 0.99, 1.03], plain)
+    assert ratio == pytest.approx(1.01 / 1.01) and lo < 1.0 < hi  # no shift: the interval holds 1
+    ratio, lo, hi = median_ratio_ci([1.30, 1.28, 1.33], plain)
+    assert lo > 1.2 and ratio == pytest.approx(1.30 / 1.01)  # a 29% shift: far outside the noise
+    assert median_ratio_ci([2.0], [1.0]) == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError):
+        median_ratio_ci([], [1.0])
+
+
+def test_the_nsys_check_compares_each_gemm_across_alternating_runs():
+    # benchmarks/nsys_check.py: per GEMM, the median under nsys against the median of the runs
+    # without it, the interval over runs, and how far those runs spread; GEMMs a run lacks are left out.
+    from helpers.scripts import benchmark
+
+    nc = benchmark("nsys_check")
+    plain = [{"a": 1.00, "b": 0.050, "c": 2.0}, {"a": 1.06, "b": 0.052}, {"a": 0.98, "b": 0.049}]
+    nsys = [{"a": 1.02, "b": 0.060}, {"a": 1.01, "b": 0.058}]
+    rows = {r["gemm"]: r for r in nc.compare(nsys, plain, tolerance=0.05)}
+    assert set(rows) == {"a", "b"}  # "c" was timed in one run only
+    a, b = rows["a"], rows["b"]
+    assert a["nsys_vs_plain"] == pytest.approx(1.015 / 1.00 - 1) and a["within"]
+    assert a["plain_spread"] == pytest.approx(0.06) and a["ci95"][0] <= a["nsys_vs_plain"] <= a["ci95"][1]
+    assert b["nsys_vs_plain"] == pytest.approx(0.059 / 0.050 - 1) and not b["within"] and b["ci95"][0] > 0.05
+    assert [r["gemm"] for r in nc.compare(nsys, plain, 0.05)] == ["a", "b"]  # slowest first
