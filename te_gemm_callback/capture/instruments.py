@@ -96,7 +96,7 @@ class EventTimer:
     def __init__(self, enabled: bool, lead: bool = True) -> None:
         self.cuda = torch.cuda.is_available()
         self.enabled = enabled  # switched per step by the profiler
-        self.kind = ("cuda_events" if self.cuda else "host_clock") if enabled else "none"
+        self.kind = self.kind_for(enabled)
         self.lead = lead  # switched per step by the profiler
         self.gates: dict[int, Any] = {}  # device -> its HostGate (None: none could be built)
         self.floors: dict[int, float] = {}  # device -> its pairs' floor, ms (calibrate)
@@ -105,6 +105,10 @@ class EventTimer:
         # Blocking launches (CUDA_LAUNCH_BLOCKING=1): each launch returns once its kernel is done,
         # so a start event cannot run ahead of the GEMM and nothing need lead it (prepare).
         self.blocking = False
+
+    def kind_for(self, timed: bool) -> str:
+        """The time source this timer gives where GEMMs are ``timed``."""
+        return ("cuda_events" if self.cuda else "host_clock") if timed else "none"
 
     def prepare(self, devices: Any = ()) -> None:
         """Build the GPU gates of ``devices`` (default: the current one) once per process and
@@ -128,15 +132,19 @@ class EventTimer:
         dev = _device()
         # Not while a CUDA graph is being captured: the lead would join the job's graph.
         if self.lead and not self.blocking and not torch.cuda.is_current_stream_capturing():
-            gate = self.gates.get(dev) if self.gates else None
-            if gate is not None:
-                n = gate.close()  # on the current stream, as the event below
-                self.leads.add("gate")
-            else:
-                torch.cuda._sleep(LEAD_CYCLES)
-                self.leads.add("spin")
+            gate, n = self._lead(dev)
+            self.leads.add("gate" if gate is not None else "spin")
         self.devices.add(dev)
         return _record(), gate, n, dev
+
+    def _lead(self, dev: int) -> tuple[Any, int | None]:
+        """Put the device's lead on the current stream, ahead of a start event: (gate, its number),
+        or (None, None) behind the spin."""
+        gate = self.gates.get(dev)
+        if gate is not None:
+            return gate, gate.close()
+        torch.cuda._sleep(LEAD_CYCLES)
+        return None, None
 
     def stop(self, start: Any) -> Any:
         if start is None:
@@ -175,13 +183,10 @@ class EventTimer:
             return
         for dev in self.devices or {_device()}:
             with torch.cuda.device(dev):
-                gate = self.gates.get(dev) if not self.blocking else None
                 fill = _fill_target()
                 pairs = []
                 for _ in range(FLOOR_PAIRS):
-                    n = gate.close() if gate is not None else None
-                    if gate is None and not self.blocking:
-                        torch.cuda._sleep(LEAD_CYCLES)
+                    gate, n = self._lead(dev) if not self.blocking else (None, None)
                     start = _record()
                     fill.zero_()  # the least a kernel can be: what the pair adds around one
                     pairs.append((start, _record()))

@@ -176,9 +176,9 @@ class GemmProfiler(CaptureResults, StepBoundaries):
     def _follow_cupti(self) -> None:
         """Plan around a profiler that owns CUPTI (:mod:`.cupti`), looked up at construction and
         again at each start (the job may have started its own torch.profiler in between): the
-        kernels warm-up and kernels steps become instrumented ones, so that as many steps run as
-        planned and each GEMM is timed by CUDA events on several steps (medians) rather than on the
-        first alone, which also runs the dispatch mode. Under Nsight Compute no GEMM is timed."""
+        kernels warm-up, kernels and settle steps become instrumented ones, so that as many steps
+        run as planned and each GEMM is timed by CUDA events on several steps (medians) rather than
+        on the first alone, which also runs the dispatch mode. Under Nsight Compute no GEMM is timed."""
         owner = cupti_owner() if self._cuda else None
         self.cupti, base = owner, self._base_plan
         self.plan, self.timing = base, self._base_timing
@@ -198,7 +198,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
                     self._more_dispatch = 1
             if owner.timing == NONE:
                 self.timing = "none"
-        self.recorder.timer.kind = EventTimer(self.timing != "none").kind
+        self.recorder.timer.kind = self.recorder.timer.kind_for(self.timing != "none")
 
     def _reset(self) -> None:
         self._steps = []  # one StepRecord per step: everything kept of it, dropped whole

@@ -101,9 +101,10 @@ class Recorder:
 
     def resolve(self) -> None:
         """Read back event times and deferred splits: one synchronize, after the profiled steps."""
-        if torch.cuda.is_available() and any(r[4] is not None or isinstance(r[3], torch.Tensor) for r in self.raw):
+        paired = any(r[4] is not None for r in self.raw)
+        if torch.cuda.is_available() and (paired or any(isinstance(r[3], torch.Tensor) for r in self.raw)):
             torch.cuda.synchronize()
-            if any(r[4] is not None for r in self.raw):
+            if paired:
                 self.timer.calibrate()  # the pairs' floor, measured now that the steps are done
         for step, site, recompute, m_splits, pair in self.raw:
             seq = self.sequences.setdefault(step, [])

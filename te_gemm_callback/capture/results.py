@@ -71,8 +71,7 @@ class CaptureResults(ProfilerState):
             dispatch_only = _prefer_light_steps(kept, set(self._step_ids(lambda s: s.dispatch)))
         records = aggregate(kept, per_source)
         meta = self._meta()
-        if meta["event_pairs"] is not None:
-            meta["event_pairs"]["dispatch_steps_only"] = dispatch_only
+        meta["event_pairs"] = _event_pairs(rec, dispatch_only)
         meta["steady_state"] = steady.verdict
         partial = self._step_ids(lambda s: s.kind == PARTIAL)
         if partial:
@@ -169,9 +168,6 @@ class CaptureResults(ProfilerState):
             "python": platform.python_version(),
             "adapters": list(self.adapters),
             "timing": self.recorder.timer.kind,
-            # CUDA-event pairs: what led each start event (gate or spin), the floor taken off each
-            # pair (an empty pair's median), and the pairs left out because their gate gave up.
-            "event_pairs": _event_pairs(self.recorder),
             "step_time": "clean steps (nothing attached)" if any(s.kind == CLEAN for s in self._steps) else
                          "no clean step: step times include the capture instruments",
             "model": type(self.model).__name__,
@@ -191,7 +187,7 @@ class CaptureResults(ProfilerState):
         }
 
 
-def _event_pairs(rec: Any) -> dict[str, Any] | None:
+def _event_pairs(rec: Any, dispatch_only: list[str]) -> dict[str, Any] | None:
     """What led the CUDA-event pairs' start events ("gate", "spin", both, or nothing: pairs kept only
     as a fallback), the floor taken off each pair (us, by device), the pairs dropped because their
     gate gave up, and those that read no more than the floor (kernels under ~1 us)."""
@@ -199,7 +195,8 @@ def _event_pairs(rec: Any) -> dict[str, Any] | None:
         return None
     return {"lead": "+".join(sorted(rec.timer.leads)) or None,
             "floor_us": {str(d): round(ms * 1e3, 2) for d, ms in sorted(rec.timer.floors.items())},
-            "dropped": sum(rec.dropped.values()), "below_floor": rec.below_floor}
+            "dropped": sum(rec.dropped.values()), "below_floor": rec.below_floor,
+            "dispatch_steps_only": dispatch_only}
 
 
 def _prefer_light_steps(events: list, dispatch_steps: set[int]) -> list[str]:

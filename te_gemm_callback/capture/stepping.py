@@ -43,9 +43,8 @@ class StepBoundaries(ProfilerState):
         # GEMM times: a fallback pair costs the job no GPU time. Built here, before the boundary and
         # before the dispatch mode: its first build compiles a kernel.
         self.recorder.timer.lead = timed
-        if timed and self.recorder.timer.enabled and not self._abandoned:
-            self.recorder.timer.prepare({p.device.index for p in self.model.parameters() if p.is_cuda}
-                                        if not self.recorder.timer.gates else ())
+        if timed and not self.recorder.timer.gates and not self._abandoned:  # once: the model's devices
+            self.recorder.timer.prepare({p.device.index for p in self.model.parameters() if p.is_cuda})
         dispatched = False
         if kind == INSTRUMENTED and self.recorder.error is None:
             dispatch = "torch" in self.adapters and (self.plan.dispatches(j) or self._dispatch_more(j))
