@@ -158,18 +158,21 @@ if has diagnose; then
     python benchmarks/bench_vs_job.py burst --calls 400 --json "$out/burst.json" 2>&1 | quiet | grep -v "clock (s"
     python benchmarks/bench_vs_job.py burst --recovery 2 --json "$out/recovery.json" 2>&1 | quiet | cut -c1-160
 fi
-if has nsys; then
-    echo "== under Nsight Systems: per-GEMM times against the runs without it, the file and our ranges in it"
+if has nsys; then (
+    # NSYS_LIBS: a folder with elfutils' libdw.so.1, which the host's nsys importer lacks; with it nsys
+    # writes a .nsys-rep, and the check sets nsys's own projection of each GEMM range beside ours.
+    [ -n "${NSYS_LIBS:-}" ] && export LD_LIBRARY_PATH="$NSYS_LIBS:${LD_LIBRARY_PATH:-}"
+    echo "== under Nsight Systems: per-GEMM times against the runs without it and nsys's own, the file, our ranges"
     python benchmarks/nsys_check.py --out "$out/nsys" --nsys "$(nsys_bin)" --nsys-flags "-s none --cpuctxsw=none" \
-        --rounds 3 2>&1 | quiet | tail -34
+        --rounds 3 2>&1 | quiet | grep -v -E "^   .* instances\)$"
     python benchmarks/nsys_check.py --job small --out "$out/nsys-small" --nsys "$(nsys_bin)" \
-        --nsys-flags "-s none --cpuctxsw=none" 2>&1 | quiet | tail -9
+        --nsys-flags "-s none --cpuctxsw=none" --rounds 2 2>&1 | quiet
     echo "== event pairs against kernel records: the gate, the spin, bare; with and without nsys"
     python benchmarks/event_floor.py --json "$out/event_pairs.json" 2>&1 | quiet | cut -c1-200
     "$(nsys_bin)" profile -t cuda -s none --cpuctxsw=none -f true -o "$out/event_pairs_nsys" \
         python benchmarks/event_floor.py --events-only --json "$out/event_pairs_nsys.json" > "$out/event_pairs_nsys.log" 2>&1
     rm -f "$out"/event_pairs_nsys.qdstrm "$out"/event_pairs_nsys.nsys-rep
-fi
+) fi
 if has nsys-size; then
     echo "== what makes an nsys recording large: nsys's CPU sampling and context-switch trace on and off"
     echo "perf_event_paranoid $(cat /proc/sys/kernel/perf_event_paranoid 2>/dev/null); $(nproc) CPUs"

@@ -8,11 +8,15 @@ again, and so on for ``--rounds`` runs under nsys (the runs without it show how 
 move between runs anyway: on the H200 host, 6.5-6.9% between two runs). Then, per captured GEMM,
 the median time under nsys against the median of the runs without it, with a bootstrap interval
 over the runs (each run one unit), and how far the runs without nsys spread around their median;
-and the recorded file's size and which of the capture's NVTX range names it holds (the file's own
-bytes: a .qdstrm where nsys could not import it into a report, a .nsys-rep where it could).
+the recorded file's size and which of the capture's NVTX range names it holds (a .qdstrm's own
+bytes where nsys could not import it into a report; nsys's reading of a .nsys-rep where it could);
+and, where there is a .nsys-rep, each GEMM's time in the capture against nsys's own projection of
+its range onto the GPU in the same run (benchmarks/nsys_projection.py).
 
     python benchmarks/nsys_check.py --out runs/nsys                       # nsys found on PATH or /opt
     python benchmarks/nsys_check.py --out runs/nsys --nsys-flags "-s none --cpuctxsw=none" --rounds 3
+    LD_LIBRARY_PATH=ELFUTILS_LIB:$LD_LIBRARY_PATH python benchmarks/nsys_check.py ...  # where nsys's
+        # QdstrmImporter lacks libdw.so.1 (the H200 host): the recording becomes a .nsys-rep
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from _timing import median_ratio_ci  # noqa: E402
+from nsys_projection import compare as compare_projection  # noqa: E402
+from nsys_projection import per_step, projection_rows  # noqa: E402
 
 from te_gemm_callback import GemmCapture  # noqa: E402
 from te_gemm_callback.capture.instruments import range_name  # noqa: E402
@@ -150,11 +156,51 @@ def _lz4_run(src: bytes, p: int, n: int) -> tuple[bytearray, int]:
     return out, p
 
 
-def names_in(path: Path, names: list[str]) -> dict[str, bool]:
-    """Which names occur in the recorded file, its compressed stretches expanded (NVTX strings are
-    stored as they were given)."""
+def names_in(path: Path, names: list[str], nsys: str) -> dict[str, bool]:
+    """Which names the recording holds. A .nsys-rep (nsys could import): the ranges nsys itself
+    reads from it (``nsys stats``; its own compression is not the .qdstrm's). A .qdstrm: its bytes,
+    compressed stretches expanded (NVTX strings are stored as they were given)."""
+    if path.suffix == ".nsys-rep":
+        try:
+            proj, kinds = per_step(projection_rows(nsys, path))
+        except (subprocess.SubprocessError, OSError, KeyError, ValueError):
+            return {n: False for n in names}
+        seen = set(proj) | {f"step {i} ({k})" for i, k in kinds.items()}
+        return {n: n in seen for n in names}
     text = lz4_expand(path.read_bytes())
     return {n: n.encode() in text for n in names}
+
+
+def projections(nsys: str, out: Path, order: list[str], caps: dict, times: dict) -> dict:
+    """Per run under nsys, nsys's own projection of each GEMM range against the capture's time for
+    it in that run (benchmarks/nsys_projection.py); a reason where nsys made no report to read."""
+    found = {}
+    for k in (k for k in order if k.startswith("nsys")):
+        rep = out / k / "profile.nsys-rep"
+        if not rep.exists():
+            found[k] = "no .nsys-rep: nsys could not import its recording (QdstrmImporter; see nsys_projection.py)"
+            continue
+        try:
+            proj, _ = per_step(projection_rows(nsys, rep))
+        except (subprocess.SubprocessError, OSError, KeyError, ValueError) as err:
+            found[k] = f"nsys stats failed: {type(err).__name__}: {err}"
+            continue
+        found[k] = compare_projection(proj, times[k], {s.index for s in caps[k].steps if s.dispatch})
+    return found
+
+
+def print_projection(found: dict) -> None:
+    for k, rows in found.items():
+        if isinstance(rows, str):
+            print(f"{k}: nsys's projection: {rows}")
+            continue
+        d = sorted(abs(r["capture_vs_nsys"]) for r in rows if r["capture_vs_nsys"] is not None)
+        mid = 100 * statistics.median(d) if d else float("nan")
+        print(f"{k}: capture against nsys's own projection of each GEMM range, {len(rows)} GEMMs: median "
+              f"|difference| {mid:.2f}%, worst {100 * max(d, default=0):.2f}%")
+        for r in rows:
+            print(f"   {r['gemm'][:58]:58} nsys {r['nsys_proj_ms']:8.3f} ms  capture {r['capture_ms']:8.3f} ms "
+                  f"{100 * r['capture_vs_nsys']:+6.2f}%  ({r['instances']} instances)")
 
 
 def main() -> int:
@@ -209,7 +255,7 @@ def main() -> int:
     files = sorted(p for p in report.parent.glob("profile.*") if p.suffix in (".qdstrm", ".nsys-rep"))
     # The range holds the capture window: every step's range and every GEMM's.
     names = list(times["nsys0"]) + [f"step {s.index} ({s.kind})" for s in caps["nsys0"].steps]
-    held = {str(f): names_in(f, names) for f in files}
+    held = {str(f): names_in(f, names, nsys) for f in files}
     first = caps["nsys0"]
     result = {
         "command": shlex.join([*nsys_cmd, str(report)] + job(out / "nsys0", a.layers, a.steps, ["--nsys-capture"])),
@@ -223,6 +269,7 @@ def main() -> int:
         "names_in_file": {f: f"{sum(h.values())} of {len(h)}" for f, h in held.items()},
         "names_missing": {f: [n for n, ok in h.items() if not ok] for f, h in held.items()},
         "rows": rows}
+    result["projection"] = projections(nsys, out, order, caps, times)
     (out / "nsys_check.json").write_text(json.dumps(result, indent=1))
     print(f"{'GEMM':58} {'nsys ms':>9} {'plain ms':>9} {'nsys/plain':>10} {'95% interval':>17} {'plain spread':>12}")
     for r in rows:
@@ -235,6 +282,7 @@ def main() -> int:
     print(f"time source: {result['time_source']}; under nsys: {result['cupti_owner']}")
     for f, size in result["files"].items():
         print(f"{f}: {size / 2**20:.1f} MiB, our range names in it: {result['names_in_file'][f]}")
+    print_projection(result["projection"])
     return 0 if result["within_tolerance"] and all(not m for m in result["names_missing"].values()) and files else 1
 
 

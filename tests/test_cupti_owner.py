@@ -522,3 +522,27 @@ def test_a_capture_with_a_malformed_event_pairs_entry_is_refused_in_one_line(tmp
     with pytest.raises(ValueError, match=where.replace(".", r"\.")) as err:
         GemmCapture.load(tmp_path / "cap.json")
     assert "\n" not in str(err.value)
+
+
+def test_nsys_projection_puts_each_gemm_range_in_its_step_and_skips_dispatch_steps():
+    # nsys's nvtx_gpu_proj_trace rows, written by hand (nsys cannot run here): two steps, the first a
+    # dispatch-mode step; one TE GEMM timed on both, one torch GEMM only the dispatch step saw.
+    np = benchmark("nsys_projection")
+    head = ("Name", "Projected Start (ns)", "Projected Duration (ns)", "Orig Start (ns)", "Orig Duration (ns)")
+    rows = [dict(zip(head, r)) for r in [
+        ("te_gemm:step 0 (instrumented)", "0", "900", "0", "1000"),  # nsys's domain prefix
+        ("te_gemm: fc1 fprop 8x8x8 bf16", "20", "300", "10", "5"),  # torch.cuda.nvtx's prefix
+        ("te_gemm:lm_head fprop 8x8x4 bf16", "40", "50", "30", "5"),
+        ("te_gemm:step 1 (kernels)", "1000", "900", "1000", "1000"),
+        ("step 2 (clean)", "2000", "900", "2000", "1000"),  # the job's own range, not ours
+        (":nvte_cublas_gemm_v2", "1030", "200", "1011", "3"),  # TE's own range inside ours
+        ("te_gemm:fc1 fprop 8x8x8 bf16", "1030", "200", "1010", "5"),
+    ]]
+    proj, kinds = np.per_step(rows)
+    assert kinds == {0: "instrumented", 1: "kernels"}
+    assert proj == {"fc1 fprop 8x8x8 bf16": {0: [0.0003], 1: [0.0002]}, "lm_head fprop 8x8x4 bf16": {0: [0.00005]}}
+    rows = np.compare(proj, {"fc1 fprop 8x8x8 bf16": 0.00021, "lm_head fprop 8x8x4 bf16": 0.00005}, {0})
+    fc1, head_row = rows
+    assert fc1["nsys_proj_ms"] == 0.0002 and fc1["instances"] == 1  # the dispatch step's 0.0003 left out
+    assert abs(fc1["capture_vs_nsys"] - 0.05) < 1e-9
+    assert head_row["instances"] == 1 and head_row["capture_vs_nsys"] == 0.0  # only a dispatch step: kept

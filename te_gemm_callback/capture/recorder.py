@@ -58,9 +58,13 @@ class Recorder:
         return s
 
     def begin(self, site: GemmSite, recompute: bool = False, m_splits: Any = None) -> tuple:
+        # The timer first (the gate, then the start event), the range after it: nsys projects a range
+        # onto the GPU work launched inside it, which is then the GEMM's kernels alone, not the gate
+        # that waits for the host. Host time between the start event and the launch (the range's own
+        # call) stays out of the pair: the gate holds the stream until the GEMM is launched.
+        start = self.timer.start()
         handle = self.nvtx.start(site.range_recompute if recompute else site.range) if self.nvtx.enabled else None
-        # Start event last, end event first: the pair brackets the GEMM launch tightly.
-        return site, recompute, m_splits, self.timer.start(), handle
+        return site, recompute, m_splits, start, handle
 
     def end(self, token: tuple) -> None:
         site, recompute, m_splits, start, handle = token

@@ -275,8 +275,9 @@ class TEInterceptor:
                     recompute = fprop and backward
                     if not owners.by_order:
                         owners.trace.append((ckey, owner, (site, recompute)))
+                start = timer.start() if timer.enabled else None  # before the range: Recorder.begin says why
                 handle = nvtx.start(site.range_recompute if recompute else site.range) if nvtx.enabled else None
-                token = (site, recompute, timer.start() if timer.enabled else None, handle)
+                token = (site, recompute, start, handle)
             except Exception as err:  # never break the job: report once, stop capturing
                 rec.fail(err)
             out = orig(*args, **kwargs)
