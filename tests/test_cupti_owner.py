@@ -69,6 +69,21 @@ def test_each_tool_is_recognised_from_its_environment():
     assert cupti_owner({}, lambda: True).name == "torch.profiler"
 
 
+def test_nsys_sampling_cpus_is_said_in_the_line_that_names_it(tmp_path):
+    # nsys's session folder, as nsys 2025.3.1 left it for the process it launched on the H200 host:
+    # a linuxperf entry with nsys's defaults (or -s none alone), none with -s none --cpuctxsw=none.
+    env = {**nsys_env("10571"), "NSYS_SESSION_TEMP_DIR": str(tmp_path)}
+    for entry in ("injection_files", "streams", "profiled_process_pids.txt"):
+        (tmp_path / entry).mkdir()
+    quiet = cupti_owner(env, never)
+    assert quiet.note == "" and "linuxperf" not in quiet.line()
+    (tmp_path / "linuxperf").mkdir()
+    loud = cupti_owner(env, never)
+    assert "-s none --cpuctxsw=none" in loud.line() and loud.line().startswith(quiet.line() + "; ")
+    assert loud.meta() == quiet.meta()  # the capture file keeps who profiles, not the advice
+    assert cupti_owner({**NCU_ENV, "NSYS_SESSION_TEMP_DIR": str(tmp_path)}, never).note == ""
+
+
 def test_a_running_torch_profiler_is_seen(no_owner):
     # The real autograd profiler state, not a stand-in: the job's own session on the CPU.
     assert cupti_owner() is None

@@ -40,16 +40,19 @@ class CuptiOwner:
     name: str
     evidence: str
     timing: str  # EVENTS or NONE
+    note: str = ""  # what else the user should know of this profiler's session (nsys_cpu_collectors)
 
     def line(self) -> str:
         """The one line the capture logs, naming the profiler and what it changes."""
         if self.timing == NONE:
-            return (f"te-gemm: {self.name} is profiling this process ({self.evidence}): it replays the kernels it "
+            text = (f"te-gemm: {self.name} is profiling this process ({self.evidence}): it replays the kernels it "
                     "profiles, so GPU times taken inside it are not the job's; the capture keeps GEMM shapes and "
                     "precisions and times no GEMM")
-        return (f"te-gemm: {self.name} is profiling this process ({self.evidence}) and holds CUPTI's kernel "
-                "records: per-GEMM GPU times come from CUDA events around each GEMM on the instrumented steps "
-                "instead (the kernels steps run instrumented)")
+        else:
+            text = (f"te-gemm: {self.name} is profiling this process ({self.evidence}) and holds CUPTI's kernel "
+                    "records: per-GEMM GPU times come from CUDA events around each GEMM on the instrumented steps "
+                    "instead (the kernels steps run instrumented)")
+        return f"{text}; {self.note}" if self.note else text
 
     def meta(self) -> str:
         """What the capture file keeps of it (``meta.cupti_owner``)."""
@@ -61,6 +64,23 @@ def _injection_name(path: str) -> str:
     if "ToolsInjection" in base:  # Nsight Systems' injection library, also bundled with Nsight Compute
         return "Nsight Systems"
     return f"a CUPTI tool ({base})"
+
+
+def nsys_cpu_collectors(environ: Mapping[str, str]) -> str:
+    """A note where nsys samples CPUs or traces context switches for this process, else "".
+
+    With either collector on, nsys copies the process's shared libraries into the recording (torch's
+    CUDA build: ~2 GB, and the job held ~100 s while it does), whatever the capture range. nsys
+    says so nowhere in the process's environment; its session folder holds a ``linuxperf`` entry
+    exactly when one of the two is on (nsys 2025.3.1 on the H200 host, 2026-12-03: present with
+    nsys's defaults and with ``-s none`` alone, absent with ``-s none --cpuctxsw=none``).
+    """
+    folder = environ.get("NSYS_SESSION_TEMP_DIR", "")
+    if not folder or not os.path.exists(os.path.join(folder, "linuxperf")):
+        return ""
+    return ("nsys is also sampling CPUs or tracing context switches (its session folder has linuxperf), so it "
+            "copies this process's shared libraries into the recording (~2 GB with torch's CUDA build); "
+            "`nsys profile -s none --cpuctxsw=none` keeps it to a few MB (docs/nsight-systems.md)")
 
 
 def torch_profiler_running() -> bool:
@@ -86,7 +106,8 @@ def cupti_owner(environ: Mapping[str, str] | None = None,
     """
     env = os.environ if environ is None else environ
     if env.get("NSYS_PROFILING_SESSION_ID"):
-        return CuptiOwner("Nsight Systems", f"NSYS_PROFILING_SESSION_ID={env['NSYS_PROFILING_SESSION_ID']}", EVENTS)
+        return CuptiOwner("Nsight Systems", f"NSYS_PROFILING_SESSION_ID={env['NSYS_PROFILING_SESSION_ID']}", EVENTS,
+                          nsys_cpu_collectors(env))
     for var in ("NV_COMPUTE_PROFILER_PERFWORKS_DIR", "NV_TPS_LAUNCH_TOKEN"):
         if env.get(var):
             return CuptiOwner("Nsight Compute", f"{var} set", NONE)
@@ -98,4 +119,4 @@ def cupti_owner(environ: Mapping[str, str] | None = None,
     return None
 
 
-__all__ = ["CuptiOwner", "cupti_owner", "torch_profiler_running", "EVENTS", "NONE"]
+__all__ = ["CuptiOwner", "cupti_owner", "nsys_cpu_collectors", "torch_profiler_running", "EVENTS", "NONE"]
