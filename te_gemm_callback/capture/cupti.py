@@ -72,8 +72,9 @@ def nsys_cpu_collectors(environ: Mapping[str, str]) -> str:
     With either collector on, nsys copies the process's shared libraries into the recording (torch's
     CUDA build: ~2 GB, and the job held ~100 s while it does), whatever the capture range. nsys
     says so nowhere in the process's environment; its session folder holds a ``linuxperf`` entry
-    exactly when one of the two is on (nsys 2025.3.1 on the H200 host, 2026-12-03: present with
-    nsys's defaults and with ``-s none`` alone, absent with ``-s none --cpuctxsw=none``).
+    where one of the two is on (nsys 2025.3.1 on the H200 host, 2026-12-03: present with nsys's
+    defaults and with ``-s none`` alone, absent with ``-s none --cpuctxsw=none``; ``--cpuctxsw=none``
+    alone not looked at).
     """
     folder = environ.get("NSYS_SESSION_TEMP_DIR", "")
     if not folder or not os.path.exists(os.path.join(folder, "linuxperf")):
