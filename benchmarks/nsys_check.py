@@ -162,10 +162,10 @@ def names_in(path: Path, names: list[str], nsys: str) -> dict[str, bool]:
     compressed stretches expanded (NVTX strings are stored as they were given)."""
     if path.suffix == ".nsys-rep":
         try:
-            proj, kinds = per_step(projection_rows(nsys, path))
+            proj, kinds, _ = per_step(projection_rows(nsys, path))
         except (subprocess.SubprocessError, OSError, KeyError, ValueError):
             return {n: False for n in names}
-        seen = set(proj) | {f"step {i} ({k})" for i, k in kinds.items()}
+        seen = set(proj) | {f"step {i} ({k})" for i, k in kinds.items()}  # a range with no GPU work: unseen
         return {n: n in seen for n in names}
     text = lz4_expand(path.read_bytes())
     return {n: n.encode() in text for n in names}
@@ -181,26 +181,36 @@ def projections(nsys: str, out: Path, order: list[str], caps: dict, times: dict)
             found[k] = "no .nsys-rep: nsys could not import its recording (QdstrmImporter; see nsys_projection.py)"
             continue
         try:
-            proj, _ = per_step(projection_rows(nsys, rep))
-        except (subprocess.SubprocessError, OSError, KeyError, ValueError) as err:
+            rows = projection_rows(nsys, rep)
+        except (subprocess.SubprocessError, OSError) as err:
             found[k] = f"nsys stats failed: {type(err).__name__}: {err}"
             continue
-        found[k] = compare_projection(proj, times[k], {s.index for s in caps[k].steps if s.dispatch})
+        try:
+            proj, _, outside = per_step(rows)
+        except (KeyError, ValueError) as err:
+            found[k] = f"nsys stats' CSV not understood: {type(err).__name__}: {err}"
+            continue
+        found[k] = {"outside_steps": outside,
+                    "rows": compare_projection(proj, times[k], {s.index for s in caps[k].steps if s.dispatch})}
     return found
 
 
 def print_projection(found: dict) -> None:
-    for k, rows in found.items():
-        if isinstance(rows, str):
-            print(f"{k}: nsys's projection: {rows}")
+    for k, got in found.items():
+        if isinstance(got, str):
+            print(f"{k}: nsys's projection: {got}")
             continue
+        rows = got["rows"]
         d = sorted(abs(r["capture_vs_nsys"]) for r in rows if r["capture_vs_nsys"] is not None)
-        mid = 100 * statistics.median(d) if d else float("nan")
-        print(f"{k}: capture against nsys's own projection of each GEMM range, {len(rows)} GEMMs: median "
-              f"|difference| {mid:.2f}%, worst {100 * max(d, default=0):.2f}%")
+        mid = f"{100 * statistics.median(d):.2f}%" if d else "n/a"
+        missing = [r["gemm"] for r in rows if r["nsys_proj_ms"] is None]
+        print(f"{k}: capture against nsys's own projection of each GEMM range, {len(d)} of {len(rows)} GEMMs: "
+              f"median |difference| {mid}, worst {100 * max(d, default=0):.2f}%; no projection: {missing or 'none'}; "
+              f"GEMM ranges outside every step: {got['outside_steps']}")
         for r in rows:
-            print(f"   {r['gemm'][:58]:58} nsys {r['nsys_proj_ms']:8.3f} ms  capture {r['capture_ms']:8.3f} ms "
-                  f"{100 * r['capture_vs_nsys']:+6.2f}%  ({r['instances']} instances)")
+            if r["capture_vs_nsys"] is not None:
+                print(f"   {r['gemm'][:58]:58} nsys {r['nsys_proj_ms']:8.3f} ms  capture {r['capture_ms']:8.3f} ms "
+                      f"{100 * r['capture_vs_nsys']:+6.2f}%  ({r['instances']} instances)")
 
 
 def main() -> int:
@@ -234,6 +244,7 @@ def main() -> int:
         order = order[:2]
     wall = {}
     for name in order:
+        (out / name / "gemm_capture.json").unlink(missing_ok=True)  # a run that writes none must not pass
         if name.startswith("plain"):
             wall[name] = run(job(out / name, a.layers, a.steps, []), out / f"{name}.log")
         else:
@@ -241,6 +252,9 @@ def main() -> int:
             # comes once the capture file is written: the run may exit by SIGTERM, its capture kept.
             rep = out / name / "profile"
             rep.parent.mkdir(parents=True, exist_ok=True)
+            for old in rep.parent.glob("profile*"):  # an earlier check's recording is not this run's
+                if old.is_file():
+                    old.unlink()
             cmd = [*nsys_cmd, str(rep)]
             wall[name] = run(cmd + job(out / name, a.layers, a.steps, ["--nsys-capture"]), out / f"{name}.log",
                              must_pass=False)
@@ -269,6 +283,7 @@ def main() -> int:
         "names_in_file": {f: f"{sum(h.values())} of {len(h)}" for f, h in held.items()},
         "names_missing": {f: [n for n, ok in h.items() if not ok] for f, h in held.items()},
         "rows": rows}
+    (out / "nsys_check.json").write_text(json.dumps(result, indent=1))  # kept if what follows fails
     result["projection"] = projections(nsys, out, order, caps, times)
     (out / "nsys_check.json").write_text(json.dumps(result, indent=1))
     print(f"{'GEMM':58} {'nsys ms':>9} {'plain ms':>9} {'nsys/plain':>10} {'95% interval':>17} {'plain spread':>12}")

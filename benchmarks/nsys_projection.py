@@ -26,10 +26,18 @@ from pathlib import Path
 STEP = re.compile(r"step (\d+) \(([^)]+)\)$")
 
 
-@functools.cache  # one nsys stats run per report (it exports to SQLite first: seconds)
 def projection_rows(nsys: str, rep: Path) -> list[dict[str, str]]:
-    """The ``nvtx_gpu_proj_trace`` rows of ``rep`` (the CSV nsys writes beside it is kept)."""
+    """The ``nvtx_gpu_proj_trace`` rows of ``rep`` (the CSV nsys writes beside it is kept); one
+    ``nsys stats`` run per recording as it is now (it exports to SQLite first: seconds)."""
+    st = rep.stat()
+    return _rows(nsys, rep.resolve(), st.st_mtime_ns, st.st_size)
+
+
+@functools.cache
+def _rows(nsys: str, rep: Path, mtime_ns: int, size: int) -> list[dict[str, str]]:
     prefix = rep.with_suffix("")
+    for old in rep.parent.glob(f"{prefix.name}*nvtx_gpu_proj_trace*.csv"):
+        old.unlink()  # never read an earlier recording's rows
     subprocess.run([nsys, "stats", "-q", "-r", "nvtx_gpu_proj_trace", "-f", "csv", "--force-export=true",
                     "--force-overwrite=true", "-o", str(prefix), str(rep)],
                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=True, timeout=600)
@@ -55,41 +63,57 @@ def _ours(name: str) -> str | None:
     return name[len("te_gemm:"):].lstrip() if name.startswith("te_gemm:") else None
 
 
-def per_step(rows: list[dict[str, str]]) -> tuple[dict[str, dict[int, list[float]]], dict[int, str]]:
-    """{GEMM range name: {step index: [projected ms, ...]}} and {step index: kind}."""
+def _int(value: str | None) -> int | None:
+    return int(value) if value not in ("", None) else None
+
+
+def per_step(rows: list[dict[str, str]]) -> tuple[dict[str, dict[int, list[float]]], dict[int, str], int]:
+    """{GEMM range name: {step index: [projected ms, ...]}}, {step index: kind}, and how many GEMM
+    instances fell in no step range of their process (left out). A range with no GPU work or an
+    unfinished one (empty fields) counts nowhere; steps are matched within one process (PID), so
+    the ranks of a multi-process job do not mix."""
     if not rows:
-        return {}, {}
-    name = _column(rows[0], "name")
-    start = _column(rows[0], "orig", "start")
+        return {}, {}, 0
+    name, pid = _column(rows[0], "name"), _column(rows[0], "pid")
+    start, length = _column(rows[0], "orig", "start"), _column(rows[0], "orig", "duration")
     dur = _column(rows[0], "projected", "duration")
     steps, gemms = [], []
     for r in rows:
-        n, t0 = _ours(r[name]), int(r[start])
-        if n is None:
+        n = _ours(r[name])
+        t0, t = _int(r[start]), _int(r[length])
+        if n is None or t0 is None:
             continue
         if m := STEP.match(n):
-            steps.append((t0, t0 + int(r[_column(r, "orig", "duration")]), int(m.group(1)), m.group(2)))
-        elif r[dur] not in ("", None):
-            gemms.append((n, t0, int(r[dur]) / 1e6))
+            if t is not None:
+                steps.append((r[pid], t0, t0 + t, int(m.group(1)), m.group(2)))
+        elif (ns := _int(r[dur])) is not None:
+            gemms.append((n, r[pid], t0, ns / 1e6))
     out: dict[str, dict[int, list[float]]] = {}
-    for n, t0, ms in gemms:
-        step = next((i for s, e, i, _ in steps if s <= t0 <= e), -1)
-        out.setdefault(n, {}).setdefault(step, []).append(ms)
-    return out, {i: kind for _, _, i, kind in steps}
+    outside = 0
+    for n, p, t0, ms in gemms:
+        step = next((i for q, s, e, i, _ in steps if q == p and s <= t0 <= e), None)
+        if step is None:
+            outside += 1
+        else:
+            out.setdefault(n, {}).setdefault(step, []).append(ms)
+    return out, {i: kind for _, _, _, i, kind in steps}, outside
 
 
 def compare(proj: dict[str, dict[int, list[float]]], captured: dict[str, float],
             dispatch_steps: set[int]) -> list[dict]:
     """Per GEMM the capture timed: nsys's median projection over the steps the capture used (those
-    without the dispatch mode where any timed it, else all) against the capture's median."""
+    without the dispatch mode where any timed it, else all) against the capture's median; a GEMM
+    nsys has no projection for keeps a row with ``nsys_proj_ms`` None."""
     rows = []
     for name, ours in captured.items():
         by_step = proj.get(name)
         if not by_step:
+            rows.append({"gemm": name, "nsys_proj_ms": None, "capture_ms": ours, "instances": 0,
+                         "capture_vs_nsys": None})
             continue
         light = {s: v for s, v in by_step.items() if s not in dispatch_steps}
         xs = [x for v in (light or by_step).values() for x in v]
         theirs = statistics.median(xs)
         rows.append({"gemm": name, "nsys_proj_ms": theirs, "capture_ms": ours, "instances": len(xs),
                      "capture_vs_nsys": ours / theirs - 1 if theirs else None})
-    return sorted(rows, key=lambda r: -r["nsys_proj_ms"])
+    return sorted(rows, key=lambda r: -(r["nsys_proj_ms"] or 0.0))

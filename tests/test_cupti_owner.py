@@ -540,24 +540,78 @@ def test_a_capture_with_a_malformed_event_pairs_entry_is_refused_in_one_line(tmp
 
 
 def test_nsys_projection_puts_each_gemm_range_in_its_step_and_skips_dispatch_steps():
-    # nsys's nvtx_gpu_proj_trace rows, written by hand (nsys cannot run here): two steps, the first a
-    # dispatch-mode step; one TE GEMM timed on both, one torch GEMM only the dispatch step saw.
+    # nsys's nvtx_gpu_proj_trace rows, written by hand (nsys cannot run here) with the header nsys
+    # 2025.3.1 wrote: two steps, the first a dispatch-mode step; one TE GEMM timed on both, one torch
+    # GEMM only the dispatch step saw; another process's step, another tool's ranges, a range
+    # without GPU work and one outside every step.
     np = benchmark("nsys_projection")
-    head = ("Name", "Projected Start (ns)", "Projected Duration (ns)", "Orig Start (ns)", "Orig Duration (ns)")
+    head = ("Name", "Projected Start (ns)", "Projected Duration (ns)", "Orig Start (ns)", "Orig Duration (ns)",
+            "Style", "PID", "TID")
     rows = [dict(zip(head, r)) for r in [
-        ("te_gemm:step 0 (instrumented)", "0", "900", "0", "1000"),  # nsys's domain prefix
-        ("te_gemm: fc1 fprop 8x8x8 bf16", "20", "300", "10", "5"),  # torch.cuda.nvtx's prefix
-        ("te_gemm:lm_head fprop 8x8x4 bf16", "40", "50", "30", "5"),
-        ("te_gemm:step 1 (kernels)", "1000", "900", "1000", "1000"),
-        ("step 2 (clean)", "2000", "900", "2000", "1000"),  # the job's own range, not ours
-        (":nvte_cublas_gemm_v2", "1030", "200", "1011", "3"),  # TE's own range inside ours
-        ("te_gemm:fc1 fprop 8x8x8 bf16", "1030", "200", "1010", "5"),
+        ("te_gemm:step 0 (instrumented)", "0", "900", "0", "1000", "PushPop", "7", "7"),  # nsys's domain prefix
+        ("te_gemm: fc1 fprop 8x8x8 bf16", "20", "300", "10", "5", "StartEnd", "7", "7"),  # torch.cuda.nvtx's
+        ("te_gemm:lm_head fprop 8x8x4 bf16", "40", "50", "30", "5", "StartEnd", "7", "9"),  # autograd's thread
+        ("te_gemm:step 1 (kernels)", "1000", "900", "1000", "1000", "PushPop", "7", "7"),
+        ("step 2 (clean)", "2000", "900", "2000", "1000", "PushPop", "7", "7"),  # the job's own range
+        (":nvte_cublas_gemm_v2", "1030", "200", "1011", "3", "PushPop", "7", "7"),  # TE's own, inside ours
+        ("te_gemm:fc1 fprop 8x8x8 bf16", "1030", "200", "1010", "5", "StartEnd", "7", "7"),
+        ("te_gemm:step 0 (instrumented)", "", "", "1005", "", "PushPop", "8", "8"),  # another rank, unfinished
+        ("te_gemm:fc1 fprop 8x8x8 bf16", "1040", "900", "1020", "5", "StartEnd", "8", "8"),  # in no step of its PID
+        ("te_gemm:fc1 dgrad 8x8x8 bf16", "", "", "1030", "5", "StartEnd", "7", "7"),  # no GPU work projected
     ]]
-    proj, kinds = np.per_step(rows)
-    assert kinds == {0: "instrumented", 1: "kernels"}
+    proj, kinds, outside = np.per_step(rows)
+    assert kinds == {0: "instrumented", 1: "kernels"} and outside == 1
     assert proj == {"fc1 fprop 8x8x8 bf16": {0: [0.0003], 1: [0.0002]}, "lm_head fprop 8x8x4 bf16": {0: [0.00005]}}
-    rows = np.compare(proj, {"fc1 fprop 8x8x8 bf16": 0.00021, "lm_head fprop 8x8x4 bf16": 0.00005}, {0})
-    fc1, head_row = rows
+    got = np.compare(proj, {"fc1 fprop 8x8x8 bf16": 0.00021, "lm_head fprop 8x8x4 bf16": 0.00005,
+                            "fc1 dgrad 8x8x8 bf16": 0.0001}, {0})
+    fc1, head_row, dgrad = got
     assert fc1["nsys_proj_ms"] == 0.0002 and fc1["instances"] == 1  # the dispatch step's 0.0003 left out
     assert abs(fc1["capture_vs_nsys"] - 0.05) < 1e-9
     assert head_row["instances"] == 1 and head_row["capture_vs_nsys"] == 0.0  # only a dispatch step: kept
+    assert dgrad["nsys_proj_ms"] is None and dgrad["capture_vs_nsys"] is None  # said, not dropped
+
+
+@pytest.mark.parametrize("fail_range", [False, True])
+def test_a_gemm_range_opens_after_the_start_event_and_a_failed_range_opens_the_gate(monkeypatch, fake_te,
+                                                                                    fail_range):
+    # nsys projects a range onto the GPU work launched inside it: the gate and the start event must
+    # come before it, or the projection holds the gate's wait for the host. Both call sites: the TE
+    # interception (fake TE here: no TE on a CPU machine) and the Recorder (the plain head). The
+    # timer's calls are logged around the real ones (host-clock pairs on a CPU).
+    from torch import nn
+
+    from te_gemm_callback.capture import instruments
+
+    log = []
+    start, stop = instruments.EventTimer.start, instruments.EventTimer.stop
+    monkeypatch.setattr(instruments.EventTimer, "start", lambda self: (log.append("timer.start"), start(self))[1])
+    monkeypatch.setattr(instruments.EventTimer, "stop", lambda self, s: (log.append("timer.stop"), stop(self, s))[1])
+
+    class Ranges:
+        def start(self, name):
+            log.append("range.start")
+            if fail_range:
+                raise RuntimeError("nvtx broke")
+            return name
+
+        def end(self, handle):
+            log.append("range.end")
+
+        def push(self, name):
+            pass
+
+        def pop(self):
+            pass
+
+    lin, _ = fake_te
+    model = test_te_adapter_mock._te_net(lin)
+    model.add_module("head", nn.Linear(48, 10))
+    x = torch.randn(4, 16, requires_grad=True)
+    with GemmProfiler(model, nvtx_backend=Ranges()) as prof:
+        model(x).sum().backward()  # the job's step runs whatever the ranges do
+    if fail_range:
+        assert log == ["timer.start", "range.start", "timer.stop"]  # the gate opened, then capture off
+        assert not prof.recorder.active
+    else:
+        assert log[:2] == ["timer.start", "range.start"] and log.count("range.start") >= 6
+        assert log == ["timer.start", "range.start", "timer.stop", "range.end"] * (len(log) // 4)

@@ -751,9 +751,11 @@ def test_under_nsys_gemm_times_come_from_events_and_the_file_holds_our_ranges(tm
         # nsys could import its recording (its QdstrmImporter found libdw): nsys's own kernel records,
         # projected onto each GEMM range, are the oracle for the capture's event-timed GEMMs.
         npj = benchmark("nsys_projection")
-        proj, _ = npj.per_step(npj.projection_rows(nsys, rep))
+        proj, _, outside = npj.per_step(npj.projection_rows(nsys, rep))
+        assert outside == 0 and len(got["times"]) == len(got["names"]) - steps  # one time list per GEMM name
         ours = dict(zip(got["names"][steps:], got["times"].values()))
         for name, times in ours.items():
             theirs = statistics.median(x for v in proj[name].values() for x in v)
-            assert abs(statistics.median(times) / theirs - 1) < 0.05, (name, times, proj[name])
+            # H200, 2026-12-03: 0.8-1.5% short (the fill kernel in the floor)
+            assert abs(statistics.median(times) / theirs - 1) < 0.03, (name, times, proj[name])
 

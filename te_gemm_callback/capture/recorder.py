@@ -63,7 +63,11 @@ class Recorder:
         # that waits for the host. Host time between the start event and the launch (the range's own
         # call) stays out of the pair: the gate holds the stream until the GEMM is launched.
         start = self.timer.start()
-        handle = self.nvtx.start(site.range_recompute if recompute else site.range) if self.nvtx.enabled else None
+        try:
+            handle = self.nvtx.start(site.range_recompute if recompute else site.range) if self.nvtx.enabled else None
+        except Exception:
+            self.timer.stop(start)  # opens the gate: a failed range must not hold the stream
+            raise
         return site, recompute, m_splits, start, handle
 
     def end(self, token: tuple) -> None:

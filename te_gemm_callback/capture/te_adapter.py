@@ -276,7 +276,11 @@ class TEInterceptor:
                     if not owners.by_order:
                         owners.trace.append((ckey, owner, (site, recompute)))
                 start = timer.start() if timer.enabled else None  # before the range: Recorder.begin says why
-                handle = nvtx.start(site.range_recompute if recompute else site.range) if nvtx.enabled else None
+                try:
+                    handle = nvtx.start(site.range_recompute if recompute else site.range) if nvtx.enabled else None
+                except Exception:
+                    timer.stop(start)  # opens the gate: a failed range must not hold the stream
+                    raise
                 token = (site, recompute, start, handle)
             except Exception as err:  # never break the job: report once, stop capturing
                 rec.fail(err)
