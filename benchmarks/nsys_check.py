@@ -11,7 +11,7 @@ over the runs (each run one unit), and how far the runs without nsys spread arou
 the recorded file's size and which of the capture's NVTX range names it holds (a .qdstrm's own
 bytes where nsys could not import it into a report; nsys's reading of a .nsys-rep where it could);
 and, where there is a .nsys-rep, each GEMM's time in the capture against nsys's own projection of
-its range onto the GPU in the same run (benchmarks/nsys_projection.py).
+its range onto the GPU in the same run (te_gemm_callback.analysis.nsys, as `te-gemm nsys` does).
 
     python benchmarks/nsys_check.py --out runs/nsys                       # nsys found on PATH or /opt
     python benchmarks/nsys_check.py --out runs/nsys --nsys-flags "-s none --cpuctxsw=none" --rounds 3
@@ -22,11 +22,9 @@ its range onto the GPU in the same run (benchmarks/nsys_projection.py).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -37,23 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from _timing import median_ratio_ci  # noqa: E402
-from nsys_projection import compare as compare_projection  # noqa: E402
-from nsys_projection import per_step, projection_rows  # noqa: E402
 
 from te_gemm_callback import GemmCapture  # noqa: E402
-from te_gemm_callback.capture.instruments import range_name  # noqa: E402
-
-
-def find_nsys(given: str | None) -> str:
-    """nsys from --nsys, PATH, or an Nsight Systems / Nsight Compute install under /opt."""
-    if given:
-        return given
-    found = shutil.which("nsys") or next(iter(sorted(
-        glob.glob("/opt/nvidia/nsight-systems*/**/bin/nsys", recursive=True)
-        + glob.glob("/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys"))), None)
-    if not found:
-        sys.exit("error: no nsys found: pass --nsys PATH")
-    return found
+from te_gemm_callback.analysis.nsys import capture_times, find_nsys, per_step, projection_rows  # noqa: E402
+from te_gemm_callback.analysis.nsys import compare as compare_projection  # noqa: E402
 
 
 def dense(out: Path, layers: int, steps: int, extra: list[str]) -> list[str]:
@@ -79,11 +64,6 @@ def run(cmd: list[str], log: Path, must_pass: bool = True) -> float:
     if rc != 0 and must_pass:
         sys.exit(f"error: {shlex.join(cmd)} exited {rc}; see {log}")
     return time.perf_counter() - t0
-
-
-def per_gemm(cap: GemmCapture) -> dict[str, float]:
-    return {range_name(r.module, r.gemm, r.op, r.shape.mkn, r.precision, r.recompute): r.median_ms
-            for r in cap.records if r.median_ms is not None}
 
 
 def compare(nsys: list[dict[str, float]], plain: list[dict[str, float]], tolerance: float) -> list[dict]:
@@ -173,12 +153,12 @@ def names_in(path: Path, names: list[str], nsys: str) -> dict[str, bool]:
 
 def projections(nsys: str, out: Path, order: list[str], caps: dict, times: dict) -> dict:
     """Per run under nsys, nsys's own projection of each GEMM range against the capture's time for
-    it in that run (benchmarks/nsys_projection.py); a reason where nsys made no report to read."""
+    it in that run (te_gemm_callback.analysis.nsys); a reason where nsys made no report to read."""
     found = {}
     for k in (k for k in order if k.startswith("nsys")):
         rep = out / k / "profile.nsys-rep"
         if not rep.exists():
-            found[k] = "no .nsys-rep: nsys could not import its recording (QdstrmImporter; see nsys_projection.py)"
+            found[k] = "no .nsys-rep: nsys could not import its recording (QdstrmImporter; docs/nsight-systems.md)"
             continue
         try:
             rows = projection_rows(nsys, rep)
@@ -231,6 +211,8 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     nsys = find_nsys(a.nsys)
+    if nsys is None:
+        sys.exit("error: no nsys found: pass --nsys PATH")
     job = dense if a.job == "dense" else small
     flags = shlex.split(a.nsys_flags)
     if a.job == "small" and not any(f.startswith("--capture-range-end") for f in flags):
@@ -259,7 +241,7 @@ def main() -> int:
             wall[name] = run(cmd + job(out / name, a.layers, a.steps, ["--nsys-capture"]), out / f"{name}.log",
                              must_pass=False)
     caps = {k: GemmCapture.load(out / k / "gemm_capture.json") for k in wall}
-    times = {k: per_gemm(c) for k, c in caps.items()}
+    times = {k: capture_times(c) for k, c in caps.items()}
     runs_nsys = [times[k] for k in order if k.startswith("nsys")]
     runs_plain = [times[k] for k in order if k.startswith("plain")]
     rows = compare(runs_nsys, runs_plain, a.tolerance)

@@ -716,15 +716,13 @@ def test_under_nsys_gemm_times_come_from_events_and_the_file_holds_our_ranges(tm
     # Nsight Systems owns CUPTI while it profiles: no kernels step, events on the instrumented steps,
     # one line naming it; the capture range holds our NVTX ranges (Nsight Systems 2025.3 on the H200
     # host writes a .qdstrm where its importer cannot start, a .nsys-rep where it can).
-    import glob
     import os
-    import shutil
     import subprocess
     import sys
 
-    nsys = shutil.which("nsys") or next(iter(glob.glob("/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys")
-                                             + glob.glob("/opt/nvidia/nsight-systems*/**/bin/nsys", recursive=True)),
-                                        None)
+    from te_gemm_callback.analysis import nsys as npj
+
+    nsys = npj.find_nsys()
     if nsys is None:
         pytest.skip("no nsys binary on this host")
     script, out = tmp_path / "job.py", tmp_path / "cap.json"
@@ -750,7 +748,6 @@ def test_under_nsys_gemm_times_come_from_events_and_the_file_holds_our_ranges(tm
     if rep.suffix == ".nsys-rep":
         # nsys could import its recording (its QdstrmImporter found libdw): nsys's own kernel records,
         # projected onto each GEMM range, are the oracle for the capture's event-timed GEMMs.
-        npj = benchmark("nsys_projection")
         proj, _, outside = npj.per_step(npj.projection_rows(nsys, rep))
         assert outside == 0 and len(got["times"]) == len(got["names"]) - steps  # one time list per GEMM name
         ours = dict(zip(got["names"][steps:], got["times"].values()))

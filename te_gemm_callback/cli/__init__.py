@@ -257,9 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "each, labelled projection (te-gemm project; docs/projection.md) (default: none)")
     s.set_defaults(fn=cmd_report)
 
+    from te_gemm_callback.cli.nsys import add_nsys_parser
     from te_gemm_callback.cli.project import add_project_parser
 
     add_project_parser(command, _dir_path, _file_path)
+    add_nsys_parser(command, _file_path, _limit)
 
     s = command("plan", "which modules to keep in BF16 under an FP8 recipe, from a run folder with bench.json",
                 "Pick, per module, BF16 or the best FP8 recipe from the run folder's microbenchmarks, write the plan "

@@ -1,29 +1,48 @@
-"""Nsight Systems' own GPU time for each of our GEMM ranges, beside the capture's time for it.
+"""The capture's GEMM times beside Nsight Systems' own, for a job recorded under ``nsys profile``.
 
 ``nsys stats -r nvtx_gpu_proj_trace`` projects every NVTX range onto the GPU work launched inside
 it, from nsys's own kernel records (CUPTI, which nsys owns while it profiles): one row per range
-instance. A GEMM range opens after the gate and the start event and closes after the end event, so
-its projection is that GEMM's kernels alone: the measurement our CUDA-event pair stands in for, in
-the same run. Each GEMM instance is put in the step whose range holds its start (host times: a
-step range is pushed on the main thread, which waits for autograd's threads inside it), so the
-median here is over the same steps as the capture's (dispatch-mode steps left out where a step
-without that mode timed the GEMM too).
+instance. A GEMM range of ours opens after the gate and the start event and closes after the end
+event (:meth:`~te_gemm_callback.capture.recorder.Recorder.begin`), so its projection is that
+GEMM's kernels alone: the measurement our CUDA-event pair stands in for, in the same run. Each GEMM
+instance is put in the step whose range holds its start, in the same process (host times: a step
+range is pushed on the main thread, which waits for autograd's threads inside it), so the median
+here is over the same steps as the capture's: dispatch-mode steps left out where a step without
+that mode timed the GEMM too (:mod:`te_gemm_callback.capture.results`).
 
 Needs a report nsys could import (a ``.nsys-rep``): nsys runs its QdstrmImporter for that, which on
-the H200 host needs ``libdw.so.1`` (elfutils) on ``LD_LIBRARY_PATH``; without it nsys keeps only the
-``.qdstrm`` ("Unable to retrieve the importer version") and there is nothing to project.
+the H200 host lacked ``libdw.so.1`` (elfutils); without it nsys keeps only the ``.qdstrm``
+("Unable to retrieve the importer version") and there is nothing to project.
 """
 
 from __future__ import annotations
 
 import csv
 import functools
+import glob
 import re
+import shutil
 import statistics
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from te_gemm_callback.capture.instruments import NVTX_DOMAIN, range_name
 
 STEP = re.compile(r"step (\d+) \(([^)]+)\)$")
+PREFIX = f"{NVTX_DOMAIN}:"
+NSYS_SCHEMA = "te-gemm-nsys/1"  # te-gemm nsys --json
+
+
+def find_nsys(given: str | None = None) -> str | None:
+    """nsys from ``given``, PATH, or an Nsight Systems / Nsight Compute install under /opt (the
+    H200 host has it only inside Nsight Compute's)."""
+    if given:
+        return given
+    return shutil.which("nsys") or next(iter(sorted(
+        glob.glob("/opt/nvidia/nsight-systems*/**/bin/nsys", recursive=True)
+        + glob.glob("/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys"))), None)
 
 
 def projection_rows(nsys: str, rep: Path) -> list[dict[str, str]]:
@@ -60,7 +79,7 @@ def _ours(name: str) -> str | None:
     """A range name of ours without its domain, None for anyone else's (TE's own ``:nvte_*`` ranges,
     the job's): nsys writes a domain's ranges as ``te_gemm:<name>`` (nsys 2025.3), and
     torch.cuda.nvtx's (no domains) carry ``te_gemm: `` in the name itself."""
-    return name[len("te_gemm:"):].lstrip() if name.startswith("te_gemm:") else None
+    return name[len(PREFIX):].lstrip() if name.startswith(PREFIX) else None
 
 
 def _int(value: str | None) -> int | None:
@@ -117,3 +136,55 @@ def compare(proj: dict[str, dict[int, list[float]]], captured: dict[str, float],
         rows.append({"gemm": name, "nsys_proj_ms": theirs, "capture_ms": ours, "instances": len(xs),
                      "capture_vs_nsys": ours / theirs - 1 if theirs else None})
     return sorted(rows, key=lambda r: -(r["nsys_proj_ms"] or 0.0))
+
+
+def capture_times(cap: Any) -> dict[str, float]:
+    """{range name: the capture's median GEMM time (ms)}, for every GEMM it timed."""
+    return {range_name(r.module, r.gemm, r.op, r.shape.mkn, r.precision, r.recompute): r.median_ms
+            for r in cap.records if r.median_ms is not None}
+
+
+@dataclass
+class NsysComparison:
+    """A capture's GEMM times beside nsys's projection of the same ranges in the same run."""
+
+    rows: list[dict]
+    outside_steps: int  # GEMM ranges in no step range of their process: left out
+    steps: dict[int, str]  # step index -> kind, as nsys recorded the step ranges
+
+    @property
+    def differences(self) -> list[float]:
+        return sorted(abs(r["capture_vs_nsys"]) for r in self.rows if r["capture_vs_nsys"] is not None)
+
+    def to_dict(self) -> dict:
+        return {"schema": NSYS_SCHEMA, "rows": self.rows, "outside_steps": self.outside_steps,
+                "steps": {str(i): k for i, k in self.steps.items()}}
+
+
+def against_capture(cap: Any, rep: Path, nsys: str) -> NsysComparison:
+    """The capture ``cap`` (of a job recorded as ``rep``) against nsys's projection of its ranges.
+    Raises ValueError with what to do where ``rep`` is not something ``nsys stats`` can read."""
+    if rep.suffix == ".qdstrm":
+        raise ValueError(f"{rep} is a .qdstrm: nsys could not import it (its QdstrmImporter did not start; "
+                         "docs/nsight-systems.md says how to find why), and nsys stats reads only a .nsys-rep")
+    try:
+        rows = projection_rows(nsys, rep)
+    except subprocess.CalledProcessError as err:
+        said = (err.stdout or b"").decode(errors="replace").strip().splitlines()
+        raise ValueError(f"nsys stats failed on {rep}: {said[-1] if said else f'exit {err.returncode}'}") from None
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"nsys stats took over 10 minutes on {rep}") from None
+    try:
+        proj, steps, outside = per_step(rows)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"nsys stats' nvtx_gpu_proj_trace CSV for {rep} is not in a form this tool reads: "
+                         f"{err}") from None
+    if not steps:
+        raise ValueError(f"{rep} holds no step range of te-gemm-callback: was the job profiled with GemmProfiler "
+                         "(or a callback) inside nsys's capture range, with NVTX traced (-t cuda,nvtx)?")
+    dispatch = {s.index for s in cap.steps if getattr(s, "dispatch", False)}
+    return NsysComparison(compare(proj, capture_times(cap), dispatch), outside, steps)
+
+
+__all__ = ["NSYS_SCHEMA", "NsysComparison", "against_capture", "capture_times", "compare", "find_nsys", "per_step",
+           "projection_rows"]

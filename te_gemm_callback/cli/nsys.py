@@ -1,0 +1,53 @@
+"""``te-gemm nsys``: a capture's GEMM times beside Nsight Systems' own for the same run
+(te_gemm_callback.analysis.nsys; docs/nsight-systems.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from te_gemm_callback.printable import safe
+
+
+def cmd_nsys(a: argparse.Namespace) -> int:
+    from te_gemm_callback.analysis.nsys import NSYS_SCHEMA, against_capture, find_nsys
+    from te_gemm_callback.capture import GemmCapture
+    from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
+    from te_gemm_callback.reporting.nsys_table import nsys_table
+    from te_gemm_callback.reporting.tables import console
+
+    if a.json:
+        check_target(a.json, json_kind(NSYS_SCHEMA))  # refused before nsys runs
+    cap = GemmCapture.load(a.capture)
+    rep = Path(a.report)
+    if not rep.is_file():
+        raise FileNotFoundError(2, "No such file", str(rep))
+    nsys = find_nsys(a.nsys)
+    if nsys is None:
+        raise ValueError("no nsys found on PATH or under /opt/nvidia: pass --nsys PATH")
+    cmp = against_capture(cap, rep, nsys)
+    out = console()
+    out.print(nsys_table(cmp, limit=a.limit))
+    if a.limit is not None and len(cmp.rows) > a.limit:
+        out.print(f"[dim]{len(cmp.rows) - a.limit} more row(s) not shown: --limit 0 shows every row[/dim]")
+    if a.json:
+        write_json(a.json, cmp.to_dict(), schema=NSYS_SCHEMA)
+        out.print(f"comparison: {safe(a.json)}")
+    return 0
+
+
+def add_nsys_parser(command, file_path, limit) -> None:
+    s = command("nsys", "set a capture's GEMM times beside nsys's own for the same run (needs nsys)",
+                "For a job profiled under nsys profile -t cuda,nvtx with the capture on: each GEMM's time in the "
+                "capture (CUDA events) beside nsys's projection of its NVTX range onto the GPU (nsys stats -r "
+                "nvtx_gpu_proj_trace: nsys's own kernel records), medians over the same steps. REPORT must be a "
+                ".nsys-rep (a .qdstrm is a recording nsys could not import). Nothing is measured; no GPU needed.")
+    s.add_argument("capture", type=file_path, help="the job's gemm_capture.json")
+    s.add_argument("report", type=file_path, help="the .nsys-rep nsys wrote for that job")
+    s.add_argument("--nsys", type=file_path, help="the nsys binary (default: PATH, then /opt/nvidia)")
+    s.add_argument("--json", type=file_path, help="also write the rows as JSON (default: none)")
+    s.add_argument("--limit", type=limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
+    s.set_defaults(fn=cmd_nsys)
+
+
+__all__ = ["add_nsys_parser", "cmd_nsys"]

@@ -1,0 +1,107 @@
+"""``te-gemm nsys``: a capture set beside Nsight Systems' projection of its GEMM ranges. nsys cannot
+run on a CPU machine: a stand-in binary answers ``nsys stats`` with rows made from the capture, in
+the CSV header nsys 2025.3.1 wrote on the H200 host (the real comparison: docs/results/h200.md and
+tests/test_gpu.py)."""
+
+import csv
+import json
+import stat
+import sys
+
+import pytest
+import torch
+from helpers.cli import one_line_error
+from test_profiler import Net, step
+
+from te_gemm_callback import GemmProfiler
+from te_gemm_callback.analysis.nsys import capture_times
+from te_gemm_callback.cli import main
+
+HEADER = ("Name,Projected Start (ns),Projected Duration (ns),Orig Start (ns),Orig Duration (ns),Style,PID,TID,"
+          "NumGPUOps,Lvl,NumChild,RangeId,ParentId,RangeStack").split(",")
+FAKE_NSYS = f"""#!{sys.executable}
+import os, shutil, sys
+args = sys.argv[1:]
+assert args[0] == "stats" and "nvtx_gpu_proj_trace" in args, args
+shutil.copy(os.environ["FAKE_CSV"], args[args.index("-o") + 1] + "_nvtx_gpu_proj_trace.csv")
+"""
+
+
+def recorded(tmp_path, cap, offset):
+    """A CSV as nsys writes it for this capture's job: a range per step, one per GEMM per timed
+    step, each GEMM's projection ``offset`` longer than the capture's time (ns)."""
+    times = capture_times(cap)
+    rows, t = [], 1_000_000
+    for s in cap.steps:
+        rows.append({"Name": f"te_gemm:step {s.index} ({s.kind})", "Orig Start (ns)": t, "Orig Duration (ns)": 900_000,
+                     "Projected Duration (ns)": 800_000, "PID": 42})
+        if s.kind == "instrumented":
+            for i, (name, ms) in enumerate(times.items()):
+                rows.append({"Name": f"te_gemm:{name}", "Orig Start (ns)": t + 10 + i,
+                             "Orig Duration (ns)": 5, "Projected Duration (ns)": round(ms * 1e6 * (1 + offset)),
+                             "PID": 42})
+            rows.append({"Name": ":nvte_cublas_gemm_v2", "Orig Start (ns)": t + 50, "Orig Duration (ns)": 3,
+                         "Projected Duration (ns)": 7, "PID": 42})  # TE's own range: not ours
+        t += 1_000_000
+    path = tmp_path / "rows.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, HEADER)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    model, x = Net(), torch.randn(4, 16, requires_grad=True)
+    with GemmProfiler(model) as prof:
+        for _ in range(2):
+            step(model, x)
+            prof.step()
+    prof.capture.save(tmp_path / "gemm_capture.json")
+    nsys = tmp_path / "nsys"
+    nsys.write_text(FAKE_NSYS)
+    nsys.chmod(nsys.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "prof.nsys-rep").write_bytes(b"stand-in")
+    monkeypatch.setenv("FAKE_CSV", str(recorded(tmp_path, prof.capture, 0.01)))
+    return tmp_path, prof.capture
+
+
+def test_each_gemm_beside_nsys_projection(job, capsys):
+    d, cap = job
+    rc = main(["nsys", str(d / "gemm_capture.json"), str(d / "prof.nsys-rep"), "--nsys", str(d / "nsys"),
+               "--json", str(d / "cmp.json")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    got = json.loads((d / "cmp.json").read_text())
+    assert got["schema"] == "te-gemm-nsys/1" and got["outside_steps"] == 0
+    assert {r["gemm"] for r in got["rows"]} == set(capture_times(cap)) and len(got["rows"]) == 12
+    timed = sum(s.kind == "instrumented" for s in cap.steps)  # a GEMM range per instrumented step
+    for r in got["rows"]:  # the capture reads 1% under a projection 1% longer, every GEMM
+        assert r["instances"] == timed and abs(r["capture_vs_nsys"] - (1 / 1.01 - 1)) < 1e-4, r
+    assert "12 of 12 GEMMs" in out and "-0.99%" in out
+
+
+def test_what_nsys_cannot_read_is_one_line(job, capsys, monkeypatch):
+    d, _ = job
+    cap, nsys = str(d / "gemm_capture.json"), ["--nsys", str(d / "nsys")]
+    (d / "prof.qdstrm").write_bytes(b"")
+    assert main(["nsys", cap, str(d / "prof.qdstrm"), *nsys]) == 1
+    one_line_error(capsys, "could not import", ".nsys-rep")
+    assert main(["nsys", cap, str(d / "absent.nsys-rep"), *nsys]) == 1
+    one_line_error(capsys, "absent.nsys-rep")
+    monkeypatch.setenv("PATH", str(d / "empty"))
+    monkeypatch.setattr("te_gemm_callback.analysis.nsys.glob.glob", lambda *a, **k: [])
+    assert main(["nsys", cap, str(d / "prof.nsys-rep")]) == 1
+    one_line_error(capsys, "--nsys PATH")
+    # A recording without our step ranges (the job ran without the profiler in nsys's range).
+    other = d / "other.csv"
+    other.write_text(",".join(HEADER) + "\n" + ",".join(["job step", "0", "5", "0", "9", "PushPop", "1", "1"]
+                                                        + [""] * 6) + "\n")
+    monkeypatch.setenv("FAKE_CSV", str(other))
+    (d / "other.nsys-rep").write_bytes(b"another")
+    assert main(["nsys", cap, str(d / "other.nsys-rep"), *nsys]) == 1
+    one_line_error(capsys, "no step range of te-gemm-callback")
+    # An output of another kind is refused before nsys runs.
+    assert main(["nsys", cap, str(d / "prof.nsys-rep"), *nsys, "--json", cap]) == 1
+    one_line_error(capsys, "refusing to overwrite")
