@@ -27,23 +27,25 @@ shutil.copy(os.environ["FAKE_CSV"], args[args.index("-o") + 1] + "_nvtx_gpu_proj
 """
 
 
-def recorded(tmp_path, cap, offset):
+def recorded(tmp_path, cap, offset, pids=(42,), name="rows.csv"):
     """A CSV as nsys writes it for this capture's job: a range per step, one per GEMM per timed
-    step, each GEMM's projection ``offset`` longer than the capture's time (ns)."""
+    step, each GEMM's projection ``offset`` longer than the capture's time (ns); for each process
+    in ``pids`` (the ranks of a job, each its own steps: the second one's GEMMs twice as long)."""
     times = capture_times(cap)
-    rows, t = [], 1_000_000
-    for s in cap.steps:
-        rows.append({"Name": f"te_gemm:step {s.index} ({s.kind})", "Orig Start (ns)": t, "Orig Duration (ns)": 900_000,
-                     "Projected Duration (ns)": 800_000, "PID": 42})
-        if s.kind == "instrumented":
-            for i, (name, ms) in enumerate(times.items()):
-                rows.append({"Name": f"te_gemm:{name}", "Orig Start (ns)": t + 10 + i,
-                             "Orig Duration (ns)": 5, "Projected Duration (ns)": round(ms * 1e6 * (1 + offset)),
-                             "PID": 42})
-            rows.append({"Name": ":nvte_cublas_gemm_v2", "Orig Start (ns)": t + 50, "Orig Duration (ns)": 3,
-                         "Projected Duration (ns)": 7, "PID": 42})  # TE's own range: not ours
-        t += 1_000_000
-    path = tmp_path / "rows.csv"
+    rows = []
+    for rank, pid in enumerate(pids):
+        t = 1_000_000
+        for s in cap.steps:
+            rows.append({"Name": f"te_gemm:step {s.index} ({s.kind})", "Orig Start (ns)": t,
+                         "Orig Duration (ns)": 900_000, "Projected Duration (ns)": 800_000, "PID": pid})
+            if s.kind == "instrumented":
+                for i, (gemm, ms) in enumerate(times.items()):
+                    rows.append({"Name": f"te_gemm:{gemm}", "Orig Start (ns)": t + 10 + i, "Orig Duration (ns)": 5,
+                                 "Projected Duration (ns)": round(ms * 1e6 * (1 + offset) * (1 + rank)), "PID": pid})
+                rows.append({"Name": ":nvte_cublas_gemm_v2", "Orig Start (ns)": t + 50, "Orig Duration (ns)": 3,
+                             "Projected Duration (ns)": 7, "PID": pid})  # TE's own range: not ours
+            t += 1_000_000
+    path = tmp_path / name
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, HEADER)
         w.writeheader()
@@ -80,6 +82,24 @@ def test_each_gemm_beside_nsys_projection(job, capsys):
     for r in got["rows"]:  # the capture reads 1% under a projection 1% longer, every GEMM
         assert r["instances"] == timed and abs(r["capture_vs_nsys"] - (1 / 1.01 - 1)) < 1e-4, r
     assert "12 of 12 GEMMs" in out and "-0.99%" in out
+    assert "not taken under nsys" in out  # a CPU capture here: said, since its times are another run's
+    assert (d / "prof_nvtx_gpu_proj_trace.csv").exists()  # where nsys stats writes it, kept
+
+
+def test_a_recording_of_several_processes_needs_the_one_that_wrote_the_capture(job, capsys, monkeypatch):
+    d, cap = job
+    monkeypatch.setenv("FAKE_CSV", str(recorded(d, cap, 0.01, pids=(42, 43), name="ranks.csv")))
+    (d / "prof_1_nvtx_gpu_proj_trace.csv").write_text("another report's rows")  # beside it: left alone
+    args = ["nsys", str(d / "gemm_capture.json"), str(d / "prof.nsys-rep"), "--nsys", str(d / "nsys")]
+    assert main(args) == 2
+    one_line_error(capsys, "2 processes", "42, 43", "--pid")
+    for pid, want in (("42", 1 / 1.01 - 1), ("43", 1 / 2.02 - 1)):  # each rank's ranges alone, never pooled
+        assert main([*args, "--pid", pid, "--json", str(d / f"cmp{pid}.json")]) == 0
+        rows = json.loads((d / f"cmp{pid}.json").read_text())["rows"]
+        assert all(abs(r["capture_vs_nsys"] - want) < 1e-4 for r in rows), (pid, rows[0])
+    assert main([*args, "--pid", "7"]) == 2
+    one_line_error(capsys, "--pid 7", "42, 43")
+    assert (d / "prof_1_nvtx_gpu_proj_trace.csv").read_text() == "another report's rows"
 
 
 def test_what_nsys_cannot_read_is_one_line(job, capsys, monkeypatch):
@@ -90,6 +110,18 @@ def test_what_nsys_cannot_read_is_one_line(job, capsys, monkeypatch):
     one_line_error(capsys, "could not import", ".nsys-rep")
     assert main(["nsys", cap, str(d / "absent.nsys-rep"), *nsys]) == 1
     one_line_error(capsys, "absent.nsys-rep")
+    assert main(["nsys", cap, cap, *nsys]) == 1  # the capture given twice
+    one_line_error(capsys, "must be the .nsys-rep")
+    assert main(["nsys", cap, str(d / "prof.nsys-rep"), "--nsys", str(d)]) == 2
+    one_line_error(capsys, "--nsys", "a folder")
+    # The capture of another job: none of its GEMMs has a range in the report.
+    other_cap = d / "other_capture.json"
+    got = json.loads((d / "gemm_capture.json").read_text())
+    for r in got["records"]:
+        r["module"] = "elsewhere." + r["module"]
+    other_cap.write_text(json.dumps(got))
+    assert main(["nsys", str(other_cap), str(d / "prof.nsys-rep"), *nsys]) == 1
+    one_line_error(capsys, "the job that wrote the report")
     monkeypatch.setenv("PATH", str(d / "empty"))
     monkeypatch.setattr("te_gemm_callback.analysis.nsys.glob.glob", lambda *a, **k: [])
     assert main(["nsys", cap, str(d / "prof.nsys-rep")]) == 1

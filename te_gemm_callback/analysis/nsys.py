@@ -30,6 +30,10 @@ from typing import Any
 
 from te_gemm_callback.capture.instruments import NVTX_DOMAIN, range_name
 
+
+class UsageError(ValueError):
+    """The command line must change (which process to compare): te-gemm exits 2 for it."""
+
 STEP = re.compile(r"step (\d+) \(([^)]+)\)$")
 PREFIX = f"{NVTX_DOMAIN}:"
 NSYS_SCHEMA = "te-gemm-nsys/1"  # te-gemm nsys --json
@@ -52,18 +56,21 @@ def projection_rows(nsys: str, rep: Path) -> list[dict[str, str]]:
     return _rows(nsys, rep.resolve(), st.st_mtime_ns, st.st_size)
 
 
+def csv_path(rep: Path) -> Path:
+    """Where ``nsys stats -o PREFIX`` writes the rows (nsys 2025.3.1: PREFIX_nvtx_gpu_proj_trace.csv)."""
+    return rep.with_suffix("").with_name(f"{rep.with_suffix('').name}_nvtx_gpu_proj_trace.csv")
+
+
 @functools.cache
 def _rows(nsys: str, rep: Path, mtime_ns: int, size: int) -> list[dict[str, str]]:
     prefix = rep.with_suffix("")
-    for old in rep.parent.glob(f"{prefix.name}*nvtx_gpu_proj_trace*.csv"):
-        old.unlink()  # never read an earlier recording's rows
+    csv_path(rep).unlink(missing_ok=True)  # never read an earlier recording's rows
     subprocess.run([nsys, "stats", "-q", "-r", "nvtx_gpu_proj_trace", "-f", "csv", "--force-export=true",
                     "--force-overwrite=true", "-o", str(prefix), str(rep)],
                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=True, timeout=600)
-    found = sorted(rep.parent.glob(f"{prefix.name}*nvtx_gpu_proj_trace*.csv"))
-    if not found:
-        raise FileNotFoundError(f"nsys stats wrote no nvtx_gpu_proj_trace CSV beside {rep}")
-    with open(found[0], newline="") as f:
+    if not csv_path(rep).exists():
+        raise FileNotFoundError(f"nsys stats wrote no {csv_path(rep).name} beside {rep}")
+    with open(csv_path(rep), newline="") as f:
         return list(csv.DictReader(f))
 
 
@@ -86,11 +93,20 @@ def _int(value: str | None) -> int | None:
     return int(value) if value not in ("", None) else None
 
 
-def per_step(rows: list[dict[str, str]]) -> tuple[dict[str, dict[int, list[float]]], dict[int, str], int]:
+def processes(rows: list[dict[str, str]]) -> list[str]:
+    """The PIDs whose ranges include a step range of ours (one per rank of a multi-process job)."""
+    if not rows:
+        return []
+    name, pid = _column(rows[0], "name"), _column(rows[0], "pid")
+    return sorted({r[pid] for r in rows if (n := _ours(r[name])) is not None and STEP.match(n)})
+
+
+def per_step(rows: list[dict[str, str]], only_pid: str | None = None
+             ) -> tuple[dict[str, dict[int, list[float]]], dict[int, str], int]:
     """{GEMM range name: {step index: [projected ms, ...]}}, {step index: kind}, and how many GEMM
     instances fell in no step range of their process (left out). A range with no GPU work or an
-    unfinished one (empty fields) counts nowhere; steps are matched within one process (PID), so
-    the ranks of a multi-process job do not mix."""
+    unfinished one (empty fields) counts nowhere; steps are matched within one process (PID), and
+    ``only_pid`` keeps one process's ranges (one rank's, beside that rank's capture)."""
     if not rows:
         return {}, {}, 0
     name, pid = _column(rows[0], "name"), _column(rows[0], "pid")
@@ -100,7 +116,7 @@ def per_step(rows: list[dict[str, str]]) -> tuple[dict[str, dict[int, list[float
     for r in rows:
         n = _ours(r[name])
         t0, t = _int(r[start]), _int(r[length])
-        if n is None or t0 is None:
+        if n is None or t0 is None or (only_pid is not None and r[pid] != only_pid):
             continue
         if m := STEP.match(n):
             if t is not None:
@@ -161,12 +177,15 @@ class NsysComparison:
                 "steps": {str(i): k for i, k in self.steps.items()}}
 
 
-def against_capture(cap: Any, rep: Path, nsys: str) -> NsysComparison:
-    """The capture ``cap`` (of a job recorded as ``rep``) against nsys's projection of its ranges.
-    Raises ValueError with what to do where ``rep`` is not something ``nsys stats`` can read."""
+def against_capture(cap: Any, rep: Path, nsys: str, pid: str | None = None) -> NsysComparison:
+    """The capture ``cap`` (of a job recorded as ``rep``; ``pid``: its process, where the recording
+    holds several) against nsys's projection of its ranges. Raises ValueError with what to do where
+    ``rep`` is not something ``nsys stats`` can read, or does not match ``cap``."""
     if rep.suffix == ".qdstrm":
         raise ValueError(f"{rep} is a .qdstrm: nsys could not import it (its QdstrmImporter did not start; "
                          "docs/nsight-systems.md says how to find why), and nsys stats reads only a .nsys-rep")
+    if rep.suffix != ".nsys-rep":
+        raise ValueError(f"{rep}: the report must be the .nsys-rep nsys wrote (nsys profile -o NAME)")
     try:
         rows = projection_rows(nsys, rep)
     except subprocess.CalledProcessError as err:
@@ -175,7 +194,16 @@ def against_capture(cap: Any, rep: Path, nsys: str) -> NsysComparison:
     except subprocess.TimeoutExpired:
         raise ValueError(f"nsys stats took over 10 minutes on {rep}") from None
     try:
-        proj, steps, outside = per_step(rows)
+        pids = processes(rows)
+        if pid is None and len(pids) > 1:
+            raise UsageError(f"{rep} holds {len(pids)} processes with te-gemm-callback's steps (PID "
+                             f"{', '.join(pids)}): pass --pid with the one that wrote this capture")
+        if pid is not None and pid not in pids:
+            raise UsageError(f"--pid {pid}: no step range of te-gemm-callback in that process (PIDs with them: "
+                             f"{', '.join(pids) or 'none'})")
+        proj, steps, outside = per_step(rows, pid)
+    except UsageError:
+        raise
     except (KeyError, ValueError) as err:
         raise ValueError(f"nsys stats' nvtx_gpu_proj_trace CSV for {rep} is not in a form this tool reads: "
                          f"{err}") from None
@@ -183,8 +211,12 @@ def against_capture(cap: Any, rep: Path, nsys: str) -> NsysComparison:
         raise ValueError(f"{rep} holds no step range of te-gemm-callback: was the job profiled with GemmProfiler "
                          "(or a callback) inside nsys's capture range, with NVTX traced (-t cuda,nvtx)?")
     dispatch = {s.index for s in cap.steps if getattr(s, "dispatch", False)}
-    return NsysComparison(compare(proj, capture_times(cap), dispatch), outside, steps)
+    cmp = NsysComparison(compare(proj, capture_times(cap), dispatch), outside, steps)
+    if not cmp.differences:
+        raise ValueError(f"no GEMM of this capture has a range in {rep}: is the capture from the job that wrote "
+                         "the report (and its steps inside nsys's capture range)?")
+    return cmp
 
 
-__all__ = ["NSYS_SCHEMA", "NsysComparison", "against_capture", "capture_times", "compare", "find_nsys", "per_step",
-           "projection_rows"]
+__all__ = ["NSYS_SCHEMA", "NsysComparison", "UsageError", "against_capture", "capture_times", "compare", "csv_path",
+           "find_nsys", "per_step", "processes", "projection_rows"]

@@ -10,28 +10,39 @@ from te_gemm_callback.printable import safe
 
 
 def cmd_nsys(a: argparse.Namespace) -> int:
-    from te_gemm_callback.analysis.nsys import NSYS_SCHEMA, against_capture, find_nsys
+    from te_gemm_callback.analysis import nsys as ns
     from te_gemm_callback.capture import GemmCapture
+    from te_gemm_callback.cli.args import UsageError
     from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
     from te_gemm_callback.reporting.nsys_table import nsys_table
     from te_gemm_callback.reporting.tables import console
 
     if a.json:
-        check_target(a.json, json_kind(NSYS_SCHEMA))  # refused before nsys runs
+        check_target(a.json, json_kind(ns.NSYS_SCHEMA))  # refused before nsys runs
+    if a.nsys is not None and not Path(a.nsys).is_file():
+        raise UsageError(f"--nsys {a.nsys}: {'a folder' if Path(a.nsys).is_dir() else 'no such file'}; "
+                         "give the nsys binary")
     cap = GemmCapture.load(a.capture)
     rep = Path(a.report)
     if not rep.is_file():
         raise FileNotFoundError(2, "No such file", str(rep))
-    nsys = find_nsys(a.nsys)
+    nsys = ns.find_nsys(a.nsys)
     if nsys is None:
         raise ValueError("no nsys found on PATH or under /opt/nvidia: pass --nsys PATH")
-    cmp = against_capture(cap, rep, nsys)
+    try:
+        cmp = ns.against_capture(cap, rep, nsys, a.pid)
+    except ns.UsageError as err:
+        raise UsageError(str(err)) from None
     out = console()
+    owner = cap.meta.get("cupti_owner") or ""
+    if not owner.startswith("Nsight Systems"):
+        out.print(f"[yellow]this capture was not taken under nsys (its GEMM times: "
+                  f"{safe(cap.meta.get('gemm_time_source', '?'))}): they come from another run than the report's")
     out.print(nsys_table(cmp, limit=a.limit))
     if a.limit is not None and len(cmp.rows) > a.limit:
         out.print(f"[dim]{len(cmp.rows) - a.limit} more row(s) not shown: --limit 0 shows every row[/dim]")
     if a.json:
-        write_json(a.json, cmp.to_dict(), schema=NSYS_SCHEMA)
+        write_json(a.json, cmp.to_dict(), schema=ns.NSYS_SCHEMA)
         out.print(f"comparison: {safe(a.json)}")
     return 0
 
@@ -41,11 +52,15 @@ def add_nsys_parser(command, file_path, limit) -> None:
                 "For a job profiled under nsys profile -t cuda,nvtx with the capture on: each GEMM's time in the "
                 "capture (CUDA events) beside nsys's projection of its NVTX range onto the GPU (nsys stats -r "
                 "nvtx_gpu_proj_trace: nsys's own kernel records), medians over the same steps. REPORT must be a "
-                ".nsys-rep (a .qdstrm is a recording nsys could not import). Nothing is measured; no GPU needed.")
+                ".nsys-rep (a .qdstrm is a recording nsys could not import); nsys stats writes "
+                "REPORT_nvtx_gpu_proj_trace.csv beside it. Nothing is measured; no GPU needed.")
     s.add_argument("capture", type=file_path, help="the job's gemm_capture.json")
     s.add_argument("report", type=file_path, help="the .nsys-rep nsys wrote for that job")
     s.add_argument("--nsys", type=file_path, help="the nsys binary (default: PATH, then /opt/nvidia)")
-    s.add_argument("--json", type=file_path, help="also write the rows as JSON (default: none)")
+    s.add_argument("--pid", help="the process whose ranges to compare, where REPORT holds several (one per rank): "
+                                 "the one that wrote CAPTURE (default: the only one)")
+    s.add_argument("--json", type=file_path,
+                   help="also write the rows as JSON; capture_vs_nsys there is a fraction (default: none)")
     s.add_argument("--limit", type=limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
     s.set_defaults(fn=cmd_nsys)
 

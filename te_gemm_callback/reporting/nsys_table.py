@@ -10,7 +10,7 @@ from rich.table import Table
 
 from te_gemm_callback.printable import safe
 
-COLUMNS = ("GEMM range", "nsys ms (median)", "instances", "capture ms (median)", "capture vs nsys")
+COLUMNS = ("GEMM range", "nsys ms (median)", "nsys instances", "capture ms (median)", "capture vs nsys")
 
 
 def nsys_rows(cmp: Any, limit: int | None = None) -> list[list[str]]:
@@ -27,8 +27,10 @@ def nsys_summary(cmp: Any) -> str:
     d = cmp.differences
     if not d:
         return "no GEMM of the capture has a projection in this report"
-    text = (f"{len(d)} of {len(cmp.rows)} GEMMs: capture vs nsys median |difference| "
-            f"{100 * statistics.median(d):.2f}%, worst {100 * d[-1]:.2f}%")
+    worst = max((r for r in cmp.rows if r["capture_vs_nsys"] is not None), key=lambda r: abs(r["capture_vs_nsys"]))
+    text = (f"{len(d)} of {len(cmp.rows)} GEMMs: |capture - nsys| / nsys, median {100 * statistics.median(d):.2f}%, "
+            f"worst {100 * d[-1]:.2f}% ({worst['gemm']}); -: the capture shorter (by up to ~1 us by design: the "
+            "event-pair floor, docs/nsight-systems.md)")
     missing = [r["gemm"] for r in cmp.rows if r["nsys_proj_ms"] is None]
     if missing:
         text += f"; no projection for {len(missing)} ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
