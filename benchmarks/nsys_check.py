@@ -37,8 +37,14 @@ sys.path.insert(0, str(ROOT))
 from _timing import median_ratio_ci  # noqa: E402
 
 from te_gemm_callback import GemmCapture  # noqa: E402
-from te_gemm_callback.analysis.nsys import capture_times, find_nsys, per_step, projection_rows  # noqa: E402
-from te_gemm_callback.analysis.nsys import compare as compare_projection  # noqa: E402
+from te_gemm_callback.analysis.nsys import (  # noqa: E402
+    against_capture,
+    capture_times,
+    find_nsys,
+    per_step,
+    projection_rows,
+)
+from te_gemm_callback.reporting.nsys_table import nsys_summary  # noqa: E402
 
 
 def dense(out: Path, layers: int, steps: int, extra: list[str]) -> list[str]:
@@ -151,9 +157,9 @@ def names_in(path: Path, names: list[str], nsys: str) -> dict[str, bool]:
     return {n: n.encode() in text for n in names}
 
 
-def projections(nsys: str, out: Path, order: list[str], caps: dict, times: dict) -> dict:
+def projections(nsys: str, out: Path, order: list[str], caps: dict) -> dict:
     """Per run under nsys, nsys's own projection of each GEMM range against the capture's time for
-    it in that run (te_gemm_callback.analysis.nsys); a reason where nsys made no report to read."""
+    it in that run (``te-gemm nsys``'s comparison), or the reason there is none."""
     found = {}
     for k in (k for k in order if k.startswith("nsys")):
         rep = out / k / "profile.nsys-rep"
@@ -161,17 +167,9 @@ def projections(nsys: str, out: Path, order: list[str], caps: dict, times: dict)
             found[k] = "no .nsys-rep: nsys could not import its recording (QdstrmImporter; docs/nsight-systems.md)"
             continue
         try:
-            rows = projection_rows(nsys, rep)
-        except (subprocess.SubprocessError, OSError) as err:
-            found[k] = f"nsys stats failed: {type(err).__name__}: {err}"
-            continue
-        try:
-            proj, _, outside = per_step(rows)
-        except (KeyError, ValueError) as err:
-            found[k] = f"nsys stats' CSV not understood: {type(err).__name__}: {err}"
-            continue
-        found[k] = {"outside_steps": outside,
-                    "rows": compare_projection(proj, times[k], {s.index for s in caps[k].steps if s.dispatch})}
+            found[k] = against_capture(caps[k], rep, nsys)
+        except (ValueError, OSError) as err:
+            found[k] = f"{type(err).__name__}: {err}"
     return found
 
 
@@ -180,14 +178,8 @@ def print_projection(found: dict) -> None:
         if isinstance(got, str):
             print(f"{k}: nsys's projection: {got}")
             continue
-        rows = got["rows"]
-        d = sorted(abs(r["capture_vs_nsys"]) for r in rows if r["capture_vs_nsys"] is not None)
-        mid = f"{100 * statistics.median(d):.2f}%" if d else "n/a"
-        missing = [r["gemm"] for r in rows if r["nsys_proj_ms"] is None]
-        print(f"{k}: capture against nsys's own projection of each GEMM range, {len(d)} of {len(rows)} GEMMs: "
-              f"median |difference| {mid}, worst {100 * max(d, default=0):.2f}%; no projection: {missing or 'none'}; "
-              f"GEMM ranges outside every step: {got['outside_steps']}")
-        for r in rows:
+        print(f"{k}: capture against nsys's own projection of each GEMM range, {nsys_summary(got)}")
+        for r in got.rows:
             if r["capture_vs_nsys"] is not None:
                 print(f"   {r['gemm'][:58]:58} nsys {r['nsys_proj_ms']:8.3f} ms  capture {r['capture_ms']:8.3f} ms "
                       f"{100 * r['capture_vs_nsys']:+6.2f}%  ({r['instances']} instances)")
@@ -266,7 +258,8 @@ def main() -> int:
         "names_missing": {f: [n for n, ok in h.items() if not ok] for f, h in held.items()},
         "rows": rows}
     (out / "nsys_check.json").write_text(json.dumps(result, indent=1))  # kept if what follows fails
-    result["projection"] = projections(nsys, out, order, caps, times)
+    found = projections(nsys, out, order, caps)
+    result["projection"] = {k: v if isinstance(v, str) else v.to_dict() for k, v in found.items()}
     (out / "nsys_check.json").write_text(json.dumps(result, indent=1))
     print(f"{'GEMM':58} {'nsys ms':>9} {'plain ms':>9} {'nsys/plain':>10} {'95% interval':>17} {'plain spread':>12}")
     for r in rows:
@@ -279,7 +272,7 @@ def main() -> int:
     print(f"time source: {result['time_source']}; under nsys: {result['cupti_owner']}")
     for f, size in result["files"].items():
         print(f"{f}: {size / 2**20:.1f} MiB, our range names in it: {result['names_in_file'][f]}")
-    print_projection(result["projection"])
+    print_projection(found)
     return 0 if result["within_tolerance"] and all(not m for m in result["names_missing"].values()) and files else 1
 
 
