@@ -20,7 +20,7 @@ from helpers.scripts import benchmark
 from test_clean_steps import run
 from test_profiler import MLP
 
-from te_gemm_callback import GemmProfiler
+from te_gemm_callback import GemmProfiler, torch_cuda
 from te_gemm_callback.capture.cupti import EVENTS, NONE, cupti_owner
 from te_gemm_callback.capture.kernel_profile import KernelProfile
 
@@ -271,7 +271,7 @@ def test_a_start_event_waits_behind_a_spin(monkeypatch, capturing):
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch_cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
     monkeypatch.setattr(instruments, "_record", lambda: calls.append(("event",)) or len(calls))
     timer = instruments.EventTimer(True)
@@ -379,7 +379,7 @@ def test_a_gated_pair_opens_after_its_end_event_drops_when_its_gate_gave_up_and_
     g.open = lambda n: (calls.append(("open", n)), opened(n))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch_cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("spin", cycles)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
@@ -410,7 +410,7 @@ def test_a_gated_pair_opens_after_its_end_event_drops_when_its_gate_gave_up_and_
     assert timer.read(first) == (None, "below floor")
     assert timer.leads == {"gate"}
     # A device without a gate: the spin leads its pairs.
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch_cuda, "current_device", lambda: 1)
     calls.clear()
     timer.stop(timer.start())
     assert calls[0] == ("spin", instruments.LEAD_CYCLES) and timer.leads == {"gate", "spin"}
@@ -453,7 +453,7 @@ def test_without_triton_no_gate_is_built_the_spin_stands_in_and_it_is_said_once(
     monkeypatch.setattr(gate, "_GATES", {})
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ImportError
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch_cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
         timers = [instruments.EventTimer(True) for _ in range(2)]

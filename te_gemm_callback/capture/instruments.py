@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from te_gemm_callback import torch_cuda
+
 NVTX_DOMAIN = "te_gemm"
 
 
@@ -119,7 +121,7 @@ class EventTimer:
         self.blocking = os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")
         from te_gemm_callback.capture.gate import host_gate
 
-        for d in set(devices) or {torch.cuda.current_device()}:
+        for d in set(devices) or {torch_cuda.current_device()}:
             if d not in self.gates:
                 self.gates[d] = host_gate(d)
 
@@ -129,7 +131,7 @@ class EventTimer:
         if not self.cuda:
             return time.perf_counter()
         gate = n = None
-        dev = _device()
+        dev = torch_cuda.current_device()
         # Not while a CUDA graph is being captured: the lead would join the job's graph.
         if self.lead and not self.blocking and not torch.cuda.is_current_stream_capturing():
             gate, n = self._lead(dev)
@@ -181,7 +183,7 @@ class EventTimer:
         fill kernel behind that device's lead. After the steps (it synchronizes), never inside one."""
         if not self.cuda:
             return
-        for dev in self.devices or {_device()}:
+        for dev in self.devices or {torch_cuda.current_device()}:
             with torch.cuda.device(dev):
                 fill = _fill_target()
                 pairs = []
@@ -198,30 +200,15 @@ class EventTimer:
 
 def _fill_target() -> torch.Tensor:
     """One element on the current device: its fill is the smallest kernel a pair can hold."""
-    return torch.zeros(1, device=torch.device("cuda", _device()))
-
-
-def _device() -> int:
-    """The current CUDA device, without ``torch.cuda.current_device()``'s lazy-init check."""
-    try:
-        return torch._C._cuda_getDevice()
-    except AttributeError:  # a CPU build of torch (tests with stand-ins), another torch
-        return torch.cuda.current_device()
+    return torch.zeros(1, device=torch.device("cuda", torch_cuda.current_device()))
 
 
 def _record() -> Any:
     """A timing event recorded on the current stream (autograd sets it to the forward's stream in
-    backward too). ``Event.record()`` without a stream finds it through
-    ``torch.cuda.current_stream()``, whose device lookup (``is_available()``, an environment read)
-    was most of a record's host cost (H200, torch 2.11, cProfile: ~20 µs a record, ~14 of it
-    there); the current device and its stream are read directly instead."""
+    backward too), read through the private fast path: ``Event.record()`` without a stream looks
+    the stream up through ``torch.cuda.current_stream()``, most of a record's host cost."""
     ev = torch.cuda.Event(enable_timing=True)
-    try:
-        sid, dev, typ = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
-        stream = torch.cuda.Stream(stream_id=sid, device_index=dev, device_type=typ)
-    except (AttributeError, TypeError, ValueError):  # another torch: the public path
-        stream = None
-    ev.record(stream)
+    ev.record(torch_cuda.current_stream())
     return ev
 
 
