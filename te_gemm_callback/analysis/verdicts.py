@@ -39,6 +39,7 @@ from te_gemm_callback.analysis.prediction import (
     round_speedups,
     short_error,
 )
+from te_gemm_callback.analysis.whatif import own_replay, replay_recipes
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.microbench.cells import WorkItem, items_from_capture
 from te_gemm_callback.microbench.results import BenchResults, fallback_items, measured_items
@@ -66,6 +67,10 @@ class RecipeAnalysis:
     predicted_step_ms: float | None = None
     predicted_step_speedup: float | None = None  # over BF16, GEMM kernels alone
     predicted_step_speedup_unfused: float | None = None  # over BF16, GEMMs + standalone quantization
+    predicted_gemms_alone: float | None = None  # over BF16, Amdahl over the GEMM share (kept beside the replay)
+    predicted_band: tuple[float, float] | None = None  # the replay's band on predicted_step_speedup
+    predicted_bound: str | None = None  # "host" or "gpu": what bounds the replayed step in this recipe
+    predicted_by: str | None = None  # "replay" (the job's step replayed) or "gemms_alone"
     observed_step_ms: float | None = None
     observed_gemm_ms: float | None = None
     observed_step_speedup: float | None = None  # over BF16: the median of the sweep's per-round ratios
@@ -158,6 +163,8 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
     # A GEMM a recipe cannot run (an 8-wide router in FP8) stays in BF16 in the job: count it so.
     bench_ms = {r: bench_step_ms(bench, items, r, mode, fallback="BF16") for r in recipes} if bench else {}
     pred_step = predict_steps(base, bench_ms)
+    costs = bench.meta.get("module_costs") if bench else None
+    replays = replay_recipes(capture, bench, recipes, base.recipe, base.step_ms, costs) if bench else {}
     unfused, auto_ms = {}, {}
     if bench and mode != "autocast" and "autocast" in modes:
         auto_ms = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes}
@@ -176,7 +183,10 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
         if r in pred_step:
             a.predicted_step_ms = pred_step[r]
             if "BF16" in pred_step:
-                a.predicted_step_speedup = pred_step["BF16"] / pred_step[r]
+                a.predicted_step_speedup = a.predicted_gemms_alone = pred_step["BF16"] / pred_step[r]
+                a.predicted_by = "gemms_alone"
+        if r in replays and "BF16" in replays:
+            _set_replay(a, replays[r], replays["BF16"])
         if r in unfused and "BF16" in unfused:
             a.predicted_step_speedup_unfused = unfused["BF16"] / unfused[r]
         if r in runs:
@@ -199,13 +209,26 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
     skipped = dict(bench.skipped) if bench else {}
     return Report(base.recipe, base.step_ms, base.gemm_ms, out, skipped,
                   meta={"device": capture.meta.get("device"), "mode": mode,
-                        "prediction": "Amdahl over the measured GEMM share with microbenchmarked GEMM speedups "
-                                      f"({mode} mode)",
+                        "prediction": ("a replay of the job's own kernels step (host calls and kernels) with each "
+                                       f"recipe's GEMM times ({mode} mode) and module host and quantization costs"
+                                       if replays else "Amdahl over the measured GEMM share with microbenchmarked "
+                                       f"GEMM speedups ({mode} mode)"),
+                        "replay": {r: rr.to_dict() for r, rr in replays.items()} or None,
+                        "replay_own": own_replay(capture, costs),
                         # Named per device from the capture: the host clock on a CPU, never assumed CUDA.
                         "timing": f"step: {step_timing(capture)}; GEMM: {gemm_timing(capture)}",
                         "step_clock": capture.step_clock(), "gemm_clock": capture.gemm_clock(),
                         **report_checks(base.recipe, {**runs, **({"plan": plan_run} if plan_run else {})},
                                         [capture, *observed], capture_recipe, out, bench, GEMM_BOUND_TOL)})
+
+
+def _set_replay(a: RecipeAnalysis, rr: Any, bf16: Any) -> None:
+    """The replay's prediction as the recipe's predicted column, with its band and bound."""
+    a.predicted_step_ms = rr.step_ms
+    a.predicted_step_speedup = bf16.step_ms / rr.step_ms
+    a.predicted_band = (bf16.low_ms / rr.high_ms, bf16.high_ms / rr.low_ms)
+    a.predicted_bound = rr.bound
+    a.predicted_by = "replay"
 
 
 def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],

@@ -143,8 +143,14 @@ class KernelTimeline:
     names: list[str]
     kernels: list[list[Any]]
     total: int
+    # The host side of the same step (kernel_profile.host_rows), for the replay: one row per CUDA
+    # runtime call, ``[gap_us, cost_us, kind, [kernel rows]]``, and the launch latency (µs). None
+    # where the records had no host calls (older captures, another torch, a cut timeline).
+    calls: list[list[Any]] | None = None
+    latency_us: float | None = None
 
     ROW = ("name", "start_us", "dur_us", "stream", "record", "call")
+    CALL_KINDS = ("launch", "sync_device", "sync_stream", "other")
 
     def problem(self, records: int, steps: int) -> str | None:
         """What makes this timeline not fit a capture of ``records`` records and ``steps`` steps
@@ -168,6 +174,20 @@ class KernelTimeline:
             if (record is not None and not index(record, records)) or (call is not None and not index(call, None)) \
                     or (stream is not None and (isinstance(stream, bool) or not isinstance(stream, int))):
                 return f"kernel {i} names a record, call or stream that is not one"
+        return self._calls_problem(num, index)
+
+    def _calls_problem(self, num: Any, index: Any) -> str | None:
+        if self.calls is None:
+            return None
+        if not num(self.latency_us):
+            return "its launch latency is damaged"
+        for i, row in enumerate(self.calls):
+            if not isinstance(row, (list, tuple)) or len(row) != 4:
+                return f"host call {i} is not a row of 4 (gap_us, cost_us, kind, kernels)"
+            gap, cost, kind, ops = row
+            if not num(gap) or not num(cost) or kind not in self.CALL_KINDS or not isinstance(ops, list) \
+                    or not all(index(k, len(self.kernels)) for k in ops):
+                return f"host call {i} has a negative time, an unknown kind or a kernel that is not one"
         return None
 
     @classmethod

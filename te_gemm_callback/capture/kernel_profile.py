@@ -42,6 +42,10 @@ class KernelStep:
     kernels: list[tuple[str, float, float]] = field(default_factory=list)
     streams: list[int | None] = field(default_factory=list)
     start: float | None = None
+    # The host's CUDA runtime calls of the step, in host order: (name, start µs, end µs, correlation
+    # id), and each kernel's correlation id (None: unknown): which call launched which kernel.
+    calls: list[tuple[str, float, float, int]] = field(default_factory=list)
+    corrs: list[int | None] = field(default_factory=list)
 
     def gemm_units(self) -> list[list[int]]:
         """The kernels (indices into ``kernels``) of each GEMM, in launch order. cuBLAS's split-K
@@ -175,6 +179,7 @@ class KernelProfile:
             self.sync_ms = (time.perf_counter() - t0) * 1e3
             prof.__exit__(None, None, None)
             records = sorted(kernel_records(prof), key=lambda k: k[1])
+            calls = host_calls(prof)
             if not records and self._marks:
                 # Not even the step marker came back: CUPTI's activity records went to another
                 # subscriber that cupti.py did not recognise (nsys attached after launch, say).
@@ -182,7 +187,8 @@ class KernelProfile:
                               "(Nsight Systems, Nsight Compute, a CUPTI injection)")
                 log.warning("te-gemm: no kernel records: %s", self.error)
                 return None
-            return split_at_marks([k[:3] for k in records], self._marks, [k[3] for k in records])
+            return split_at_marks([k[:3] for k in records], self._marks, [k[3] for k in records],
+                                  [k[4] for k in records], calls)
         except Exception as err:
             self.error = f"{type(err).__name__}: {err}"
             log.warning("te-gemm: kernel records unusable: %s", self.error)
@@ -202,11 +208,12 @@ class KernelProfile:
                 pass
 
 
-def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, float, int | None]]:
-    """(name, start µs, end µs, stream) of every ``device`` kernel in a finished ``torch.profiler``
-    session: :func:`~te_gemm_callback.capture.kernels.kernel_intervals` with each kernel's stream
-    (Kineto's resource id of a GPU activity: its CUDA stream), read from the same raw records and
-    with the same filter. Where they cannot be read, the parsed events without streams."""
+def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, float, int | None, int | None]]:
+    """(name, start µs, end µs, stream, correlation id) of every ``device`` kernel in a finished
+    ``torch.profiler`` session: :func:`~te_gemm_callback.capture.kernels.kernel_intervals` with each
+    kernel's stream (Kineto's resource id of a GPU activity: its CUDA stream) and the id CUPTI gave
+    the host call that launched it, read from the same raw records and with the same filter. Where
+    they cannot be read, the parsed events without streams or ids."""
     try:
         results = prof.profiler.kineto_results
         t0 = results.trace_start_ns()
@@ -215,28 +222,66 @@ def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, fl
             if device not in str(e.device_type()) or getattr(e, "is_hidden_event", lambda: False)():
                 continue
             stream = e.device_resource_id() if hasattr(e, "device_resource_id") else None
-            out.append((e.name(), (e.start_ns() - t0) / 1e3, (e.start_ns() - t0 + e.duration_ns()) / 1e3, stream))
+            corr = e.correlation_id() if hasattr(e, "correlation_id") else None
+            out.append((e.name(), (e.start_ns() - t0) / 1e3, (e.start_ns() - t0 + e.duration_ns()) / 1e3, stream,
+                        corr or None))
         return out
     except AttributeError:  # another torch: the parsed events, streams unknown
-        return [(n, s, e, None) for n, s, e in kernel_intervals(prof, device)]
+        return [(n, s, e, None, None) for n, s, e in kernel_intervals(prof, device)]
+
+
+def host_calls(prof: Any) -> list[tuple[str, float, float, int]]:
+    """(name, start µs, end µs, correlation id) of every CUDA runtime and driver call the host made
+    in a finished ``torch.profiler`` session with CUDA activity only, in host order, on the kernels'
+    clock. CUPTI records them with that activity anyway (CUDA activity in Kineto includes the
+    runtime and driver API: nothing more is collected for them). A call made inside another (the
+    driver's launch inside the runtime's) is part of it and left out; Kineto's own records
+    ("Activity Buffer Request") are not calls of the job. Empty where the records cannot be read."""
+    try:
+        results = prof.profiler.kineto_results
+        t0 = results.trace_start_ns()
+        raw = sorted(((e.name(), (e.start_ns() - t0) / 1e3, (e.start_ns() - t0 + e.duration_ns()) / 1e3,
+                       e.correlation_id()) for e in results.events()
+                      if "CPU" in str(e.device_type()) and e.name().startswith("cu") and e.correlation_id()),
+                     key=lambda c: c[1])
+    except AttributeError:  # another torch
+        return []
+    out: list[tuple[str, float, float, int]] = []
+    for c in raw:
+        if out and c[1] < out[-1][2]:  # nested in the call before it (or on another thread meanwhile)
+            continue
+        out.append(c)
+    return out
 
 
 def split_at_marks(kernels: list[tuple[str, float, float]], marks: int,
-                   streams: list[int | None] | None = None) -> list[KernelStep]:
+                   streams: list[int | None] | None = None, corrs: list[int | None] | None = None,
+                   calls: list[tuple[str, float, float, int]] | None = None) -> list[KernelStep]:
     """One KernelStep per step marker (kernels in start order; the markers themselves dropped);
     without markers, one step of everything. Kernels before the first marker (a warm-up step) go.
-    ``streams``: each kernel's stream, in the same order (None: not known), split alike."""
+    ``streams`` and ``corrs``: each kernel's stream and correlation id, in the same order (None: not
+    known), split alike. ``calls``: the host's runtime calls (:func:`host_calls`); each step keeps
+    those after its marker's launch and before the next marker's (or the session's end)."""
     st = list(streams) if streams is not None and len(streams) == len(kernels) else []
+    co = list(corrs) if corrs is not None and len(corrs) == len(kernels) else []
+    calls = calls or []
 
     def part(a: int, b: int, start: float | None) -> KernelStep:
-        return KernelStep(kernels[a:b], st[a:b] if st else [], start)
+        return KernelStep(kernels[a:b], st[a:b] if st else [], start, corrs=co[a:b] if co else [])
 
     if marks == 0:
         return [part(0, len(kernels), None)]
     at = [i for i, k in enumerate(kernels) if MARKER in k[0]]
     if len(at) != marks:
         raise RuntimeError(f"{marks} step marker(s) launched, {len(at)} among the {len(kernels)} kernel records")
-    return [part(a + 1, b, kernels[a][1]) for a, b in zip(at, at[1:] + [len(kernels)])]
+    steps = [part(a + 1, b, kernels[a][1]) for a, b in zip(at, at[1:] + [len(kernels)])]
+    if co and calls:
+        launched = {c[3]: j for j, c in enumerate(calls)}
+        where = [launched.get(co[a]) for a in at]
+        if all(w is not None for w in where):  # every marker's launch is among the calls
+            for k, (w, nxt) in enumerate(zip(where, where[1:] + [len(calls)])):
+                steps[k].calls = calls[w + 1:nxt]
+    return steps
 
 
 def join_by_order(sequence: list[Any], step: KernelStep,
@@ -330,7 +375,46 @@ def kernel_timeline(index: int, step: KernelStep, calls: list[int | None], seque
                      step.streams[i] if i < len(step.streams) else None,
                      record_of.get(key) if key is not None else None, call])
     span = max((e for _, _, e in ks), default=t0) - t0
-    return KernelTimeline(step=index, span_us=round(span, 3), names=list(names), kernels=rows, total=len(ks))
+    host = host_rows(step) if len(ks) <= limit else None
+    return KernelTimeline(step=index, span_us=round(span, 3), names=list(names), kernels=rows, total=len(ks),
+                          calls=host[0] if host else None, latency_us=host[1] if host else None)
+
+
+def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
+    """The host side of a kernels step, for the replay (:mod:`te_gemm_callback.analysis.replay`):
+    one row per runtime call from the step's start boundary to its end boundary, ``[gap_us, cost_us,
+    kind, [kernel indices]]`` (host µs since the call before it returned, µs in the call, the kind
+    :func:`~te_gemm_callback.analysis.replay.call_kind` gives its name, the step's kernels it
+    launched), and the median µs from a launch's start to its kernel's start where the kernel's
+    stream was idle: the launch latency. None where the step has no host calls or no kernel ids."""
+    from te_gemm_callback.analysis.replay import call_kind
+
+    if not step.calls or len(step.corrs) != len(step.kernels):
+        return None
+    # The step boundaries are event records (stepping._boundary): the step's host time runs from
+    # the first call to the last event record; after it come the session's stop and its sync.
+    ends = [j for j, c in enumerate(step.calls) if c[0].startswith("cudaEventRecord")]
+    calls = step.calls[:ends[-1] + 1] if ends else step.calls
+    of_corr: dict[int, list[int]] = {}
+    for i, corr in enumerate(step.corrs):
+        if corr is not None:
+            of_corr.setdefault(corr, []).append(i)
+    rows: list[list[Any]] = []
+    lags: list[float] = []
+    free: dict[Any, float] = {}
+    prev_end = calls[0][1]
+    for name, start, end, corr in calls:
+        launched = of_corr.get(corr, [])
+        for i in launched:
+            stream = step.streams[i] if i < len(step.streams) else None
+            if free.get(stream, -1.0) <= start:  # its stream idle when the launch began
+                lags.append(step.kernels[i][1] - start)
+            free[stream] = step.kernels[i][2]
+        rows.append([round(max(start - prev_end, 0.0), 3), round(max(end - start, 0.0), 3), call_kind(name),
+                     launched])
+        prev_end = end
+    lags = sorted(x for x in lags if x >= 0)
+    return rows, round(lags[len(lags) // 2], 3) if lags else 5.0
 
 
 def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:

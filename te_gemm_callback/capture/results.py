@@ -20,6 +20,7 @@ from te_gemm_callback.capture.kernel_profile import (
     kernel_calls,
     kernel_timeline,
 )
+from te_gemm_callback.capture.module_specs import module_specs
 from te_gemm_callback.capture.profiler_state import ProfilerState
 from te_gemm_callback.capture.steady import assess, graphs_compiled
 from te_gemm_callback.capture.step_plan import CLEAN, INSTRUMENTED, KERNELS, PARTIAL, SETTLE
@@ -86,6 +87,11 @@ class CaptureResults(ProfilerState):
             meta["kernel_session_ms"] = dict(self._session_ms)
         if kernel_steps := self._kernel_steps():
             meta.update(breakdown_meta(list(kernel_steps.values())))
+        try:  # what the host-cost bench rebuilds; a model it cannot read costs only that
+            meta["te_modules"] = module_specs(self.model, records)
+        except Exception as err:  # a model's own attribute access may raise anything
+            meta["te_modules"] = {}
+            log.debug("te-gemm: TE module specs not read: %s", err)
         timeline = self._timeline(records)
         if timeline is not None and timeline.total > len(timeline.kernels):
             meta["kernel_timeline_cut"] = (f"the kernels step ran {timeline.total} kernels; its timeline keeps the "

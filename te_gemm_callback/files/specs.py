@@ -91,7 +91,8 @@ CAPTURE_META = Dict({
 # is dropped alone (the capture's numbers never come from it).
 CAPTURE_TIMELINE = Dict({
     "step": Int(), "span_us": Num(finite=False), "names": List(Str()),
-    "kernels": List(List(Num(null=True, finite=False))), "total": Int()}, null=True)
+    "kernels": List(List(Num(null=True, finite=False))), "total": Int(),
+    "calls": List(List(ANY), null=True), "latency_us": Num(null=True, finite=False)}, null=True)
 CAPTURE_FILE = Dict({
     "records": List(CAPTURE_RECORD), "steps": List(CAPTURE_STEP), "meta": CAPTURE_META,
     "coverage": Dict({"never_ran": List(Str()), "not_watched": List(Str()), "error": Str(null=True)}, null=True),

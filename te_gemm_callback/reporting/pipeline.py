@@ -19,11 +19,36 @@ def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Seq
                      console: Any = None, modes: Sequence[str] = ("autocast", "prequantized"),
                      cache: ResultCache | None = None, project: Sequence[str] = ()) -> dict[str, Path]:
     run_dir = Path(run_dir)
-    items = items_from_capture(GemmCapture.load(capture_path))
+    cap = GemmCapture.load(capture_path)
+    items = items_from_capture(cap)
     cache = cache or ResultCache()
     res = run_bench(items, recipes, modes, cache=cache, console=console)
+    costs = module_costs(cap, res.precisions, console)
+    if costs is not None:
+        res.meta["module_costs"] = costs
     res.save(run_dir / "bench.json")
     files = render_run(run_dir, console, project)
     if cache.save_error and console is not None:  # after the report: nothing shown is lost
         console.print(f"[yellow]warning: {cache.save_error}")
     return files
+
+
+def module_costs(cap: GemmCapture, recipes: Sequence[str], console: Any = None) -> dict[str, Any] | None:
+    """Each captured TE module's host and non-GEMM GPU cost per recipe that ran (the replay's
+    input: microbench/module_cost.py), or None where none can be measured (no TE module captured,
+    no kernel timeline to replay, no CUDA or TE here)."""
+    import torch
+
+    from te_gemm_callback.precisions import te_available
+
+    specs = cap.meta.get("te_modules") or {}
+    tl = cap.kernel_timeline
+    if not specs or tl is None or not tl.calls or not torch.cuda.is_available() or not te_available()[0]:
+        return None
+    from te_gemm_callback.microbench.module_cost import measure_module_costs
+
+    costs = measure_module_costs(specs, list(recipes))
+    if console is not None:
+        console.print(f"module host costs: {len(costs['kinds'])} module kinds x {len(recipes)} recipes in "
+                      f"{costs['wall_s']:.1f} s (CUPTI's cost per call {costs['cupti_call_tax_us']:.2f} us)")
+    return costs

@@ -267,6 +267,11 @@ class SpeedupRows:
     notes: list[str] = field(default_factory=list)
 
 
+def band_text(a: Any) -> str:
+    """The replay's band on a recipe's predicted step speedup, or "-"."""
+    return f"{a.predicted_band[0]:.2f}-{a.predicted_band[1]:.2f}x" if a.predicted_band else "-"
+
+
 def speedup_rows(rep: Report) -> SpeedupRows:
     """The GEMM vs step speedup table of a report, as text (:class:`SpeedupRows`)."""
     # The job's precision is what its GEMMs ran (FP32 on an fp32 model), not the key its run is joined on.
@@ -274,10 +279,12 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     title = f"GEMM vs step speedup — job ran {job}: step {rep.step_ms:.2f} ms, {share_text(rep)}"
     ran = rep.meta.get("baseline_ran")
     unfused = any(a.predicted_step_speedup_unfused is not None for a in rep.recipes)
+    replayed = any(a.predicted_by == "replay" for a in rep.recipes)
     # The job's own column only where some row has it (an FP32 job's has no FP32 microbenchmark).
     vs_cur = rep.current_recipe != "BF16" and any(a.gemm_speedup_vs_current is not None for a in rep.recipes)
     cols = (["recipe", "GEMM ms (bench)", "GEMM speedup"] + ([f"vs {rep.current_recipe}"] if vs_cur else [])
-            + ["predicted step"] + (["pred. unfused"] if unfused else [])
+            + (["predicted step", "band", "bound", "GEMMs alone"] if replayed else ["predicted step"])
+            + (["pred. unfused"] if unfused else [])
             + ["observed step", "95% CI", "a rerun", "observed ms"])
     rows = []
     for a in rep.recipes:
@@ -285,6 +292,8 @@ def speedup_rows(rep: Report) -> SpeedupRows:
         rows.append([name, _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")]
                     + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
                     + [_cell(rep, a, "predicted_step_speedup")]
+                    + ([band_text(a), a.predicted_bound or "-", _cell(rep, a, "predicted_gemms_alone")]
+                       if replayed else [])
                     + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
                     + [_cell(rep, a, "observed_step_speedup"), interval_text(a), rerun_text(a),
                        _x(a.observed_step_ms, "{:.2f}")])
@@ -297,7 +306,12 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     notes += [f"n/a: {why}" for why in sorted(held)]
     over = f"the BF16 run, which ran {ran}" if ran else "BF16"
     explained = (f"speedups over {over}. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the "
-                 "captured shapes. predicted step: Amdahl with the measured GEMM share, GEMMs alone; pred. "
+                 "captured shapes. predicted step: "
+                 + ("the job's own step replayed as the host issues it and the GPU runs it, with each recipe's "
+                    "GEMM times and each module's host and quantization cost; band: GEMM quartiles, module costs "
+                    "x0.5-1.5 and the replay's miss on the job's own step; bound: host or GPU in that recipe; "
+                    "GEMMs alone: Amdahl with the measured GEMM share" if replayed else
+                    "Amdahl with the measured GEMM share, GEMMs alone") + "; pred. "
                  "unfused: each GEMM plus a standalone quantization of its inputs (autocast mode). observed step: "
                  "whole training steps (optimizer included) in the sweep's alternating rounds, the median of the "
                  "per-round ratios; 95% CI: its order-statistic interval (from 6 rounds); a rerun: where another "

@@ -1,0 +1,193 @@
+"""The job's own step replayed in another recipe (or on another GPU): the predicted column.
+
+From the capture's kernels step (kernel timeline and the host's runtime calls,
+:class:`~te_gemm_callback.capture.capture_items.KernelTimeline`) a :class:`StepTrace` is built and
+changed as recipe R would change it, then replayed (:mod:`te_gemm_callback.analysis.replay`):
+
+- each GEMM kernel joined to a capture record takes its time times the microbenchmarked ratio of
+  that GEMM in R over the recipe the job ran (pre-quantized cells: GEMM kernels alone);
+- each captured TE module adds, per forward and per backward, the difference between R and the
+  job's recipe in the host's time and in its non-GEMM kernel time (quantization, amax, casts),
+  measured on the module rebuilt (:mod:`te_gemm_callback.microbench.module_cost`): host time before
+  the pass's first GEMM launch, GPU time as a kernel on the GEMM's stream ahead of it;
+- every other kernel and every host gap keeps its time, less CUPTI's cost per call: the kernels
+  step was recorded, the job's clean steps are not.
+
+The band: the replay again with every GEMM at its cell's first and third quartile and the module
+differences at 0.5x and 1.5x, widened by how far the replay of the job's own recipe missed its
+measured clean step. Recipes this GPU cannot run take the host and module costs of the nearest
+recipe that runs (NEAREST), which the band and the note say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from te_gemm_callback.analysis.replay import Call, Op, StepTrace, replay
+from te_gemm_callback.capture.kernels import classify_kernel
+
+# A recipe this GPU cannot run borrows the host side of the nearest one that runs.
+NEAREST = {"MXFP8BlockScaling": "Float8BlockScaling", "NVFP4BlockScaling": "Float8BlockScaling"}
+MODULE_BAND = 0.5  # module differences at (1 - x) and (1 + x) for the band
+
+
+def step_trace(cap: Any, call_tax_us: float = 0.0) -> StepTrace | None:
+    """The kernels step of ``cap`` as a trace (None without host calls), each call ``call_tax_us``
+    cheaper (CUPTI's cost per call while it records, not paid on clean steps)."""
+    tl = cap.kernel_timeline
+    if tl is None or not tl.calls:
+        return None
+    ops = [Op(dur=row[2], stream=row[3], name=tl.names[row[0]], category=classify_kernel(tl.names[row[0]]),
+              gemm=row[4]) for row in tl.kernels]
+    calls = []
+    for j, (gap, cost, kind, rows) in enumerate(tl.calls):
+        calls.append(Call(gap=0.0 if j == 0 else gap, cost=max(cost - call_tax_us, 0.0), kind=kind,
+                          ops=[ops[i] for i in rows]))
+    return StepTrace(calls, tail=0.0, latency=tl.latency_us or 5.0)
+
+
+@dataclass
+class RecipeReplay:
+    """The replay's prediction for one recipe."""
+
+    recipe: str
+    step_ms: float
+    low_ms: float
+    high_ms: float
+    bound: str  # "host" or "gpu"
+    host_ms: float
+    gpu_busy_ms: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "step_ms": self.step_ms, "band_ms": [self.low_ms, self.high_ms],
+                "bound": self.bound, "host_ms": self.host_ms, "gpu_busy_ms": self.gpu_busy_ms, "notes": self.notes}
+
+
+def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_ms") -> dict[int, float]:
+    """Per capture record (index): its GEMM's bench time in ``recipe`` over that in ``base``
+    (pre-quantized cells where measured, else autocast); 1 where either is missing. A GEMM the
+    recipe cannot run (an FP8 shape TE refuses) keeps its base time: the job would keep it so."""
+    modes = bench.meta.get("modes", ["autocast"])
+    mode = "prequantized" if "prequantized" in modes else "autocast"
+    out = {}
+    for j, r in enumerate(cap.records):
+        splits = tuple(r.m_splits) if getattr(r, "m_splits", None) else None
+        a, b = bench.get(r.shape, recipe, mode, splits), bench.get(r.shape, base, mode, splits)
+        ta = getattr(a, q, None) if a is not None and a.ok else None
+        tb = getattr(b, "median_ms", None) if b is not None and b.ok else None
+        if recipe != base and r.source == "te" and ta and tb:
+            out[j] = ta / tb
+    return out
+
+
+def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: str) -> dict[str, dict[str, float]]:
+    """{module: {"host_fwd", "host_bwd", "gpu_fwd", "gpu_bwd"}} in µs: ``recipe`` less ``base``."""
+    if not costs or recipe == base:
+        return {}
+    out = {}
+    for name, key in costs.get("modules", {}).items():
+        row = costs.get("kinds", {}).get(key, {})
+        r, b = row.get(recipe), row.get(base)
+        if not r or not b or "error" in r or "error" in b:
+            continue
+        # The non-GEMM kernels' split between the passes is not measured: half each.
+        gpu = (r["gpu_other_us"] - b["gpu_other_us"]) / 2
+        out[name] = {"host_fwd": r["host_fwd_us"] - b["host_fwd_us"], "host_bwd": r["host_bwd_us"] - b["host_bwd_us"],
+                     "gpu_fwd": gpu, "gpu_bwd": gpu}
+    return out
+
+
+def transform(trace: StepTrace, cap: Any, ratio: dict[int, float], deltas: dict[str, dict[str, float]],
+              scale: float = 1.0) -> StepTrace:
+    """``trace`` with GEMMs at ``ratio`` of their time and each module's pass differences
+    (``deltas`` times ``scale``) added before the pass's first GEMM launch. A module's pass begins
+    where its GEMMs turn from forward to backward or back (micro-batches repeat the pair)."""
+    side_of: dict[str, str] = {}  # module -> the pass its last GEMM belonged to
+    calls: list[Call] = []
+    for c in trace.calls:
+        ops: list[Op] = []
+        gap = c.gap
+        for op in c.ops:
+            if op.gemm is not None and op.gemm < len(cap.records):
+                rec = cap.records[op.gemm]
+                side = "fwd" if rec.op == "fprop" else "bwd"
+                d = deltas.get(rec.module)
+                if d is not None and side_of.get(rec.module) != side:
+                    gap = max(gap + scale * d[f"host_{side}"], 0.0)
+                    extra = scale * d[f"gpu_{side}"]
+                    if extra > 0:
+                        ops.append(Op(extra, op.stream, "replay: module non-GEMM difference", "quantization/cast"))
+                    elif extra < 0:
+                        _shrink_before(calls, op.stream, -extra)
+                side_of[rec.module] = side
+                op = replace(op, dur=op.dur * ratio.get(op.gemm, 1.0))
+            ops.append(op)
+        calls.append(replace(c, gap=gap, ops=ops))
+    return replace(trace, calls=calls)
+
+
+def _shrink_before(calls: list[Call], stream: Any, us: float) -> None:
+    """Take ``us`` of non-GEMM kernel time off the kernels on ``stream`` launched since the last
+    GEMM (the job's recipe quantized there; the replayed one does less)."""
+    for c in reversed(calls):
+        for i in range(len(c.ops) - 1, -1, -1):
+            op = c.ops[i]
+            if op.gemm is not None or op.category == "gemm":
+                return
+            if op.stream == stream and us > 0 and op.category in ("quantization/cast", "other", "norm"):
+                cut = min(op.dur, us)
+                c.ops[i] = replace(op, dur=op.dur - cut)
+                us -= cut
+
+
+def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms: float | None,
+                   costs: dict[str, Any] | None = None) -> dict[str, RecipeReplay]:
+    """The replay's step per recipe (module docstring); {} where the capture has no host trace."""
+    tax = float((costs or {}).get("cupti_call_tax_us") or 0.0)
+    trace = step_trace(cap, tax)
+    if trace is None or bench is None:
+        return {}
+    own = replay(trace)
+    # How far the replay of the job's own recipe misses its clean step: a band on every recipe.
+    miss = abs(own.step_ms / clean_ms - 1) if clean_ms else 0.0
+    out: dict[str, RecipeReplay] = {}
+    ran = {r for r in bench.precisions}
+    for recipe in recipes:
+        notes = []
+        host_recipe = recipe
+        if recipe not in ran:
+            continue
+        if costs and not any(recipe in row for row in costs.get("kinds", {}).values()) and recipe in NEAREST:
+            host_recipe = NEAREST[recipe]
+            notes.append(f"host and module costs of {host_recipe} (this GPU cannot run {recipe})")
+        ratio = _gemm_ratio(cap, bench, recipe, base)
+        deltas = _module_deltas(cap, costs, host_recipe, base)
+        if costs is None and recipe != base:
+            notes.append("no module costs measured: host and quantization unchanged from the job's recipe")
+        mid = replay(transform(trace, cap, ratio, deltas))
+        lo = replay(transform(trace, cap, _gemm_ratio(cap, bench, recipe, base, "q1_ms"), deltas, 1 - MODULE_BAND))
+        hi = replay(transform(trace, cap, _gemm_ratio(cap, bench, recipe, base, "q3_ms"), deltas, 1 + MODULE_BAND))
+        # Anchored on the job's clean step: the replay's own-recipe miss scales every recipe alike.
+        k = clean_ms / own.step_ms if clean_ms else 1.0
+        vals = sorted([lo.step_ms * k, mid.step_ms * k, hi.step_ms * k])
+        out[recipe] = RecipeReplay(recipe, mid.step_ms * k, vals[0] * (1 - miss), vals[-1] * (1 + miss), mid.bound,
+                                   mid.host_us / 1e3, mid.gpu_busy_us / 1e3, notes)
+    out.setdefault(base, RecipeReplay(base, clean_ms or own.step_ms, (clean_ms or own.step_ms) * (1 - miss),
+                                      (clean_ms or own.step_ms) * (1 + miss), own.bound, own.host_us / 1e3,
+                                      own.gpu_busy_us / 1e3))
+    return out
+
+
+def own_replay(cap: Any, costs: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The replay of the job's own recipe beside its measured clean and kernels steps."""
+    tax = float((costs or {}).get("cupti_call_tax_us") or 0.0)
+    trace, raw = step_trace(cap, tax), step_trace(cap, 0.0)
+    if trace is None or raw is None:
+        return None
+    tl = cap.kernel_timeline
+    kernels_step = cap.steps[tl.step].ms if tl.step < len(cap.steps) else None
+    return {"replay_ms": replay(trace).step_ms, "replay_raw_ms": replay(raw).step_ms, "kernels_step_ms": kernels_step,
+            "clean_ms": cap.step_ms(), "bound": replay(trace).bound, "cupti_call_tax_us": tax,
+            "calls": len(trace.calls)}
