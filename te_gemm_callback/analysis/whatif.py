@@ -30,11 +30,13 @@ from te_gemm_callback.capture.kernels import classify_kernel
 # A recipe this GPU cannot run borrows the host side of the nearest one that runs.
 NEAREST = {"MXFP8BlockScaling": "Float8BlockScaling", "NVFP4BlockScaling": "Float8BlockScaling"}
 MODULE_BAND = 0.5  # module differences at (1 - x) and (1 + x) for the band
+CALIBRATE_ABOVE = 0.03  # the own replay's excess over the clean step that calibrates the host
 
 
-def step_trace(cap: Any, call_tax_us: float = 0.0) -> StepTrace | None:
-    """The kernels step of ``cap`` as a trace (None without host calls), each call ``call_tax_us``
-    cheaper (CUPTI's cost per call while it records, not paid on clean steps)."""
+def step_trace(cap: Any, call_tax_us: float = 0.0, op_tax_us: float = 0.0) -> StepTrace | None:
+    """The kernels step of ``cap`` as a trace (None without host calls), less what recording it
+    cost the host: ``call_tax_us`` per runtime call (CUPTI's callback) and ``op_tax_us`` in the host
+    work before each launch (the profiler's per-op callback on the ATen op that launched it)."""
     tl = cap.kernel_timeline
     if tl is None or not tl.calls:
         return None
@@ -42,9 +44,33 @@ def step_trace(cap: Any, call_tax_us: float = 0.0) -> StepTrace | None:
               gemm=row[4]) for row in tl.kernels]
     calls = []
     for j, (gap, cost, kind, rows) in enumerate(tl.calls):
-        calls.append(Call(gap=0.0 if j == 0 else gap, cost=max(cost - call_tax_us, 0.0), kind=kind,
-                          ops=[ops[i] for i in rows]))
+        gap = 0.0 if j == 0 else max(gap - (op_tax_us if kind == "launch" else 0.0), 0.0)
+        calls.append(Call(gap=gap, cost=max(cost - call_tax_us, 0.0), kind=kind, ops=[ops[i] for i in rows]))
     return StepTrace(calls, tail=0.0, latency=tl.latency_us or 5.0)
+
+
+def host_scaled(trace: StepTrace, f: float) -> StepTrace:
+    """``trace`` with every host time (gaps, call costs, tail) times ``f``."""
+    return replace(trace, tail=trace.tail * f,
+                   calls=[replace(c, gap=c.gap * f, cost=c.cost * f) for c in trace.calls])
+
+
+def calibrate_host(trace: StepTrace, clean_ms: float | None) -> float:
+    """The factor on the trace's host times that makes its replay the job's clean step, where the
+    replay is bound by the host and longer than that step (the profiler's callbacks ran in every
+    host gap of the kernels step, and no clean step does): bisection over 0.2-1. 1 elsewhere: a
+    step the GPU bounds says nothing of its host time."""
+    own = replay(trace)
+    if not clean_ms or own.bound != "host" or own.step_ms <= clean_ms * (1 + CALIBRATE_ABOVE):
+        return 1.0
+    lo, hi = 0.2, 1.0
+    for _ in range(25):
+        mid = (lo + hi) / 2
+        if replay(host_scaled(trace, mid)).step_ms > clean_ms:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
 
 
 @dataclass
@@ -142,52 +168,66 @@ def _shrink_before(calls: list[Call], stream: Any, us: float) -> None:
                 us -= cut
 
 
+def _trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[str, Any]] | None:
+    """The trace the recipes are replayed from, host calibrated (:func:`calibrate_host`), and the
+    replay of the job's own recipe beside its measured steps (``own``)."""
+    call_tax = float((costs or {}).get("cupti_call_tax_us") or 0.0)
+    op_tax = float((costs or {}).get("profiler_op_tax_us") or 0.0)
+    trace, raw = step_trace(cap, call_tax, op_tax), step_trace(cap)
+    if trace is None or raw is None:
+        return None
+    clean = cap.step_ms()
+    first = replay(trace)
+    f = calibrate_host(trace, clean)
+    tl = cap.kernel_timeline
+    own = {"clean_ms": clean, "kernels_step_ms": cap.steps[tl.step].ms if tl.step < len(cap.steps) else None,
+           "replay_raw_ms": replay(raw).step_ms, "replay_ms": first.step_ms, "bound": first.bound,
+           "host_ms": first.host_us / 1e3, "gpu_busy_ms": first.gpu_busy_us / 1e3, "calls": len(trace.calls),
+           "cupti_call_tax_us": call_tax, "profiler_op_tax_us": op_tax, "host_scale": f}
+    return (host_scaled(trace, f) if f != 1.0 else trace), own
+
+
 def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms: float | None,
                    costs: dict[str, Any] | None = None) -> dict[str, RecipeReplay]:
     """The replay's step per recipe (module docstring); {} where the capture has no host trace."""
-    tax = float((costs or {}).get("cupti_call_tax_us") or 0.0)
-    trace = step_trace(cap, tax)
-    if trace is None or bench is None:
+    got = _trace(cap, costs) if bench is not None else None
+    if got is None:
         return {}
+    trace, _ = got
     own = replay(trace)
     # How far the replay of the job's own recipe misses its clean step: a band on every recipe.
     miss = abs(own.step_ms / clean_ms - 1) if clean_ms else 0.0
     out: dict[str, RecipeReplay] = {}
-    ran = {r for r in bench.precisions}
+    ran = set(bench.precisions)
     for recipe in recipes:
-        notes = []
-        host_recipe = recipe
         if recipe not in ran:
             continue
+        notes = []
+        host_recipe = recipe
         if costs and not any(recipe in row for row in costs.get("kinds", {}).values()) and recipe in NEAREST:
             host_recipe = NEAREST[recipe]
             notes.append(f"host and module costs of {host_recipe} (this GPU cannot run {recipe})")
-        ratio = _gemm_ratio(cap, bench, recipe, base)
-        deltas = _module_deltas(cap, costs, host_recipe, base)
         if costs is None and recipe != base:
             notes.append("no module costs measured: host and quantization unchanged from the job's recipe")
-        mid = replay(transform(trace, cap, ratio, deltas))
+        deltas = _module_deltas(cap, costs, host_recipe, base)
+        mid = replay(transform(trace, cap, _gemm_ratio(cap, bench, recipe, base), deltas))
         lo = replay(transform(trace, cap, _gemm_ratio(cap, bench, recipe, base, "q1_ms"), deltas, 1 - MODULE_BAND))
         hi = replay(transform(trace, cap, _gemm_ratio(cap, bench, recipe, base, "q3_ms"), deltas, 1 + MODULE_BAND))
-        # Anchored on the job's clean step: the replay's own-recipe miss scales every recipe alike.
+        # Anchored on the job's clean step: the replay's own-recipe miss scales every recipe alike
+        # (a speedup, a ratio of two replays, does not move).
         k = clean_ms / own.step_ms if clean_ms else 1.0
         vals = sorted([lo.step_ms * k, mid.step_ms * k, hi.step_ms * k])
         out[recipe] = RecipeReplay(recipe, mid.step_ms * k, vals[0] * (1 - miss), vals[-1] * (1 + miss), mid.bound,
                                    mid.host_us / 1e3, mid.gpu_busy_us / 1e3, notes)
-    out.setdefault(base, RecipeReplay(base, clean_ms or own.step_ms, (clean_ms or own.step_ms) * (1 - miss),
-                                      (clean_ms or own.step_ms) * (1 + miss), own.bound, own.host_us / 1e3,
-                                      own.gpu_busy_us / 1e3))
+    step = clean_ms or own.step_ms
+    out.setdefault(base, RecipeReplay(base, step, step * (1 - miss), step * (1 + miss), own.bound,
+                                      own.host_us / 1e3, own.gpu_busy_us / 1e3))
     return out
 
 
 def own_replay(cap: Any, costs: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The replay of the job's own recipe beside its measured clean and kernels steps."""
-    tax = float((costs or {}).get("cupti_call_tax_us") or 0.0)
-    trace, raw = step_trace(cap, tax), step_trace(cap, 0.0)
-    if trace is None or raw is None:
-        return None
-    tl = cap.kernel_timeline
-    kernels_step = cap.steps[tl.step].ms if tl.step < len(cap.steps) else None
-    return {"replay_ms": replay(trace).step_ms, "replay_raw_ms": replay(raw).step_ms, "kernels_step_ms": kernels_step,
-            "clean_ms": cap.step_ms(), "bound": replay(trace).bound, "cupti_call_tax_us": tax,
-            "calls": len(trace.calls)}
+    """The replay of the job's own recipe beside its measured clean and kernels steps: ``replay_raw_ms``
+    from the trace as recorded, ``replay_ms`` less the recording's measured taxes (the check that
+    the replay gives back the clean step), ``host_scale`` the calibration applied after it."""
+    got = _trace(cap, costs)
+    return got[1] if got is not None else None

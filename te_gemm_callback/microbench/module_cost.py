@@ -9,8 +9,9 @@ is rebuilt with the captured class, features and GEMM shapes and run forward and
 - GPU: the module's kernels per iteration from CUPTI's records, split into GEMM kernels and the
   rest (quantization, amax, casts, norms, activations).
 
-Also the host's extra cost per CUDA call while CUPTI records activity (``cupti_call_tax_us``):
-the kernels step, where the replay's trace comes from, ran with it, the job's clean steps not.
+Also the host's extra cost per CUDA call and per ATen op while torch.profiler records CUDA
+activity (``cupti_call_tax_us``, ``profiler_op_tax_us``): the kernels step, where the replay's
+trace comes from, ran with it, the job's clean steps not.
 """
 
 from __future__ import annotations
@@ -52,14 +53,18 @@ def _host_us(run: Any, torch: Any) -> tuple[float, float]:
     fwd, bwd = [], []
     torch.cuda.synchronize()
     torch.cuda._sleep(HOLD_CYCLES)
-    for _ in range(ITERS):
-        t0 = time.perf_counter()
-        y = run.forward()
-        t1 = time.perf_counter()
-        run.backward(y)
-        t2 = time.perf_counter()
-        fwd.append((t1 - t0) * 1e6)
-        bwd.append((t2 - t1) * 1e6)
+    # One autocast around every pass, as a training step enters it once around its forward: TE's
+    # recipe state (DelayedScaling's amax reduction, scale update) runs at its exit, once a step,
+    # not once a module.
+    with run.autocast():
+        for _ in range(ITERS):
+            t0 = time.perf_counter()
+            y = run.mod(run.x)
+            t1 = time.perf_counter()
+            run.backward(y)
+            t2 = time.perf_counter()
+            fwd.append((t1 - t0) * 1e6)
+            bwd.append((t2 - t1) * 1e6)
     torch.cuda.synchronize()
     return statistics.median(fwd), statistics.median(bwd)
 
@@ -71,8 +76,9 @@ def _gpu_us(run: Any, torch: Any) -> tuple[float, float, int]:
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
     prof.__enter__()
     try:
-        for _ in range(ITERS):
-            run.backward(run.forward())
+        with run.autocast():  # once around the passes, as in _host_us
+            for _ in range(ITERS):
+                run.backward(run.mod(run.x))
         torch.cuda.synchronize()
     finally:
         prof.__exit__(None, None, None)
@@ -99,10 +105,14 @@ class _Run:
         y.backward(self.grad if hasattr(self, "grad") else None)
 
 
-def cupti_call_tax_us(torch: Any, calls: int = 2000) -> float:
-    """Host µs a CUDA launch costs more while CUPTI records activity (a kernels step) than without
-    it: the median over three alternations of ``calls`` launches of the smallest kernel each."""
-    def per_call(recording: bool) -> float:
+def recording_tax_us(torch: Any, calls: int = 2000) -> tuple[float, float]:
+    """Host µs more that a bare CUDA launch, and an ATen op that launches one kernel, cost while
+    torch.profiler records CUDA activity (a kernels step) than without it: medians over three
+    alternations of ``calls`` of each (``torch.cuda._sleep(0)``; an in-place add on one element).
+    The op pays the launch's tax and the profiler's per-op callback."""
+    x = torch.zeros(1, device="cuda")
+
+    def per_call(recording: bool, fn: Any) -> float:
         prof = None
         if recording:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
@@ -110,14 +120,17 @@ def cupti_call_tax_us(torch: Any, calls: int = 2000) -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
-            torch.cuda._sleep(0)
+            fn()
         dt = (time.perf_counter() - t0) / calls * 1e6
         torch.cuda.synchronize()
         if prof is not None:
             prof.__exit__(None, None, None)
         return dt
 
-    return statistics.median(per_call(True) - per_call(False) for _ in range(3))
+    def tax(fn: Any) -> float:
+        return statistics.median(per_call(True, fn) - per_call(False, fn) for _ in range(3))
+
+    return tax(lambda: torch.cuda._sleep(0)), tax(lambda: x.add_(1))
 
 
 def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str]) -> dict[str, Any]:
@@ -146,8 +159,9 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str]) -
                 run = _Run(mod, x, lambda r=recipe: autocast(r))
                 y = run.forward()
                 run.grad = torch.randn_like(y)
-                for _ in range(3):  # warm-up: TE's first calls build workspaces and quantizers
-                    run.backward(run.forward())
+                with run.autocast():  # warm-up: TE's first calls build workspaces and quantizers
+                    for _ in range(3):
+                        run.backward(run.mod(run.x))
                 fwd, bwd = _host_us(run, torch)
                 gemm, other, n = _gpu_us(run, torch)
                 row[recipe] = {"host_fwd_us": round(fwd, 2), "host_bwd_us": round(bwd, 2),
@@ -156,6 +170,7 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str]) -
             except Exception as err:  # one cell's failure is its row's, never the bench's
                 row[recipe] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
         out["kinds"][key] = row
-    out["cupti_call_tax_us"] = round(cupti_call_tax_us(torch), 3)
+    call, op = recording_tax_us(torch)
+    out["cupti_call_tax_us"], out["profiler_op_tax_us"] = round(call, 3), round(op, 3)
     out["wall_s"] = round(time.perf_counter() - t_start, 2)
     return out
