@@ -98,19 +98,27 @@ class RecipeReplay:
                 "bound": self.bound, "host_ms": self.host_ms, "gpu_busy_ms": self.gpu_busy_ms, "notes": self.notes}
 
 
-def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_ms") -> dict[int, float]:
-    """Per capture record (index): its GEMM's bench time in ``recipe`` over that in ``base``
-    (pre-quantized cells where measured, else autocast); 1 where either is missing. A GEMM the
-    recipe cannot run (an FP8 shape TE refuses) keeps its base time: the job would keep it so."""
-    modes = bench.meta.get("modes", ["autocast"])
+def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_ms",
+                source: Any = None) -> dict[int, float]:
+    """Per capture record (index): its GEMM's time in ``recipe`` on ``bench`` over its time in
+    ``base`` on ``source`` (default ``bench``: the same GPU), pre-quantized cells where measured,
+    else autocast; absent (1) where either is missing. A GEMM of plain torch (not TE's) runs BF16
+    in every recipe: ``recipe`` is BF16 for it. A GEMM the recipe cannot run (an FP8 shape TE
+    refuses) keeps its time: the job would keep it in high precision."""
+    source = source if source is not None else bench
+    modes = source.meta.get("modes", ["autocast"])
     mode = "prequantized" if "prequantized" in modes else "autocast"
     out = {}
     for j, r in enumerate(cap.records):
         splits = tuple(r.m_splits) if getattr(r, "m_splits", None) else None
-        a, b = bench.get(r.shape, recipe, mode, splits), bench.get(r.shape, base, mode, splits)
+        want = recipe if r.source == "te" else "BF16"
+        had = base if r.source == "te" else "BF16"
+        if want == had and bench is source:
+            continue
+        a, b = bench.get(r.shape, want, mode, splits), source.get(r.shape, had, mode, splits)
         ta = getattr(a, q, None) if a is not None and a.ok else None
         tb = getattr(b, "median_ms", None) if b is not None and b.ok else None
-        if recipe != base and r.source == "te" and ta and tb:
+        if ta and tb:
             out[j] = ta / tb
     return out
 
@@ -133,9 +141,10 @@ def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: st
 
 
 def transform(trace: StepTrace, cap: Any, ratio: dict[int, float], deltas: dict[str, dict[str, float]],
-              scale: float = 1.0) -> StepTrace:
-    """``trace`` with GEMMs at ``ratio`` of their time and each module's pass differences
-    (``deltas`` times ``scale``) added before the pass's first GEMM launch. A module's pass begins
+              scale: float = 1.0, other: float = 1.0) -> StepTrace:
+    """``trace`` with GEMMs at ``ratio`` of their time, every other kernel at ``other`` of its time
+    (another GPU's bandwidth), and each module's pass differences (``deltas`` times ``scale``; their
+    GPU part times ``other`` too) added before the pass's first GEMM launch. A module's pass begins
     where its GEMMs turn from forward to backward or back (micro-batches repeat the pair)."""
     side_of: dict[str, str] = {}  # module -> the pass its last GEMM belonged to
     calls: list[Call] = []
@@ -149,13 +158,15 @@ def transform(trace: StepTrace, cap: Any, ratio: dict[int, float], deltas: dict[
                 d = deltas.get(rec.module)
                 if d is not None and side_of.get(rec.module) != side:
                     gap = max(gap + scale * d[f"host_{side}"], 0.0)
-                    extra = scale * d[f"gpu_{side}"]
+                    extra = scale * other * d[f"gpu_{side}"]
                     if extra > 0:
                         ops.append(Op(extra, op.stream, "replay: module non-GEMM difference", "quantization/cast"))
                     elif extra < 0:
                         _shrink_before(calls, op.stream, -extra)
                 side_of[rec.module] = side
                 op = replace(op, dur=op.dur * ratio.get(op.gemm, 1.0))
+            elif other != 1.0 and op.category != "gemm":
+                op = replace(op, dur=op.dur * other)
             ops.append(op)
         calls.append(replace(c, gap=gap, ops=ops))
     return replace(trace, calls=calls)
@@ -195,8 +206,14 @@ def _trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[str,
 
 
 def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms: float | None,
-                   costs: dict[str, Any] | None = None) -> dict[str, RecipeReplay]:
-    """The replay's step per recipe (module docstring); {} where the capture has no host trace."""
+                   costs: dict[str, Any] | None = None, *, source: Any = None, other: float = 1.0,
+                   host_speed: float = 1.0) -> dict[str, RecipeReplay]:
+    """The replay's step per recipe (module docstring); {} where the capture has no host trace.
+
+    On the GPU the job ran on, ``bench`` is its bench. For another GPU (:mod:`te_gemm_callback.projection`),
+    ``bench`` holds the projected cells, ``source`` the bench they were projected from, ``other``
+    the factor on every non-GEMM kernel (the bandwidth ratio), ``host_speed`` how much faster the
+    other host is (the host's times divided by it)."""
     got = _trace(cap, costs) if bench is not None else None
     if got is None:
         return {}
@@ -204,31 +221,32 @@ def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms
     own = replay(trace)
     # How far the replay of the job's own recipe misses its clean step: a band on every recipe.
     miss = abs(own.step_ms / clean_ms - 1) if clean_ms else 0.0
+    if host_speed != 1.0:
+        trace = host_scaled(trace, 1 / host_speed)
+    # Anchored on the job's clean step: the replay's own-recipe miss scales every recipe alike
+    # (a speedup, a ratio of two replays, does not move).
+    k = clean_ms / own.step_ms if clean_ms else 1.0
     out: dict[str, RecipeReplay] = {}
-    ran = set(bench.precisions)
     for recipe in recipes:
-        if recipe not in ran:
+        if recipe not in set(bench.precisions) and recipe != base:
             continue
         notes = []
         host_recipe = recipe
         if costs and not any(recipe in row for row in costs.get("kinds", {}).values()) and recipe in NEAREST:
             host_recipe = NEAREST[recipe]
-            notes.append(f"host and module costs of {host_recipe} (this GPU cannot run {recipe})")
+            notes.append(f"host and module costs of {host_recipe} (the measuring GPU cannot run {recipe})")
         if costs is None and recipe != base:
             notes.append("no module costs measured: host and quantization unchanged from the job's recipe")
-        deltas = _module_deltas(cap, costs, host_recipe, base)
-        mid = replay(transform(trace, cap, _gemm_ratio(cap, bench, recipe, base), deltas))
-        lo = replay(transform(trace, cap, _gemm_ratio(cap, bench, recipe, base, "q1_ms"), deltas, 1 - MODULE_BAND))
-        hi = replay(transform(trace, cap, _gemm_ratio(cap, bench, recipe, base, "q3_ms"), deltas, 1 + MODULE_BAND))
-        # Anchored on the job's clean step: the replay's own-recipe miss scales every recipe alike
-        # (a speedup, a ratio of two replays, does not move).
-        k = clean_ms / own.step_ms if clean_ms else 1.0
-        vals = sorted([lo.step_ms * k, mid.step_ms * k, hi.step_ms * k])
+        deltas = {m: {key: (v / host_speed if key.startswith("host") else v) for key, v in d.items()}
+                  for m, d in _module_deltas(cap, costs, host_recipe, base).items()}
+        steps = []
+        for q, sc in (("median_ms", 1.0), ("q1_ms", 1 - MODULE_BAND), ("q3_ms", 1 + MODULE_BAND)):
+            ratio = _gemm_ratio(cap, bench, recipe, base, q, source)
+            steps.append(replay(transform(trace, cap, ratio, deltas, sc, other)))
+        mid = steps[0]
+        vals = sorted(x.step_ms * k for x in steps)
         out[recipe] = RecipeReplay(recipe, mid.step_ms * k, vals[0] * (1 - miss), vals[-1] * (1 + miss), mid.bound,
                                    mid.host_us / 1e3, mid.gpu_busy_us / 1e3, notes)
-    step = clean_ms or own.step_ms
-    out.setdefault(base, RecipeReplay(base, step, step * (1 - miss), step * (1 + miss), own.bound,
-                                      own.host_us / 1e3, own.gpu_busy_us / 1e3))
     return out
 
 

@@ -17,12 +17,22 @@ def cmd_project(a: argparse.Namespace) -> int:
     path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
     root = a.run_dir if a.json is None else None
     check_target(path, json_kind(PROJECTION_SCHEMA), root)  # refused before anything is printed
-    rp = project_run(a.run_dir, a.gpu, a.source_gpu)
+    rp = project_run(a.run_dir, a.gpu, a.source_gpu, host_speed=a.host_speed)
     out = console()
     out.print(projection_table(rp))
     write_json(path, rp.to_dict(), schema=PROJECTION_SCHEMA, root=root)
     out.print(f"projection: {safe(path)} (per-cell times, bands and their basis; method: docs/projection.md)")
     return 0
+
+
+def _positive(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return x
 
 
 def _gpu(text: str) -> str:
@@ -40,7 +50,8 @@ def add_project_parser(command, dir_path, file_path) -> None:
     s = command("project", "project a run folder's GEMMs and step onto another GPU (e.g. Hopper -> Blackwell)",
                 "Scale each GEMM the run's bench measured (both modes) to another GPU by public peaks per format, "
                 "add the quantization traffic each recipe costs at the target's bandwidth (MXFP8 and NVFP4 too, "
-                "which Hopper cannot run), and the job's non-GEMM time scaled by bandwidth; print the projected "
+                "which Hopper cannot run), and replay the job's own step there (other kernels scaled by bandwidth, the "
+                "host as measured, so a host-bound job stays host-bound); print the projected "
                 "GEMM time per step, its band and the step speedups beside the source's, and write "
                 "RUN_DIR/projection-GPU.json. Labelled 'projection'; on the GPU itself, the measured numbers. "
                 "Method and validation: docs/projection.md. No GPU needed.")
@@ -51,6 +62,9 @@ def add_project_parser(command, dir_path, file_path) -> None:
                    help="the GPU the bench ran on, only where bench.json's device name is not recognised "
                         "(default: read from bench.json)")
     s.add_argument("--json", type=file_path, help="where to write (default: RUN_DIR/projection-GPU.json)")
+    s.add_argument("--host-speed", type=_positive, default=1.0, metavar="X",
+                   help="how many times faster the target's host (CPU, driver) runs the job's host side than the "
+                        "measuring host did (default 1: as measured)")
     s.set_defaults(fn=cmd_project)
 
 

@@ -34,6 +34,10 @@ class StepProjection:
     step_high_ms: float | None = None
     source_step_ms: float | None = None  # the same recipe's step on the source, the same formula
     vs_source: float | None = None  # source step / target step: what moving this recipe's job gains
+    bound: str | None = None  # "host" or "gpu": what bounds the replayed step on the target
+    step_by: str = "gemms_alone"  # "replay": the job's step replayed on the target; else Amdahl
+    gemms_alone_step_ms: float | None = None  # Amdahl over the GEMM share, kept beside the replay
+    gemms_alone_speedup: float | None = None
 
 
 @dataclass
@@ -68,11 +72,18 @@ def check_run_folder(run_dir: str | Path) -> Path:
 
 
 def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpec | None = None,
-                mode: str = "autocast") -> RunProjection:
+                mode: str = "autocast", host_speed: float = 1.0) -> RunProjection:
     """Project a run folder (gemm_capture.json and bench.json) onto ``target``: every cell of its
-    bench in every recipe, the GEMM time per step of the job's GEMMs, and the step: the job's
-    non-GEMM time (its clean step less its in-job GEMM time) scaled by the bandwidth ratio, plus the
-    projected GEMM time of the recipe (``mode``: "autocast", quantization included)."""
+    bench in every recipe, the GEMM time per step of the job's GEMMs, and the step.
+
+    The step, where the capture holds its kernels step's host calls: the job's step replayed on
+    the target (:func:`~te_gemm_callback.analysis.whatif.replay_recipes`): GEMM kernels at their
+    projected pre-quantized time, every other kernel and each module's quantization scaled by the
+    bandwidth ratio, the host as measured (``host_speed``: how many times faster the target's host
+    is), so a job the host bounds stays bound there. Else, and always as "GEMMs alone": the job's
+    non-GEMM time scaled by the bandwidth ratio plus the recipe's projected GEMM time (``mode``)."""
+    if not host_speed > 0:
+        raise ValueError(f"host_speed must be a positive factor, got {host_speed}")
     from te_gemm_callback.analysis.prediction import capture_recipe
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.microbench.cells import items_from_capture
@@ -143,7 +154,47 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
     if out.non_gemm_ms is not None:
         out.notes.append(f"non-GEMM step time scaled by HBM bandwidth {proj.source.bandwidth:g} -> "
                          f"{tgt.bandwidth:g} TB/s: {out.non_gemm_ms:.2f} ms on the target")
+    _replayed(out, cap, bench, projected, proj.bw, host_speed, observed)
     return out
+
+
+def _replayed(out: RunProjection, cap: Any, bench: Any, projected: Any, bw: float, host_speed: float,
+              observed: dict[str, float]) -> None:
+    """Each step the replay can give (the capture has its kernels step's host calls) in place of
+    the GEMMs-alone one, which stays beside it; the notes say how, and which side bounds it."""
+    from te_gemm_callback.analysis.whatif import replay_recipes
+
+    job = out.job_recipe or "BF16"
+    costs = bench.meta.get("module_costs")
+    clean = cap.step_ms()
+    recipes = [s.recipe for s in out.steps]
+    on_target = replay_recipes(cap, projected, recipes, job, clean, costs, source=bench, other=bw,
+                               host_speed=host_speed)
+    if not on_target or "BF16" not in on_target:
+        out.notes.append("step: GEMMs alone (the capture holds no host calls of its kernels step to replay)")
+        return
+    on_source = replay_recipes(cap, bench, recipes, job, clean, costs)
+    host_bound = []
+    for s in out.steps:
+        r = on_target.get(s.recipe)
+        if r is None:
+            continue
+        s.gemms_alone_step_ms, s.gemms_alone_speedup = s.step_ms, s.speedup
+        s.step_ms, s.step_low_ms, s.step_high_ms = r.step_ms, r.low_ms, r.high_ms
+        s.speedup, s.bound, s.step_by = on_target["BF16"].step_ms / r.step_ms, r.bound, "replay"
+        src = on_source.get(s.recipe)
+        if src is not None and "BF16" in on_source:
+            s.source_step_ms, s.source_speedup = src.step_ms, on_source["BF16"].step_ms / src.step_ms
+            s.vs_source = src.step_ms / r.step_ms
+        if r.bound == "host":
+            host_bound.append(s.recipe)
+        out.notes += [f"{s.recipe}: {n}" for n in r.notes]
+    speed = f" {host_speed:g}x faster" if host_speed != 1.0 else " as measured"
+    out.notes.append(f"step: the job's kernels step replayed on the target (GEMMs projected, other kernels and "
+                     f"quantization x{bw:.2f} by bandwidth, the host{speed}); GEMMs alone: gemms_alone_*")
+    if host_bound:
+        out.notes.append(f"host-bound on the target in {', '.join(host_bound)}: the host issues the step more slowly "
+                         "than the GPU runs it, so faster kernels gain nothing there")
 
 
 def _observed(root: Path) -> dict[str, float]:

@@ -15,8 +15,8 @@ from te_gemm_callback.printable import safe
 log = logging.getLogger("te_gemm_callback")
 # Speedups over BF16 on the target, on the source (its bench, and a sweep's observed one), then the
 # same recipe's step on the source and what moving to the target gains.
-COLUMNS = ("recipe", "GEMM ms/step (band)", "step ms (band)", "vs BF16", "source: bench", "source: observed",
-           "source step ms", "target gain")
+COLUMNS = ("recipe", "GEMM ms/step (band)", "step ms (band)", "vs BF16", "bound", "GEMMs alone", "source: bench",
+           "source: observed", "source step ms", "target gain")
 
 
 def _x(v: float | None, fmt: str) -> str:
@@ -26,7 +26,8 @@ def _x(v: float | None, fmt: str) -> str:
 def rows(rp: Any) -> list[list[str]]:
     return [[s.recipe, f"{s.gemm_ms:.2f} ({s.gemm_low_ms:.1f}-{s.gemm_high_ms:.1f})",
              f"{s.step_ms:.2f} ({s.step_low_ms:.1f}-{s.step_high_ms:.1f})" if s.step_ms is not None else "-",
-             _x(s.speedup, "{:.2f}x"), _x(s.source_speedup, "{:.2f}x"), _x(s.observed_speedup, "{:.2f}x"),
+             _x(s.speedup, "{:.2f}x"), s.bound or "-", _x(s.gemms_alone_speedup, "{:.2f}x"),
+             _x(s.source_speedup, "{:.2f}x"), _x(s.observed_speedup, "{:.2f}x"),
              _x(s.source_step_ms, "{:.2f}"), _x(s.vs_source, "{:.2f}x")]
             for s in rp.steps]
 
