@@ -362,6 +362,32 @@ def test_kernel_records_keep_only_the_marked_steps_and_join_every_gemm():
     assert all(len(r.times_ms) == 2 for r in cap.records) and len(cap.records) == 6
 
 
+def test_the_kernels_step_keeps_its_host_calls_and_replays_to_its_own_time():
+    """The host's runtime calls of a real kernels step: each GEMM kernel's launch among them (one
+    call per kernel, by correlation id), the step's boundaries cut where they are; its replay gives
+    the kernels step's own time back within 10% (the step as recorded: no tax taken off)."""
+    from te_gemm_callback.analysis.replay import replay
+    from te_gemm_callback.analysis.whatif import step_trace
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
+    x = torch.randn(512, 256, device="cuda", requires_grad=True)
+
+    def step():
+        model(x).sum().backward()
+
+    cap = capture_steps(model, step, kernel_steps=1)
+    tl = cap.kernel_timeline
+    assert tl is not None and tl.calls, "no host calls kept"
+    launched = sorted(i for c in tl.calls for i in c[3])
+    gemms = [i for i, row in enumerate(tl.kernels) if row[4] is not None]
+    assert set(gemms) <= set(launched) and len(launched) == len(set(launched)), (gemms, launched)
+    assert tl.calls[0][2] == "other" and tl.latency_us > 0  # the start boundary's event record
+    own = replay(step_trace(cap)).step_ms
+    kernels_step = cap.steps[tl.step].ms
+    assert abs(own / kernels_step - 1) < 0.10, (own, kernels_step)
+
+
 @needs_te
 def test_te_ops_gemms_owned_by_their_linear_ops(caplog):
     import transformer_engine.pytorch as te
