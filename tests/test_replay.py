@@ -5,10 +5,11 @@ speedups: benchmarks/replay_check.py and docs/results/h200.md."""
 import pytest
 import torch
 
-from te_gemm_callback.analysis.replay import Call, Op, StepTrace, call_kind, replay
+from te_gemm_callback.analysis.replay import Call, Op, StepTrace, replay
 from te_gemm_callback.analysis.whatif import calibrate_host, host_scaled, step_trace, transform
 from te_gemm_callback.capture.capture_items import KernelTimeline
 from te_gemm_callback.capture.kernel_profile import KernelStep, host_rows, split_at_marks
+from te_gemm_callback.capture.kernels import call_kind
 from te_gemm_callback.capture.module_specs import module_specs, spec_key
 
 

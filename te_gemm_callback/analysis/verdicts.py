@@ -71,6 +71,7 @@ class RecipeAnalysis:
     predicted_band: tuple[float, float] | None = None  # the replay's band on predicted_step_speedup
     predicted_bound: str | None = None  # "host" or "gpu": what bounds the replayed step in this recipe
     predicted_by: str | None = None  # "replay" (the job's step replayed) or "gemms_alone"
+    predicted_ledger: str | None = None  # the replayed step's host and GPU time: which side bounds it
     observed_step_ms: float | None = None
     observed_gemm_ms: float | None = None
     observed_step_speedup: float | None = None  # over BF16: the median of the sweep's per-round ratios
@@ -88,11 +89,14 @@ class RecipeAnalysis:
 
     @property
     def evidence(self) -> list[str]:
-        return evidence_lines(self.verdict_kind, self.verdict_evidence)
+        return evidence_lines(self.verdict_kind, self.verdict_evidence) + (
+            [self.predicted_ledger] if self.predicted_ledger else [])
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["verdict"], d["evidence"] = render(self.verdict_kind, self.verdict_evidence)
+        if self.predicted_ledger:
+            d["evidence"] = [*d["evidence"], self.predicted_ledger]
         d["verdict_kind"] = self.verdict_kind.value if self.verdict_kind is not None else None
         return d
 
@@ -229,6 +233,9 @@ def _set_replay(a: RecipeAnalysis, rr: Any, bf16: Any) -> None:
     a.predicted_band = (bf16.low_ms / rr.high_ms, bf16.high_ms / rr.low_ms)
     a.predicted_bound = rr.bound
     a.predicted_by = "replay"
+    side = "the host" if rr.bound == "host" else "the GPU"
+    a.predicted_ledger = (f"replayed: {side} bounds the step (host {rr.host_ms:.1f} ms of its own work per step, "
+                          f"GPU busy {rr.gpu_busy_ms:.1f} ms)" + (f"; {'; '.join(rr.notes)}" if rr.notes else ""))
 
 
 def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],

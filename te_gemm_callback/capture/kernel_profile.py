@@ -22,6 +22,7 @@ from typing import Any
 from te_gemm_callback.capture.capture_file import KernelTimeline
 from te_gemm_callback.capture.kernels import (
     breakdown_ms,
+    call_kind,
     comm_overlap_ms,
     is_gemm_kernel,
     kernel_intervals,
@@ -384,11 +385,9 @@ def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
     """The host side of a kernels step, for the replay (:mod:`te_gemm_callback.analysis.replay`):
     one row per runtime call from the step's start boundary to its end boundary, ``[gap_us, cost_us,
     kind, [kernel indices]]`` (host µs since the call before it returned, µs in the call, the kind
-    :func:`~te_gemm_callback.analysis.replay.call_kind` gives its name, the step's kernels it
+    :func:`~te_gemm_callback.capture.kernels.call_kind` gives its name, the step's kernels it
     launched), and the median µs from a launch's start to its kernel's start where the kernel's
     stream was idle: the launch latency. None where the step has no host calls or no kernel ids."""
-    from te_gemm_callback.analysis.replay import call_kind
-
     if not step.calls or len(step.corrs) != len(step.kernels):
         return None
     # The step boundaries are event records (stepping._boundary): the step's host time runs from

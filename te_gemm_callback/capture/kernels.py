@@ -126,3 +126,24 @@ def comm_overlap_ms(intervals: list[tuple[str, float, float]], steps: int) -> di
             k += 1
     n = max(steps, 1)
     return {"comm_ms": total / 1e3 / n, "comm_exposed_ms": (total - overlapped) / 1e3 / n}
+
+
+# Runtime calls after which the host waits for the GPU. cudaMemcpy without Async waits for its
+# stream (a device-to-host copy: loss.item(), a norm for clipping); cudaStreamSynchronize for one
+# stream; cudaDeviceSynchronize and cudaEventSynchronize for all the work launched before them
+# (an event waits on one stream, but its stream is not in the record: all is the safe reading).
+_SYNC_STREAM = ("cudaMemcpy", "cudaStreamSynchronize", "cuMemcpyDtoH", "cuStreamSynchronize")
+_SYNC_DEVICE = ("cudaDeviceSynchronize", "cudaEventSynchronize", "cuCtxSynchronize", "cuEventSynchronize")
+# Calls that launch GPU work: their kernel (or copy, or memset) carries the same correlation id.
+_LAUNCH = ("Launch", "Memcpy", "Memset", "cudaGraphLaunch")
+
+
+def call_kind(name: str) -> str:
+    """"sync_device", "sync_stream", "launch" or "other" for a CUDA runtime or driver call."""
+    if any(name.startswith(s) for s in _SYNC_DEVICE):
+        return "sync_device"
+    if any(name.startswith(s) for s in _SYNC_STREAM) and "Async" not in name:
+        return "sync_stream"
+    if any(s in name for s in _LAUNCH):
+        return "launch"
+    return "other"

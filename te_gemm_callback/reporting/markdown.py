@@ -25,7 +25,14 @@ from urllib.parse import quote
 
 from te_gemm_callback.files.jsonio import text_kind, write_text
 from te_gemm_callback.printable import plain
-from te_gemm_callback.reporting.tables import capture_share, plan_line, share_text, speedup_rows, top_gemm_rows
+from te_gemm_callback.reporting.tables import (
+    capture_share,
+    plan_line,
+    replay_own_line,
+    share_text,
+    speedup_rows,
+    top_gemm_rows,
+)
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
@@ -100,6 +107,8 @@ def _figure_title(key: str) -> str:
 def _verdicts(rr: RunReport) -> list[str]:
     rep = rr.report
     out = ["## Verdicts", ""]
+    if (own := replay_own_line(rep)) is not None:
+        out += [md_escape(own, line_start=True), ""]
     for a in rep.recipes:
         if a.recipe == "BF16":
             continue

@@ -21,7 +21,7 @@ from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import plain, safe
 from te_gemm_callback.reporting.figures import speedup_figure, step_split_figure, step_split_title
 from te_gemm_callback.reporting.markdown import MD_KIND, write_report_md
-from te_gemm_callback.reporting.tables import plan_line, share_text, speedup_rows
+from te_gemm_callback.reporting.tables import plan_line, replay_own_line, share_text, speedup_rows
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
@@ -59,6 +59,8 @@ def report_table(rep: Report) -> Table:
 def verdict_panel(rep: Report) -> Panel:
     # What the checks refused to state comes first: a reader sees it before any figure it touches.
     lines = [f"[yellow]check: {safe(w)}[/yellow]" for w in rep.warnings]
+    if (own := replay_own_line(rep)) is not None:
+        lines.append(f"[dim]{safe(own)}[/dim]")
     for a in rep.recipes:
         if a.recipe == "BF16":
             continue

@@ -267,6 +267,20 @@ class SpeedupRows:
     notes: list[str] = field(default_factory=list)
 
 
+def replay_own_line(rep: Report) -> str | None:
+    """How the replay of the job's own step compares with its clean step (the replay's check on
+    itself), or None where no replay was made."""
+    own = rep.meta.get("replay_own")
+    if not own or not own.get("clean_ms"):
+        return None
+    scale = own.get("host_scale") or 1.0
+    scaled = (f"; its host times then scaled x{scale:.2f} to the clean step (the profiler's callbacks ran in "
+              "every host gap of the kernels step)") if scale != 1.0 else ""
+    return (f"replay of the job's own step: {own['replay_ms']:.2f} ms against its clean step {own['clean_ms']:.2f} ms "
+            f"({100 * (own['replay_ms'] / own['clean_ms'] - 1):+.1f}%, {own['bound']}-bound; the recording's measured "
+            f"cost per call and per op taken off){scaled}")
+
+
 def band_text(a: Any) -> str:
     """The replay's band on a recipe's predicted step speedup, or "-"."""
     return f"{a.predicted_band[0]:.2f}-{a.predicted_band[1]:.2f}x" if a.predicted_band else "-"
