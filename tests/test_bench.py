@@ -67,6 +67,8 @@ def test_cache_key_separates_every_condition(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps(stale))
     old = ResultCache(tmp_path / "c.json")
     assert old.get("a") is None and old.data["peaks"] == {}
+    old.save()
+    assert json.loads((tmp_path / "c.json").read_text()) == stale  # another version's file: never rewritten
 
 
 cpu_path = pytest.mark.skipif(torch.cuda.is_available(),

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from helpers.cli import one_line_error
 from helpers.fakes import profiler_that_cannot_start, start_warnings
 from helpers.procs import start_bench_with_workers
 from test_callback import DemoTransformer
@@ -124,13 +125,52 @@ def test_concurrent_saves_keep_every_cell(tmp_path):
 
 def test_corrupt_cache_is_moved_aside_with_a_warning(tmp_path, caplog):
     path = tmp_path / "cache.json"
-    path.write_text('{"timing_version": 1, "results": {"a": ')  # torn
+    path.write_text('{"schema": "te-gemm-cache/1", "timing_version": 1, "results": {"a": ')  # ours, torn
     with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
         c = ResultCache(path)
     assert c.data["results"] == {}
     aside = list(tmp_path.glob("cache.json.corrupt-*"))
-    assert len(aside) == 1 and aside[0].read_text().startswith('{"timing_version"')
+    assert len(aside) == 1 and aside[0].read_text().startswith('{"schema": "te-gemm-cache')
     assert any("was corrupt: moved aside" in m for m in warnings_of(caplog))
+
+
+@pytest.mark.parametrize("text", ['{"results": {"acc": 0.93}}', '{"peaks": [1, 2]}', '{"timing_version": "x"}',
+                                  '{"results": {"acc": '])
+def test_a_file_that_only_looks_like_a_cache_is_never_moved_or_deleted(tmp_path, capsys, text):
+    # An lm-eval-harness results.json opens as an old cache did; what it holds is the user's.
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    assert main(["bench", "--shapes", "8x8x8", "--precisions", "BF16", "--cache", str(path)]) == 1
+    one_line_error(capsys, "not a te-gemm cache")
+    assert main(["cache", "clear", "--yes", "--cache", str(path)]) == 1
+    one_line_error(capsys, "not a te-gemm cache")
+    assert path.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_cache_clear_leaves_a_file_moved_aside_that_is_not_ours(tmp_path, capsys):
+    # An earlier version moved a user's results.json aside as "corrupt": clear must not delete it.
+    path = tmp_path / "r.json"
+    theirs = tmp_path / "r.json.corrupt-1700000000"
+    theirs.write_text('{"results": {"acc": 0.93}}')
+    ours = tmp_path / "r.json.corrupt-1700000001"
+    ours.write_text('{"schema": "te-gemm-cache/1", "results": {')
+    assert main(["cache", "clear", "--yes", "--cache", str(path)]) == 0
+    assert theirs.read_text() == '{"results": {"acc": 0.93}}' and not ours.exists()
+
+
+def test_a_cache_of_another_timing_version_is_kept(tmp_path):
+    # Two installs sharing one cache: each keeps its cells (this one beside the other's file).
+    path = tmp_path / "bench.json"
+    other = {"schema": "te-gemm-cache/1", "timing_version": -1, "peaks": {},
+             "results": {f"cell{i}": {"m": 8} for i in range(6)}}
+    path.write_text(json.dumps(other))
+    c = ResultCache(path)
+    assert c.data["results"] == {}
+    c.put("mine", BenchResult(8, 8, 8, "fprop", "BF16", "autocast", median_ms=0.01, q1_ms=0.01, q3_ms=0.01))
+    assert c.save() is None
+    assert json.loads(path.read_text()) == other  # untouched
+    again = ResultCache(path)
+    assert again.path == c.path != path and again.get("mine") is not None
 
 
 # 4. A cache that cannot be written is a warning after the results, never a lost run.

@@ -30,12 +30,25 @@ def cache_path(path: str | None) -> Path:
 
 def _aside(path: Path) -> list[Path]:
     """Corrupt caches the cache moved aside (``<name>.corrupt-<time>``): ours, regular files only."""
+    from te_gemm_callback.microbench.cells import _looks_like_cache
+
     pattern = re.compile(re.escape(path.name) + r"\.corrupt-\d+")
     try:
-        return sorted(p for p in path.parent.iterdir()
-                      if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink())
+        named = sorted(p for p in path.parent.iterdir()
+                       if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink())
     except OSError:
         return []
+    return [p for p in named if _opens_as_ours(p, _looks_like_cache)]
+
+
+def _opens_as_ours(p: Path, looks_like_cache: Any) -> bool:
+    """Whether a file named like a cache moved aside opens as one of ours: an earlier version
+    moved other files aside under that name too (a results.json), and those are not ours to delete."""
+    try:
+        with open(p, "rb") as f:
+            return looks_like_cache(f.read(64))
+    except OSError:
+        return False
 
 
 def _read_cache(path: Path) -> tuple[dict[str, Any] | None, int]:
@@ -109,8 +122,11 @@ def cmd_cache_list(a: argparse.Namespace) -> int:
             version = data.get("timing_version")
             out.print(f"size: {_size(size)}, {len(results)} cell(s), timing version {safe(version)}")
             if version != TIMING_VERSION:
+                from te_gemm_callback.microbench.cells import ResultCache
+
+                mine = ResultCache(a.cache, enabled=False).version_path()
                 out.print(f"[yellow]written by another timing version (this one measures with {TIMING_VERSION}): "
-                          "te-gemm bench measures every cell again; te-gemm cache clear removes these[/yellow]")
+                          f"kept as it is; this version keeps its cells in {safe(mine)}[/yellow]")
             counts = cell_counts(results)
             if counts:
                 t = Table(title="cells per device and recipe")

@@ -291,6 +291,11 @@ class ResultCache:
     def _empty() -> dict[str, Any]:
         return {"schema": CACHE_SCHEMA, "timing_version": TIMING_VERSION, "results": {}, "peaks": {}}
 
+    def version_path(self) -> Path:
+        """Where this timing version keeps its cells when the cache file belongs to another
+        version: a file of its own beside it, so that two installs sharing a cache keep theirs."""
+        return self.path.with_name(f"{self.path.stem}.timing-{TIMING_VERSION}{self.path.suffix or '.json'}")
+
     def _read(self, warn: bool) -> dict[str, Any]:
         """The cache file's contents now (empty if absent, unreadable, corrupt or of an older timing).
 
@@ -319,11 +324,18 @@ class ResultCache:
                 msg = str(err) if str(err).startswith(str(p)) else f"{p} is not a te-gemm cache ({err}); {_ELSEWHERE}"
                 raise ValueError(msg) from None
             return self._move_aside(err)  # ours, torn or damaged by hand: it is only a cache
-        if data.get("timing_version") != TIMING_VERSION:  # measured another way: re-measure
-            return self._empty()
+        if data.get("timing_version") != TIMING_VERSION:
+            # Another install's cells (measured another way): never emptied or rewritten. This
+            # version reads and writes a file of its own beside it.
+            other = self.version_path()
+            if warn:
+                log.info("te-gemm: cache %s holds timing version %s; this one (%s) uses %s", p,
+                         data.get("timing_version"), TIMING_VERSION, other)
+            self.path = other
+            return self._read(warn) if other.exists() and other != p else self._empty()
+        data = {"schema": CACHE_SCHEMA, **{k: v for k, v in data.items() if k != "schema"}}  # schema first
         data.setdefault("results", {})
         data.setdefault("peaks", {})
-        data["schema"] = CACHE_SCHEMA
         return data
 
     def _move_aside(self, why: Exception) -> dict[str, Any]:
@@ -408,9 +420,10 @@ def _usable(d: dict[str, Any]) -> bool:
 
 
 def _looks_like_cache(raw: bytes) -> bool:
-    """A cache file torn or damaged after its first bytes still opens the way ours do."""
-    heads = (b'{"schema": "te-gemm-cache', b'{"results"', b'{"timing_version"', b'{"peaks"')
-    return raw[:64].lstrip().startswith(heads)
+    """A cache file torn or damaged after its first bytes still opens the way ours do: with our
+    schema, the first field every cache we write has. Nothing else counts, however much it looks
+    like one: an lm-eval results.json opens with '{"results"' too, and it is not ours to move."""
+    return raw[:64].lstrip().startswith(b'{"schema": "' + CACHE_SCHEMA.split("/")[0].encode())
 
 
 def _is_cache(data: Any) -> bool:
