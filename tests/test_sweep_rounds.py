@@ -21,10 +21,12 @@ class Probe(nn.Linear):
 
     def __init__(self, fake, seen):
         super().__init__(8, 8)
-        self.fake, self.seen = fake, seen
+        # Private: the sweep puts the job's public containers back as they were (host_state.py),
+        # and this one records what the sweep's steps ran.
+        self.fake, self._seen = fake, seen
 
     def forward(self, x):
-        self.seen.append(self.fake.stack[-1])
+        self._seen.append(self.fake.stack[-1])
         return super().forward(x)
 
 

@@ -88,10 +88,13 @@ def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
     model, loader = kwargs.get("model"), kwargs.get("train_dataloader")
     if model is None or loader is None:
         raise ValueError("the Trainer passed no model or train_dataloader to its callbacks")
-    # A batch of the job's own data; a fresh iterator draws from the RNG, which is put back.
-    rng = torch.get_rng_state()
+    # A batch of the job's own data; a fresh iterator draws from the RNGs (torch's, a sampler's own
+    # generator), which are put back.
+    from te_gemm_callback.sweep.host_state import HostState
+
+    drawn = HostState(torch.nn.Module(), [loader, getattr(loader, "sampler", None)])
     batch = next(iter(loader))
-    torch.set_rng_state(rng)
+    drawn.restore()
     device = next(model.parameters()).device
     batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
@@ -109,4 +112,5 @@ def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
     model.train()
     # A whole step holds as many micro-batches as the job's (one batch of its data, each time).
     step = accumulated(lambda: model(**batch), max(int(args.gradient_accumulation_steps), 1))
-    return SweepJob(model, step, optimizers, optimizer_step if optimizers else None, context)
+    return SweepJob(model, step, optimizers, optimizer_step if optimizers else None, context,
+                    rng_objects=[loader, getattr(loader, "sampler", None)])

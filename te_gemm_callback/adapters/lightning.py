@@ -156,8 +156,10 @@ class GemmProfilerCallback(ScheduleResults, Callback):
         plugin = getattr(trainer.strategy, "precision_plugin", None)
         # A whole step holds as many micro-batches as the job's (its last batch, each time).
         step = accumulated(step, max(int(trainer.accumulate_grad_batches), 1) if optimizers else 1)
+        loaders = [getattr(trainer, "train_dataloader", None), getattr(trainer, "datamodule", None)]
         return SweepJob(module, step, optimizers, optimizer_step if optimizers else None,
-                        context=getattr(plugin, "forward_context", None), set_recipe=set_recipe)
+                        context=getattr(plugin, "forward_context", None), set_recipe=set_recipe,
+                        rng_objects=[o for o in loaders if o is not None])
 
 
 GemmProfilerCallback.__doc__ = schedule_doc(GemmProfilerCallback.__doc__)

@@ -51,6 +51,9 @@ class SweepJob:
     optimizer_step: Callable[[], Any] | None = None
     context: Callable[[], Any] | None = None  # an outer context per step (Lightning's precision plugin)
     set_recipe: Callable[[Any, Any], Any] | None = None
+    # Objects holding torch.Generators the job draws from beyond the module's (its DataLoader,
+    # sampler, datamodule): put back after the sweep with every other RNG (sweep/host_state.py).
+    rng_objects: Sequence[Any] = ()
 
 
 def accumulated(step: Callable[[], Any], micro_batches: int) -> Callable[[], Any]:

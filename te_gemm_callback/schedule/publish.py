@@ -154,5 +154,6 @@ class Publishing:
             profile_kernels=self.kernel_breakdown, set_recipe=sj.set_recipe or self.set_recipe, context=sj.context,
             out_dir=out_dir, job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"],
             plan=self.sweep_plan, rounds=self.sweep_rounds, budget_s=self.sweep_budget_s,
-            optimizers=list(sj.optimizers), optimizer_step=opt_step, run_id=self.run_id)
+            optimizers=list(sj.optimizers), optimizer_step=opt_step, run_id=self.run_id,
+            rng_objects=list(sj.rng_objects))
         return sweep_metrics(res)

@@ -108,7 +108,8 @@ class Sweep:
                  context: Callable[[], Any] | None, out_dir: str | Path | None, nvtx: bool | str,
                  profile_kernels: bool, job_recipe: str | None, plan: Any, rounds: int, budget_s: float,
                  target: float, optimizers: Sequence[torch.optim.Optimizer],
-                 optimizer_step: Callable[[], Any] | None, run_id: str | None) -> None:
+                 optimizer_step: Callable[[], Any] | None, run_id: str | None,
+                 rng_objects: Sequence[Any] = ()) -> None:
         _check_settings(steps, rounds, budget_s, target)
         from te_gemm_callback.analysis.plan import PrecisionPlan
 
@@ -127,7 +128,7 @@ class Sweep:
         self.out_dir, self.job_recipe, self.run_id = out_dir, job_recipe, run_id
         self.min_rounds, self.budget_s, self.target = rounds, budget_s, target
         self.result = SweepResult()  # the captures per entry, with each round's steps appended
-        self.snapshot = TrainingSnapshot(model, self.optimizers)
+        self.snapshot = TrainingSnapshot(model, self.optimizers, rng_objects)
         self.states = RecipeStates(model)
         self.on_cuda = _on_cuda(model)
         self.cuda = self.on_cuda and torch.cuda.is_available()
@@ -315,7 +316,8 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
               nvtx: bool | str = "auto", profile_kernels: bool = True, job_recipe: str | None = None,
               plan: Any = None, rounds: int = MIN_ROUNDS, budget_s: float = BUDGET_S, target: float = TARGET,
               optimizers: Sequence[torch.optim.Optimizer] = (),
-              optimizer_step: Callable[[], Any] | None = None, run_id: str | None = None) -> SweepResult:
+              optimizer_step: Callable[[], Any] | None = None, run_id: str | None = None,
+              rng_objects: Sequence[Any] = ()) -> SweepResult:
     """Time whole training steps of ``step_fn`` under each recipe, alternated in rounds.
 
     Args:
@@ -332,6 +334,8 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         context: an outer context per step (Lightning's precision plugin forward context).
         run_id: the job capture's ``meta["run_id"]``, kept in every sweep capture: a report takes
             only sweep captures of its job's run (``runs.analyze_run``).
+        rng_objects: objects holding torch.Generators the job draws from (its DataLoader, sampler):
+            put back afterwards with torch's, CUDA's, Python's and NumPy's RNGs and the module's own.
         job_recipe: the recipe the job trains in (read from its capture), kept in the captures.
             Any recipe can be swept on any job: TE's per-recipe state objects are kept and put
             back at every switch (:class:`~te_gemm_callback.sweep.state.RecipeStates`).
@@ -357,4 +361,4 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
     return Sweep(model, step_fn, recipes, steps=steps, warmup=warmup, set_recipe=set_recipe, context=context,
                  out_dir=out_dir, nvtx=nvtx, profile_kernels=profile_kernels, job_recipe=job_recipe, plan=plan,
                  rounds=rounds, budget_s=budget_s, target=target, optimizers=optimizers,
-                 optimizer_step=optimizer_step, run_id=run_id).run()
+                 optimizer_step=optimizer_step, run_id=run_id, rng_objects=rng_objects).run()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -28,13 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-# TE module attributes that hold one recipe's quantization state (TransformerEngineBaseModule:
-# fp8_meta, quantizers, the cached FP8 weight workspaces; te.ops BasicOperation: _fp8_metas,
-# _quantizers), and the flags that tell TE whether that state is set up for the current recipe.
-_STATE_DICTS = ("fp8_meta", "quantizers", "_fp8_workspaces")
-_STATE_OBJECTS = ("_fp8_metas", "_quantizers")
-_STATE_FLAGS = ("fp8_initialized", "fp8_meta_tensors_initialized", "fp8", "fp8_calibration", "fp8_parameters")
+from te_gemm_callback.sweep.host_state import _STATE_DICTS, _STATE_FLAGS, _STATE_OBJECTS, HostState
 
+log = logging.getLogger("te_gemm_callback")
 
 def _holds_recipe_state(m: nn.Module) -> bool:
     return isinstance(getattr(m, "fp8_meta", None), dict) or hasattr(m, "_fp8_metas")
@@ -127,14 +124,16 @@ class TrainingSnapshot:
     put back. Learning-rate schedulers are not stepped by the sweep, so they have nothing to restore.
     """
 
-    def __init__(self, model: nn.Module, optimizers: Iterable[torch.optim.Optimizer] = ()) -> None:
+    def __init__(self, model: nn.Module, optimizers: Iterable[torch.optim.Optimizer] = (),
+                 rng_objects: Iterable[Any] = ()) -> None:
         self.tensors = {k: v.detach().to("cpu", copy=True)
                         for k, v in itertools.chain(model.named_parameters(), model.named_buffers())}
         self.extra = {n: copy.deepcopy(m.get_extra_state()) for n, m in model.named_modules()
                       if type(m).get_extra_state is not nn.Module.get_extra_state}
         self.grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
-        self.rng_cpu = torch.get_rng_state()
-        self.rng_cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        # Every RNG (torch, CUDA, Python, NumPy, generators on the modules and ``rng_objects``) and
+        # the Python containers and counters on the modules (host_state.py).
+        self.host = HostState(model, rng_objects)
         self.optimizers = [(opt, {p: {k: _to_host(v) for k, v in st.items()} for p, st in opt.state.items()},
                             [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups])
                            for opt in optimizers]
@@ -162,9 +161,9 @@ class TrainingSnapshot:
                     g.update(copy.deepcopy(saved))
         for n, p in model.named_parameters():
             p.grad = self.grads[n]
-        torch.set_rng_state(self.rng_cpu)
-        if self.rng_cuda is not None:
-            torch.cuda.set_rng_state_all(self.rng_cuda)
+        changed = self.host.restore()
+        if changed:
+            log.info("te-gemm: the sweep's steps changed %s; put back", ", ".join(sorted(set(changed))))
         modules = dict(model.named_modules())
         # TE refuses pickled FP8 metadata unless told the source is trusted: this is our own
         # snapshot, taken from this process moments ago.

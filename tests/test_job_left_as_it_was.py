@@ -1,0 +1,86 @@
+"""The sweep leaves no trace in the job: every RNG it can draw from, and the Python state its
+training_step keeps on the module, are as they would be without the callback.
+
+A Lightning job in the idioms of Lightning's own docs: its training_step draws from NumPy, Python's
+random and a torch.Generator of its own (dropout from torch's), appends each loss to
+``self.training_step_outputs`` and averages them in ``on_train_epoch_end``, and counts its calls.
+Fitted with and without the callback (with the in-fit sweep), everything must be bitwise equal.
+"""
+
+import random
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+from te_gemm_callback import GemmProfilerCallback
+from te_gemm_callback.sweep.host_state import HostState
+
+
+class Job(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.1), nn.GELU(), nn.Linear(32, 16))
+        self.noise = torch.Generator().manual_seed(7)
+        self.training_step_outputs = []
+        self.calls = 0
+        self.epoch_means = []
+        self.draws = []
+
+    def training_step(self, batch, i):
+        self.calls += 1
+        jitter = float(np.random.rand()) + random.random() + float(torch.rand(1, generator=self.noise))
+        loss = self.net(batch + 1e-3 * jitter).square().mean()
+        self.training_step_outputs.append(loss.detach())
+        return loss
+
+    def on_train_epoch_end(self):
+        self.epoch_means.append(float(torch.stack(self.training_step_outputs).mean()))
+        self.training_step_outputs.clear()
+
+    def on_train_end(self):
+        # What the job draws next from each stream: the sweep must not have advanced any of them.
+        self.draws = [float(np.random.rand()), random.random(), float(torch.rand(1, generator=self.noise)),
+                      float(torch.rand(1))]
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def fit(tmp_path, callbacks):
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    job = Job()
+    data = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    tr = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                    default_root_dir=str(tmp_path))
+    tr.fit(job, torch.utils.data.DataLoader(data, batch_size=None))
+    return job
+
+
+def test_a_fit_with_the_sweep_is_bitwise_the_fit_without_it(tmp_path):
+    plain = fit(tmp_path / "a", [])
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=4, output_dir=str(tmp_path / "te"), sweep=["BF16"],
+                              sweep_steps=2, sweep_rounds=2, sweep_budget_s=0, verbose=False, report=False)
+    swept = fit(tmp_path / "b", [cb])
+    assert (tmp_path / "te" / "sweep").is_dir()  # the sweep ran inside the fit
+    assert swept.calls == plain.calls == 16
+    assert swept.epoch_means == plain.epoch_means  # the metric the job computes from its own list
+    assert swept.draws == plain.draws  # NumPy, Python, its own generator, torch's: none advanced
+    for (n, p), q in zip(plain.named_parameters(), swept.parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_host_state_puts_containers_back_in_the_same_objects():
+    m = Job()
+    outputs = m.training_step_outputs
+    outputs.append(1)
+    state = HostState(m)
+    m.training_step_outputs.append(2)
+    m.calls = 5
+    m.added = [3]
+    assert sorted(state.restore()) == ["Job.added", "Job.calls", "Job.training_step_outputs"]
+    assert m.training_step_outputs is outputs and outputs == [1] and m.calls == 0 and not hasattr(m, "added")
