@@ -10,6 +10,7 @@ Fitted with and without the callback (with the in-fit sweep), everything must be
 import random
 
 import numpy as np
+import pytest
 import pytorch_lightning as pl
 import torch
 from torch import nn
@@ -84,3 +85,46 @@ def test_host_state_puts_containers_back_in_the_same_objects():
     m.added = [3]
     assert sorted(state.restore()) == ["Job.added", "Job.calls", "Job.training_step_outputs"]
     assert m.training_step_outputs is outputs and outputs == [1] and m.calls == 0 and not hasattr(m, "added")
+
+
+class RaisingLogger(pl.loggers.Logger):
+    """A logger that fails on everything: listed first, it must not keep ours from the next one."""
+
+    name, version, experiment = "raising", 0, None
+
+    def log_metrics(self, metrics, step=None):
+        raise RuntimeError("logging service down")
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
+def test_a_logger_that_raises_stops_no_other_logger(tmp_path, caplog):
+    import logging
+
+    from test_callback import DemoTransformer
+
+    csv = pl.loggers.CSVLogger(tmp_path, name="log")
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=str(tmp_path / "te"), verbose=False,
+                              sweep=None, report=False)
+    tr = pl.Trainer(max_steps=5, accelerator="cpu", callbacks=[cb], logger=[RaisingLogger(), csv],
+                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                    limit_val_batches=0)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        tr.fit(DemoTransformer())
+    assert "te_gemm/" in (tmp_path / "log" / "version_0" / "metrics.csv").read_text()
+    assert any("RaisingLogger could not take the te_gemm metrics" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("state", [{"steps_seen": "abc", "done": False, "path": None},
+                                   {"steps_seen": None, "done": False, "path": None},
+                                   {"steps_seen": 2, "done": "no", "path": None},
+                                   {"steps_seen": -3, "done": False, "path": None}, "not a dict"])
+def test_a_damaged_checkpoint_state_is_said_and_the_capture_starts_afresh(state, caplog):
+    import logging
+
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=2, verbose=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        cb.load_state_dict(state)  # Lightning calls this while restoring: it must not raise
+    assert cb.steps_seen == 0 and not cb.done
+    assert any("te-gemm state is damaged" in r.getMessage() for r in caplog.records)

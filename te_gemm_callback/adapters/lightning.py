@@ -5,10 +5,12 @@ Only adapts: the schedule, the capture and the sweep live in the framework-free 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pytorch_lightning.callbacks import Callback
 
+from te_gemm_callback.precisions import warn_once
 from te_gemm_callback.schedule import (
     GemmSchedule,
     JobStep,
@@ -27,6 +29,8 @@ except ImportError:  # pragma: no cover
 
 if TYPE_CHECKING:
     from pytorch_lightning import LightningModule, Trainer
+
+log = logging.getLogger("te_gemm_callback")
 
 
 class GemmProfilerCallback(ScheduleResults, Callback):
@@ -108,14 +112,14 @@ class GemmProfilerCallback(ScheduleResults, Callback):
 
     def _job(self, trainer: Trainer) -> JobStep:
         def log_metrics(metrics: dict[str, float]) -> None:
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+            for logger in trainer.loggers:  # each on its own: one that raises stops no other
+                _each(logger, "metrics", lambda lg=logger: lg.log_metrics(metrics, step=trainer.global_step))
 
         def log_artifacts(files: dict) -> None:
             from te_gemm_callback.reporting.loggers import to_lightning_logger
 
             for logger in trainer.loggers:
-                to_lightning_logger(logger, files, trainer.global_step)
+                _each(logger, "report files", lambda lg=logger: to_lightning_logger(lg, files, trainer.global_step))
 
         return JobStep(global_step=int(trainer.global_step), accumulate=int(trainer.accumulate_grad_batches),
                        writes=trainer.is_global_zero, log_metrics=log_metrics, log_artifacts=log_artifacts,
@@ -160,6 +164,15 @@ class GemmProfilerCallback(ScheduleResults, Callback):
         return SweepJob(module, step, optimizers, optimizer_step if optimizers else None,
                         context=getattr(plugin, "forward_context", None), set_recipe=set_recipe,
                         rng_objects=[o for o in loaders if o is not None])
+
+
+def _each(logger: Any, what: str, send: Any) -> None:
+    """Hand one logger its part; a logger that raises is said once per kind and skipped."""
+    try:
+        send()
+    except Exception as err:  # the job's own logger: its failure is said, never raised into the fit
+        warn_once(f"te-gemm: {type(logger).__name__} could not take the te_gemm {what} "
+                  f"({type(err).__name__}: {err}); the other loggers still get them", log)
 
 
 GemmProfilerCallback.__doc__ = schedule_doc(GemmProfilerCallback.__doc__)

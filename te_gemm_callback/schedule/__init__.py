@@ -309,9 +309,18 @@ class GemmSchedule(Publishing):
         return {"steps_seen": self.steps_seen, "done": self.done, "path": str(self.path) if self.path else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps_seen = int(state.get("steps_seen", 0))
-        self.done = bool(state.get("done", False))
-        self.path = Path(state["path"]) if state.get("path") else None
+        """The state a checkpoint saved (:meth:`state_dict`). A damaged one (a field of another
+        type, a negative step count) is said in one line and the capture starts afresh: a
+        checkpoint's extra never stops the job's resume."""
+        steps, done, path = (state.get(k) for k in ("steps_seen", "done", "path")) if isinstance(state, dict) \
+            else (None, None, None)
+        if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 and isinstance(done, bool)
+                and (path is None or (isinstance(path, str) and "\x00" not in path))):
+            log.warning("te-gemm: the checkpoint's te-gemm state is damaged (%s): ignored, the capture starts "
+                        "afresh", _short_repr(state))
+            return
+        self.steps_seen, self.done = steps, done
+        self.path = Path(path) if path else None
         self.resumed = True
         if not self.done and self.wait <= self.steps_seen < self.wait + self.warmup + self.active:
             # Resumed inside the window: the new process has neither warmed up nor captured the
@@ -372,3 +381,8 @@ class GemmSchedule(Publishing):
             self._publish(job, cap, prof)
             self.done = True
         guard(prof.end_nsys_range, "nsys capture range not ended")  # a window not kept: nothing to save first
+
+
+def _short_repr(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 120 else text[:117] + "..."
