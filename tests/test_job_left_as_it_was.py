@@ -128,3 +128,20 @@ def test_a_damaged_checkpoint_state_is_said_and_the_capture_starts_afresh(state,
         cb.load_state_dict(state)  # Lightning calls this while restoring: it must not raise
     assert cb.steps_seen == 0 and not cb.done
     assert any("te-gemm state is damaged" in r.getMessage() for r in caplog.records)
+
+
+def test_the_report_reaches_wandb_as_text_never_as_markup(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from te_gemm_callback.reporting.loggers import to_report_to
+
+    sent = []
+    run = types.SimpleNamespace(log=lambda payload, step=None: sent.append(payload))
+    fake = types.SimpleNamespace(run=run, Html=lambda text: ("html", text), Image=lambda p: ("image", p))
+    monkeypatch.setitem(sys.modules, "wandb", fake)  # W&B's client is not what is tested: what we hand it
+    md = tmp_path / "report.md"
+    md.write_text("## Verdicts\n\n- **<script>alert(1)</script>**: module <top> & co\n")
+    assert to_report_to(["wandb"], None, {"te_gemm/step_ms": 1.0}, {"report_md": md}, step=3) == ["wandb"]
+    kind, text = sent[0]["te_gemm/report"]
+    assert kind == "html" and "<script>" not in text and "&lt;script&gt;" in text and "&lt;top&gt;" in text

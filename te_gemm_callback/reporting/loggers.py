@@ -10,6 +10,7 @@ object, a Hugging Face ``report_to`` integration through the module the Trainer 
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import sys
@@ -121,7 +122,9 @@ def to_report_to(report_to: Any, logging_dir: str | None, metrics: dict[str, flo
         payload: dict[str, Any] = dict(metrics)
         payload.update({tag: wandb.Image(str(p)) for tag, p in _figures(files)})
         if files:
-            payload["te_gemm/report"] = wandb.Html(f"<pre>{verdict_markdown(files)}</pre>")
+            # HTML-escaped: module and recipe names come from the job's files ("<top>", a
+            # "<script>" in a name must reach the panel as text).
+            payload["te_gemm/report"] = wandb.Html(f"<pre>{html.escape(verdict_markdown(files))}</pre>")
         wandb.run.log(payload, step=step)
         reached.append("wandb")
     mlflow = sys.modules.get("mlflow")
