@@ -145,3 +145,29 @@ def test_the_report_reaches_wandb_as_text_never_as_markup(tmp_path, monkeypatch)
     assert to_report_to(["wandb"], None, {"te_gemm/step_ms": 1.0}, {"report_md": md}, step=3) == ["wandb"]
     kind, text = sent[0]["te_gemm/report"]
     assert kind == "html" and "<script>" not in text and "&lt;script&gt;" in text and "&lt;top&gt;" in text
+
+
+def test_a_lone_surrogate_in_a_name_is_read_as_a_replacement_character(tmp_path, capsys):
+    # "\udc80" in a capture file decodes to text no file can hold: the report must still be whole.
+    import json
+
+    from te_gemm_callback import GemmProfiler
+    from te_gemm_callback.cli import main
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+    with GemmProfiler(model) as prof:
+        for _ in range(3):
+            model(torch.randn(8, 16)).sum().backward()
+            prof.step()
+    prof.capture.save(tmp_path / "gemm_capture.json")
+    raw = (tmp_path / "gemm_capture.json").read_text().replace('"module": "0"', '"module": "bad\\udc80name"')
+    (tmp_path / "gemm_capture.json").write_text(raw)
+    assert main(["bench", "--capture", str(tmp_path / "gemm_capture.json"), "--json",
+                 str(tmp_path / "bench.json")]) == 0
+    assert main(["report", str(tmp_path)]) == 0
+    for name in ("report.md", "report.json", "trace.json"):
+        if (tmp_path / name).exists():
+            text = (tmp_path / name).read_bytes().decode("utf-8")  # strict: whole UTF-8
+            assert "\\udc80" not in text, name
+    assert "bad\ufffdname" in (tmp_path / "report.md").read_text()
+    json.loads((tmp_path / "report.json").read_text())

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable
@@ -110,6 +111,26 @@ def parse_json(raw: bytes) -> Any:
         raise ValueError(f"not valid JSON ({str(err).splitlines()[0][:120]})") from None
     if not _depth_ok(data):
         raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+    # A "\udc80" escape decodes to a lone surrogate: text no file or terminal can take. Each is
+    # read as U+FFFD, so a name never fails a report half-written.
+    return whole_text(data) if _SURROGATE_ESCAPE.search(raw) else data
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def whole_text(data: Any) -> Any:
+    """``data`` with every lone surrogate in its strings (keys included) replaced by U+FFFD."""
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+            return data
+        except UnicodeEncodeError:
+            return data.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(data, list):
+        return [whole_text(v) for v in data]
+    if isinstance(data, dict):
+        return {whole_text(k): whole_text(v) for k, v in data.items()}
     return data
 
 
@@ -342,7 +363,10 @@ def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str 
     (default: the ``schema`` field of ``data``; without one, an existing file is never replaced);
     ``root``: see :func:`check_target`."""
     kind = json_kind(schema or schema_of(data), accept)
-    return write_bytes_atomic(path, json.dumps(data, indent=indent).encode(), kind, root)
+    text = json.dumps(data, indent=indent)
+    if _SURROGATE_ESCAPE.search(text.encode()):  # a lone surrogate from a live name: valid UTF-16 only
+        text = json.dumps(whole_text(data), indent=indent)
+    return write_bytes_atomic(path, text.encode(), kind, root)
 
 
 def check_replaceable(path: Path, schema: str) -> None:
@@ -352,4 +376,4 @@ def check_replaceable(path: Path, schema: str) -> None:
 
 def write_text(path: str | Path, text: str, kind_check: KindCheck | None = None) -> Path:
     """Write a text file atomically; an existing file only if ``kind_check`` accepts it."""
-    return write_bytes_atomic(path, text.encode(), kind_check)
+    return write_bytes_atomic(path, whole_text(text).encode(), kind_check)
