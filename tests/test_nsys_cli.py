@@ -141,3 +141,58 @@ def test_what_nsys_cannot_read_is_one_line(job, capsys, monkeypatch):
     # An output of another kind is refused before nsys runs.
     assert main(["nsys", cap, str(d / "prof.nsys-rep"), *nsys, "--json", cap]) == 1
     one_line_error(capsys, "refusing to overwrite")
+
+
+def test_a_long_field_a_foreign_encoding_and_negative_times(job, capsys, monkeypatch):
+    d, cap = job
+    args = ["nsys", str(d / "gemm_capture.json"), str(d / "prof.nsys-rep"), "--nsys", str(d / "nsys"),
+            "--json", str(d / "cmp.json")]
+    rows = (d / "rows.csv").read_text().splitlines()
+    # Someone else's range with a 200,000-character name (csv's default limit is 131,072), and one
+    # of our GEMM ranges with a negative projected duration: read, and the latter left out.
+    long_row = ",".join(["x" * 200_000, "0", "5", "0", "9", "PushPop", "42", "1"] + [""] * 6)
+    first_gemm = next(i for i, r in enumerate(rows) if r.startswith("te_gemm:") and "step" not in r.split(",")[0])
+    neg = rows[first_gemm].split(",")
+    neg[2] = "-5"
+    (d / "more.csv").write_text("\n".join([*rows, long_row, ",".join(neg)]) + "\n")
+    monkeypatch.setenv("FAKE_CSV", str(d / "more.csv"))
+    assert main(args) == 0
+    got = json.loads((d / "cmp.json").read_text())
+    assert all(r["nsys_proj_ms"] is None or r["nsys_proj_ms"] > 0 for r in got["rows"])
+    capsys.readouterr()
+    (d / "latin.csv").write_bytes(",".join(HEADER).encode() + b"\n\xe9t\xe9,0,5,0,9,PushPop,42,1,,,,,,\n")
+    monkeypatch.setenv("FAKE_CSV", str(d / "latin.csv"))
+    (d / "latin.nsys-rep").write_bytes(b"another recording")
+    assert main([*args[:2], str(d / "latin.nsys-rep"), *args[3:]]) == 1
+    one_line_error(capsys, "latin_nvtx_gpu_proj_trace.csv", "not the CSV nsys stats writes")
+
+
+def test_a_hung_nsys_is_stopped_with_the_processes_it_started(job, capsys, monkeypatch, tmp_path):
+    import os
+    import time
+
+    from te_gemm_callback.analysis import nsys as nsys_mod
+
+    d, _ = job
+    hung = tmp_path / "hung_nsys"
+    pidfile = tmp_path / "child.pid"
+    hung.write_text(f"#!{sys.executable}\nimport subprocess, sys, time\n"
+                    f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                    f"open({str(pidfile)!r}, 'w').write(str(c.pid))\ntime.sleep(60)\n")
+    hung.chmod(hung.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(nsys_mod, "NSYS_TIMEOUT_S", 10)  # room for the stand-in to start its child under load
+    t0 = time.monotonic()
+    assert main(["nsys", str(d / "gemm_capture.json"), str(d / "prof.nsys-rep"), "--nsys", str(hung)]) == 1
+    assert time.monotonic() - t0 < 50  # the timeout, not the stand-in's 60 s
+    one_line_error(capsys, "took over", "stopped")
+    child = int(pidfile.read_text())
+    for _ in range(50):  # the kill reaches the child at once; its exit status is reaped by init
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if open(f"/proc/{child}/stat").read().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("nsys's child outlived the timeout")

@@ -4,7 +4,8 @@ TE cannot run on a CPU: its autocast is a stand-in that records which recipe a f
 (helpers.fakes.fake_te_sweep); everything else (the sweep, the profiler, the analysis) is real.
 """
 
-import time
+import functools
+import types
 
 import pytest
 import torch
@@ -56,19 +57,31 @@ def test_rounds_alternate_every_entry_forward_then_reverse(monkeypatch, tmp_path
 
 def _drifting_sweep(monkeypatch, rounds):
     """BF16 steps cost 8 ms, Float8CurrentScaling 6.4 ms (1.25x), times a host that gets 5% slower
-    at every step: the host-bound H200 job's step drifted 41-98 ms over minutes. Real sleeps: the
-    steps are long and the drift steep enough that a loaded machine's oversleeping (a few hundred
-    µs) moves neither figure across its bound."""
+    at every step: the host-bound H200 job's step drifted 41-98 ms over minutes. The cost goes on a
+    virtual clock that the profiler and the rounds' boundaries read, not into real sleeps: a loaded
+    2-core CI host overslept by milliseconds and the no-rounds figure read 0.76-1.34x (bound 1.15)."""
+    from te_gemm_callback.capture import instruments
+
     sweep, fake = fake_te_sweep(monkeypatch)
     model = nn.Linear(8, 8)
     x = torch.randn(4, 8)
-    calls = [0]
+    calls, now = [0], [0.0]
+
+    def clock():
+        return now[0]
 
     def step():
         calls[0] += 1
-        time.sleep({"BF16": 8e-3, "Float8CurrentScaling": 6.4e-3}[fake.stack[-1]] * (1 + 0.05 * calls[0]))
+        now[0] += {"BF16": 8e-3, "Float8CurrentScaling": 6.4e-3}[fake.stack[-1]] * (1 + 0.05 * calls[0])
         return model(x).sum()
 
+    def boundary_times(*args, **kwargs):  # the real function, reading the virtual clock
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(instruments, "time", types.SimpleNamespace(perf_counter=clock))
+            return instruments.boundary_times(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "capture_steps", functools.partial(sweep.capture_steps, clock=clock))
+    monkeypatch.setattr(sweep, "boundary_times", boundary_times)
     res = sweep.run_sweep(model, step, ["BF16", "Float8CurrentScaling"], steps=3, warmup=1, rounds=rounds,
                           budget_s=0, profile_kernels=False)
     caps = list(res.captures.values())
@@ -77,8 +90,10 @@ def _drifting_sweep(monkeypatch, rounds):
 
 
 def test_the_rounds_speedup_holds_where_the_host_drifts(monkeypatch):
-    assert _drifting_sweep(monkeypatch, rounds=6) == pytest.approx(1.25, abs=0.1)
-    # Without rounds, BF16 is timed before the host slowed and the FP8 recipe after: about 1.03x.
+    # On the virtual clock: 1.248x. Rounds all in one order (no ABBA) read 1.16x: the bound tells
+    # them apart, which +-0.1 did not.
+    assert _drifting_sweep(monkeypatch, rounds=6) == pytest.approx(1.25, abs=0.02)
+    # Without rounds, BF16 is timed before the host slowed and the FP8 recipe after: 1.03x.
     assert _drifting_sweep(monkeypatch, rounds=0) < 1.25 - 0.1
 
 

@@ -17,6 +17,7 @@ the H200 host lacked ``libdw.so.1`` (elfutils); without it nsys keeps only the `
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import glob
@@ -65,13 +66,48 @@ def csv_path(rep: Path) -> Path:
 def _rows(nsys: str, rep: Path, mtime_ns: int, size: int) -> list[dict[str, str]]:
     prefix = rep.with_suffix("")
     csv_path(rep).unlink(missing_ok=True)  # never read an earlier recording's rows
-    subprocess.run([nsys, "stats", "-q", "-r", "nvtx_gpu_proj_trace", "-f", "csv", "--force-export=true",
-                    "--force-overwrite=true", "-o", str(prefix), str(rep)],
-                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=True, timeout=600)
-    if not csv_path(rep).exists():
-        raise FileNotFoundError(f"nsys stats wrote no {csv_path(rep).name} beside {rep}")
-    with open(csv_path(rep), newline="") as f:
-        return list(csv.DictReader(f))
+    _run_nsys([nsys, "stats", "-q", "-r", "nvtx_gpu_proj_trace", "-f", "csv", "--force-export=true",
+               "--force-overwrite=true", "-o", str(prefix), str(rep)])
+    out = csv_path(rep)
+    if not out.exists():
+        raise FileNotFoundError(f"nsys stats wrote no {out.name} beside {rep}")
+    limit = csv.field_size_limit()
+    try:
+        csv.field_size_limit(MAX_FIELD)  # a range name can be long (a C++ kernel name in it)
+        with open(out, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    except (csv.Error, UnicodeDecodeError) as err:
+        raise ValueError(f"{out} is not the CSV nsys stats writes ({type(err).__name__}: {str(err)[:120]})") from None
+    finally:
+        csv.field_size_limit(limit)
+
+
+MAX_FIELD = 16 * 2**20  # bytes in one CSV field
+NSYS_TIMEOUT_S = 600
+TAIL_BYTES = 4096  # of nsys's output: what a failure is said with
+
+
+def _run_nsys(cmd: list[str]) -> None:
+    """Run nsys with its output to a temporary file (it can print gigabytes: only the tail is kept)
+    in a session of its own, so that on the timeout its whole process group is killed, children
+    included. CalledProcessError (with the output's tail) or TimeoutExpired as subprocess.run."""
+    import os
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=NSYS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        if code != 0:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(size - TAIL_BYTES, 0))
+            raise subprocess.CalledProcessError(code, cmd, output=log.read())
 
 
 def _column(row: dict[str, str], *words: str) -> str:
@@ -90,7 +126,11 @@ def _ours(name: str) -> str | None:
 
 
 def _int(value: str | None) -> int | None:
-    return int(value) if value not in ("", None) else None
+    """A whole number of nanoseconds from a CSV field; None for an empty or unreadable one."""
+    try:
+        return int(value) if value not in ("", None) else None
+    except ValueError:
+        return None
 
 
 def processes(rows: list[dict[str, str]]) -> list[str]:
@@ -121,7 +161,7 @@ def per_step(rows: list[dict[str, str]], only_pid: str | None = None
         if m := STEP.match(n):
             if t is not None:
                 steps.append((r[pid], t0, t0 + t, int(m.group(1)), m.group(2)))
-        elif (ns := _int(r[dur])) is not None:
+        elif (ns := _int(r[dur])) is not None and ns >= 0:  # a negative duration is no time: left out
             gemms.append((n, r[pid], t0, ns / 1e6))
     out: dict[str, dict[int, list[float]]] = {}
     outside = 0
@@ -192,7 +232,8 @@ def against_capture(cap: Any, rep: Path, nsys: str, pid: str | None = None) -> N
         said = (err.stdout or b"").decode(errors="replace").strip().splitlines()
         raise ValueError(f"nsys stats failed on {rep}: {said[-1] if said else f'exit {err.returncode}'}") from None
     except subprocess.TimeoutExpired:
-        raise ValueError(f"nsys stats took over 10 minutes on {rep}") from None
+        raise ValueError(f"nsys stats took over {NSYS_TIMEOUT_S // 60} minutes on {rep}: stopped, with the "
+                         "processes it started") from None
     try:
         pids = processes(rows)
         if pid is None and len(pids) > 1:
