@@ -147,10 +147,9 @@ def test_the_report_reaches_wandb_as_text_never_as_markup(tmp_path, monkeypatch)
     assert kind == "html" and "<script>" not in text and "&lt;script&gt;" in text and "&lt;top&gt;" in text
 
 
-def test_a_lone_surrogate_in_a_name_is_read_as_a_replacement_character(tmp_path, capsys):
-    # "\udc80" in a capture file decodes to text no file can hold: the report must still be whole.
-    import json
-
+def cpu_run(tmp_path, edit=lambda text: text):
+    """A run folder of a CPU job: its capture (its text through ``edit``) and its bench. No kernel
+    timeline and no FP8 recipe: no trace, no precision plan."""
     from te_gemm_callback import GemmProfiler
     from te_gemm_callback.cli import main
 
@@ -159,11 +158,20 @@ def test_a_lone_surrogate_in_a_name_is_read_as_a_replacement_character(tmp_path,
         for _ in range(3):
             model(torch.randn(8, 16)).sum().backward()
             prof.step()
-    prof.capture.save(tmp_path / "gemm_capture.json")
-    raw = (tmp_path / "gemm_capture.json").read_text().replace('"module": "0"', '"module": "bad\\udc80name"')
-    (tmp_path / "gemm_capture.json").write_text(raw)
-    assert main(["bench", "--capture", str(tmp_path / "gemm_capture.json"), "--json",
-                 str(tmp_path / "bench.json")]) == 0
+    cap = tmp_path / "gemm_capture.json"
+    prof.capture.save(cap)
+    cap.write_text(edit(cap.read_text()))
+    assert main(["bench", "--capture", str(cap), "--json", str(tmp_path / "bench.json")]) == 0
+    return tmp_path
+
+
+def test_a_lone_surrogate_in_a_name_is_read_as_a_replacement_character(tmp_path, capsys):
+    # "\udc80" in a capture file decodes to text no file can hold: the report must still be whole.
+    import json
+
+    from te_gemm_callback.cli import main
+
+    cpu_run(tmp_path, lambda text: text.replace('"module": "0"', '"module": "bad\\udc80name"'))
     assert main(["report", str(tmp_path)]) == 0
     for name in ("report.md", "report.json", "trace.json"):
         if (tmp_path / name).exists():
@@ -171,3 +179,27 @@ def test_a_lone_surrogate_in_a_name_is_read_as_a_replacement_character(tmp_path,
             assert "\\udc80" not in text, name
     assert "bad\ufffdname" in (tmp_path / "report.md").read_text()
     json.loads((tmp_path / "report.json").read_text())
+
+
+def test_an_earlier_runs_trace_and_plan_go_and_its_projection_is_named(tmp_path, caplog):
+    import json
+    import logging
+
+    from te_gemm_callback.analysis.plan import YAML_MARKER
+    from te_gemm_callback.cli import main
+
+    run = cpu_run(tmp_path)
+    (run / "trace.json").write_text(json.dumps({"schema": "te-gemm-trace/1", "traceEvents": []}))
+    (run / "precision_plan.json").write_text(json.dumps({"schema": "te-gemm-plan/1"}))
+    (run / "precision_plan_nvdlfw.yaml").write_text(YAML_MARKER + "\n")
+    (run / "projection-B300.json").write_text(json.dumps({"schema": "te-gemm-projection/1"}))
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        assert main(["report", str(run)]) == 0
+    assert not any((run / n).exists() for n in ("trace.json", "precision_plan.json", "precision_plan_nvdlfw.yaml"))
+    assert (run / "projection-B300.json").exists()
+    assert any("projection-B300.json" in r.getMessage() and "made before this report" in r.getMessage()
+               for r in caplog.records)
+    # A file of the user's under one of those names is theirs: left as it is.
+    (run / "trace.json").write_text('{"traceEvents": []}')
+    assert main(["report", str(run)]) == 0
+    assert (run / "trace.json").read_text() == '{"traceEvents": []}'

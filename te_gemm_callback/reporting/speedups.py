@@ -152,6 +152,7 @@ def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, 
     trace = _write_trace(rr.job, root / "trace.json")
     if trace is not None:
         files["trace"] = trace
+    removed += remove_stale_extras(root, files.values())
     # Last: it links what was written above, and nothing else.
     files["report_md"] = write_report_md(rr, targets["report_md"], files, root)
     if out is not None:
@@ -205,6 +206,40 @@ def remove_stale_figures(root: Path, written: Any = ()) -> list[Path]:
     if gone:
         log.warning("te-gemm: removed %s: figure(s) of an earlier report that this report's inputs no longer "
                     "produce", ", ".join(plain(p) for p in gone))
+    return gone
+
+
+def remove_stale_extras(root: Path, written: Any = ()) -> list[Path]:
+    """The trace and precision plan an earlier report wrote into ``root`` and this one did not (its
+    capture has no kernel timeline, its bench no plan): removed, each only where its content says
+    it is ours (:func:`~te_gemm_callback.files.jsonio.json_kind`). Projections an earlier report or
+    ``te-gemm project`` wrote are the user's request: named in one line, left. Returns the removed."""
+    from te_gemm_callback.analysis.plan import SCHEMA as PLAN_SCHEMA
+    from te_gemm_callback.analysis.plan import YAML_KIND
+
+    extras = [("precision_plan.json", json_kind(PLAN_SCHEMA)), ("precision_plan_nvdlfw.yaml", YAML_KIND)]
+    try:
+        from te_gemm_callback.reporting.trace import TRACE_SCHEMA
+
+        extras.append(("trace.json", json_kind(TRACE_SCHEMA)))
+    except ImportError:  # no trace writer in this install (_write_trace): its files are not judged
+        pass
+    keep = {Path(p).name for p in written}
+    gone = []
+    for name, kind in extras:
+        p = root / name
+        if name in keep or not p.is_file() or p.is_symlink():
+            continue
+        try:
+            kind(p)  # raises unless the file is one of ours
+            p.unlink()
+        except (ValueError, OSError):  # the user's file under our name, or a read-only folder: left
+            continue
+        gone.append(p)
+    older = sorted(p.name for p in root.glob("projection-*.json") if p.name not in keep)
+    if older:
+        log.warning("te-gemm: %s in %s: made before this report (te-gemm project RUN_DIR --gpu GPU makes it again)",
+                    ", ".join(older), plain(root))
     return gone
 
 
