@@ -389,6 +389,38 @@ def test_the_kernels_step_keeps_its_host_calls_and_replays_to_its_own_time():
 
 
 @needs_te
+def test_module_costs_measure_every_hopper_recipe_one_session_per_kind():
+    """microbench/module_cost.py on two module kinds: every Hopper recipe has host and GPU times
+    (one profiler session per kind cut at its markers), the FP8 recipes launch quantization kernels
+    BF16 does not and cost the host more, and a second run with the cache measures nothing."""
+    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.microbench.module_cost import CostCache, measure_module_costs
+
+    specs = {"a": {"class": "Linear", "gemms": {"": [2048, 1024, 1024]}, "use_bias": False, "dtype": "bfloat16"},
+             "b": {"class": "LayerNormMLP", "gemms": {"fc1": [2048, 1024, 4096], "fc2": [2048, 4096, 1024]},
+                   "normalization": "LayerNorm", "activation": "gelu", "use_bias": False, "dtype": "bfloat16"}}
+    ran = [r for r in HOPPER if availability(r).ok]
+    got = measure_module_costs(specs, ran)
+    print(json.dumps({k: v for k, v in got.items() if k != "modules"}, indent=1))
+    for key, row in got["kinds"].items():
+        for r in ran:
+            cell = row[r]
+            assert "error" not in cell, (key, r, cell)
+            assert cell["host_fwd_us"] > 0 and cell["host_bwd_us"] > 0 and cell["gpu_gemm_us"] > 0, (key, r, cell)
+        for r in ran[1:]:
+            assert row[r]["kernels"] > row["BF16"]["kernels"], (key, r, row)
+            assert row[r]["host_fwd_us"] + row[r]["host_bwd_us"] > row["BF16"]["host_fwd_us"], (key, r, row)
+    assert got["cupti_call_tax_us"] > 0 and got["cached"] == 0
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        cache = ResultCache(f"{d}/cache.json")
+        measure_module_costs(specs, ran, CostCache(cache, "here"))
+        again = measure_module_costs(specs, ran, CostCache(cache, "here"))
+        assert again["cached"] == 2 * len(ran) + 1 and again["wall_s"] < 0.5, again
+
+
+@needs_te
 def test_te_ops_gemms_owned_by_their_linear_ops(caplog):
     import transformer_engine.pytorch as te
 

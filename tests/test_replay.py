@@ -220,3 +220,22 @@ def test_a_gpu_bound_job_gains_what_its_gemms_gain(tmp_path):
     cs = next(a for a in rep.recipes if a.recipe == "Float8CurrentScaling")
     assert cs.predicted_bound == "gpu"
     assert cs.predicted_step_speedup == pytest.approx(2.0, rel=0.02)  # 2 ms GEMMs at 1 ms, the host hidden
+
+
+
+def test_a_cheaper_recipe_takes_its_whole_difference_off_the_host_and_the_casts():
+    # Module a's forward in the job's recipe: a cast launched 100 us after the last GEMM, its GEMM
+    # 20 us later, then 50 us of its own work and a cast before module b's GEMM. The replayed
+    # recipe costs its host 150 us less and its casts 8 us less: more than the 20 us gap before
+    # the GEMM holds, so the rest comes off the gaps before it and then after it.
+    cast = lambda: Op(5.0, 7, "cast", "quantization/cast")  # noqa: E731
+    calls = [Call(100.0, 1.0, "launch", [cast()]), Call(20.0, 1.0, "launch", [Op(50.0, 7, "g", "gemm", gemm=0)]),
+             Call(50.0, 1.0, "launch", [cast()]), Call(10.0, 1.0, "launch", [Op(50.0, 7, "g", "gemm", gemm=1)])]
+    trace = StepTrace(calls, latency=0.0)
+    cap = _Cap(None, [_Record("a", "fprop"), _Record("b", "fprop")])
+    deltas = {"a": {"host_fwd": -150.0, "host_bwd": 0.0, "gpu_fwd": -8.0, "gpu_bwd": 0.0}}
+    new = transform(trace, cap, {}, deltas)
+    assert [c.gap for c in new.calls] == [0.0, 0.0, 20.0, 10.0]
+    assert [op.dur for c in new.calls for op in c.ops] == [0.0, 50.0, 2.0, 50.0]
+    host = lambda t: sum(c.gap + c.cost for c in t.calls)  # noqa: E731
+    assert host(trace) - host(new) == pytest.approx(150.0)

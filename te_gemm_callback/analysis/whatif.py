@@ -145,45 +145,81 @@ def transform(trace: StepTrace, cap: Any, ratio: dict[int, float], deltas: dict[
     """``trace`` with GEMMs at ``ratio`` of their time, every other kernel at ``other`` of its time
     (another GPU's bandwidth), and each module's pass differences (``deltas`` times ``scale``; their
     GPU part times ``other`` too) added before the pass's first GEMM launch. A module's pass begins
-    where its GEMMs turn from forward to backward or back (micro-batches repeat the pair)."""
+    where its GEMMs turn from forward to backward or back (micro-batches repeat the pair).
+
+    A recipe that costs less takes its difference off the host work the job's recipe did: the gaps
+    back to the last GEMM launch (the module's quantization before its GEMM), then, what remains,
+    the gaps after it (its work between and after its GEMMs); its non-GEMM kernels likewise on
+    the GEMM's stream, back to the last GEMM and on to the next."""
     side_of: dict[str, str] = {}  # module -> the pass its last GEMM belonged to
     calls: list[Call] = []
+    host_debt = 0.0  # host µs still to take off the gaps that follow
+    gpu_debt: dict[Any, float] = {}  # stream -> non-GEMM kernel µs still to take off before its next GEMM
     for c in trace.calls:
         ops: list[Op] = []
-        gap = c.gap
+        take = min(c.gap, host_debt)
+        gap, host_debt = c.gap - take, host_debt - take
         for op in c.ops:
             if op.gemm is not None and op.gemm < len(cap.records):
+                gpu_debt.pop(op.stream, None)
                 rec = cap.records[op.gemm]
                 side = "fwd" if rec.op == "fprop" else "bwd"
                 d = deltas.get(rec.module)
                 if d is not None and side_of.get(rec.module) != side:
-                    gap = max(gap + scale * d[f"host_{side}"], 0.0)
+                    host = scale * d[f"host_{side}"]
+                    if host >= 0:
+                        gap += host
+                    else:
+                        take = min(gap, -host)
+                        gap -= take
+                        host_debt += _take_host_before(calls, -host - take)
                     extra = scale * other * d[f"gpu_{side}"]
                     if extra > 0:
                         ops.append(Op(extra, op.stream, "replay: module non-GEMM difference", "quantization/cast"))
                     elif extra < 0:
-                        _shrink_before(calls, op.stream, -extra)
+                        gpu_debt[op.stream] = _shrink_before(calls, op.stream, -extra)
                 side_of[rec.module] = side
                 op = replace(op, dur=op.dur * ratio.get(op.gemm, 1.0))
-            elif other != 1.0 and op.category != "gemm":
-                op = replace(op, dur=op.dur * other)
+            else:
+                if other != 1.0 and op.category != "gemm":
+                    op = replace(op, dur=op.dur * other)
+                if gpu_debt.get(op.stream, 0.0) > 0 and op.category in _SHRINKABLE:
+                    cut = min(op.dur, gpu_debt[op.stream])
+                    op = replace(op, dur=op.dur - cut)
+                    gpu_debt[op.stream] -= cut
             ops.append(op)
         calls.append(replace(c, gap=gap, ops=ops))
     return replace(trace, calls=calls)
 
 
-def _shrink_before(calls: list[Call], stream: Any, us: float) -> None:
+_SHRINKABLE = ("quantization/cast", "other", "norm")  # kernels a recipe's quantization may be among
+
+
+def _take_host_before(calls: list[Call], us: float) -> float:
+    """Take ``us`` of host gap off the calls since the last GEMM launch; what could not be taken."""
+    for i in range(len(calls) - 1, -1, -1):
+        c = calls[i]
+        if any(op.gemm is not None or op.category == "gemm" for op in c.ops) or us <= 0:
+            break
+        cut = min(c.gap, us)
+        calls[i] = replace(c, gap=c.gap - cut)
+        us -= cut
+    return us
+
+
+def _shrink_before(calls: list[Call], stream: Any, us: float) -> float:
     """Take ``us`` of non-GEMM kernel time off the kernels on ``stream`` launched since the last
-    GEMM (the job's recipe quantized there; the replayed one does less)."""
+    GEMM (the job's recipe quantized there; the replayed one does less); what could not be taken."""
     for c in reversed(calls):
         for i in range(len(c.ops) - 1, -1, -1):
             op = c.ops[i]
             if op.gemm is not None or op.category == "gemm":
-                return
-            if op.stream == stream and us > 0 and op.category in ("quantization/cast", "other", "norm"):
+                return us
+            if op.stream == stream and us > 0 and op.category in _SHRINKABLE:
                 cut = min(op.dur, us)
                 c.ops[i] = replace(op, dur=op.dur - cut)
                 us -= cut
+    return us
 
 
 def _trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[str, Any]] | None:

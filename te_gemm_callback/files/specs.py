@@ -124,7 +124,8 @@ BENCH_FILE = Dict({
     required=("results",))
 CACHE_FILE = Dict({
     "timing_version": Int(), "results": Dict(values=Dict()),  # each entry: BENCH_RESULT, checked on use
-    "peaks": Dict(values=Dict(values=Num(least=0, null=True)))})
+    "peaks": Dict(values=Dict(values=Num(least=0, null=True))),
+    "modules": Dict(values=Dict())})  # module cost rows: microbench/module_cost.py
 PLAN_FILE = Dict({
     "recipe": Str(), "keep_bf16": _STR_LIST,
     "modules": List(Dict({"module": Str(), "bf16_ms": _MS, "fp8_ms": _MS, "keep_bf16": Bool()},

@@ -282,6 +282,7 @@ class ResultCache:
         self.read_only = read_only  # lookups only: a multi-GPU run's parts, whose caller stores the pooled cells
         self.save_error: str | None = None
         self._new: dict[str, Any] = {}  # cells this run measured: what save() merges into the file
+        self._new_modules: dict[str, Any] = {}  # module cost rows this run measured (microbench/module_cost.py)
         self.refused: set[str] = set()  # keys whose stored entry was too noisy to reuse: dropped on save
         self.data: dict[str, Any] = self._empty()
         if enabled:
@@ -289,7 +290,7 @@ class ResultCache:
 
     @staticmethod
     def _empty() -> dict[str, Any]:
-        return {"schema": CACHE_SCHEMA, "timing_version": TIMING_VERSION, "results": {}, "peaks": {}}
+        return {"schema": CACHE_SCHEMA, "timing_version": TIMING_VERSION, "results": {}, "peaks": {}, "modules": {}}
 
     def version_path(self) -> Path:
         """Where this timing version keeps its cells when the cache file belongs to another
@@ -336,6 +337,7 @@ class ResultCache:
         data = {"schema": CACHE_SCHEMA, **{k: v for k, v in data.items() if k != "schema"}}  # schema first
         data.setdefault("results", {})
         data.setdefault("peaks", {})
+        data.setdefault("modules", {})
         return data
 
     def _move_aside(self, why: Exception) -> dict[str, Any]:
@@ -375,6 +377,15 @@ class ResultCache:
             return
         self.data["results"][key] = self._new[key] = asdict(r) | {"cached": False}
 
+    def get_module(self, key: str) -> dict[str, Any] | None:
+        """A stored module cost row (microbench/module_cost.py), or None."""
+        d = self.data.get("modules", {}).get(key) if self.enabled else None
+        return dict(d) if isinstance(d, dict) else None
+
+    def put_module(self, key: str, row: dict[str, Any]) -> None:
+        if not self.read_only:
+            self.data.setdefault("modules", {})[key] = self._new_modules[key] = dict(row)
+
     def save(self) -> str | None:
         """Merge this run's cells into the file under a lock; returns (and logs) why it could not."""
         if not self.enabled or self.read_only:
@@ -390,12 +401,14 @@ class ResultCache:
                         if (d := data["results"].get(key)) and not _usable(d):
                             del data["results"][key]
                     data["results"].update(self._new)
+                    data["modules"].update(self._new_modules)
                     data["peaks"].update(self.data.get("peaks", {}))
                     write_json(self.path, data, indent=None, schema=CACHE_SCHEMA, accept=_is_cache)
             except Timeout:
                 raise OSError(f"lock {self.path}.lock held by another process for 60 s") from None
             self.data = data
             self._new = {}
+            self._new_modules = {}
             self.save_error = None
         except (OSError, ValueError) as err:
             self.save_error = f"results not cached in {self.path}: {err}"

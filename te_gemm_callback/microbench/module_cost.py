@@ -1,17 +1,20 @@
 """The host's cost of each captured TE module in each recipe, and the GPU time it adds beside its
 GEMMs: what the replay (te_gemm_callback.analysis.whatif) changes besides the GEMM kernels.
 
-Per module kind (:func:`~te_gemm_callback.capture.module_specs.spec_key`) and recipe, one module
-is rebuilt with the captured class, features and GEMM shapes and run forward and backward:
+Per module kind (:func:`~te_gemm_callback.capture.module_specs.spec_key`) one module per recipe is
+rebuilt with the captured class, features and weight shapes and run forward and backward:
 
-- host: the time each pass keeps the host, measured while the GPU is held busy by one long
-  kernel queued first, so that no launch waits for the GPU and only the launch side is timed;
-- GPU: the module's kernels per iteration from CUPTI's records, split into GEMM kernels and the
-  rest (quantization, amax, casts, norms, activations).
+- host: the time each pass keeps the host, on an input of at most HOST_TOKENS tokens (TE's host
+  work does not grow with the tokens; its kernels do, and these run faster than the host launches
+  them, so no launch waits for the GPU), in rounds that visit every recipe in turn (a drift of the
+  host's speed falls on every recipe alike, and the replay reads their differences);
+- GPU: the module's kernels per pass on the captured input, from CUPTI's records, split into GEMM
+  kernels and the rest (quantization, amax, casts, norms, activations). One profiler session per
+  kind holds every recipe, cut apart at marker kernels.
 
 Also the host's extra cost per CUDA call and per ATen op while torch.profiler records CUDA
 activity (``cupti_call_tax_us``, ``profiler_op_tax_us``): the kernels step, where the replay's
-trace comes from, ran with it, the job's clean steps not.
+trace comes from, ran with it, the job's clean steps not. Rows are kept in the bench's cache.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from typing import Any
 from te_gemm_callback.capture.kernels import is_gemm_kernel
 from te_gemm_callback.capture.module_specs import spec_key
 
-MODULE_COST_SCHEMA = 1
-ITERS = 12  # timed forward+backward passes per module and recipe
-# A busy kernel long enough to cover every timed pass's host time (cycles of the SM clock, ~50 ms
-# at 2 GHz); the passes queue behind it, so the host never waits for the GPU while timed.
-HOLD_CYCLES = 100_000_000
+MODULE_COST_SCHEMA = 2
+HOST_TOKENS = 256  # the host-timed passes' tokens (a multiple of every FP8 recipe's block)
+HOST_ROUNDS = 6  # rounds over the recipes
+HOST_PASSES = 4  # timed forward+backward passes per recipe in a round
+GPU_ITERS = 2  # profiled passes on the captured input: kernel times vary far less than the host's
 
 
 def _build(spec: dict[str, Any], te: Any, dtype: Any) -> tuple[Any, int, int]:
@@ -48,61 +51,117 @@ def _build(spec: dict[str, Any], te: Any, dtype: Any) -> tuple[Any, int, int]:
     return getattr(te, cls)(k, n, **kw), m, k
 
 
-def _host_us(run: Any, torch: Any) -> tuple[float, float]:
-    """Median host µs of one forward and of one backward, with the GPU held busy."""
-    fwd, bwd = [], []
-    torch.cuda.synchronize()
-    torch.cuda._sleep(HOLD_CYCLES)
-    # One autocast around every pass, as a training step enters it once around its forward: TE's
-    # recipe state (DelayedScaling's amax reduction, scale update) runs at its exit, once a step,
-    # not once a module.
-    with run.autocast():
-        for _ in range(ITERS):
-            t0 = time.perf_counter()
-            y = run.mod(run.x)
-            t1 = time.perf_counter()
-            run.backward(y)
-            t2 = time.perf_counter()
-            fwd.append((t1 - t0) * 1e6)
-            bwd.append((t2 - t1) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(fwd), statistics.median(bwd)
+class _Run:
+    """One module, its inputs (host-timed, captured) and output gradients, run in one recipe."""
+
+    def __init__(self, mod: Any, recipe: str, x_host: Any, x_full: Any) -> None:
+        from te_gemm_callback.precisions import autocast
+
+        self.mod, self.recipe, self.autocast = mod, recipe, autocast
+        self.x = {"host": x_host, "full": x_full}
+        self.grad: dict[str, Any] = {}
+
+    def passes(self, n: int, which: str = "host") -> tuple[list[float], list[float]]:
+        """Host µs of ``n`` forwards and backwards on input ``which``, in one autocast, as a step
+        enters it once around all its modules: the recipe's once-a-step work at its exit
+        (DelayedScaling's amax reduction and scale update) is not any module's."""
+        x = self.x[which]
+        fwd, bwd = [], []
+        with self.autocast(self.recipe):
+            for _ in range(n):
+                t0 = time.perf_counter()
+                y = self.mod(x)
+                t1 = time.perf_counter()
+                if which not in self.grad:
+                    self.grad[which] = y.detach().clone().normal_()
+                y.backward(self.grad[which])
+                t2 = time.perf_counter()
+                fwd.append((t1 - t0) * 1e6)
+                bwd.append((t2 - t1) * 1e6)
+        return fwd, bwd
 
 
-def _gpu_us(run: Any, torch: Any) -> tuple[float, float, int]:
-    """(GEMM kernel µs, other kernel µs, kernels) per forward+backward, from CUPTI's records."""
+def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
+    """Median host µs of one forward and one backward per run, over rounds that visit every run."""
+    for run in runs:
+        run.passes(2)  # TE's first calls build workspaces and quantizers
+    torch.cuda.synchronize()
+    times: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
+    for _ in range(HOST_ROUNDS):
+        for run, (f, b) in zip(runs, times):
+            got = run.passes(HOST_PASSES)
+            f += got[0]
+            b += got[1]
+        torch.cuda.synchronize()
+    return [{"host_fwd_us": round(statistics.median(f), 2), "host_bwd_us": round(statistics.median(b), 2)}
+            for f, b in times]
+
+
+def _segments(records: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
+    """Each run's measured kernels in a session laid out as _gpu_rows lays it: a marker (the
+    session's first kernel), then per run its warm-up, a marker, its measured passes, a marker."""
+    recs = sorted(records, key=lambda r: r[1])
+    if not recs:
+        return []
+    marker = recs[0][0]
+    cuts = [i for i, r in enumerate(recs) if r[0] == marker]
+    return [recs[cuts[i] + 1:cuts[i + 1]] for i in range(1, len(cuts) - 1, 2)]
+
+
+def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
+    """(GEMM kernel µs, other kernel µs, kernels) per forward+backward on the captured input, per
+    run, from CUPTI's records of one session."""
     from te_gemm_callback.capture.kernel_profile import kernel_records
 
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
     prof.__enter__()
     try:
-        with run.autocast():  # once around the passes, as in _host_us
-            for _ in range(ITERS):
-                run.backward(run.mod(run.x))
+        torch.cuda._sleep(1)  # the marker: the first kernel of the session
+        for run in runs:
+            run.passes(1, "full")  # the captured input's first pass: its workspaces
+            torch.cuda.synchronize()
+            torch.cuda._sleep(1)
+            run.passes(GPU_ITERS, "full")
+            torch.cuda.synchronize()
+            torch.cuda._sleep(1)
         torch.cuda.synchronize()
     finally:
         prof.__exit__(None, None, None)
-    gemm = other = 0.0
-    n = 0
-    for name, s, e, *_ in kernel_records(prof):
-        n += 1
-        if is_gemm_kernel(name):
-            gemm += e - s
+    rows = []
+    for seg in _segments(kernel_records(prof)):
+        gemm = sum(e - s for name, s, e, *_ in seg if is_gemm_kernel(name))
+        other = sum(e - s for name, s, e, *_ in seg if not is_gemm_kernel(name))
+        rows.append((gemm / GPU_ITERS, other / GPU_ITERS, round(len(seg) / GPU_ITERS)))
+    if len(rows) != len(runs):
+        raise RuntimeError(f"{len(rows)} marked kernel segments for {len(runs)} recipes")
+    return rows
+
+
+def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any) -> dict[str, Any]:
+    """{recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us, kernels} or {"error"}}."""
+    dtype = getattr(torch, spec.get("dtype", "bfloat16"))
+    row: dict[str, Any] = {}
+    runs = []
+    for recipe in recipes:
+        try:
+            mod, m, k = _build(spec, te, dtype)
+            x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
+            runs.append(_Run(mod, recipe, x[:min(m, HOST_TOKENS)].detach().requires_grad_(), x))
+        except Exception as err:  # one cell's failure is its row's, never the bench's
+            row[recipe] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
+    if not runs:
+        return row
+    try:
+        for run, host, (gemm, other, n) in zip(runs, _host_rows(runs, torch), _gpu_rows(runs, torch)):
+            row[run.recipe] = {**host, "gpu_gemm_us": round(gemm, 2), "gpu_other_us": round(other, 2), "kernels": n}
+    except Exception as err:
+        # A recipe that fails inside the rounds: measured again alone, so the others keep theirs.
+        if len(runs) == 1:
+            row[runs[0].recipe] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
         else:
-            other += e - s
-    return gemm / ITERS, other / ITERS, round(n / ITERS)
-
-
-class _Run:
-    def __init__(self, mod: Any, x: Any, autocast: Any) -> None:
-        self.mod, self.x, self.autocast = mod, x, autocast
-
-    def forward(self) -> Any:
-        with self.autocast():
-            return self.mod(self.x)
-
-    def backward(self, y: Any) -> None:
-        y.backward(self.grad if hasattr(self, "grad") else None)
+            for run in runs:
+                row.update(_kind_row(spec, [run.recipe], te, torch))
+    return {r: row[r] for r in recipes}
 
 
 def recording_tax_us(torch: Any, calls: int = 2000) -> tuple[float, float]:
@@ -133,16 +192,42 @@ def recording_tax_us(torch: Any, calls: int = 2000) -> tuple[float, float]:
     return tax(lambda: torch.cuda._sleep(0)), tax(lambda: x.add_(1))
 
 
-def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str]) -> dict[str, Any]:
-    """{"schema", "cupti_call_tax_us", "kinds": {key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us,
-    gpu_other_us, kernels} or {"error"}}}, "modules": {name: key}} for the modules of ``specs``
-    (:func:`~te_gemm_callback.capture.module_specs.module_specs`) in each runnable ``recipes``."""
+class CostCache:
+    """Where measured rows are kept between runs (the bench's ResultCache: ``get_module`` and
+    ``put_module``), keyed on what they depend on: the GPU, the CPU (host times), torch and TE."""
+
+    def __init__(self, store: Any = None, where: str = "") -> None:
+        self.store, self.where = store, where
+        self.hits = 0
+
+    def get(self, *parts: Any) -> Any:
+        got = self.store.get_module(self._key(parts)) if self.store is not None else None
+        self.hits += got is not None
+        return got
+
+    def put(self, row: Any, *parts: Any) -> None:
+        if self.store is not None and not (isinstance(row, dict) and "error" in row):
+            self.store.put_module(self._key(parts), row)
+
+    def _key(self, parts: tuple[Any, ...]) -> str:
+        return "|".join([self.where, f"module-cost {MODULE_COST_SCHEMA}", *map(str, parts)])
+
+
+def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
+                         cache: CostCache | None = None) -> dict[str, Any]:
+    """{"schema", "kinds": {key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us,
+    kernels} or {"error"}}}, "modules": {name: key}, "cupti_call_tax_us", "profiler_op_tax_us",
+    "wall_s", "cached"} for the modules of ``specs``
+    (:func:`~te_gemm_callback.capture.module_specs.module_specs`) in each runnable ``recipes``;
+    rows found in ``cache`` are not measured again, rows measured are stored there."""
     import torch
 
-    from te_gemm_callback.precisions import autocast, import_te
+    from te_gemm_callback.precisions import import_te
 
-    te = import_te()
-    out: dict[str, Any] = {"schema": MODULE_COST_SCHEMA, "kinds": {}, "modules": {}, "iters": ITERS}
+    cache = cache or CostCache()
+    te = None  # imported only where something is measured: a cached bench needs no TE
+    out: dict[str, Any] = {"schema": MODULE_COST_SCHEMA, "kinds": {}, "modules": {}, "host_tokens": HOST_TOKENS,
+                           "iters": {"host": HOST_ROUNDS * HOST_PASSES, "gpu": GPU_ITERS}}
     t_start = time.perf_counter()
     kinds: dict[str, dict[str, Any]] = {}
     for name, spec in specs.items():
@@ -150,27 +235,23 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str]) -
         out["modules"][name] = key
         kinds.setdefault(key, spec)
     for key, spec in kinds.items():
-        row: dict[str, Any] = {}
-        for recipe in recipes:
+        row = {r: got for r in recipes if (got := cache.get(key, r)) is not None}
+        todo = [r for r in recipes if r not in row]
+        if todo:
+            te = te or import_te()
             try:
-                mod, m, k = _build(spec, te, getattr(torch, spec.get("dtype", "bfloat16")))
-                x = torch.randn(m, k, device="cuda", dtype=getattr(torch, spec.get("dtype", "bfloat16")),
-                                requires_grad=True)
-                run = _Run(mod, x, lambda r=recipe: autocast(r))
-                y = run.forward()
-                run.grad = torch.randn_like(y)
-                with run.autocast():  # warm-up: TE's first calls build workspaces and quantizers
-                    for _ in range(3):
-                        run.backward(run.mod(run.x))
-                fwd, bwd = _host_us(run, torch)
-                gemm, other, n = _gpu_us(run, torch)
-                row[recipe] = {"host_fwd_us": round(fwd, 2), "host_bwd_us": round(bwd, 2),
-                               "gpu_gemm_us": round(gemm, 2), "gpu_other_us": round(other, 2), "kernels": n}
-                del mod, x, run, y
-            except Exception as err:  # one cell's failure is its row's, never the bench's
-                row[recipe] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
-        out["kinds"][key] = row
-    call, op = recording_tax_us(torch)
-    out["cupti_call_tax_us"], out["profiler_op_tax_us"] = round(call, 3), round(op, 3)
+                fresh = _kind_row(spec, todo, te, torch)
+            except Exception as err:  # a module that cannot be rebuilt: its rows say why
+                fresh = {r: {"error": f"{type(err).__name__}: {str(err)[:200]}"} for r in todo}
+            for r, got in fresh.items():
+                cache.put(got, key, r)
+            row.update(fresh)
+        out["kinds"][key] = {r: row[r] for r in recipes}
+    tax = cache.get("recording-tax")
+    if tax is None:
+        tax = dict(zip(("cupti_call_tax_us", "profiler_op_tax_us"), (round(v, 3) for v in recording_tax_us(torch))))
+        cache.put(tax, "recording-tax")
+    out.update(tax)
+    out["cached"] = cache.hits
     out["wall_s"] = round(time.perf_counter() - t_start, 2)
     return out

@@ -1,0 +1,78 @@
+"""The module cost benchmark's parts that run without a GPU: the marker cut of one profiler session
+into its recipes' kernels, and the rows kept in the bench's cache beside the GEMM cells (a bench
+found whole in the cache measures nothing and needs no TE). Its measurement runs on the GPU:
+tests/test_gpu.py and benchmarks/replay_check.py."""
+
+import json
+
+import pytest
+
+from te_gemm_callback.capture.module_specs import spec_key
+from te_gemm_callback.microbench import module_cost
+from te_gemm_callback.microbench.cells import ResultCache
+from te_gemm_callback.microbench.module_cost import CostCache, _segments, measure_module_costs
+
+SPEC = {"class": "Linear", "gemms": {"": [64, 32, 16]}, "use_bias": False, "dtype": "bfloat16"}
+ROW = {"host_fwd_us": 300.0, "host_bwd_us": 400.0, "gpu_gemm_us": 10.0, "gpu_other_us": 2.0, "kernels": 8}
+
+
+def test_one_session_is_cut_into_its_recipes_at_the_markers():
+    m = "spin_kernel"
+    recs = [(m, 0, 1), ("warm", 2, 3), (m, 4, 5), ("gemm_a", 6, 8), ("cast_a", 8, 9), (m, 10, 11),
+            ("warm", 12, 13), (m, 14, 15), ("gemm_b", 16, 18), (m, 19, 20)]
+    segs = _segments(list(reversed(recs)))  # CUPTI's order is not promised: cut by start time
+    assert [[r[0] for r in s] for s in segs] == [["gemm_a", "cast_a"], ["gemm_b"]]
+    assert _segments([]) == []
+
+
+def _filled(tmp_path, recipes):
+    cache = ResultCache(tmp_path / "cache.json")
+    cc = CostCache(cache, "NVIDIA H200|Xeon|torch 2.11, TE 2.20")
+    for r in recipes:
+        cc.put(ROW, spec_key(SPEC), r)
+    cc.put({"cupti_call_tax_us": 1.5, "profiler_op_tax_us": 3.0}, "recording-tax")
+    assert cache.save() is None
+    return cache
+
+
+def test_a_bench_found_in_the_cache_measures_nothing_and_needs_no_te(tmp_path, monkeypatch):
+    recipes = ["BF16", "DelayedScaling"]
+    _filled(tmp_path, recipes)
+    monkeypatch.setattr("te_gemm_callback.precisions.import_te",
+                        lambda: pytest.fail("a cached bench imported TE to measure"))
+    again = ResultCache(tmp_path / "cache.json")  # another run, the file read back
+    got = measure_module_costs({"l0": SPEC, "l1": SPEC}, recipes,
+                               CostCache(again, "NVIDIA H200|Xeon|torch 2.11, TE 2.20"))
+    assert got["kinds"][spec_key(SPEC)] == {r: ROW for r in recipes}
+    assert got["cupti_call_tax_us"] == 1.5 and got["cached"] == 2 + 1
+    assert got["modules"] == {"l0": spec_key(SPEC), "l1": spec_key(SPEC)}
+
+
+def test_cached_rows_belong_to_their_host_and_versions(tmp_path, monkeypatch):
+    _filled(tmp_path, ["BF16"])
+    wanted = []
+    monkeypatch.setattr(module_cost, "_kind_row", lambda spec, todo, te, torch: wanted.extend(todo) or {
+        r: ROW for r in todo})
+    monkeypatch.setattr(module_cost, "recording_tax_us", lambda torch: (1.0, 2.0))
+    monkeypatch.setattr("te_gemm_callback.precisions.import_te", lambda: object())
+    cache = ResultCache(tmp_path / "cache.json")
+    # Another CPU (host times differ) finds nothing of the first one's.
+    got = measure_module_costs({"l0": SPEC, "l1": SPEC}, ["BF16", "Float8CurrentScaling"],
+                               CostCache(cache, "NVIDIA H200|EPYC|torch 2.11, TE 2.20"))
+    assert wanted == ["BF16", "Float8CurrentScaling"] and got["cached"] == 0
+    assert cache.save() is None
+    stored = json.loads((tmp_path / "cache.json").read_text())["modules"]
+    assert sum("EPYC" in k for k in stored) == 2 + 1 and sum("Xeon" in k for k in stored) == 1 + 1
+    # The first host asks again for a recipe it lacks: only that one is measured.
+    wanted.clear()
+    measure_module_costs({"l0": SPEC}, ["BF16", "Float8CurrentScaling"],
+                         CostCache(ResultCache(tmp_path / "cache.json"), "NVIDIA H200|Xeon|torch 2.11, TE 2.20"))
+    assert wanted == ["Float8CurrentScaling"]
+
+
+def test_a_failed_row_is_not_kept(tmp_path):
+    cache = ResultCache(tmp_path / "cache.json")
+    cc = CostCache(cache, "h")
+    cc.put({"error": "RuntimeError: out of memory"}, "k", "BF16")
+    cc.put(ROW, "k", "DelayedScaling")
+    assert cc.get("k", "BF16") is None and cc.get("k", "DelayedScaling") == ROW
