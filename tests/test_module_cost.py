@@ -51,7 +51,7 @@ def test_a_bench_found_in_the_cache_measures_nothing_and_needs_no_te(tmp_path, m
 def test_cached_rows_belong_to_their_host_and_versions(tmp_path, monkeypatch):
     _filled(tmp_path, ["BF16"])
     wanted = []
-    monkeypatch.setattr(module_cost, "_kind_row", lambda spec, todo, te, torch: wanted.extend(todo) or {
+    monkeypatch.setattr(module_cost, "_kind_row", lambda spec, todo, te, torch, phases: wanted.extend(todo) or {
         r: ROW for r in todo})
     monkeypatch.setattr(module_cost, "recording_tax_us", lambda torch: (1.0, 2.0))
     monkeypatch.setattr("te_gemm_callback.precisions.import_te", lambda: object())

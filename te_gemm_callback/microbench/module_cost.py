@@ -137,8 +137,12 @@ def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
     return rows
 
 
-def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any) -> dict[str, Any]:
-    """{recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us, kernels} or {"error"}}."""
+def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
+              phases: dict[str, float] | None = None) -> dict[str, Any]:
+    """{recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us, kernels} or {"error"}};
+    seconds spent building, timing the host and profiling the GPU added to ``phases``."""
+    phases = phases if phases is not None else {}
+    t0 = time.perf_counter()
     dtype = getattr(torch, spec.get("dtype", "bfloat16"))
     row: dict[str, Any] = {}
     runs = []
@@ -152,7 +156,13 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any) -> 
     if not runs:
         return row
     try:
-        for run, host, (gemm, other, n) in zip(runs, _host_rows(runs, torch), _gpu_rows(runs, torch)):
+        t1 = time.perf_counter()
+        hosts = _host_rows(runs, torch)
+        t2 = time.perf_counter()
+        gpus = _gpu_rows(runs, torch)
+        for key, dt in (("build_s", t1 - t0), ("host_s", t2 - t1), ("gpu_s", time.perf_counter() - t2)):
+            phases[key] = round(phases.get(key, 0.0) + dt, 3)
+        for run, host, (gemm, other, n) in zip(runs, hosts, gpus):
             row[run.recipe] = {**host, "gpu_gemm_us": round(gemm, 2), "gpu_other_us": round(other, 2), "kernels": n}
     except Exception as err:
         # A recipe that fails inside the rounds: measured again alone, so the others keep theirs.
@@ -160,7 +170,7 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any) -> 
             row[runs[0].recipe] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
         else:
             for run in runs:
-                row.update(_kind_row(spec, [run.recipe], te, torch))
+                row.update(_kind_row(spec, [run.recipe], te, torch, phases))
     return {r: row[r] for r in recipes}
 
 
@@ -217,7 +227,7 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
                          cache: CostCache | None = None) -> dict[str, Any]:
     """{"schema", "kinds": {key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us,
     kernels} or {"error"}}}, "modules": {name: key}, "cupti_call_tax_us", "profiler_op_tax_us",
-    "wall_s", "cached"} for the modules of ``specs``
+    "wall_s", "phases_s", "cached"} for the modules of ``specs``
     (:func:`~te_gemm_callback.capture.module_specs.module_specs`) in each runnable ``recipes``;
     rows found in ``cache`` are not measured again, rows measured are stored there."""
     import torch
@@ -227,7 +237,7 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
     cache = cache or CostCache()
     te = None  # imported only where something is measured: a cached bench needs no TE
     out: dict[str, Any] = {"schema": MODULE_COST_SCHEMA, "kinds": {}, "modules": {}, "host_tokens": HOST_TOKENS,
-                           "iters": {"host": HOST_ROUNDS * HOST_PASSES, "gpu": GPU_ITERS}}
+                           "iters": {"host": HOST_ROUNDS * HOST_PASSES, "gpu": GPU_ITERS}, "phases_s": {}}
     t_start = time.perf_counter()
     kinds: dict[str, dict[str, Any]] = {}
     for name, spec in specs.items():
@@ -240,7 +250,7 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
         if todo:
             te = te or import_te()
             try:
-                fresh = _kind_row(spec, todo, te, torch)
+                fresh = _kind_row(spec, todo, te, torch, out["phases_s"])
             except Exception as err:  # a module that cannot be rebuilt: its rows say why
                 fresh = {r: {"error": f"{type(err).__name__}: {str(err)[:200]}"} for r in todo}
             for r, got in fresh.items():
@@ -249,8 +259,10 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
         out["kinds"][key] = {r: row[r] for r in recipes}
     tax = cache.get("recording-tax")
     if tax is None:
+        t0 = time.perf_counter()
         tax = dict(zip(("cupti_call_tax_us", "profiler_op_tax_us"), (round(v, 3) for v in recording_tax_us(torch))))
         cache.put(tax, "recording-tax")
+        out["phases_s"]["tax_s"] = round(time.perf_counter() - t0, 3)
     out.update(tax)
     out["cached"] = cache.hits
     out["wall_s"] = round(time.perf_counter() - t_start, 2)
