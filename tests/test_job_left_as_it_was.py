@@ -203,3 +203,35 @@ def test_an_earlier_runs_trace_and_plan_go_and_its_projection_is_named(tmp_path,
     (run / "trace.json").write_text('{"traceEvents": []}')
     assert main(["report", str(run)]) == 0
     assert (run / "trace.json").read_text() == '{"traceEvents": []}'
+
+
+def test_inside_fit_a_locked_cache_is_not_waited_for(tmp_path, monkeypatch):
+    """Another process holding the shared cache's lock stalled the step after the capture window
+    for 60 s (the in-fit bench waited for it). Inside fit() the cache is tried once: the cells are
+    not kept, the job goes on at once, and the reason is given."""
+    import time
+    from types import SimpleNamespace
+
+    from filelock import FileLock
+
+    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.reporting import pipeline
+    from te_gemm_callback.schedule.publish import Publishing
+
+    path = tmp_path / "bench.json"
+    seen = {}
+    monkeypatch.setattr(pipeline, "bench_and_report", lambda *a, **kw: seen.update(kw) or {})
+    Publishing._bench_and_report(SimpleNamespace(verbose=False, output_dir=tmp_path, path=tmp_path / "c.json",
+                                                 project=()))
+    cache = seen["cache"]
+    assert cache.lock_timeout_s == 0
+    cache.path = path
+    cache.data["peaks"]["dev"] = {"bf16": 1.0}
+    cache._new_modules["k"] = {"host_fwd_us": 1.0}
+    with FileLock(f"{path}.lock"):  # another process's bench, saving
+        t0 = time.perf_counter()
+        err = cache.save()
+        waited = time.perf_counter() - t0
+    assert waited < 5.0, waited
+    assert err and "held by another process" in err and not path.exists()
+    assert ResultCache(path).save() is None  # outside fit() (te-gemm bench) it waits and saves as before

@@ -273,13 +273,17 @@ class ResultCache:
     A cell that comes from here says so (``BenchResult.cached``).
     """
 
-    def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False) -> None:
+    def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False,
+                 lock_timeout_s: float = 60.0) -> None:
         env = os.environ.get("TE_GEMM_CACHE") or None  # set but empty: the default
         default = Path(env) if env else Path.home() / ".cache" / "te_gemm_callback" / "bench.json"
         # A quoted "~/..." reaches us unexpanded: without this it made a folder named "~".
         self.path = (Path(path) if path else default).expanduser()
         self.enabled = enabled
         self.read_only = read_only  # lookups only: a multi-GPU run's parts, whose caller stores the pooled cells
+        # How long save() waits for another process's lock: inside a training job, no time at all
+        # (the job's next step must not wait on someone else's bench; the cells are then not kept).
+        self.lock_timeout_s = lock_timeout_s
         self.save_error: str | None = None
         self._new: dict[str, Any] = {}  # cells this run measured: what save() merges into the file
         self._new_modules: dict[str, Any] = {}  # module cost rows this run measured (microbench/module_cost.py)
@@ -395,7 +399,7 @@ class ResultCache:
 
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                with FileLock(f"{self.path}.lock", timeout=60):
+                with FileLock(f"{self.path}.lock", timeout=self.lock_timeout_s):
                     data = self._read(warn=False)
                     for key in self.refused - self._new.keys():  # heal: unless another process stored a good one
                         if (d := data["results"].get(key)) and not _usable(d):
@@ -405,7 +409,8 @@ class ResultCache:
                     data["peaks"].update(self.data.get("peaks", {}))
                     write_json(self.path, data, indent=None, schema=CACHE_SCHEMA, accept=_is_cache)
             except Timeout:
-                raise OSError(f"lock {self.path}.lock held by another process for 60 s") from None
+                raise OSError(f"lock {self.path}.lock held by another process "
+                              f"({self.lock_timeout_s:g} s waited)") from None
             self.data = data
             self._new = {}
             self._new_modules = {}

@@ -118,6 +118,7 @@ class Publishing:
             guard(lambda: job.log_artifacts(files), "report not handed to the logger")
 
     def _bench_and_report(self) -> dict[str, Path]:
+        from te_gemm_callback.microbench.cells import ResultCache
         from te_gemm_callback.precisions import RECIPES
         from te_gemm_callback.reporting.pipeline import bench_and_report
 
@@ -134,7 +135,9 @@ class Publishing:
         cpu = torch.get_rng_state()
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         try:
-            return bench_and_report(self.output_dir, self.path, RECIPES, console=console, project=self.project)
+            # Inside fit(): a cache another process holds locked is not waited for (lock_timeout_s=0).
+            return bench_and_report(self.output_dir, self.path, RECIPES, console=console, project=self.project,
+                                    cache=ResultCache(lock_timeout_s=0))
         finally:
             torch.set_rng_state(cpu)
             if cuda is not None:
