@@ -8,6 +8,11 @@ with its 95% interval. Run with ``--no-sweep-prediction`` to check that the pred
 nothing from the sweep: the report is made again from the run folder without sweep/.
 
     python benchmarks/replay_check.py --family gpt_neox --size host --json OUT.json
+
+``--from RUN`` makes the JSON again from a run folder this made (no GPU needed): the predicted
+column of the code checked out now, the observed one as measured.
+
+    python benchmarks/replay_check.py --from runs/gpt_neox_host --family gpt_neox --size host
 """
 
 from __future__ import annotations
@@ -48,12 +53,14 @@ def main() -> int:
     p.add_argument("--size", choices=sorted(SIZES), default="host")
     p.add_argument("--out", default=None, help="run folder (default: a temporary one)")
     p.add_argument("--json", default=None)
+    p.add_argument("--from", dest="src", default=None, help="report this run folder again, run nothing")
     a = p.parse_args()
+    if a.src:
+        return summarize(Path(a.src), a.family, a.size, a.json)
     import pytorch_lightning as pl
     import transformers
 
     from te_gemm_callback import GemmProfilerCallback
-    from te_gemm_callback.analysis.runs import analyze_run
 
     cuda = torch.cuda.is_available()
     cfg = config(a.family, a.size)
@@ -80,24 +87,33 @@ def main() -> int:
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                     gradient_clip_val=1.0)
     tr.fit(Job(), torch.utils.data.DataLoader(data, batch_size=None))
+    return summarize(out, a.family, a.size, a.json)
+
+
+def summarize(out: Path, family: str, size: str, json_path: str | None) -> int:
+    """The run folder's report per recipe, and its predictions again without sweep/."""
+    from te_gemm_callback.analysis.runs import analyze_run
+
+    if not (out / "gemm_capture.json").exists():
+        raise SystemExit(f"{out} holds no gemm_capture.json: give a run folder this script made")
     rows = {}
     full = analyze_run(out).report
     # The prediction must read nothing from the sweep's runs of other recipes.
-    alone_dir = out.parent / (out.name + "_no_sweep")
+    alone_dir = Path(tempfile.mkdtemp(prefix=out.name + "_no_sweep_"))
     shutil.copytree(out, alone_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sweep"))
     alone = analyze_run(alone_dir).report
+    shutil.rmtree(alone_dir, ignore_errors=True)
     pred_alone = {x.recipe: x.predicted_step_speedup for x in alone.recipes}
     for x in full.recipes:
         rows[x.recipe] = {"predicted": x.predicted_step_speedup, "band": x.predicted_band, "bound": x.predicted_bound,
                           "gemms_alone": x.predicted_gemms_alone, "observed": x.observed_step_speedup,
                           "ci95": x.observed_ci, "predicted_without_sweep": pred_alone.get(x.recipe)}
-    res = {"family": a.family, "size": a.size, "step_ms": full.step_ms, "job_recipe": full.current_recipe,
+    res = {"family": family, "size": size, "step_ms": full.step_ms, "job_recipe": full.current_recipe,
            "own_replay": full.meta.get("replay_own"), "recipes": rows, "run": str(out)}
     print(json.dumps(res, indent=1, default=str))
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+    if json_path:
+        Path(json_path).write_text(json.dumps(res, indent=1, default=str))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -239,3 +239,63 @@ def test_a_cheaper_recipe_takes_its_whole_difference_off_the_host_and_the_casts(
     assert [op.dur for c in new.calls for op in c.ops] == [0.0, 50.0, 2.0, 50.0]
     host = lambda t: sum(c.gap + c.cost for c in t.calls)  # noqa: E731
     assert host(trace) - host(new) == pytest.approx(150.0)
+
+
+def test_queued_kernels_wait_the_gpus_gap_and_idle_streams_do_not():
+    from te_gemm_callback.analysis.whatif import kernel_gap_us
+
+    gpu = launches(100, gap=2, cost=3, dur=50)
+    gpu.kernel_gap = 1.5
+    # Back to back on one stream: each kernel after the first waits 1.5 us more.
+    assert replay(gpu).step_us == pytest.approx(100 * 50 + 99 * 1.5 + 3 + 2 + 5, rel=1e-9)
+    host = launches(100, gap=20, cost=5, dur=2)
+    base = replay(host).step_us
+    host.kernel_gap = 1.5
+    assert replay(host).step_us == pytest.approx(base)  # each kernel found its stream idle
+    # The gap is read from the timeline: back-to-back pairs only (under 3 us), per stream.
+    rows = [[i, i * 11.4, 10.0, 7, None, None] for i in range(30)]  # 1.4 us apart
+    rows += [[30 + i, 1000.0 + i * 60.0, 10.0, 9, None, None] for i in range(30)]  # launched late
+    assert kernel_gap_us(rows) == pytest.approx(1.4)
+    assert kernel_gap_us(rows[30:]) == 0.0 and kernel_gap_us(rows[:5]) == 0.0
+
+
+def test_a_recipe_with_fewer_kernels_drops_the_emptied_ones():
+    # Module a quantizes with three casts before its GEMM; the replayed recipe has none of them.
+    cast = lambda: Op(4.0, 7, "cast", "quantization/cast")  # noqa: E731
+    calls = [Call(1.0, 1.0, "launch", [cast()]) for _ in range(3)]
+    calls.append(Call(1.0, 1.0, "launch", [Op(50.0, 7, "g", "gemm", gemm=0)]))
+    trace = StepTrace(calls, latency=0.0, kernel_gap=1.5)
+    cap = _Cap(None, [_Record("a", "fprop")])
+    deltas = {"a": {"host_fwd": 0.0, "host_bwd": 0.0, "gpu_fwd": -12.0, "gpu_bwd": 0.0, "kernels": -3.0}}
+    new = transform(trace, cap, {}, deltas)
+    assert [len(c.ops) for c in new.calls] == [0, 0, 0, 1]
+    # More kernels: one op for them, with the gaps of all but one.
+    more = {"a": {**deltas["a"], "gpu_fwd": 12.0, "kernels": 3.0}}
+    added = transform(trace, cap, {}, more).calls[3].ops[0]
+    assert added.dur == pytest.approx(12.0 + 2 * 1.5)
+
+
+def test_the_prediction_replays_the_jobs_capture_with_or_without_the_sweep(tmp_path):
+    """A host-bound job whose sweep ran its own recipe slower (the host busier then): the sweep's
+    runs are observations; the prediction replays the job's own capture either way."""
+    import shutil
+
+    from te_gemm_callback.analysis.runs import analyze_run
+    from te_gemm_callback.capture.capture_file import GemmCapture
+
+    job = run_folder(tmp_path / "job", gap_us=5000.0)
+    for recipe, gap in (("BF16", 6500.0), ("Float8CurrentScaling", 6000.0)):
+        other = run_folder(tmp_path / f"other_{recipe}", gap_us=gap)
+        cap = GemmCapture.load(other / "gemm_capture.json")
+        cap.meta["recipe"] = recipe
+        (job / "sweep" / recipe).mkdir(parents=True)
+        cap.save(job / "sweep" / recipe / "gemm_capture.json")
+    alone = tmp_path / "alone"
+    shutil.copytree(job, alone, ignore=shutil.ignore_patterns("sweep"))
+    with_sweep = {a.recipe: a for a in analyze_run(job).report.recipes}
+    without = {a.recipe: a for a in analyze_run(alone).report.recipes}
+    cs = with_sweep["Float8CurrentScaling"]
+    assert cs.observed_step_speedup == pytest.approx(6504 / 6004, rel=2e-3)  # the sweep's own runs
+    assert cs.predicted_step_speedup == pytest.approx(without["Float8CurrentScaling"].predicted_step_speedup,
+                                                      rel=1e-9)
+    assert cs.predicted_step_speedup == pytest.approx(5004 / 5034, rel=2e-3)  # the job's host: 5 ms a layer

@@ -51,11 +51,14 @@ class Call:
 class StepTrace:
     """A step as recorded: ``calls`` in host order; ``tail``: host µs after the last call until
     the step's end (the next step's start); ``latency``: µs from a launch leaving the host to its
-    kernel able to start on an idle GPU (the median measured where the stream was idle)."""
+    kernel able to start on an idle GPU (the median measured where the stream was idle);
+    ``kernel_gap``: µs between one kernel's end and the next one's start on a stream that has it
+    queued already (the GPU's own cost of starting a kernel, about 1-2 µs on Hopper)."""
 
     calls: list[Call]
     tail: float = 0.0
     latency: float = 5.0
+    kernel_gap: float = 0.0
 
     def with_ops(self, fn: Any) -> StepTrace:
         """A copy whose every op is ``fn(op)`` (an Op, or a list of Ops to put in its place)."""
@@ -112,7 +115,7 @@ def replay(trace: StepTrace, copies: int = 4) -> ReplayResult:
             elif c.ops:
                 ready = host + trace.latency
                 for op in c.ops:
-                    start = max(ready, stream_free.get(op.stream, 0.0))
+                    start = max(ready, stream_free[op.stream] + trace.kernel_gap if op.stream in stream_free else 0.0)
                     stream_free[op.stream] = start + op.dur
                     busy += op.dur
             host += c.cost

@@ -85,7 +85,11 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     base = next((c for c in caps if capture_recipe(c) == own), None) or \
         next((c for c in caps if capture_recipe(c) == "BF16" and precision_ran(c) == own), caps[0])
     bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
-    rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job))
+    # The prediction replays the job's own capture (its kernels step), never a sweep's run: with
+    # the sweep or without it, the same predicted speedups.
+    replay_from = job if capture_recipe(job) == capture_recipe(base) else base
+    rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job),
+                  replay_from=replay_from)
     # The step note speaks of the run whose step time the table shows (the sweep's baseline when
     # there is one); the job's own instrument cost is given beside it.
     job_note = instrument_note(job) if sweep and main else None

@@ -143,12 +143,16 @@ class Report:
 
 
 def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: list[GemmCapture] = (),
-            mode: str | None = None, items: list[WorkItem] | None = None) -> Report:
+            mode: str | None = None, items: list[WorkItem] | None = None,
+            replay_from: GemmCapture | None = None) -> Report:
     """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes.
 
     ``mode``: the microbenchmark mode behind the GEMM speedups and the prediction; default
     pre-quantized where measured (it times what the capture times: GEMM kernels), else autocast.
+    ``replay_from``: the capture whose kernels step the prediction replays (default ``capture``):
+    the job's own, so that the prediction reads nothing of a sweep's runs.
     """
+    replay_from = replay_from or capture
     base = observe(capture)
     if base.gemm_ms is None:
         raise ValueError("the capture has no GEMM times (captured on CPU?): time it on the GPU to analyse")
@@ -168,7 +172,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
     bench_ms = {r: bench_step_ms(bench, items, r, mode, fallback="BF16") for r in recipes} if bench else {}
     pred_step = predict_steps(base, bench_ms)
     costs = bench.meta.get("module_costs") if bench else None
-    replays = replay_recipes(capture, bench, recipes, base.recipe, base.step_ms, costs) if bench else {}
+    replays = replay_recipes(replay_from, bench, recipes, base.recipe, base.step_ms, costs) if bench else {}
     unfused, auto_ms = {}, {}
     if bench and mode != "autocast" and "autocast" in modes:
         auto_ms = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes}
@@ -218,7 +222,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                                        if replays else "Amdahl over the measured GEMM share with microbenchmarked "
                                        f"GEMM speedups ({mode} mode)"),
                         "replay": {r: rr.to_dict() for r, rr in replays.items()} or None,
-                        "replay_own": own_replay(capture, costs),
+                        "replay_own": own_replay(replay_from, costs),
                         # Named per device from the capture: the host clock on a CPU, never assumed CUDA.
                         "timing": f"step: {step_timing(capture)}; GEMM: {gemm_timing(capture)}",
                         "step_clock": capture.step_clock(), "gemm_clock": capture.gemm_clock(),
