@@ -513,3 +513,31 @@ def test_a_step_run_on_another_thread_says_why_it_is_empty(caplog):  # probe fau
     assert cap.records == []
     said = [w for w in warnings_of(caplog) if "thread other than the one that started" in w]
     assert len(said) == 1
+
+
+def test_report_over_runs_of_different_models_or_one_recipe_twice_is_refused(tmp_path, capsys):
+    """A parent folder of separate runs (no sweep) was compared as one model's recipes whatever
+    the runs were: two models gave "GEMM speedup 920.86x, observed 34.31x", exit 0, and of two
+    runs in one recipe one was dropped without a word."""
+    parent = tmp_path / "runs"
+    capture(20.0, 3.0).save(parent / "a" / "gemm_capture.json")
+    other = capture(5.0, 1.0)
+    for r in other.records:
+        r.module = "encoder." + r.module
+    other.meta["recipe"] = "DelayedScaling"
+    other.save(parent / "b" / "gemm_capture.json")
+    assert main(["report", str(parent)]) == 1
+    one_line_error(capsys, "different models", str(parent / "a"), str(parent / "b"))
+    twice = tmp_path / "twice"
+    capture(20.0, 3.0).save(twice / "a" / "gemm_capture.json")
+    capture(18.0, 3.0).save(twice / "b" / "gemm_capture.json")
+    assert main(["report", str(twice)]) == 1
+    one_line_error(capsys, "two runs in BF16", str(twice / "a"), str(twice / "b"))
+    # One model in two recipes, each its own run: compared, as before.
+    fine = tmp_path / "fine"
+    capture(20.0, 3.0).save(fine / "bf16" / "gemm_capture.json")
+    fp8 = capture(15.0, 1.6)
+    fp8.meta["recipe"] = "DelayedScaling"
+    fp8.save(fine / "fp8" / "gemm_capture.json")
+    assert main(["report", str(fine)]) == 0
+    capsys.readouterr()

@@ -79,6 +79,8 @@ def analyze_run(run_dir: str | Path) -> RunReport:
         ([GemmCapture.load(p) for p in sweep], [])
     sweep = sweep if sweep_caps else []
     caps = sweep_caps or [GemmCapture.load(p) for p in paths if p not in stale]
+    if not sweep_caps and len(caps) > 1:
+        _one_model_one_run_per_recipe(run_dir, [p for p in paths if p not in stale], caps)
     own = capture_recipe(job)
     # An FP32 (FP16) job's own-precision run in a sweep is its FP8-off entry, keyed "BF16": its
     # GEMMs ran the job's dtype (the report says so: checks.report_checks).
@@ -121,6 +123,27 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     rr = RunReport(rep, job, caps, bench, items, ranks, kernels, host_bound_notes=alerts)
     rr.plan = run_plan(rr)
     return rr
+
+
+def _one_model_one_run_per_recipe(run_dir: str | Path, paths: list[Path], caps: list[GemmCapture]) -> None:
+    """Separate runs, one per recipe, are compared only if they ran one model (the same GEMMs of
+    the same modules) and no recipe twice: else a one-line error naming the folders."""
+    def model(cap: GemmCapture) -> frozenset:
+        return frozenset((r.module, r.gemm, r.op) for r in cap.records)
+
+    first = model(caps[0])
+    for p, cap in zip(paths[1:], caps[1:]):
+        if model(cap) != first:
+            raise ValueError(f"{run_dir} holds runs of different models ({paths[0].parent} and {p.parent}: "
+                             "their GEMMs are not of the same modules): give one run folder, or a folder "
+                             "of one model's runs in different recipes")
+    seen: dict[str, Path] = {}
+    for p, cap in zip(paths, caps):
+        recipe = capture_recipe(cap)
+        if recipe in seen:
+            raise ValueError(f"{run_dir} holds two runs in {recipe} ({seen[recipe].parent} and {p.parent}): "
+                             "give one folder per recipe")
+        seen[recipe] = p
 
 
 def _run_of(sweep_capture: Path, root: Path) -> Path:
