@@ -130,3 +130,17 @@ def test_tensor_parallel_strategy_needs_te_layers():
     proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--devices", "2", "--strategy", "tp", "--no-te"],
                           capture_output=True, text=True, timeout=120, cwd=recipe.parent)
     assert proc.returncode == 2 and "--strategy tp needs TE layers" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_bench_longer_than_the_groups_timeout_does_not_kill_the_job(tmp_path):
+    """Rank 0 benchmarked right after the capture while the other rank trained on to its next
+    all-reduce: a bench longer than the process group's timeout (8 s here, 15 s of bench) killed
+    the whole job. In a multi-process job the report waits for the end of training."""
+    job = Path(__file__).resolve().parent / "ddp_slow_bench_job.py"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29541")
+    proc = subprocess.run([sys.executable, str(job), str(tmp_path)], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=job.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 done after 8 steps" in proc.stdout and "rank 1 done after 8 steps" in proc.stdout, proc.stdout
+    assert (tmp_path / "bench_ran").read_text() == "0"
+    assert "the benchmarks and report run on rank 0 when training ends" in proc.stderr

@@ -151,8 +151,9 @@ class GemmSchedule(Publishing):
         report: True: right after the capture (and the sweep), benchmark the captured shapes in every
             recipe this machine runs and write the report (report.json, report.md, figures, trace)
             into ``output_dir`` on rank zero, its cost stated in the log, its files and metrics handed
-            to the job's logger; "end": the same when training ends; False: neither (``te-gemm
-            bench`` and ``te-gemm report`` later).
+            to the job's logger; "end": the same when training ends (a multi-process job always
+            reports then: no rank waits for rank zero's bench mid-training); False: neither
+            (``te-gemm bench`` and ``te-gemm report`` later).
         project: GPUs to project the run onto in that report (``("B300",)``; B200, GB200, H100...):
             a section of report.md each, labelled projection (``te-gemm project``, docs/projection.md).
         verbose: print the capture table (and the report) when done.
@@ -169,7 +170,8 @@ class GemmSchedule(Publishing):
             wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
             sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
             sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s, set_recipe=set_recipe,
-            output_dir=output_dir, report=report)
+            output_dir=output_dir, report=report, nvtx=nvtx, nsys_capture=nsys_capture, verbose=verbose,
+            kernel_breakdown=kernel_breakdown)
         self.project = check_project(project)
         self.report = report
         self.wait, self.warmup, self.active, self.instrumented_steps = wait, warmup, active, instrumented_steps
@@ -260,7 +262,7 @@ class GemmSchedule(Publishing):
         if not self._in_step:
             self._misuse("step_end called without step_begin: call step_begin(model) when each optimizer step begins")
         self._in_step = False
-        if self.done:
+        if self.done or not self._job_ok(job, "step_end"):
             return
         self.steps_seen += 1
         if self._prof is None:
@@ -282,6 +284,8 @@ class GemmSchedule(Publishing):
 
     def train_end(self, job: JobStep | None = None) -> None:
         """Training ended: finish an open window, and run a sweep still owed."""
+        if not self._job_ok(job, "train_end"):
+            return
         job = job or JobStep()
         if self._prof is None and not self.done and self.capture is None:
             first = self.wait + self.warmup
@@ -299,6 +303,18 @@ class GemmSchedule(Publishing):
             log.warning("te-gemm: the job raised inside the capture window: its capture is not written (nothing "
                         "of ours is left on the model); a later run captures from its own window")
         self._finish(JobStep(), keep=False)
+
+    def _job_ok(self, job: Any, hook: str) -> bool:
+        """Whether ``job`` is a JobStep the publishing can read. A bad one (``global_step="x"``) is
+        said once and the capture turns itself off (nothing of it is left on the model): it raised
+        into the job's loop when the window ended."""
+        why = _bad_job(job)
+        if why is None:
+            return True
+        log.warning("te-gemm: %s: %s got %s: capture turned off (training goes on)", self.name, hook, why)
+        self._drop()
+        self.done = True
+        return False
 
     def _misuse(self, what: str) -> None:
         from te_gemm_callback.precisions import warn_once
@@ -381,6 +397,31 @@ class GemmSchedule(Publishing):
             self._publish(job, cap, prof)
             self.done = True
         guard(prof.end_nsys_range, "nsys capture range not ended")  # a window not kept: nothing to save first
+
+
+def _bad_job(job: Any) -> str | None:
+    """What is wrong with an adapter's ``job`` (None: nothing; None is JobStep())."""
+    import operator
+
+    if job is None:
+        return None
+    if not isinstance(job, JobStep):
+        return f"{_short_repr(job)}, not a JobStep"
+    for name, least in (("global_step", 0), ("accumulate", 1)):
+        v = getattr(job, name)
+        try:  # int, numpy's and torch's integers; not a float, a string or a bool
+            ok = not isinstance(v, bool) and operator.index(v) >= least
+        except TypeError:
+            ok = False
+        if not ok:
+            return f"JobStep({name}={_short_repr(v)}): it must be an integer >= {least}"
+    if job.writes not in (True, False):
+        return f"JobStep(writes={_short_repr(job.writes)}): it must be True or False"
+    for name in ("log_metrics", "log_artifacts", "sweep"):
+        v = getattr(job, name)
+        if v is not None and not callable(v):
+            return f"JobStep({name}={_short_repr(v)}): it must be a function or None"
+    return None
 
 
 def _short_repr(x: Any) -> str:

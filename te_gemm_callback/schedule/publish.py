@@ -99,6 +99,12 @@ class Publishing:
             return
         if (self.report == "end" or (self.sweep and not self._swept)) and not at_end:
             return  # asked for at the end, or the sweep it sets beside the prediction has not run yet
+        if not at_end and self._world_size() > 1:
+            # Rank zero benchmarks alone: mid-training the other ranks would wait for it at their
+            # next collective, and a bench longer than the process group's timeout kills the job.
+            log.info("te-gemm: a multi-process job: the benchmarks and report run on rank 0 when training ends, "
+                     "so that no rank waits for them mid-training")
+            return
         self._reported = True
         t0 = time.perf_counter()
         files = guard(self._bench_and_report, "benchmarks and report not written")
@@ -116,6 +122,12 @@ class Publishing:
             guard(lambda: job.log_metrics(metrics), "report metrics not logged")
         if job.log_artifacts is not None:
             guard(lambda: job.log_artifacts(files), "report not handed to the logger")
+
+    @staticmethod
+    def _world_size() -> int:
+        from te_gemm_callback.capture.distributed import world
+
+        return world()[1]
 
     def _bench_and_report(self) -> dict[str, Path]:
         from te_gemm_callback.microbench.cells import ResultCache
