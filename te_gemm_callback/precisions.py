@@ -124,11 +124,17 @@ def parse_recipes(text: str) -> list[str]:
         if not name:
             raise ValueError(f"empty recipe name in {text!r}: give comma-separated names, "
                              "e.g. BF16,Float8CurrentScaling")
-        if name.lower() == "fp8":
-            raise ValueError(f"{name!r} names {len(FP8_RECIPES)} recipes ({', '.join(FP8_RECIPES)}): "
-                             "choose one or more of them")
-        out.append(canonical(name))
+        out.append(user_recipe(name))
     return list(dict.fromkeys(out))
+
+
+def user_recipe(name: str) -> str:
+    """One recipe name a user gave (``--precisions``, the callbacks' ``sweep``) as TE's class name;
+    ValueError, one line, for an unknown name or "FP8" alone (:func:`parse_recipes` says why)."""
+    if name.strip().lower() == "fp8":
+        raise ValueError(f"{name!r} names {len(FP8_RECIPES)} recipes ({', '.join(FP8_RECIPES)}): "
+                         "choose one or more of them")
+    return canonical(name)
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,18 @@ class Report:
         return d
 
 
+def no_gemm_times(capture: GemmCapture) -> str:
+    """Why a capture has no GEMM time to analyse, in one line. A CPU capture has host-clock times:
+    "captured on CPU?" sent a job without GEMMs, or one on the meta device, looking for a GPU."""
+    if not capture.records:
+        return ("no GEMM ran in the captured steps (a model without Linear, matmul or TE GEMM layers, or steps "
+                "that ran none of them): nothing to analyse")
+    if str(capture.meta.get("device") or "").startswith("meta"):
+        return "the model ran on the meta device: nothing runs there, so no GEMM was timed; capture it on a GPU"
+    return ("the capture has no GEMM times (GemmProfiler(timing='none'), or no GEMM could be timed under "
+            "another profiler): capture it again with timing on to analyse")
+
+
 def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: list[GemmCapture] = (),
             mode: str | None = None, items: list[WorkItem] | None = None,
             replay_from: GemmCapture | None = None) -> Report:
@@ -155,7 +167,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
     replay_from = replay_from or capture
     base = observe(capture)
     if base.gemm_ms is None:
-        raise ValueError("the capture has no GEMM times (captured on CPU?): time it on the GPU to analyse")
+        raise ValueError(no_gemm_times(capture))
     runs = {base.recipe: base}
     plan_meta = next((c.meta["plan"] for c in observed if c.meta.get("plan")), None)
     for cap in observed:

@@ -23,6 +23,7 @@ from te_gemm_callback.capture.capture_items import (  # noqa: F401  (re-exported
     StepTime,
     aggregate,
 )
+from te_gemm_callback.capture.step_plan import STEP_KINDS
 from te_gemm_callback.files.jsonio import from_fields, read_schema, write_json
 from te_gemm_callback.shapes import PASS_NAMES, GemmShape
 
@@ -254,6 +255,10 @@ class GemmCapture:
             if any(bad(t, 0) for t in r.times_ms):
                 raise ValueError(f"GEMM {r.name} {r.op} has negative or non-finite times")
         for s in self.steps:
+            # Checked on load, so te-gemm show refuses what te-gemm report does ("zzz" was shown as a step).
+            if s.kind not in STEP_KINDS:
+                raise ValueError(f"step {s.index} has an unknown kind {s.kind!r}: expected one of "
+                                 f"{', '.join(STEP_KINDS)}; the file is damaged")
             if bad(s.wall_ms, 0) or any(v is not None and bad(v, 0) for v in (s.gpu_ms, s.gemm_ms)):
                 raise ValueError(f"step {s.index} has negative or non-finite times")
             if s.wall_ms == 0 or s.gpu_ms == 0:  # no step takes no time; every speedup and share divides by it

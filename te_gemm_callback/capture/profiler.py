@@ -126,6 +126,13 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         timing = {True: "auto", False: "none"}.get(timing, timing)  # type: ignore[arg-type]
         if timing not in ("auto", "events", "none"):
             raise ValueError(f"timing must be 'auto', 'events' or 'none', got {timing!r}")
+        # A model on the meta device runs nothing: its GEMMs have shapes but no time (host-clock pairs
+        # would time the dispatch alone, and the capture called it a CPU job). Said once, not timed.
+        self.on_meta = next((p.is_meta for p in model.parameters()), False)
+        if self.on_meta:
+            warn_once("te-gemm: the model is on the meta device: nothing runs there, so nothing can be timed; "
+                      "the capture holds its GEMMs' shapes only", log)
+            timing = "none"
         self.model = model
         self.adapters = tuple(adapters)
         has_te = any(is_te_module(m) for m in model.modules())

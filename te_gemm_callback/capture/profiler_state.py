@@ -55,6 +55,7 @@ class ProfilerState:
     _base_plan: StepPlan  # as asked; ``plan`` is it, or its form under a CUPTI owner
     cupti: CuptiOwner | None
     timing: str
+    on_meta: bool  # the model is on the meta device: nothing runs, nothing is timed
     reuse_owners: bool
     recorder: Recorder
     scope: ModuleScope

@@ -162,11 +162,13 @@ class CaptureResults(ProfilerState):
         }
 
     def _meta(self) -> dict[str, Any]:
-        cuda = torch.cuda.is_available()
+        cuda = torch.cuda.is_available() and not self.on_meta
         compiled = sorted(self._eager_compiled.modules)
         return {
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})",
+            # The model's meta device, not the host's CPU: nothing ran (reporting.trace, analysis.verdicts).
+            "device": "meta device" if self.on_meta else
+                      torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})",
             "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
             "torch": torch.__version__,
             "cuda": torch.version.cuda,

@@ -16,6 +16,8 @@ COMPILE, RECOMPILE, GRAPH_CAPTURE, OUTLIER = "compile", "recompile", "graph-capt
 # last step of an epoch that gradient accumulation does not divide (7 batches, accumulate 5: steps of
 # 5 and 2). Its time is not the job's step time (capture.results).
 PARTIAL = "partial"
+# Every kind a capture's step can have: a file naming another is damaged (GemmCapture.validate).
+STEP_KINDS = (INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN, COMPILE, RECOMPILE, GRAPH_CAPTURE, OUTLIER, PARTIAL)
 
 
 @dataclass(frozen=True)

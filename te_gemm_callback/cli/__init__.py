@@ -21,6 +21,7 @@ from te_gemm_callback.cli.args import (
     _run_steps,
     _visits,
     add_config_args,
+    check_run_dir,
     config_from_args,
     parse_precisions,
 )
@@ -155,6 +156,7 @@ def _gpus(text: str) -> list[str]:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
+    check_run_dir(a.run_dir)  # before the report searches every folder below it (and before its imports)
     from te_gemm_callback.reporting.speedups import render_run
 
     render_run(a.run_dir, console(), a.project or ())
@@ -162,6 +164,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
+    check_run_dir(a.run_dir)
     from te_gemm_callback.analysis.plan import plan_for_run, write_plan
     from te_gemm_callback.analysis.runs import analyze_run
     from te_gemm_callback.reporting.tables import plan_table

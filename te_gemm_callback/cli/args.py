@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from te_gemm_callback.shapes import ModelConfig
 
@@ -106,6 +107,22 @@ def _dir_path(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a folder path, got an empty string")
     return text
+
+
+# Where a run folder's captures lie: its own and its sweep's, or those of the separate runs in its
+# subfolders (one per recipe; a parent of several runs of a job is refused naming them).
+RUN_CAPTURES = ("gemm_capture.json", "sweep/*/gemm_capture.json", "*/gemm_capture.json",
+                "*/sweep/*/gemm_capture.json")
+
+
+def check_run_dir(run_dir: str) -> None:
+    """Refuse at once a folder none of whose :data:`RUN_CAPTURES` exist: the report searches every
+    folder below the one it is given, and `te-gemm report /` walked the whole filesystem before
+    refusing it."""
+    root = Path(run_dir)
+    if root.is_dir() and not any(next(root.glob(p), None) for p in RUN_CAPTURES):  # not a folder: the report's line
+        raise ValueError(f"{run_dir} holds no gemm_capture.json, nor do its subfolders or sweep/: point at the "
+                         "callback's output folder")
 
 
 def _check_writable_folder(flag: str, path: str) -> None:

@@ -8,11 +8,12 @@ name are ignored, so files of a newer version still load). Anything else is a on
 naming the file and, where one is at fault, the field.
 
 Writing (:func:`write_bytes_atomic`): a temporary file in the target's folder, then a rename, so a
-reader never sees half a file; the file gets the umask's permissions like any other the user
-writes; a symbolic link at the target is refused (a write must not land outside the folder the
-user named); an existing file is replaced only if its *content* shows it is of the kind being
-written (a JSON file with our schema, our YAML marker, a PNG with our marker: files/png.py), never
-merely because it does not decode. Refusals, and failed writes, are one line that names the file.
+reader never sees half a file; a new file gets the umask's permissions like any other the user
+writes, a replaced one keeps its own; a symbolic link at the target is refused (a write must not
+land outside the folder the user named); an existing file is replaced only if its *content* shows
+it is of the kind being written (a JSON file with our schema, our YAML marker, a PNG with our
+marker: files/png.py), never merely because it does not decode. Refusals, and failed writes, are
+one line that names the file.
 """
 
 from __future__ import annotations
@@ -328,10 +329,14 @@ def check_target(path: str | Path, kind: KindCheck | None, root: str | Path | No
 def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | None,
                        root: str | Path | None = None) -> Path:
     """Write ``data`` to ``path``: parents created, a temporary file in the same folder renamed
-    over the target, the umask's permissions. Refuses (ValueError, one line) an empty path, a
-    symbolic link, a folder or device, and an existing file that ``kind_check`` says is not ours;
-    with ``root``, a linked folder between ``root`` and the file."""
+    over the target, the umask's permissions (a file replaced keeps its own mode). Refuses
+    (ValueError, one line) an empty path, a symbolic link, a folder or device, and an existing file
+    that ``kind_check`` says is not ours; with ``root``, a linked folder between ``root`` and the file."""
     path = check_target(path, kind_check, root)
+    try:  # a 0600 report.json the user locked down stays 0600 when rewritten (it became 0644)
+        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        mode = None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     # 0o666 through the umask, as the user's other files get: mkstemp's 0600 hid runs from teammates.
@@ -342,6 +347,8 @@ def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | No
         raise OSError(err.errno, err.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())  # the rename must not publish a file whose bytes are not on disk

@@ -87,7 +87,7 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
     from te_gemm_callback.analysis.prediction import capture_recipe
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.microbench.cells import items_from_capture
-    from te_gemm_callback.microbench.results import BenchResults, measured_items, step_ms
+    from te_gemm_callback.microbench.results import BenchResults, item_ms, measured_items, step_ms
 
     root = check_run_folder(run_dir)
     if not (root / "gemm_capture.json").is_file():
@@ -151,6 +151,13 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
             base_s / ss if ss and base_s and measured_here else None, observed.get(r),
             st - (g - lo) if st else None, st + (hi - g) if st else None,
             ss if measured_here else None, ss / st if ss and st and measured_here else None))
+    if not out.steps:  # else an empty table, exit 0: a bench of another capture's shapes (or of none of its GEMMs)
+        missing = [it for it in items if item_ms(projected, it, "BF16", mode) is None]
+        which = f" ({len(missing)} of {len(items)} not measured, e.g. {missing[0].name} {missing[0].fprop.mkn})" \
+            if missing else ""
+        raise ValueError(f"no recipe's GEMM time can be projected: {root}/bench.json has no {mode} cells for the "
+                         f"capture's GEMMs{which}; bench this capture: te-gemm bench --capture "
+                         f"{root}/gemm_capture.json --modes autocast,prequantized --json {root}/bench.json")
     if out.non_gemm_ms is not None:
         out.notes.append(f"non-GEMM step time scaled by HBM bandwidth {proj.source.bandwidth:g} -> "
                          f"{tgt.bandwidth:g} TB/s: {out.non_gemm_ms:.2f} ms on the target")

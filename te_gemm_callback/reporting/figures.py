@@ -16,6 +16,7 @@ from te_gemm_callback.files.png import write_figure_atomic
 from te_gemm_callback.microbench.cells import WorkItem
 from te_gemm_callback.microbench.results import BenchResults, item_ms
 from te_gemm_callback.precisions import skipped_lines
+from te_gemm_callback.printable import plain
 from te_gemm_callback.shapes import GemmOp
 
 if TYPE_CHECKING:
@@ -36,8 +37,22 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     """Write a figure as PNG (parent folders created) through
     :func:`~te_gemm_callback.files.png.write_figure_atomic`: atomic, marked as ours, never through a
     symbolic link nor over a PNG this tool did not write (one-line ValueError or OSError naming it)."""
+    plain_labels(fig)
     fig.tight_layout()
     return write_figure_atomic(fig, path, dpi=120, bbox_inches="tight")
+
+
+def plain_labels(fig: Figure) -> None:
+    """Every text of ``fig`` (titles, tick labels, legend entries, notes) with its control characters
+    shown as "?", its line breaks kept. Module names, devices and reasons come from the job or a file:
+    an ESC in one reached matplotlib's "Glyph 27 missing" warning raw, and drove the terminal."""
+    from matplotlib.text import Text
+
+    for t in fig.findobj(Text):
+        text = t.get_text()
+        shown = "\n".join(plain(line) for line in text.split("\n"))
+        if shown != text:
+            t.set_text(shown)
 
 
 FOOTNOTE_FONTSIZE = 7

@@ -41,6 +41,8 @@ def no_trace_reason(cap: GemmCapture) -> str | None:
     if owner := cap.meta.get("cupti_owner"):  # capture/cupti.py: no kernels step ran under it
         return f"{owner} held CUPTI's kernel records during the capture: its own timeline has every kernel"
     if not any(s.kind == "kernels" for s in cap.steps):
+        if str(cap.meta.get("device") or "").startswith("meta"):
+            return "the model ran on the meta device: nothing runs there, so nothing was timed"
         if str(cap.meta.get("device") or "").startswith("CPU"):
             return "a CPU job has no GPU kernel records (the capture ran no kernels step)"
         return "the capture ran no kernels step (kernel_steps=0, or the job stopped before it)"

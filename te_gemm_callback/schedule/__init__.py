@@ -197,6 +197,7 @@ class GemmSchedule(Publishing):
         self._phase: str | None = None
         self._micro_batches = 0
         self._in_step = False  # between step_begin and step_end: a loop that calls one without the other is told
+        self._job_refused = False  # a JobStep the publishing could not read was said (_job_ok)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy or pickle leaves the live capture behind (thread-local state, hooks and a dispatch
@@ -308,10 +309,15 @@ class GemmSchedule(Publishing):
         """Whether ``job`` is a JobStep the publishing can read. A bad one (``global_step="x"``) is
         said once and the capture turns itself off (nothing of it is left on the model): it raised
         into the job's loop when the window ended."""
-        why = _bad_job(job)
+        try:
+            why = _bad_job(job)
+        except Exception as err:  # a field that cannot even be compared (an array for writes)
+            why = f"a JobStep that cannot be read ({type(err).__name__}: {err})"
         if why is None:
             return True
-        log.warning("te-gemm: %s: %s got %s: capture turned off (training goes on)", self.name, hook, why)
+        if not self._job_refused:
+            log.warning("te-gemm: %s: %s got %s: capture turned off (training goes on)", self.name, hook, why)
+        self._job_refused = True
         self._drop()
         self.done = True
         return False

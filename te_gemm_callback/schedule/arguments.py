@@ -20,7 +20,8 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
                     sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
                     sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 6,
                     sweep_budget_s: float = 20.0, set_recipe: Any = None,
-                    output_dir: Any = None, report: Any = True) -> tuple[list[str] | None, Any]:
+                    output_dir: Any = None, report: Any = True, nvtx: Any = "auto", nsys_capture: Any = False,
+                    verbose: Any = True, kernel_breakdown: Any = True) -> tuple[list[str] | None, Any]:
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
     sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
     added to the recipes). Called where the arguments are given, not once training runs."""
@@ -48,20 +49,32 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
     if output_dir is not None:  # else the capture was lost at the end of training
         if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir).strip():
             raise ValueError(f"output_dir must be a folder path, got {output_dir!r}")
+        if "\x00" in str(output_dir):  # no folder can be made with it: the write failed after training
+            raise ValueError(f"output_dir must not hold a NUL character, got {output_dir!r}")
         if os.path.exists(output_dir) and not os.path.isdir(output_dir):
             raise ValueError(f"output_dir {plain(output_dir)} exists and is not a folder: give a folder path")
     if report not in (True, False, "end"):  # bool(report) would take any string for True
         raise ValueError(f"report must be True, False or 'end', got {report!r}")
+    # As report: a truth test took "no" for True and None for False, where the user meant otherwise.
+    if not isinstance(nvtx, bool) and nvtx != "auto":
+        raise ValueError(f"nvtx must be True, False or 'auto', got {nvtx!r}")
+    for name, v in (("nsys_capture", nsys_capture), ("verbose", verbose), ("kernel_breakdown", kernel_breakdown)):
+        if not isinstance(v, bool):
+            raise ValueError(f"{name} must be True or False, got {v!r}")
     if set_recipe is not None and not callable(set_recipe):  # else the sweep fails after training
         raise ValueError(f"set_recipe must be a function f(module, recipe_or_None) or None, got {set_recipe!r}")
-    from te_gemm_callback.precisions import canonical
+    from te_gemm_callback.precisions import user_recipe
 
     if isinstance(sweep, str):
         raise ValueError(f"sweep must be a list of recipe names, e.g. [{sweep!r}], not a string")
     if sweep is not None and any(not isinstance(r, str) for r in sweep):  # canonical() needs names
         raise ValueError(f"sweep must be a list of recipe names such as ['BF16', 'Float8CurrentScaling'], "
                          f"got {sweep!r}")
-    recipes = None if sweep is None else [canonical(r) for r in sweep]  # bad names fail here, not after training
+    # Bad names fail here, not after training; "FP8" alone as --precisions refuses it (four recipes).
+    try:
+        recipes = None if sweep is None else [user_recipe(r) for r in sweep]
+    except ValueError as err:
+        raise ValueError(f"sweep: {err}") from None
     if sweep_plan is None:
         return recipes, None
     from te_gemm_callback.analysis.plan import PrecisionPlan

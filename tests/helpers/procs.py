@@ -12,7 +12,9 @@ def start_bench_with_workers(tmp: Path, argv_head: list[str]) -> tuple[subproces
     """Start ``argv_head + bench ...`` (40 shapes, BF16, 2 devices) with ``tmp`` as TMPDIR; return the
     process and its worker pids once a worker holds its spec (so a signal lands mid-run)."""
     shapes = ",".join(f"{64 + 8 * i}x{64 + 8 * i}x{64 + 8 * i}" for i in range(40))
-    env = dict(os.environ, TMPDIR=str(tmp), PYTHONUNBUFFERED="1")
+    # Two visible GPUs as te-gemm counts them (it refuses more devices than that); a CPU build of
+    # torch reads nothing of it, so the workers are CPU processes.
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="0,1")
     proc = subprocess.Popen(argv_head + ["bench", "--shapes", shapes, "--precisions", "BF16", "--devices", "2",
                                          "--no-cache", "--visits", "16"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

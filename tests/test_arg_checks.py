@@ -1,0 +1,207 @@
+"""A hostile tester's small findings: arguments and inputs that were taken, or reported wrongly,
+where they should have been refused (or named) in one line. One test per finding, CPU only; each
+docstring says what went wrong."""
+
+import json
+import logging
+import os
+import stat
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.cli import one_line_error
+from torch import nn
+
+from te_gemm_callback import GemmProfiler, GemmProfilerCallback
+from te_gemm_callback.cli import main
+from te_gemm_callback.schedule import GemmSchedule, JobStep
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_5B = REPO / "docs" / "results" / "h200" / "5b"
+
+
+def te_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "te_gemm_callback" and r.levelno >= logging.WARNING]
+
+
+def small_capture(model=None, steps=3):
+    model = model or nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
+    with GemmProfiler(model) as prof:
+        for _ in range(steps):
+            model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+            prof.step()
+    return prof.capture
+
+
+def test_project_with_a_bench_of_other_shapes_says_why_and_fails(tmp_path, capsys):
+    """`te-gemm project` on a run whose bench.json measured other shapes than its capture's printed
+    an empty table, wrote the projection and exited 0, with no reason."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "gemm_capture.json").write_bytes((RUN_5B / "gemm_capture.json").read_bytes())
+    bench = json.loads((RUN_5B / "bench.json").read_text())
+    for c in bench["results"]:  # the cells of another model: no shape of the capture's
+        c["m"] += 8
+    (run / "bench.json").write_text(json.dumps(bench))
+    assert main(["project", str(run), "--gpu", "B300"]) == 1
+    one_line_error(capsys, "no recipe's GEMM time can be projected", "not measured", "te-gemm bench --capture")
+    assert not (run / "projection-B300.json").exists()
+
+
+def test_a_model_on_the_meta_device_is_not_called_a_cpu_job(caplog, monkeypatch):
+    """A model on the meta device was captured as a CPU job: host-clock "GEMM times" of calls that
+    ran nothing, and the report's trace line said "a CPU job has no GPU kernel records"."""
+    from te_gemm_callback import precisions
+    from te_gemm_callback.analysis.verdicts import analyze
+    from te_gemm_callback.reporting.trace import no_trace_reason
+
+    monkeypatch.setattr(precisions, "_WARNED", set())
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8)).to("meta")
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        with GemmProfiler(model) as prof:
+            model(torch.randn(4, 8, device="meta")).sum().backward()
+    cap = prof.capture
+    assert cap.records and cap.meta["device"] == "meta device"
+    assert all(s.gemm_ms is None for s in cap.steps) and cap.gemm_clock() is None
+    said = [m for m in te_warnings(caplog) if "meta device" in m]
+    assert len(said) == 1 and "nothing can be timed" in said[0] and "\n" not in said[0]
+    assert "meta device" in no_trace_reason(cap) and "CPU" not in no_trace_reason(cap)
+    with pytest.raises(ValueError, match="meta device: nothing runs there"):
+        analyze(cap)
+
+
+def test_a_model_without_gemms_is_told_no_gemm_ran(tmp_path, capsys):
+    """A model with no GEMM at all got "the capture has no GEMM times (captured on CPU?): time it on
+    the GPU": it sent the user to a GPU, where the same model runs no GEMM either."""
+    cap = small_capture(nn.Sequential(nn.LayerNorm(8), nn.ReLU()))
+    assert not cap.records
+    path = cap.save(tmp_path / "gemm_capture.json")
+    assert main(["compare", str(path)]) == 1
+    err = one_line_error(capsys, "no GEMM ran in the captured steps")
+    assert "CPU" not in err and "GPU" not in err
+
+
+def _callbacks():
+    from te_gemm_callback.adapters.hf import GemmProfilerTrainerCallback
+
+    return GemmProfilerCallback, GemmProfilerTrainerCallback, GemmSchedule
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(output_dir="te_gemm\x00x"), "output_dir must not hold a NUL"),
+    (dict(output_dir=Path("a\x00b")), "output_dir must not hold a NUL"),
+    (dict(nvtx="maybe"), "nvtx must be True, False or 'auto'"),
+    (dict(nvtx=None), "nvtx must be True, False or 'auto'"),
+    (dict(verbose="no"), "verbose must be True or False"),
+    (dict(nsys_capture="yes"), "nsys_capture must be True or False"),
+    (dict(kernel_breakdown=None), "kernel_breakdown must be True or False"),
+    (dict(sweep=["FP8"]), r"sweep: 'FP8' names 4 recipes"),
+    (dict(sweep=["BF16", "fp8"]), r"sweep: 'fp8' names 4 recipes"),
+])
+def test_callback_arguments_of_the_wrong_kind_are_refused_at_construction(kw, needle):
+    """An output_dir holding a NUL was taken and the capture lost when training ended; nvtx="maybe",
+    verbose="no", nsys_capture="yes" and kernel_breakdown=None were taken for what their truth value
+    says; sweep=["FP8"] silently swept DelayedScaling, where `--precisions FP8` is refused."""
+    for cls in _callbacks():
+        with pytest.raises(ValueError, match=needle) as e:
+            cls(**kw)
+        assert "\n" not in str(e.value), cls
+    # What they accept stays accepted.
+    for cls in _callbacks():
+        cls(nvtx="auto", verbose=False, nsys_capture=False, kernel_breakdown=False, sweep=["BF16", "fp8_current"])
+        cls(nvtx=True)
+
+
+@pytest.mark.parametrize("bad", [JobStep(global_step="x"), JobStep(global_step=1.5), JobStep(accumulate=0),
+                                 JobStep(writes="yes"), JobStep(writes=torch.tensor([True, False])),
+                                 JobStep(log_metrics=5), "step 3"])
+def test_a_bad_jobstep_turns_the_capture_off_and_never_reaches_the_loop(tmp_path, caplog, bad):
+    """`GemmSchedule.step_end(JobStep(global_step="x"))` raised ValueError into the user's training
+    loop when the window ended (int("x") while publishing)."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
+    sched = GemmSchedule(wait=0, warmup=1, active=2, output_dir=tmp_path / "out", report=False, verbose=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        for _ in range(5):
+            sched.step_begin(model)
+            model(torch.randn(4, 8)).sum().backward()
+            sched.step_end(bad)
+        sched.train_end(bad)
+    said = [m for m in te_warnings(caplog) if "capture turned off" in m]
+    assert len(said) == 1 and "training goes on" in said[0] and "\n" not in said[0]  # once, not per step
+    assert sched.done and sched.capture is None and not (tmp_path / "out" / "gemm_capture.json").exists()
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())  # nothing left on it
+
+
+def test_control_characters_in_plot_labels_are_shown_as_text(tmp_path):
+    """A module name holding ESC reached a plot label: matplotlib's "Glyph 27 missing from font"
+    warning printed the raw ESC (it drives the terminal) and the PNG showed a missing glyph."""
+    from te_gemm_callback.microbench.cells import BenchResult, WorkItem
+    from te_gemm_callback.microbench.results import BenchResults
+    from te_gemm_callback.reporting.figures import stacked_gemm_figure
+    from te_gemm_callback.shapes import GemmShape
+
+    res = BenchResults([BenchResult(64, 64, 64, op, "BF16", "autocast", median_ms=1.0, iters=3)
+                        for op in ("fprop", "dgrad", "wgrad")], meta={"device": "CPU\x1b]0;title\x07"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = stacked_gemm_figure(res, [WorkItem("blocks.0\x1b[2J.fc1", GemmShape(64, 64, 64))], "autocast",
+                                   tmp_path / "gemm.png")
+    said = [str(w.message) for w in caught]
+    assert not [m for m in said if "Glyph" in m or "\x1b" in m], said
+    assert path.stat().st_size > 0
+
+
+def test_a_replaced_file_keeps_its_mode(tmp_path):
+    """A report.json the user had made 0600 became 0644 (the umask's) each time it was rewritten."""
+    from te_gemm_callback.files.jsonio import write_json
+
+    path = tmp_path / "report.json"
+    write_json(path, {"schema": "te-gemm-report/1", "recipes": []})
+    os.chmod(path, 0o600)
+    write_json(path, {"schema": "te-gemm-report/1", "recipes": [1]})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and json.loads(path.read_text())["recipes"] == [1]
+    old = os.umask(0o022)
+    try:  # a new file: the umask's, as before
+        assert stat.S_IMODE(write_json(tmp_path / "new.json", {"schema": "x/1"}).stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("devices", ["2", "3"])
+def test_bench_devices_beyond_the_hosts_gpus_are_refused_alike(capsys, no_measuring, monkeypatch, devices):
+    """On a host without GPUs `te-gemm bench --devices 2` ran two CPU processes while 3 was refused."""
+    from te_gemm_callback.microbench import parallel
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: a host without GPUs, whatever runs the tests
+    monkeypatch.setattr(parallel, "_launch", lambda *a: pytest.fail("launched"))
+    assert main(["bench", "--shapes", "8x8x8", "--precisions", "BF16", "--no-cache", "--devices", devices]) == 2
+    one_line_error(capsys, f"--devices {devices}, but this host has 1 visible GPU")
+
+
+def test_show_refuses_a_step_kind_that_report_refuses(tmp_path, capsys):
+    """`te-gemm show` printed a capture whose step kind was "zzz", exit 0, where `te-gemm report`
+    refused the same file."""
+    path = small_capture().save(tmp_path / "run" / "gemm_capture.json")
+    d = json.loads(path.read_text())
+    for s in d["steps"]:
+        s["kind"] = "zzz"
+    path.write_text(json.dumps(d))
+    for cmd in (["show", str(path)], ["report", str(path.parent)]):
+        assert main(cmd) == 1, cmd
+        one_line_error(capsys, "step 0 has an unknown kind 'zzz'")
+
+
+def test_report_of_a_folder_with_no_run_near_its_top_is_refused_without_walking_it(tmp_path, capsys, monkeypatch):
+    """`te-gemm report /` searched every folder of the filesystem for gemm_capture.json (minutes on
+    a real host) before refusing."""
+    deep = tmp_path / "top"
+    small_capture().save(deep / "a" / "b" / "c" / "gemm_capture.json")
+    walked = []
+    monkeypatch.setattr(Path, "rglob", lambda self, pattern: walked.append(self) or iter(()))
+    for cmd in ("report", "plan"):
+        assert main([cmd, str(deep)]) == 1
+        one_line_error(capsys, f"{deep} holds no gemm_capture.json, nor do its subfolders")
+    assert walked == []
