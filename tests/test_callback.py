@@ -259,3 +259,21 @@ def test_active_steps_are_instrumented_then_kernels_then_clean(tmp_path, active,
     else:
         assert [s.kind for s in cap.steps] == ["instrumented", "kernels-warmup", "kernels"]
         assert any("3 of 5 active step(s) captured" in r.message for r in caplog.records)
+
+
+def test_a_fit_resumed_after_the_capture_says_why_it_captures_nothing(tmp_path, caplog):
+    """Resuming into the same output_dir skipped the capture without a word."""
+    import logging
+
+    sched = dict(wait=0, warmup=1, active=2)
+    trainer, cb = fit(tmp_path / "a", DemoTransformer(), max_steps=4, **sched)
+    assert cb.done and cb.capture is not None
+    trainer.save_checkpoint(tmp_path / "end.ckpt")
+    callback = GemmProfilerCallback(output_dir=tmp_path / "a" / "gemm", verbose=False, **sched)
+    trainer = pl.Trainer(max_steps=6, accelerator="cpu", callbacks=[callback], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0)
+    with caplog.at_level(logging.INFO, logger="te_gemm_callback"):
+        trainer.fit(DemoTransformer(), ckpt_path=tmp_path / "end.ckpt")
+    said = [r.getMessage() for r in caplog.records if "after the capture window (steps 2-3)" in r.getMessage()]
+    assert len(said) == 1 and "nothing is captured again" in said[0] and "gemm_capture.json" in said[0], said
+    assert callback.capture is None

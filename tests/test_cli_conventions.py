@@ -270,3 +270,39 @@ def test_truncated_tables_name_the_flag_that_shows_every_row(tmp_path, monkeypat
     assert "2 more row(s) not shown: --limit 0 shows every row" in capsys.readouterr().out
     assert main(["plan", str(run)]) == 0  # 3 modules, under the default 40: nothing left out
     assert "not shown" not in capsys.readouterr().out
+
+
+def test_json_dash_is_standard_output_on_every_command_that_writes_json(tmp_path, capsys, monkeypatch):
+    """`--json -` wrote a file named "-"; show and report could not print JSON at all. Now "-" is
+    standard output, the JSON alone there (the tables go to standard error), and no file is made."""
+    import json
+    import shutil
+
+    from te_gemm_callback.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "docs/results/h200/replay/main", run,
+                    ignore=shutil.ignore_patterns("sweep"))
+    capsys.readouterr()
+    for argv, schema in ((["show", str(run / "gemm_capture.json"), "--json"], "te-gemm-capture/1"),
+                         (["show", str(run / "gemm_capture.json"), "--json", "-"], "te-gemm-capture/1"),
+                         (["report", str(run), "--json", "-"], "te-gemm-report/1"),
+                         (["plan", str(run), "--json", "-"], "te-gemm-plan/1"),
+                         (["bench", "--shapes", "32x32x32", "--precisions", "BF16", "--no-cache", "--visits", "2",
+                           "--json", "-"], "te-gemm-bench/1")):
+        assert main(argv) == 0, argv
+        out, err = capsys.readouterr()
+        assert json.loads(out)["schema"] == schema, (argv, out[:200])
+        assert err.strip(), argv  # the table went to standard error
+        assert not (tmp_path / "-").exists() and not (run / "-").exists(), argv
+
+
+def test_an_unknown_flag_before_the_command_is_named(capsys):
+    from te_gemm_callback.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--bogus"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--bogus" in err and err.count("\n") == 1, err

@@ -63,6 +63,10 @@ def cmd_show(a: argparse.Namespace) -> int:
 
     cap = GemmCapture.load(a.capture)
     out = console()
+    if a.json:
+        from te_gemm_callback.files.jsonio import write_json
+
+        write_json(a.json, cap.to_dict())
     out.print(capture_table(cap, limit=a.limit))
     more_rows_hint(out, len(cap.records), a.limit)
     # Module names are the model's (or anyone's who edited the file): escaped, control characters shown.
@@ -159,7 +163,11 @@ def cmd_report(a: argparse.Namespace) -> int:
     check_run_dir(a.run_dir)  # before the report searches every folder below it (and before its imports)
     from te_gemm_callback.reporting.speedups import render_run
 
-    render_run(a.run_dir, console(), a.project or ())
+    files = render_run(a.run_dir, console(), a.project or ())
+    if a.json:
+        from te_gemm_callback.files.jsonio import read_json, write_json
+
+        write_json(a.json, read_json(files["report"], "report.json"))
     return 0
 
 
@@ -179,7 +187,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
     more_rows_hint(out, len(plan.modules), a.limit)
     js, yaml = write_plan(plan, a.json or f"{a.run_dir}/precision_plan.json",
                           a.yaml or f"{a.run_dir}/precision_plan_nvdlfw.yaml")
-    out.print(f"plan: {safe(js)} (apply_precision_plan(model, path)); TE debug config: {safe(yaml)}")
+    where = "standard output" if str(js) == "-" else safe(js)
+    out.print(f"plan: {where} (apply_precision_plan(model, path)); TE debug config: {safe(yaml)}")
     return 0
 
 
@@ -258,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--project", type=_gpus, default=None, metavar="GPU[,GPU]",
                    help="also project the run onto these GPUs (B300, B200, GB200, H100...): a section of report.md "
                         "each, labelled projection (te-gemm project; docs/projection.md) (default: none)")
+    s.add_argument("--json", type=_file_path, default=None, metavar="PATH",
+                   help="also write report.json's content to PATH; '-': to standard output, the tables to "
+                        "standard error (default: only RUN_DIR/report.json)")
     s.set_defaults(fn=cmd_report)
 
     from te_gemm_callback.cli.nsys import add_nsys_parser
@@ -281,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "time per step, and the GEMM-bearing modules that never ran or were not watched.")
     s.add_argument("capture", type=_file_path, help="a gemm_capture.json")
     s.add_argument("--limit", type=_limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
+    s.add_argument("--json", type=_file_path, nargs="?", const="-", default=None, metavar="PATH",
+                   help="also write the capture as JSON to PATH; '-' or no PATH: to standard output, the table "
+                        "to standard error")
     s.set_defaults(fn=cmd_show)
 
     s = command("run", "profile the bundled demo model (BF16 on CPU; every supported recipe on GPU)",
@@ -301,8 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    a = parser.parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0].startswith("-") and args[0] not in ("-h", "--help", "--version"):
+        # argparse answered "the following arguments are required: COMMAND", naming no flag.
+        parser.error(f"unrecognized argument {args[0]}: the command comes first (te-gemm COMMAND --help)")
+    a = parser.parse_args(args)
     cmd = " ".join(x for x in (a.cmd, getattr(a, "cache_cmd", None)) if x)
+    from te_gemm_callback.reporting.tables import tables_to_stderr
+
+    tables_to_stderr(getattr(a, "json", None) == "-")  # standard output carries the JSON alone
     try:
         return a.fn(a)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM during a multi-GPU bench: workers already stopped

@@ -21,7 +21,8 @@ def cmd_project(a: argparse.Namespace) -> int:
     out = console()
     out.print(projection_table(rp))
     write_json(path, rp.to_dict(), schema=PROJECTION_SCHEMA, root=root)
-    out.print(f"projection: {safe(path)} (per-cell times, bands and their basis; method: docs/projection.md)")
+    where = "standard output" if str(path) == "-" else safe(path)
+    out.print(f"projection: {where} (per-cell times, bands and their basis; method: docs/projection.md)")
     return 0
 
 

@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -305,6 +306,8 @@ def check_target(path: str | Path, kind: KindCheck | None, root: str | Path | No
     ``root``: the folder the user named; no folder between it and the file may be a link."""
     if isinstance(path, str) and not path.strip():
         raise ValueError("empty output path: give a file name")
+    if str(path) == STDOUT:
+        return Path(STDOUT)
     p = Path(path)
     if root is not None:
         _no_linked_parents(p, root)
@@ -364,6 +367,9 @@ def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | No
     return path
 
 
+STDOUT = "-"  # an output path that means standard output
+
+
 def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str | None = None,
                accept: Callable[[Any], bool] | None = None, root: str | Path | None = None) -> Path:
     """Write ``data`` as JSON atomically; an existing file is replaced only if it holds ``schema``
@@ -373,6 +379,10 @@ def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str 
     text = json.dumps(data, indent=indent)
     if _SURROGATE_ESCAPE.search(text.encode()):  # a lone surrogate from a live name: valid UTF-16 only
         text = json.dumps(whole_text(data), indent=indent)
+    if str(path) == STDOUT:  # `--json -`: the JSON on standard output, no file named "-"
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return Path(STDOUT)
     return write_bytes_atomic(path, text.encode(), kind, root)
 
 

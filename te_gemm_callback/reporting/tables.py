@@ -110,10 +110,19 @@ def capture_share(cap: GemmCapture) -> str | None:
     return f"GEMM time {gemm_ms:.2f} ms of a {step_ms:.2f} ms step ({100 * chk['share']:.1f}%, {clocks})"
 
 
+_STDERR = False  # a command prints JSON on standard output (`--json -`): its tables go to stderr
+
+
+def tables_to_stderr(on: bool = True) -> None:
+    global _STDERR
+    _STDERR = on
+
+
 def console() -> Console:
-    """A console wide enough for shape columns when output is a file or a pipe (rich uses 80)."""
-    c = Console()
-    return c if c.is_terminal else Console(width=160)
+    """A console wide enough for shape columns when output is a file or a pipe (rich uses 80); on
+    standard error where standard output carries a command's JSON."""
+    c = Console(stderr=_STDERR)
+    return c if c.is_terminal else Console(width=160, stderr=_STDERR)
 
 
 def print_table(table: Table, out: Console | None = None) -> None:

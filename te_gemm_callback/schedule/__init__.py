@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.capture import GemmCapture, GemmProfiler
+from te_gemm_callback.printable import plain
 from te_gemm_callback.schedule.arguments import check_arguments, check_project
 from te_gemm_callback.schedule.publish import Publishing, guard
 from te_gemm_callback.schedule.results import ScheduleResults, sweep_metrics
@@ -344,7 +345,15 @@ class GemmSchedule(Publishing):
         self.steps_seen, self.done = steps, done
         self.path = Path(path) if path else None
         self.resumed = True
-        if not self.done and self.wait <= self.steps_seen < self.wait + self.warmup + self.active:
+        end = self.wait + self.warmup + self.active
+        if self.done or self.steps_seen >= end:
+            # Else a resumed fit into the same output_dir captured nothing without a word.
+            where = f", written to {plain(str(self.path))}" if self.path else ""
+            log.info("te-gemm: resumed at step %d, after the capture window (steps %d-%d): the capture was taken "
+                     "before the checkpoint%s; nothing is captured again (another output_dir captures afresh)",
+                     self.steps_seen, self.wait + self.warmup + 1, end, where)
+            return
+        if self.wait <= self.steps_seen < end:
             # Resumed inside the window: the new process has neither warmed up nor captured the
             # window's first steps. Start the window again from here, warm-up first.
             log.warning("te-gemm: resumed at step %d, inside the capture window: capturing again from here "
