@@ -38,7 +38,19 @@ def test_a_lightning_fit_with_the_defaults_leaves_the_report_and_logs_it(tmp_pat
     # The cost is said, with how to move it or turn it off.
     assert any("wrote the report" in r.getMessage() and "report=False" in r.getMessage() for r in caplog.records)
     tags = _events(tmp_path / "tb")
-    assert {"te_gemm/gemm_share", "te_gemm/report/gemm_share", "te_gemm/report/gemm_speedup/BF16"} <= tags["scalars"]
+    assert {"te_gemm/gemm_share", "te_gemm/report/gemm_speedup/BF16"} <= tags["scalars"]
+    # One GEMM share, and a GEMM time beside the step time only where it is of the same steps.
+    assert [t for t in tags["scalars"] if t.endswith("gemm_share")] == ["te_gemm/gemm_share"]
+    acc = {}
+    from tensorboard.backend.event_processing import event_accumulator
+
+    for f in (tmp_path / "tb").rglob("events.out.tfevents.*"):
+        ea = event_accumulator.EventAccumulator(str(f))
+        ea.Reload()
+        acc.update({t: [e.value for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]})
+    if "te_gemm/gemm_ms_per_step" in acc:
+        assert acc["te_gemm/gemm_ms_per_step"][-1] <= acc["te_gemm/step_ms"][-1]
+    assert all(len(v) == 1 for k, v in acc.items() if k.startswith("te_gemm/")), acc
     assert "te_gemm/speedups" in tags["images"] and any("te_gemm/report" in t for t in tags["tensors"])
 
 
@@ -73,7 +85,7 @@ def test_an_hf_run_reports_to_tensorboard_through_report_to(tmp_path, monkeypatc
     transformers.Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(32), callbacks=[cb]).train()
     assert (tmp_path / "te_gemm" / "report.json").is_file() and (tmp_path / "te_gemm" / "report.md").is_file()
     tags = _events(tmp_path / "tb")
-    assert "te_gemm/observed_step_speedup/BF16" in tags["scalars"] and "te_gemm/report/gemm_share" in tags["scalars"]
+    assert "te_gemm/observed_step_speedup/BF16" in tags["scalars"] and "te_gemm/gemm_share" in tags["scalars"]
     assert "te_gemm/speedups" in tags["images"]
 
 

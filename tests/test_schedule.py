@@ -47,7 +47,7 @@ def test_a_plain_loop_drives_the_schedule_to_a_capture_a_sweep_and_metrics(tmp_p
     assert sched.sweep_result is not None and set(sched.sweep_result.captures) == {"BF16"}
     assert (tmp_path / "sweep" / "BF16" / "gemm_capture.json").exists()
     # Handed to the loop's logger: the capture's and the sweep's metrics, then the report's.
-    assert "te_gemm/sweep_step_ms/BF16" in logged[0] and "te_gemm/report/gemm_share" in logged[-1]
+    assert "te_gemm/sweep_step_ms/BF16" in logged[0] and "te_gemm/report/gemm_speedup/BF16" in logged[-1]
     assert (tmp_path / "report.json").is_file() and (tmp_path / "report.md").is_file()
 
 

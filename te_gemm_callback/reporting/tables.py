@@ -137,13 +137,18 @@ def summary_metrics(cap: GemmCapture, prefix: str = "te_gemm/") -> dict[str, Any
         f"{prefix}step_ms": cap.step_ms(),
     }
     gemm_ms = cap.gemm_ms_per_step()
-    if gemm_ms is not None:
-        out[f"{prefix}gemm_ms_per_step"] = gemm_ms
-        if cap.step_ms():
-            from te_gemm_callback.analysis.checks import share_check
+    if gemm_ms is not None and cap.step_ms():
+        from te_gemm_callback.analysis.checks import share_check
 
-            # The share the report states (within the timed steps on a CPU); none where refused.
-            out[f"{prefix}gemm_share"] = share_check(cap, cap.step_ms(), gemm_ms)["share"]
+        # The share the report states (within the timed steps on a CPU); none where refused. The
+        # GEMM time goes beside step_ms only where it is of the same steps' basis (then never
+        # above it); else under the name of what it is: the GEMMs' time in the steps they were
+        # timed in (the instrumented or kernels step, another step than the clean ones).
+        share = share_check(cap, cap.step_ms(), gemm_ms)
+        out[f"{prefix}gemm_share"] = share["share"]
+        out[f"{prefix}gemm_ms_per_step" if share.get("basis") == "step" else f"{prefix}gemm_ms_timed_steps"] = gemm_ms
+    elif gemm_ms is not None:
+        out[f"{prefix}gemm_ms_timed_steps"] = gemm_ms
     return {k: v for k, v in out.items() if v is not None}
 
 
