@@ -25,6 +25,19 @@ def _events(folder):
     return tags
 
 
+def _scalars(folder):
+    """{tag: [values]} of every scalar in the event files below ``folder``."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    out = {}
+    for f in folder.rglob("events.out.tfevents.*"):
+        ea = event_accumulator.EventAccumulator(str(f))
+        ea.Reload()
+        for t in ea.Tags()["scalars"]:
+            out.setdefault(t, []).extend(e.value for e in ea.Scalars(t))
+    return out
+
+
 def test_a_lightning_fit_with_the_defaults_leaves_the_report_and_logs_it(tmp_path, caplog):
     cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path / "gemm", verbose=False)
     logger = pl.loggers.TensorBoardLogger(tmp_path, name="tb")
@@ -41,13 +54,7 @@ def test_a_lightning_fit_with_the_defaults_leaves_the_report_and_logs_it(tmp_pat
     assert {"te_gemm/gemm_share", "te_gemm/report/gemm_speedup/BF16"} <= tags["scalars"]
     # One GEMM share, and a GEMM time beside the step time only where it is of the same steps.
     assert [t for t in tags["scalars"] if t.endswith("gemm_share")] == ["te_gemm/gemm_share"]
-    acc = {}
-    from tensorboard.backend.event_processing import event_accumulator
-
-    for f in (tmp_path / "tb").rglob("events.out.tfevents.*"):
-        ea = event_accumulator.EventAccumulator(str(f))
-        ea.Reload()
-        acc.update({t: [e.value for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]})
+    acc = _scalars(tmp_path / "tb")
     if "te_gemm/gemm_ms_per_step" in acc:
         assert acc["te_gemm/gemm_ms_per_step"][-1] <= acc["te_gemm/step_ms"][-1]
     assert all(len(v) == 1 for k, v in acc.items() if k.startswith("te_gemm/")), acc
@@ -87,6 +94,9 @@ def test_an_hf_run_reports_to_tensorboard_through_report_to(tmp_path, monkeypatc
     tags = _events(tmp_path / "tb")
     assert "te_gemm/observed_step_speedup/BF16" in tags["scalars"] and "te_gemm/gemm_share" in tags["scalars"]
     assert "te_gemm/speedups" in tags["images"]
+    # Each scalar once: the capture's were logged again with the sweep's at the end of training.
+    ours = {k: v for k, v in _scalars(tmp_path / "tb").items() if k.startswith("te_gemm/")}
+    assert ours and all(len(v) == 1 for v in ours.values()), ours
 
 
 class _DropoutLM(pl.LightningModule):
@@ -153,3 +163,36 @@ def test_report_false_beside_an_earlier_report_says_it_is_not_this_runs(tmp_path
     with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
         fit(False)
     assert any("holds an earlier run's report" in r.getMessage() for r in caplog.records)
+
+
+def test_hf_tensorboard_scalars_go_into_the_trainers_own_run_and_two_jobs_stay_apart(tmp_path, monkeypatch):
+    """Our TensorBoard data went to a fixed run of its own, output_dir/runs/te_gemm, where a second
+    job with the same output_dir landed on the same curves. Now it goes into the run the Trainer's
+    TensorBoard callback made for the job (output_dir/runs/<time>_<host>)."""
+    import time
+
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    pytest.importorskip("tensorboard")
+    from test_hf_trainer import Tokens, tiny_llama
+
+    from te_gemm_callback.adapters.hf import GemmProfilerTrainerCallback
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    out = tmp_path / "hf"
+    for job in range(2):
+        if job:
+            time.sleep(1.1)  # the Trainer names its run to the second
+        torch.manual_seed(0)
+        cb = GemmProfilerTrainerCallback(wait=1, warmup=1, active=2, output_dir=tmp_path / f"te_gemm{job}",
+                                         verbose=False, report=False)
+        args = transformers.TrainingArguments(output_dir=str(out), max_steps=4, per_device_train_batch_size=2,
+                                              report_to=["tensorboard"], save_strategy="no", logging_steps=1,
+                                              use_cpu=True, disable_tqdm=True)
+        transformers.Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(32), callbacks=[cb]).train()
+    runs = sorted(d for d in (out / "runs").iterdir() if d.is_dir())
+    assert len(runs) == 2, runs  # the Trainer's two runs, none of ours beside them
+    for run in runs:
+        tags = set(_scalars(run))
+        assert "te_gemm/step_ms" in tags and any(t.startswith("train/") for t in tags), (run, tags)
+        assert all(len(v) == 1 for k, v in _scalars(run).items() if k.startswith("te_gemm/"))

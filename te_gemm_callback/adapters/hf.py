@@ -46,11 +46,18 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
 
     def __init__(self, **schedule: Any) -> None:
         self.schedule = GemmSchedule(name=type(self).__name__, **schedule)
+        self._logging_dir: str | None = None  # the Trainer's TensorBoard run, found when training begins
 
     __init__.__signature__ = schedule_signature()  # help() and IDEs show the schedule's arguments
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        import time
+
+        from te_gemm_callback.reporting.loggers import hf_logging_dir
+
         self.schedule.fit_start(state.max_steps if state.max_steps > 0 else None)
+        # The Trainer's TensorBoard run for this job: its callback made it just now, before ours.
+        self._logging_dir = hf_logging_dir(args, since=time.time() - 60)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.schedule.step_begin(model)
@@ -59,19 +66,26 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
         self.schedule.micro_batch_begin()  # another micro-batch of the same optimizer step
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.schedule.step_end(self._job(args, state, kwargs, sweep=False))
+        self.schedule.step_end(self._job(args, state, kwargs, sweep=False, logging_dir=self._logdir(args)))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # The sweep waits for the end of training: the Trainer hands its callbacks the model, the
         # optimizer and the training data at every event, and none of it is the job's any more.
-        self.schedule.train_end(self._job(args, state, kwargs, sweep=True))
+        self.schedule.train_end(self._job(args, state, kwargs, sweep=True, logging_dir=self._logdir(args)))
+
+    def _logdir(self, args: Any) -> str:
+        from te_gemm_callback.reporting.loggers import hf_logging_dir
+
+        if getattr(self, "_logging_dir", None) is None:  # events before on_train_begin
+            self._logging_dir = hf_logging_dir(args)
+        return self._logging_dir
 
     @staticmethod
-    def _job(args: Any, state: Any, kwargs: dict, sweep: bool) -> JobStep:
-        from te_gemm_callback.reporting.loggers import hf_logging_dir, to_report_to
+    def _job(args: Any, state: Any, kwargs: dict, sweep: bool, logging_dir: str) -> JobStep:
+        from te_gemm_callback.reporting.loggers import to_report_to
 
         def log(metrics: dict, files: dict) -> None:  # to every integration in the job's report_to
-            to_report_to(args.report_to, hf_logging_dir(args), metrics, files, int(state.global_step))
+            to_report_to(args.report_to, logging_dir, metrics, files, int(state.global_step))
 
         return JobStep(global_step=int(state.global_step), accumulate=int(args.gradient_accumulation_steps),
                        writes=bool(state.is_world_process_zero), log_metrics=lambda m: log(m, {}),

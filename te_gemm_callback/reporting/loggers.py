@@ -82,13 +82,25 @@ def to_lightning_logger(logger: Any, files: dict[str, Path], step: int) -> None:
                 logger.experiment.log_artifact(logger.run_id, str(path), artifact_path="te_gemm")
 
 
-def hf_logging_dir(args: Any) -> str:
+def hf_logging_dir(args: Any, since: float | None = None) -> str:
     """Where the Trainer's TensorBoard integration writes: ``TENSORBOARD_LOGGING_DIR``, else
-    ``args.logging_dir`` (transformers before 5), else a run of ours in ``output_dir/runs/`` beside
-    the Trainer's own (``runs/<time>_<host>``, a name we cannot know): ``tensorboard --logdir
-    output_dir/runs`` shows both."""
-    return (os.getenv("TENSORBOARD_LOGGING_DIR") or getattr(args, "logging_dir", None)
-            or os.path.join(args.output_dir, "runs", "te_gemm"))
+    ``args.logging_dir`` (transformers before 5), else the Trainer's own run folder: the newest
+    ``output_dir/runs/<time>_<host>`` with an event file made since ``since`` (its TensorBoard
+    callback made it when training began, before ours ran). Failing all, a run of ours named the
+    same way (``runs/<time>_<host>_te_gemm``): never a folder two jobs would share."""
+    env = os.getenv("TENSORBOARD_LOGGING_DIR") or getattr(args, "logging_dir", None)
+    if env:
+        return env
+    runs = Path(args.output_dir) / "runs"
+    if since is not None and runs.is_dir():
+        made = [(f.stat().st_mtime, f.parent) for d in runs.iterdir() if d.is_dir()
+                for f in d.glob("events.out.tfevents.*") if f.stat().st_mtime >= since]
+        if made:
+            return str(max(made)[1])
+    import socket
+    from datetime import datetime
+
+    return str(runs / f"{datetime.now().strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}_te_gemm")
 
 
 def to_report_to(report_to: Any, logging_dir: str | None, metrics: dict[str, float], files: dict[str, Path],

@@ -90,8 +90,13 @@ class Publishing:
         if self.sweep and not self._swept and job.sweep is not None:
             self._swept = swept = True
             self.metrics.update(guard(lambda: self._run_sweep(job), "recipe sweep failed and was skipped") or {})
-        if job.log_metrics is not None and (fresh or swept) and self.metrics:
-            guard(lambda: job.log_metrics(dict(self.metrics)), "metrics not logged")
+        # Each scalar once: the capture's were logged when it was published; after a sweep at the
+        # end of training only the sweep's are new (logging all again wrote every scalar twice).
+        logged = self.__dict__.setdefault("_logged_metrics", {})
+        new = {k: v for k, v in self.metrics.items() if k not in logged or logged[k] != v}
+        if job.log_metrics is not None and (fresh or swept) and new:
+            logged.update(new)
+            guard(lambda: job.log_metrics(new), "metrics not logged")
 
     def _report(self, job: JobStep, at_end: bool) -> None:
         """Benchmark the captured shapes and write the report into the run folder (rank zero), once."""
