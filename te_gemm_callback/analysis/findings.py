@@ -126,7 +126,7 @@ def verdict_text(kind: Verdict | None, ev: Evidence) -> str:
     return {
         Verdict.BASELINE: "baseline",
         Verdict.GEMM_BOUND: "GEMM-bound: working as expected",
-        Verdict.BETTER_THAN_PREDICTED: "better than the GEMMs alone predict (non-GEMM time shrank too)",
+        Verdict.BETTER_THAN_PREDICTED: "better than predicted (the step gained more than the prediction expects)",
         Verdict.OVERHEAD_EATS_GAIN: "overhead eats the gain",
         Verdict.UNDECIDED: "undecided (the observed speedup's interval straddles the line)",
         Verdict.NO_GAIN: "no gain (no gain at these shapes)",
@@ -157,7 +157,8 @@ def _cause(kind: Verdict, ev: Evidence) -> str | None:
     if kind is Verdict.UNDECIDED:
         return "more rounds narrow it: a larger sweep time budget (sweep_budget_s), or sweep_steps"
     if kind is Verdict.BETTER_THAN_PREDICTED:
-        return "likely cause: fused norm/activation kernels write FP8 outputs (half the bytes of BF16)"
+        return ("likely cause: fused norm/activation kernels write FP8 outputs (half the bytes of BF16); on a "
+                "host-bound step, the module benchmark's host cost above the job's (benchmarks/host_cost_check.py)")
     if kind is Verdict.OVERHEAD_EATS_GAIN:
         if ev.host_wait_ms is not None:
             return (f"where it goes: mostly host time: the GPU waits {ev.host_wait_ms:.2f} ms more per step between "

@@ -157,12 +157,14 @@ class GemmSchedule(Publishing):
             (``te-gemm bench`` and ``te-gemm report`` later).
         project: GPUs to project the run onto in that report (``("B300",)``; B200, GB200, H100...):
             a section of report.md each, labelled projection (``te-gemm project``, docs/projection.md).
-        verbose: print the capture table (and the report) when done.
+        verbose: print the full tables (the capture, the benchmarks, the report) into the job's
+            output; by default the log gets the report's summary, at most 25 lines (report.md and
+            the logger get everything either way).
     """
 
     def __init__(self, wait: int = 1, warmup: int = 1, active: int = 6, output_dir: str | Path = "te_gemm",
                  nvtx: bool | str = "auto", nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
-                 dispatch_steps: int | str | None = None, verbose: bool = True, filename: str = "gemm_capture.json",
+                 dispatch_steps: int | str | None = None, verbose: bool = False, filename: str = "gemm_capture.json",
                  sweep: Sequence[str] | None = None, sweep_steps: int = 3, set_recipe: Any = None,
                  kernel_breakdown: bool = True, sweep_warmup: int = 2, instrumented_steps: int = 1,
                  sweep_plan: Any = None, sweep_rounds: int = 6, sweep_budget_s: float = 20.0,

@@ -21,7 +21,7 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
                     sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 6,
                     sweep_budget_s: float = 20.0, set_recipe: Any = None,
                     output_dir: Any = None, report: Any = True, nvtx: Any = "auto", nsys_capture: Any = False,
-                    verbose: Any = True, kernel_breakdown: Any = True) -> tuple[list[str] | None, Any]:
+                    verbose: Any = False, kernel_breakdown: Any = True) -> tuple[list[str] | None, Any]:
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
     sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
     added to the recipes). Called where the arguments are given, not once training runs."""

@@ -119,6 +119,12 @@ class Publishing:
         moves = "" if self.report == "end" else "report='end' moves this to the end of training, "
         log.info("te-gemm: benchmarked the captured shapes and wrote the report to %s in %.1f s (%sreport=False "
                  "leaves it to te-gemm bench/report)", self.output_dir, time.perf_counter() - t0, moves)
+        if not self.verbose:  # the decision in a few lines; verbose printed the full tables above
+            from te_gemm_callback.reporting.summary import summary_lines
+
+            for line in guard(lambda: summary_lines(files["report"], files.get("report_md")),
+                              "report summary not logged") or []:
+                log.info("%s", line)
         from te_gemm_callback.reporting.loggers import report_metrics
 
         metrics = guard(lambda: report_metrics(files), "no report metrics") or {}
@@ -141,9 +147,9 @@ class Publishing:
 
         console = None
         if self.verbose:
-            from rich.console import Console
+            from te_gemm_callback.reporting.tables import console as make_console
 
-            console = Console()
+            console = make_console()  # a log file's tables take the width they need
         import torch
 
         # The microbenchmarks draw their inputs from the global RNGs; inside a fit those streams are

@@ -1,0 +1,55 @@
+"""The report in a few lines for the job's log: per recipe the GEMM speedup, the predicted and the
+observed step speedup with their ranges, and the verdict; then where the full report is. Read from
+report.json, so the lines say what the report says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from te_gemm_callback.files.jsonio import read_json
+from te_gemm_callback.printable import plain
+
+MAX_LINES = 25  # what a training log takes of ours by default
+
+
+def _x(v: Any) -> str:
+    return f"{v:.2f}x" if isinstance(v, (int, float)) else "-"
+
+
+def _range(r: Any) -> str:
+    return f" ({r[0]:.2f}-{r[1]:.2f})" if isinstance(r, (list, tuple)) and len(r) == 2 else ""
+
+
+def summary_lines(report_json: str | Path, report_md: str | Path | None = None) -> list[str]:
+    """At most MAX_LINES lines, none over about 120 characters: the decision, not the tables."""
+    rep = read_json(report_json, "report.json")
+    step = rep.get("step_ms")
+    share = rep.get("gemm_share")
+    meta = rep.get("meta") or {}
+    job = plain(rep.get("current_recipe", "?"))
+    ran = meta.get("job_precision")
+    head = f"te-gemm: {job} job" + (f" (ran {plain(ran)})" if ran and ran != job else "")
+    if isinstance(step, (int, float)):
+        head += f", step {step:.1f} ms"
+    if isinstance(share, (int, float)):
+        head += f", GEMMs {100 * share:.0f}% of it"
+    lines = [head + "; speedups over BF16: GEMMs / predicted step / observed step: verdict"]
+    recipes = [r for r in rep.get("recipes", []) if r.get("recipe") != "BF16"]
+    for r in recipes[:MAX_LINES - 4]:
+        pred = _x(r.get("predicted_step_speedup")) + _range(r.get("predicted_band"))
+        if r.get("predicted_bound"):
+            pred += f" {r['predicted_bound']}-bound"
+        obs = _x(r.get("observed_step_speedup")) + _range(r.get("observed_ci"))
+        verdict = plain(str(r.get("verdict") or "")).split(" (")[0]
+        lines.append(f"  {plain(r['recipe'])}: {_x(r.get('gemm_speedup'))} / {pred} / {obs}: {verdict}")
+    if len(recipes) > MAX_LINES - 4:
+        lines.append(f"  ... {len(recipes) - (MAX_LINES - 4)} more recipe(s) in the report")
+    skipped = rep.get("skipped") or {}
+    if skipped:
+        lines.append(f"  not run here: {', '.join(plain(k) for k in sorted(skipped))} (the report says why)")
+    if str(meta.get("device", "")).startswith("CPU"):
+        lines.append("  on a CPU: these timings exercise the tool, they say nothing of FP8 on a GPU")
+    where = report_md or Path(report_json).with_name("report.md")
+    lines.append(f"te-gemm: the full report: {plain(where)} (verbose=True prints its tables here)")
+    return lines[:MAX_LINES]
