@@ -245,3 +245,33 @@ def test_callbacks_take_the_gpus_to_project_onto():
     assert GemmProfilerCallback(project=["GB200", "H100"]).schedule.project == ("GB200", "H100")
     with pytest.raises(ValueError, match="unknown GPU 'A100'"):
         GemmProfilerCallback(project=["A100"])
+
+
+def test_a_cpu_run_gets_a_shape_only_first_estimate_labelled_so(tmp_path, capsys):
+    """te-gemm project refused a CPU run ("no public figures for CPU"): a CPU user got no first
+    estimate at all. Now the captured GEMMs at the target's public peaks, labelled a shape-only
+    bound, nothing measured; no step speedup is claimed."""
+    import json
+
+    from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepTime
+    from te_gemm_callback.cli import main
+
+    big = GemmRecord(module="fc", gemm="", op="fprop", m=8192, k=8192, n=8192, batch=1, precision="fp32",
+                     operands=[], source="torch", kernel="aten.mm", recompute=False, module_type="Linear", calls=1,
+                     calls_per_step=1.0, flops=2 * 8192 ** 3, times_ms=[900.0])
+    GemmCapture([big], [StepTime(0, wall_ms=1000.0, gemm_ms=900.0, kind="instrumented")],
+                {"device": "CPU (x86_64)"}).save(tmp_path / "gemm_capture.json")
+    assert main(["project", str(tmp_path), "--gpu", "B300", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    d = json.loads(out)
+    assert d["label"].startswith("shape-only estimate") and "nothing measured" in err
+    rec = d["recipes"]
+    # Compute-bound at this size: the peaks' ratios (FP8 2x BF16 on B300; NVFP4 capped against FP8).
+    assert rec["BF16"]["gemm_ms_per_step"] == pytest.approx(2 * 8192 ** 3 / 2250e12 * 1e3, rel=1e-6)
+    assert rec["DelayedScaling"]["speedup_over_bf16"] == pytest.approx(2.0)
+    assert rec["NVFP4BlockScaling"]["speedup_over_bf16"] > rec["MXFP8BlockScaling"]["speedup_over_bf16"]
+    assert "step" not in json.dumps({k: v for k, v in d.items() if k != "recipes"})
+    # On Hopper the FP4 recipe has no rate: said, not given a number.
+    assert main(["project", str(tmp_path), "--gpu", "H100", "--json", "-"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert "NVFP4BlockScaling" not in d["recipes"] and "FP4" in d["skipped"]["NVFP4BlockScaling"]

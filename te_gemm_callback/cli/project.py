@@ -17,12 +17,53 @@ def cmd_project(a: argparse.Namespace) -> int:
     path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
     root = a.run_dir if a.json is None else None
     check_target(path, json_kind(PROJECTION_SCHEMA), root)  # refused before anything is printed
+    if a.source_gpu is None and _cpu_run(a.run_dir):
+        return _shape_only(a, path, root)
     rp = project_run(a.run_dir, a.gpu, a.source_gpu, host_speed=a.host_speed)
     out = console()
     out.print(projection_table(rp))
     write_json(path, rp.to_dict(), schema=PROJECTION_SCHEMA, root=root)
     where = "standard output" if str(path) == "-" else safe(path)
     out.print(f"projection: {where} (per-cell times, bands and their basis; method: docs/projection.md)")
+    return 0
+
+
+def _cpu_run(run_dir: str) -> bool:
+    """A run whose capture (and bench) ran on a CPU: no GPU measurement to project from."""
+    from te_gemm_callback.capture import GemmCapture
+
+    capture = Path(run_dir) / "gemm_capture.json"
+    return capture.is_file() and str(GemmCapture.load(capture).meta.get("device", "")).startswith("CPU")
+
+
+def _shape_only(a: argparse.Namespace, path: Path, root: str | None) -> int:
+    """A CPU run's first estimate for the GPU: the captured GEMMs at its public peaks (no step)."""
+    from rich.table import Table
+
+    from te_gemm_callback.capture import GemmCapture
+    from te_gemm_callback.files.jsonio import write_json
+    from te_gemm_callback.projection import PROJECTION_SCHEMA, gpu
+    from te_gemm_callback.projection.shape_only import LABEL, shape_only
+    from te_gemm_callback.reporting.tables import console
+
+    est = shape_only(GemmCapture.load(Path(a.run_dir) / "gemm_capture.json"), gpu(a.gpu))
+    t = Table(title=f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})")
+    for c in ("recipe", "GEMM ms/step (bound)", "vs BF16"):
+        t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=True)
+    for r, ms in est.gemm_ms.items():
+        sp = est.speedup(r)
+        t.add_row(r, f"{ms:.4g}", "-" if sp is None else f"{sp:.2f}x")
+    for r, why in est.skipped.items():
+        t.add_row(r, "-", why)
+    t.caption = ("a CPU run measured no GPU: each GEMM at the format's dense peak or its bytes at the HBM "
+                 "bandwidth, whichever is longer. A lower bound on GEMM time, not a prediction: real kernels "
+                 "stay below the peak (small ones far below), quantization and the rest of the step are not in "
+                 "it. Run on a GPU for measured cells and the step.")
+    out = console()
+    out.print(t)
+    write_json(path, {"schema": PROJECTION_SCHEMA, **est.to_dict()}, schema=PROJECTION_SCHEMA, root=root)
+    where = "standard output" if str(path) == "-" else safe(path)
+    out.print(f"projection: {where} ({LABEL})")
     return 0
 
 
