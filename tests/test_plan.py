@@ -266,3 +266,19 @@ def test_the_swept_plan_is_predicted_from_this_run_like_the_recipes():
     assert any("the plan file predicted 1.50x" in e for e in a.evidence)
     fcs = next(r for r in rep.recipes if r.recipe == "Float8CurrentScaling")
     assert fcs.predicted_step_ms == pytest.approx(10 - 3.06 + 3.06 * 1.65 / 3.09)  # the same baseline
+
+
+def test_a_plain_torch_layer_in_a_te_job_is_not_given_a_recipe():
+    """The plan table listed lm_head, a plain nn.Linear that ran in high precision in a TE job, as
+    'runs in DelayedScaling': no recipe reaches it, whatever its microbenchmark says."""
+    cap = capture()
+    for r in cap.records:
+        if r.module == "big":  # FP8 wins on it in the bench, but it is not a TE layer here
+            r.source = "torch"
+    plan = make_plan(cap, bench())
+    big = next(m for m in plan.modules if m.module == "big")
+    assert big.keep_bf16 and big.fp8_ms is None and "big" in plan.keep_bf16
+    # A job with no TE layer at all is planned as if its layers were TE's.
+    for r in cap.records:
+        r.source = "torch"
+    assert "big" not in make_plan(cap, bench()).keep_bf16

@@ -184,6 +184,12 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     # by the MoE code under FP8, and the bench times them padded.
     # Only GEMMs a recipe runs can keep a module in BF16: an attention bmm runs in BF16 under every recipe.
     unsafe = {owner.get(it.name, it.name) for it in items if it.runs_recipe and not fp8_shape_ok(it)}
+    # In a TE job a plain torch layer (an nn.Linear lm_head) runs in high precision under every
+    # recipe: no recipe is the plan's to give it. (A job without TE layers is planned as if its
+    # layers were TE's: that is the question it asks.)
+    te = {r.module for r in capture.records if getattr(r, "source", "te") == "te"}
+    if te:
+        unsafe |= {r.module for r in capture.records if getattr(r, "source", "te") != "te"} - te
     for r in recipes:
         times = {m: (None if m in unsafe else t) for m, t in module_times(items, owner, bench, r).items()}
         choices = [ModuleChoice(m, bf16[m], times.get(m), keep_bf16=times.get(m) is None or times[m] >= bf16[m])
