@@ -285,3 +285,33 @@ def test_an_fp32_moe_job_analyses():
                                   module_type="GroupedLinear", calls=1, calls_per_step=1.0, flops=2 * 64 * 32 * 32,
                                   times_ms=[1.0], m_splits=[[32, 32]]))
     assert analyze(job).current_recipe == "FP32"
+
+
+def test_report_json_sets_no_gemm_time_beside_a_step_it_is_not_of(tmp_path):
+    """On a CPU, report.json's top-level gemm_ms (the instrumented step's host-clock GEMM time)
+    stood beside step_ms (the clean steps') and could exceed it. Where the share's basis is not
+    the step, the GEMM time is named for what it is."""
+    import json
+
+    import torch
+
+    from te_gemm_callback import GemmSchedule
+    from te_gemm_callback.schedule import JobStep
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(128, 64)
+    sched = GemmSchedule(wait=1, warmup=1, active=3, output_dir=tmp_path)
+    sched.fit_start(8)
+    for i in range(8):
+        sched.step_begin(model)
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step_end(JobStep(global_step=i + 1))
+    sched.train_end()
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["meta"]["gemm_share_basis"] == "timed steps"
+    assert "gemm_ms" not in rep and rep["gemm_ms_timed_steps"] > 0
+    assert rep["gemm_share"] <= 1
