@@ -299,3 +299,21 @@ def test_report_md_says_what_the_capture_ran_under():
     assert "- torch.compile: model;" in text and "- steady state not reached: compiling" in text
     assert "held CUPTI during the capture: GEMMs timed by CUDA events" in text
     assert "no clean step was captured (steps: instrumented)" in text
+
+
+def test_a_gemm_far_slower_per_flop_than_its_neighbours_is_flagged():
+    """On a CPU a noise cell (a 512x128x128 GEMM at 6.7 ms beside 0.05 ms for larger shapes) led
+    the top-GEMM table unflagged."""
+    from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepTime
+    from te_gemm_callback.reporting.tables import top_gemm_rows
+
+    def rec(name, m, ms):
+        return GemmRecord(module=name, gemm="", op="fprop", m=m, k=128, n=128, batch=1, precision="fp32",
+                          operands=[], source="torch", kernel="aten.mm", recompute=False, module_type="Linear",
+                          calls=1, calls_per_step=1.0, flops=2 * m * 128 * 128, times_ms=[ms])
+
+    recs = [rec("noisy", 512, 6.7)] + [rec(f"l{i}", 1024, 0.05) for i in range(4)]
+    cap = GemmCapture(recs, [StepTime(0, wall_ms=20.0, gemm_ms=6.9, kind="instrumented")], {"device": "CPU"})
+    _, rows, _ = top_gemm_rows(cap)
+    assert rows[0][0] == "noisy" and "slow: 268x" in rows[0][5], rows[0]
+    assert all("slow" not in r[5] for r in rows[1:])

@@ -370,6 +370,27 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     return SpeedupRows(title, cols, rows, list(rep.skipped), explained, notes)
 
 
+SLOW_FACTOR = 10.0  # a GEMM this many times slower per FLOP than its neighbours' median is flagged
+NEIGHBOUR_FLOPS = 4.0  # neighbours: GEMMs within this factor of its FLOPs
+MIN_NEIGHBOURS = 3
+
+
+def slower_than_neighbours(rec: Any, records: list[Any]) -> float | None:
+    """How many times slower per FLOP ``rec`` ran than the median of GEMMs of about its size (FLOPs
+    within NEIGHBOUR_FLOPS either way), where that is above SLOW_FACTOR: a cell a CPU's noise or a
+    first call inflated leads a top-GEMM table otherwise unmarked. None where it is not, or with
+    fewer than MIN_NEIGHBOURS neighbours."""
+    if not rec.median_ms or not rec.flops:
+        return None
+    per = [r.median_ms / r.flops for r in records if r is not rec and r.median_ms and r.flops
+           and rec.flops / NEIGHBOUR_FLOPS <= r.flops <= rec.flops * NEIGHBOUR_FLOPS]
+    if len(per) < MIN_NEIGHBOURS:
+        return None
+    per.sort()
+    k = (rec.median_ms / rec.flops) / per[len(per) // 2]
+    return k if k > SLOW_FACTOR else None
+
+
 def top_gemm_rows(cap: GemmCapture, limit: int = 10) -> tuple[list[str], list[list[str]], int]:
     """The capture's GEMMs that took the most time per step, as text: (columns, rows, how many more).
     The share is of the captured GEMM time per step; an untimed capture (no per-call times) is
@@ -385,6 +406,9 @@ def top_gemm_rows(cap: GemmCapture, limit: int = 10) -> tuple[list[str], list[li
         shape = r.shape.mkn + (f" [{len(r.m_splits[0])} groups]" if r.m_splits else "")
         ms = r.ms_per_step
         share = f"{100 * ms / total:.1f}%" if ms is not None and total > 0 else "-"
+        slow = slower_than_neighbours(r, cap.records)
+        if slow is not None:
+            share += f" (slow: {slow:.0f}x the time per FLOP of GEMMs its size: a noisy timing?)"
         rows.append([r.name, op, shape, r.precision, _ms(ms), share])
     cols = ["module", "pass", "M x K x N", "precision", "ms/step", "share of GEMM time"]
     return cols, rows, max(len(ranked) - limit, 0)
