@@ -99,6 +99,7 @@ def _callbacks():
     (dict(kernel_breakdown=None), "kernel_breakdown must be True or False"),
     (dict(sweep=["FP8"]), r"sweep: 'FP8' names 4 recipes"),
     (dict(sweep=["BF16", "fp8"]), r"sweep: 'fp8' names 4 recipes"),
+    (dict(output_dir=None), "output_dir must be a folder path"),  # was a TypeError naming no argument
 ])
 def test_callback_arguments_of_the_wrong_kind_are_refused_at_construction(kw, needle):
     """An output_dir holding a NUL was taken and the capture lost when training ended; nvtx="maybe",
@@ -205,3 +206,54 @@ def test_report_of_a_folder_with_no_run_near_its_top_is_refused_without_walking_
         assert main([cmd, str(deep)]) == 1
         one_line_error(capsys, f"{deep} holds no gemm_capture.json, nor do its subfolders")
     assert walked == []
+
+
+def test_plan_outputs_on_stdout_or_the_same_file_are_refused_or_printed(tmp_path, capsys, monkeypatch):
+    """`plan --yaml -` wrote a file named "-" into the current folder; `--json F --yaml F` wrote the
+    plan, then refused the YAML over it naming a wrong cause."""
+    from test_plan import bench, capture
+
+    run = tmp_path / "run"
+    capture().save(run / "gemm_capture.json")
+    bench().save(run / "bench.json")
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", str(run), "--yaml", "-", "--json", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "DisableFP8Layer" in out and not (tmp_path / "-").exists() and (tmp_path / "p.json").is_file()
+    for argv in (["--json", "same.json", "--yaml", "same.json"], ["--json", "-", "--yaml", "-"]):
+        assert main(["plan", str(run), *argv]) == 2, argv
+        one_line_error(capsys, "name the same")
+        assert not (tmp_path / "same.json").exists()
+
+
+def test_a_cache_path_that_is_a_folder_leaves_no_lock_beside_it(tmp_path):
+    from te_gemm_callback.microbench.cells import ResultCache
+
+    folder = tmp_path / "d"
+    folder.mkdir()
+    err = ResultCache(folder).save()
+    assert err and "is a folder" in err and not (tmp_path / "d.lock").exists()
+
+
+def test_compare_names_the_capture_without_step_times(tmp_path, capsys):
+    cap = small_capture()
+    cap.save(tmp_path / "a.json")
+    cap.steps = []
+    cap.save(tmp_path / "b.json")
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
+    one_line_error(capsys, "b.json has no step times")
+
+
+def test_a_quiet_schedule_writes_nothing_to_the_jobs_stdout(tmp_path, capfd):
+    """verbose=False: the bench's disabled progress bar still wrote a line break to stdout."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16))
+    sched = GemmSchedule(wait=0, warmup=1, active=2, output_dir=tmp_path)
+    sched.fit_start(4)
+    for i in range(4):
+        sched.step_begin(model)
+        model(torch.randn(8, 16)).sum().backward()
+        sched.step_end(JobStep(global_step=i + 1))
+    sched.train_end()
+    assert (tmp_path / "report.json").is_file()
+    assert capfd.readouterr().out == ""

@@ -8,6 +8,7 @@ Fitted with and without the callback (with the in-fit sweep), everything must be
 """
 
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -235,3 +236,42 @@ def test_inside_fit_a_locked_cache_is_not_waited_for(tmp_path, monkeypatch):
     assert waited < 5.0, waited
     assert err and "held by another process" in err and not path.exists()
     assert ResultCache(path).save() is None  # outside fit() (te-gemm bench) it waits and saves as before
+
+
+class ManualJob(Job):
+    """Lightning's manual optimization: training_step steps its optimizer and scheduler itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, i):
+        opt, sch = self.optimizers(), self.lr_schedulers()
+        opt.zero_grad()
+        loss = super().training_step(batch, i)
+        self.manual_backward(loss)
+        opt.step()
+        sch.step()
+        return loss.detach()
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, 3)]
+
+
+def test_a_manual_optimization_job_gets_no_sweep_and_trains_as_without_it(tmp_path, caplog, monkeypatch):
+    """The sweep ran a manual-optimization module's training_step, which stepped Adam and the
+    scheduler once more (step 11 against 10): weights and logged losses differed from the fit
+    without the callback. Such a module gets no sweep, said in one line."""
+    import logging
+
+    monkeypatch.setattr(sys.modules[__name__], "Job", ManualJob)
+    plain = fit(tmp_path / "a", [])
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=4, output_dir=str(tmp_path / "te"), sweep=["BF16"],
+                              sweep_steps=2, sweep_rounds=2, sweep_budget_s=0, verbose=False, report=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        swept = fit(tmp_path / "b", [cb])
+    assert [r.getMessage() for r in caplog.records if "manual-optimization" in r.getMessage()]
+    assert swept.calls == plain.calls and swept.epoch_means == plain.epoch_means and swept.draws == plain.draws
+    for (n, p), q in zip(plain.named_parameters(), swept.parameters()):
+        assert torch.equal(p, q), n

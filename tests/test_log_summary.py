@@ -36,6 +36,13 @@ def test_by_default_the_log_gets_the_summary_and_no_table(tmp_path, caplog, caps
     assert 2 <= end + 1 <= MAX_LINES and "report.md" in summary[end]
     assert any("on a CPU" in m for m in summary[:end])
     assert all(len(m) <= 140 for m in summary[:end]), summary  # the last names the file, however long
+    # The caption says how many rounds the interval is from: it said "from 6 rounds" whatever ran.
+    md = (tmp_path / "gemm" / "report.md").read_text()
+    assert "from 6 rounds" not in md and "order-statistic interval (no rounds: no observed run)" in md
+    # Two footnotes of a bench table stay two lines (the line break between them was shown as "?").
+    from te_gemm_callback.reporting.bench_tables import CACHED_MARK, _caption
+
+    assert _caption(CACHED_MARK, "DelayedScaling not run: no CUDA").endswith(")\nDelayedScaling not run: no CUDA")
 
 
 def test_verbose_tables_in_a_log_file_cut_no_cell(tmp_path, capsys):

@@ -40,7 +40,8 @@ class GemmProfilerCallback(ScheduleResults, Callback):
     the step plan inside it and every argument are :class:`~te_gemm_callback.schedule.GemmSchedule`'s.
     Validation is never captured. The sweep's whole steps run the module's ``training_step`` on
     the last batch, its ``configure_gradient_clipping`` with the Trainer's settings and every
-    optimizer's step (manual optimization: forward+backward only); ``set_recipe`` defaults to
+    optimizer's step (a manual-optimization module gets no sweep, said once: its training_step
+    steps the optimizer itself); ``set_recipe`` defaults to
     setting ``module.recipe`` where the module has that attribute. Metrics go to the Trainer's loggers.
 
     Example:
@@ -127,6 +128,12 @@ class GemmProfilerCallback(ScheduleResults, Callback):
 
     def _sweep_job(self, trainer: Trainer) -> SweepJob:
         module = trainer.lightning_module
+        if not module.automatic_optimization:
+            # Its training_step steps the optimizers (and schedulers) itself, through Lightning's
+            # wrappers that advance the fit's counters: a sweep step would train the job one step
+            # more, and nothing here could put that back.
+            raise ValueError("not run for a manual-optimization module: its training_step steps the optimizer "
+                             "itself; time each recipe in a run of its own and compare them (te-gemm compare)")
         batch, batch_idx = self._last_batch
         set_recipe = None
         if self.schedule.set_recipe is None and hasattr(module, "recipe"):
@@ -146,7 +153,7 @@ class GemmProfilerCallback(ScheduleResults, Callback):
                 else:  # the class's log was in use: an instance attribute left here would shadow it forever
                     del module.log
 
-        optimizers = list(trainer.optimizers) if module.automatic_optimization else []
+        optimizers = list(trainer.optimizers)
 
         def optimizer_step() -> None:
             # What Lightning's automatic optimization runs after backward: the module's clipping hook

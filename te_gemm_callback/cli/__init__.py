@@ -132,6 +132,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
     caps = [GemmCapture.load(p) for p in a.captures]
     base = _weight_gemms(caps[0])
+    for path, cap in zip(a.captures, caps):  # named here: the analysis below cannot say which file
+        if cap.step_ms() is None:
+            raise ValueError(f"{path} has no step times: give captures of training steps (GemmProfiler, the callback)")
     for path, cap in zip(a.captures[1:], caps[1:]):
         if _weight_gemms(cap) != base:
             raise ValueError(f"{path} is a capture of another model than {a.captures[0]} (its GEMM shapes differ): "
@@ -172,6 +175,12 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
+    json_path = a.json or f"{a.run_dir}/precision_plan.json"
+    yaml_path = a.yaml or f"{a.run_dir}/precision_plan_nvdlfw.yaml"
+    if json_path == yaml_path == "-" or (json_path != "-" and Path(json_path).resolve() == Path(yaml_path).resolve()):
+        # The plan was written, then the YAML refused over it with a cause that was not the cause.
+        raise UsageError(f"--json and --yaml name the same {'output' if json_path == '-' else 'file'} "
+                         f"({json_path}): give each its own")
     check_run_dir(a.run_dir)
     from te_gemm_callback.analysis.plan import plan_for_run, write_plan
     from te_gemm_callback.analysis.runs import analyze_run
@@ -185,10 +194,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
     out = console()
     out.print(plan_table(plan, limit=a.limit))
     more_rows_hint(out, len(plan.modules), a.limit)
-    js, yaml = write_plan(plan, a.json or f"{a.run_dir}/precision_plan.json",
-                          a.yaml or f"{a.run_dir}/precision_plan_nvdlfw.yaml")
-    where = "standard output" if str(js) == "-" else safe(js)
-    out.print(f"plan: {where} (apply_precision_plan(model, path)); TE debug config: {safe(yaml)}")
+    js, yaml = write_plan(plan, json_path, yaml_path)
+    where, tewhere = ("standard output" if str(p) == "-" else safe(p) for p in (js, yaml))
+    out.print(f"plan: {where} (apply_precision_plan(model, path)); TE debug config: {tewhere}")
     return 0
 
 
@@ -324,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = " ".join(x for x in (a.cmd, getattr(a, "cache_cmd", None)) if x)
     from te_gemm_callback.reporting.tables import tables_to_stderr
 
-    tables_to_stderr(getattr(a, "json", None) == "-")  # standard output carries the JSON alone
+    tables_to_stderr("-" in (getattr(a, "json", None), getattr(a, "yaml", None)))  # stdout: the JSON alone
     try:
         return a.fn(a)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM during a multi-GPU bench: workers already stopped

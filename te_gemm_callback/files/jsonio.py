@@ -392,5 +392,10 @@ def check_replaceable(path: Path, schema: str) -> None:
 
 
 def write_text(path: str | Path, text: str, kind_check: KindCheck | None = None) -> Path:
-    """Write a text file atomically; an existing file only if ``kind_check`` accepts it."""
+    """Write a text file atomically; an existing file only if ``kind_check`` accepts it; ``-``:
+    standard output."""
+    if str(path) == STDOUT:
+        sys.stdout.write(whole_text(text) + ("" if text.endswith("\n") else "\n"))
+        sys.stdout.flush()
+        return Path(STDOUT)
     return write_bytes_atomic(path, whole_text(text).encode(), kind_check)

@@ -397,6 +397,8 @@ class ResultCache:
         try:
             from filelock import FileLock, Timeout
 
+            if self.path.is_dir():  # before the lock: a <folder>.lock beside it was left behind
+                raise OSError(f"{self.path} is a folder: give --cache a file path")
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 with FileLock(f"{self.path}.lock", timeout=self.lock_timeout_s):

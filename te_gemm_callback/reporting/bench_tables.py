@@ -49,7 +49,8 @@ def _styled(marks: str) -> str:
 def _caption(marks: str, *lines: str) -> str | None:
     """A table's footnotes: each mark it shows, explained, then ``lines``."""
     notes = [f"{m} {FOOTNOTES[m]}" for m in (CACHED_MARK, NOISY_MARK) if m in marks] + [ln for ln in lines if ln]
-    return safe("\n".join(notes)) if notes else None
+    # Each note made safe on its own: safe() shows a line break as "?", which glued them together.
+    return "\n".join(safe(n) for n in notes) if notes else None
 
 
 def _item_cells(res: BenchResults, it: WorkItem, precision: str, mode: str) -> list[BenchResult | None]:

@@ -22,7 +22,8 @@ def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Seq
     cap = GemmCapture.load(capture_path)
     items = items_from_capture(cap)
     cache = cache or ResultCache()
-    res = run_bench(items, recipes, modes, cache=cache, console=console)
+    # No console (a quiet fit): no progress bar either; its end wrote a line break to the job's stdout.
+    res = run_bench(items, recipes, modes, cache=cache, console=console, progress=console is not None)
     costs = module_costs(cap, res.precisions, console, cache, res.meta)
     if costs is not None:
         res.meta["module_costs"] = costs

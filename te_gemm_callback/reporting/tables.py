@@ -355,6 +355,10 @@ def speedup_rows(rep: Report) -> SpeedupRows:
             if f not in ("verdict", "evidence")}
     notes += [f"n/a: {why}" for why in sorted(held)]
     over = f"the BF16 run, which ran {ran}" if ran else "BF16"
+    # The rounds the sweep ran (the caption said "from 6 rounds" whatever sweep_rounds was).
+    rounds = sorted({a.observed_rounds for a in rep.recipes if a.observed_rounds})
+    rounds_text = ("no rounds: no observed run" if not rounds else
+                   f"from {rounds[0]} rounds" if len(rounds) == 1 else f"from {rounds[0]}-{rounds[-1]} rounds")
     explained = (f"speedups over {over}. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the "
                  "captured shapes. predicted step: "
                  + ("the job's own step replayed as the host issues it and the GPU runs it, with each recipe's "
@@ -364,7 +368,7 @@ def speedup_rows(rep: Report) -> SpeedupRows:
                     "Amdahl with the measured GEMM share, GEMMs alone") + "; pred. "
                  "unfused: each GEMM plus a standalone quantization of its inputs (autocast mode). observed step: "
                  "whole training steps (optimizer included) in the sweep's alternating rounds, the median of the "
-                 "per-round ratios; 95% CI: its order-statistic interval (from 6 rounds); a rerun: where another "
+                 f"per-round ratios; 95% CI: its order-statistic interval ({rounds_text}); a rerun: where another "
                  "run's median (a loop of your own) should fall, the CI widened by sqrt(2). Attention's QK^T and "
                  "softmax·V count as non-GEMM time")
     return SpeedupRows(title, cols, rows, list(rep.skipped), explained, notes)

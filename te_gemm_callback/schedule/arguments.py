@@ -20,7 +20,7 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
                     sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
                     sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 6,
                     sweep_budget_s: float = 20.0, set_recipe: Any = None,
-                    output_dir: Any = None, report: Any = True, nvtx: Any = "auto", nsys_capture: Any = False,
+                    output_dir: Any = "te_gemm", report: Any = True, nvtx: Any = "auto", nsys_capture: Any = False,
                     verbose: Any = False, kernel_breakdown: Any = True) -> tuple[list[str] | None, Any]:
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
     sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
@@ -46,13 +46,13 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
         raise ValueError(f"filename must be a plain file name such as 'gemm_capture.json', got {filename!r}")
     if len(os.fsencode(filename)) > 200:  # the folder's limit is 255 bytes, and ".name.xxxx.tmp" goes beside it
         raise ValueError(f"filename must be at most 200 bytes, got {len(os.fsencode(filename))}")
-    if output_dir is not None:  # else the capture was lost at the end of training
-        if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir).strip():
-            raise ValueError(f"output_dir must be a folder path, got {output_dir!r}")
-        if "\x00" in str(output_dir):  # no folder can be made with it: the write failed after training
-            raise ValueError(f"output_dir must not hold a NUL character, got {output_dir!r}")
-        if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-            raise ValueError(f"output_dir {plain(output_dir)} exists and is not a folder: give a folder path")
+    # Else the capture was lost at the end of training (None: Path(None) raised naming no argument).
+    if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir).strip():
+        raise ValueError(f"output_dir must be a folder path (default 'te_gemm'), got {output_dir!r}")
+    if "\x00" in str(output_dir):  # no folder can be made with it: the write failed after training
+        raise ValueError(f"output_dir must not hold a NUL character, got {output_dir!r}")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"output_dir {plain(output_dir)} exists and is not a folder: give a folder path")
     if report not in (True, False, "end"):  # bool(report) would take any string for True
         raise ValueError(f"report must be True, False or 'end', got {report!r}")
     # As report: a truth test took "no" for True and None for False, where the user meant otherwise.
