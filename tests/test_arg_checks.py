@@ -257,3 +257,18 @@ def test_a_quiet_schedule_writes_nothing_to_the_jobs_stdout(tmp_path, capfd):
     sched.train_end()
     assert (tmp_path / "report.json").is_file()
     assert capfd.readouterr().out == ""
+
+
+def test_messages_name_the_real_fault(tmp_path, capsys):
+    """--shapes "" was answered "missing config flags"; a folder given to nsys was "No such file";
+    project=["FOO"] said "unknown GPU" without naming the argument."""
+    assert main(["bench", "--shapes", "", "--precisions", "BF16"]) == 2
+    one_line_error(capsys, "--shapes: no shapes given")
+    cap = small_capture()
+    cap.save(tmp_path / "c.json")
+    (tmp_path / "rep").mkdir()
+    assert main(["nsys", str(tmp_path / "c.json"), str(tmp_path / "rep"), "--nsys", "/bin/true"]) == 1
+    one_line_error(capsys, "is a folder")
+    for cls in _callbacks():
+        with pytest.raises(ValueError, match="project: unknown GPU 'FOO'"):
+            cls(project=["FOO"])

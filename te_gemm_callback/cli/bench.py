@@ -35,7 +35,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         items = items_from_capture(GemmCapture.load(a.capture))
         if not items:
             raise ValueError(f"{a.capture} holds no GEMMs to benchmark")
-    elif a.shapes:
+    elif a.shapes is not None:  # an empty --shapes "" is a bad --shapes, not a missing model config
         try:
             shapes = parse_shapes(a.shapes)
         except ValueError as err:

@@ -24,6 +24,8 @@ def cmd_nsys(a: argparse.Namespace) -> int:
                          "give the nsys binary")
     cap = GemmCapture.load(a.capture)
     rep = Path(a.report)
+    if rep.is_dir():  # it exists: "No such file" sent the user looking for a typo
+        raise ValueError(f"{rep} is a folder: give nsys's report file (.nsys-rep or .sqlite)")
     if not rep.is_file():
         raise FileNotFoundError(2, "No such file", str(rep))
     nsys = ns.find_nsys(a.nsys)

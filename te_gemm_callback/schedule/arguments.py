@@ -98,4 +98,7 @@ def check_project(project: Any) -> tuple[str, ...]:
         project = (project,)
     if not isinstance(project, (list, tuple)):
         raise ValueError(f"project must be a list of GPU names such as ('B300',), got {project!r}")
-    return tuple(gpu(str(g)).key for g in project)
+    try:
+        return tuple(gpu(str(g)).key for g in project)
+    except ValueError as err:  # "unknown GPU 'FOO'" named no argument
+        raise ValueError(f"project: {err}") from None
