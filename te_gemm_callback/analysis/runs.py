@@ -120,6 +120,7 @@ def analyze_run(run_dir: str | Path) -> RunReport:
                         key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
     ranks = rank_summary([GemmCapture.load(p) for p in rank_files]) if rank_files else None
     kernels = {capture_recipe(c): c.meta.get("kernel_breakdown_ms") or {} for c in caps}
+
     rr = RunReport(rep, job, caps, bench, items, ranks, kernels, host_bound_notes=alerts)
     rr.plan = run_plan(rr)
     return rr

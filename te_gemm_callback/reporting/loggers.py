@@ -31,6 +31,9 @@ def report_metrics(files: dict[str, Path]) -> dict[str, float]:
     out: dict[str, float] = {}
     # No GEMM share here: te_gemm/gemm_share (summary_metrics, the capture's) is the one share a
     # dashboard shows; report.json keeps the report's own (of its baseline run's step).
+    for recipe, v in ((rep.get("meta") or {}).get("mfu") or {}).items():  # precision-aware (projection/mfu.py)
+        if isinstance(v, (int, float)):
+            out[f"te_gemm/report/mfu/{recipe}"] = float(v)
     for r in rep.get("recipes", []):
         for key in ("gemm_speedup", "predicted_step_speedup"):
             if isinstance(r.get(key), (int, float)):

@@ -97,6 +97,13 @@ def report(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) ->
     from te_gemm_callback.analysis.runs import analyze_run
 
     rr = analyze_run(run_dir)
+    from te_gemm_callback.analysis.prediction import capture_recipe
+    from te_gemm_callback.projection.mfu import precision_mfu
+
+    # Per observed run (the sweep's, else each capture): its GEMMs at their own formats' peaks.
+    mfu = {capture_recipe(c): v for c in rr.captures if (v := precision_mfu(c)) is not None}
+    if mfu:
+        rr.report.meta["mfu"] = mfu
     if project:
         from te_gemm_callback.reporting.projection_tables import project_runs, summary
 

@@ -45,6 +45,9 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None) 
         lines.append(f"  {plain(r['recipe'])}: {_x(r.get('gemm_speedup'))} / {pred} / {obs}: {verdict}")
     if len(recipes) > MAX_LINES - 4:
         lines.append(f"  ... {len(recipes) - (MAX_LINES - 4)} more recipe(s) in the report")
+    mfu = meta.get("mfu") or {}
+    if mfu:  # each GEMM at its own format's peak (projection/mfu.py)
+        lines.append("  precision-aware MFU: " + ", ".join(f"{plain(r)} {100 * v:.0f}%" for r, v in mfu.items()))
     skipped = rep.get("skipped") or {}
     if skipped:
         lines.append(f"  not run here: {', '.join(plain(k) for k in sorted(skipped))} (the report says why)")
