@@ -76,7 +76,7 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
     def _logdir(self, args: Any) -> str:
         from te_gemm_callback.reporting.loggers import hf_logging_dir
 
-        if getattr(self, "_logging_dir", None) is None:  # events before on_train_begin
+        if self._logging_dir is None:  # events before on_train_begin
             self._logging_dir = hf_logging_dir(args)
         return self._logging_dir
 

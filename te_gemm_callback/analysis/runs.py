@@ -120,24 +120,26 @@ def analyze_run(run_dir: str | Path) -> RunReport:
                         key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
     ranks = rank_summary([GemmCapture.load(p) for p in rank_files]) if rank_files else None
     kernels = {capture_recipe(c): c.meta.get("kernel_breakdown_ms") or {} for c in caps}
-
     rr = RunReport(rep, job, caps, bench, items, ranks, kernels, host_bound_notes=alerts)
     rr.plan = run_plan(rr)
     return rr
 
 
+def weight_gemms(cap: GemmCapture) -> set[tuple]:
+    """What runs of one model in different recipes share: who runs which GEMM shape (grouped GEMMs
+    left out: their rows are padded per expert under FP8)."""
+    return {(r.module, r.gemm, r.op, r.m, r.k, r.n, r.batch) for r in cap.records if not r.m_splits}
+
+
 def _one_model_one_run_per_recipe(run_dir: str | Path, paths: list[Path], caps: list[GemmCapture]) -> None:
     """Separate runs, one per recipe, are compared only if they ran one model (the same GEMMs of
     the same modules) and no recipe twice: else a one-line error naming the folders."""
-    def model(cap: GemmCapture) -> frozenset:
-        return frozenset((r.module, r.gemm, r.op) for r in cap.records)
-
-    first = model(caps[0])
+    first = weight_gemms(caps[0])
     for p, cap in zip(paths[1:], caps[1:]):
-        if model(cap) != first:
+        if weight_gemms(cap) != first:
             raise ValueError(f"{run_dir} holds runs of different models ({paths[0].parent} and {p.parent}: "
-                             "their GEMMs are not of the same modules): give one run folder, or a folder "
-                             "of one model's runs in different recipes")
+                             "their GEMMs are not the same modules' in the same shapes): give one run folder, "
+                             "or a folder of one model's runs in different recipes")
     seen: dict[str, Path] = {}
     for p, cap in zip(paths, caps):
         recipe = capture_recipe(cap)

@@ -39,7 +39,7 @@ from te_gemm_callback.analysis.prediction import (
     round_speedups,
     short_error,
 )
-from te_gemm_callback.analysis.whatif import own_replay, replay_recipes
+from te_gemm_callback.analysis.whatif import job_trace, replay_recipes
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.microbench.cells import WorkItem, items_from_capture
 from te_gemm_callback.microbench.results import BenchResults, fallback_items, measured_items
@@ -188,7 +188,9 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
     bench_ms = {r: bench_step_ms(bench, items, r, mode, fallback="BF16") for r in recipes} if bench else {}
     pred_step = predict_steps(base, bench_ms)
     costs = bench.meta.get("module_costs") if bench else None
-    replays = replay_recipes(replay_from, bench, recipes, base.recipe, base.step_ms, costs) if bench else {}
+    traced = job_trace(replay_from, costs)
+    replays = replay_recipes(replay_from, bench, recipes, base.recipe, base.step_ms, costs,
+                             traced=traced) if bench else {}
     unfused, auto_ms = {}, {}
     if bench and mode != "autocast" and "autocast" in modes:
         auto_ms = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes}
@@ -238,7 +240,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                                        if replays else "Amdahl over the measured GEMM share with microbenchmarked "
                                        f"GEMM speedups ({mode} mode)"),
                         "replay": {r: rr.to_dict() for r, rr in replays.items()} or None,
-                        "replay_own": own_replay(replay_from, costs),
+                        "replay_own": traced[1] if traced else None,
                         # Named per device from the capture: the host clock on a CPU, never assumed CUDA.
                         "timing": f"step: {step_timing(capture)}; GEMM: {gemm_timing(capture)}",
                         "step_clock": capture.step_clock(), "gemm_clock": capture.gemm_clock(),

@@ -256,9 +256,12 @@ def _shrink_before(calls: list[Call], stream: Any, us: float, drop: int = 0) -> 
     return us
 
 
-def _trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[str, Any]] | None:
+def job_trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[str, Any]] | None:
     """The trace the recipes are replayed from, host calibrated (:func:`calibrate_host`), and the
-    replay of the job's own recipe beside its measured steps (``own``)."""
+    replay of the job's own recipe beside its measured clean and kernels steps (``own``:
+    ``replay_raw_ms`` from the trace as recorded, ``replay_ms`` less the recording's measured taxes,
+    the check that the replay gives back the clean step; ``host_scale`` the calibration applied
+    after it); None without host calls. Computed once per capture: every replay starts from it."""
     call_tax = float((costs or {}).get("cupti_call_tax_us") or 0.0)
     op_tax = float((costs or {}).get("profiler_op_tax_us") or 0.0)
     trace, raw = step_trace(cap, call_tax, op_tax), step_trace(cap)
@@ -277,14 +280,15 @@ def _trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[str,
 
 def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms: float | None,
                    costs: dict[str, Any] | None = None, *, source: Any = None, other: float = 1.0,
-                   host_speed: float = 1.0) -> dict[str, RecipeReplay]:
+                   host_speed: float = 1.0, traced: Any = None) -> dict[str, RecipeReplay]:
     """The replay's step per recipe (module docstring); {} where the capture has no host trace.
 
     On the GPU the job ran on, ``bench`` is its bench. For another GPU (:mod:`te_gemm_callback.projection`),
     ``bench`` holds the projected cells, ``source`` the bench they were projected from, ``other``
     the factor on every non-GEMM kernel (the bandwidth ratio), ``host_speed`` how much faster the
-    other host is (the host's times divided by it)."""
-    got = _trace(cap, costs) if bench is not None else None
+    other host is (the host's times divided by it). ``traced``: :func:`job_trace` of ``cap`` and
+    ``costs`` where the caller has it already."""
+    got = (traced or job_trace(cap, costs)) if bench is not None else None
     if got is None:
         return {}
     trace, _ = got
@@ -325,11 +329,3 @@ def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms
         out[recipe] = RecipeReplay(recipe, mid.step_ms * k, vals[0] * (1 - miss), vals[-1] * (1 + miss), mid.bound,
                                    mid.host_us / 1e3, mid.gpu_busy_us / 1e3, notes)
     return out
-
-
-def own_replay(cap: Any, costs: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The replay of the job's own recipe beside its measured clean and kernels steps: ``replay_raw_ms``
-    from the trace as recorded, ``replay_ms`` less the recording's measured taxes (the check that
-    the replay gives back the clean step), ``host_scale`` the calibration applied after it."""
-    got = _trace(cap, costs)
-    return got[1] if got is not None else None

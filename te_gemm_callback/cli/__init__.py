@@ -131,12 +131,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from te_gemm_callback.capture import GemmCapture
 
     caps = [GemmCapture.load(p) for p in a.captures]
-    base = _weight_gemms(caps[0])
+    from te_gemm_callback.analysis.runs import weight_gemms
+
+    base = weight_gemms(caps[0])
     for path, cap in zip(a.captures, caps):  # named here: the analysis below cannot say which file
         if cap.step_ms() is None:
             raise ValueError(f"{path} has no step times: give captures of training steps (GemmProfiler, the callback)")
     for path, cap in zip(a.captures[1:], caps[1:]):
-        if _weight_gemms(cap) != base:
+        if weight_gemms(cap) != base:
             raise ValueError(f"{path} is a capture of another model than {a.captures[0]} (its GEMM shapes differ): "
                              "compare runs of the same model in different recipes")
     rep = analyze(caps[0], None, caps[1:])
@@ -146,11 +148,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
         write_report_json(rep, a.json)
     return 0
-
-
-def _weight_gemms(cap) -> set[tuple]:
-    # What must match between runs of one model in different recipes: who runs which GEMM shape.
-    return {(r.module, r.gemm, r.op, r.m, r.k, r.n, r.batch) for r in cap.records if not r.m_splits}
 
 
 def _gpus(text: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from te_gemm_callback.printable import safe
 
@@ -17,8 +18,8 @@ def cmd_project(a: argparse.Namespace) -> int:
     path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
     root = a.run_dir if a.json is None else None
     check_target(path, json_kind(PROJECTION_SCHEMA), root)  # refused before anything is printed
-    if a.source_gpu is None and _cpu_run(a.run_dir):
-        return _shape_only(a, path, root)
+    if a.source_gpu is None and (cpu := _cpu_capture(a.run_dir)) is not None:
+        return _shape_only(a, cpu, path, root)
     rp = project_run(a.run_dir, a.gpu, a.source_gpu, host_speed=a.host_speed)
     out = console()
     out.print(projection_table(rp))
@@ -28,25 +29,25 @@ def cmd_project(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cpu_run(run_dir: str) -> bool:
-    """A run whose capture (and bench) ran on a CPU: no GPU measurement to project from."""
+def _cpu_capture(run_dir: str) -> Any:
+    """The capture of a run that ran on a CPU (no GPU measurement to project from), else None."""
     from te_gemm_callback.capture import GemmCapture
 
-    capture = Path(run_dir) / "gemm_capture.json"
-    return capture.is_file() and str(GemmCapture.load(capture).meta.get("device", "")).startswith("CPU")
+    path = Path(run_dir) / "gemm_capture.json"
+    cap = GemmCapture.load(path) if path.is_file() else None
+    return cap if cap is not None and str(cap.meta.get("device", "")).startswith("CPU") else None
 
 
-def _shape_only(a: argparse.Namespace, path: Path, root: str | None) -> int:
+def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -> int:
     """A CPU run's first estimate for the GPU: the captured GEMMs at its public peaks (no step)."""
     from rich.table import Table
 
-    from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.files.jsonio import write_json
     from te_gemm_callback.projection import PROJECTION_SCHEMA, gpu
     from te_gemm_callback.projection.shape_only import LABEL, shape_only
     from te_gemm_callback.reporting.tables import console
 
-    est = shape_only(GemmCapture.load(Path(a.run_dir) / "gemm_capture.json"), gpu(a.gpu))
+    est = shape_only(cap, gpu(a.gpu))
     t = Table(title=f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})")
     for c in ("recipe", "GEMM ms/step (bound)", "vs BF16"):
         t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=True)

@@ -51,6 +51,11 @@ def _build(spec: dict[str, Any], te: Any, dtype: Any) -> tuple[Any, int, int]:
     return getattr(te, cls)(k, n, **kw), m, k
 
 
+def _error(err: Exception) -> dict[str, str]:
+    """A row that could not be measured, and why (one line, bounded)."""
+    return {"error": f"{type(err).__name__}: {str(err)[:200]}"}
+
+
 class _Run:
     """One module, its inputs (host-timed, captured) and output gradients, run in one recipe."""
 
@@ -152,7 +157,7 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
             x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
             runs.append(_Run(mod, recipe, x[:min(m, HOST_TOKENS)].detach().requires_grad_(), x))
         except Exception as err:  # one cell's failure is its row's, never the bench's
-            row[recipe] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
+            row[recipe] = _error(err)
     if not runs:
         return row
     try:
@@ -167,7 +172,7 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
     except Exception as err:
         # A recipe that fails inside the rounds: measured again alone, so the others keep theirs.
         if len(runs) == 1:
-            row[runs[0].recipe] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
+            row[runs[0].recipe] = _error(err)
         else:
             for run in runs:
                 row.update(_kind_row(spec, [run.recipe], te, torch, phases))
@@ -252,7 +257,7 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
             try:
                 fresh = _kind_row(spec, todo, te, torch, out["phases_s"])
             except Exception as err:  # a module that cannot be rebuilt: its rows say why
-                fresh = {r: {"error": f"{type(err).__name__}: {str(err)[:200]}"} for r in todo}
+                fresh = {r: _error(err) for r in todo}
             for r, got in fresh.items():
                 cache.put(got, key, r)
             row.update(fresh)

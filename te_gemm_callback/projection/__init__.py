@@ -169,18 +169,19 @@ def _replayed(out: RunProjection, cap: Any, bench: Any, projected: Any, bw: floa
               observed: dict[str, float]) -> None:
     """Each step the replay can give (the capture has its kernels step's host calls) in place of
     the GEMMs-alone one, which stays beside it; the notes say how, and which side bounds it."""
-    from te_gemm_callback.analysis.whatif import replay_recipes
+    from te_gemm_callback.analysis.whatif import job_trace, replay_recipes
 
     job = out.job_recipe or "BF16"
     costs = bench.meta.get("module_costs")
     clean = cap.step_ms()
     recipes = [s.recipe for s in out.steps]
+    traced = job_trace(cap, costs)  # one trace for both GPUs' replays
     on_target = replay_recipes(cap, projected, recipes, job, clean, costs, source=bench, other=bw,
-                               host_speed=host_speed)
+                               host_speed=host_speed, traced=traced)
     if not on_target or "BF16" not in on_target:
         out.notes.append("step: GEMMs alone (the capture holds no host calls of its kernels step to replay)")
         return
-    on_source = replay_recipes(cap, bench, recipes, job, clean, costs)
+    on_source = replay_recipes(cap, bench, recipes, job, clean, costs, traced=traced)
     host_bound = []
     for s in out.steps:
         r = on_target.get(s.recipe)

@@ -193,6 +193,7 @@ class GemmSchedule(Publishing):
         self.rank_summary: list[dict] | None = None
         self.sweep_result: Any = None
         self.metrics: dict[str, float] = {}
+        self._logged_metrics: dict[str, float] = {}  # what the job's logger already has (each scalar once)
         self._swept = False
         self._reported = False
         self.report_files: dict[str, Path] = {}

@@ -92,10 +92,9 @@ class Publishing:
             self.metrics.update(guard(lambda: self._run_sweep(job), "recipe sweep failed and was skipped") or {})
         # Each scalar once: the capture's were logged when it was published; after a sweep at the
         # end of training only the sweep's are new (logging all again wrote every scalar twice).
-        logged = self.__dict__.setdefault("_logged_metrics", {})
-        new = {k: v for k, v in self.metrics.items() if k not in logged or logged[k] != v}
+        new = {k: v for k, v in self.metrics.items() if self._logged_metrics.get(k, object()) != v}
         if job.log_metrics is not None and (fresh or swept) and new:
-            logged.update(new)
+            self._logged_metrics.update(new)
             guard(lambda: job.log_metrics(new), "metrics not logged")
 
     def _report(self, job: JobStep, at_end: bool) -> None:
