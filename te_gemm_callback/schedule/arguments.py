@@ -16,6 +16,27 @@ def _check_int(name: str, v: Any, least: int) -> None:
         raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
 
 
+def _check_output_dir(output_dir: Any) -> None:
+    # Else the capture was lost at the end of training (None: Path(None) raised naming no argument).
+    if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir).strip():
+        raise ValueError(f"output_dir must be a folder path (default 'te_gemm'), got {output_dir!r}")
+    if "\x00" in str(output_dir):  # no folder can be made with it: the write failed after training
+        raise ValueError(f"output_dir must not hold a NUL character, got {output_dir!r}")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"output_dir {plain(output_dir)} exists and is not a folder: give a folder path")
+
+
+def _check_switches(*, report: Any, nvtx: Any, **flags: Any) -> None:
+    # A truth test took "no" for True and None for False, where the user meant otherwise.
+    if report not in (True, False, "end"):
+        raise ValueError(f"report must be True, False or 'end', got {report!r}")
+    if not isinstance(nvtx, bool) and nvtx != "auto":
+        raise ValueError(f"nvtx must be True, False or 'auto', got {nvtx!r}")
+    for name, v in flags.items():
+        if not isinstance(v, bool):
+            raise ValueError(f"{name} must be True or False, got {v!r}")
+
+
 def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: int, sweep_warmup: int,
                     sweep_steps: int, dispatch_steps: Any, adapters: Sequence[str], filename: str,
                     sweep: Sequence[str] | None, sweep_plan: Any = None, sweep_rounds: int = 6,
@@ -46,21 +67,9 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
         raise ValueError(f"filename must be a plain file name such as 'gemm_capture.json', got {filename!r}")
     if len(os.fsencode(filename)) > 200:  # the folder's limit is 255 bytes, and ".name.xxxx.tmp" goes beside it
         raise ValueError(f"filename must be at most 200 bytes, got {len(os.fsencode(filename))}")
-    # Else the capture was lost at the end of training (None: Path(None) raised naming no argument).
-    if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir).strip():
-        raise ValueError(f"output_dir must be a folder path (default 'te_gemm'), got {output_dir!r}")
-    if "\x00" in str(output_dir):  # no folder can be made with it: the write failed after training
-        raise ValueError(f"output_dir must not hold a NUL character, got {output_dir!r}")
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ValueError(f"output_dir {plain(output_dir)} exists and is not a folder: give a folder path")
-    if report not in (True, False, "end"):  # bool(report) would take any string for True
-        raise ValueError(f"report must be True, False or 'end', got {report!r}")
-    # As report: a truth test took "no" for True and None for False, where the user meant otherwise.
-    if not isinstance(nvtx, bool) and nvtx != "auto":
-        raise ValueError(f"nvtx must be True, False or 'auto', got {nvtx!r}")
-    for name, v in (("nsys_capture", nsys_capture), ("verbose", verbose), ("kernel_breakdown", kernel_breakdown)):
-        if not isinstance(v, bool):
-            raise ValueError(f"{name} must be True or False, got {v!r}")
+    _check_output_dir(output_dir)
+    _check_switches(report=report, nvtx=nvtx, nsys_capture=nsys_capture, verbose=verbose,
+                    kernel_breakdown=kernel_breakdown)
     if set_recipe is not None and not callable(set_recipe):  # else the sweep fails after training
         raise ValueError(f"set_recipe must be a function f(module, recipe_or_None) or None, got {set_recipe!r}")
     from te_gemm_callback.precisions import user_recipe
