@@ -9,7 +9,10 @@ changed as recipe R would change it, then replayed (:mod:`te_gemm_callback.analy
 - each captured TE module adds, per forward and per backward, the difference between R and the
   job's recipe in the host's time and in its non-GEMM kernel time (quantization, amax, casts),
   measured on the module rebuilt (:mod:`te_gemm_callback.microbench.module_cost`): host time before
-  the pass's first GEMM launch, GPU time as a kernel on the GEMM's stream ahead of it;
+  the pass's first GEMM launch, GPU time as a kernel on the GEMM's stream ahead of it; where the
+  capture read the module's own host time in the job (``meta.module_host_us``, the settle step),
+  the host difference is that time times the benchmark's ratio between the two recipes
+  (:func:`host_anchor`), not the benchmark's difference in µs;
 - every other kernel and every host gap keeps its time, less CUPTI's cost per call: the kernels
   step was recorded, the job's clean steps are not.
 
@@ -22,6 +25,7 @@ say.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +40,9 @@ MODULE_BAND = 0.5  # module differences at (1 - x) and (1 + x) for the band
 # predicted column): FP8 GEMM kernels ran 2-9% faster against BF16 in the job than in the
 # microbenchmark, which runs them at another clock and power.
 GEMM_RATIO_BAND = 0.05
+# The job's module host time over the benchmark's (host_anchor) is kept inside this range: a
+# ratio beyond it is a clock that misread, not a host that much faster or slower.
+ANCHOR_RANGE = (0.25, 4.0)
 CALIBRATE_ABOVE = 0.03  # the own replay's excess over the clean step that calibrates the host
 
 
@@ -144,21 +151,50 @@ def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_m
     return out
 
 
-def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: str) -> dict[str, dict[str, float]]:
+def host_anchor(cap: Any, costs: dict[str, Any] | None, base: str) -> dict[str, dict[str, float]]:
+    """{module kind: {"fwd", "bwd"}}: the job's own host time of the kind's modules in its recipe
+    ``base`` (median over them, ``meta.module_host_us``) over the module benchmark's in that recipe.
+    The benchmark's absolute host times are not the job's (one module in a loop, not one of many
+    in a step); its ratios between recipes carry over, so a recipe's difference is the job's time
+    times (benchmark in the recipe / benchmark in ``base`` - 1). Empty without the job's times."""
+    host = (getattr(cap, "meta", None) or {}).get("module_host_us") or {}
+    if not costs or not host:
+        return {}
+    per_kind: dict[str, dict[str, list[float]]] = {}
+    for name, key in costs.get("modules", {}).items():
+        for side, us in (host.get(name) or {}).items():
+            if isinstance(us, (int, float)) and us > 0:
+                per_kind.setdefault(key, {}).setdefault(side, []).append(float(us))
+    out: dict[str, dict[str, float]] = {}
+    for key, sides in per_kind.items():
+        b = costs.get("kinds", {}).get(key, {}).get(base) or {}
+        for side, vals in sides.items():
+            bench = b.get(f"host_{side}_us")
+            if isinstance(bench, (int, float)) and bench > 0:
+                out.setdefault(key, {})[side] = min(max(statistics.median(vals) / bench, ANCHOR_RANGE[0]),
+                                                    ANCHOR_RANGE[1])
+    return out
+
+
+def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: str,
+                   anchor: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
     """{module: {"host_fwd", "host_bwd", "gpu_fwd", "gpu_bwd"} in µs, "kernels" per pass}:
-    ``recipe`` less ``base``."""
+    ``recipe`` less ``base``, host differences times the kind's ``anchor`` (:func:`host_anchor`)."""
     if not costs or recipe == base:
         return {}
+    anchor = host_anchor(cap, costs, base) if anchor is None else anchor
     out = {}
     for name, key in costs.get("modules", {}).items():
         row = costs.get("kinds", {}).get(key, {})
         r, b = row.get(recipe), row.get(base)
         if not r or not b or "error" in r or "error" in b:
             continue
+        a = anchor.get(key, {})
         # The non-GEMM kernels' split between the passes is not measured: half each.
         gpu = (r["gpu_other_us"] - b["gpu_other_us"]) / 2
         kernels = (r.get("kernels", 0) - b.get("kernels", 0)) / 2
-        out[name] = {"host_fwd": r["host_fwd_us"] - b["host_fwd_us"], "host_bwd": r["host_bwd_us"] - b["host_bwd_us"],
+        out[name] = {"host_fwd": a.get("fwd", 1.0) * (r["host_fwd_us"] - b["host_fwd_us"]),
+                     "host_bwd": a.get("bwd", 1.0) * (r["host_bwd_us"] - b["host_bwd_us"]),
                      "gpu_fwd": gpu, "gpu_bwd": gpu, "kernels": kernels}
     return out
 
@@ -274,7 +310,8 @@ def job_trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[s
     own = {"clean_ms": clean, "kernels_step_ms": cap.steps[tl.step].ms if tl.step < len(cap.steps) else None,
            "replay_raw_ms": replay(raw).step_ms, "replay_ms": first.step_ms, "bound": first.bound,
            "host_ms": first.host_us / 1e3, "gpu_busy_ms": first.gpu_busy_us / 1e3, "calls": len(trace.calls),
-           "cupti_call_tax_us": call_tax, "profiler_op_tax_us": op_tax, "host_scale": f}
+           "cupti_call_tax_us": call_tax, "profiler_op_tax_us": op_tax, "host_scale": f,
+           "modules_host_timed": len((getattr(cap, "meta", None) or {}).get("module_host_us") or {})}
     return (host_scaled(trace, f) if f != 1.0 else trace), own
 
 

@@ -43,6 +43,8 @@ class StepRecord:
     by_order: bool = False  # its TE GEMM owners came by launch order from a hooked step
     order_failed: bool = False  # ... tried, but its calls did not match: its TE GEMMs are left out
     kernels: KernelStep | None = None  # a kernels step's kernel records, once the session returned them
+    host_clock: Any = None  # a settle step's ModuleHostClock while it runs
+    module_host_us: dict[str, dict[str, float]] | None = None  # ... and what it read
 
 
 class ProfilerState:

@@ -10,8 +10,11 @@ from typing import Any
 import torch
 
 from te_gemm_callback.capture.clocks import ClockSampler
+from te_gemm_callback.capture.host_clock import ModuleHostClock
+from te_gemm_callback.capture.module_specs import TE_CLASSES
 from te_gemm_callback.capture.profiler_state import Boundary, ProfilerState, StepRecord
-from te_gemm_callback.capture.steady import activity
+from te_gemm_callback.capture.scope import is_te_module
+from te_gemm_callback.capture.steady import activity, compiled_modules
 from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, INSTRUMENTED, KERNELS, SETTLE, WARMUP
 from te_gemm_callback.capture.torch_adapter import GemmDispatchMode
 from te_gemm_callback.files.jsonio import MAX_INT
@@ -65,6 +68,7 @@ class StepBoundaries(ProfilerState):
             if kind in (SETTLE, CLEAN) and self._clocks is not None and self._clocks.running:
                 # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
                 self._clocks.__exit__(None, None, None)
+        host_clock = self._host_clock() if kind == SETTLE else None
         if self._sample_clocks and self._clocks is None and not self._abandoned and (
                 kind in (WARMUP, KERNELS) or (kind == INSTRUMENTED and self.plan.kernels == 0)):
             # Before the boundary: not the step's time.
@@ -76,7 +80,7 @@ class StepBoundaries(ProfilerState):
                 self._session_ms["start"] = (self._clock() - t0) * 1e3
         if kind == KERNELS:
             self.kernel_profile.mark()
-        rec = StepRecord(kind, dispatch=dispatched)
+        rec = StepRecord(kind, dispatch=dispatched, host_clock=host_clock)
         self._steps.append(rec)  # step_kind reads it from here on; the boundary comes last
         rec.seq_open = self.scope._current_seq()
         self.recorder.nvtx.push(f"step {i} ({kind})")
@@ -86,6 +90,9 @@ class StepBoundaries(ProfilerState):
     def _close_step(self, micro_batches: int, last: bool = True, ran: bool = True) -> None:
         rec = self._steps[-1]
         rec.end = self._boundary()
+        if rec.host_clock is not None:
+            rec.module_host_us = rec.host_clock.detach()
+            rec.host_clock = None
         now = activity()
         rec.moved = (now[0] - rec.at_open[0], now[1] - rec.at_open[1])
         rec.micro_batches = micro_batches
@@ -116,6 +123,19 @@ class StepBoundaries(ProfilerState):
             if steps is not None and len(steps) == len(ids):
                 for j, ks in zip(ids, steps):
                     self._steps[j].kernels = ks
+
+    def _host_clock(self) -> ModuleHostClock | None:
+        """The first settle step's clock of each TE module's host time (host_clock.py); none for a
+        compiled model (hooks would make dynamo compile again), or once one step has it."""
+        if self._abandoned or compiled_modules(self.model) or \
+                any(s.module_host_us is not None or s.host_clock is not None for s in self._steps):
+            return None
+        mods = {n: m for n, m in self.model.named_modules() if type(m).__name__ in TE_CLASSES and is_te_module(m)}
+        if not mods:
+            return None
+        clock = ModuleHostClock(mods, self._clock)
+        clock.attach()
+        return clock
 
     def _dispatch_more(self, j: int) -> bool:
         """An instrumented step past the plan's dispatch steps that runs the dispatch mode anyway:

@@ -1,0 +1,106 @@
+"""The host's time in each TE module's forward and backward, inside the job's own step.
+
+The replay (:mod:`te_gemm_callback.analysis.whatif`) changes each module's host time by what the
+module benchmark measures between recipes. That benchmark runs one module in a loop, and its
+absolute host times differ from the same module's inside a training step (measured in
+docs/results: its differences between recipes came out 1.2-1.7x the job's for te.Linear). This
+clock reads the job's own time per module in its own recipe, once, so that the benchmark's ratios
+between recipes can be applied to it.
+
+It runs on the settle step, the one step after the kernel records that is never timed: a clock
+read at each module's forward pre-hook and forward hook, and for the backward a hook on the
+module's output gradient (its backward begins) and on its input gradient (it ends). The hooks
+change no value; they are removed when the step ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger("te_gemm_callback")
+
+
+def _first_tensor(x: Any) -> torch.Tensor | None:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (tuple, list)):
+        return next((t for t in x if isinstance(t, torch.Tensor)), None)
+    return None
+
+
+def _module_node(node: Any, depth: int = 2) -> Any:
+    """The autograd node of the module's own function behind its output's ``node``: TE's modules
+    run one autograd Function (``_LinearBackward``, ``_LayerNormMLPBackward``), which a view or
+    a bias add may sit in front of; else ``node`` itself. Its end is the module's backward's end,
+    whoever else shares the module's input (q, k and v projections do)."""
+    frontier = [node]
+    for _ in range(depth):
+        for n in frontier:
+            if type(n).__name__.startswith("_") or n.name().startswith("_"):
+                return n
+        frontier = [f for n in frontier for f, _ in n.next_functions if f is not None]
+    return node
+
+
+class ModuleHostClock:
+    """Host µs per forward and per backward of each module in ``modules`` ({name: module}) while
+    attached; :meth:`detach` gives {name: {"fwd": µs, "bwd": µs}}, the median over its calls (a
+    module called once per micro-batch is called several times a step)."""
+
+    def __init__(self, modules: dict[str, Any], clock: Callable[[], float] = time.perf_counter) -> None:
+        self.modules, self.clock = modules, clock
+        self.times: dict[str, dict[str, list[float]]] = {n: {"fwd": [], "bwd": []} for n in modules}
+        self._handles: list[Any] = []
+        self._on = False
+        self._t0: dict[str, float] = {}
+        self._bwd0: dict[str, float] = {}
+
+    def attach(self) -> None:
+        for name, mod in self.modules.items():
+            self._handles.append(mod.register_forward_pre_hook(self._pre(name)))
+            self._handles.append(mod.register_forward_hook(self._post(name)))
+        self._on = True
+
+    def detach(self) -> dict[str, dict[str, float]]:
+        self._on = False
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        return {n: {side: round(statistics.median(v), 2) for side, v in t.items() if v}
+                for n, t in self.times.items() if t["fwd"] or t["bwd"]}
+
+    def _pre(self, name: str) -> Callable[..., None]:
+        def hook(mod: Any, args: Any) -> None:
+            if self._on:
+                self._t0[name] = self.clock()
+        return hook
+
+    def _post(self, name: str) -> Callable[..., None]:
+        def hook(mod: Any, args: Any, out: Any) -> None:
+            if not self._on or name not in self._t0:
+                return
+            try:
+                self.times[name]["fwd"].append((self.clock() - self._t0.pop(name)) * 1e6)
+                y = _first_tensor(out)
+                node = y.grad_fn if y is not None and torch.is_grad_enabled() else None
+                if node is None:
+                    return  # no backward through this module to time
+
+                def begin(grads: Any) -> None:
+                    if self._on:
+                        self._bwd0[name] = self.clock()
+
+                def end(grads_in: Any, grads_out: Any) -> None:
+                    if self._on and name in self._bwd0:
+                        self.times[name]["bwd"].append((self.clock() - self._bwd0.pop(name)) * 1e6)
+                node.register_prehook(begin)
+                _module_node(node).register_hook(end)
+            except Exception as err:  # never the job's failure: this module goes untimed
+                log.debug("te-gemm: host clock of %s off: %s", name, err)
+        return hook
