@@ -11,7 +11,8 @@ Public API, by what users touch:
 - measure: :func:`bench` (microbenchmarks of the captured shapes), :func:`run_sweep` (observed step
   time per recipe on the live model);
 - report: :func:`report` (a run folder's tables, figures, verdicts), :func:`analyze_run` (the same
-  without drawing), :func:`make_plan` / :func:`apply_precision_plan` (which modules to keep in BF16);
+  without drawing), :func:`make_plan` / :func:`apply_precision_plan` / :func:`native_plan` (which
+  modules to keep in BF16, and the plan applied by wrapping them or as TE's own per-module recipe);
 - shapes: :class:`GemmShape`, :class:`GemmOp`, :class:`ModelConfig`, :func:`backward_shapes`,
   :func:`config_gemms`.
 
@@ -40,7 +41,7 @@ __all__ = [
     # measure
     "bench", "run_sweep",
     # report
-    "report", "analyze_run", "make_plan", "apply_precision_plan", "project_run",
+    "report", "analyze_run", "make_plan", "apply_precision_plan", "native_plan", "project_run",
     # shapes
     "GemmOp", "GemmShape", "ModelConfig", "backward_shapes", "config_gemms",
 ]
@@ -63,6 +64,7 @@ _LAZY = {
     "analyze_run": ("analysis.runs", "analyze_run"),
     "make_plan": ("analysis.plan", "make_plan"),
     "apply_precision_plan": ("analysis.plan", "apply_precision_plan"),
+    "native_plan": ("analysis.native_plan", "native_plan"),
     "project_run": ("projection", "project_run"),
 }
 

@@ -295,12 +295,17 @@ def padded_splits(splits: Iterable[int], recipe: str) -> tuple[int, ...]:
     return tuple(-(-n // a) * a for n in splits)
 
 
-def autocast(recipe: str):
-    """``te.autocast`` for a recipe, or a no-op context for BF16 (TE's current API; fp8_autocast
-    is deprecated)."""
+def autocast(recipe: Any):
+    """``te.autocast`` for a recipe (its name, or a TE recipe object such as a per-module
+    ``CustomRecipe``), or a no-op context for BF16 (TE's current API; fp8_autocast is deprecated)."""
     import contextlib
     import sys
 
+    if not isinstance(recipe, str):  # a TE recipe object, as built
+        te = import_te()
+        if hasattr(te, "autocast"):
+            return te.autocast(enabled=True, recipe=recipe)
+        return te.fp8_autocast(enabled=True, fp8_recipe=recipe)
     recipe = canonical(recipe)
     if recipe == "BF16":
         if ("transformer_engine.pytorch" in sys.modules

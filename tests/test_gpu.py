@@ -245,6 +245,36 @@ def test_sweep_rounds_keep_delayed_scaling_updating():
 
 
 @needs_te
+@pytest.mark.parametrize("recipe", ["DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"])
+def test_a_plan_runs_as_tes_own_per_module_recipe_in_the_sweep(recipe):
+    """The sweep's plan entry runs under TE's CustomRecipe (native_plan.py) where TE has one: the
+    kept module's GEMMs run BF16, the others the plan's recipe, as the capture's operand types
+    say; it is observed beside the recipes; the modules' own names are back afterwards."""
+    import transformer_engine.pytorch as te
+
+    from te_gemm_callback.analysis.native_plan import HOW, native_support
+    from te_gemm_callback.analysis.plan import PrecisionPlan
+    from te_gemm_callback.sweep.engine import run_sweep
+
+    if native_support(recipe) is not None:
+        pytest.skip(native_support(recipe))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[te.Linear(512, 512, params_dtype=torch.bfloat16, device="cuda") for _ in range(3)])
+    x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    names = [m.name for m in model]
+    res = run_sweep(model, lambda: model(x).float().pow(2).mean(), ["BF16", recipe], steps=2, warmup=1,
+                    profile_kernels=False, rounds=2, budget_s=0, plan=PrecisionPlan(recipe, ["1"]))
+    assert set(res.captures) == {"BF16", recipe, "plan"}, res.skipped
+    cap = res.captures["plan"]
+    assert cap.meta["plan"]["applied"] == HOW
+    fam = {r.module: r.precision for r in cap.records}
+    assert fam["1"] == "bf16" and fam["0"] == fam["2"] == FAMILY[recipe], fam
+    assert all(r.precision == FAMILY[recipe] for r in res.captures[recipe].records)
+    assert [m.name for m in model] == names  # the modules' own names back
+    assert len([s for s in cap.steps if s.round is not None]) == 4
+
+
+@needs_te
 def test_lightning_te_plugin_job_observes_every_hopper_recipe_and_trains_bitwise_the_same(tmp_path):
     """Lightning's precision="transformer-engine" (DelayedScaling, its default) on a model of
     nn.Linear layers: the callback's sweep observes BF16 and the three Hopper FP8 recipes with whole
@@ -386,6 +416,35 @@ def test_the_kernels_step_keeps_its_host_calls_and_replays_to_its_own_time():
     own = replay(step_trace(cap)).step_ms
     kernels_step = cap.steps[tl.step].ms
     assert abs(own / kernels_step - 1) < 0.10, (own, kernels_step)
+
+
+@needs_te
+@pytest.mark.parametrize("recipe", ["BF16", "DelayedScaling"])
+def test_the_settle_step_reads_each_te_modules_own_host_time(recipe):
+    """capture/host_clock.py on TE's modules: every te.Linear and LayerNormMLP of the step gets a
+    forward and a backward host time (TE's autograd node found behind its output), of the order of
+    TE's host work (10 us - 5 ms), and no hook stays after the capture."""
+    import transformer_engine.pytorch as te
+
+    from te_gemm_callback.precisions import autocast
+
+    torch.manual_seed(0)
+    model = nn.Sequential(te.Linear(256, 512, params_dtype=torch.bfloat16),
+                          te.LayerNormMLP(512, 1024, params_dtype=torch.bfloat16),
+                          te.Linear(512, 256, params_dtype=torch.bfloat16)).cuda()
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        with autocast(recipe):
+            y = model(x)
+        y.float().sum().backward()
+
+    cap = capture_steps(model, step, kernel_steps=1)
+    got = cap.meta["module_host_us"]
+    assert set(got) == {"0", "1", "2"}, got
+    for name, t in got.items():
+        assert 10 < t["fwd"] < 5000 and 10 < t["bwd"] < 5000, (name, t)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 @needs_te

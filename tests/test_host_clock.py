@@ -1,5 +1,5 @@
 """The job's own host time per TE module (capture/host_clock.py), read on the settle step, and the
-replay's use of it (analysis/whatif.host_anchor). TE cannot run on CPU: a torch Linear whose class
+report's use of it (analysis/whatif.module_host). TE cannot run on CPU: a torch Linear whose class
 is named and placed as TE's stands in for it (the clock reads class names and hooks only)."""
 
 import pytest
@@ -9,7 +9,7 @@ from test_clean_steps import hooks_on, run
 from torch import nn
 
 from te_gemm_callback import GemmProfiler
-from te_gemm_callback.analysis.whatif import _module_deltas, host_anchor
+from te_gemm_callback.analysis.whatif import _module_deltas, module_host
 from te_gemm_callback.capture.host_clock import ModuleHostClock
 
 
@@ -67,21 +67,18 @@ def test_the_settle_step_reads_the_te_modules_and_leaves_no_hook_on_clean_steps(
     assert hooks_on(model) == 0
 
 
-def test_the_replay_applies_the_benchmarks_ratio_to_the_jobs_own_time():
-    costs = {"modules": {"a": "K", "b": "K"},
+def test_the_report_sets_the_jobs_module_host_time_beside_the_benchmarks():
+    costs = {"modules": {"a": "K", "b": "K", "c": "K"},
              "kinds": {"K": {"DelayedScaling": {"host_fwd_us": 600.0, "host_bwd_us": 800.0, "gpu_other_us": 40.0},
                              "BF16": {"host_fwd_us": 400.0, "host_bwd_us": 500.0, "gpu_other_us": 10.0}}}}
 
     class Cap:
-        meta = {"module_host_us": {"a": {"fwd": 280.0, "bwd": 380.0}, "b": {"fwd": 320.0, "bwd": 420.0}}}
+        meta = {"module_host_us": {"a": {"fwd": 280.0, "bwd": 380.0}, "b": {"fwd": 320.0, "bwd": 420.0},
+                                   "c": {"fwd": 300.0}}}  # c's backward not read: left out of both sums
 
-    # The job ran DelayedScaling: its modules took 300 us (median) forward where the benchmark's
-    # took 600, so BF16's 200 us less in the benchmark is 100 us less in the job.
-    assert host_anchor(Cap(), costs, "DelayedScaling") == {"K": {"fwd": 0.5, "bwd": 0.5}}
+    assert module_host(Cap(), costs, "DelayedScaling") == {"modules": 2, "job_ms": 1.4, "bench_ms": 2.8}
+    # The replay's differences are the benchmark's own, whatever the job's module times.
     d = _module_deltas(Cap(), costs, "BF16", "DelayedScaling")
-    assert d["a"]["host_fwd"] == pytest.approx(-100.0) and d["a"]["host_bwd"] == pytest.approx(-150.0)
-    assert d["a"]["gpu_fwd"] == pytest.approx(-15.0)  # kernels are the GPU's: not anchored
-    Cap.meta = {}  # no times of the job's own: the benchmark's difference as measured
-    assert _module_deltas(Cap(), costs, "BF16", "DelayedScaling")["a"]["host_fwd"] == pytest.approx(-200.0)
-    Cap.meta = {"module_host_us": {"a": {"fwd": 1e6}}}  # a misread clock is bounded
-    assert host_anchor(Cap(), costs, "DelayedScaling")["K"]["fwd"] == 4.0
+    assert d["a"]["host_fwd"] == pytest.approx(-200.0) and d["a"]["host_bwd"] == pytest.approx(-300.0)
+    Cap.meta = {}
+    assert module_host(Cap(), costs, "DelayedScaling") is None

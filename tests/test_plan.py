@@ -170,7 +170,8 @@ def test_sweep_measures_the_plan_beside_the_single_recipes(monkeypatch, tmp_path
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
     meta = GemmCapture.load(res.paths["plan"]).meta["plan"]
     assert meta == {"recipe": "Float8CurrentScaling", "keep_bf16": ["1"], "predicted_speedup": 1.25,
-                    "predicted_step_ms": 1.0}
+                    "predicted_step_ms": 1.0,  # no TE here: not as TE's own per-module recipe
+                    "applied": "te.autocast(enabled=False) around each module kept BF16"}
     caps = list(res.captures.values())
     rep = analysis.analyze(caps[0], None, caps[1:])
     a = next(r for r in rep.recipes if r.recipe == "plan")

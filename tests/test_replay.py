@@ -75,6 +75,10 @@ def test_calibration_scales_the_host_to_the_clean_step_only_where_the_host_bound
     host = launches(100, gap=20, cost=5, dur=2)
     f = calibrate_host(host, clean_ms=2.0)  # recorded 2.525 ms; the clean step 2.0 ms
     assert replay(host_scaled(host, f)).step_ms == pytest.approx(2.0, rel=1e-3)
+    # The recording's taxes, taken off, took more than the recording cost: the host scales up.
+    f = calibrate_host(host, clean_ms=3.0)
+    assert f > 1 and replay(host_scaled(host, f)).step_ms == pytest.approx(3.0, rel=1e-3)
+    assert calibrate_host(host, clean_ms=2.55) == 1.0  # within 3%: left as recorded
     gpu = launches(100, gap=2, cost=3, dur=50)
     assert calibrate_host(gpu, clean_ms=3.0) == 1.0  # the GPU bounds it: its host time is unknown
 

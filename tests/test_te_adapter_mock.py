@@ -386,6 +386,17 @@ def test_operand_formats():
     assert te_adapter.operand_format(Float8TensorStorage(torch.zeros(1), Float8Quantizer()))[0] == "fp8_delayed"
     assert te_adapter.precision_of(torch.zeros(1), torch.zeros(1)) == ("fp32", ("Tensor[torch.float32]",) * 2)
 
+    class IdentityTensorStorage:  # TE's high-precision slot of a CustomRecipe: not a torch.Tensor
+        def __init__(self, data):
+            self._hp_data = data
+
+    class IdentityTensor(IdentityTensorStorage):
+        pass
+
+    # Read as its data's precision (it was "unknown"): a module a per-module recipe keeps in BF16.
+    assert te_adapter.operand_format(IdentityTensor(torch.zeros(1, dtype=torch.bfloat16))) == (
+        "bf16", "IdentityTensor[torch.bfloat16]")
+
 
 # --- te.ops (fusible ops) -------------------------------------------------------------------
 # The structure TE 2.20's te.ops has where the adapter touches it: te.ops.Sequential runs one

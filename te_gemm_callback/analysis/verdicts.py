@@ -39,7 +39,7 @@ from te_gemm_callback.analysis.prediction import (
     round_speedups,
     short_error,
 )
-from te_gemm_callback.analysis.whatif import job_trace, replay_recipes
+from te_gemm_callback.analysis.whatif import job_trace, module_host, replay_recipes
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.microbench.cells import WorkItem, items_from_capture
 from te_gemm_callback.microbench.results import BenchResults, fallback_items, measured_items
@@ -241,6 +241,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
                                        f"GEMM speedups ({mode} mode)"),
                         "replay": {r: rr.to_dict() for r, rr in replays.items()} or None,
                         "replay_own": traced[1] if traced else None,
+                        "module_host": module_host(replay_from, costs, base.recipe),
                         # Named per device from the capture: the host clock on a CPU, never assumed CUDA.
                         "timing": f"step: {step_timing(capture)}; GEMM: {gemm_timing(capture)}",
                         "step_clock": capture.step_clock(), "gemm_clock": capture.gemm_clock(),

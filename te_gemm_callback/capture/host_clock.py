@@ -1,16 +1,15 @@
 """The host's time in each TE module's forward and backward, inside the job's own step.
 
 The replay (:mod:`te_gemm_callback.analysis.whatif`) changes each module's host time by what the
-module benchmark measures between recipes. That benchmark runs one module in a loop, and its
-absolute host times differ from the same module's inside a training step (measured in
-docs/results: its differences between recipes came out 1.2-1.7x the job's for te.Linear). This
-clock reads the job's own time per module in its own recipe, once, so that the benchmark's ratios
-between recipes can be applied to it.
+module benchmark measures between recipes, on one module run in a loop. This clock reads the
+job's own time per module in its own recipe, once, and the report sets the sum beside the
+benchmark's (:func:`~te_gemm_callback.analysis.whatif.module_host`): how much of a host-bound
+step is TE's modules, and how far the benchmark's absolute times are from the job's.
 
 It runs on the settle step, the one step after the kernel records that is never timed: a clock
-read at each module's forward pre-hook and forward hook, and for the backward a hook on the
-module's output gradient (its backward begins) and on its input gradient (it ends). The hooks
-change no value; they are removed when the step ends.
+read at each module's forward pre-hook and forward hook, and for the backward a hook before the
+module's output's autograd node and one after the module's own node. The hooks change no value;
+they are removed when the step ends.
 """
 
 from __future__ import annotations

@@ -48,6 +48,10 @@ def operand_format(x: Any) -> tuple[str, str]:
     if isinstance(x, torch.Tensor) and type(x) is torch.Tensor:
         return _DTYPES.get(x.dtype, str(x.dtype).replace("torch.", "")), f"Tensor[{x.dtype}]"
     mro = [c.__name__ for c in type(x).__mro__]
+    if "IdentityTensorStorage" in mro:  # TE's high-precision slot of a CustomRecipe: its data as given
+        data = getattr(x, "_hp_data", None)
+        dtype = data.dtype if isinstance(data, torch.Tensor) else getattr(x, "_dtype", None)
+        return _DTYPES.get(dtype, str(dtype).replace("torch.", "")), f"{type(x).__name__}[{dtype}]"
     for cls_name, family in _FAMILIES:
         if cls_name in mro:
             detail = type(x).__name__

@@ -28,13 +28,14 @@ from te_gemm_callback.capture.module_specs import spec_key
 
 MODULE_COST_SCHEMA = 2
 HOST_TOKENS = 256  # the host-timed passes' tokens (a multiple of every FP8 recipe's block)
-HOST_ROUNDS = 6  # rounds over the recipes
-HOST_PASSES = 4  # timed forward+backward passes per recipe in a round
+HOST_ROUNDS = 4  # rounds over the recipes
+HOST_PASSES = 3  # timed forward+backward passes per recipe in a round
 GPU_ITERS = 2  # profiled passes on the captured input: kernel times vary far less than the host's
 KEEP_GPU_BUSY = True  # host rounds timed behind a sleeping kernel (False: onto an idle GPU)
-BUSY_MARGIN = 1.1  # each round's sleeping kernel outlasts the last round's host time by this factor
-BUSY_CYCLES_PER_S = 2.0e9  # torch.cuda._sleep counts GPU cycles: about this many a second (a 2 GHz SM clock)
-
+# Each round's sleeping kernel lasts this share of the last round's host time: the GPU is busy for
+# most of the round, and never still asleep when the rounds end (the wait would be the bench's).
+BUSY_SHARE = 0.9
+_CYCLES_PER_S: list[float] = []  # torch.cuda._sleep's cycles per second on this GPU, once measured
 
 def _build(spec: dict[str, Any], te: Any, dtype: Any) -> tuple[Any, int, int]:
     """The TE module of ``spec`` on the GPU, and its input's (tokens, features)."""
@@ -89,16 +90,30 @@ class _Run:
         return fwd, bwd
 
 
+def _cycles_per_s(torch: Any) -> float:
+    """How many cycles of ``torch.cuda._sleep`` make a second on this GPU now (its SM clock),
+    from one 10-20 ms sleep between CUDA events; measured once per process."""
+    if not _CYCLES_PER_S:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 20_000_000
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_S.append(cycles / max(start.elapsed_time(end) / 1e3, 1e-6))
+    return _CYCLES_PER_S[0]
+
+
 def _keep_busy(torch: Any, seconds: float) -> None:
     """Queue one kernel that holds the GPU for about ``seconds``: the passes timed meanwhile queue
     their kernels behind it, so only the host's side of them is timed, as in a job whose GPU has
     work queued."""
-    torch.cuda._sleep(max(int(seconds * BUSY_CYCLES_PER_S), 1))
+    torch.cuda._sleep(max(int(seconds * _cycles_per_s(torch)), 1))
 
 
 def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
     """Median host µs of one forward and one backward per run, over rounds that visit every run,
-    timed while sleeping kernels keep the GPU busy (queued one per round, no sync between rounds)."""
+    timed while sleeping kernels keep the GPU busy (one per round, no sync between rounds)."""
     for run in runs:
         run.passes(2)  # TE's first calls build workspaces and quantizers
     t0 = time.perf_counter()
@@ -109,7 +124,7 @@ def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
     times: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
     for _ in range(HOST_ROUNDS):
         if KEEP_GPU_BUSY:
-            _keep_busy(torch, round_s * BUSY_MARGIN)
+            _keep_busy(torch, round_s * BUSY_SHARE)
         t0 = time.perf_counter()
         for run, (f, b) in zip(runs, times):
             got = run.passes(HOST_PASSES)
@@ -198,32 +213,38 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
     return {r: row[r] for r in recipes}
 
 
-def recording_tax_us(torch: Any, calls: int = 2000) -> tuple[float, float]:
+def recording_tax_us(torch: Any, calls: int = 1000) -> tuple[float, float]:
     """Host µs more that a bare CUDA launch, and an ATen op that launches one kernel, cost while
     torch.profiler records CUDA activity (a kernels step) than without it: medians over three
-    alternations of ``calls`` of each (``torch.cuda._sleep(0)``; an in-place add on one element).
-    The op pays the launch's tax and the profiler's per-op callback."""
+    alternations of ``calls`` of each (``torch.cuda._sleep(0)``; an in-place add on one element),
+    the recorded ones inside one profiler session (each session's start and stop cost more than
+    all the calls). The op pays the launch's tax and the profiler's per-op callback."""
     x = torch.zeros(1, device="cuda")
+    fns = (lambda: torch.cuda._sleep(0), lambda: x.add_(1))
 
-    def per_call(recording: bool, fn: Any) -> float:
-        prof = None
-        if recording:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-            prof.__enter__()
+    def per_call(fn: Any) -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         dt = (time.perf_counter() - t0) / calls * 1e6
         torch.cuda.synchronize()
-        if prof is not None:
-            prof.__exit__(None, None, None)
         return dt
 
-    def tax(fn: Any) -> float:
-        return statistics.median(per_call(True, fn) - per_call(False, fn) for _ in range(3))
-
-    return tax(lambda: torch.cuda._sleep(0)), tax(lambda: x.add_(1))
+    bare: list[list[float]] = [[], []]
+    rec: list[list[float]] = [[], []]
+    for i, fn in enumerate(fns):
+        per_call(fn)  # first calls
+        bare[i].append(per_call(fn))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+        for _ in range(3):
+            for i, fn in enumerate(fns):
+                rec[i].append(per_call(fn))
+    for _ in range(2):
+        for i, fn in enumerate(fns):
+            bare[i].append(per_call(fn))
+    call_tax, op_tax = (statistics.median(rec[i]) - statistics.median(bare[i]) for i in range(2))
+    return call_tax, op_tax
 
 
 class CostCache:

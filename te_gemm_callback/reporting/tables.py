@@ -312,9 +312,13 @@ def replay_own_line(rep: Report) -> str | None:
     scale = own.get("host_scale") or 1.0
     scaled = (f"; its host times then scaled x{scale:.2f} to the clean step (the profiler's callbacks ran in "
               "every host gap of the kernels step)") if scale != 1.0 else ""
+    mods = rep.meta.get("module_host")
+    te_host = (f"; TE modules' host work {mods['job_ms']:.1f} ms a step ({mods['modules']} modules, forward and "
+               f"backward, read on the settle step), the module benchmark's {mods['bench_ms']:.1f} ms"
+               if mods else "")
     return (f"replay of the job's own step: {own['replay_ms']:.2f} ms against its clean step {own['clean_ms']:.2f} ms "
             f"({100 * (own['replay_ms'] / own['clean_ms'] - 1):+.1f}%, {own['bound']}-bound; the recording's measured "
-            f"cost per call and per op taken off){scaled}")
+            f"cost per call and per op taken off){scaled}{te_host}")
 
 
 def band_text(a: Any) -> str:

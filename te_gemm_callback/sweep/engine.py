@@ -129,6 +129,9 @@ class Sweep:
         self.min_rounds, self.budget_s, self.target = rounds, budget_s, target
         self.result = SweepResult()  # the captures per entry, with each round's steps appended
         self.snapshot = TrainingSnapshot(model, self.optimizers, rng_objects)
+        # The plan entry's TE recipe object while it runs as TE's own per-module recipe (native_plan.py).
+        self._native: Any = None
+        self.plan_applied: str | None = None  # how the plan entry ran, for its capture
         self.states = RecipeStates(model)
         self.on_cuda = _on_cuda(model)
         self.cuda = self.on_cuda and torch.cuda.is_available()
@@ -148,7 +151,7 @@ class Sweep:
                 self.set_recipe(self.model, recipe)
                 loss = step_loss(self.step_fn())
             else:
-                with autocast(recipe):
+                with autocast(self._native.recipe if self._native is not None else recipe):
                     loss = step_loss(self.step_fn())
         loss.backward()
         if mid is not None:
@@ -164,13 +167,25 @@ class Sweep:
     def _entry(self, recipe: str, entry_plan: Any) -> Iterator[None]:
         """The model set up for one entry: TE's objects for ``recipe`` back, and the entry's plan
         applied (removed on the way out, also when a step raises)."""
+        from te_gemm_callback.analysis.native_plan import HOW, native_plan, native_support
         from te_gemm_callback.analysis.plan import apply_precision_plan
 
-        self.states.switch(recipe)
-        handle = apply_precision_plan(self.model, entry_plan) if entry_plan is not None else None
+        handle = None
+        if entry_plan is not None and self.set_recipe is None and native_support(entry_plan.recipe) is None:
+            # TE's own per-module recipe: its quantizer state is not the plain recipe's, so it is
+            # kept apart from it.
+            self.states.switch(f"{recipe} plan")
+            handle = self._native = native_plan(self.model, entry_plan)
+            self.plan_applied = HOW
+        else:
+            self.states.switch(recipe)
+            if entry_plan is not None:
+                handle = apply_precision_plan(self.model, entry_plan)
+                self.plan_applied = "te.autocast(enabled=False) around each module kept BF16"
         try:
             yield
         finally:
+            self._native = None
             if handle is not None:
                 handle.remove()
 
@@ -207,6 +222,7 @@ class Sweep:
                         "forward+backward only: no optimizer was given to the sweep")
         if entry_plan is not None:
             cap.meta["plan"] = {"recipe": entry_plan.recipe, "keep_bf16": list(entry_plan.keep_bf16),
+                                "applied": self.plan_applied,
                                 "predicted_speedup": entry_plan.predicted_speedup.get("plan"),
                                 "predicted_step_ms": entry_plan.predicted_step_ms.get("plan")}
         self.result.captures[label] = cap
