@@ -30,7 +30,7 @@ def test_by_default_the_log_gets_the_summary_and_no_table(tmp_path, caplog, caps
     out = capsys.readouterr().out
     assert "┃" not in out and "│" not in out, out[:500]  # no table printed
     ours = [r.getMessage() for r in caplog.records if r.name.startswith("te_gemm_callback")]
-    start = next(i for i, m in enumerate(ours) if m.startswith("te-gemm: BF16 job"))
+    start = next(i for i, m in enumerate(ours) if m.startswith("te-gemm: FP32 job"))
     summary = ours[start:start + MAX_LINES + 1]
     end = next(i for i, m in enumerate(summary) if m.startswith("te-gemm: the full report"))
     assert 2 <= end + 1 <= MAX_LINES and "report.md" in summary[end]

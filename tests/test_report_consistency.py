@@ -278,6 +278,41 @@ def test_an_fp32_run_folder_renders(tmp_path):
     assert any("ran FP32 GEMMs" in w for w in d["meta"]["warnings"])
 
 
+def test_an_fp32_job_has_one_name_per_run_in_tables_figures_and_the_log(tmp_path, monkeypatch):
+    """An FP32 job's FP8-off run was "BF16 (ran FP32)" in the table and speedups.png, "BF16" in
+    step_split.png, and the log's summary called the job a "BF16 job (ran FP32)"; without a BF16
+    run, a "BF16" row (the microbenchmark's alone) stood beside an "FP32" row (the job's)."""
+    from matplotlib.axes import Axes
+
+    from te_gemm_callback.reporting.summary import summary_lines
+
+    ticks = []
+    real = Axes.set_xticks
+    monkeypatch.setattr(Axes, "set_xticks", lambda ax, t, labels=None, **k: (
+        ticks.append(list(labels or [])), real(ax, t, labels, **k))[1])
+    run = tmp_path / "run"
+    cap([("instrumented", 40.0, 6.0, True), ("clean", 10.0, None, False)], "fp32",
+        meta=CPU).save(run / "gemm_capture.json")
+    cap([("instrumented", 30.0, 5.0, True), ("clean", 9.0, None, False)], "fp32", meta=CPU,
+        recipe="BF16").save(run / "sweep" / "BF16" / "gemm_capture.json")
+    bench({"BF16": 1.0}).save(run / "bench.json")
+    out = Console(width=300, record=True)
+    render_report(run, out)
+    assert "BF16 (ran FP32)" in out.export_text()
+    # speedups.png and step_split.png alike (gemm_*.png show the microbenchmark's cells: BF16 ran BF16)
+    assert ticks[:2] == [["BF16\n(ran FP32)"]] * 2, ticks
+    head = summary_lines(run / "report.json")[:2]
+    assert head[0].startswith("te-gemm: FP32 job,") and "ran FP32: every speedup here is over FP32" in head[1]
+    # No BF16 run: the bench's BF16 row and the job's FP32 row say which is which.
+    (run / "sweep" / "BF16" / "gemm_capture.json").unlink()
+    ticks.clear()
+    out = Console(width=300, record=True)
+    render_report(run, out)
+    printed = out.export_text()
+    assert "BF16 (microbenchmark only)" in printed and "FP32 (the job)" in printed
+    assert summary_lines(run / "report.json")[0].startswith("te-gemm: FP32 job,")
+
+
 def test_an_fp32_moe_job_analyses():
     job = cap([("instrumented", 14.0, 6.0, False), ("clean", 10.0, None, False)], "fp32")
     job.records.append(GemmRecord(module="moe", gemm="", op="fprop", m=64, k=32, n=32, batch=1, precision="fp32",

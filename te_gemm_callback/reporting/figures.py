@@ -17,6 +17,7 @@ from te_gemm_callback.microbench.cells import WorkItem
 from te_gemm_callback.microbench.results import BenchResults, item_ms
 from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import plain
+from te_gemm_callback.reporting.tables import recipe_label
 from te_gemm_callback.shapes import GemmOp
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
                 ax.text(b.get_x() + b.get_width() / 2, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
     ax.axhline(1.0, color="grey", lw=0.8)
     ran = rep.meta.get("baseline_ran")
-    ax.set_xticks(list(x), [f"{a.recipe}\n(ran {ran})" if ran and a.recipe == "BF16" else a.recipe for a in recs],
+    ax.set_xticks(list(x), [recipe_label(rep, a.recipe, "\n") for a in recs],
                   rotation=15)
     ax.set_ylabel(f"speedup over BF16 (ran {ran})" if ran else "speedup over BF16")
     ax.set_title(f"Predicted vs observed speedup — {rep.meta.get('device', '')}")
@@ -233,7 +234,7 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
             seen.add(k)
             bottom += v
         ax.text(i, a.observed_step_ms, label, ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(recs)), [a.recipe for a in recs], rotation=15)
+    ax.set_xticks(range(len(recs)), [recipe_label(rep, a.recipe, "\n") for a in recs], rotation=15)
     ax.set_ylim(0, 1.22 * max((a.observed_step_ms for a in recs), default=1.0))  # room for the labels
     ax.set_ylabel("ms per step")
     ax.set_title(step_split_title(rep, kernels))

@@ -29,12 +29,16 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None) 
     meta = rep.get("meta") or {}
     job = plain(rep.get("current_recipe", "?"))
     ran = meta.get("job_precision")
-    head = f"te-gemm: {job} job" + (f" (ran {plain(ran)})" if ran and ran != job else "")
+    base = meta.get("baseline_ran")
+    # The job's own precision first (an FP32 model's job is an FP32 job, whatever its run is keyed).
+    head = f"te-gemm: {plain(ran) if ran else job} job"
     if isinstance(step, (int, float)):
         head += f", step {step:.1f} ms"
     if isinstance(share, (int, float)):
         head += f", GEMMs {100 * share:.0f}% of it"
     lines = [head + "; speedups over BF16: GEMMs / predicted step / observed step: verdict"]
+    if base:
+        lines.append(f"  (its BF16 run, FP8 off, ran {plain(base)}: every speedup here is over {plain(base)})")
     recipes = [r for r in rep.get("recipes", []) if r.get("recipe") != "BF16"]
     for r in recipes[:MAX_LINES - 4]:
         pred = _x(r.get("predicted_step_speedup")) + _range(r.get("predicted_band"))

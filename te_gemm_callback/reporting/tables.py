@@ -303,6 +303,22 @@ class SpeedupRows:
     notes: list[str] = field(default_factory=list)
 
 
+def recipe_label(rep: Report, recipe: str, sep: str = " ") -> str:
+    """One name per run in every table and figure: the BF16 run (FP8 off) of an FP32 model says
+    what it ran; a BF16 row that only the microbenchmark has, beside a job of another precision
+    with no BF16 run, says so; the job's own row of such a precision says it is the job."""
+    ran = rep.meta.get("baseline_ran")
+    if recipe == "BF16" and ran:
+        return f"BF16{sep}(ran {ran})"
+    job = rep.meta.get("job_precision") or rep.current_recipe
+    observed = {a.recipe for a in rep.recipes if a.observed_step_ms is not None}
+    if recipe == "BF16" and job != "BF16" and "BF16" not in observed:
+        return f"BF16{sep}(microbenchmark only)"
+    if recipe == job and job != "BF16" and "BF16" not in observed:
+        return f"{recipe}{sep}(the job)"
+    return recipe
+
+
 def replay_own_line(rep: Report) -> str | None:
     """How the replay of the job's own step compares with its clean step (the replay's check on
     itself), or None where no replay was made."""
@@ -342,7 +358,7 @@ def speedup_rows(rep: Report) -> SpeedupRows:
             + ["observed step", "95% CI", "a rerun", "observed ms"])
     rows = []
     for a in rep.recipes:
-        name = f"{a.recipe} (ran {ran})" if ran and a.recipe == "BF16" else a.recipe
+        name = recipe_label(rep, a.recipe)
         rows.append([name, _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")]
                     + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
                     + [_cell(rep, a, "predicted_step_speedup")]
