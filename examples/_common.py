@@ -29,7 +29,7 @@ def base_parser(description: str, te_layers: bool = True, strategies: tuple[str,
     p.add_argument("--sweep", default="all", help="recipes to sweep after capture: 'all', 'none', or a comma list")
     p.add_argument("--sweep-rounds", type=int, default=6,
                    help="the fewest alternating rounds of the swept recipes (the speedup is the median of their "
-                        "ratios, with a 95%% interval from 6 rounds on; 0: none)")
+                        "ratios, with a 95%% interval from 6 rounds on; 0: no fewest, and with --sweep-budget 0 none)")
     p.add_argument("--sweep-budget", type=float, default=20.0, metavar="SECONDS",
                    help="more rounds until every observed speedup's interval is within +-2%%, for at most this long")
     p.add_argument("--sweep-plan", default=None, metavar="PLAN_JSON",

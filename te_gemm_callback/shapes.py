@@ -188,6 +188,13 @@ class ModelConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer")
+        for name in (*positive, "num_key_value_heads", "head_dim", "num_experts", "vocab_size"):
+            v = getattr(self, name)
+            if v is not None and v > MAX_DIM:  # no GPU runs such a GEMM, and its FLOPs overflow a float
+                raise ValueError(f"--{name.replace('_', '-')} must be at most {MAX_DIM}, got {v}")
+        if self.micro_batch_size * self.sequence_length > MAX_DIM:  # the GEMMs' M: tokens per micro-batch
+            raise ValueError(f"--micro-batch-size x --sequence-length (the GEMMs' M) must be at most {MAX_DIM}, "
+                             f"got {self.micro_batch_size * self.sequence_length}")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden size is not divisible by the number of heads: pass --head-dim")
         if self.num_attention_heads % self.kv_heads:

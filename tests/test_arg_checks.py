@@ -272,3 +272,40 @@ def test_messages_name_the_real_fault(tmp_path, capsys):
     for cls in _callbacks():
         with pytest.raises(ValueError, match="project: unknown GPU 'FOO'"):
             cls(project=["FOO"])
+
+
+@pytest.mark.parametrize("active", [0, -5])
+def test_active_zero_and_negative_get_one_message(active):
+    """active=0 said "at least one step has to be captured", active=-5 "an integer >= 0": two
+    wordings for one fault, and the second named a bound (0) that is itself refused."""
+    with pytest.raises(ValueError) as err:
+        GemmSchedule(active=active)
+    assert str(err.value) == f"active must be an integer >= 1 (at least one step has to be captured), got {active}"
+
+
+def test_shapes_refuses_a_size_no_gpu_runs(capsys):
+    """`te-gemm shapes --hidden-size 100000000000000000000` printed 30-digit PFLOP tables."""
+    base = ["shapes", "--intermediate-size", "4096", "--num-attention-heads", "32", "--num-hidden-layers", "2"]
+    assert main([*base, "--hidden-size", "1" + "0" * 20, "--micro-batch-size", "1", "--sequence-length", "128"]) == 2
+    one_line_error(capsys, "--hidden-size must be at most")
+    assert main([*base, "--hidden-size", "4096", "--micro-batch-size", "1" + "0" * 7,
+                 "--sequence-length", "1" + "0" * 7]) == 2
+    one_line_error(capsys, "the GEMMs' M")
+
+
+def test_a_bench_that_runs_for_minutes_on_a_cpu_says_so_first(monkeypatch):
+    """`te-gemm bench --shapes 16384x16384x16384` on a CPU ran for an hour without a word."""
+    from rich.console import Console
+
+    from te_gemm_callback.cli.bench import warn_long_cpu_bench
+    from te_gemm_callback.microbench.cells import items_from_shapes
+    from te_gemm_callback.shapes import parse_shapes
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = Console(record=True, width=200)
+    big = warn_long_cpu_bench(items_from_shapes(parse_shapes("16384x16384x16384")), ["prequantized"], None, out)
+    said = out.export_text()  # export_text() empties the record
+    assert big > 600 and "minutes" in said and "Ctrl-C" in said and said.count("\n") == 1
+    out = Console(record=True, width=200)
+    assert warn_long_cpu_bench(items_from_shapes(parse_shapes("256x256x256")), ["prequantized"], None, out) < 1
+    assert out.export_text() == ""

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 from te_gemm_callback.cli.args import (
     UsageError,
@@ -16,6 +17,29 @@ from te_gemm_callback.cli.args import (
 )
 from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.tables import console
+
+# A rough BF16 GEMM rate for a CPU: it only sizes the warning below, never a reported figure.
+CPU_GFLOPS = 50.0
+LONG_CPU_S = 60.0
+
+
+def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, out: Any) -> float | None:
+    """On a host without CUDA (BF16 alone, on the CPU), one line before a bench that will run for
+    minutes: how long, about, and how to make it shorter. The seconds estimated, or None on a GPU."""
+    import torch
+
+    from te_gemm_callback.microbench.cells import passes_of
+
+    if torch.cuda.is_available():
+        return None
+    flops = sum(s.flops for it in items for s in passes_of(it)) * len(modes) * (visits or 1)
+    # Each cell is called a few times (warm-up, then the timed calls): about 10 calls per visit.
+    seconds = 10 * flops / (CPU_GFLOPS * 1e9)
+    if seconds > LONG_CPU_S:
+        out.print(f"te-gemm bench: on this CPU (no CUDA) these shapes take about {seconds / 60:.0f} minutes "
+                  f"({flops / 1e12:.1f} TFLOP a visit of every cell, at about {CPU_GFLOPS:g} GFLOP/s); CPU timings "
+                  "say nothing of a GPU: smaller --shapes, or Ctrl-C to stop")
+    return seconds
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -90,6 +114,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from te_gemm_callback.reporting.figures import stacked_gemm_figure
 
     if a.devices == 1:
+        warn_long_cpu_bench(items, modes, a.visits, out)
         res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits,
                         gemm_duty=a.gemm_duty)
     from te_gemm_callback.microbench.cells import passes_of

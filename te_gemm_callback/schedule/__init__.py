@@ -144,8 +144,10 @@ class GemmSchedule(Publishing):
             whole training steps alternated in rounds, then everything put back; written to
             ``output_dir/sweep/<recipe>/``. The report's observed step speedups come from here.
         sweep_steps, sweep_warmup: clean and untimed steps per recipe and round.
-        sweep_rounds: the fewest alternating rounds (0: none); then more until every observed
-            speedup's 95% interval is within +-2% or ``sweep_budget_s`` seconds are spent.
+        sweep_rounds: the fewest alternating rounds (0: no fewest); then more until every observed
+            speedup's 95% interval is within +-2% or ``sweep_budget_s`` seconds are spent. A 95%
+            interval needs 6 rounds; ``sweep_rounds=0, sweep_budget_s=0`` runs none (each recipe's
+            capture steps alone give its step time, without an interval).
         set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves.
         sweep_plan: a precision plan (``te-gemm plan``'s file or a PrecisionPlan) swept as "plan".
         kernel_breakdown: on CUDA, the kernels step among the active ones and one per swept recipe.

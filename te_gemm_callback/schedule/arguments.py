@@ -46,15 +46,15 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
     """Raise ValueError, with what to fix, on an argument the capture could not use; returns the
     sweep's recipes in TE's names and the precision plan to sweep (loaded; BF16 and its recipe
     added to the recipes). Called where the arguments are given, not once training runs."""
-    for name, v in (("wait", wait), ("warmup", warmup), ("active", active), ("sweep_warmup", sweep_warmup),
+    for name, v in (("wait", wait), ("warmup", warmup), ("sweep_warmup", sweep_warmup),
                     ("sweep_rounds", sweep_rounds)):
         _check_int(name, v, 0)
+    if isinstance(active, bool) or not isinstance(active, int) or active < 1:  # one message for 0 and -5
+        raise ValueError(f"active must be an integer >= 1 (at least one step has to be captured), got {active!r}")
     _check_int("sweep_steps", sweep_steps, 1)
     if isinstance(sweep_budget_s, bool) or not isinstance(sweep_budget_s, (int, float)) or not sweep_budget_s >= 0:
         raise ValueError(f"sweep_budget_s must be a number of seconds >= 0, got {sweep_budget_s!r}")
     _check_int("instrumented_steps", instrumented_steps, 1)
-    if active < 1:
-        raise ValueError("active must be >= 1: at least one step has to be captured")
     if instrumented_steps > active:
         raise ValueError(f"instrumented_steps ({instrumented_steps}) must not exceed active ({active})")
     if dispatch_steps is not None and dispatch_steps != "all":

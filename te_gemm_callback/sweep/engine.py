@@ -361,7 +361,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             removed after its steps). A plan that amounts to a single recipe (``plan.same_as``) is not timed again.
         profile_kernels: on CUDA, a kernels step per entry (docs/step-plan.md): per-GEMM GPU time
             and the kernel-time breakdown (``meta["kernel_breakdown_ms"]``).
-        rounds: the fewest alternating rounds after the captures (0: none). In each, every swept
+        rounds: the fewest alternating rounds after the captures (0: no fewest). In each, every swept
             entry (BF16 among them) runs one untimed step (the switch) and ``steps`` clean timed
             steps, in forward then reverse order. A host-bound job's step time drifts by 10-50%
             over seconds (docs/results/h200.md); recipes timed seconds apart see the same drift, so
