@@ -81,6 +81,47 @@ def share_check(cap: GemmCapture, step_ms: float, gemm_ms: float | None) -> dict
     return {"share": raw, "basis": "step", "of_ms": step_ms, "clock": clock}
 
 
+def _baseline_ran(by: dict[str, GemmCapture], recipes: list[Any], bench: BenchResults | None,
+                  hold: Callable[[str, Iterable[str], str], None], warnings: list[str]) -> str | None:
+    """The precision the BF16 run really ran where it is another (FP32 on an fp32 model, the sweep's
+    FP8-off entry keyed "BF16"): every speedup is then over that, and is said to be; a prediction
+    scaled from BF16 microbenchmarks is withheld without one in that precision."""
+    ran = precision_ran(by["BF16"]) if "BF16" in by else "BF16"
+    if ran not in OTHER_HIGH:
+        return None
+    warnings.append(f"the BF16 run (FP8 off) ran {ran} GEMMs, the model's own dtype: every speedup over BF16 "
+                    f"here is over {ran}")
+    if bench is not None and ran not in bench.precisions:
+        why = (f"no {ran} microbenchmark: the BF16 run's GEMMs ran {ran}, and predictions that scale its GEMM "
+               f"time by BF16 microbenchmark times would be BF16's, not {ran}'s")
+        for a in recipes:
+            hold(a.recipe, PREDICTED, why)
+    return ran
+
+
+def _recipe_holds(a: Any, runs: dict[str, Any], by: dict[str, GemmCapture], over: set[str],
+                  withheld: dict[str, dict[str, str]], hold: Callable[[str, Iterable[str], str], None],
+                  tol: float) -> None:
+    """The figures of one recipe's row withheld, and why: a verdict resting on a withheld
+    prediction, a GEMM time above its step, steps of different kinds, a run too noisy to judge."""
+    r, run, base = a.recipe, runs.get(a.recipe), runs.get("BF16")
+    if any(f in withheld.get(r, {}) for f in PREDICTED) and a.verdict_kind not in WITHOUT_PREDICTION:
+        hold(r, ("verdict",), next(withheld[r][f] for f in PREDICTED if f in withheld[r]))
+    if run is None or base is None or r not in by or "BF16" not in by:
+        return
+    if r in over or "BF16" in over:
+        hold(r, ("verdict", "derived_evidence"), f"GEMM share n/a: {'BF16' if 'BF16' in over else r}'s GEMM time "
+             "exceeds its step, so its non-GEMM time would be negative")
+    kb, kr = by["BF16"].step_kind(), by[r].step_kind()
+    if kb and kr and ATTACHED[kb] != ATTACHED[kr]:
+        hold(r, ("observed_step_speedup", "observed_ci", "verdict"),
+             f"steps not comparable: BF16's step time comes from {kb} steps ({ATTACHED[kb]}), {r}'s from {kr} "
+             f"steps ({ATTACHED[kr]})")
+    noisy = _too_noisy(a, run, base, by[r], by["BF16"], tol)
+    if noisy:
+        hold(r, ("verdict",), noisy)
+
+
 def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], recipe_of: Callable[[GemmCapture], str],
                   recipes: list[Any], bench: BenchResults | None, tol: float) -> dict[str, Any]:
     """``Report.meta`` entries from the checks (module docstring). ``job``: the baseline run's
@@ -113,38 +154,12 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
                 hold(a.recipe, PREDICTED, why)
     # The job's precision from what ran: a sweep's FP8-off entry, keyed "BF16", runs the model in
     # its own dtype, FP32 on an fp32 model. Every speedup is then over that, and is said to be.
-    ran = precision_ran(by["BF16"]) if "BF16" in by else "BF16"
-    baseline_ran = ran if ran in OTHER_HIGH else None
+    baseline_ran = _baseline_ran(by, recipes, bench, hold, warnings)
     job_precision = baseline_ran if job == "BF16" and baseline_ran else job
     _high_precision(job, runs, recipes, bench, hold, warnings)
-    if baseline_ran:
-        warnings.append(f"the BF16 run (FP8 off) ran {ran} GEMMs, the model's own dtype: every speedup over BF16 "
-                        f"here is over {ran}")
-        if bench is not None and ran not in bench.precisions:
-            why = (f"no {ran} microbenchmark: the BF16 run's GEMMs ran {ran}, and predictions that scale its GEMM "
-                   f"time by BF16 microbenchmark times would be BF16's, not {ran}'s")
-            for a in recipes:
-                hold(a.recipe, PREDICTED, why)
-    base = runs.get("BF16")
     for a in recipes:
-        r, run = a.recipe, runs.get(a.recipe)
-        if r == "BF16":
-            continue
-        if any(f in withheld.get(r, {}) for f in PREDICTED) and a.verdict_kind not in WITHOUT_PREDICTION:
-            hold(r, ("verdict",), next(withheld[r][f] for f in PREDICTED if f in withheld[r]))
-        if run is None or base is None or r not in by or "BF16" not in by:
-            continue
-        if r in over or "BF16" in over:
-            hold(r, ("verdict", "derived_evidence"), f"GEMM share n/a: {'BF16' if 'BF16' in over else r}'s GEMM time "
-                 "exceeds its step, so its non-GEMM time would be negative")
-        kb, kr = by["BF16"].step_kind(), by[r].step_kind()
-        if kb and kr and ATTACHED[kb] != ATTACHED[kr]:
-            hold(r, ("observed_step_speedup", "observed_ci", "verdict"),
-                 f"steps not comparable: BF16's step time comes from {kb} steps ({ATTACHED[kb]}), {r}'s from {kr} "
-                 f"steps ({ATTACHED[kr]})")
-        noisy = _too_noisy(a, run, base, by[r], by["BF16"], tol)
-        if noisy:
-            hold(r, ("verdict",), noisy)
+        if a.recipe != "BF16":
+            _recipe_holds(a, runs, by, over, withheld, hold, tol)
     spread = by[job].step_spread() if job in by else None
     if spread and spread["spread_pct"] is not None and spread["spread_pct"] > STEP_NOISE_WARN_PCT \
             and not runs[job].round_ms:

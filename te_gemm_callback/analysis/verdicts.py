@@ -158,6 +158,21 @@ def no_gemm_times(capture: GemmCapture) -> str:
             "another profiler): capture it again with timing on to analyse")
 
 
+def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None:
+    """A recipe's observed run: its step and GEMM time, its speedup over the BF16 run with the
+    interval; without a microbenchmark of the recipe, the two runs' in-job GEMM times stand in."""
+    a.observed_step_ms, a.observed_gemm_ms = run.step_ms, run.gemm_ms
+    if bf is None:
+        return
+    a.observed_step_speedup = observed_speedup(bf, run)
+    _set_interval(a, observed_estimate(bf, run))
+    if a.predicted_step_speedup is None and a.gemm_speedup is None:
+        a.gemm_speedup = in_job_gemm_speedup(run, bf)
+        if a.gemm_speedup and bf.gemm_ms is not None:
+            # GEMM time read on instrumented steps (host clock on CPU) can exceed a clean step.
+            a.predicted_step_speedup = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
+
+
 def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: list[GemmCapture] = (),
             mode: str | None = None, items: list[WorkItem] | None = None,
             replay_from: GemmCapture | None = None) -> Report:
@@ -216,17 +231,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
         if r in unfused and "BF16" in unfused:
             a.predicted_step_speedup_unfused = unfused["BF16"] / unfused[r]
         if r in runs:
-            a.observed_step_ms, a.observed_gemm_ms = runs[r].step_ms, runs[r].gemm_ms
-            if "BF16" in runs:
-                a.observed_step_speedup = observed_speedup(runs["BF16"], runs[r])
-                _set_interval(a, observed_estimate(runs["BF16"], runs[r]))
-        if a.predicted_step_speedup is None and a.gemm_speedup is None and r in runs and "BF16" in runs:
-            # No microbenchmark of this recipe: the in-job GEMM times of the two runs stand in.
-            a.gemm_speedup = in_job_gemm_speedup(runs[r], runs["BF16"])
-            bf = runs["BF16"]
-            if a.gemm_speedup and bf.gemm_ms is not None:
-                # GEMM time read on instrumented steps (host clock on CPU) can exceed a clean step.
-                a.predicted_step_speedup = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
+            _set_observed(a, runs[r], runs.get("BF16"))
         a.verdict_kind, a.verdict_evidence = judge(a, runs.get(r), runs.get("BF16"))
         out.append(a)
     if plan_run is not None and plan_meta is not None:
@@ -326,14 +331,7 @@ def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tup
     if a.recipe == "BF16":
         return Verdict.BASELINE, ev
     both = run is not None and bf16 is not None
-    if run is not None and run.unquantized:
-        ev.unquantized = list(run.unquantized)
-    if a.padded_rows_pct:
-        ev.padded_rows_pct, ev.row_alignment = a.padded_rows_pct, row_alignment(a.recipe)
-    ev.high_precision = list(a.high_precision)
-    ev.gemm_speedup = a.gemm_speedup
-    if both and run.gemm_ms and bf16.gemm_ms:
-        ev.in_job_gemm_ms = (bf16.gemm_ms, run.gemm_ms)
+    _gemm_evidence(ev, a, run, bf16)
     if a.gemm_speedup is not None and a.gemm_speedup < NO_GAIN:
         ev.no_gain_below = NO_GAIN
         return (Verdict.SILENT_FALLBACK if run is not None and run.unquantized else Verdict.NO_GAIN), ev
@@ -367,6 +365,19 @@ def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tup
     if idle is not None and moved is not None and idle > 0 and idle >= 0.5 * moved:
         ev.host_wait_ms = idle
     return Verdict.OVERHEAD_EATS_GAIN, ev
+
+
+def _gemm_evidence(ev: Evidence, a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> None:
+    """What the recipe's GEMMs did: GEMMs left unquantized, padded rows, GEMMs in high precision,
+    the microbenchmark's speedup and the two runs' in-job GEMM time."""
+    if run is not None and run.unquantized:
+        ev.unquantized = list(run.unquantized)
+    if a.padded_rows_pct:
+        ev.padded_rows_pct, ev.row_alignment = a.padded_rows_pct, row_alignment(a.recipe)
+    ev.high_precision = list(a.high_precision)
+    ev.gemm_speedup = a.gemm_speedup
+    if run is not None and bf16 is not None and run.gemm_ms and bf16.gemm_ms:
+        ev.in_job_gemm_ms = (bf16.gemm_ms, run.gemm_ms)
 
 
 def verdict(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tuple[str, list[str]]:

@@ -42,14 +42,12 @@ def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, 
     return seconds
 
 
-def cmd_bench(a: argparse.Namespace) -> int:
-    # Nothing here imports torch or TE before run_bench_parallel has started its workers.
+def _bench_items(a: argparse.Namespace) -> list[Any]:
+    """The work items of exactly one source: --shapes, --capture or the model-config flags."""
     from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.microbench.cells import ResultCache, items_from_capture, items_from_config, items_from_shapes
-    from te_gemm_callback.precisions import RECIPES, skipped_lines
+    from te_gemm_callback.microbench.cells import items_from_capture, items_from_config, items_from_shapes
     from te_gemm_callback.shapes import parse_shapes
 
-    precisions = parse_precisions(a.precisions) or list(RECIPES)
     sources = [a.shapes is not None, a.capture is not None, a.hidden_size is not None]
     if sum(sources) != 1:
         raise UsageError("give exactly one of: the model-config flags, --shapes MxKxN,..., or --capture FILE")
@@ -59,65 +57,37 @@ def cmd_bench(a: argparse.Namespace) -> int:
         items = items_from_capture(GemmCapture.load(a.capture))
         if not items:
             raise ValueError(f"{a.capture} holds no GEMMs to benchmark")
-    elif a.shapes is not None:  # an empty --shapes "" is a bad --shapes, not a missing model config
+        return items
+    if a.shapes is not None:  # an empty --shapes "" is a bad --shapes, not a missing model config
         try:
-            shapes = parse_shapes(a.shapes)
+            return items_from_shapes(parse_shapes(a.shapes))
         except ValueError as err:
             raise UsageError(f"--shapes: {err}") from None
-        items = items_from_shapes(shapes)
-    else:
-        missing = [f for f in ("intermediate_size", "num_attention_heads", "num_hidden_layers",
-                               "micro_batch_size", "sequence_length") if getattr(a, f) is None]
-        if missing:
-            raise UsageError("missing config flags: " + ", ".join("--" + m.replace("_", "-") for m in missing))
-        items = items_from_config(config_from_args(a))
-    # Outputs that would be refused are refused now, not after minutes of measuring.
-    from te_gemm_callback.files.jsonio import check_target, json_kind
-    from te_gemm_callback.files.png import PNG_KIND
-    from te_gemm_callback.microbench.cells import BENCH_SCHEMA
+    missing = [f for f in ("intermediate_size", "num_attention_heads", "num_hidden_layers",
+                           "micro_batch_size", "sequence_length") if getattr(a, f) is None]
+    if missing:
+        raise UsageError("missing config flags: " + ", ".join("--" + m.replace("_", "-") for m in missing))
+    return items_from_config(config_from_args(a))
 
-    if a.json:
-        check_target(a.json, json_kind(BENCH_SCHEMA))
-    if a.output:
-        check_target(a.output, PNG_KIND)
-    check_bench_outputs(a)
-    modes, kept = bench_modes(a)
-    cache = ResultCache(a.cache, enabled=not a.no_cache)
-    out = console()
-    if kept:
-        out.print(f"modes {', '.join(modes)}: those of the existing {safe(a.json)}, which this run replaces "
-                  "(--modes to choose others)")
+
+def _devices(a: argparse.Namespace) -> int:
     from te_gemm_callback.microbench.parallel import local_gpu_count  # torch-free
 
     if a.devices == "all":
-        a.devices = local_gpu_count()
+        return local_gpu_count()
     # Before launch: one torch process per device (5000 filled the memory); on a host without GPUs
     # 2 ran two CPU processes while 3 was refused. (run_bench_parallel still takes 2 there: the
     # workers' split and pooling are tested on CPU; the command's tests set CUDA_VISIBLE_DEVICES.)
-    elif a.devices > local_gpu_count():
+    if a.devices > local_gpu_count():
         raise UsageError(f"--devices {a.devices}, but this host has {local_gpu_count()} visible GPU(s) "
                          "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L; a host without GPUs counts 1): pass at most that")
-    if a.devices > 1:
-        from te_gemm_callback.microbench.parallel import run_bench_parallel
+    return int(a.devices)
 
-        res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
-                                 visits=a.visits, gemm_duty=a.gemm_duty, progress=True, console=out)
-    from te_gemm_callback.microbench.engine import run_bench
-    from te_gemm_callback.reporting.bench_tables import (
-        pass_table,
-        run_summary,
-        speedup_summary,
-        swapped_items,
-        swapped_table,
-        totals_table,
-    )
-    from te_gemm_callback.reporting.figures import stacked_gemm_figure
 
-    if a.devices == 1:
-        warn_long_cpu_bench(items, modes, a.visits, out)
-        res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits,
-                        gemm_duty=a.gemm_duty)
+def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> None:
     from te_gemm_callback.microbench.cells import passes_of
+    from te_gemm_callback.precisions import skipped_lines
+    from te_gemm_callback.reporting.bench_tables import pass_table, speedup_summary, totals_table
     from te_gemm_callback.shapes import GemmOp
 
     # The recipes that did not run are said once below, one line per cause: not in every table's caption,
@@ -135,6 +105,46 @@ def cmd_bench(a: argparse.Namespace) -> int:
             out.print(f"estimated GEMM speedup over BF16{label}, {p}: " + ("n/a" if sp is None else f"{sp:.2f}x"))
     for line in skipped_lines(res.skipped):
         out.print(f"[yellow]{safe(line)}")
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    # Nothing here imports torch or TE before run_bench_parallel has started its workers.
+    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.precisions import RECIPES
+
+    precisions = parse_precisions(a.precisions) or list(RECIPES)
+    items = _bench_items(a)
+    # Outputs that would be refused are refused now, not after minutes of measuring.
+    from te_gemm_callback.files.jsonio import check_target, json_kind
+    from te_gemm_callback.files.png import PNG_KIND
+    from te_gemm_callback.microbench.cells import BENCH_SCHEMA
+
+    if a.json:
+        check_target(a.json, json_kind(BENCH_SCHEMA))
+    if a.output:
+        check_target(a.output, PNG_KIND)
+    check_bench_outputs(a)
+    modes, kept = bench_modes(a)
+    cache = ResultCache(a.cache, enabled=not a.no_cache)
+    out = console()
+    if kept:
+        out.print(f"modes {', '.join(modes)}: those of the existing {safe(a.json)}, which this run replaces "
+                  "(--modes to choose others)")
+    a.devices = _devices(a)
+    if a.devices > 1:
+        from te_gemm_callback.microbench.parallel import run_bench_parallel
+
+        res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
+                                 visits=a.visits, gemm_duty=a.gemm_duty, progress=True, console=out)
+    from te_gemm_callback.microbench.engine import run_bench
+    from te_gemm_callback.reporting.bench_tables import run_summary, swapped_items, swapped_table
+    from te_gemm_callback.reporting.figures import stacked_gemm_figure
+
+    if a.devices == 1:
+        warn_long_cpu_bench(items, modes, a.visits, out)
+        res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits,
+                        gemm_duty=a.gemm_duty)
+    _print_tables(res, items, modes, out)
     mode = modes[0]
     if a.compare_swapped:
         sw_items = swapped_items(items)

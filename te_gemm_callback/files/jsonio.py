@@ -206,23 +206,10 @@ def check(value: Any, spec: S, where: str = "") -> None:
             return
         raise bad("null")
     k = spec.kind
-    if k == "any":
-        return
-    if k == "bool":
-        if not isinstance(value, bool):
-            raise bad()
-    elif k in ("int", "num"):
-        if isinstance(value, bool) or not isinstance(value, int if k == "int" else (int, float)):
-            raise bad()
-        if isinstance(value, int) and abs(value) > MAX_INT:  # also keeps float(value) from overflowing
-            raise bad("a number too large")
-        if isinstance(value, float) and not math.isfinite(value):
-            if spec.finite:
-                raise bad()
-            return  # left to the later check, which says what a non-finite value means there
-        if (spec.least is not None and value < spec.least) or (spec.above is not None and value <= spec.above) or \
-                (spec.most is not None and value > spec.most):
-            raise bad()
+    if k == "bool" and not isinstance(value, bool):
+        raise bad()
+    if k in ("int", "num"):
+        _check_number(value, spec, bad)
     elif k == "str":
         if not isinstance(value, str) or (spec.choices and value not in spec.choices):
             raise bad()
@@ -235,17 +222,33 @@ def check(value: Any, spec: S, where: str = "") -> None:
     elif k == "dict":
         if not isinstance(value, dict):
             raise bad()
-        for name in spec.required:
-            if name not in value:
-                raise ValueError(f"{where + '.' if where else ''}{name}: missing")
-        for name, sub in spec.fields:
-            if name in value:
-                check(value[name], sub, f"{where}.{name}" if where else name)
-        if spec.item is not None:
-            for name, v in value.items():
-                check(v, spec.item, f"{where}.{name}" if where else str(name))
+        _check_fields(value, spec, where)
 
 
+def _check_number(value: Any, spec: S, bad: Callable[..., ValueError]) -> None:
+    if isinstance(value, bool) or not isinstance(value, int if spec.kind == "int" else (int, float)):
+        raise bad()
+    if isinstance(value, int) and abs(value) > MAX_INT:  # also keeps float(value) from overflowing
+        raise bad("a number too large")
+    if isinstance(value, float) and not math.isfinite(value):
+        if spec.finite:
+            raise bad()
+        return  # left to the later check, which says what a non-finite value means there
+    if (spec.least is not None and value < spec.least) or (spec.above is not None and value <= spec.above) or \
+            (spec.most is not None and value > spec.most):
+        raise bad()
+
+
+def _check_fields(value: dict, spec: S, where: str) -> None:
+    for name in spec.required:
+        if name not in value:
+            raise ValueError(f"{where + '.' if where else ''}{name}: missing")
+    for name, sub in spec.fields:
+        if name in value:
+            check(value[name], sub, f"{where}.{name}" if where else name)
+    if spec.item is not None:
+        for name, v in value.items():
+            check(v, spec.item, f"{where}.{name}" if where else str(name))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -218,17 +218,7 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     """``run_bench`` over ``devices`` local GPUs, the visits split between them and each cell's
     samples pooled (returns run_bench's BenchResults); every measured cell goes into ``cache``.
     The progress bar, if any, follows device 0's share."""
-    if devices < 1:
-        raise ValueError("--devices must be >= 1")
-    # Checked before any worker starts (one torch process each: thousands filled the memory). Two
-    # processes stay allowed on a host without GPUs: the split and pooling are tested there.
-    if devices > max(2, local_gpu_count()):
-        raise ValueError(f"--devices {devices}, but this host has {local_gpu_count()} visible GPU(s) "
-                         "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L): pass at most that many")
-    if visits is not None and (type(visits) is not int or not 1 <= visits <= MAX_VISITS):
-        raise ValueError(f"visits must be an integer from 1 to {MAX_VISITS}, got {visits!r}")
-    if gemm_duty is not None and not MIN_GEMM_DUTY <= gemm_duty <= 1.0:  # before the workers start, not in them
-        raise ValueError(f"gemm_duty must be in [{MIN_GEMM_DUTY:g}, 1], got {gemm_duty}")
+    _check_parallel(devices, visits, gemm_duty)
     _remove_stale_folders()
     if visits is not None:  # fewer visits than devices: the extra devices would have nothing to do
         devices = min(devices, visits)
@@ -270,6 +260,27 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
         except BaseException:  # an error, Ctrl-C or SIGTERM anywhere: no worker outlives the caller
             stop_workers()
             raise
+    return _pooled(parts, own, cache, failed, t0)
+
+
+def _check_parallel(devices: int, visits: int | None, gemm_duty: float | None) -> None:
+    """The arguments, checked before any worker starts (one torch process each: thousands filled
+    the memory). Two processes stay allowed on a host without GPUs: the split and pooling are
+    tested there."""
+    if devices < 1:
+        raise ValueError("--devices must be >= 1")
+    if devices > max(2, local_gpu_count()):
+        raise ValueError(f"--devices {devices}, but this host has {local_gpu_count()} visible GPU(s) "
+                         "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L): pass at most that many")
+    if visits is not None and (type(visits) is not int or not 1 <= visits <= MAX_VISITS):
+        raise ValueError(f"visits must be an integer from 1 to {MAX_VISITS}, got {visits!r}")
+    if gemm_duty is not None and not MIN_GEMM_DUTY <= gemm_duty <= 1.0:  # before the workers start, not in them
+        raise ValueError(f"gemm_duty must be in [{MIN_GEMM_DUTY:g}, 1], got {gemm_duty}")
+
+
+def _pooled(parts: list[Any], own: Any, cache: ResultCache, failed: dict[int, str], t0: float) -> BenchResults:
+    """Every device's samples pooled per cell, this process's measured cells cached, and the run's
+    meta per device."""
     from te_gemm_callback.microbench.results import BenchResults, pool_parts
 
     results = pool_parts([p for p in parts if p.results])

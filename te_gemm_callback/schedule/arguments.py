@@ -72,6 +72,11 @@ def check_arguments(*, wait: int, warmup: int, active: int, instrumented_steps: 
                     kernel_breakdown=kernel_breakdown)
     if set_recipe is not None and not callable(set_recipe):  # else the sweep fails after training
         raise ValueError(f"set_recipe must be a function f(module, recipe_or_None) or None, got {set_recipe!r}")
+    return _check_sweep(sweep, sweep_plan)
+
+
+def _check_sweep(sweep: Sequence[str] | None, sweep_plan: Any) -> tuple[list[str] | None, Any]:
+    """The sweep's recipes in TE's names, and its plan loaded (BF16 and the plan's recipe added)."""
     from te_gemm_callback.precisions import user_recipe
 
     if isinstance(sweep, str):
