@@ -321,7 +321,7 @@ def test_max_steps_inside_the_window_and_a_reused_callback_warn(tmp_path, caplog
     cb = GemmProfilerCallback(wait=1, warmup=1, active=4, output_dir=tmp_path, verbose=False)
     with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
         fit(cb, steps=4)
-        assert any("only 2 of 4 active step(s) will be" in m for m in warnings_of(caplog))
+        assert any("only 2 of 4 active step(s) will be captured" in m for m in warnings_of(caplog))
         assert len(GemmCapture.load(tmp_path / "gemm_capture.json").steps) == 2
         caplog.clear()
         fit(cb, steps=4)

@@ -232,7 +232,7 @@ class GemmSchedule(Publishing):
             log.warning("te-gemm: max_steps=%d ends before the capture window (steps %d-%d): %s", max_steps,
                         self.wait + self.warmup + 1, end,
                         "nothing will be captured" if max_steps <= self.wait + self.warmup else
-                        f"only {max_steps - self.wait - self.warmup} of {self.active} active step(s) will be")
+                        f"only {max_steps - self.wait - self.warmup} of {self.active} active step(s) will be captured")
 
     def step_begin(self, model: Any) -> None:
         """An optimizer step's first micro-batch begins; ``model`` is the module the job trains."""
@@ -354,9 +354,10 @@ class GemmSchedule(Publishing):
         if self.done or self.steps_seen >= end:
             # Else a resumed fit into the same output_dir captured nothing without a word.
             where = f", written to {plain(str(self.path))}" if self.path else ""
-            log.info("te-gemm: resumed at step %d, after the capture window (steps %d-%d): the capture was taken "
-                     "before the checkpoint%s; nothing is captured again (another output_dir captures afresh)",
-                     self.steps_seen, self.wait + self.warmup + 1, end, where)
+            # steps_seen stops counting once the capture is done: it is not the step resumed at.
+            log.info("te-gemm: resumed after the capture window (steps %d-%d): the capture was taken before the "
+                     "checkpoint%s; nothing is captured again (another output_dir captures afresh)",
+                     self.wait + self.warmup + 1, end, where)
             return
         if self.wait <= self.steps_seen < end:
             # Resumed inside the window: the new process has neither warmed up nor captured the
