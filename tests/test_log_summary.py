@@ -2,12 +2,15 @@
 verbose=True the full tables, no cell of them cut when the output is a file (a job's log), where
 rich cut them to 80 columns ("predicte…", "Float8CurrentS…")."""
 
+import io
+import json
 import logging
 import shutil
 from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
+from rich.console import Console
 from test_callback import DemoTransformer
 
 from te_gemm_callback import GemmProfilerCallback
@@ -66,3 +69,22 @@ def test_the_summary_of_an_h200_run(tmp_path):
         assert "gpu-bound" in line and line.count("x") >= 3, line
     assert "not run here: MXFP8BlockScaling, NVFP4BlockScaling" in body and "on a CPU" not in body
     assert len(lines) <= MAX_LINES
+
+
+def test_the_logs_step_and_share_are_the_logged_metrics(tmp_path):
+    """The log's head said "step 146.2 ms, GEMMs 72%" (the sweep's BF16 run) where the logger's
+    te_gemm/step_ms and te_gemm/gemm_share said 144.2 and 0.74 (the job's own capture): one
+    figure under one name now, and the sweep's run named for what it is."""
+    from te_gemm_callback.capture.capture_file import GemmCapture
+    from te_gemm_callback.reporting.speedups import report
+    from te_gemm_callback.reporting.summary import summary_lines
+    from te_gemm_callback.reporting.tables import summary_metrics
+
+    run = tmp_path / "run"
+    shutil.copytree(MAIN, run)
+    report(run, Console(file=io.StringIO(), width=200))
+    m = summary_metrics(GemmCapture.load(run / "gemm_capture.json"))
+    lines = summary_lines(run / "report.json")
+    assert f"step {m['te_gemm/step_ms']:.1f} ms, GEMMs {100 * m['te_gemm/gemm_share']:.0f}% of it" in lines[0], lines
+    rep = json.loads((run / "report.json").read_text())
+    assert f"over the sweep's BF16 run, step {rep['step_ms']:.1f} ms" in lines[1], lines

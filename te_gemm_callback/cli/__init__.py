@@ -163,7 +163,12 @@ def cmd_report(a: argparse.Namespace) -> int:
     check_run_dir(a.run_dir)  # before the report searches every folder below it (and before its imports)
     from te_gemm_callback.reporting.speedups import render_run
 
-    files = render_run(a.run_dir, console(), a.project or ())
+    out = console()
+    files = render_run(a.run_dir, out, a.project or ())
+    from te_gemm_callback.reporting.summary import summary_lines
+
+    for line in summary_lines(files["report"], files.get("report_md")):  # what a fit's log gets, last
+        out.print(safe(line), highlight=False)
     if a.json:
         from te_gemm_callback.files.jsonio import read_json, write_json
 
@@ -341,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"te-gemm {cmd}: error: {plain(what)}", file=sys.stderr)
         # 2: the command line itself, as argparse's refusals; 1: the run or its inputs (files, folders)
         return 2 if isinstance(err, UsageError) else 1
+    finally:  # a process that goes on (a fit after `main([...])`) prints its tables on stdout again
+        tables_to_stderr(False)
 
 
 if __name__ == "__main__":
