@@ -350,3 +350,28 @@ def test_report_json_sets_no_gemm_time_beside_a_step_it_is_not_of(tmp_path):
     assert rep["meta"]["gemm_share_basis"] == "timed steps"
     assert "gemm_ms" not in rep and rep["gemm_ms_timed_steps"] > 0
     assert rep["gemm_share"] <= 1
+
+
+def test_a_job_resumed_inside_its_window_is_reported_from_its_own_capture(tmp_path):
+    """A fit stopped inside the capture window and resumed into the same output_dir wrote its new
+    capture beside the old one (gemm_capture.step12.json) and its sweep over the old sweep; the
+    report read the old capture and threw the new sweep away as another run's (the observed
+    column empty)."""
+    from te_gemm_callback.analysis.runs import analyze_run
+
+    run = tmp_path / "run"
+    old = cap([("instrumented", 40.0, 6.0, True), ("clean", 30.0, None, False)], "bf16", meta=CPU)
+    old.meta.update(run_id="first", created="2026-12-04T10:00:00+00:00")
+    old.save(run / "gemm_capture.json")
+    new = cap([("instrumented", 40.0, 6.0, True), ("clean", 10.0, None, False)], "bf16", meta=CPU)
+    new.meta.update(run_id="resumed", created="2026-12-04T10:05:00+00:00")
+    new.save(run / "gemm_capture.step12.json")
+    for recipe, ms in (("BF16", 10.0), ("Float8CurrentScaling", 8.0)):
+        c = cap([("instrumented", 40.0, 6.0, True), ("clean", ms, None, False)],
+                "bf16" if recipe == "BF16" else "fp8_current", meta=CPU, recipe=recipe)
+        c.meta.update(run_id="resumed", sweep=True)
+        c.save(run / "sweep" / recipe / "gemm_capture.json")
+    rr = analyze_run(run)
+    assert rr.captures and all(c.meta.get("run_id") == "resumed" for c in rr.captures)
+    fp8 = next(a for a in rr.report.recipes if a.recipe == "Float8CurrentScaling")
+    assert fp8.observed_step_speedup == pytest.approx(10.0 / 8.0)

@@ -72,7 +72,9 @@ def analyze_run(run_dir: str | Path) -> RunReport:
         if len(runs) > 1:
             raise ValueError(f"{run_dir} holds {len(runs)} run folders ({', '.join(map(str, runs[:4]))}"
                              f"{', ...' if len(runs) > 4 else ''}): give one of them")
-    job = GemmCapture.load(main[0] if main else sweep[0])
+    job_path = _job_capture(root, main, sweep)
+    job = GemmCapture.load(job_path)
+    main = [job_path] if main else main
     # Observed runs: the callback's sweep (same model, batch and step definition) when present,
     # else one capture per recipe (separate runs). The baseline is the job's own recipe.
     sweep_caps, stale = _same_run(job, [(p, GemmCapture.load(p)) for p in sweep]) if main else \
@@ -153,6 +155,21 @@ def _run_of(sweep_capture: Path, root: Path) -> Path:
     """The run folder a sweep capture belongs to: the folder holding its ``sweep/``."""
     parts = sweep_capture.relative_to(root).parts
     return root.joinpath(*parts[:parts.index("sweep")])
+
+
+def _job_capture(root: Path, main: list[Path], sweep: list[Path]) -> Path:
+    """The job's capture: ``gemm_capture.json``, or where a job resumed inside its capture window
+    wrote ``gemm_capture.step<N>.json`` beside an earlier one, the capture of the run the sweep
+    below belongs to (its run id), else the newest."""
+    resumed = sorted(root.glob("gemm_capture.step*.json"))
+    if not resumed or not main:
+        return main[0] if main else sweep[0]
+    mine = [p for p in main if p.parent == root] + resumed
+    caps = {p: GemmCapture.load(p) for p in mine}
+    ids = {GemmCapture.load(p).meta.get("run_id") for p in sweep}
+    swept = [p for p, c in caps.items() if c.meta.get("run_id") in ids and c.meta.get("run_id")]
+    pick = swept or mine
+    return max(pick, key=lambda p: (str(caps[p].meta.get("created") or ""), p.stat().st_mtime))
 
 
 def _same_run(job: GemmCapture, sweep: list[tuple[Path, GemmCapture]]) -> tuple[list[GemmCapture], list[Path]]:
