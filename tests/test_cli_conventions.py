@@ -306,3 +306,22 @@ def test_an_unknown_flag_before_the_command_is_named(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--bogus" in err and err.count("\n") == 1, err
+
+
+def test_show_takes_a_run_folder_as_report_plan_and_project_do(tmp_path, capsys):
+    """`te-gemm show RUN_DIR` failed with "Is a directory" where the other commands take a folder."""
+    import json
+    import shutil
+
+    from te_gemm_callback.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "docs/results/h200/replay/main", run,
+                    ignore=shutil.ignore_patterns("sweep"))
+    capsys.readouterr()
+    assert main(["show", str(run), "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["schema"] == "te-gemm-capture/1"
+    (run / "gemm_capture.json").unlink()
+    assert main(["show", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "is a folder with no gemm_capture.json" in err and err.count("\n") == 1

@@ -310,7 +310,10 @@ def test_an_fp32_job_has_one_name_per_run_in_tables_figures_and_the_log(tmp_path
     render_report(run, out)
     printed = out.export_text()
     assert "BF16 (microbenchmark only)" in printed and "FP32 (the job)" in printed
-    assert summary_lines(run / "report.json")[0].startswith("te-gemm: FP32 job,")
+    lines = summary_lines(run / "report.json")
+    assert lines[0].startswith("te-gemm: FP32 job,")
+    # The report's checks reach the log too (they were in report.md alone).
+    assert any(line.startswith("  check: the job ran FP32 and no BF16 run was observed") for line in lines), lines
 
 
 def test_an_fp32_moe_job_analyses():

@@ -61,7 +61,12 @@ def cmd_show(a: argparse.Namespace) -> int:
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.reporting import capture_table
 
-    cap = GemmCapture.load(a.capture)
+    path = Path(a.capture)
+    if path.is_dir():  # a run folder, as report, plan and project take: its job's capture
+        path = path / "gemm_capture.json"
+        if not path.exists():
+            raise ValueError(f"{a.capture} is a folder with no gemm_capture.json: give a capture file or a run folder")
+    cap = GemmCapture.load(path)
     out = console()
     if a.json:
         from te_gemm_callback.files.jsonio import write_json
@@ -301,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("show", "print a capture file as a table",
                 "Print the GEMMs of a capture file (gemm_capture.json): module, pass, shape, precision, calls and "
                 "time per step, and the GEMM-bearing modules that never ran or were not watched.")
-    s.add_argument("capture", type=_file_path, help="a gemm_capture.json")
+    s.add_argument("capture", type=_file_path, help="a gemm_capture.json, or a run folder (its gemm_capture.json)")
     s.add_argument("--limit", type=_limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
     s.add_argument("--json", type=_file_path, nargs="?", const="-", default=None, metavar="PATH",
                    help="also write the capture as JSON to PATH; '-' or no PATH: to standard output, the table "

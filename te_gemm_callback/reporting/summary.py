@@ -10,6 +10,7 @@ from typing import Any
 from te_gemm_callback.files.jsonio import read_json
 from te_gemm_callback.printable import plain
 
+MAX_CHECKS = 3  # the report's checks said in the log; report.md has them all
 MAX_LINES = 25  # what a training log takes of ours by default
 
 
@@ -68,16 +69,21 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None) 
         lines.append(f"  ({run}, FP8 off, ran {plain(base)}: every speedup here is over {plain(base)})")
     elif swept:
         lines.append(f"  (every speedup here is over {run})")
+    # The report's checks (a noisy step, a missing baseline), but the one line 2 already says.
+    checks = [plain(str(w)) for w in meta.get("warnings") or []
+              if not str(w).startswith("the BF16 run (FP8 off) ran")][:MAX_CHECKS]
+    room = MAX_LINES - 6 - len(checks)
     recipes = [r for r in rep.get("recipes", []) if r.get("recipe") != "BF16"]
-    for r in recipes[:MAX_LINES - 4]:
+    for r in recipes[:room]:
         pred = _x(r.get("predicted_step_speedup")) + _range(r.get("predicted_band"))
         if r.get("predicted_bound"):
             pred += f" {r['predicted_bound']}-bound"
         obs = _x(r.get("observed_step_speedup")) + _range(r.get("observed_ci"))
         verdict = plain(str(r.get("verdict") or "")).split(" (")[0]
         lines.append(f"  {plain(r['recipe'])}: {_x(r.get('gemm_speedup'))} / {pred} / {obs}: {verdict}")
-    if len(recipes) > MAX_LINES - 4:
-        lines.append(f"  ... {len(recipes) - (MAX_LINES - 4)} more recipe(s) in the report")
+    if len(recipes) > room:
+        lines.append(f"  ... {len(recipes) - room} more recipe(s) in the report")
+    lines += [f"  check: {w if len(w) <= 110 else w[:107] + '...'}" for w in checks]
     mfu = meta.get("mfu") or {}
     if mfu:  # each GEMM at its own format's peak (projection/mfu.py)
         lines.append("  precision-aware MFU: " + ", ".join(f"{plain(r)} {100 * v:.0f}%" for r, v in mfu.items()))

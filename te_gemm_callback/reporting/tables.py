@@ -232,7 +232,9 @@ def plan_line(plan: Any) -> str:
     pred = plan.predicted_speedup
     what = (f"{plan.same_as} everywhere (no mixed plan gains enough)" if plan.same_as else
             f"{plan.recipe} with {len(plan.keep_bf16)} module(s) kept in BF16")
-    tail = (f", predicted {pred['plan']:.2f}x vs best single {plan.best_single} {pred[plan.best_single]:.2f}x"
+    # The plan's figures are GEMMs alone (Amdahl over the GEMM share), not the replay's column.
+    tail = (f", predicted {pred['plan']:.2f}x vs best single {plan.best_single} {pred[plan.best_single]:.2f}x "
+            "(GEMMs alone)"
             if pred.get("plan") and plan.best_single in pred else
             f", predicted speedup {plan.meta.get('prediction', 'n/a')}")  # says why none is given
     return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
