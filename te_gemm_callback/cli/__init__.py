@@ -268,10 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_bench)
 
     s = command("compare", "compare captures of separate runs (one per recipe): GEMM vs step speedup",
-                "Set the captures of separate runs of one model (one per recipe, the baseline first) side by side: "
-                "each recipe's GEMM speedup against its step speedup, with a verdict.")
+                "Set the captures of separate runs of one model (one per recipe, the job's own first) side by side: "
+                "each recipe's GEMM speedup against its step speedup over the BF16 run, with a verdict.")
     s.add_argument("captures", nargs="+", type=_file_path,
-                   help="gemm_capture.json files; the first is the baseline job")
+                   help="gemm_capture.json files; the first is the job (the table's head); speedups are over the "
+                        "BF16 run among them")
     s.add_argument("--json", type=_file_path, help="write the report as JSON (default: none)")
     s.set_defaults(fn=cmd_compare)
 

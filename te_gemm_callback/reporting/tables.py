@@ -381,18 +381,24 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     rounds = sorted({a.observed_rounds for a in rep.recipes if a.observed_rounds})
     rounds_text = ("no rounds: no observed run" if not rounds else
                    f"from {rounds[0]} rounds" if len(rounds) == 1 else f"from {rounds[0]}-{rounds[-1]} rounds")
-    explained = (f"speedups over {over}. GEMM: {rep.meta.get('mode', 'autocast')} microbenchmarks of the "
-                 "captured shapes. predicted step: "
+    benched = any(a.gemm_ms_bench is not None for a in rep.recipes)
+    # Said only for what the table holds: runs compared without a bench or a sweep (te-gemm
+    # compare) were captioned with microbenchmarks, an unfused column and rounds they had not.
+    gemm_text = (f"{rep.meta.get('mode', 'autocast')} microbenchmarks of the captured shapes" if benched else
+                 "the runs' own GEMM times (no microbenchmark)")
+    unfused_text = ("; pred. unfused: each GEMM plus a standalone quantization of its inputs (autocast mode)"
+                    if unfused else "")
+    observed_text = ("whole training steps (optimizer included) in the sweep's alternating rounds, the median of "
+                     f"the per-round ratios; 95% CI: its order-statistic interval ({rounds_text}); a rerun: where "
+                     "another run's median (a loop of your own) should fall, the CI widened by sqrt(2)" if rounds else
+                     "the ratio of the runs' clean-step medians, each run timed on its own (no rounds: no interval)")
+    explained = (f"speedups over {over}. GEMM: {gemm_text}. predicted step: "
                  + ("the job's own step replayed as the host issues it and the GPU runs it, with each recipe's "
                     "GEMM times and each module's host and quantization cost; band: GEMM quartiles, module costs "
                     "x0.5-1.5 and the replay's miss on the job's own step; bound: host or GPU in that recipe; "
                     "GEMMs alone: Amdahl with the measured GEMM share" if replayed else
-                    "Amdahl with the measured GEMM share, GEMMs alone") + "; pred. "
-                 "unfused: each GEMM plus a standalone quantization of its inputs (autocast mode). observed step: "
-                 "whole training steps (optimizer included) in the sweep's alternating rounds, the median of the "
-                 f"per-round ratios; 95% CI: its order-statistic interval ({rounds_text}); a rerun: where another "
-                 "run's median (a loop of your own) should fall, the CI widened by sqrt(2). Attention's QK^T and "
-                 "softmax·V count as non-GEMM time")
+                    "Amdahl with the measured GEMM share, GEMMs alone") + unfused_text
+                 + f". observed step: {observed_text}. Attention's QK^T and softmax·V count as non-GEMM time")
     return SpeedupRows(title, cols, rows, list(rep.skipped), explained, notes)
 
 
