@@ -196,3 +196,25 @@ def test_a_hung_nsys_is_stopped_with_the_processes_it_started(job, capsys, monke
         time.sleep(0.1)
     else:
         raise AssertionError("nsys's child outlived the timeout")
+
+
+def test_a_users_file_where_nsys_writes_is_refused_not_deleted(job, capsys, monkeypatch):
+    """`te-gemm nsys` deleted a user's prof_nvtx_gpu_proj_trace.csv beside the report before running
+    nsys stats (whose --force-overwrite would replace prof.sqlite too), whatever it held."""
+    d, cap = job
+    monkeypatch.setenv("FAKE_CSV", str(recorded(d, cap, 0.01)))
+    args = ["nsys", str(d / "gemm_capture.json"), str(d / "prof.nsys-rep"), "--nsys", str(d / "nsys")]
+    mine = d / "prof_nvtx_gpu_proj_trace.csv"
+    mine.write_text("name,score\nalice,3\n")
+    assert main(args) == 1
+    one_line_error(capsys, "is not a CSV nsys stats wrote")
+    assert mine.read_text() == "name,score\nalice,3\n"
+    mine.unlink()
+    db = d / "prof.sqlite"
+    db.write_text("my notes")
+    assert main(args) == 1
+    one_line_error(capsys, "is not an SQLite export")
+    assert db.read_text() == "my notes"
+    db.unlink()
+    assert main(args) == 0 and mine.exists()  # nsys's own CSV: written, and replaced on the next run
+    assert main(args) == 0

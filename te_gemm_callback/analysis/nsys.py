@@ -65,7 +65,8 @@ def csv_path(rep: Path) -> Path:
 @functools.cache
 def _rows(nsys: str, rep: Path, mtime_ns: int, size: int) -> list[dict[str, str]]:
     prefix = rep.with_suffix("")
-    csv_path(rep).unlink(missing_ok=True)  # never read an earlier recording's rows
+    _check_ours(csv_path(rep), rep.with_suffix(".sqlite"))
+    csv_path(rep).unlink(missing_ok=True)  # never read an earlier recording's rows (nsys's own: checked)
     _run_nsys([nsys, "stats", "-q", "-r", "nvtx_gpu_proj_trace", "-f", "csv", "--force-export=true",
                "--force-overwrite=true", "-o", str(prefix), str(rep)])
     out = csv_path(rep)
@@ -80,6 +81,23 @@ def _rows(nsys: str, rep: Path, mtime_ns: int, size: int) -> list[dict[str, str]
         raise ValueError(f"{out} is not the CSV nsys stats writes ({type(err).__name__}: {str(err)[:120]})") from None
     finally:
         csv.field_size_limit(limit)
+
+
+def _check_ours(csv_file: Path, sqlite_file: Path) -> None:
+    """nsys stats replaces the CSV and the SQLite export beside the report (--force-overwrite):
+    only where each is nsys's own (its CSV's header, SQLite's file header); a user's file of that
+    name is refused in one line, never deleted or overwritten."""
+    if csv_file.exists():
+        with open(csv_file, "rb") as f:
+            head = f.read(4096).split(b"\n", 1)[0].lower()
+        if not all(w in head for w in (b"name", b"projected", b"duration")):  # the columns _projections reads
+            raise ValueError(f"{csv_file} is not a CSV nsys stats wrote (no projected duration in its header), "
+                             "and nsys would replace it: move it, or give the report another name")
+    if sqlite_file.exists():
+        with open(sqlite_file, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise ValueError(f"{sqlite_file} is not an SQLite export, and nsys would replace it: move it, or give "
+                                 "the report another name")
 
 
 MAX_FIELD = 16 * 2**20  # bytes in one CSV field
