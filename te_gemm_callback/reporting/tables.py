@@ -379,8 +379,8 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     over = f"the BF16 run, which ran {ran}" if ran else "BF16"
     # The rounds the sweep ran (the caption said "from 6 rounds" whatever sweep_rounds was).
     rounds = sorted({a.observed_rounds for a in rep.recipes if a.observed_rounds})
-    rounds_text = ("no rounds: no observed run" if not rounds else
-                   f"from {rounds[0]} rounds" if len(rounds) == 1 else f"from {rounds[0]}-{rounds[-1]} rounds")
+    rounds_text = (f"from {rounds[0]} rounds" if len(rounds) == 1 else
+                   f"from {rounds[0]}-{rounds[-1]} rounds" if rounds else "")
     benched = any(a.gemm_ms_bench is not None for a in rep.recipes)
     # Said only for what the table holds: runs compared without a bench or a sweep (te-gemm
     # compare) were captioned with microbenchmarks, an unfused column and rounds they had not.
