@@ -275,3 +275,99 @@ def test_a_manual_optimization_job_gets_no_sweep_and_trains_as_without_it(tmp_pa
     assert swept.calls == plain.calls and swept.epoch_means == plain.epoch_means and swept.draws == plain.draws
     for (n, p), q in zip(plain.named_parameters(), swept.parameters()):
         assert torch.equal(p, q), n
+
+
+class Tracker:
+    """A metrics helper of the job's own, held on the module."""
+
+    def __init__(self):
+        self.n = 0
+        self.history = []
+
+
+class NestedJob(Job):
+    """State one level deeper than training_step_outputs: a list inside a dict, a deque, a helper
+    object's counter and list, a running-sum tensor updated in place; and a learnable temperature
+    the optimizer steps that is not one of the module's parameters."""
+
+    def __init__(self, temperature):
+        super().__init__()
+        import collections
+
+        self.nested = {"hist": []}
+        self.recent = collections.deque(maxlen=100)
+        self.tracker = Tracker()
+        self.tsum = torch.zeros(())
+        self.temperature = [temperature]  # in a list: not registered as the module's parameter
+
+    def training_step(self, batch, i):
+        loss = super().training_step(batch, i) * self.temperature[0]
+        self.nested["hist"].append(float(loss))
+        self.recent.append(float(loss))
+        self.tracker.n += 1
+        self.tracker.history.append(float(loss))
+        self.tsum += loss.detach()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW([*self.parameters(), self.temperature[0]], lr=1e-2)
+
+
+def test_nested_state_and_parameters_outside_the_module_are_put_back(tmp_path):
+    """A hostile probe's findings: only the top level of a module's containers was put back (a list
+    inside a dict kept the sweep's 6 losses, so did a deque, a helper's counter and an in-place
+    tensor sum), and a parameter the optimizer steps outside the module kept the sweep's updates."""
+    def run(folder, callbacks):
+        torch.manual_seed(0)
+        np.random.seed(0)
+        random.seed(0)
+        job = NestedJob(nn.Parameter(torch.ones(())))
+        data = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+        pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                   default_root_dir=str(folder)).fit(job, torch.utils.data.DataLoader(data, batch_size=None))
+        return job
+
+    plain = run(tmp_path / "a", [])
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=4, output_dir=str(tmp_path / "te"), sweep=["BF16"],
+                              sweep_steps=2, sweep_rounds=2, sweep_budget_s=0, verbose=False, report=False)
+    swept = run(tmp_path / "b", [cb])
+    assert (tmp_path / "te" / "sweep").is_dir()
+    assert swept.nested == plain.nested and len(plain.nested["hist"]) == 16
+    assert list(swept.recent) == list(plain.recent)
+    assert (swept.tracker.n, swept.tracker.history) == (plain.tracker.n, plain.tracker.history)
+    assert torch.equal(swept.tsum, plain.tsum)
+    assert torch.equal(swept.temperature[0], plain.temperature[0])
+    for (n, p), q in zip(plain.named_parameters(), swept.parameters()):
+        assert torch.equal(p, q), n
+
+
+class DirectLoggingJob(Job):
+    def training_step(self, batch, i):
+        loss = super().training_step(batch, i)
+        self.logger.log_metrics({"direct": float(loss)}, step=self.global_step)
+        return loss
+
+
+def test_a_training_step_that_logs_straight_to_the_logger_logs_only_the_jobs_steps(tmp_path):
+    """self.logger.log_metrics(...) inside training_step wrote the sweep's 6 steps into the job's
+    metrics file (27 rows where the fit has 21); self.log was already quiet in sweep steps."""
+    import csv
+
+    def run(folder, callbacks):
+        torch.manual_seed(0)
+        np.random.seed(0)
+        random.seed(0)
+        data = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+        logger = pl.loggers.CSVLogger(str(folder), name="job", version=0)
+        tr = pl.Trainer(max_epochs=2, accelerator="cpu", logger=logger, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                        log_every_n_steps=1, default_root_dir=str(folder))
+        tr.fit(DirectLoggingJob(), torch.utils.data.DataLoader(data, batch_size=None))
+        with open(folder / "job" / "version_0" / "metrics.csv") as f:
+            return [r["direct"] for r in csv.DictReader(f) if r.get("direct")]
+
+    plain = run(tmp_path / "a", [])
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=4, output_dir=str(tmp_path / "te"), sweep=["BF16"],
+                              sweep_steps=2, sweep_rounds=2, sweep_budget_s=0, verbose=False, report=False)
+    assert run(tmp_path / "b", [cb]) == plain and len(plain) == 16

@@ -143,15 +143,20 @@ class GemmProfilerCallback(ScheduleResults, Callback):
                 m.recipe = original if r is None else r
 
         def step() -> Any:
-            had, log_fn = "log" in module.__dict__, module.__dict__.get("log")
-            module.log = lambda *a, **k: None  # sweep steps are not training steps: log nothing
+            # Sweep steps are not training steps: they log nothing, through self.log or straight to
+            # a logger (self.logger.log_metrics in a training_step).
+            had = [(o, n, n in o.__dict__, o.__dict__.get(n)) for o, n in
+                   [(module, "log"), *((lg, "log_metrics") for lg in trainer.loggers)]]
+            for o, n, _, _ in had:
+                setattr(o, n, lambda *a, **k: None)
             try:
                 return module.training_step(batch, batch_idx)
             finally:
-                if had:
-                    module.log = log_fn
-                else:  # the class's log was in use: an instance attribute left here would shadow it forever
-                    del module.log
+                for o, n, was, fn in reversed(had):
+                    if was:
+                        setattr(o, n, fn)
+                    else:  # the class's method was in use: an instance attribute left here would shadow it
+                        delattr(o, n)
 
         optimizers = list(trainer.optimizers)
 

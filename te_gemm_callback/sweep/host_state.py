@@ -4,18 +4,23 @@
   NumPy's global generator (where NumPy is loaded), and every ``torch.Generator`` reachable from
   the model's modules and from the objects the caller names (a DataLoader, its sampler, a
   datamodule), as Lightning's own ``_collect_rng_states`` covers the first four.
-- The Python containers and counters on the model's modules: a ``training_step`` that appends its
-  loss to ``self.training_step_outputs`` (Lightning 2's idiom for epoch-end averages) or counts its
-  calls would otherwise carry the sweep's steps into the job's metrics. Lists, dicts and sets get
-  their contents back in the same object (the job may hold a reference); numbers, strings and
-  None are set back. Attributes the sweep added are removed. TE's modules are left to the
-  snapshot's TE-state handling (state.py).
+- The Python state on the model's modules: a ``training_step`` that appends its loss to
+  ``self.training_step_outputs`` (Lightning 2's idiom for epoch-end averages), to a list inside a
+  dict, or counts its calls on a helper object would otherwise carry the sweep's steps into the
+  job's metrics. Lists, dicts, sets and deques get their contents back in the same objects, nested
+  ones too (the job may hold a reference); numbers, strings and None are set back; a tensor that
+  is not a parameter or buffer (a running sum) gets its values back; a plain object's attributes
+  (one level down) likewise. Attributes the sweep added are removed. What is too large to copy is
+  named in one line before the sweep runs. TE's modules are left to the snapshot's TE-state
+  handling (state.py).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,7 +35,84 @@ _STATE_OBJECTS = ("_fp8_metas", "_quantizers")
 _STATE_FLAGS = ("fp8_initialized", "fp8_meta_tensors_initialized", "fp8", "fp8_calibration", "fp8_parameters")
 _TE_STATE = frozenset(_STATE_DICTS + _STATE_OBJECTS + _STATE_FLAGS)  # RecipeStates puts these back
 _SCALARS = (bool, int, float, str, type(None))
-_CONTAINERS = (list, dict, set)
+_CONTAINERS = (list, dict, set, deque)
+MAX_NODES = 200_000  # container entries copied per attribute: beyond, it is named, not copied
+MAX_TENSOR = 2**22  # elements of a tensor attribute copied: beyond, it is named, not copied
+MAX_DEPTH = 6  # containers nested deeper are kept by reference
+log = logging.getLogger("te_gemm_callback")
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _snap(v: Any, budget: list[int], depth: int = 0) -> Any:
+    """A node of the copy: ("c", obj, children) for a container (its own nested ones copied too),
+    ("t", tensor, values) for a tensor, ("v", value) for anything else (kept by reference)."""
+    if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
+        if v.numel() > MAX_TENSOR:
+            raise _TooBig
+        return ("t", v, v.detach().clone())
+    if not isinstance(v, (*_CONTAINERS, tuple)) or depth > MAX_DEPTH:
+        return ("v", v)
+    budget[0] -= len(v)
+    if budget[0] < 0:
+        raise _TooBig
+    if isinstance(v, dict):
+        return ("c", v, [(k, _snap(x, budget, depth + 1)) for k, x in v.items()])
+    if isinstance(v, set):
+        return ("c", v, list(v))
+    return ("c", v, [_snap(x, budget, depth + 1) for x in v])
+
+
+def _put(node: Any) -> Any:
+    """The object of ``node`` with the copy's contents back in place (nested containers too)."""
+    kind = node[0]
+    if kind == "v":
+        return node[1]
+    if kind == "t":
+        t, values = node[1], node[2]
+        if t.shape == values.shape and t.dtype == values.dtype:
+            with torch.no_grad():
+                t.copy_(values)
+        return t
+    obj, children = node[1], node[2]
+    if isinstance(obj, dict):
+        obj.clear()
+        obj.update((k, _put(c)) for k, c in children)
+    elif isinstance(obj, set):
+        obj.clear()
+        obj.update(children)
+    elif isinstance(obj, list):
+        obj[:] = [_put(c) for c in children]
+    elif isinstance(obj, deque):
+        obj.clear()
+        obj.extend(_put(c) for c in children)
+    else:  # a tuple: its own items cannot change, their contents can
+        for c in children:
+            _put(c)
+    return obj
+
+
+def _differs(node: Any) -> bool:
+    """Whether the live object departs from the copy (its items, by identity, or a tensor's values)."""
+    kind = node[0]
+    if kind == "v":
+        return False
+    if kind == "t":
+        t, values = node[1], node[2]
+        return t.shape != values.shape or not torch.equal(t.detach(), values)
+    obj, children = node[1], node[2]
+    if isinstance(obj, dict):
+        return list(obj) != [k for k, _ in children] or \
+            any(obj[k] is not _live(c) or _differs(c) for k, c in children)
+    if isinstance(obj, set):
+        return obj != set(children)
+    return len(obj) != len(children) or any(x is not _live(c) or _differs(c) for x, c in zip(obj, children))
+
+
+def _live(node: Any) -> Any:
+    return node[1]
 
 
 def _generators(objs: Iterable[Any]) -> list[torch.Generator]:
@@ -71,20 +153,36 @@ class HostState:
         np = sys.modules.get("numpy")
         self.numpy = np.random.get_state() if np is not None else None
         self.generators = [(g, g.get_state()) for g in _generators([*model.modules(), *extra])]
-        self.attrs: dict[int, tuple[nn.Module, dict[str, Any]]] = {}
+        self.attrs: dict[int, tuple[Any, str, dict[str, Any]]] = {}
+        self.not_copied: list[str] = []
         for m in model.modules():
             if type(m).__module__.startswith("transformer_engine"):
                 continue  # TE's recipe state: RecipeStates and the modules' extra state put it back
-            saved = {}
-            for k, v in vars(m).items():
-                if k.startswith("_") or k in _TE_STATE or isinstance(v, (nn.Module, torch.Tensor)):
-                    continue  # torch's own bookkeeping, submodules, parameters and tensors: not ours here
-                if isinstance(v, _SCALARS):
-                    saved[k] = v
-                elif isinstance(v, _CONTAINERS):
-                    saved[k] = (v, type(v)(v) if not isinstance(v, dict) else dict(v))
-            self.attrs[id(m)] = (m, saved)
+            self._keep(m, type(m).__name__)
+        if self.not_copied:  # said before the sweep runs: what it may change and cannot put back
+            log.warning("te-gemm: too large to copy before the sweep, so not put back after it: %s",
+                        ", ".join(self.not_copied[:8]) + (" ..." if len(self.not_copied) > 8 else ""))
         self.changed: list[str] = []
+
+    def _keep(self, obj: Any, label: str, depth: int = 0) -> None:
+        """Copy ``obj``'s own attributes: scalars, containers (nested), tensors that are not its
+        parameters or buffers, and, one level down, a plain object's attributes likewise."""
+        if id(obj) in self.attrs:
+            return
+        saved: dict[str, Any] = {}
+        self.attrs[id(obj)] = (obj, label, saved)
+        for k, v in list(vars(obj).items()):
+            if k.startswith("_") or k in _TE_STATE or isinstance(v, (nn.Module, nn.Parameter)):
+                continue  # torch's own bookkeeping, submodules and parameters: not ours here
+            if isinstance(v, _SCALARS):
+                saved[k] = v
+            elif isinstance(v, (*_CONTAINERS, tuple, torch.Tensor)):
+                try:
+                    saved[k] = _snap(v, [MAX_NODES])
+                except _TooBig:
+                    self.not_copied.append(f"{label}.{k}")
+            elif depth == 0 and _plain_object(v):
+                self._keep(v, f"{label}.{k}", depth=depth + 1)
 
     def restore(self) -> list[str]:
         torch.set_rng_state(self.torch_cpu)
@@ -97,30 +195,35 @@ class HostState:
         for g, state in self.generators:
             g.set_state(state)
         self.changed = []
-        for m, saved in self.attrs.values():
-            now = vars(m)
+        for obj, label, saved in self.attrs.values():
+            now = vars(obj)
             for k in [k for k in now if not k.startswith("_") and k not in saved and k not in _TE_STATE
                       and isinstance(now[k], (*_SCALARS, *_CONTAINERS))]:
                 del now[k]  # added by the sweep's steps
-                self.changed.append(f"{type(m).__name__}.{k}")
+                self.changed.append(f"{label}.{k}")
             for k, v in saved.items():
-                if isinstance(v, tuple):
-                    obj, contents = v
-                    if now.get(k) is not obj or not _same(obj, contents):
-                        self.changed.append(f"{type(m).__name__}.{k}")
-                    if isinstance(obj, list):
-                        obj[:] = contents
-                    else:
-                        obj.clear()
-                        obj.update(contents)
-                    now[k] = obj
+                if isinstance(v, tuple) and v and v[0] in ("c", "t"):
+                    if now.get(k) is not v[1] or _differs(v):
+                        self.changed.append(f"{label}.{k}")
+                    now[k] = _put(v)
                 elif not _same(now.get(k, _MISSING), v):
-                    self.changed.append(f"{type(m).__name__}.{k}")
+                    self.changed.append(f"{label}.{k}")
                     now[k] = v
         return self.changed
 
 
 _MISSING = object()
+
+
+def _plain_object(v: Any) -> bool:
+    """An object of the job's own whose attributes a step may change (a metrics tracker): not a
+    module, tensor, generator, function, class, or an object of torch's, Lightning's or the
+    standard library's (a logger, a trainer, a dataset's loader)."""
+    mod = type(v).__module__ or ""
+    return hasattr(v, "__dict__") and not isinstance(v, (type, torch.Generator)) and not callable(v) and \
+        not mod.startswith(("torch", "pytorch_lightning", "lightning", "builtins", "logging", "numpy", "transformers",
+                            "accelerate", "collections", "functools", "transformer_engine", "tensorboard", "wandb",
+                            "mlflow", "rich", "tqdm", "te_gemm_callback"))
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -131,6 +131,13 @@ class TrainingSnapshot:
         self.extra = {n: copy.deepcopy(m.get_extra_state()) for n, m in model.named_modules()
                       if type(m).get_extra_state is not nn.Module.get_extra_state}
         self.grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
+        # Parameters the optimizers step that the model does not hold (a loss head, a learnable
+        # temperature): the sweep's optimizer steps change them too.
+        mine = {id(p) for p in model.parameters()}
+        optimizers = list(optimizers)
+        outside = {id(p): p for opt in optimizers for g in opt.param_groups for p in g["params"] if id(p) not in mine}
+        self.outside = [(p, p.detach().to("cpu", copy=True), p.grad.detach().clone() if p.grad is not None else None)
+                        for p in outside.values()]
         # Every RNG (torch, CUDA, Python, NumPy, generators on the modules and ``rng_objects``) and
         # the Python containers and counters on the modules (host_state.py).
         self.host = HostState(model, rng_objects)
@@ -161,6 +168,10 @@ class TrainingSnapshot:
                     g.update(copy.deepcopy(saved))
         for n, p in model.named_parameters():
             p.grad = self.grads[n]
+        with torch.no_grad():
+            for p, value, grad in self.outside:
+                p.copy_(value)
+                p.grad = grad
         changed = self.host.restore()
         if changed:
             log.info("te-gemm: the sweep's steps changed %s; put back", ", ".join(sorted(set(changed))))
