@@ -173,6 +173,20 @@ def test_a_cache_of_another_timing_version_is_kept(tmp_path):
     assert again.path == c.path != path and again.get("mine") is not None
 
 
+def test_a_cache_of_a_newer_format_is_kept_not_called_corrupt(tmp_path):
+    """A cache another install wrote in a newer format ("te-gemm-cache/2") was renamed
+    .corrupt-<time> and called corrupt; a later `cache clear` would delete it."""
+    path = tmp_path / "c.json"
+    newer = {"schema": "te-gemm-cache/2", "cells": {"x": 1}}
+    path.write_text(json.dumps(newer))
+    c = ResultCache(path)
+    c.put("mine", BenchResult(8, 8, 8, "fprop", "BF16", "autocast", median_ms=0.01, q1_ms=0.01, q3_ms=0.01))
+    assert c.save() is None and c.path != path
+    assert json.loads(path.read_text()) == newer
+    assert not [p.name for p in tmp_path.iterdir() if "corrupt" in p.name]  # nothing moved aside
+    assert ResultCache(path).get("mine") is not None
+
+
 # 4. A cache that cannot be written is a warning after the results, never a lost run.
 @pytest.mark.parametrize("where", ["parent_is_a_file", "directory", "empty_env"])
 def test_unwritable_cache_warns_after_the_results(tmp_path, monkeypatch, capsys, where):

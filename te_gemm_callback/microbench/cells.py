@@ -320,6 +320,15 @@ class ResultCache:
             raise ValueError(f"{p} is not a te-gemm cache ({err}); {_ELSEWHERE}") from None
         try:
             data = parse_json(raw)
+            sch = data.get("schema") if isinstance(data, dict) else None
+            if isinstance(sch, str) and sch.startswith(CACHE_SCHEMA.split("/")[0] + "/") and sch != CACHE_SCHEMA:
+                # Another install's cache format (a newer one): never called corrupt or moved; this
+                # install keeps a file of its own beside it, as for another timing version.
+                other = self.version_path()
+                if warn:
+                    log.info("te-gemm: cache %s is %s; this install (%s) uses %s", p, sch, CACHE_SCHEMA, other)
+                self.path = other
+                return self._read(warn) if other.exists() and other != p else self._empty()
             if not _is_cache(data):
                 raise ValueError(f"{p} is not a te-gemm cache (it holds {schema_of(data) or type(data).__name__}); "
                                  + _ELSEWHERE)
