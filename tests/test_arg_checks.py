@@ -309,3 +309,26 @@ def test_a_bench_that_runs_for_minutes_on_a_cpu_says_so_first(monkeypatch):
     out = Console(record=True, width=200)
     assert warn_long_cpu_bench(items_from_shapes(parse_shapes("256x256x256")), ["prequantized"], None, out) < 1
     assert out.export_text() == ""
+
+
+def test_an_empty_gemm_leaves_no_record_the_capture_file_refuses(tmp_path):
+    """An MoE-style forward that runs a layer on zero tokens (x[:0]) left a 16x0x32 wgrad record:
+    the capture was written, then refused by its own reader ("impossible dimensions")."""
+    from te_gemm_callback.capture.capture_file import GemmCapture
+
+    class Sparse(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = nn.Linear(32, 16), nn.Linear(32, 16)
+
+        def forward(self, x):
+            return self.l1(x).sum() + self.l2(x[:0]).sum()
+
+    model, x = Sparse(), torch.randn(8, 32)
+    with GemmProfiler(model, kernel_steps=0) as prof:
+        for _ in range(2):
+            model(x).backward()
+            prof.step()
+    path = prof.capture.save(tmp_path / "gemm_capture.json")
+    cap = GemmCapture.load(path)
+    assert {r.module for r in cap.records} == {"l1"} and all(0 not in (r.m, r.k, r.n) for r in cap.records)

@@ -130,6 +130,10 @@ class Recorder:
             if isinstance(m_splits, torch.Tensor):
                 ev.m_splits = splits_from_offs(m_splits)
                 apply_splits(ev)
+            if 0 in (ev.m, ev.k, ev.n):
+                # An empty GEMM (an expert given no tokens, x[:0]): no work and no kernel, so not a
+                # GEMM of the step, and a record of it would be a shape the capture file refuses.
+                continue
             self.events.append(ev)
             seq.append(ev.key())
             counts.append(grouped_kernel_counts(ev.m_splits) if site.kernel == "general_grouped_gemm" else (1,))
