@@ -332,3 +332,29 @@ def test_an_empty_gemm_leaves_no_record_the_capture_file_refuses(tmp_path):
     path = prof.capture.save(tmp_path / "gemm_capture.json")
     cap = GemmCapture.load(path)
     assert {r.module for r in cap.records} == {"l1"} and all(0 not in (r.m, r.k, r.n) for r in cap.records)
+
+
+def test_an_error_inside_a_hook_is_said_once_and_capture_stays_off(tmp_path, caplog, monkeypatch):
+    """An error inside a hook was said three times (each capture window's profiler, then the
+    sweep's), each with a traceback fragment, and a capture without GEMMs was still written."""
+    from te_gemm_callback.capture import torch_adapter
+
+    def boom(*a, **k):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(torch_adapter.GemmDispatchMode, "_before", boom)
+    model, opt = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8)), None
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    sched = GemmSchedule(wait=1, warmup=1, active=3, output_dir=str(tmp_path / "te"), sweep=["BF16"], verbose=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        for i in range(7):
+            sched.step_begin(model)
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step_end(JobStep(global_step=i + 1))
+        sched.train_end(JobStep(global_step=7))
+    said = [m for m in te_warnings(caplog) if "capture turned off" in m]
+    assert len(said) == 1 and "injected" in said[0] and "File " not in said[0], said
+    assert not (tmp_path / "te" / "gemm_capture.json").exists()

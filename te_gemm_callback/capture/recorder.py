@@ -102,8 +102,8 @@ class Recorder:
         """Report once, then capture turns itself off; the job goes on untouched."""
         if self.error is None:
             self.error = f"{type(err).__name__}: {err}"
-            log.warning("te-gemm: capture turned off after an error inside a hook: %s\n%s",
-                        self.error, "".join(traceback.format_exception(err)[-3:]))
+            log.warning("te-gemm: capture turned off after an error inside a hook: %s", self.error)
+            log.debug("te-gemm: where: %s", "".join(traceback.format_exception(err)[-3:]))
         self.active = False
         self.scope.enabled = False
 

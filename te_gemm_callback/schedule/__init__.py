@@ -274,6 +274,12 @@ class GemmSchedule(Publishing):
         self.steps_seen += 1
         if self._prof is None:
             return
+        if getattr(getattr(self._prof, "recorder", None), "error", None) is not None:
+            # An error inside a hook (said once, by the recorder): capture is off for the rest of
+            # the run, no half capture written and no new window opened to fail again.
+            self._drop()
+            self.done = True
+            return
         if self.phase(self.steps_seen) == self._phase:
             prof = self._prof
 
