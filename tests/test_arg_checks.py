@@ -358,3 +358,21 @@ def test_an_error_inside_a_hook_is_said_once_and_capture_stays_off(tmp_path, cap
     said = [m for m in te_warnings(caplog) if "capture turned off" in m]
     assert len(said) == 1 and "injected" in said[0] and "File " not in said[0], said
     assert not (tmp_path / "te" / "gemm_capture.json").exists()
+
+
+def test_small_findings_of_a_second_probe(tmp_path, capsys):
+    """`te-gemm nsys --pid abc` failed later naming something else; `te-gemm project --source-gpu
+    H200` on a CPU run projected CPU times as if an H200's; a root module that never ran was named
+    as nothing ("never ran while capturing: ")."""
+    from te_gemm_callback.capture.coverage import _names
+
+    with pytest.raises(SystemExit) as e:  # argparse's own refusal: exit 2, one line
+        main(["nsys", "c.json", "r.nsys-rep", "--pid", "abc"])
+    assert e.value.code == 2
+    one_line_error(capsys, "expected a process id")
+    run = tmp_path / "run"
+    cap = small_capture()
+    cap.save(run / "gemm_capture.json")
+    assert main(["project", str(run), "--gpu", "B300", "--source-gpu", "H200"]) == 2
+    one_line_error(capsys, "ran on a CPU")
+    assert _names(["", "lm_head"]) == "(the model itself), lm_head"

@@ -16,7 +16,8 @@ log = logging.getLogger("te_gemm_callback")
 
 def _names(ns: list[str]) -> str:
     # Control characters shown as "?": a module name must not drive the terminal (ANSI, OSC links).
-    return plain(", ".join(ns[:8])) + (" ..." if len(ns) > 8 else "")
+    # The root module's name is "": said as what it is, not as nothing.
+    return plain(", ".join(n or "(the model itself)" for n in ns[:8])) + (" ..." if len(ns) > 8 else "")
 
 
 def coverage(model: nn.Module, seen: Iterable[str], *, te_watched: bool, torch_watched: bool,

@@ -49,6 +49,13 @@ def cmd_nsys(a: argparse.Namespace) -> int:
     return 0
 
 
+def _pid(text: str) -> str:
+    # A process id is a whole number: "abc" failed later with an error that named something else.
+    if not text.strip().isascii() or not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a process id (a whole number), got {text!r}")
+    return text.strip()
+
+
 def add_nsys_parser(command, file_path, limit) -> None:
     s = command("nsys", "set a capture's GEMM times beside nsys's own for the same run (needs nsys)",
                 "For a job profiled under nsys profile -t cuda,nvtx with the capture on: each GEMM's time in the "
@@ -59,8 +66,9 @@ def add_nsys_parser(command, file_path, limit) -> None:
     s.add_argument("capture", type=file_path, help="the job's gemm_capture.json")
     s.add_argument("report", type=file_path, help="the .nsys-rep nsys wrote for that job")
     s.add_argument("--nsys", type=file_path, help="the nsys binary (default: PATH, then /opt/nvidia)")
-    s.add_argument("--pid", help="the process whose ranges to compare, where REPORT holds several (one per rank): "
-                                 "the one that wrote CAPTURE (default: the only one)")
+    s.add_argument("--pid", type=_pid,
+                   help="the process whose ranges to compare, where REPORT holds several (one per rank): "
+                        "the one that wrote CAPTURE (default: the only one)")
     s.add_argument("--json", type=file_path,
                    help="also write the rows as JSON; capture_vs_nsys there is a fraction (default: none)")
     s.add_argument("--limit", type=limit, default=None, help="rows to print, 0 for all (default: 0, every row)")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from te_gemm_callback.cli.args import UsageError
 from te_gemm_callback.printable import safe
 
 
@@ -18,7 +19,11 @@ def cmd_project(a: argparse.Namespace) -> int:
     path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
     root = a.run_dir if a.json is None else None
     check_target(path, json_kind(PROJECTION_SCHEMA), root)  # refused before anything is printed
-    if a.source_gpu is None and (cpu := _cpu_capture(a.run_dir)) is not None:
+    cpu = _cpu_capture(a.run_dir)
+    if cpu is not None and a.source_gpu is not None:  # CPU times were projected as if the GPU's
+        raise UsageError(f"--source-gpu {a.source_gpu}: {a.run_dir} ran on a CPU, whose times are no GPU's; "
+                         "without --source-gpu te-gemm project gives a shape-only estimate")
+    if cpu is not None:
         return _shape_only(a, cpu, path, root)
     rp = project_run(a.run_dir, a.gpu, a.source_gpu, host_speed=a.host_speed)
     out = console()
