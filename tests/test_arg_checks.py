@@ -376,3 +376,17 @@ def test_small_findings_of_a_second_probe(tmp_path, capsys):
     assert main(["project", str(run), "--gpu", "B300", "--source-gpu", "H200"]) == 2
     one_line_error(capsys, "ran on a CPU")
     assert _names(["", "lm_head"]) == "(the model itself), lm_head"
+
+
+def test_report_refuses_a_json_target_before_writing_the_run_folder(tmp_path, capsys):
+    """`te-gemm report RUN --json foreign.json` wrote every file of the run folder, then refused
+    the --json target and exited 1."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "docs/results/h200/replay/main", run, ignore=shutil.ignore_patterns("sweep"))
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text('{"acc": 0.9}')
+    assert main(["report", str(run), "--json", str(foreign)]) == 1
+    one_line_error(capsys)
+    assert foreign.read_text() == '{"acc": 0.9}' and not (run / "report.json").exists()

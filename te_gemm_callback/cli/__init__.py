@@ -166,7 +166,12 @@ def _gpus(text: str) -> list[str]:
 
 def cmd_report(a: argparse.Namespace) -> int:
     check_run_dir(a.run_dir)  # before the report searches every folder below it (and before its imports)
-    from te_gemm_callback.reporting.speedups import render_run
+    from te_gemm_callback.reporting.speedups import REPORT_SCHEMA, render_run
+
+    if a.json and a.json != "-":  # refused before the run folder's files are written, not after
+        from te_gemm_callback.files.jsonio import check_target, json_kind
+
+        check_target(a.json, json_kind(REPORT_SCHEMA))
 
     out = console()
     files = render_run(a.run_dir, out, a.project or ())
