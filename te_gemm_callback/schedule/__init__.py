@@ -274,9 +274,11 @@ class GemmSchedule(Publishing):
         self.steps_seen += 1
         if self._prof is None:
             return
-        if getattr(getattr(self._prof, "recorder", None), "error", None) is not None:
+        if getattr(getattr(self._prof, "recorder", None), "error", None) is not None and not _other_ranks():
             # An error inside a hook (said once, by the recorder): capture is off for the rest of
-            # the run, no half capture written and no new window opened to fail again.
+            # the run, no half capture written and no new window opened to fail again. Not in a
+            # multi-process job: there every rank goes on to the gather at the window's end (its
+            # capture says the error), or the other ranks would wait for this one there.
             self._drop()
             self.done = True
             return
@@ -454,3 +456,10 @@ def _bad_job(job: Any) -> str | None:
 def _short_repr(x: Any) -> str:
     text = repr(x)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _other_ranks() -> bool:
+    """Whether this process is one rank of several (torch.distributed initialised, world > 1)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
