@@ -371,3 +371,18 @@ def test_a_training_step_that_logs_straight_to_the_logger_logs_only_the_jobs_ste
     cb = GemmProfilerCallback(wait=1, warmup=1, active=4, output_dir=str(tmp_path / "te"), sweep=["BF16"],
                               sweep_steps=2, sweep_rounds=2, sweep_budget_s=0, verbose=False, report=False)
     assert run(tmp_path / "b", [cb]) == plain and len(plain) == 16
+
+
+def test_a_sweep_given_another_model_than_its_optimizer_steps_is_refused(tmp_path, caplog):
+    """SweepJob(nn.Linear(3, 3), loss_of_the_real_model, [opt_of_the_real_model]) ran: the real
+    model's weights changed, and nothing could put them back."""
+    from te_gemm_callback.sweep.engine import run_sweep
+
+    real, other = nn.Linear(4, 4), nn.Linear(3, 3)
+    opt = torch.optim.SGD(real.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in real.parameters()]
+    x = torch.randn(2, 4)
+    with pytest.raises(ValueError, match="steps none of the given model's parameters"):
+        run_sweep(other, lambda: real(x).square().mean(), ["BF16"], optimizers=[opt], profile_kernels=False,
+                  rounds=0, budget_s=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, real.parameters()))

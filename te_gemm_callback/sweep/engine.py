@@ -83,6 +83,17 @@ def step_loss(out: Any) -> torch.Tensor:
     raise TypeError("the sweep's step function must return a loss tensor, a dict with 'loss', or an output with .loss")
 
 
+def _check_model(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Refuse optimizers that step none of the model's parameters: the sweep was given another
+    model than the one it trains (the step function's), whose weights it could not put back."""
+    mine = {id(p) for p in model.parameters()}
+    for opt in optimizers:
+        params = [p for g in getattr(opt, "param_groups", []) for p in g["params"]]
+        if params and not any(id(p) in mine for p in params):
+            raise ValueError(f"the sweep's optimizer {type(opt).__name__} steps none of the given model's parameters: "
+                             "give the sweep the model the step function trains")
+
+
 def _check_settings(steps: int, rounds: int, budget_s: float, target: float) -> None:
     """One line per bad setting, before anything of the job is touched."""
     if steps < 1:
@@ -111,6 +122,7 @@ class Sweep:
                  optimizer_step: Callable[[], Any] | None, run_id: str | None,
                  rng_objects: Sequence[Any] = ()) -> None:
         _check_settings(steps, rounds, budget_s, target)
+        _check_model(model, optimizers)
         from te_gemm_callback.analysis.plan import PrecisionPlan
 
         if plan is not None and not isinstance(plan, PrecisionPlan):
