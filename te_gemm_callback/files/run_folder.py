@@ -27,7 +27,7 @@ def clear_stale_sweep(output_dir: Path, run_id: str) -> list[Path]:
     for this run's baseline. Files that are not our captures, and links, are left alone."""
     from te_gemm_callback.capture.capture_file import SCHEMA
 
-    sweep, gone = output_dir / "sweep", []
+    sweep, gone = output_dir / "sweep", list[Path]()
     if not sweep.is_dir() or sweep.is_symlink():
         return gone
     root = output_dir.resolve()

@@ -205,9 +205,10 @@ class BenchResult:
     @property
     def spread(self) -> float | None:
         """IQR / median of the cell's samples (the spread the tables print); None when unknown."""
-        if not self.ok or self.q1_ms is None or self.q3_ms is None or self.median_ms <= 0:
+        med = self.median_ms
+        if not self.ok or self.q1_ms is None or self.q3_ms is None or med is None or med <= 0:
             return None
-        return (self.q3_ms - self.q1_ms) / self.median_ms
+        return (self.q3_ms - self.q1_ms) / med
 
     @property
     def above_spread_limit(self) -> bool:

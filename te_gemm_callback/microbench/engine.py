@@ -263,7 +263,7 @@ class BenchRun:
         r = BenchResult(s.m, s.k, s.n, str(s.op), job.precision, mode, list(it.m_splits) if it.m_splits else None,
                         backend=backend, conditions=self.cond, batch=s.batch)
         padded = padded_splits(it.m_splits, job.precision) if it.m_splits and backend == "te" else None
-        if padded is not None and padded != tuple(it.m_splits):
+        if padded is not None and padded != tuple(it.m_splits or ()):
             r.padded_m_splits = list(padded)
         if error or not times:
             r.error = error or "no timing recorded for this pass"
@@ -281,10 +281,11 @@ class BenchRun:
                 if job.todo:
                     m = job.measured[c]
                     r = m.result
-                    if r.ok:
+                    if r.ok and m.samples is not None:  # an ok cell was read: it has samples
                         samples[r.cell] = (m.samples, m.clocks)
                     self.cache.put(key, r)
-                results.append(r)
+                if r is not None:  # a cached job's every cell is cached (plan: a job is todo otherwise)
+                    results.append(r)
         return results, samples
 
 

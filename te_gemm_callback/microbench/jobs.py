@@ -28,6 +28,7 @@ every recipe: ``C = A @ B`` and its two input gradients ``dC B^T`` and ``A^T dC`
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import time
@@ -279,11 +280,9 @@ class TorchJob:
         for op, fn in self.fns.items():
             n = self.calls[op]
             if self.cuda:
-                pairs = launch_timed(fn, n, self.between, burst_s=n * self.gemm_s)
-                timed[op] = lambda pairs=pairs: elapsed(pairs)
+                timed[op] = functools.partial(elapsed, launch_timed(fn, n, self.between, burst_s=n * self.gemm_s))
             else:
-                times = time_cpu(fn, n)
-                timed[op] = lambda times=times: times
+                timed[op] = functools.partial(list, time_cpu(fn, n))
         return lambda: {(op, mode): read() for op, read in timed.items() for mode in self.modes}
 
 

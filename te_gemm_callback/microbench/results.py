@@ -81,7 +81,7 @@ def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
         measured = [p.samples[r.cell] for p in parts if r.cell in p.samples]
         if measured:
             ok = r if r.ok else next(x for p in parts for x in p.results if x.cell == r.cell and x.ok)
-            flops = ok.tflops * 1e12 * ok.median_ms * 1e-3
+            flops = (ok.tflops or 0.0) * 1e12 * (ok.median_ms or 0.0) * 1e-3  # both set on an ok cell
             attempts = max(x.attempts for p in parts for x in p.results if x.cell == r.cell)
             r = summarise(BenchResult(**{**asdict(ok), "error": None, "attempts": attempts}), flops,
                           [t for ts, _ in measured for t in ts], [c for _, cs in measured for c in cs], peaks)
@@ -101,7 +101,7 @@ def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
         r = res.get(s, precision, mode, item.m_splits)
         if r is None or not r.ok:
             return None
-        total += r.median_ms * item.calls_of(s.op)
+        total += (r.median_ms or 0.0) * item.calls_of(s.op)  # set on an ok cell
     return total
 
 

@@ -68,9 +68,9 @@ class Projected:
 
 def _rate(g: GpuSpec, fmt: str) -> float | None:
     """The rate a format is projected at: its peak, FP4 at most FP4_OVER_FP8_MAX times FP8's."""
-    p = g.peak(fmt)
-    if fmt == "fp4" and p and g.peak("fp8"):
-        return min(p, FP4_OVER_FP8_MAX * g.peak("fp8"))
+    p, fp8 = g.peak(fmt), g.peak("fp8")
+    if fmt == "fp4" and p and fp8:
+        return min(p, FP4_OVER_FP8_MAX * fp8)
     return p
 
 
@@ -98,7 +98,10 @@ def source_gpu(bench: BenchResults, given: GpuSpec | None = None) -> GpuSpec:
         raise ValueError(f"no public figures for {device or 'an unnamed device'} here (known: {known}): a projection "
                          "from it is not supported; --source-gpu only names one of these whose device name was "
                          "not recognised")
-    return g or given
+    if g is not None:
+        return g
+    assert given is not None  # both None was refused above
+    return given
 
 
 CLOCK_TERM_UNKNOWN = 0.2  # a bench without NVML clocks: about the H200's (19% under its maximum)
@@ -168,7 +171,7 @@ class Projection:
         own = _ms(self.bench, shape, recipe, "prequantized")
         base = recipe if own is not None else KERNEL_BASE.get(recipe)
         src_ms = own if own is not None else (_ms(self.bench, shape, base, "prequantized") if base else None)
-        if src_ms is None:
+        if src_ms is None or base is None:
             return None
         f_src, f_tgt = FORMAT[base], FORMAT[recipe]
         p_src, p_tgt = _rate(self.source, f_src), _rate(self.target, f_tgt)
@@ -176,10 +179,12 @@ class Projection:
             return None
         extra, note = 0.0, ""
         if f_tgt == "fp4":
-            if p_tgt < self.target.peak("fp4"):
-                note = f", FP4 at {p_tgt / self.target.peak('fp8'):.1f}x the FP8 rate"
+            # p_tgt is the target's FP4 rate: its FP4 and FP8 peaks are known there.
+            fp4, fp8 = self.target.peak("fp4") or p_tgt, self.target.peak("fp8") or p_tgt
+            if p_tgt < fp4:
+                note = f", FP4 at {p_tgt / fp8:.1f}x the FP8 rate"
             if f_src != "fp4":  # a kernel with no counterpart on the source: 4-bit data, two-level scales
-                extra = max(self.target.peak("fp4") / p_tgt - 1.0, 0.0) / 2 + NVFP4_TERM
+                extra = max(fp4 / p_tgt - 1.0, 0.0) / 2 + NVFP4_TERM
         elif base != recipe:
             extra = MXFP8_TERM
         # The BF16 output's write is taken as serial with the main loop, at each GPU's bandwidth: the

@@ -182,7 +182,7 @@ class Sweep:
         from te_gemm_callback.analysis.native_plan import HOW, native_plan, native_support
         from te_gemm_callback.analysis.plan import apply_precision_plan
 
-        handle = None
+        handle: Any = None  # what undoes the plan: NativePlan or PlanHandle
         if entry_plan is not None and self.set_recipe is None and native_support(entry_plan.recipe) is None:
             # TE's own per-module recipe: its quantizer state is not the plain recipe's, so it is
             # kept apart from it.
@@ -259,7 +259,7 @@ class Sweep:
                 one_step()  # the switch from the previous entry: not a steady-state step
                 mid.marks.clear()
                 times = boundary_times(one_step, self.steps, self.cuda, mid=mid if self.whole else None)
-            parts = [g if g is not None else w for w, g in mid.part_ms] or [None] * len(times)
+            parts: list[float | None] = [g if g is not None else w for w, g in mid.part_ms] or [None] * len(times)
             cap = self.result.captures[label]
             n = len(cap.steps)
             cap.steps += [StepTime(index=n + i, wall_ms=wall, gpu_ms=gpu, kind=CLEAN, round=k, fwd_bwd_ms=part)
@@ -339,7 +339,7 @@ class Sweep:
 
 
 def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
-              warmup: int = 1, set_recipe: Callable[[nn.Module, str], Any] | None = None,
+              warmup: int = 1, set_recipe: Callable[[nn.Module, str | None], Any] | None = None,
               context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
               nvtx: bool | str = "auto", profile_kernels: bool = True, job_recipe: str | None = None,
               plan: Any = None, rounds: int = MIN_ROUNDS, budget_s: float = BUDGET_S, target: float = TARGET,
