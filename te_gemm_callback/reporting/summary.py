@@ -23,16 +23,15 @@ def _range(r: Any) -> str:
 
 
 def _job_figures(path: Path) -> tuple[float | None, float | None, str | None] | None:
-    """(step ms, GEMM share, its basis) of the job's own capture, as the logger gets them
-    (reporting.tables.summary_metrics); None where the capture cannot be read."""
+    """(step ms, GEMM share, its basis) of the job's own capture: the logger's own figures
+    (reporting.tables.summary_metrics, whose GEMM time is named gemm_ms_per_step only where the
+    share is of the step itself); None where the capture cannot be read."""
     try:
-        from te_gemm_callback.analysis.checks import share_check
         from te_gemm_callback.capture.capture_file import GemmCapture
+        from te_gemm_callback.reporting.tables import summary_metrics
 
-        cap = GemmCapture.load(path)
-        step, gemm = cap.step_ms(), cap.gemm_ms_per_step()
-        chk = share_check(cap, step, gemm) if step and gemm is not None else {}
-        return step, chk.get("share"), chk.get("basis")
+        m = summary_metrics(GemmCapture.load(path), prefix="")
+        return m.get("step_ms"), m.get("gemm_share"), "step" if "gemm_ms_per_step" in m else "timed steps"
     except Exception:  # a summary never fails for a capture it cannot read: the report's figures stand
         return None
 
