@@ -205,16 +205,12 @@ def test_a_users_file_where_nsys_writes_is_refused_not_deleted(job, capsys, monk
     monkeypatch.setenv("FAKE_CSV", str(recorded(d, cap, 0.01)))
     args = ["nsys", str(d / "gemm_capture.json"), str(d / "prof.nsys-rep"), "--nsys", str(d / "nsys")]
     mine = d / "prof_nvtx_gpu_proj_trace.csv"
-    mine.write_text("name,score\nalice,3\n")
-    assert main(args) == 1
-    one_line_error(capsys, "is not a CSV nsys stats wrote")
-    assert mine.read_text() == "name,score\nalice,3\n"
-    mine.unlink()
-    db = d / "prof.sqlite"
-    db.write_text("my notes")
-    assert main(args) == 1
-    one_line_error(capsys, "is not an SQLite export")
-    assert db.read_text() == "my notes"
-    db.unlink()
+    for path, text, said in ((mine, "name,score\nalice,3\n", "is not a CSV nsys stats wrote"),
+                             (d / "prof.sqlite", "my notes", "is not an SQLite export")):
+        path.write_text(text)
+        assert main(args) == 1
+        one_line_error(capsys, said)
+        assert path.read_text() == text
+        path.unlink()
     assert main(args) == 0 and mine.exists()  # nsys's own CSV: written, and replaced on the next run
     assert main(args) == 0

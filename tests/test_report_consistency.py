@@ -261,14 +261,19 @@ def test_a_sweeps_bf16_entry_that_ran_fp32_is_named_so(tmp_path):
     assert next(a for a in rep.recipes if a.recipe == "DelayedScaling").predicted_step_speedup is not None
 
 
-def test_an_fp32_run_folder_renders(tmp_path):
-    # A CPU fp32 job with its sweep's FP8-off entry, and a BF16-only microbenchmark.
+def fp32_run(tmp_path):
+    """A CPU fp32 job's run folder with its sweep's FP8-off entry, and a BF16-only microbenchmark."""
     run = tmp_path / "run"
     cap([("instrumented", 40.0, 6.0, True), ("clean", 10.0, None, False)], "fp32",
         meta=CPU).save(run / "gemm_capture.json")
     cap([("instrumented", 30.0, 5.0, True), ("clean", 9.0, None, False)], "fp32", meta=CPU,
         recipe="BF16").save(run / "sweep" / "BF16" / "gemm_capture.json")
     bench({"BF16": 1.0}).save(run / "bench.json")
+    return run
+
+
+def test_an_fp32_run_folder_renders(tmp_path):
+    run = fp32_run(tmp_path)
     out = Console(width=300, record=True)
     rr = render_report(run, out)
     printed = " ".join(out.export_text().split())
@@ -290,12 +295,7 @@ def test_an_fp32_job_has_one_name_per_run_in_tables_figures_and_the_log(tmp_path
     real = Axes.set_xticks
     monkeypatch.setattr(Axes, "set_xticks", lambda ax, t, labels=None, **k: (
         ticks.append(list(labels or [])), real(ax, t, labels, **k))[1])
-    run = tmp_path / "run"
-    cap([("instrumented", 40.0, 6.0, True), ("clean", 10.0, None, False)], "fp32",
-        meta=CPU).save(run / "gemm_capture.json")
-    cap([("instrumented", 30.0, 5.0, True), ("clean", 9.0, None, False)], "fp32", meta=CPU,
-        recipe="BF16").save(run / "sweep" / "BF16" / "gemm_capture.json")
-    bench({"BF16": 1.0}).save(run / "bench.json")
+    run = fp32_run(tmp_path)
     out = Console(width=300, record=True)
     render_report(run, out)
     assert "BF16 (ran FP32)" in out.export_text()
