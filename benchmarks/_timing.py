@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.capture.instruments import boundary_times
-from te_gemm_callback.demo.models import DemoConfig
+from te_gemm_callback.recipes.models import DemoConfig
 
 # The host-bound stack: 12 te.TransformerLayer, hidden 1024; the GPU works a few ms of a 40-75 ms
 # step on the H200, so every microsecond of host work shows in the step time.
@@ -67,7 +67,7 @@ def hostbound_job(recipe: str) -> tuple[Any, Callable[[], None]]:
     """The host-bound stack in a plain loop with fused AdamW, warmed up: (model, train_step)."""
     import torch
 
-    from te_gemm_callback.demo.job import DemoLM, next_token_loss
+    from te_gemm_callback.recipes.demo import DemoLM, next_token_loss
 
     torch.manual_seed(0)
     c = HOSTBOUND
@@ -129,7 +129,7 @@ def profiled_steps(recipe: str, c: DemoConfig, steps: int, warmup: int = 3, bias
 
     from te_gemm_callback import GemmProfiler
     from te_gemm_callback.capture.instruments import ProfilerRanges
-    from te_gemm_callback.demo.models import stack_input, te_stack, train_step_fn
+    from te_gemm_callback.recipes.models import stack_input, te_stack, train_step_fn
 
     torch.manual_seed(0)
     model = te_stack(c, bias=bias)

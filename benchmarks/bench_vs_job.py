@@ -39,13 +39,13 @@ from _timing import profiled_steps
 from te_gemm_callback import GemmProfiler
 from te_gemm_callback.capture.clocks import ClockSampler
 from te_gemm_callback.capture.kernels import is_gemm_kernel
-from te_gemm_callback.demo.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn
 from te_gemm_callback.microbench import jobs
 from te_gemm_callback.microbench.cells import ResultCache, WorkItem, items_from_capture
 from te_gemm_callback.microbench.engine import run_bench
 from te_gemm_callback.microbench.jobs import te_job
 from te_gemm_callback.microbench.timing import GEMM_DUTY, L2Flush, warm_up_gpu
 from te_gemm_callback.precisions import availability
+from te_gemm_callback.recipes.models import DemoConfig, codonfm, stack_input, te_stack, train_step_fn
 from te_gemm_callback.shapes import GemmShape, gemm_passes
 
 

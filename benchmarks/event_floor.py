@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from te_gemm_callback.capture.instruments import LEAD_CYCLES, EventTimer
 
-# (name, m, k, n): Y = X W^T with X (m, k), W (n, k); the lm_head of examples/dense.py is 15872 x 4096 x 128.
+# (name, m, k, n): Y = X W^T with X (m, k), W (n, k); the lm_head of recipes/dense.py is 15872 x 4096 x 128.
 LINEARS = [("lm_head", 15872, 4096, 128), ("proj", 15872, 4096, 4096)]
 SQUARES = [512, 1024, 2048, 4096]
 

@@ -89,8 +89,8 @@ if has recipes; then
              "moe.py --sweep BF16,DelayedScaling,Float8CurrentScaling,Float8BlockScaling --seq-len 2048 --micro-batch-size 2" \
              "dense.py --layers 4 --sweep all"; do
         name=${r%%.py*}
-        echo "== examples/$r"
-        { time timeout 600 python examples/$r --out "$out/$name" > "$out/$name.txt" 2>&1 ; } 2>&1
+        echo "== recipes/$r"
+        { time timeout 600 python recipes/$r --out "$out/$name" > "$out/$name.txt" 2>&1 ; } 2>&1
         grep -E "GEMM-bound|eats|better than|undecided|no gain|fallback|host-bound|Error" "$out/$name.txt" | cut -c1-300 | head -12
     done
 fi
@@ -103,10 +103,10 @@ if has plan; then
         name=${model%% *}
         flags=${model#* }
         echo "== precision plan: $name"
-        python examples/dense.py $flags --sweep all --out "$out/plan-$name" > "$out/plan-$name.txt" 2>&1 \
+        python recipes/dense.py $flags --sweep all --out "$out/plan-$name" > "$out/plan-$name.txt" 2>&1 \
             || { tail -5 "$out/plan-$name.txt"; continue; }
         python -m te_gemm_callback.cli plan "$out/plan-$name" | tail -20  # te-gemm plan
-        python examples/dense.py $flags --sweep all --sweep-plan "$out/plan-$name/precision_plan.json" \
+        python recipes/dense.py $flags --sweep all --sweep-plan "$out/plan-$name/precision_plan.json" \
             --out "$out/plan-$name-plan" > "$out/plan-$name-plan.txt" 2>&1 || { tail -5 "$out/plan-$name-plan.txt"; continue; }
         grep -E "^plan|plan:|best single|predicted step speedup" "$out/plan-$name-plan.txt" | cut -c1-300 | head -8
     done
@@ -180,7 +180,7 @@ if has nsys-size; then
 fi
 if has layer5b; then
     echo "== TE's 5B layer on this GPU, both modes (docs/results/h200/5b), projected onto the B300"
-    python examples/dense.py --layers 1 --steps 12 --sweep none --no-bench --out "$out/5b" > "$out/5b.log" 2>&1
+    python recipes/dense.py --layers 1 --steps 12 --sweep none --no-bench --out "$out/5b" > "$out/5b.log" 2>&1
     python -m te_gemm_callback.cli bench --capture "$out/5b/gemm_capture.json" --modes autocast,prequantized \
         --json "$out/5b/bench.json" 2>&1 | quiet | tail -3
     python benchmarks/projection_vs_te_guide.py --run "$out/5b" 2>&1 | tail -12

@@ -27,13 +27,13 @@ fi
 if [ "$only" = all ] || [ "$only" = jobs ]; then
 
 echo "== dense recipe, 4 layers, DDP over 2 GPUs (per-rank captures gathered on rank 0)"
-{ time python examples/dense.py --layers 4 --devices 2 --sweep BF16,DelayedScaling --no-bench \
+{ time python recipes/dense.py --layers 4 --devices 2 --sweep BF16,DelayedScaling --no-bench \
     --out "$out/dense_ddp" > "$out/dense_ddp.txt" 2>&1 ; } 2>&1
 sed -n '/Per-rank capture/,/NCCL:/p' "$out/dense_ddp.txt"
 grep -E "Error|error" "$out/dense_ddp.txt" | head -5
 
 echo "== MoE recipe, 8 experts top-2, experts split over the 2 GPUs (EP=2, all-to-all dispatch)"
-{ time python examples/moe.py --devices 2 --expert-parallel --seq-len 2048 --micro-batch-size 2 \
+{ time python recipes/moe.py --devices 2 --expert-parallel --seq-len 2048 --micro-batch-size 2 \
     --sweep BF16,DelayedScaling --no-bench --out "$out/moe_ep" > "$out/moe_ep.txt" 2>&1 ; } 2>&1
 grep -E "rows per local expert" "$out/moe_ep.txt"
 sed -n '/Per-rank capture/,/NCCL:/p' "$out/moe_ep.txt"
@@ -41,7 +41,7 @@ grep -E "Error|error" "$out/moe_ep.txt" | head -5
 
 for strat in fsdp tp; do
     echo "== dense recipe, 4 layers, --strategy $strat over 2 GPUs"
-    { time python examples/dense.py --layers 4 --devices 2 --strategy $strat --sweep BF16,Float8CurrentScaling \
+    { time python recipes/dense.py --layers 4 --devices 2 --strategy $strat --sweep BF16,Float8CurrentScaling \
         --no-bench --out "$out/dense_$strat" > "$out/dense_$strat.txt" 2>&1 ; } 2>&1
     sed -n '/Per-rank capture/,/NCCL:/p' "$out/dense_$strat.txt"
     python - "$out/dense_$strat/ranks/rank0.json" <<'PY'

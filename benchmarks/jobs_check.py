@@ -29,8 +29,8 @@ from _timing import event_times
 
 from te_gemm_callback.capture.graphs import EagerForwards, graphed_modules
 from te_gemm_callback.capture.steps import capture_steps
-from te_gemm_callback.demo.models import codonfm, stack_input, te_stack, train_step_fn
 from te_gemm_callback.precisions import make_recipe
+from te_gemm_callback.recipes.models import codonfm, stack_input, te_stack, train_step_fn
 
 
 def profiled(model: torch.nn.Module, step: Any, kernel_steps: int = 3, clean: int = 3) -> Any:

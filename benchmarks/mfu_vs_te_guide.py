@@ -14,7 +14,7 @@ four layers of TE's 5B configuration, M = 15872 tokens, a BF16 job with every Ho
   report's ``meta.mfu``).
 
 Beside them, TE's B300 per-layer GEMM times (benchmarks/projection_vs_te_guide.py, TE_B300: the
-guide's docs/examples/gemm_profiling, B300 SXM6 AC, benchmark_gemm.py) as TFLOP/s and as a
+guide's docs/recipes/gemm_profiling, B300 SXM6 AC, benchmark_gemm.py) as TFLOP/s and as a
 fraction of the B300's public dense peak for the format.
 
     python benchmarks/mfu_vs_te_guide.py [--run DIR] [--json OUT.json]

@@ -48,7 +48,7 @@ from te_gemm_callback.reporting.nsys_table import nsys_summary  # noqa: E402
 
 
 def dense(out: Path, layers: int, steps: int, extra: list[str]) -> list[str]:
-    return [sys.executable, str(ROOT / "examples" / "dense.py"), "--layers", str(layers), "--steps", str(steps),
+    return [sys.executable, str(ROOT / "recipes" / "dense.py"), "--layers", str(layers), "--steps", str(steps),
             "--sweep", "none", "--no-bench", "--out", str(out), *extra]
 
 
@@ -191,7 +191,7 @@ def main() -> int:
     p.add_argument("--nsys", default=None, help="the nsys binary (default: PATH, then /opt/nvidia)")
     p.add_argument("--nsys-flags", default="", help="more nsys profile flags, e.g. '-s none --cpuctxsw=none'")
     p.add_argument("--job", choices=("dense", "small"), default="dense",
-                   help="dense: examples/dense.py (TE layers, lm_head); small: two plain nn.Linear layers")
+                   help="dense: recipes/dense.py (TE layers, lm_head); small: two plain nn.Linear layers")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--steps", type=int, default=9)
     p.add_argument("--rounds", type=int, default=1,

@@ -87,9 +87,9 @@ def report_speedups(res) -> dict[str, dict]:
 
 def plain_loop(Job, batch: torch.Tensor, recipes: list[str], tr, rounds: int, block: int) -> dict[str, dict]:
     """Whole steps of one fresh model copy per recipe, alternated in ABBA rounds (module docstring)."""
-    from te_gemm_callback.analysis.intervals import estimate
     from te_gemm_callback.capture.instruments import boundary_times
     from te_gemm_callback.precisions import autocast
+    from te_gemm_callback.sweep.intervals import estimate
 
     plugin = tr.strategy.precision_plugin
     cuda = torch.cuda.is_available()

@@ -5,7 +5,7 @@ TE's GEMM profiling guide publishes (no GPU needed).
 The run folder docs/results/h200/5b holds one layer of the configuration (hidden 4096, FFN 16384,
 32 heads, micro-batch 31 x 512 = 15872 tokens: the dense example's default) captured on an H200 and
 benched in both modes. TE's figures are the guide's per-layer GEMM times (the sum of the QKV, attention
-output, MLP up and MLP down GEMMs of each pass): docs/examples/gemm_profiling/gemm_profiling.rst in
+output, MLP up and MLP down GEMMs of each pass): docs/recipes/gemm_profiling/gemm_profiling.rst in
 NVIDIA/TransformerEngine, commit 1609c890ee7da24393ce62a2680e0ebb0b4eb5f6 (2026-06-01), measured on
 an "NVIDIA B300 SXM6 AC" with benchmarks/gemm/benchmark_gemm.py (CUDA events, 100 back-to-back
 calls). Nothing of the projection is fitted to them.

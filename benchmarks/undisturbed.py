@@ -42,9 +42,9 @@ from _timing import HOSTBOUND, med, median_ci
 from torch.utils.data import DataLoader
 
 from te_gemm_callback import GemmProfiler, GemmProfilerCallback, capture_steps
-from te_gemm_callback.demo.job import DemoConfig, DemoLM, HFLlama, RandomTokens
-from te_gemm_callback.demo.models import codonfm
 from te_gemm_callback.precisions import te_available
+from te_gemm_callback.recipes.demo import DemoConfig, DemoLM, HFLlama, RandomTokens
+from te_gemm_callback.recipes.models import codonfm
 
 # --- the jobs -------------------------------------------------------------------------------
 TINY = DemoConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -119,9 +119,8 @@ def build(name: str, recipe: str) -> tuple[pl.LightningModule, DemoConfig, dict]
                                        num_key_value_heads=8, num_hidden_layers=16, vocab_size=32000)
         c = DemoConfig(vocab_size=32000, sequence_length=2047, micro_batch_size=4)
         return HFLlama(cfg), c, {"precision": "transformer-engine" if use_te else "bf16-mixed"}
-    if name == "moe":  # examples/moe.py's job: 8 experts top-2, hidden 4096, expert intermediate 14336
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-        from moe import MoELM
+    if name == "moe":  # recipes/moe.py's job: 8 experts top-2, hidden 4096, expert intermediate 14336
+        from te_gemm_callback.recipes.moe import MoELM
 
         c = DemoConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                        num_hidden_layers=1, vocab_size=1024, sequence_length=2048, micro_batch_size=2)
@@ -318,7 +317,7 @@ def check_fit_interleaved(model_name: str, recipe: str, blocks: int, block: int,
 # --- kernels ----------------------------------------------------------------------------------
 def check_kernels(model_name: str, recipe: str, steps: int, rounds: int = 4) -> dict:
     from te_gemm_callback.capture.instruments import ProfilerRanges, range_name
-    from te_gemm_callback.demo.models import stack_input, te_stack, train_step_fn
+    from te_gemm_callback.recipes.models import stack_input, te_stack, train_step_fn
 
     c = {"hostbound": HOSTBOUND, "codonfm": codonfm(4)}[model_name]
     torch.manual_seed(0)

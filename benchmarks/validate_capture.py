@@ -21,8 +21,8 @@ import torch
 from _timing import profiled_steps
 
 from te_gemm_callback.capture.kernels import is_gemm_kernel, kernel_times_us
-from te_gemm_callback.demo.models import DemoConfig, codonfm
 from te_gemm_callback.precisions import availability
+from te_gemm_callback.recipes.models import DemoConfig, codonfm
 from te_gemm_callback.shapes import GemmShape, gemm_passes
 
 EXPECTED_FAMILY = {"BF16": "bf16", "DelayedScaling": "fp8_delayed",

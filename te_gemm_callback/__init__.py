@@ -63,8 +63,8 @@ _LAZY = {
     "report": ("reporting.speedups", "report"),
     "analyze_run": ("analysis.runs", "analyze_run"),
     "make_plan": ("analysis.plan", "make_plan"),
-    "apply_precision_plan": ("analysis.plan", "apply_precision_plan"),
-    "native_plan": ("analysis.native_plan", "native_plan"),
+    "apply_precision_plan": ("sweep.plan", "apply_precision_plan"),
+    "native_plan": ("sweep.native_plan", "native_plan"),
     "project_run": ("projection", "project_run"),
 }
 

@@ -30,4 +30,4 @@ if __name__ == "__main__":
                          enable_model_summary=False, limit_val_batches=0)
     trainer.fit(Sharded())
     print(f"rank {trainer.global_rank} done", flush=True)
-    torch.distributed.destroy_process_group()  # see examples/_common.py: a gloo group left to exit can abort
+    torch.distributed.destroy_process_group()  # see recipes/_common.py: a gloo group left to exit can abort

@@ -9,7 +9,7 @@ from pytorch_lightning.demos import LightningTransformer
 from torch.utils.data import DataLoader, TensorDataset
 
 from te_gemm_callback import GemmCapture, GemmProfilerCallback
-from te_gemm_callback.demo.job import DemoConfig, DemoLM, RandomTokens
+from te_gemm_callback.recipes.demo import DemoConfig, DemoLM, RandomTokens
 
 VOCAB, SEQ, BATCH = 64, 12, 4
 

@@ -37,7 +37,7 @@ def test_moe_recipe_expert_parallel(tmp_path, world, experts):
     """The MoE recipe under Lightning DDP with its experts split over the ranks (gloo, CPU): each
     rank's capture holds its own experts (2 of 4 on 2 ranks; 1 of 8 on 8 ranks, the EP=8 layout of
     the Mixtral-like run); together they account for every routed row, and rank 0 gathers all."""
-    recipe = Path(__file__).resolve().parents[1] / "examples" / "moe.py"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "moe.py"
     env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29519 + world))
     proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench",
                            "--devices", str(world), "--experts", str(experts), "--expert-parallel", "--no-te",
@@ -111,7 +111,7 @@ def test_dense_recipe_fsdp2_under_bf16_autocast_matches_one_process(tmp_path):
     2 ranks on CPU, in BF16 autocast: dgrad's weight operand is the autocast copy of a parameter
     FSDP2 all-gathered after the capture started. Each rank's records (shape, pass, calls per step)
     must equal a one-process run's; before the fix, square dgrads were taken for wgrads."""
-    recipe = Path(__file__).resolve().parents[1] / "examples" / "dense.py"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "dense.py"
     common = ["--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench", "--no-te"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29523")
     for out, extra in ((tmp_path / "one", []), (tmp_path / "fsdp", ["--devices", "2", "--strategy", "fsdp"])):
@@ -126,7 +126,7 @@ def test_dense_recipe_fsdp2_under_bf16_autocast_matches_one_process(tmp_path):
 
 
 def test_tensor_parallel_strategy_needs_te_layers():
-    recipe = Path(__file__).resolve().parents[1] / "examples" / "dense.py"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "dense.py"
     proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--devices", "2", "--strategy", "tp", "--no-te"],
                           capture_output=True, text=True, timeout=120, cwd=recipe.parent)
     assert proc.returncode == 2 and "--strategy tp needs TE layers" in proc.stderr.strip().splitlines()[-1]

@@ -47,7 +47,7 @@ def test_no_history_in_the_product():
     # (bracketed letters: this line must not match itself)
     pattern = re.compile(r"sessio[n] [0-9]|issu[e] [0-9]|reviewe[r]|see[d] (tool|config|script)|see[d]'s", re.I)
     hits = []
-    for base in ("te_gemm_callback", "scripts", "benchmarks", "docs", "tests", "examples"):
+    for base in ("te_gemm_callback", "scripts", "benchmarks", "docs", "tests", "recipes"):
         for p in (ROOT / base).rglob("*"):
             if p.is_file() and p.suffix in (".py", ".md", ".sh", ".toml"):
                 hits += [f"{p.relative_to(ROOT)}:{i}" for i, line in enumerate(p.read_text().splitlines(), 1)
@@ -55,3 +55,25 @@ def test_no_history_in_the_product():
     hits += [f"README.md:{i}" for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
              if pattern.search(line)]
     assert not hits, hits
+
+
+def test_every_package_ships():
+    """pyproject.toml lists the packages (recipes/ installs as te_gemm_callback.recipes): every
+    folder of the tree with an __init__.py is listed, and nothing else."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    tree = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "te_gemm_callback").rglob("__init__.py")}
+    tree |= {"te_gemm_callback." + ".".join(p.parent.relative_to(ROOT).parts)
+             for p in (ROOT / "recipes").rglob("__init__.py")}
+    assert listed == tree
+
+
+def test_recipes_run_from_the_checkout(tmp_path):
+    """`python recipes/X.py` (sys.path[0] is recipes/) finds its shared code as the installed package."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "recipes" / "dense.py"), "--help"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--layers" in out.stdout

@@ -82,7 +82,7 @@ def test_recipe_bad_input_is_one_line(tmp_path, flags, says):
     import sys
     from pathlib import Path
 
-    recipe = Path(__file__).resolve().parents[1] / "examples" / "dense.py"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "dense.py"
     proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--no-bench", "--out", str(tmp_path), *flags],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "warn" not in ln.lower()]
@@ -91,7 +91,7 @@ def test_recipe_bad_input_is_one_line(tmp_path, flags, says):
 
 
 def test_job_kinds_compiled_model_captured_like_eager(tmp_path, capsys):
-    """examples/job_kinds.py compile: the compiled MLP's six GEMMs, said to be compiled, and no
+    """recipes/job_kinds.py compile: the compiled MLP's six GEMMs, said to be compiled, and no
     dynamo recompile or new graph while the profiler was attached (aot_eager on CPU)."""
     mod = import_example("job_kinds")
     assert mod.main(["compile", "--steps", "4", "--out", str(tmp_path)]) == 0

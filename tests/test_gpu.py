@@ -23,7 +23,7 @@ needs_te = pytest.mark.skipif(not te_available()[0], reason="transformer-engine 
 @needs_te
 @pytest.mark.parametrize("recipe", HOPPER)
 def test_te_stack_12_gemms_per_layer(recipe):
-    from te_gemm_callback.demo.models import codonfm, stack_input, te_stack, train_step_fn
+    from te_gemm_callback.recipes.models import codonfm, stack_input, te_stack, train_step_fn
 
     if not availability(recipe).ok:
         pytest.skip(availability(recipe).reason)
@@ -252,9 +252,9 @@ def test_a_plan_runs_as_tes_own_per_module_recipe_in_the_sweep(recipe):
     say; it is observed beside the recipes; the modules' own names are back afterwards."""
     import transformer_engine.pytorch as te
 
-    from te_gemm_callback.analysis.native_plan import HOW, native_support
     from te_gemm_callback.analysis.plan import PrecisionPlan
     from te_gemm_callback.sweep.engine import run_sweep
+    from te_gemm_callback.sweep.native_plan import HOW, native_support
 
     if native_support(recipe) is not None:
         pytest.skip(native_support(recipe))
@@ -501,8 +501,8 @@ def test_te_ops_gemms_owned_by_their_linear_ops(caplog):
 def test_graphed_te_layers_captured_from_an_eager_step_and_timed_from_replays(recipe):
     import transformer_engine.pytorch as te
 
-    from te_gemm_callback.demo.models import DemoConfig, stack_input, te_stack, train_step_fn
     from te_gemm_callback.precisions import make_recipe
+    from te_gemm_callback.recipes.models import DemoConfig, stack_input, te_stack, train_step_fn
 
     c = DemoConfig(hidden_size=512, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
                    num_hidden_layers=2, vocab_size=128, sequence_length=128, micro_batch_size=2,
@@ -529,7 +529,7 @@ def test_compiled_te_stack_same_gemms_as_eager_and_no_new_graph():
     unique graph (benchmarks/jobs_check.py compile)."""
     from torch._dynamo.utils import counters
 
-    from te_gemm_callback.demo.models import DemoConfig, stack_input, te_stack, train_step_fn
+    from te_gemm_callback.recipes.models import DemoConfig, stack_input, te_stack, train_step_fn
 
     c = DemoConfig(hidden_size=512, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
                    num_hidden_layers=2, vocab_size=128, sequence_length=128, micro_batch_size=2,
@@ -553,13 +553,9 @@ def test_compiled_te_stack_same_gemms_as_eager_and_no_new_graph():
 def test_grouped_te_gemms_join_kernel_records():
     """The MoE recipe's TE experts (GroupedLinear, one kernel per expert with rows): the kernels
     step's GEMM kernels join the captured calls, each grouped call timed by its kernels' span."""
-    import sys
-    from pathlib import Path
 
-    from te_gemm_callback.demo.job import DemoConfig, next_token_loss
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    from moe import MoELM
+    from te_gemm_callback.recipes.demo import DemoConfig, next_token_loss
+    from te_gemm_callback.recipes.moe import MoELM
 
     torch.manual_seed(0)
     c = DemoConfig(hidden_size=1024, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
@@ -683,7 +679,7 @@ def test_owners_by_launch_order_match_hooked_steps(recipe):
     """Instrumented steps after the first take owners by launch order (no module hooks): under
     every Hopper recipe they match call for call, and the capture equals one hooked on every step
     (same GEMMs, owners, shapes, precisions, call counts)."""
-    from te_gemm_callback.demo.models import DemoConfig, stack_input, te_stack, train_step_fn
+    from te_gemm_callback.recipes.models import DemoConfig, stack_input, te_stack, train_step_fn
 
     if not availability(recipe).ok:
         pytest.skip(availability(recipe).reason)
@@ -710,17 +706,13 @@ def test_owners_by_launch_order_match_hooked_steps(recipe):
 @pytest.mark.parametrize("job, recipe",
                          [("graphs", "DelayedScaling"), ("ops", "Float8CurrentScaling"), ("compile", "BF16")])
 def test_job_kinds_recipe(job, recipe, tmp_path):
-    """examples/job_kinds.py as the README shows it: graphed TE layers (12 GEMMs each, replay
+    """recipes/job_kinds.py as the README shows it: graphed TE layers (12 GEMMs each, replay
     kernels joined), te.ops (owned by the two Linear ops), a compiled model (said compiled)."""
-    import importlib.util
-    from pathlib import Path
+    import importlib
 
     from te_gemm_callback import GemmCapture
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "job_kinds.py"
-    spec = importlib.util.spec_from_file_location("job_kinds", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = importlib.import_module("te_gemm_callback.recipes.job_kinds")
     assert mod.main([job, "--recipe", recipe, "--out", str(tmp_path)]) == 0
     cap = GemmCapture.load(tmp_path / job / "gemm_capture.json")
     if job == "graphs":

@@ -1,5 +1,6 @@
-"""No import cycle inside te_gemm_callback: each module can be read, tested and moved knowing only what
-it imports. The graph is read from the source (no module is imported): every ``import`` and ``from``
+"""No import cycle inside te_gemm_callback, and every import follows the stage map (docs/design.md):
+each module can be read, tested and moved knowing only what it imports, and a stage never reaches
+into one that comes after it. The graph is read from the source (no module is imported): every ``import`` and ``from``
 statement, at module level, inside functions and under ``if TYPE_CHECKING:`` alike, since a cycle
 that only a function-level import closes still ties the two modules together.
 
@@ -13,15 +14,27 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "te_gemm_callback"
+# Folders outside the package tree that install as its subpackages (pyproject.toml's package-dir).
+MAPPED = {"te_gemm_callback.recipes": PACKAGE.parent / "recipes"}
+
+# The stage map, in order: a module may import its own stage and the stages before it. "base" is
+# what every stage shares (the GEMM convention, TE's recipes, printing, the CUDA probe, files);
+# the package's __init__ (the public API) may import anything.
+STAGES = ("base", "capture", "sweep", "microbench", "analysis", "projection", "reporting", "schedule",
+          "adapters", "recipes", "cli")
+BASE = {"shapes", "precisions", "printable", "torch_cuda", "files"}
 
 
-def modules(root: Path) -> dict[str, tuple[Path, bool]]:
-    """Dotted name -> (file, is a package's __init__) for every module under ``root``."""
+def modules(root: Path, mapped: dict[str, Path] | None = None) -> dict[str, tuple[Path, bool]]:
+    """Dotted name -> (file, is a package's __init__) for every module under ``root``, and under
+    each folder of ``mapped`` (dotted package name -> folder)."""
     out = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root.parent).with_suffix("").parts)
-        is_pkg = parts[-1] == "__init__"
-        out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    trees = [(root, root.name)] + sorted((folder, name) for name, folder in (mapped or {}).items())
+    for folder, prefix in trees:
+        for path in sorted(folder.rglob("*.py")):
+            parts = prefix.split(".") + list(path.relative_to(folder).with_suffix("").parts)
+            is_pkg = parts[-1] == "__init__"
+            out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
     return out
 
 
@@ -51,12 +64,12 @@ def imported(node: ast.AST, package: str, mods: dict) -> list[str]:
     return out
 
 
-def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+def import_graph(root: Path = PACKAGE, mapped: dict[str, Path] | None = None) -> dict[str, set[str]]:
     """Module -> the package modules its import statements run. Importing ``a.b.c`` also runs the
     ``__init__`` of ``a`` and ``a.b``: edges too, except to the importer's own enclosing packages,
     which are already being imported when it runs (a package whose ``__init__`` imports its own
     submodules is not a cycle)."""
-    mods = modules(root)
+    mods = modules(root, MAPPED if root == PACKAGE and mapped is None else mapped)
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for name, (path, is_pkg) in mods.items():
         package = name if is_pkg else name.rpartition(".")[0]
@@ -111,6 +124,28 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def stage(module: str) -> str | None:
+    """The stage a module belongs to (None: the package's own __init__, the public API)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    return "base" if parts[1] in BASE else parts[1]
+
+
+def against_the_map(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a later stage (or of a folder the map does not name), as 'a -> b'."""
+    bad = []
+    for a in sorted(graph):
+        sa = stage(a)
+        for b in sorted(graph[a]):
+            sb = stage(b)
+            if sa is None or sb is None:
+                continue
+            if sa not in STAGES or sb not in STAGES or STAGES.index(sb) > STAGES.index(sa):
+                bad.append(f"{a} ({sa}) -> {b} ({sb})")
+    return bad
+
+
 def describe(group: list[str], graph: dict[str, set[str]]) -> str:
     return "\n".join(f"  {m} -> {', '.join(sorted(graph[m] & set(group)))}" for m in group)
 
@@ -148,6 +183,28 @@ def test_no_import_cycle_in_capture():
     assert not groups, _report(groups, graph)
 
 
+def test_every_import_follows_the_stage_map():
+    bad = against_the_map(import_graph())
+    assert not bad, "imports against the stage map (tests/test_import_graph.py STAGES):\n" + "\n".join(bad)
+
+
+def test_the_stage_map_check_can_fail():
+    """An earlier stage importing a later one is found, even from inside a function; a later one
+    importing an earlier one, or the public API importing any, is not; a folder the map does not
+    name is."""
+    graph = {"te_gemm_callback": {"te_gemm_callback.cli"},
+             "te_gemm_callback.sweep.engine": {"te_gemm_callback.analysis.plan", "te_gemm_callback.capture"},
+             "te_gemm_callback.analysis.plan": {"te_gemm_callback.sweep.plan", "te_gemm_callback.files.jsonio"},
+             "te_gemm_callback.newstage.x": {"te_gemm_callback.shapes"}}
+    assert against_the_map(graph) == [
+        "te_gemm_callback.newstage.x (newstage) -> te_gemm_callback.shapes (base)",
+        "te_gemm_callback.sweep.engine (sweep) -> te_gemm_callback.analysis.plan (analysis)"]
+    # The real graph holds the recipes folder as the package's, and the map names every stage.
+    real = import_graph()
+    assert "te_gemm_callback.recipes.demo" in real
+    assert {stage(m) for m in real} - {None} <= set(STAGES)
+
+
 def test_no_import_cycle_in_the_package():
     graph = import_graph()
     groups = cycles(graph)
@@ -158,4 +215,6 @@ if __name__ == "__main__":
     g = import_graph()
     found = cycles(g)
     print(_report(found, g) if found else "no import cycle")
-    sys.exit(1 if found else 0)
+    against = against_the_map(g)
+    print("\n".join(against) if against else "every import follows the stage map")
+    sys.exit(1 if found or against else 0)

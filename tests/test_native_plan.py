@@ -1,4 +1,4 @@
-"""A precision plan as TE's own per-module recipe (analysis/native_plan.py). TE cannot run here:
+"""A precision plan as TE's own per-module recipe (sweep/native_plan.py). TE cannot run here:
 which role names the plan keeps, and what is said where TE has no such recipe. On the GPU:
 tests/test_gpu.py::test_a_plan_runs_as_tes_own_per_module_recipe_in_the_sweep."""
 
@@ -7,7 +7,7 @@ import sys
 import pytest
 from torch import nn
 
-from te_gemm_callback.analysis.native_plan import kept, native_support
+from te_gemm_callback.sweep.native_plan import kept, native_support
 
 
 def test_roles_are_kept_by_module_and_layernorm_mlps_by_their_fc_gemms():
@@ -27,9 +27,9 @@ def test_without_te_the_reason_is_one_line(monkeypatch):
 
 
 def test_a_model_without_te_cannot_take_a_native_plan(monkeypatch):
-    from te_gemm_callback.analysis.native_plan import native_plan
     from te_gemm_callback.analysis.plan import PrecisionPlan
+    from te_gemm_callback.sweep.native_plan import native_plan
 
-    monkeypatch.setattr("te_gemm_callback.analysis.native_plan.native_support", lambda r: "no TE here")
+    monkeypatch.setattr("te_gemm_callback.sweep.native_plan.native_support", lambda r: "no TE here")
     with pytest.raises(RuntimeError, match="no TE here"):
         native_plan(nn.Linear(2, 2), PrecisionPlan("DelayedScaling", []))

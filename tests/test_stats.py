@@ -4,7 +4,7 @@ range covers an independent rerun's median (what a user's own timing loop measur
 import random
 import statistics
 
-from te_gemm_callback.analysis.intervals import estimate, median_interval
+from te_gemm_callback.sweep.intervals import estimate, median_interval
 
 
 def _rounds(rng: random.Random, n: int) -> list[float]:

@@ -280,6 +280,6 @@ def test_the_sweep_package_exports_its_entry_point_and_needs_torch_only_for_it()
 
     assert run_sweep is engine.run_sweep is te_gemm_callback.run_sweep and SweepResult is engine.SweepResult
     # The report reads the sweep's intervals (analysis.intervals) on machines without torch's import cost.
-    code = "import sys, te_gemm_callback.analysis.intervals; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, te_gemm_callback.sweep.intervals; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]

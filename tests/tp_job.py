@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from te_gemm_callback import GemmProfiler
-from te_gemm_callback.demo.models import DemoConfig, te_layers
 from te_gemm_callback.precisions import autocast
+from te_gemm_callback.recipes.models import DemoConfig, te_layers
 
 C = DemoConfig(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=16,
                num_hidden_layers=1, sequence_length=512, micro_batch_size=4, gated_mlp=False,

@@ -10,7 +10,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from te_gemm_callback.analysis.intervals import Estimate
+    from te_gemm_callback.sweep.intervals import Estimate
 
 # How many names an evidence line lists before "...".
 _LISTED = 6

@@ -23,7 +23,6 @@ from te_gemm_callback.analysis.findings import (
     render,
     verdict_text,
 )
-from te_gemm_callback.analysis.intervals import Estimate, estimate
 from te_gemm_callback.analysis.notes import gemm_timing, step_timing
 from te_gemm_callback.analysis.prediction import (
     Observed,
@@ -45,6 +44,7 @@ from te_gemm_callback.microbench.cells import WorkItem, items_from_capture
 from te_gemm_callback.microbench.results import BenchResults, fallback_items, measured_items
 from te_gemm_callback.microbench.results import step_ms as bench_step_ms
 from te_gemm_callback.precisions import row_alignment
+from te_gemm_callback.sweep.intervals import Estimate, estimate
 
 # The names this module has always offered: its callers read what a run measured from here too.
 __all__ = ["GEMM_BOUND_TOL", "NO_GAIN", "Observed", "RecipeAnalysis", "Report", "Verdict", "amdahl", "analyze",

@@ -97,8 +97,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     recipes = parse_precisions(a.precisions) or list(RECIPES)
     if "BF16" not in recipes:  # every speedup in the report is over BF16: without it there is none
         recipes.insert(0, "BF16")
-    from te_gemm_callback.demo.job import run_demo
     from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.recipes.demo import run_demo
     from te_gemm_callback.reporting.pipeline import bench_and_report
 
     cache = ResultCache()  # checked before training: a file that is not a cache stops us here, not after
@@ -194,9 +194,10 @@ def cmd_plan(a: argparse.Namespace) -> int:
         raise UsageError(f"--json and --yaml name the same {'output' if json_path == '-' else 'file'} "
                          f"({json_path}): give each its own")
     check_run_dir(a.run_dir)
-    from te_gemm_callback.analysis.plan import plan_for_run, write_plan
+    from te_gemm_callback.analysis.plan import plan_for_run
     from te_gemm_callback.analysis.runs import analyze_run
     from te_gemm_callback.reporting.tables import plan_table
+    from te_gemm_callback.sweep.plan import write_plan
 
     rr = analyze_run(a.run_dir)
     if rr.bench is None:

@@ -140,7 +140,7 @@ def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, 
     # Only once this report's figures are all written: a report that fails halfway removes nothing.
     removed = remove_stale_figures(root, files.values())
     if plan is not None:
-        from te_gemm_callback.analysis.plan import write_plan
+        from te_gemm_callback.sweep.plan import write_plan
 
         try:
             files["plan"], files["plan_nvdlfw"] = write_plan(plan, root / "precision_plan.json",
@@ -221,8 +221,8 @@ def remove_stale_extras(root: Path, written: Any = ()) -> list[Path]:
     capture has no kernel timeline, its bench no plan): removed, each only where its content says
     it is ours (:func:`~te_gemm_callback.files.jsonio.json_kind`). Projections an earlier report or
     ``te-gemm project`` wrote are the user's request: named in one line, left. Returns the removed."""
-    from te_gemm_callback.analysis.plan import SCHEMA as PLAN_SCHEMA
-    from te_gemm_callback.analysis.plan import YAML_KIND
+    from te_gemm_callback.sweep.plan import SCHEMA as PLAN_SCHEMA
+    from te_gemm_callback.sweep.plan import YAML_KIND
 
     extras = [("precision_plan.json", json_kind(PLAN_SCHEMA)), ("precision_plan_nvdlfw.yaml", YAML_KIND)]
     try:

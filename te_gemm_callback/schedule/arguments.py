@@ -91,7 +91,7 @@ def _check_sweep(sweep: Sequence[str] | None, sweep_plan: Any) -> tuple[list[str
         raise ValueError(f"sweep: {err}") from None
     if sweep_plan is None:
         return recipes, None
-    from te_gemm_callback.analysis.plan import PrecisionPlan
+    from te_gemm_callback.sweep.plan import PrecisionPlan
 
     try:
         plan = sweep_plan if isinstance(sweep_plan, PrecisionPlan) else PrecisionPlan.load(sweep_plan)

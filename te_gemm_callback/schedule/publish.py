@@ -36,8 +36,8 @@ class Publishing:
         """Gather (collective), save, print, sweep and log the active steps' capture. ``prof``: the
         profiler whose nsys capture range ends once the capture is on disk."""
         from te_gemm_callback.capture.distributed import gather_captures
-        from te_gemm_callback.files.run_folder import new_run_id
         from te_gemm_callback.reporting import summary_metrics
+        from te_gemm_callback.schedule.run_folder import new_run_id
 
         cap.meta["accumulate_grad_batches"] = int(job.accumulate)
         cap.meta["global_step_end"] = int(job.global_step)
@@ -58,9 +58,9 @@ class Publishing:
         self._report(job, at_end=False)
 
     def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
-        from te_gemm_callback.files.run_folder import clear_stale_sweep, save_capture, write_ranks
         from te_gemm_callback.reporting import capture_table, print_table
         from te_gemm_callback.reporting.tables import ranks_table
+        from te_gemm_callback.schedule.run_folder import clear_stale_sweep, save_capture, write_ranks
 
         # Written before anything is printed: a table that cannot be printed never costs the capture.
         self.path = save_capture(cap, self.output_dir, self.filename, keep_existing=self.resumed)

@@ -3,7 +3,7 @@ training steps (forward, backward, the optimizer step) under every recipe, first
 recipe, then alternating rounds with every recipe in each, until every speedup's 95% interval is
 within +-2% or the time budget is spent, and then puts the job back bitwise: weights, gradients,
 optimizer state, TE's FP8 state and RNG (:mod:`~te_gemm_callback.sweep.engine` runs it,
-:mod:`~te_gemm_callback.sweep.state` puts the job back, :mod:`~te_gemm_callback.analysis.intervals` gives the
+:mod:`~te_gemm_callback.sweep.state` puts the job back, :mod:`~te_gemm_callback.sweep.intervals` gives the
 intervals).
 """
 
@@ -18,7 +18,7 @@ __all__ = ["SweepResult", "run_sweep"]
 
 
 def __getattr__(name: str):
-    # On demand: the engine needs torch, and the report reads analysis.intervals without it.
+    # On demand: the engine needs torch, and the report reads sweep.intervals and sweep.observed without it.
     if name in __all__:
         from te_gemm_callback.sweep import engine
 

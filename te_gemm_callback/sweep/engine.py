@@ -123,7 +123,7 @@ class Sweep:
                  rng_objects: Sequence[Any] = ()) -> None:
         _check_settings(steps, rounds, budget_s, target)
         _check_model(model, optimizers)
-        from te_gemm_callback.analysis.plan import PrecisionPlan
+        from te_gemm_callback.sweep.plan import PrecisionPlan
 
         if plan is not None and not isinstance(plan, PrecisionPlan):
             plan = PrecisionPlan.load(plan)
@@ -179,8 +179,8 @@ class Sweep:
     def _entry(self, recipe: str, entry_plan: Any) -> Iterator[None]:
         """The model set up for one entry: TE's objects for ``recipe`` back, and the entry's plan
         applied (removed on the way out, also when a step raises)."""
-        from te_gemm_callback.analysis.native_plan import HOW, native_plan, native_support
-        from te_gemm_callback.analysis.plan import apply_precision_plan
+        from te_gemm_callback.sweep.native_plan import HOW, native_plan, native_support
+        from te_gemm_callback.sweep.plan import apply_precision_plan
 
         handle: Any = None  # what undoes the plan: NativePlan or PlanHandle
         if entry_plan is not None and self.set_recipe is None and native_support(entry_plan.recipe) is None:
@@ -269,8 +269,8 @@ class Sweep:
         """Why the rounds stop after round ``k`` (0-based), or None to go on: once ``min_rounds`` ran,
         every observed speedup's 95% interval within ``target``, the time budget spent, or
         :data:`MAX_ROUNDS`."""
-        from te_gemm_callback.analysis.intervals import estimate
-        from te_gemm_callback.analysis.verdicts import observe, round_speedups
+        from te_gemm_callback.sweep.intervals import estimate
+        from te_gemm_callback.sweep.observed import observe, round_speedups
 
         elapsed = self.elapsed()
         n = k + 1
@@ -367,9 +367,9 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         job_recipe: the recipe the job trains in (read from its capture), kept in the captures.
             Any recipe can be swept on any job: TE's per-recipe state objects are kept and put
             back at every switch (:class:`~te_gemm_callback.sweep.state.RecipeStates`).
-        plan: a :class:`~te_gemm_callback.analysis.plan.PrecisionPlan` (or its JSON path) swept right after
+        plan: a :class:`~te_gemm_callback.sweep.plan.PrecisionPlan` (or its JSON path) swept right after
             its own recipe (:func:`plan_entries`), as ``"plan"``: its recipe with its ``keep_bf16``
-            modules under ``te.autocast(enabled=False)`` (:func:`~te_gemm_callback.analysis.plan.apply_precision_plan`,
+            modules under ``te.autocast(enabled=False)`` (:func:`~te_gemm_callback.sweep.plan.apply_precision_plan`,
             removed after its steps). A plan that amounts to a single recipe (``plan.same_as``) is not timed again.
         profile_kernels: on CUDA, a kernels step per entry (docs/step-plan.md): per-GEMM GPU time
             and the kernel-time breakdown (``meta["kernel_breakdown_ms"]``).
@@ -378,7 +378,7 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
             steps, in forward then reverse order. A host-bound job's step time drifts by 10-50%
             over seconds (docs/results/h200.md); recipes timed seconds apart see the same drift, so
             the observed speedup is the median over rounds of each round's ratio, with a 95%
-            interval (:mod:`te_gemm_callback.analysis.intervals`). Rounds go on past ``rounds`` until every
+            interval (:mod:`te_gemm_callback.sweep.intervals`). Rounds go on past ``rounds`` until every
             interval is within ``target`` (0.02: +-2%) or ``budget_s`` seconds of rounds are spent
             (the rounds asked for always run).
 

@@ -6,8 +6,8 @@ alignment under quantized recipes: 16 rows for FP8), as torch._grouped_mm elsewh
 learned, so the per-expert token counts (m_splits) are uneven and change from step to step; the
 capture records them per call and the benchmark times grouped GEMMs with them.
 
-    python examples/moe.py --experts 8 --top-k 2 --hidden-size 4096 --expert-intermediate 14336 --layers 1
-    python examples/moe.py --tiny
+    python recipes/moe.py --experts 8 --top-k 2 --hidden-size 4096 --expert-intermediate 14336 --layers 1
+    python recipes/moe.py --tiny
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
-from _common import add_shape_flags, base_parser, finish, fit, run, use_te
 from torch import nn
 from torch.utils.data import DataLoader
 
-from te_gemm_callback.demo.job import DemoConfig, RandomTokens, TorchBlock, next_token_loss
 from te_gemm_callback.precisions import autocast, canonical, import_te, padded_splits
+from te_gemm_callback.recipes._common import add_shape_flags, base_parser, finish, fit, run, use_te
+from te_gemm_callback.recipes.demo import DemoConfig, RandomTokens, TorchBlock, next_token_loss
 
 AUX_LOSS_COEF = 0.01  # load balancing (Switch Transformer, Fedus et al. 2021, eq. 4); Mixtral: 0.02
 

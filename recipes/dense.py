@@ -5,9 +5,9 @@ Default: the CodonFM-5B layer of TE's benchmark_gemm.py (hidden 4096, intermedia
 LayerNorm; micro-batch 31 x 512 tokens) with --layers layers. --kv-heads and --gated select GQA and
 a SwiGLU MLP. On a machine without TE the same architecture is built from torch layers (BF16).
 
-    python examples/dense.py --layers 4 --sweep all          # GPU host with TE
-    python examples/dense.py --tiny --out runs/dense-tiny    # CPU, seconds
-    python examples/dense.py --devices 2 --strategy tp       # TE tensor parallel over 2 GPUs
+    python recipes/dense.py --layers 4 --sweep all          # GPU host with TE
+    python recipes/dense.py --tiny --out runs/dense-tiny    # CPU, seconds
+    python recipes/dense.py --devices 2 --strategy tp       # TE tensor parallel over 2 GPUs
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from _common import add_shape_flags, base_parser, finish, fit, run, use_te
 from torch.utils.data import DataLoader
 
-from te_gemm_callback.demo.job import TINY, DemoConfig, DemoLM, RandomTokens
 from te_gemm_callback.precisions import canonical
+from te_gemm_callback.recipes._common import add_shape_flags, base_parser, finish, fit, run, use_te
+from te_gemm_callback.recipes.demo import TINY, DemoConfig, DemoLM, RandomTokens
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ that mirror its built-in recipes (``custom_recipes.quantizer_factories``) and an
 quantizer for a slot left in high precision. :func:`native_plan` builds that recipe and names each
 TE module after its path in the model so the factory can tell them apart; ``remove()`` gives the
 modules their names back. Where the installed TE has no such recipe, :func:`native_support` says
-why, and :func:`~te_gemm_callback.analysis.plan.apply_precision_plan` (a module's forward under
+why, and :func:`~te_gemm_callback.sweep.plan.apply_precision_plan` (a module's forward under
 ``te.autocast(enabled=False)``) is the way to apply the plan.
 """
 
@@ -93,7 +93,7 @@ class NativePlan:
 
 
 def native_plan(model: nn.Module, plan: Any) -> NativePlan:
-    """``plan`` (a :class:`~te_gemm_callback.analysis.plan.PrecisionPlan`) as TE's own per-module
+    """``plan`` (a :class:`~te_gemm_callback.sweep.plan.PrecisionPlan`) as TE's own per-module
     recipe for ``model``: run the step under ``te.autocast(recipe=handle.recipe)`` in place of the
     plan's recipe, then ``handle.remove()``. RuntimeError, one line, where TE has none.
 

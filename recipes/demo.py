@@ -17,8 +17,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from te_gemm_callback.adapters.lightning import GemmProfilerCallback
-from te_gemm_callback.demo.models import CODONFM_4L, TINY, DemoConfig, te_layers
 from te_gemm_callback.precisions import autocast, import_te
+from te_gemm_callback.recipes.models import CODONFM_4L, TINY, DemoConfig, te_layers
 
 __all__ = ["CODONFM_4L", "TINY", "DemoConfig", "DemoLM", "HFLlama", "RandomTokens", "TorchBlock", "run_demo"]
 

@@ -14,9 +14,9 @@ optimizer step); what differs is what the capture can say, printed after the tab
   dispatch mode; ``meta.compiled`` says the model was compiled; dynamo's counters before and after
   the capture show whether the profiler cost a recompile.
 
-    python examples/job_kinds.py compile                 # CPU (aot_eager backend) or GPU
-    python examples/job_kinds.py graphs --recipe DelayedScaling   # GPU with Transformer Engine
-    python examples/job_kinds.py ops --recipe Float8CurrentScaling  # GPU with Transformer Engine
+    python recipes/job_kinds.py compile                 # CPU (aot_eager backend) or GPU
+    python recipes/job_kinds.py graphs --recipe DelayedScaling   # GPU with Transformer Engine
+    python recipes/job_kinds.py ops --recipe Float8CurrentScaling  # GPU with Transformer Engine
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ With --precision transformer-engine, Lightning's TransformerEnginePrecision swap
 nn.Linear layers for te.Linear (GPU host with TE); with bf16-mixed (default) it stays plain torch.
 Either way the callback captures a model this project did not write.
 
-    python examples/hf.py --precision transformer-engine --sweep BF16,DelayedScaling
-    python examples/hf.py --tiny
+    python recipes/hf.py --precision transformer-engine --sweep BF16,DelayedScaling
+    python recipes/hf.py --tiny
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import torch
-from _common import add_shape_flags, base_parser, finish, fit, run
 from torch.utils.data import DataLoader
 
-from te_gemm_callback.demo.job import DemoConfig, HFLlama, RandomTokens
+from te_gemm_callback.recipes._common import add_shape_flags, base_parser, finish, fit, run
+from te_gemm_callback.recipes.demo import DemoConfig, HFLlama, RandomTokens
 
 
 def main(argv: list[str] | None = None) -> int:

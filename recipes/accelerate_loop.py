@@ -6,8 +6,8 @@ step; the profiler's step boundary goes where Accelerate syncs the gradients, so
 as one step. An HF Llama built from a config (no download); Accelerate's own TE FP8 backend, where
 configured, converts its Linear layers and the capture shows their precision.
 
-    python examples/accelerate_loop.py --tiny           # CPU, seconds
-    python examples/accelerate_loop.py --steps 8        # GPU
+    python recipes/accelerate_loop.py --tiny           # CPU, seconds
+    python recipes/accelerate_loop.py --steps 8        # GPU
 """
 
 from __future__ import annotations
