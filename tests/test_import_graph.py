@@ -22,7 +22,7 @@ MAPPED = {"te_gemm_callback.recipes": PACKAGE.parent / "recipes"}
 # the package's __init__ (the public API) may import anything.
 STAGES = ("base", "capture", "sweep", "microbench", "analysis", "projection", "reporting", "schedule",
           "adapters", "recipes", "cli")
-BASE = {"shapes", "precisions", "printable", "torch_cuda", "files"}
+BASE = {"shapes", "precisions", "printable", "torch_cuda", "options", "files"}
 
 
 def modules(root: Path, mapped: dict[str, Path] | None = None) -> dict[str, tuple[Path, bool]]:

@@ -222,8 +222,10 @@ def test_inside_fit_a_locked_cache_is_not_waited_for(tmp_path, monkeypatch):
     path = tmp_path / "bench.json"
     seen = {}
     monkeypatch.setattr(pipeline, "bench_and_report", lambda *a, **kw: seen.update(kw) or {})
-    Publishing._bench_and_report(SimpleNamespace(verbose=False, output_dir=tmp_path, path=tmp_path / "c.json",
-                                                 project=()))
+    from te_gemm_callback.reporting.config import ReportConfig
+
+    Publishing._bench_and_report(SimpleNamespace(report_config=ReportConfig(output_dir=tmp_path),
+                                                 path=tmp_path / "c.json"))
     cache = seen["cache"]
     assert cache.lock_timeout_s == 0
     cache.path = path

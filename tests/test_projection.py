@@ -241,8 +241,8 @@ def test_the_report_carries_the_projection_when_asked(tmp_path, caplog):
 def test_callbacks_take_the_gpus_to_project_onto():
     from te_gemm_callback import GemmProfilerCallback, GemmSchedule
 
-    assert GemmSchedule(project="b300").project == ("B300",)
-    assert GemmProfilerCallback(project=["GB200", "H100"]).schedule.project == ("GB200", "H100")
+    assert GemmSchedule(project="b300").report_config.project == ("B300",)
+    assert GemmProfilerCallback(project=["GB200", "H100"]).schedule.report_config.project == ("GB200", "H100")
     with pytest.raises(ValueError, match="unknown GPU 'A100'"):
         GemmProfilerCallback(project=["A100"])
 

@@ -133,7 +133,7 @@ def test_bad_sweep_rounds_is_refused_where_given(monkeypatch):
     with pytest.raises(ValueError, match="sweep_rounds must be an integer >= 0"):
         GemmProfilerCallback(sweep=["BF16"], sweep_rounds=-1)
     sweep, _ = fake_te_sweep(monkeypatch)
-    with pytest.raises(ValueError, match="sweep rounds must be an integer >= 0"):
+    with pytest.raises(ValueError, match="^rounds must be an integer >= 0, got 1.5$"):
         sweep.run_sweep(nn.Linear(2, 2), lambda: None, ["BF16"], rounds=1.5)
 
 

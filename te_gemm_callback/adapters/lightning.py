@@ -60,7 +60,8 @@ class GemmProfilerCallback(ScheduleResults, Callback):
         # One per output file: two callbacks writing different captures coexist in one Trainer (and
         # in its checkpoints); two writing the same file are refused by Lightning at Trainer(...).
         # A resumed fit finds its state by the same output path.
-        return self._generate_state_key(output=str(self.schedule.output_dir / self.schedule.filename))
+        cfg = self.schedule.report_config
+        return self._generate_state_key(output=str(cfg.output_dir / cfg.filename))
 
     @property
     def _legacy_state_key(self) -> Any:
@@ -136,7 +137,7 @@ class GemmProfilerCallback(ScheduleResults, Callback):
                              "itself; time each recipe in a run of its own and compare them (te-gemm compare)")
         batch, batch_idx = self._last_batch
         set_recipe = None
-        if self.schedule.set_recipe is None and hasattr(module, "recipe"):
+        if self.schedule.sweep_config.set_recipe is None and hasattr(module, "recipe"):
             original = module.recipe
 
             def set_recipe(m: Any, r: Any) -> None:

@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.capture import GemmCapture, GemmProfiler
+from te_gemm_callback.capture.config import CaptureConfig
 from te_gemm_callback.printable import plain
-from te_gemm_callback.schedule.arguments import check_arguments, check_project
+from te_gemm_callback.reporting.config import ReportConfig
 from te_gemm_callback.schedule.publish import Publishing, guard
 from te_gemm_callback.schedule.results import ScheduleResults, sweep_metrics
+from te_gemm_callback.sweep.config import SweepConfig
 
-__all__ = ["GemmSchedule", "JobStep", "ScheduleResults", "SweepJob", "check_arguments", "guard", "kernel_steps",
-           "phase", "schedule_signature", "sweep_metrics"]
+__all__ = ["CONFIGS", "GemmSchedule", "JobStep", "ScheduleResults", "SweepJob", "guard", "kernel_steps", "phase",
+           "schedule_signature", "sweep_metrics"]
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -87,19 +89,39 @@ class JobStep:
     sweep: Callable[[], SweepJob] | None = None  # None: the sweep waits for a later step or train_end
 
 
+# The options the schedule and the callbacks take, each a field of one stage's config (options.py).
+CONFIGS = (CaptureConfig, SweepConfig, ReportConfig)
+
+
 def schedule_doc(adapter_doc: str) -> str:
-    """An adapter's docstring followed by :class:`GemmSchedule`'s arguments, so ``help()`` on a
-    callback lists every argument where its signature shows them (documented once, here)."""
-    args = GemmSchedule.__doc__[GemmSchedule.__doc__.index("    Args:"):]
-    return adapter_doc.rstrip() + "\n\n" + args
+    """A docstring followed by the schedule's arguments, from the configs' fields, so ``help()`` on
+    the schedule or a callback lists every argument where its signature shows them."""
+    return adapter_doc.rstrip() + "\n\n    Args:\n" + "\n".join(c.doc() for c in CONFIGS) + "\n"
 
 
 def schedule_signature() -> inspect.Signature:
-    """:class:`GemmSchedule`'s keyword arguments, for the adapters' ``__init__(**schedule)``:
-    ``help()`` and IDEs show them, and the arguments are documented once."""
-    params = [p for n, p in inspect.signature(GemmSchedule.__init__).parameters.items() if n != "name"]
-    return inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.name != "self" else p
-                              for p in params], return_annotation=None)
+    """The schedule's keyword arguments (the configs' fields), for ``__init__(**options)``: ``help()``
+    and IDEs show them."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(kw, inspect.Parameter.KEYWORD_ONLY, default=default)
+               for c in CONFIGS for kw, default in c.defaults().items()]
+    return inspect.Signature(params, return_annotation=None)
+
+
+def configs(name: str, options: dict[str, Any]) -> tuple[CaptureConfig, SweepConfig, ReportConfig]:
+    """The three configs from the keyword arguments ``options``; a keyword none of them takes is
+    refused in one line, with the nearest one it may have meant."""
+    import difflib
+
+    given = dict(options)
+    out = (CaptureConfig.take(given), SweepConfig.take(given), ReportConfig.take(given))
+    if given:
+        known = [kw for c in CONFIGS for kw in c.keywords()]
+        bad = sorted(given)[0]
+        near = difflib.get_close_matches(bad, known, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else f"; it takes {', '.join(known)}"
+        raise TypeError(f"{name} got an unexpected keyword argument {bad!r}{hint}")
+    return out
 
 
 def phase(step: int, wait: int, warmup: int, active: int) -> str:
@@ -127,64 +149,17 @@ def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int
 class GemmSchedule(Publishing):
     """Capture the GEMMs of a training job over a window of its optimizer steps (module docstring).
 
-    Args:
-        wait, warmup, active: the window, in optimizer steps (all micro-batches of gradient
-            accumulation are one step).
-        instrumented_steps: how many of the active steps run instrumented (shapes, owners,
-            precisions); the others follow the step plan (docs/step-plan.md).
-        output_dir: where ``filename`` is written (rank zero; every rank's under ``ranks/``).
-        nvtx: NVTX range per GEMM and per step (domain ``te_gemm``): True, False, or "auto" (only
-            when an NVTX tool such as ``nsys profile`` is listening).
-        nsys_capture: cudaProfilerStart at the first active step, cudaProfilerStop once the capture
-            file is written; run the job under ``nsys profile -t cuda,nvtx -c cudaProfilerApi
-            --capture-range-end=stop -s none`` (nsys's default range end stops the job at the Stop:
-            docs/nsight-systems.md).
-        adapters, dispatch_steps: see :class:`~te_gemm_callback.GemmProfiler`.
-        sweep: recipes to time on the job's own model and batch (:func:`~te_gemm_callback.sweep.run_sweep`):
-            whole training steps alternated in rounds, then everything put back; written to
-            ``output_dir/sweep/<recipe>/``. The report's observed step speedups come from here.
-        sweep_steps, sweep_warmup: clean and untimed steps per recipe and round.
-        sweep_rounds: the fewest alternating rounds (0: no fewest); then more until every observed
-            speedup's 95% interval is within +-2% or ``sweep_budget_s`` seconds are spent. A 95%
-            interval needs 6 rounds; ``sweep_rounds=0, sweep_budget_s=0`` runs none (each recipe's
-            capture steps alone give its step time, without an interval).
-        set_recipe: ``f(module, recipe_or_None)`` for models that enter te.autocast themselves.
-        sweep_plan: a precision plan (``te-gemm plan``'s file or a PrecisionPlan) swept as "plan".
-        kernel_breakdown: on CUDA, the kernels step among the active ones and one per swept recipe.
-        report: True: right after the capture (and the sweep), benchmark the captured shapes in every
-            recipe this machine runs and write the report (report.json, report.md, figures, trace)
-            into ``output_dir`` on rank zero, its cost stated in the log, its files and metrics handed
-            to the job's logger; "end": the same when training ends (a multi-process job always
-            reports then: no rank waits for rank zero's bench mid-training); False: neither
-            (``te-gemm bench`` and ``te-gemm report`` later).
-        project: GPUs to project the run onto in that report (``("B300",)``; B200, GB200, H100...):
-            a section of report.md each, labelled projection (``te-gemm project``, docs/projection.md).
-        verbose: print the full tables (the capture, the benchmarks, the report) into the job's
-            output; by default the log gets the report's summary, at most 25 lines (report.md and
-            the logger get everything either way).
+    Its arguments are the fields of :class:`~te_gemm_callback.capture.config.CaptureConfig` (the
+    window and the instruments), :class:`~te_gemm_callback.sweep.config.SweepConfig` (the recipe
+    sweep) and :class:`~te_gemm_callback.reporting.config.ReportConfig` (the run folder and the
+    report), each defined and checked once there; they are listed below.
     """
 
-    def __init__(self, wait: int = 1, warmup: int = 1, active: int = 6, output_dir: str | Path = "te_gemm",
-                 nvtx: bool | str = "auto", nsys_capture: bool = False, adapters: Sequence[str] = ("te", "torch"),
-                 dispatch_steps: int | str | None = None, verbose: bool = False, filename: str = "gemm_capture.json",
-                 sweep: Sequence[str] | None = None, sweep_steps: int = 3, set_recipe: Any = None,
-                 kernel_breakdown: bool = True, sweep_warmup: int = 2, instrumented_steps: int = 1,
-                 sweep_plan: Any = None, sweep_rounds: int = 6, sweep_budget_s: float = 20.0,
-                 report: bool | str = True, project: Sequence[str] = (), name: str = "GemmSchedule") -> None:
-        self.sweep, self.sweep_plan = check_arguments(
-            wait=wait, warmup=warmup, active=active, instrumented_steps=instrumented_steps, sweep_warmup=sweep_warmup,
-            sweep_steps=sweep_steps, dispatch_steps=dispatch_steps, adapters=adapters, filename=filename, sweep=sweep,
-            sweep_plan=sweep_plan, sweep_rounds=sweep_rounds, sweep_budget_s=sweep_budget_s, set_recipe=set_recipe,
-            output_dir=output_dir, report=report, nvtx=nvtx, nsys_capture=nsys_capture, verbose=verbose,
-            kernel_breakdown=kernel_breakdown)
-        self.project = check_project(project)
-        self.report = report
-        self.wait, self.warmup, self.active, self.instrumented_steps = wait, warmup, active, instrumented_steps
-        self.output_dir, self.filename, self.verbose, self.name = Path(output_dir), filename, verbose, name
-        self.profiler_kwargs = dict(adapters=tuple(adapters), dispatch_steps=dispatch_steps, nvtx=nvtx)
-        self.nsys_capture, self.kernel_breakdown, self.set_recipe = nsys_capture, kernel_breakdown, set_recipe
-        self.sweep_steps, self.sweep_warmup = sweep_steps, sweep_warmup
-        self.sweep_rounds, self.sweep_budget_s = sweep_rounds, sweep_budget_s
+    def __init__(self, name: str = "GemmSchedule", **options: Any) -> None:
+        self.capture_config, self.sweep_config, self.report_config = configs(name, options)
+        self.name = name
+        # Where the window begins: the capture config's wait, moved on by a resume inside the window.
+        self.wait = self.capture_config.wait
         self.kernel_recorder: Callable[[], Any] | None = None  # a KernelProfile factory (default: the profiler's)
         self.steps_seen = 0  # optimizer steps completed while this schedule watched
         self.done = False
@@ -211,12 +186,12 @@ class GemmSchedule(Publishing):
         return {**self.__dict__, "_prof": None, "_phase": None}
 
     def phase(self, step: int) -> str:
-        return phase(step, self.wait, self.warmup, self.active)
+        return phase(step, self.wait, self.capture_config.warmup, self.capture_config.active)
 
     # --- what the adapters call -------------------------------------------------------------
     def fit_start(self, max_steps: int | None = None) -> None:
         """Training starts (again): say what this run will capture."""
-        end = self.wait + self.warmup + self.active
+        end = self.wait + self.capture_config.warmup + self.capture_config.active
         if self._prof is not None:
             # An earlier run that raised inside the window without telling us (the HF Trainer has no
             # exception hook): its instruments came off with the exception; drop its capture and
@@ -230,9 +205,10 @@ class GemmSchedule(Publishing):
                         "run its own", self.name, self.path or "its capture")
         elif max_steps is not None and 0 <= max_steps < end:
             log.warning("te-gemm: max_steps=%d ends before the capture window (steps %d-%d): %s", max_steps,
-                        self.wait + self.warmup + 1, end,
-                        "nothing will be captured" if max_steps <= self.wait + self.warmup else
-                        f"only {max_steps - self.wait - self.warmup} of {self.active} active step(s) will be captured")
+                        self.wait + self.capture_config.warmup + 1, end,
+                        "nothing will be captured" if max_steps <= self.wait + self.capture_config.warmup else
+                        f"only {max_steps - self.wait - self.capture_config.warmup} of "
+                        f"{self.capture_config.active} active step(s) will be captured")
 
     def step_begin(self, model: Any) -> None:
         """An optimizer step's first micro-batch begins; ``model`` is the module the job trains."""
@@ -303,10 +279,10 @@ class GemmSchedule(Publishing):
             return
         job = job or JobStep()
         if self._prof is None and not self.done and self.capture is None:
-            first = self.wait + self.warmup
+            first = self.wait + self.capture_config.warmup
             log.warning("te-gemm: training ended after %d step(s), before the capture window (steps %d-%d): nothing "
                         "was captured; lower wait/warmup or train longer", self.steps_seen, first + 1,
-                        first + self.active)
+                        first + self.capture_config.active)
         self._finish(job, keep=self._phase == "active")
         if self.capture is not None:
             self._sweep_and_log(job)
@@ -358,14 +334,14 @@ class GemmSchedule(Publishing):
         self.steps_seen, self.done = steps, done
         self.path = Path(path) if path else None
         self.resumed = True
-        end = self.wait + self.warmup + self.active
+        end = self.wait + self.capture_config.warmup + self.capture_config.active
         if self.done or self.steps_seen >= end:
             # Else a resumed fit into the same output_dir captured nothing without a word.
             where = f", written to {plain(str(self.path))}" if self.path else ""
             # steps_seen stops counting once the capture is done: it is not the step resumed at.
             log.info("te-gemm: resumed after the capture window (steps %d-%d): the capture was taken before the "
                      "checkpoint%s; nothing is captured again (another output_dir captures afresh)",
-                     self.wait + self.warmup + 1, end, where)
+                     self.wait + self.capture_config.warmup + 1, end, where)
             return
         if self.wait <= self.steps_seen < end:
             # Resumed inside the window: the new process has neither warmed up nor captured the
@@ -377,13 +353,13 @@ class GemmSchedule(Publishing):
     # --- the capture -----------------------------------------------------------------------
     def _new_profiler(self, model: Any, ph: str) -> GemmProfiler:
         active = ph == "active"
-        kernels = active and self.kernel_breakdown and self._kernels_possible(model)
+        kernels = active and self.capture_config.kernel_breakdown and self._kernels_possible(model)
         recorder = self.kernel_recorder() if kernels and self.kernel_recorder is not None else None
         # "held": the range ends once the capture file is written (_publish), not at stop().
-        return GemmProfiler(model, nsys_capture="held" if self.nsys_capture and active else False,
-                            instrumented_steps=self.instrumented_steps if active else "all",
-                            **kernel_steps(kernels, self.active, self.instrumented_steps),
-                            kernel_profile=recorder, **self.profiler_kwargs).start()
+        return GemmProfiler(model, nsys_capture="held" if self.capture_config.nsys_capture and active else False,
+                            instrumented_steps=self.capture_config.instrumented_steps if active else "all",
+                            **kernel_steps(kernels, self.capture_config.active, self.capture_config.instrumented_steps),
+                            kernel_profile=recorder, **self.capture_config.handed_to("profiler")).start()
 
     @staticmethod
     def _kernels_possible(model: Any) -> bool:
@@ -420,9 +396,10 @@ class GemmSchedule(Publishing):
             self._drop()
             return
         if keep and ph == "active":
-            if len(cap.steps) < self.active:
+            if len(cap.steps) < self.capture_config.active:
                 log.warning("te-gemm: training ended inside the capture window: %d of %d active step(s) captured "
-                            "(kinds: %s)", len(cap.steps), self.active, ", ".join(s.kind for s in cap.steps))
+                            "(kinds: %s)", len(cap.steps), self.capture_config.active,
+                            ", ".join(s.kind for s in cap.steps))
             self._publish(job, cap, prof)
             self.done = True
         guard(prof.end_nsys_range, "nsys capture range not ended")  # a window not kept: nothing to save first
@@ -463,3 +440,7 @@ def _other_ranks() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+GemmSchedule.__doc__ = schedule_doc(GemmSchedule.__doc__ or "")
+GemmSchedule.__init__.__signature__ = schedule_signature()  # type: ignore[attr-defined]

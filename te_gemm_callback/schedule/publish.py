@@ -4,6 +4,7 @@ then benchmark and report into the run folder and hand the report to the job's l
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ class Publishing:
             return
         self.capture = cap
         if job.writes:
-            guard(lambda: self._save(cap, gathered or None), f"capture not written to {self.output_dir}")
+            guard(lambda: self._save(cap, gathered or None), f"capture not written to {self.report_config.output_dir}")
         if prof is not None:
             # cudaProfilerStop with the capture on disk: under nsys's default
             # --capture-range-end=stop-shutdown nsys ends the job here (docs/nsight-systems.md).
@@ -63,17 +64,18 @@ class Publishing:
         from te_gemm_callback.schedule.run_folder import clear_stale_sweep, save_capture, write_ranks
 
         # Written before anything is printed: a table that cannot be printed never costs the capture.
-        self.path = save_capture(cap, self.output_dir, self.filename, keep_existing=self.resumed)
+        out = self.report_config.output_dir
+        self.path = save_capture(cap, out, self.report_config.filename, keep_existing=self.resumed)
         if gathered is not None and len(gathered) > 1:
-            self.rank_summary = write_ranks(gathered, self.output_dir)
+            self.rank_summary = write_ranks(gathered, self.report_config.output_dir)
         log.info("te-gemm: capture written to %s", self.path)
-        if not self.report and (self.output_dir / "report.json").is_file():
+        if not self.report_config.report and (self.report_config.output_dir / "report.json").is_file():
             # report=False writes no report: one already here is an earlier run's, not this capture's.
             log.warning("te-gemm: %s holds an earlier run's report (report.json, report.md, figures), not this "
-                        "capture's: te-gemm bench and te-gemm report remake it", self.output_dir)
+                        "capture's: te-gemm bench and te-gemm report remake it", self.report_config.output_dir)
         if not self.resumed:  # a resumed job's folder keeps the first process's run beside this one
-            guard(lambda: clear_stale_sweep(self.output_dir, self.run_id), "stale sweep captures not removed")
-        if self.verbose:
+            guard(lambda: clear_stale_sweep(out, self.run_id), "stale sweep captures not removed")
+        if self.report_config.verbose:
             def show() -> None:
                 print_table(capture_table(cap, limit=40))
                 if len(cap.records) > 40:  # the table stops at 40 rows: say where the rest is
@@ -87,7 +89,7 @@ class Publishing:
     def _sweep_and_log(self, job: JobStep, fresh: bool = False) -> None:
         """Run the sweep once, when the job can give what it needs; then hand the metrics to its logger."""
         swept = False
-        if self.sweep and not self._swept and job.sweep is not None:
+        if self.sweep_config.recipes and not self._swept and job.sweep is not None:
             self._swept = swept = True
             self.metrics.update(guard(lambda: self._run_sweep(job), "recipe sweep failed and was skipped") or {})
         # Each scalar once: the capture's were logged when it was published; after a sweep at the
@@ -99,9 +101,9 @@ class Publishing:
 
     def _report(self, job: JobStep, at_end: bool) -> None:
         """Benchmark the captured shapes and write the report into the run folder (rank zero), once."""
-        if not self.report or self._reported or self.path is None or not job.writes:
+        if not self.report_config.report or self._reported or self.path is None or not job.writes:
             return
-        if (self.report == "end" or (self.sweep and not self._swept)) and not at_end:
+        if (self.report_config.report == "end" or (self.sweep_config.recipes and not self._swept)) and not at_end:
             return  # asked for at the end, or the sweep it sets beside the prediction has not run yet
         if not at_end and self._world_size() > 1:
             # Rank zero benchmarks alone: mid-training the other ranks would wait for it at their
@@ -115,10 +117,10 @@ class Publishing:
         if not files:
             return
         self.report_files = files
-        moves = "" if self.report == "end" else "report='end' moves this to the end of training, "
+        moves = "" if self.report_config.report == "end" else "report='end' moves this to the end of training, "
         log.info("te-gemm: benchmarked the captured shapes and wrote the report to %s in %.1f s (%sreport=False "
-                 "leaves it to te-gemm bench/report)", self.output_dir, time.perf_counter() - t0, moves)
-        if not self.verbose:  # the decision in a few lines; verbose printed the full tables above
+                 "leaves it to te-gemm bench/report)", self.report_config.output_dir, time.perf_counter() - t0, moves)
+        if not self.report_config.verbose:  # the decision in a few lines; verbose printed the full tables above
             from te_gemm_callback.reporting.summary import summary_lines
 
             for line in guard(lambda: summary_lines(files["report"], files.get("report_md")),
@@ -145,7 +147,7 @@ class Publishing:
         from te_gemm_callback.reporting.pipeline import bench_and_report
 
         console = None
-        if self.verbose:
+        if self.report_config.verbose:
             from te_gemm_callback.reporting.tables import console as make_console
 
             console = make_console()  # a log file's tables take the width they need
@@ -158,8 +160,8 @@ class Publishing:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         try:
             # Inside fit(): a cache another process holds locked is not waited for (lock_timeout_s=0).
-            return bench_and_report(self.output_dir, self.path, RECIPES, console=console, project=self.project,
-                                    cache=ResultCache(lock_timeout_s=0))
+            return bench_and_report(self.report_config.output_dir, self.path, RECIPES, console=console,
+                                    project=self.report_config.project, cache=ResultCache(lock_timeout_s=0))
         finally:
             torch.set_rng_state(cpu)
             if cuda is not None:
@@ -170,15 +172,16 @@ class Publishing:
         from te_gemm_callback.sweep.engine import run_sweep
 
         sj = job.sweep()
-        out_dir = self.output_dir / "sweep" if job.writes else None
+        out_dir = self.report_config.output_dir / "sweep" if job.writes else None
         if out_dir is not None and out_dir.is_symlink():  # run_sweep checks only the folders below it
             raise ValueError(f"{out_dir} is a symbolic link: the sweep writes only into real folders")
         opt_step = sj.optimizer_step if sj.optimizer_step is not None or not sj.optimizers else None
+        config = self.sweep_config
+        if sj.set_recipe is not None:  # the job's own (Lightning's module.recipe) over the default
+            config = dataclasses.replace(config, set_recipe=sj.set_recipe)
         res = self.sweep_result = run_sweep(
-            sj.module, sj.step, self.sweep, steps=self.sweep_steps, warmup=self.sweep_warmup,
-            profile_kernels=self.kernel_breakdown, set_recipe=sj.set_recipe or self.set_recipe, context=sj.context,
-            out_dir=out_dir, job_recipe=capture_recipe(self.capture), nvtx=self.profiler_kwargs["nvtx"],
-            plan=self.sweep_plan, rounds=self.sweep_rounds, budget_s=self.sweep_budget_s,
-            optimizers=list(sj.optimizers), optimizer_step=opt_step, run_id=self.run_id,
-            rng_objects=list(sj.rng_objects))
+            sj.module, sj.step, config=config, profile_kernels=self.capture_config.kernel_breakdown,
+            context=sj.context, out_dir=out_dir, job_recipe=capture_recipe(self.capture),
+            nvtx=self.capture_config.nvtx, optimizers=list(sj.optimizers), optimizer_step=opt_step,
+            run_id=self.run_id, rng_objects=list(sj.rng_objects))
         return sweep_metrics(res)

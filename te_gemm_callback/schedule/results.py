@@ -23,9 +23,9 @@ class ScheduleResults:
     rank_summary = property(lambda self: self.schedule.rank_summary, doc="Per-rank summary of a multi-process job.")
     done = property(lambda self: self.schedule.done, doc="The window is over (captured, or given up).")
     steps_seen = property(lambda self: self.schedule.steps_seen, doc="Optimizer steps completed while watched.")
-    output_dir = property(lambda self: self.schedule.output_dir, doc="The run folder.")
-    sweep = property(lambda self: self.schedule.sweep, doc="The recipes to sweep, in TE's names.")
-    sweep_plan = property(lambda self: self.schedule.sweep_plan, doc="The precision plan to sweep, loaded.")
+    output_dir = property(lambda self: self.schedule.report_config.output_dir, doc="The run folder.")
+    sweep = property(lambda self: self.schedule.sweep_config.recipes, doc="The recipes to sweep, in TE's names.")
+    sweep_plan = property(lambda self: self.schedule.sweep_config.plan, doc="The precision plan to sweep, loaded.")
 
 
 def sweep_metrics(res: Any) -> dict[str, float]:

@@ -30,13 +30,11 @@ from te_gemm_callback.capture.capture_file import StepTime
 from te_gemm_callback.capture.instruments import MidMark, boundary_times
 from te_gemm_callback.capture.steps import CLEAN, capture_steps
 from te_gemm_callback.precisions import autocast, availability, canonical
+from te_gemm_callback.sweep.config import SweepConfig
 from te_gemm_callback.sweep.state import RecipeStates, TrainingSnapshot
 
 log = logging.getLogger("te_gemm_callback")
 
-MIN_ROUNDS = 6  # the fewest rounds with a 95% interval for the median ratio (stats.MIN_ROUNDS_FOR_INTERVAL)
-BUDGET_S = 20.0  # default time for the rounds: a 150 ms step, 4 recipes, 4 steps each: about 8 rounds
-TARGET = 0.02  # rounds stop once every observed speedup's 95% interval is within +-2% of its median
 MAX_ROUNDS = 60
 
 Entry = tuple[str, str, Any]  # (name in the results, recipe, precision plan or None): see plan_entries
@@ -94,18 +92,6 @@ def _check_model(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) 
                              "give the sweep the model the step function trains")
 
 
-def _check_settings(steps: int, rounds: int, budget_s: float, target: float) -> None:
-    """One line per bad setting, before anything of the job is touched."""
-    if steps < 1:
-        raise ValueError("sweep steps must be >= 1")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-        raise ValueError(f"sweep rounds must be an integer >= 0, got {rounds!r}")
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s >= 0:
-        raise ValueError(f"sweep budget must be a number of seconds >= 0, got {budget_s!r}")
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
-        raise ValueError(f"sweep target must be a fraction between 0 and 1 (0.02: +-2%), got {target!r}")
-
-
 class Sweep:
     """One sweep of a live job: its settings, what it keeps to put back, and what it measured.
 
@@ -114,31 +100,25 @@ class Sweep:
     however it ends. The arguments are :func:`run_sweep`'s (documented there).
     """
 
-    def __init__(self, model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int,
-                 warmup: int, set_recipe: Callable[[nn.Module, str | None], Any] | None,
+    def __init__(self, model: nn.Module, step_fn: Callable[[], Any], config: SweepConfig, *,
                  context: Callable[[], Any] | None, out_dir: str | Path | None, nvtx: bool | str,
-                 profile_kernels: bool, job_recipe: str | None, plan: Any, rounds: int, budget_s: float,
-                 target: float, optimizers: Sequence[torch.optim.Optimizer],
+                 profile_kernels: bool, job_recipe: str | None, optimizers: Sequence[torch.optim.Optimizer],
                  optimizer_step: Callable[[], Any] | None, run_id: str | None,
                  rng_objects: Sequence[Any] = ()) -> None:
-        _check_settings(steps, rounds, budget_s, target)
         _check_model(model, optimizers)
-        from te_gemm_callback.sweep.plan import PrecisionPlan
-
-        if plan is not None and not isinstance(plan, PrecisionPlan):
-            plan = PrecisionPlan.load(plan)
+        self.config = config
         self.model = model
         self.step_fn = step_fn
-        self.set_recipe = set_recipe
+        self.set_recipe = config.set_recipe
         self.context = context
         self.optimizers = list(optimizers)
         self.optimizer_step = optimizer_step
         # A whole training step (the optimizer's part included), or forward+backward only.
         self.whole = bool(self.optimizers) or optimizer_step is not None
-        self.entries = plan_entries(sweep_order(recipes), plan)
-        self.steps, self.warmup, self.nvtx, self.profile_kernels = steps, warmup, nvtx, profile_kernels
+        self.entries = plan_entries(sweep_order(config.recipes or ()), config.plan)
+        self.steps, self.warmup, self.nvtx, self.profile_kernels = config.steps, config.warmup, nvtx, profile_kernels
         self.out_dir, self.job_recipe, self.run_id = out_dir, job_recipe, run_id
-        self.min_rounds, self.budget_s, self.target = rounds, budget_s, target
+        self.min_rounds, self.budget_s, self.target = config.rounds, config.budget_s, config.target
         self.result = SweepResult()  # the captures per entry, with each round's steps appended
         self.snapshot = TrainingSnapshot(model, self.optimizers, rng_objects)
         # The plan entry's TE recipe object while it runs as TE's own per-module recipe (native_plan.py).
@@ -338,14 +318,12 @@ class Sweep:
         return self.result
 
 
-def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str], *, steps: int = 3,
-              warmup: int = 1, set_recipe: Callable[[nn.Module, str | None], Any] | None = None,
-              context: Callable[[], Any] | None = None, out_dir: str | Path | None = None,
-              nvtx: bool | str = "auto", profile_kernels: bool = True, job_recipe: str | None = None,
-              plan: Any = None, rounds: int = MIN_ROUNDS, budget_s: float = BUDGET_S, target: float = TARGET,
-              optimizers: Sequence[torch.optim.Optimizer] = (),
+def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[str] | None = None, *,
+              config: SweepConfig | None = None, context: Callable[[], Any] | None = None,
+              out_dir: str | Path | None = None, nvtx: bool | str = "auto", profile_kernels: bool = True,
+              job_recipe: str | None = None, optimizers: Sequence[torch.optim.Optimizer] = (),
               optimizer_step: Callable[[], Any] | None = None, run_id: str | None = None,
-              rng_objects: Sequence[Any] = ()) -> SweepResult:
+              rng_objects: Sequence[Any] = (), **settings: Any) -> SweepResult:
     """Time whole training steps of ``step_fn`` under each recipe, alternated in rounds.
 
     Args:
@@ -356,9 +334,6 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         optimizer_step: what the job does after backward (clipping, ``optimizer.step()``, ...):
             called in every sweep step in place of stepping ``optimizers``. Gradients are set to
             None before every step (the job's ``zero_grad``).
-        set_recipe: how the model picks its recipe, for models that enter ``te.autocast``
-            themselves (called with each recipe, then with None to restore). Without it, the
-            forward runs inside ``te.autocast(recipe)``.
         context: an outer context per step (Lightning's precision plugin forward context).
         run_id: the job capture's ``meta["run_id"]``, kept in every sweep capture: a report takes
             only sweep captures of its job's run (``runs.analyze_run``).
@@ -367,26 +342,33 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
         job_recipe: the recipe the job trains in (read from its capture), kept in the captures.
             Any recipe can be swept on any job: TE's per-recipe state objects are kept and put
             back at every switch (:class:`~te_gemm_callback.sweep.state.RecipeStates`).
-        plan: a :class:`~te_gemm_callback.sweep.plan.PrecisionPlan` (or its JSON path) swept right after
-            its own recipe (:func:`plan_entries`), as ``"plan"``: its recipe with its ``keep_bf16``
-            modules under ``te.autocast(enabled=False)`` (:func:`~te_gemm_callback.sweep.plan.apply_precision_plan`,
-            removed after its steps). A plan that amounts to a single recipe (``plan.same_as``) is not timed again.
         profile_kernels: on CUDA, a kernels step per entry (docs/step-plan.md): per-GEMM GPU time
             and the kernel-time breakdown (``meta["kernel_breakdown_ms"]``).
-        rounds: the fewest alternating rounds after the captures (0: no fewest). In each, every swept
-            entry (BF16 among them) runs one untimed step (the switch) and ``steps`` clean timed
-            steps, in forward then reverse order. A host-bound job's step time drifts by 10-50%
-            over seconds (docs/results/h200.md); recipes timed seconds apart see the same drift, so
-            the observed speedup is the median over rounds of each round's ratio, with a 95%
-            interval (:mod:`te_gemm_callback.sweep.intervals`). Rounds go on past ``rounds`` until every
-            interval is within ``target`` (0.02: +-2%) or ``budget_s`` seconds of rounds are spent
-            (the rounds asked for always run).
+        config, settings: the sweep's settings (:class:`~te_gemm_callback.sweep.config.SweepConfig`:
+            ``steps``, ``warmup``, ``rounds``, ``budget_s``, ``target``, ``set_recipe``, ``plan``), as
+            one config or as keywords; ``recipes`` as given here or in the config.
+
+    In each round every swept entry (BF16 among them) runs one untimed step (the switch) and
+    ``steps`` clean timed steps, in forward then reverse order. A host-bound job's step time drifts
+    by 10-50% over seconds (docs/results/h200.md); recipes timed seconds apart see the same drift, so
+    the observed speedup is the median over rounds of each round's ratio, with a 95% interval
+    (:mod:`te_gemm_callback.sweep.intervals`). Rounds go on past ``rounds`` until every interval is
+    within ``target`` or ``budget_s`` seconds of rounds are spent (the rounds asked for always run).
+    A plan (``plan``) runs right after its own recipe (:func:`plan_entries`), as ``"plan"``: its
+    recipe with its ``keep_bf16`` modules out of FP8 (TE's own per-module recipe where TE has one,
+    else :func:`~te_gemm_callback.sweep.plan.apply_precision_plan`), removed after its steps; a plan
+    that amounts to a single recipe (``plan.same_as``) is not timed again. ``set_recipe`` is how a
+    model that enters ``te.autocast`` itself picks its recipe (called with each recipe, then with
+    None to restore); without it the forward runs inside ``te.autocast(recipe)``.
 
     Per entry: ``warmup`` untimed steps, then the step plan (docs/step-plan.md) with ``steps`` clean
     steps; then the rounds. The observed step time is the median of the rounds' medians (without rounds,
     of the entry's clean steps), so the profiler's own host cost never enters a speedup or a verdict.
     """
-    return Sweep(model, step_fn, recipes, steps=steps, warmup=warmup, set_recipe=set_recipe, context=context,
-                 out_dir=out_dir, nvtx=nvtx, profile_kernels=profile_kernels, job_recipe=job_recipe, plan=plan,
-                 rounds=rounds, budget_s=budget_s, target=target, optimizers=optimizers,
+    if config is None:
+        config = SweepConfig(recipes=list(recipes or ()), **settings)
+    elif recipes is not None or settings:
+        raise TypeError("run_sweep takes the sweep's settings either as config or as keywords, not both")
+    return Sweep(model, step_fn, config, context=context, out_dir=out_dir, nvtx=nvtx,
+                 profile_kernels=profile_kernels, job_recipe=job_recipe, optimizers=optimizers,
                  optimizer_step=optimizer_step, run_id=run_id, rng_objects=rng_objects).run()

@@ -1,0 +1,81 @@
+"""Each option is one field of one stage's config (te_gemm_callback/options.py): the schedule and the
+callbacks take exactly the configs' keywords, help() documents each, a bad value or an unknown
+keyword fails in one line naming what the user wrote, and each field reaches what uses it."""
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+
+from te_gemm_callback import GemmProfilerCallback, GemmSchedule, JobStep, SweepJob
+from te_gemm_callback.capture.config import CaptureConfig
+from te_gemm_callback.reporting.config import ReportConfig
+from te_gemm_callback.schedule import CONFIGS
+from te_gemm_callback.sweep.config import SweepConfig
+
+
+def _keywords():
+    return [kw for c in CONFIGS for kw in c.keywords()]
+
+
+def test_the_schedule_and_the_callbacks_take_the_configs_keywords_documented():
+    want = _keywords()
+    assert len(want) == len(set(want))  # no keyword in two configs
+    assert list(inspect.signature(GemmSchedule).parameters) == want
+    assert list(inspect.signature(GemmProfilerCallback).parameters) == want
+    for kw in want:
+        assert f"        {kw}: " in GemmSchedule.__doc__ and f"        {kw}: " in GemmProfilerCallback.__doc__
+    sched = GemmSchedule(active=3, sweep=["fp8_current"], sweep_rounds=2, output_dir="somewhere", verbose=True)
+    assert sched.capture_config.active == 3 and sched.sweep_config.recipes == ["Float8CurrentScaling"]
+    assert sched.sweep_config.rounds == 2 and sched.report_config.verbose is True
+    assert str(sched.report_config.output_dir) == "somewhere"
+
+
+def test_a_bad_option_is_refused_in_the_users_words():
+    with pytest.raises(TypeError, match=r"^GemmProfilerCallback got an unexpected keyword argument 'sweep_round' "
+                                        r"\(did you mean 'sweep_rounds'\?\)$"):
+        GemmProfilerCallback(sweep_round=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'zzz'; it takes wait, warmup, active"):
+        GemmSchedule(zzz=1)
+    # The schedule's keyword, or the config's own field name where the config is built directly.
+    with pytest.raises(ValueError, match="^sweep_steps must be an integer >= 1, got 0$"):
+        GemmSchedule(sweep_steps=0)
+    with pytest.raises(ValueError, match="^steps must be an integer >= 1, got 0$"):
+        SweepConfig(steps=0)
+    with pytest.raises(ValueError, match=r"^instrumented_steps \(3\) must not exceed active \(2\)$"):
+        CaptureConfig(active=2, instrumented_steps=3)
+    with pytest.raises(ValueError, match="^report must be True, False or 'end', got 1$"):
+        ReportConfig(report=1)  # 1 == True, but not what the user should write
+
+
+def test_configs_are_values():
+    """Frozen: a schedule's options do not change under it; a changed copy is checked again."""
+    c = SweepConfig(recipes=["BF16"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.steps = 5
+    with pytest.raises(ValueError, match="steps must be"):
+        dataclasses.replace(c, steps=-1)
+    assert SweepConfig(recipes=["BF16"]) == c
+
+
+def test_each_field_reaches_what_uses_it(tmp_path, monkeypatch):
+    """The capture's profiler fields reach GemmProfiler by name, the sweep's config reaches the
+    sweep whole (a field added there needs no other line to arrive)."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    sched = GemmSchedule(wait=0, warmup=0, active=1, adapters=["torch"], dispatch_steps=1, nvtx=False,
+                         sweep=["BF16"], sweep_steps=2, sweep_warmup=0, sweep_rounds=0, sweep_budget_s=0.5,
+                         output_dir=tmp_path, report=False)
+    prof = sched._new_profiler(model, "active")
+    try:
+        assert prof.adapters == ("torch",) and prof.plan.dispatch == 1
+    finally:
+        prof.stop()
+    seen = {}
+    import te_gemm_callback.sweep.engine as engine
+
+    monkeypatch.setattr(engine, "run_sweep", lambda *a, **kw: seen.update(kw) or engine.SweepResult())
+    sched.capture = None
+    monkeypatch.setattr("te_gemm_callback.analysis.verdicts.capture_recipe", lambda cap: "BF16")
+    sched._run_sweep(JobStep(sweep=lambda: SweepJob(model, lambda: model(torch.randn(2, 8)).sum())))
+    assert seen["config"] == sched.sweep_config and seen["nvtx"] is False
