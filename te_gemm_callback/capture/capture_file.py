@@ -164,10 +164,10 @@ class GemmCapture:
         time, and host-clock times of two different steps are not comparable (first calls, caches,
         the host's other load), so this is the share a host-clock capture can state."""
         for kind in ("kernels", "instrumented"):
-            timed = [s for s in self.full_steps_of(kind) if s.gemm_ms is not None and s.ms > 0]
+            timed = [(s.gemm_ms, s.ms) for s in self.full_steps_of(kind) if s.gemm_ms is not None and s.ms > 0]
             if timed:
-                return (statistics.median(s.gemm_ms / s.ms for s in timed),
-                        statistics.median(s.ms for s in timed))
+                return (statistics.median(g / ms for g, ms in timed),
+                        statistics.median(ms for _, ms in timed))
         return None
 
     def by_module(self) -> dict[str, list[GemmRecord]]:

@@ -94,7 +94,8 @@ class GemmRecord:
 
     @property
     def ms_per_step(self) -> float | None:
-        return self.median_ms * self.calls_per_step if self.times_ms else None
+        median = self.median_ms  # None without times
+        return median * self.calls_per_step if median is not None else None
 
     @property
     def flops_per_step(self) -> float:

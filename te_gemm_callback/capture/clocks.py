@@ -11,7 +11,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 Reading = tuple[float, float]  # (SM clock MHz, board power W)
 
@@ -52,7 +52,7 @@ class ClockSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                clock, power = self.reader()
+                clock, power = cast(Callable[[], Reading], self.reader)()  # started only with a reader
                 self.samples.append((float(clock), float(power)))
                 self.times.append(time.perf_counter())
             except Exception:  # a failing read ends sampling, never the measured work

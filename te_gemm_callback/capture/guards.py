@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -61,6 +61,7 @@ class HookFn:
 
     __slots__ = ("hook_id",)
     kind = POST
+    hook_id: int  # set by register()
 
     def __deepcopy__(self, memo: dict) -> Inert:
         return Inert(self.kind, getattr(self, "hook_id", None))
@@ -73,7 +74,7 @@ def register(module: nn.Module, hook: HookFn, **kwargs: Any) -> Any:
     """Register ``hook`` (forward pre- or post-hook by its kind) and remember its id, which a copy's
     :class:`Inert` uses to take itself off."""
     add = module.register_forward_pre_hook if hook.kind == PRE else module.register_forward_hook
-    handle = add(hook, **kwargs)
+    handle = add(cast(Callable[..., Any], hook), **kwargs)  # every HookFn subclass defines __call__
     hook.hook_id = handle.id
     return handle
 

@@ -45,7 +45,7 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
     profiler's clean steps); one sync after the last boundary, outside every timed step. ``mid``:
     a :class:`MidMark` that ``step`` calls once; its ``part_ms`` is filled from the same boundaries."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
-    evs = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else [None] * (n + 1)
+    evs: list[Any] = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else [None] * (n + 1)
     marks = []
     if mid is not None:
         mid.marks.clear()
@@ -224,7 +224,7 @@ class Nvtx:
         if enabled == "auto":
             enabled = backend is not None or tool_attached()
         self.enabled = bool(enabled)
-        self.backend = backend if backend is not None else (_default_backend() if enabled else None)
+        self.backend: Any = backend if backend is not None else (_default_backend() if enabled else None)
         self.enabled = self.enabled and self.backend is not None
 
     def start(self, name: str) -> Any:

@@ -277,10 +277,11 @@ def split_at_marks(kernels: list[tuple[str, float, float]], marks: int,
         raise RuntimeError(f"{marks} step marker(s) launched, {len(at)} among the {len(kernels)} kernel records")
     steps = [part(a + 1, b, kernels[a][1]) for a, b in zip(at, at[1:] + [len(kernels)])]
     if co and calls:
-        launched = {c[3]: j for j, c in enumerate(calls)}
+        launched: dict[int | None, int] = {c[3]: j for j, c in enumerate(calls)}
         where = [launched.get(co[a]) for a in at]
-        if all(w is not None for w in where):  # every marker's launch is among the calls
-            for k, (w, nxt) in enumerate(zip(where, where[1:] + [len(calls)])):
+        found = [w for w in where if w is not None]
+        if len(found) == len(where):  # every marker's launch is among the calls
+            for k, (w, nxt) in enumerate(zip(found, found[1:] + [len(calls)])):
                 steps[k].calls = calls[w + 1:nxt]
     return steps
 

@@ -10,7 +10,7 @@ import functools
 import logging
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -149,10 +149,11 @@ def splits_from_offs(offs: torch.Tensor) -> tuple[int, ...]:
 
 def apply_splits(ev: GemmEvent) -> None:
     """The token dimension of a grouped GEMM is the sum of its splits (k for wgrad, else m)."""
+    splits = cast(tuple[int, ...], ev.m_splits)  # set: a grouped GEMM's
     if ev.op is GemmOp.WGRAD:
-        ev.k = sum(ev.m_splits)
+        ev.k = sum(splits)
     else:
-        ev.m = sum(ev.m_splits)
+        ev.m = sum(splits)
 
 
 def grouped_kernel_counts(m_splits: Any) -> tuple[int, ...]:

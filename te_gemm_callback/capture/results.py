@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import platform
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -21,7 +21,7 @@ from te_gemm_callback.capture.kernel_profile import (
     kernel_timeline,
 )
 from te_gemm_callback.capture.module_specs import module_specs
-from te_gemm_callback.capture.profiler_state import ProfilerState
+from te_gemm_callback.capture.profiler_state import Boundary, ProfilerState
 from te_gemm_callback.capture.steady import assess, graphs_compiled
 from te_gemm_callback.capture.step_plan import CLEAN, INSTRUMENTED, KERNELS, PARTIAL, SETTLE
 from te_gemm_callback.precisions import te_version
@@ -36,7 +36,7 @@ class CaptureResults(ProfilerState):
         rec = self.recorder
         steps = []
         for i, s in enumerate(self._steps):
-            (t0, e0), (t1, e1) = s.start, s.end
+            (t0, e0), (t1, e1) = s.start, cast(Boundary, s.end)  # stop() closed every step
             gemm_ms = None
             if s.kind == KERNELS and s.kernels is not None:
                 gemm_ms = s.kernels.gemm_ms()

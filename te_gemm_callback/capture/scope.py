@@ -26,7 +26,8 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -123,7 +124,8 @@ def _probe_next_seq(probe: torch.Tensor) -> int:
     # Without torch._C._autograd._get_sequence_nr: a view of a leaf creates one node and takes
     # the number; the next node gets the one after it.
     with torch.enable_grad():
-        return probe.view(()).grad_fn._sequence_nr() + 1
+        node = cast("torch.autograd.graph.Node", probe.view(()).grad_fn)  # a view of a leaf that requires grad
+        return node._sequence_nr() + 1
 
 
 def next_seq_reader() -> Callable[[], int]:
@@ -279,7 +281,7 @@ class ModuleScope:
             return st[-1], True
         node = torch._C._current_autograd_node() if in_backward() else None
         if node is not None:
-            return node.metadata.get(TAG), False
+            return node.metadata.get(TAG), False  # type: ignore[attr-defined]  # a property, typed as a method
         return None, False
 
     def module(self, name: str | None) -> nn.Module | None:
@@ -300,7 +302,7 @@ class ModuleScope:
         (``BasicLinear.op_forward``'s ``self``) or the one a fused op runs (its ``linear_op``, or
         the only GEMM-bearing op among its ``basic_ops``). Named by its ``te.ops.Linear`` where
         it is one; marked as ran. A few µs per GEMM, and only for models with te.ops."""
-        f = sys._getframe(2)
+        f: FrameType | None = sys._getframe(2)
         owners = self.ops_owners
         for _ in range(depth):
             if f is None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -108,7 +108,7 @@ class EagerCompiled:
             if type(m).__name__ == "OptimizedModule" and "forward" in d:
                 self._saved.append((m, "forward", d["forward"]))
                 # What dynamo's wrapper runs, without dynamo: the original module's hooks and forward.
-                d["forward"] = m._modules["_orig_mod"].__call__
+                d["forward"] = cast(nn.Module, m._modules["_orig_mod"]).__call__  # set on every OptimizedModule
 
     def exit(self) -> None:
         saved, self._saved = self._saved, []

@@ -5,7 +5,7 @@ It imports nothing of the package: the profiler and each of its parts read it.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN = "instrumented", "kernels-warmup", "kernels", "settle", "clean"
 # Steps that are never clean (capture.steady): "compile" runs before the plan, nothing attached, while
@@ -48,9 +48,9 @@ class StepPlan:
         ['instrumented', 'kernels-warmup', 'kernels', 'settle', 'clean', 'clean']
     """
 
-    instrumented: int | str = 1  # or "all": every step instrumented (no clean step)
+    instrumented: int | Literal["all"] = 1  # or "all": every step instrumented (no clean step)
     kernels: int = 0
-    dispatch: int | str = 1  # instrumented steps that also run the torch dispatch mode, or "all"
+    dispatch: int | Literal["all"] = 1  # instrumented steps that also run the torch dispatch mode, or "all"
     kernels_warmup: int = 0  # only planned when kernels > 0
     settle: int = 0  # likewise
 
@@ -76,7 +76,11 @@ class StepPlan:
         return self.kind(i) == INSTRUMENTED and (self.dispatch == "all" or i < self.dispatch)
 
 
-def count_arg(name: str, v: Any, allow_all: bool = False) -> int | str:
+@overload
+def count_arg(name: str, v: Any, allow_all: Literal[False] = False) -> int: ...
+@overload
+def count_arg(name: str, v: Any, allow_all: bool) -> int | Literal["all"]: ...
+def count_arg(name: str, v: Any, allow_all: bool = False) -> int | Literal["all"]:
     if allow_all and v == "all":
         return v
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -18,7 +18,7 @@ import inspect
 import math
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -50,7 +50,7 @@ def operand_format(x: Any) -> tuple[str, str]:
     mro = [c.__name__ for c in type(x).__mro__]
     if "IdentityTensorStorage" in mro:  # TE's high-precision slot of a CustomRecipe: its data as given
         data = getattr(x, "_hp_data", None)
-        dtype = data.dtype if isinstance(data, torch.Tensor) else getattr(x, "_dtype", None)
+        dtype: Any = data.dtype if isinstance(data, torch.Tensor) else getattr(x, "_dtype", None)
         return _DTYPES.get(dtype, str(dtype).replace("torch.", "")), f"{type(x).__name__}[{dtype}]"
     for cls_name, family in _FAMILIES:
         if cls_name in mro:
@@ -138,13 +138,13 @@ def patch_te_gemms(make_wrapper: Callable[[Callable, bool], Callable]) -> list[t
         if getattr(orig, _WRAPPED, False):
             unpatch(patched)
             raise RuntimeError("another GemmProfiler is already capturing TE GEMMs: stop it first")
-        wrapper = make_wrapper(orig, fname == "general_grouped_gemm")
+        wrapper: Any = make_wrapper(orig, fname == "general_grouped_gemm")  # a function: takes attributes
         setattr(wrapper, _WRAPPED, True)
         wrapper.__wrapped__ = orig
         for name, mod in list(sys.modules.items()):
             if name.startswith("transformer_engine.pytorch") and getattr(mod, fname, None) is orig:
                 setattr(mod, fname, wrapper)
-                patched.append((mod, fname, orig))
+                patched.append((mod, fname, cast(Callable, orig)))  # not None (checked above)
     return patched
 
 
@@ -270,7 +270,7 @@ class TEInterceptor:
                             owner = st[-1]
                         else:
                             node = current_node() if backward else None
-                            owner = node.metadata.get(TAG) if node is not None else None
+                            owner = node.metadata.get(TAG) if node is not None else None  # type: ignore[attr-defined]
                     key = (owner, layout, ka, kb)
                     found = calls.get(key)
                     if found is None:

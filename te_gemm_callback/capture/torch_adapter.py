@@ -112,7 +112,7 @@ class GemmDispatchMode(TorchDispatchMode):
         super().__init__()
         self.recorder = recorder
         self.param_storages: dict[int, str] = {}
-        self.casts: dict[int, tuple[weakref.ref, str]] = {}
+        self.casts: dict[int | None, tuple[weakref.ref, str]] = {}
         self.refresh_params()
         # Forward GEMMs of each module this step (by the module running), for backward GEMMs whose
         # node is unknown: fprop shape -> its ForwardGemm.
@@ -250,7 +250,7 @@ class GemmDispatchMode(TorchDispatchMode):
             # GEMM is the backward of one that ran inside a TE module: it belongs to TE too.
             rec.skip()
             return None
-        m_splits = None
+        m_splits: tuple[int, ...] | torch.Tensor | None = None
         if offs is not None:
             if offs.device.type == "cpu":
                 m_splits = splits_from_offs(offs)
