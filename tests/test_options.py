@@ -76,6 +76,5 @@ def test_each_field_reaches_what_uses_it(tmp_path, monkeypatch):
 
     monkeypatch.setattr(engine, "run_sweep", lambda *a, **kw: seen.update(kw) or engine.SweepResult())
     sched.capture = None
-    monkeypatch.setattr("te_gemm_callback.analysis.verdicts.capture_recipe", lambda cap: "BF16")
     sched._run_sweep(JobStep(sweep=lambda: SweepJob(model, lambda: model(torch.randn(2, 8)).sum())))
     assert seen["config"] == sched.sweep_config and seen["nvtx"] is False

@@ -48,7 +48,7 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
         self.schedule = GemmSchedule(name=type(self).__name__, **schedule)
         self._logging_dir: str | None = None  # the Trainer's TensorBoard run, found when training begins
 
-    __init__.__signature__ = schedule_signature()  # help() and IDEs show the schedule's arguments
+    __init__.__signature__ = schedule_signature()  # type: ignore[attr-defined]  # help() and IDEs show the schedule's arguments
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         import time
@@ -93,7 +93,7 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
                        sweep=(lambda: _sweep_job(args, kwargs)) if sweep else None)
 
 
-GemmProfilerTrainerCallback.__doc__ = schedule_doc(GemmProfilerTrainerCallback.__doc__)
+GemmProfilerTrainerCallback.__doc__ = schedule_doc(GemmProfilerTrainerCallback.__doc__ or "")
 
 
 def _sweep_job(args: Any, kwargs: dict) -> SweepJob:

@@ -24,7 +24,7 @@ from te_gemm_callback.schedule import (
 try:
     from typing_extensions import override
 except ImportError:  # pragma: no cover
-    def override(f):  # type: ignore[no-redef]
+    def override(f):  # type: ignore[no-redef,misc]
         return f
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class GemmProfilerCallback(ScheduleResults, Callback):
         self._last_batch: Any = None
         self.rank = 0  # this process's global rank, known once the trainer is set up
 
-    __init__.__signature__ = schedule_signature()  # help() and IDEs show the schedule's arguments
+    __init__.__signature__ = schedule_signature()  # type: ignore[attr-defined]  # help() and IDEs show the schedule's arguments
 
     @property
     def state_key(self) -> str:
@@ -188,4 +188,4 @@ def _each(logger: Any, what: str, send: Any) -> None:
                   f"({type(err).__name__}: {err}); the other loggers still get them", log)
 
 
-GemmProfilerCallback.__doc__ = schedule_doc(GemmProfilerCallback.__doc__)
+GemmProfilerCallback.__doc__ = schedule_doc(GemmProfilerCallback.__doc__ or "")

@@ -308,7 +308,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
             self._steps.pop()
         self._release()
         self._started = False
-        if any(e is not None for s in self._steps for _, e in (s.start, s.end)):
+        if any(b is not None and b[1] is not None for s in self._steps for b in (s.start, s.end)):
             torch.cuda.synchronize()  # the last boundary event must complete; after every step
         self.recorder.resolve()
         self._capture = self._build()

@@ -367,7 +367,7 @@ class GemmSchedule(Publishing):
         return next((p.device.type for p in model.parameters()), "cpu") == "cuda"
 
     def _resume(self) -> None:
-        if guard(self._prof.resume, "capture stopped") is False:
+        if self._prof is not None and guard(self._prof.resume, "capture stopped") is False:
             self._drop()
 
     def _drop(self) -> None:

@@ -15,7 +15,10 @@ from te_gemm_callback.schedule.results import sweep_metrics
 
 if TYPE_CHECKING:
     from te_gemm_callback.capture import GemmCapture
+    from te_gemm_callback.capture.config import CaptureConfig
+    from te_gemm_callback.reporting.config import ReportConfig
     from te_gemm_callback.schedule import JobStep
+    from te_gemm_callback.sweep.config import SweepConfig
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -31,7 +34,23 @@ def guard(fn: Callable[[], Any], what: str) -> Any:
 
 
 class Publishing:
-    """The publishing half of :class:`~te_gemm_callback.schedule.GemmSchedule` (its attributes)."""
+    """The publishing half of :class:`~te_gemm_callback.schedule.GemmSchedule` (its attributes,
+    set there)."""
+
+    capture_config: CaptureConfig
+    sweep_config: SweepConfig
+    report_config: ReportConfig
+    capture: GemmCapture | None
+    path: Path | None
+    run_id: str | None
+    rank_summary: list[dict[str, Any]] | None
+    sweep_result: Any
+    metrics: dict[str, float]
+    report_files: dict[str, Path]
+    resumed: bool
+    _logged_metrics: dict[str, float]
+    _swept: bool
+    _reported: bool
 
     def _publish(self, job: JobStep, cap: GemmCapture, prof: Any = None) -> None:
         """Gather (collective), save, print, sweep and log the active steps' capture. ``prof``: the
@@ -74,7 +93,8 @@ class Publishing:
             log.warning("te-gemm: %s holds an earlier run's report (report.json, report.md, figures), not this "
                         "capture's: te-gemm bench and te-gemm report remake it", self.report_config.output_dir)
         if not self.resumed:  # a resumed job's folder keeps the first process's run beside this one
-            guard(lambda: clear_stale_sweep(out, self.run_id), "stale sweep captures not removed")
+            run_id = self.run_id or ""  # set by _publish before it saves
+            guard(lambda: clear_stale_sweep(out, run_id), "stale sweep captures not removed")
         if self.report_config.verbose:
             def show() -> None:
                 print_table(capture_table(cap, limit=40))
@@ -95,9 +115,10 @@ class Publishing:
         # Each scalar once: the capture's were logged when it was published; after a sweep at the
         # end of training only the sweep's are new (logging all again wrote every scalar twice).
         new = {k: v for k, v in self.metrics.items() if self._logged_metrics.get(k, object()) != v}
-        if job.log_metrics is not None and (fresh or swept) and new:
+        log_metrics = job.log_metrics
+        if log_metrics is not None and (fresh or swept) and new:
             self._logged_metrics.update(new)
-            guard(lambda: job.log_metrics(new), "metrics not logged")
+            guard(lambda: log_metrics(new), "metrics not logged")
 
     def _report(self, job: JobStep, at_end: bool) -> None:
         """Benchmark the captured shapes and write the report into the run folder (rank zero), once."""
@@ -130,10 +151,11 @@ class Publishing:
 
         metrics = guard(lambda: report_metrics(files), "no report metrics") or {}
         self.metrics.update(metrics)
-        if job.log_metrics is not None and metrics:
-            guard(lambda: job.log_metrics(metrics), "report metrics not logged")
-        if job.log_artifacts is not None:
-            guard(lambda: job.log_artifacts(files), "report not handed to the logger")
+        log_metrics, log_artifacts = job.log_metrics, job.log_artifacts
+        if log_metrics is not None and metrics:
+            guard(lambda: log_metrics(metrics), "report metrics not logged")
+        if log_artifacts is not None:
+            guard(lambda: log_artifacts(files), "report not handed to the logger")
 
     @staticmethod
     def _world_size() -> int:
@@ -160,6 +182,7 @@ class Publishing:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         try:
             # Inside fit(): a cache another process holds locked is not waited for (lock_timeout_s=0).
+            assert self.path is not None  # _report returns first without a written capture
             return bench_and_report(self.report_config.output_dir, self.path, RECIPES, console=console,
                                     project=self.report_config.project, cache=ResultCache(lock_timeout_s=0))
         finally:
@@ -171,6 +194,7 @@ class Publishing:
         from te_gemm_callback.analysis.verdicts import capture_recipe
         from te_gemm_callback.sweep.engine import run_sweep
 
+        assert job.sweep is not None  # _sweep_and_log runs the sweep only for a job that gives one
         sj = job.sweep()
         out_dir = self.report_config.output_dir / "sweep" if job.writes else None
         if out_dir is not None and out_dir.is_symlink():  # run_sweep checks only the folders below it
@@ -181,7 +205,8 @@ class Publishing:
             config = dataclasses.replace(config, set_recipe=sj.set_recipe)
         res = self.sweep_result = run_sweep(
             sj.module, sj.step, config=config, profile_kernels=self.capture_config.kernel_breakdown,
-            context=sj.context, out_dir=out_dir, job_recipe=capture_recipe(self.capture),
+            context=sj.context, out_dir=out_dir,
+            job_recipe=capture_recipe(self.capture) if self.capture is not None else None,
             nvtx=self.capture_config.nvtx, optimizers=list(sj.optimizers), optimizer_step=opt_step,
             run_id=self.run_id, rng_objects=list(sj.rng_objects))
         return sweep_metrics(res)
