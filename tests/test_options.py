@@ -49,6 +49,14 @@ def test_a_bad_option_is_refused_in_the_users_words():
         ReportConfig(report=1)  # 1 == True, but not what the user should write
 
 
+def test_the_sweeps_target_is_an_option_of_the_schedule():
+    """sweep_target: one field of SweepConfig, taken, documented and checked wherever the schedule is."""
+    assert GemmProfilerCallback(sweep_target=0.01).schedule.sweep_config.target == 0.01
+    assert "sweep_target: the interval's half-width" in GemmProfilerCallback.__doc__
+    with pytest.raises(ValueError, match="^sweep_target must be a fraction between 0 and 1"):
+        GemmSchedule(sweep_target=2)
+
+
 def test_configs_are_values():
     """Frozen: a schedule's options do not change under it; a changed copy is checked again."""
     c = SweepConfig(recipes=["BF16"])

@@ -59,13 +59,15 @@ class SweepConfig(Options):
     steps: int = option(3, "clean timed steps per recipe and round.", integer(1), kw="sweep_steps")
     warmup: int = option(2, "untimed steps per recipe before its capture.", integer(0), kw="sweep_warmup")
     rounds: int = option(MIN_ROUNDS, "the fewest alternating rounds (0: no fewest); then more until every observed "
-                                     "speedup's 95% interval is within +-2% or sweep_budget_s seconds are spent. A "
-                                     "95% interval needs 6 rounds; sweep_rounds=0, sweep_budget_s=0 runs none (each "
-                                     "recipe's capture steps alone give its step time, without an interval).",
+                                     "speedup's 95% interval is within sweep_target or sweep_budget_s seconds are "
+                                     "spent. A 95% interval needs 6 rounds; sweep_rounds=0, sweep_budget_s=0 runs "
+                                     "none (each recipe's capture steps alone give its step time, without an "
+                                     "interval).",
                          integer(0), kw="sweep_rounds")
     budget_s: float = option(BUDGET_S, "seconds of rounds past the fewest (the rounds asked for always run).",
                              seconds, kw="sweep_budget_s")
-    target: float = option(TARGET, "the interval's half-width the rounds aim for (0.02: +-2%).", _target, kw="")
+    target: float = option(TARGET, "the interval's half-width the rounds aim for (0.02: +-2%).", _target,
+                           kw="sweep_target")
     set_recipe: Any = option(None, "f(module, recipe_or_None) for models that enter te.autocast themselves.",
                              function_or_none("a function f(module, recipe_or_None)"))
     plan: Any = option(None, "a precision plan (te-gemm plan's file or a PrecisionPlan) swept as 'plan', right "
