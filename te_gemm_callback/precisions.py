@@ -157,14 +157,15 @@ def availability(recipe: str) -> Availability:
     if not ok_te:
         return Availability(recipe, False, why)
     te = import_te()
-    fn_name = RECIPE_INFO[recipe].check
+    fn_name = RECIPE_INFO[recipe].check or ""  # every recipe but BF16 names its check
     fn = getattr(te, fn_name, None)
     if fn is None:
         return Availability(recipe, False, f"this transformer_engine has no {fn_name}()")
     ok, reason = fn(return_reason=True)
     if not ok:
         return Availability(recipe, False, str(reason))
-    refused = arch_refusal(recipe, tuple(torch.cuda.get_device_capability()))
+    major, minor = torch.cuda.get_device_capability()
+    refused = arch_refusal(recipe, (major, minor))
     return Availability(recipe, refused is None, refused or "")
 
 

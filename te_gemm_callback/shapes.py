@@ -144,7 +144,8 @@ def parse_shapes(text: str) -> list[GemmShape]:
                              "e.g. 4096x4096x4096")
         if max(map(int, parts)) > MAX_DIM:  # no GPU runs it, and its FLOPs would overflow a float
             raise ValueError(f"bad shape {item!r}: each dimension must be at most {MAX_DIM}")
-        shapes.append(GemmShape(*map(int, parts)))
+        m, k, n = (int(p) for p in parts)
+        shapes.append(GemmShape(m, k, n))
     if not shapes:
         raise ValueError("no shapes given: write them as MxKxN,MxKxN")
     return shapes

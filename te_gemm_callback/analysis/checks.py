@@ -70,6 +70,7 @@ def share_check(cap: GemmCapture, step_ms: float, gemm_ms: float | None) -> dict
                               f"so the share is taken within the instrumented step: {100 * own[0]:.1f}%")
         return out
     if raw > 1:
+        cause: dict[str | None, str]  # looked up by clock, None where no GEMM was timed
         cause = {"kernel_records": "the kernels step's GEMM kernels add up to more than a clean step: kernels on "
                                    "concurrent streams count each, or the kernels step ran slower (clock, other load)",
                  "cuda_events": "each CUDA-event pair also counts the GPU's idle time between its start event "

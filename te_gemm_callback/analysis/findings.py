@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from te_gemm_callback.sweep.intervals import Estimate
@@ -144,10 +144,12 @@ def _straddle_text(s: Straddle, predicted: float) -> str:
 
 def _comparison(ev: Evidence) -> str:
     """Predicted against observed, with the interval and what the interval leaves undecided."""
+    # Called where ev.residual is set, so with ev.observed and ev.predicted set too.
+    predicted, residual = cast(float, ev.predicted), cast(float, ev.residual)
     observed = ev.estimate.text() if ev.estimate else f"{ev.observed:.2f}x"
-    line = f"predicted step speedup {ev.predicted:.2f}x, observed {observed} (residual {100 * ev.residual:+.1f}%)"
+    line = f"predicted step speedup {predicted:.2f}x, observed {observed} (residual {100 * residual:+.1f}%)"
     if ev.straddle is not None:
-        line += f"; {_straddle_text(ev.straddle, ev.predicted)}"
+        line += f"; {_straddle_text(ev.straddle, predicted)}"
     if ev.unfused is not None:
         line += f"; with every quantization unfused {ev.unfused:.2f}x"
     return line
@@ -215,7 +217,7 @@ def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
     # The undecided hint rests on the rounds; the causes on the non-GEMM time the checks may refuse.
     if cause and (kind is Verdict.UNDECIDED or not ev.non_gemm_withheld):
         lines.append(cause)
-    if p is not None and p.best_single is not None:
+    if p is not None and p.best_single is not None and p.best_single_ms is not None:  # set together
         lines.append(f"best single recipe observed: {p.best_single} {p.best_single_ms:.2f} ms per step; the plan "
                      f"{p.step_ms:.2f} ms ({100 * (p.step_ms / p.best_single_ms - 1):+.1f}%)")
     if p is not None and p.file_predicted:

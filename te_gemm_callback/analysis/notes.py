@@ -8,6 +8,7 @@ Pure: they read captures and bench results."""
 from __future__ import annotations
 
 import statistics
+from typing import cast
 
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.microbench.results import BenchResults
@@ -33,7 +34,8 @@ STEP_KIND_WORDS = {"clean": "median of clean steps (nothing attached)",
 def step_timing(cap: GemmCapture) -> str:
     """Which steps the step time is the median of, and on which clock, for this capture's device."""
     kind = cap.step_kind()
-    return f"{STEP_KIND_WORDS[kind]}, {STEP_CLOCK_WORDS[cap.step_clock()]}" if kind else "no step times"
+    # A step kind means a step clock: step_clock() is None only without one.
+    return f"{STEP_KIND_WORDS[kind]}, {STEP_CLOCK_WORDS[cast(str, cap.step_clock())]}" if kind else "no step times"
 
 
 def gemm_timing(cap: GemmCapture) -> str:
@@ -67,7 +69,7 @@ def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | Non
     where back-to-back GEMMs read 8-12% slow (docs/results/h200.md). Beyond 0.15 apart the
     user is told how to bench at the job's own share."""
     duty = bench.meta.get("gemm_duty") if bench is not None else None
-    if duty is None or bench.meta.get("backend") != "te" or not gemm_share:
+    if duty is None or bench is None or bench.meta.get("backend") != "te" or not gemm_share:
         return None
     share = min(gemm_share, 1.0)
     text = (f"microbenchmark GEMMs ran at {duty:g} of the GPU's time (--gemm-duty); this job's GEMMs are "
@@ -198,7 +200,7 @@ def framework_note(job: GemmCapture, sweep_base: GemmCapture, speedups: dict[str
 
     if not str(sweep_base.meta.get("sweep_step", "")).startswith("whole") or not job.steps_of("clean"):
         return None
-    job_ms, sweep_ms = job.step_ms(), observe(sweep_base).step_ms
+    job_ms, sweep_ms = cast(float, job.step_ms()), observe(sweep_base).step_ms  # a float: it has clean steps
     extra = job_ms - sweep_ms
     text = (f"the job's step {job_ms:.2f} ms (its clean steps, the framework included) against the sweep's whole "
             f"training step {sweep_ms:.2f} ms in the same recipe: {extra:+.2f} ms ({100 * extra / sweep_ms:+.1f}%)")

@@ -12,7 +12,7 @@ kept in BF16: a plan never asks TE for what it refused in the microbenchmark.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.microbench.cells import WorkItem
@@ -75,10 +75,11 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     recipes = [r for r in bench.precisions if r != "BF16"]
     if "BF16" not in bench.precisions or not recipes:
         raise ValueError("the plan needs BF16 and at least one FP8 recipe in the microbenchmarks")
-    bf16 = module_times(items, owner, bench, "BF16")
-    if any(v is None for v in bf16.values()):
+    bf16_times = module_times(items, owner, bench, "BF16")
+    if any(v is None for v in bf16_times.values()):
         raise ValueError("some GEMMs have no BF16 time in the microbenchmarks: bench this capture again")
-    totals = {"BF16": sum(bf16.values())}
+    bf16 = cast("dict[str, float]", bf16_times)  # no None left: checked just above
+    totals: dict[str, float] = {"BF16": sum(bf16.values())}
     if totals["BF16"] <= 0:  # every share below would divide by it
         raise ValueError("the capture holds no weight GEMM that runs in a step (no fprop records, or all "
                          "with 0 calls per step): nothing to plan")
@@ -97,16 +98,17 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
         unsafe |= {r.module for r in capture.records if getattr(r, "source", "te") != "te"} - te
     for r in recipes:
         times = {m: (None if m in unsafe else t) for m, t in module_times(items, owner, bench, r).items()}
-        choices = [ModuleChoice(m, bf16[m], times.get(m), keep_bf16=times.get(m) is None or times[m] >= bf16[m])
+        choices = [ModuleChoice(m, bf16[m], (t := times.get(m)), keep_bf16=t is None or t >= bf16[m])
                    for m in bf16]
         # The single recipe as TE would run it: modules it cannot run stay BF16, the rest in r.
-        totals[r] = sum(c.fp8_ms if c.fp8_ms is not None else c.bf16_ms for c in choices)
-        plans[r] = (sum(c.bf16_ms if c.keep_bf16 else c.fp8_ms for c in choices), choices)
+        # (Each bf16_ms is a float from bf16; fp8_ms is None only where keep_bf16 is set.)
+        totals[r] = sum(cast(float, c.fp8_ms if c.fp8_ms is not None else c.bf16_ms) for c in choices)
+        plans[r] = (sum(cast(float, c.bf16_ms if c.keep_bf16 else c.fp8_ms) for c in choices), choices)
     best = min(plans, key=lambda r: plans[r][0])
     plan_ms, choices = plans[best]
     base = observed or capture
     step, gemm, job = base.step_ms(), base.gemm_ms_per_step(), capture_recipe(base)
-    single = min(totals, key=totals.get)
+    single = min(totals, key=totals.__getitem__)
     # The gain in step time equals the gain in GEMM time scaled by the job's GEMM share.
     # As the report's checks (checks.report_checks): a GEMM time above the step it is set against
     # (host-clock GEMMs of an instrumented step vs a clean one) makes the non-GEMM time negative,
@@ -114,8 +116,9 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     withheld = None if step and gemm is not None and gemm <= step else (
         "GEMMs not timed" if gemm is None or not step else
         f"the job's GEMM time ({gemm:.2f} ms) exceeds the step it is set against ({step:.2f} ms)")
-    scale = gemm / totals[job] if withheld is None and totals.get(job) else None
-    gain = (totals[single] - plan_ms) * scale / step if scale is not None else 1 - plan_ms / totals[single]
+    # withheld is None only with a step and a GEMM time: the checks of gemm and step below follow from it.
+    scale = gemm / totals[job] if withheld is None and gemm is not None and totals.get(job) else None
+    gain = (totals[single] - plan_ms) * scale / step if scale is not None and step else 1 - plan_ms / totals[single]
     if gain < min_gain:
         if single == "BF16":
             choices = [ModuleChoice(c.module, c.bf16_ms, c.fp8_ms, keep_bf16=True) for c in choices]
@@ -126,7 +129,7 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
         plan_ms = totals[single]
     totals["plan"] = plan_ms
     pred: dict[str, float] = {}
-    if scale is not None:
+    if scale is not None and step and gemm is not None:
         pred = {k: step - gemm + v * scale for k, v in totals.items()}
     plan = PrecisionPlan(best, [c.module for c in choices if c.keep_bf16], choices, pred,
                          {k: pred["BF16"] / v for k, v in pred.items()} if pred else {}, totals,

@@ -89,11 +89,11 @@ def plan_prediction(plan: dict[str, Any], base: Observed, capture: GemmCapture, 
 def padding_pct(items: list[WorkItem], recipe: str) -> float | None:
     """Extra grouped-GEMM rows when every expert's rows are padded to the recipe's alignment (the
     microbenchmarks time the padded GEMMs, as MoE code under that recipe runs them)."""
-    grouped = [it for it in items if it.m_splits]
-    rows = sum(sum(it.m_splits) * it.count for it in grouped)
+    grouped = [(it.m_splits, it.count) for it in items if it.m_splits]
+    rows = sum(sum(splits) * count for splits, count in grouped)
     if not rows or recipe not in RECIPE_FAMILY or recipe == "BF16":  # FP32 / FP16 jobs pad nothing either
         return None
-    padded = sum(sum(padded_splits(it.m_splits, recipe)) * it.count for it in grouped)
+    padded = sum(sum(padded_splits(splits, recipe)) * count for splits, count in grouped)
     return 100 * (padded / rows - 1)
 
 

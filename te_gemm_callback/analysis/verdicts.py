@@ -9,8 +9,9 @@ with its numbers (:class:`~te_gemm_callback.analysis.findings.Evidence`), which
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from te_gemm_callback.analysis.checks import apply_withheld, report_checks
 from te_gemm_callback.analysis.findings import (
@@ -173,7 +174,7 @@ def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None
             a.predicted_step_speedup = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
 
 
-def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: list[GemmCapture] = (),
+def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: Sequence[GemmCapture] = (),
             mode: str | None = None, items: list[WorkItem] | None = None,
             replay_from: GemmCapture | None = None) -> Report:
     """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes.
@@ -212,11 +213,12 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: l
         unfused = predict_steps(base, auto_ms)
     out = []
     for r in recipes:
-        a = RecipeAnalysis(r, gemm_ms_bench=bench_ms.get(r))
-        if bench_ms.get(r) and bench_ms.get("BF16"):
-            a.gemm_speedup = bench_ms["BF16"] / bench_ms[r]
-        if bench_ms.get(r) and bench_ms.get(base.recipe):
-            a.gemm_speedup_vs_current = bench_ms[base.recipe] / bench_ms[r]
+        ms, ms_bf16, ms_base = bench_ms.get(r), bench_ms.get("BF16"), bench_ms.get(base.recipe)
+        a = RecipeAnalysis(r, gemm_ms_bench=ms)
+        if ms and ms_bf16:
+            a.gemm_speedup = ms_bf16 / ms
+        if ms and ms_base:
+            a.gemm_speedup_vs_current = ms_base / ms
         if bench and r != "BF16":
             a.high_precision = [f"{it.name} ({it.fprop.mkn}): {short_error(why)}"
                                 for it, why in fallback_items(bench, items, r, mode)]
@@ -285,7 +287,7 @@ def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed
     ev.plan = PlanEvidence(plan.get("recipe"), list(plan.get("keep_bf16", [])), run.step_ms)
     singles = {r: o.step_ms for r, o in runs.items()}
     if singles:
-        best = min(singles, key=singles.get)
+        best = min(singles, key=singles.__getitem__)
         ev.plan.best_single, ev.plan.best_single_ms = best, singles[best]
     if predicted is not None and plan.get("predicted_speedup"):
         ev.plan.file_predicted = plan["predicted_speedup"]
@@ -296,7 +298,8 @@ def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed
 def _set_interval(a: RecipeAnalysis, est: Estimate | None) -> None:
     if est is not None:
         a.observed_rounds = est.rounds
-        a.observed_ci = (est.low, est.high) if est.low is not None else None
+        # low and high are set together (intervals.estimate): both floats where low is
+        a.observed_ci = cast("tuple[float, float]", (est.low, est.high)) if est.low is not None else None
         a.observed_rerun = est.rerun
 
 
@@ -330,7 +333,6 @@ def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tup
     ev = Evidence(recipe=a.recipe)
     if a.recipe == "BF16":
         return Verdict.BASELINE, ev
-    both = run is not None and bf16 is not None
     _gemm_evidence(ev, a, run, bf16)
     if a.gemm_speedup is not None and a.gemm_speedup < NO_GAIN:
         ev.no_gain_below = NO_GAIN
@@ -340,17 +342,17 @@ def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tup
         return Verdict.PREDICTED_ONLY, ev
     ev.predicted, ev.observed, ev.tolerance = pred, obs, GEMM_BOUND_TOL
     ev.unfused = a.predicted_step_speedup_unfused
-    per_round = round_speedups(bf16, run) if both else []
+    per_round = round_speedups(bf16, run) if run is not None and bf16 is not None else []
     ev.estimate = estimate(per_round) if per_round else None
     ev.straddle = _straddle(ev.estimate, per_round, pred)
     moved = idle = None
-    if both and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
+    if run is not None and bf16 is not None and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
         ev.non_gemm_ms = (bf16.non_gemm_ms, run.non_gemm_ms)
         moved = ev.overhead_ms
-    if both and run.fwd_bwd_ms and bf16.fwd_bwd_ms:
+    if run is not None and bf16 is not None and run.fwd_bwd_ms and bf16.fwd_bwd_ms:
         ev.step_parts = StepParts(bf16.fwd_bwd_ms, run.fwd_bwd_ms, bf16.step_ms, run.step_ms)
-    gap = ev.residual
-    if both and abs(gap) > GEMM_BOUND_TOL:
+    gap = cast(float, ev.residual)  # a float: ev.observed and ev.predicted are set above
+    if run is not None and bf16 is not None and abs(gap) > GEMM_BOUND_TOL:
         ev.kernel_moves = _kernel_moves(run, bf16)
         if run.kernels and bf16.kernels:  # step time in no kernel at all: host-bound, GPU idle
             idle = (run.step_ms - sum(run.kernels.values())) - (bf16.step_ms - sum(bf16.kernels.values()))

@@ -320,7 +320,7 @@ def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms
     # How far the replay of the job's own recipe misses the clean step of the run it replays (the
     # job's capture; ``clean_ms`` may be another run of that recipe): a band on every recipe.
     mine = cap.step_ms() if hasattr(cap, "step_ms") else None
-    miss = abs(own.step_ms / (mine or clean_ms) - 1) if (mine or clean_ms) else 0.0
+    miss = abs(own.step_ms / ref_ms - 1) if (ref_ms := mine or clean_ms) else 0.0
     if host_speed != 1.0:
         trace = host_scaled(trace, 1 / host_speed)
     # Anchored on the job's clean step: the replay's own-recipe miss scales every recipe alike

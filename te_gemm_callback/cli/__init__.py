@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from te_gemm_callback.cli.args import (
     EXIT_CODES,
@@ -36,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)  # every option's default in its help
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # one line saying what to fix, exit code 2
+    def error(self, message: str) -> NoReturn:  # one line saying what to fix, exit code 2
         self.exit(2, f"{self.prog}: error: {plain(message)}\n")  # argv echoed: no control characters
 
 

@@ -195,10 +195,10 @@ def _bench_file_modes(path: str) -> list[str] | None:
         return None
     if not isinstance(data, dict):
         return None
-    meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+    meta = got if isinstance(got := data.get("meta"), dict) else {}
     named = meta.get("modes")
     if not isinstance(named, list):  # an older file: the modes its cells were measured in
-        results = data.get("results") if isinstance(data.get("results"), list) else []
+        results = rows if isinstance(rows := data.get("results"), list) else []
         named = [r.get("mode") for r in results if isinstance(r, dict)]
     modes = [m for m in MODES if m in {x for x in named if isinstance(x, str)}]
     return modes or None

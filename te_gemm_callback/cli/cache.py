@@ -94,7 +94,7 @@ def cell_counts(results: dict[str, Any]) -> Counter:
             device, versions, recipe = parts[0], parts[1], parts[4]
         else:
             e = entry if isinstance(entry, dict) else {}
-            cond = e.get("conditions") if isinstance(e.get("conditions"), dict) else {}
+            cond = got if isinstance(got := e.get("conditions"), dict) else {}
             device, versions, recipe = str(cond.get("device", "?")), "?", str(e.get("precision", "?"))
         counts[(device, versions, recipe)] += 1
     return counts
@@ -118,7 +118,7 @@ def cmd_cache_list(a: argparse.Namespace) -> int:
             out.print(f"size: {_size(size)}; damaged (torn mid-write or edited): the next bench moves it aside and "
                       "starts empty")
         else:
-            results = data.get("results") if isinstance(data.get("results"), dict) else {}
+            results = got if isinstance(got := data.get("results"), dict) else {}
             version = data.get("timing_version")
             out.print(f"size: {_size(size)}, {len(results)} cell(s), timing version {safe(version)}")
             if version != TIMING_VERSION:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -194,8 +194,8 @@ def _run_share(rep: Report, a: RecipeAnalysis) -> tuple[float | None, str]:
     chk = (rep.meta.get("gemm_shares") or {}).get(a.recipe)
     if chk is not None:
         return chk.get("share"), chk.get("basis") or ""
-    g = a.observed_gemm_ms
-    return (g / a.observed_step_ms, "step") if g is not None and g <= a.observed_step_ms else (None, "")
+    g, step = a.observed_gemm_ms, cast(float, a.observed_step_ms)  # the figure draws runs with a step time only
+    return (g / step, "step") if g is not None and g <= step else (None, "")
 
 
 # The GEMM part of a bar drawn from the share of another step (host clock): an estimate, hatched.
@@ -220,6 +220,7 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
     from te_gemm_callback.capture.kernels import CATEGORIES
 
     recs = [a for a in rep.recipes if a.observed_step_ms]
+    steps = [cast(float, a.observed_step_ms) for a in recs]  # each set: recs are the runs with a step time
     colors = dict(zip(CATEGORIES, ("#3182bd", "#9e9ac8", "#e6550d", "#74c476", "#fd8d3c", "#fdd0a2", "#bdbdbd")))
     fig, ax = new_figure((max(5, 1.5 * len(recs) + 3), 4.5))
     seen = set()
@@ -233,9 +234,9 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
                    hatch=".." if est else "//" if k not in colors else None, label=None if k in seen else k)
             seen.add(k)
             bottom += v
-        ax.text(i, a.observed_step_ms, label, ha="center", va="bottom", fontsize=8)
+        ax.text(i, steps[i], label, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(recs)), [recipe_label(rep, a.recipe, "\n") for a in recs], rotation=15)
-    ax.set_ylim(0, 1.22 * max((a.observed_step_ms for a in recs), default=1.0))  # room for the labels
+    ax.set_ylim(0, 1.22 * max(steps, default=1.0))  # room for the labels
     ax.set_ylabel("ms per step")
     ax.set_title(step_split_title(rep, kernels))
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -245,18 +246,19 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
 def _split_bar(a: RecipeAnalysis, share: float | None, basis: str,
                split: dict[str, float] | None) -> tuple[list[tuple[str, float]], str]:
     """One run's bar in the step-split figure: its (part, ms) segments, bottom up, and its label."""
+    step = cast(float, a.observed_step_ms)  # the figure draws runs with a step time only
     if share is None:
         what = "GEMMs not timed" if a.observed_gemm_ms is None else "GEMM share n/a"
-        return [(f"step ({what})", a.observed_step_ms)], f"{a.observed_step_ms:.1f} ms\n{what}"
-    g = share * a.observed_step_ms
+        return [(f"step ({what})", step)], f"{step:.1f} ms\n{what}"
+    g = share * step
     # A share of the timed step, drawn at that share of this step: an estimate, drawn hatched.
     parts = [("gemm" if basis == "step" else _TIMED_SHARE, g)]
     if split and basis == "step":  # kernel times; what they do not cover is idle/launch time, shown as other
         rest = [(k, v) for k, v in split.items() if k != "gemm" and v > 0]
         covered = g + sum(v for _, v in rest)
-        parts += rest + [("no kernel (host-bound gaps)", max(a.observed_step_ms - covered, 0.0))]
+        parts += rest + [("no kernel (host-bound gaps)", max(step - covered, 0.0))]
     else:
-        parts.append(("other", a.observed_step_ms - g))
-    label = (f"{a.observed_step_ms:.1f} ms\n{100 * share:.0f}% GEMM"
+        parts.append(("other", step - g))
+    label = (f"{step:.1f} ms\n{100 * share:.0f}% GEMM"
              + ("\n(of its timed step)" if basis == "timed steps" else ""))
     return parts, label

@@ -289,7 +289,7 @@ PROVENANCE = ("command", "argv", "cwd", "host", "created", "model", "device", "c
 
 
 def _provenance(meta: Mapping[str, Any]) -> list[str]:
-    fields = dict(meta.get("provenance")) if isinstance(meta.get("provenance"), Mapping) else {}
+    fields = dict(prov) if isinstance(prov := meta.get("provenance"), Mapping) else {}
     for key in PROVENANCE:
         if meta.get(key) not in (None, "", []):
             fields.setdefault(key, meta[key])

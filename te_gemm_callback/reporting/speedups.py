@@ -9,7 +9,7 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Group
 from rich.panel import Panel
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
     from te_gemm_callback.analysis.verdicts import Report
     from te_gemm_callback.capture import GemmCapture
+    from te_gemm_callback.microbench.results import BenchResults
 
 # The figures' names (and plan_line, share_text: now in reporting.tables), importable from here as before.
 __all__ = ["REPORT_FIGURES", "REPORT_SCHEMA", "bench_modes", "plan_line", "remove_stale_figures", "render_run",
@@ -133,8 +134,8 @@ def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, 
     files = {"report": write_report_json(rep, targets["report"]),
              "speedups": speedup_figure(rep, targets["speedups"]),
              "step_split": step_split_figure(rep, targets["step_split"], rr.kernels)}
-    for mode in modes:
-        files[f"gemm_{mode}"] = stacked_gemm_figure(bench, items, mode, targets[f"gemm_{mode}"])
+    for mode in modes:  # none without a bench
+        files[f"gemm_{mode}"] = stacked_gemm_figure(cast("BenchResults", bench), items, mode, targets[f"gemm_{mode}"])
     if ranks:
         files["ranks"] = ranks_figure(ranks, targets["ranks"])
     # Only once this report's figures are all written: a report that fails halfway removes nothing.

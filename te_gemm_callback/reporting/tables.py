@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -101,7 +101,8 @@ def capture_share(cap: GemmCapture) -> str | None:
     if gemm_ms is None or not step_ms:
         return None
     chk = share_check(cap, step_ms, gemm_ms)
-    clocks = f"GEMM: {GEMM_CLOCK_SHORT[chk['clock']]}, step: {STEP_CLOCK_WORDS[cap.step_clock()]}"
+    # A step time means a step clock: step_clock() is None only without one.
+    clocks = f"GEMM: {GEMM_CLOCK_SHORT[chk['clock']]}, step: {STEP_CLOCK_WORDS[cast(str, cap.step_clock())]}"
     if chk["share"] is None:
         return f"GEMM time {gemm_ms:.2f} ms, GEMM share n/a ({chk['why']}; {clocks})"
     if chk["basis"] == "timed steps":
@@ -158,15 +159,15 @@ def summary_metrics(cap: GemmCapture, prefix: str = "te_gemm/") -> dict[str, Any
         f"{prefix}num_gemm_records": len(cap.records),
         f"{prefix}step_ms": cap.step_ms(),
     }
-    gemm_ms = cap.gemm_ms_per_step()
-    if gemm_ms is not None and cap.step_ms():
+    gemm_ms, step_ms = cap.gemm_ms_per_step(), cap.step_ms()
+    if gemm_ms is not None and step_ms:
         from te_gemm_callback.analysis.checks import share_check
 
         # The share the report states (within the timed steps on a CPU); none where refused. The
         # GEMM time goes beside step_ms only where it is of the same steps' basis (then never
         # above it); else under the name of what it is: the GEMMs' time in the steps they were
         # timed in (the instrumented or kernels step, another step than the clean ones).
-        share = share_check(cap, cap.step_ms(), gemm_ms)
+        share = share_check(cap, step_ms, gemm_ms)
         out[f"{prefix}gemm_share"] = share["share"]
         out[f"{prefix}gemm_ms_per_step" if share.get("basis") == "step" else f"{prefix}gemm_ms_timed_steps"] = gemm_ms
     elif gemm_ms is not None:
