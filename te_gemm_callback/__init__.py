@@ -10,8 +10,9 @@ Public API, by what users touch:
   :func:`capture_steps` (a step function run under the profiler);
 - measure: :func:`bench` (microbenchmarks of the captured shapes), :func:`run_sweep` (observed step
   time per recipe on the live model);
-- report: :func:`report` (a run folder's tables, figures, verdicts), :func:`analyze_run` (the same
-  without drawing), :func:`make_plan` / :func:`apply_precision_plan` / :func:`native_plan` (which
+- a run folder: :class:`Run` (its bench, analysis, report, plan and projection, the files read
+  once), :func:`report` (its tables, figures, verdicts), :func:`analyze_run` (the same without
+  drawing), :func:`make_plan` / :func:`apply_precision_plan` / :func:`native_plan` (which
   modules to keep in BF16, and the plan applied by wrapping them or as TE's own per-module recipe);
 - shapes: :class:`GemmShape`, :class:`GemmOp`, :class:`ModelConfig`, :func:`backward_shapes`,
   :func:`config_gemms`.
@@ -41,7 +42,7 @@ __all__ = [
     # measure
     "bench", "run_sweep",
     # report
-    "report", "analyze_run", "make_plan", "apply_precision_plan", "native_plan", "project_run",
+    "Run", "report", "analyze_run", "make_plan", "apply_precision_plan", "native_plan", "project_run",
     # shapes
     "GemmOp", "GemmShape", "ModelConfig", "backward_shapes", "config_gemms",
 ]
@@ -60,7 +61,8 @@ _LAZY = {
     "SweepJob": ("schedule", "SweepJob"),
     "bench": ("microbench", "bench"),
     "run_sweep": ("sweep.engine", "run_sweep"),
-    "report": ("reporting.speedups", "report"),
+    "Run": ("reporting.run", "Run"),
+    "report": ("reporting.run", "report"),
     "analyze_run": ("analysis.runs", "analyze_run"),
     "make_plan": ("analysis.plan", "make_plan"),
     "apply_precision_plan": ("sweep.plan", "apply_precision_plan"),

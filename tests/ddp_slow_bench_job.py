@@ -15,7 +15,7 @@ from pytorch_lightning.strategies import DDPStrategy
 from test_callback import DemoTransformer
 
 from te_gemm_callback import GemmProfilerCallback
-from te_gemm_callback.reporting import pipeline
+from te_gemm_callback.reporting import run as run_folder
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])
@@ -25,7 +25,7 @@ if __name__ == "__main__":
         (Path(run_dir) / "bench_ran").write_text(str(torch.distributed.get_rank()))
         return {}
 
-    pipeline.bench_and_report = slow_bench
+    run_folder.bench_and_report = slow_bench
     torch.manual_seed(0)
     cb = GemmProfilerCallback(wait=0, warmup=1, active=2, output_dir=out, verbose=False, kernel_breakdown=False)
     trainer = pl.Trainer(max_steps=8, accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=8)),

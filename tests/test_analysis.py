@@ -10,7 +10,7 @@ from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepT
 from te_gemm_callback.cli import main
 from te_gemm_callback.microbench.cells import BenchResult
 from te_gemm_callback.microbench.results import BenchResults
-from te_gemm_callback.reporting.speedups import render_run
+from te_gemm_callback.reporting.run import render_run
 
 M, K, N = 1024, 512, 2048
 

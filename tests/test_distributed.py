@@ -79,7 +79,7 @@ def test_report_renders_the_gathered_ranks(tmp_path):
     import shutil
 
     from te_gemm_callback.capture.capture_file import GemmRecord, StepTime
-    from te_gemm_callback.reporting.speedups import render_run
+    from te_gemm_callback.reporting.run import render_run
 
     def cap(rank, step, gemm, comm):
         rec = GemmRecord(module="fc", gemm="", op="fprop", m=64, k=32, n=16, batch=1, precision="bf16",

@@ -216,12 +216,12 @@ def test_inside_fit_a_locked_cache_is_not_waited_for(tmp_path, monkeypatch):
     from filelock import FileLock
 
     from te_gemm_callback.microbench.cells import ResultCache
-    from te_gemm_callback.reporting import pipeline
+    from te_gemm_callback.reporting import run as run_folder
     from te_gemm_callback.schedule.publish import Publishing
 
     path = tmp_path / "bench.json"
     seen = {}
-    monkeypatch.setattr(pipeline, "bench_and_report", lambda *a, **kw: seen.update(kw) or {})
+    monkeypatch.setattr(run_folder, "bench_and_report", lambda *a, **kw: seen.update(kw) or {})
     from te_gemm_callback.reporting.config import ReportConfig
 
     Publishing._bench_and_report(SimpleNamespace(report_config=ReportConfig(output_dir=tmp_path),

@@ -216,7 +216,7 @@ def test_the_report_carries_the_projection_when_asked(tmp_path, caplog):
     import logging
     import shutil
 
-    from te_gemm_callback.reporting.speedups import report
+    from te_gemm_callback.reporting.run import report
 
     run = tmp_path / "run"
     shutil.copytree(RUN_5B, run)

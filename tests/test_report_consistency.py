@@ -15,15 +15,15 @@ from te_gemm_callback.analysis.verdicts import analyze, capture_recipe
 from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepTime
 from te_gemm_callback.microbench.cells import BenchResult
 from te_gemm_callback.microbench.results import BenchResults
+from te_gemm_callback.reporting.run import render_run
+from te_gemm_callback.reporting.run import report as render_report
 from te_gemm_callback.reporting.speedups import (
-    render_run,
     report_table,
     speedup_figure,
     step_split_figure,
     step_split_title,
     verdict_panel,
 )
-from te_gemm_callback.reporting.speedups import report as render_report
 from te_gemm_callback.reporting.tables import capture_table, summary_metrics
 
 M, K, N = 1024, 512, 2048

@@ -19,7 +19,7 @@ import te_gemm_callback
 import te_gemm_callback.reporting
 import te_gemm_callback.reporting.bench_tables
 import te_gemm_callback.reporting.figures
-import te_gemm_callback.reporting.pipeline
+import te_gemm_callback.reporting.run
 import te_gemm_callback.reporting.speedups
 import te_gemm_callback.reporting.tables
 assert "matplotlib.pyplot" not in sys.modules, "pyplot loaded at import"

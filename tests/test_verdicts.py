@@ -14,7 +14,8 @@ from te_gemm_callback.analysis.findings import Evidence, Straddle, Verdict, rend
 from te_gemm_callback.analysis.runs import analyze_run
 from te_gemm_callback.analysis.verdicts import RecipeAnalysis, analyze, judge, observe, verdict
 from te_gemm_callback.capture.capture_file import GemmCapture, StepTime
-from te_gemm_callback.reporting.speedups import report, write_run
+from te_gemm_callback.reporting.run import report
+from te_gemm_callback.reporting.speedups import write_run
 
 
 def kinds_of(rep):

@@ -1,6 +1,6 @@
 """A run folder and everything analysed from it, with no drawing: the report (verdicts, notes,
 checks), the precision plan where the bench allows one, the per-rank summary and kernel split.
-:func:`te_gemm_callback.reporting.speedups.report` draws and writes what :func:`analyze_run` hands it.
+:func:`te_gemm_callback.reporting.run.report` draws and writes what :func:`analyze_run` hands it.
 
 A run folder is what the callback (or ``te-gemm run``) writes: ``gemm_capture.json`` of the job,
 ``sweep/<recipe>/gemm_capture.json`` of the in-job sweep, ``bench.json`` of the microbenchmarks,
@@ -45,7 +45,7 @@ class RunReport:
     plan: PrecisionPlan | None = None  # where the bench allows one (analysis.plan.run_plan)
     # The report.meta notes (keys) that speak of a host-bound run: the report warns with them.
     host_bound_notes: list[str] = field(default_factory=list)
-    files: dict[str, Path] = field(default_factory=dict)  # what reporting.speedups.report wrote, once it has
+    files: dict[str, Path] = field(default_factory=dict)  # what reporting.run.report wrote, once it has
     # The run projected onto other GPUs where the report was asked to (projection.RunProjection).
     projections: list[Any] = field(default_factory=list)
 

@@ -100,7 +100,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         recipes.insert(0, "BF16")
     from te_gemm_callback.microbench.cells import ResultCache
     from te_gemm_callback.recipes.demo import run_demo
-    from te_gemm_callback.reporting.pipeline import bench_and_report
+    from te_gemm_callback.reporting.run import bench_and_report
 
     cache = ResultCache()  # checked before training: a file that is not a cache stops us here, not after
     check_run_folder(Path(a.out))
@@ -167,7 +167,8 @@ def _gpus(text: str) -> list[str]:
 
 def cmd_report(a: argparse.Namespace) -> int:
     check_run_dir(a.run_dir)  # before the report searches every folder below it (and before its imports)
-    from te_gemm_callback.reporting.speedups import REPORT_SCHEMA, render_run
+    from te_gemm_callback.reporting.run import Run
+    from te_gemm_callback.reporting.speedups import REPORT_SCHEMA
 
     if a.json and a.json != "-":  # refused before the run folder's files are written, not after
         from te_gemm_callback.files.jsonio import check_target, json_kind
@@ -175,7 +176,7 @@ def cmd_report(a: argparse.Namespace) -> int:
         check_target(a.json, json_kind(REPORT_SCHEMA))
 
     out = console()
-    files = render_run(a.run_dir, out, a.project or ())
+    files = Run(a.run_dir).report(out, a.project or ()).files
     from te_gemm_callback.reporting.summary import summary_lines
 
     for line in summary_lines(files["report"], files.get("report_md")):  # what a fit's log gets, last
@@ -195,16 +196,11 @@ def cmd_plan(a: argparse.Namespace) -> int:
         raise UsageError(f"--json and --yaml name the same {'output' if json_path == '-' else 'file'} "
                          f"({json_path}): give each its own")
     check_run_dir(a.run_dir)
-    from te_gemm_callback.analysis.plan import plan_for_run
-    from te_gemm_callback.analysis.runs import analyze_run
+    from te_gemm_callback.reporting.run import Run
     from te_gemm_callback.reporting.tables import plan_table
     from te_gemm_callback.sweep.plan import write_plan
 
-    rr = analyze_run(a.run_dir)
-    if rr.bench is None:
-        raise ValueError(f"{a.run_dir} has no bench.json: te-gemm bench --capture {a.run_dir}/gemm_capture.json "
-                         f"--json {a.run_dir}/bench.json first")
-    plan = plan_for_run(rr)
+    plan = Run(a.run_dir).plan()
     out = console()
     out.print(plan_table(plan, limit=a.limit))
     more_rows_hint(out, len(plan.modules), a.limit)

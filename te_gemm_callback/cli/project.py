@@ -12,8 +12,9 @@ from te_gemm_callback.printable import safe
 
 def cmd_project(a: argparse.Namespace) -> int:
     from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
-    from te_gemm_callback.projection import PROJECTION_SCHEMA, check_run_folder, gpu, project_run
+    from te_gemm_callback.projection import PROJECTION_SCHEMA, check_run_folder, gpu
     from te_gemm_callback.reporting.projection_tables import projection_table
+    from te_gemm_callback.reporting.run import Run
     from te_gemm_callback.reporting.tables import console
 
     path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
@@ -25,7 +26,7 @@ def cmd_project(a: argparse.Namespace) -> int:
                          "without --source-gpu te-gemm project gives a shape-only estimate")
     if cpu is not None:
         return _shape_only(a, cpu, path, root)
-    rp = project_run(a.run_dir, a.gpu, a.source_gpu, host_speed=a.host_speed)
+    rp = Run(a.run_dir).project(a.gpu, a.source_gpu, host_speed=a.host_speed)
     out = console()
     out.print(projection_table(rp))
     write_json(path, rp.to_dict(), schema=PROJECTION_SCHEMA, root=root)

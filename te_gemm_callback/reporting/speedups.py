@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
 
 # The figures' names (and plan_line, share_text: now in reporting.tables), importable from here as before.
-__all__ = ["REPORT_FIGURES", "REPORT_SCHEMA", "bench_modes", "plan_line", "remove_stale_figures", "render_run",
-           "report", "report_table", "report_targets", "share_text", "speedup_figure", "step_split_figure",
+__all__ = ["REPORT_FIGURES", "REPORT_SCHEMA", "bench_modes", "plan_line", "remove_stale_figures",
+           "report_table", "report_targets", "share_text", "speedup_figure", "step_split_figure",
            "step_split_title", "verdict_panel", "write_report_json", "write_run"]
 
 log = logging.getLogger("te_gemm_callback")
@@ -77,42 +77,6 @@ def verdict_panel(rep: Report) -> Panel:
 def write_report_json(rep: Report, path: str | Path) -> Path:
     return write_json(path, rep.to_dict(), schema=REPORT_SCHEMA)
 
-
-
-def render_run(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> dict[str, Path]:
-    """:func:`report`'s files."""
-    return report(run_dir, out, project).files
-
-
-def report(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> RunReport:
-    """Analyse a run folder (:func:`te_gemm_callback.analysis.runs.analyze_run`), write report.json, the
-    figures and the precision plan into it, and print the tables and verdicts to ``out`` (a rich
-    Console) if given (:func:`write_run`). ``project``: GPUs (``"B300"``) to project the run onto
-    as well (:func:`te_gemm_callback.projection.project_run`): a section of report.md each, their
-    summary in report.json, every cell in projection-GPU.json.
-
-    Example:
-        >>> rr = report("runs/demo")                              # doctest: +SKIP
-        >>> rr.files["speedups"], rr.report.recipes[1].verdict    # doctest: +SKIP
-    """
-    from te_gemm_callback.analysis.runs import analyze_run
-
-    rr = analyze_run(run_dir)
-    from te_gemm_callback.analysis.prediction import capture_recipe
-    from te_gemm_callback.projection.mfu import precision_mfu
-
-    # Per observed run (the sweep's, else each capture): its GEMMs at their own formats' peaks.
-    mfu = {capture_recipe(c): v for c in rr.captures if (v := precision_mfu(c)) is not None}
-    if mfu:
-        rr.report.meta["mfu"] = mfu
-    if project:
-        from te_gemm_callback.reporting.projection_tables import project_runs, summary
-
-        rr.projections = project_runs(run_dir, project)
-        if rr.projections:  # report.json says what was projected, beside what was measured
-            rr.report.meta["projections"] = [summary(rp) for rp in rr.projections]
-    rr.files = write_run(rr, run_dir, out)
-    return rr
 
 
 def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, Path]:

@@ -166,7 +166,7 @@ class Publishing:
     def _bench_and_report(self) -> dict[str, Path]:
         from te_gemm_callback.microbench.cells import ResultCache
         from te_gemm_callback.precisions import RECIPES
-        from te_gemm_callback.reporting.pipeline import bench_and_report
+        from te_gemm_callback.reporting.run import bench_and_report
 
         console = None
         if self.report_config.verbose:
