@@ -1,8 +1,8 @@
 """SM clock and board power while something runs, sampled through NVML on a background thread.
 
-Why: an H200 at its 700 W limit lowers its SM clock under sustained dense GEMMs; isolated
-microbenchmark cells and long training steps can then run at different clocks. Recording both
-says whether a bench-vs-job difference is the clock (docs/results/h200.md).
+Why: a GPU at its power limit lowers its SM clock under sustained dense GEMMs (docs/results/h200.md,
+facts the code relies on: SM clock); isolated microbenchmark cells and long training steps can then
+run at different clocks. Recording both says whether a bench-vs-job difference is the clock.
 """
 
 from __future__ import annotations

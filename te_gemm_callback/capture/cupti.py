@@ -2,9 +2,9 @@
 
 Kernel records (:mod:`.kernel_profile`) are CUPTI activity records read through ``torch.profiler``.
 CUPTI gives them to one subscriber: under Nsight Systems, Kineto's start fails
-(``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``) and the session returns no kernel at all (H200,
-nsys 2025.3.1, torch 2.11: "1 step marker(s) launched, 0 among the 0 kernel records"). So the
-owner is found before a kernels step is planned, from what each tool leaves in the process:
+(``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``) and the session returns no kernel at all
+(docs/results/h200.md, facts the code relies on: CUPTI owner). So the owner is found before a
+kernels step is planned, from what each tool leaves in the process:
 
 - Nsight Systems (``nsys profile``, ``nsys launch``) sets ``NSYS_PROFILING_SESSION_ID`` and loads
   its injection library through ``CUDA_INJECTION64_PATH`` (``.../libToolsInjection64.so``);
@@ -13,8 +13,8 @@ owner is found before a kernels step is planned, from what each tool leaves in t
 - any other CUPTI tool is loaded through ``CUDA_INJECTION64_PATH``;
 - a ``torch.profiler`` session of the job's own is running in this process.
 
-(The variables are those each tool set for the process it launched on the H200 host, nsys and ncu
-2025.3.1, read 2026-12-02.)
+(The variables are those each tool set for the process it launched: docs/results/h200.md, facts
+the code relies on: CUPTI owner.)
 
 What the capture does then: under Nsight Systems, another injection or the job's torch.profiler,
 each GEMM is timed by a CUDA-event pair on the instrumented steps (the steps that would have run
@@ -69,12 +69,10 @@ def _injection_name(path: str) -> str:
 def nsys_cpu_collectors(environ: Mapping[str, str]) -> str:
     """A note where nsys samples CPUs or traces context switches for this process, else "".
 
-    With either collector on, nsys copies the process's shared libraries into the recording (torch's
-    CUDA build: ~2 GB, and the job held ~100 s while it does), whatever the capture range. nsys
-    says so nowhere in the process's environment; its session folder holds a ``linuxperf`` entry
-    where one of the two is on (nsys 2025.3.1 on the H200 host, 2026-12-03: present with nsys's
-    defaults and with ``-s none`` alone, absent with ``-s none --cpuctxsw=none``; ``--cpuctxsw=none``
-    alone not looked at).
+    With either collector on, nsys copies the process's shared libraries into the recording (large
+    with torch's CUDA build, and the job held while it does), whatever the capture range. nsys says
+    so nowhere in the process's environment; its session folder holds a ``linuxperf`` entry where one
+    of the two is on (docs/results/h200.md, facts the code relies on: nsys CPU collectors).
     """
     folder = environ.get("NSYS_SESSION_TEMP_DIR", "")
     if not folder or not os.path.exists(os.path.join(folder, "linuxperf")):

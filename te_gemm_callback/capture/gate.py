@@ -4,18 +4,16 @@ A CUDA-event pair brackets a GEMM's GPU time only if the GPU reaches the start e
 is already queued behind it. Where the host is slower than the GPU (Python dispatch on every aten op,
 a profiler's API trace, a small GEMM) the GPU runs dry between the two, stamps the start event early,
 and the pair holds the host's time to launch the GEMM. A spin kernel ahead of the start event covers
-a host gap only as long as the spin (H200, a job of two nn.Linear(2048, 2048) under nsys with the
-dispatch mode: 46 us GEMMs read 93-201 us behind a 50 us spin), and a longer spin is idle time that
-lets a power-capped GPU clock its big GEMMs faster than in the job.
+a host gap only as long as the spin (docs/results/h200.md, facts the code relies on: GPU gate), and
+a longer spin is idle time that lets a power-capped GPU clock its big GEMMs faster than in the job.
 
 The gate waits exactly as long as the host: a one-program Triton kernel goes ahead of the start
 event and polls a slot in pinned host memory until it holds the gate's number, which the host
 writes once the GEMM and the end event are launched (:meth:`HostGate.open`). Each gate has its own
 slot (its number modulo ``FLAG_SLOTS``), so gates closed on two threads (autograd's backward thread
-and the main one) never open each other. H200, 2048^3 BF16 GEMM (23.7 us kernel record): 25.0-25.1
-us behind the gate with 0, 30 or 200 us of host work between the start event and the launch,
-69.5-290.8 us bare, both less the empty pair's 1.3 us (tests/test_gpu.py; ``benchmarks/event_floor.py``
-for more shapes).
+and the main one) never open each other. Behind the gate a pair reads its GEMM's kernel time
+whatever the host does before the launch; bare, it does not (docs/results/h200.md, facts the code
+relies on: GPU gate).
 
 Never a deadlock: the gate gives up after ``TIMEOUT_NS`` of the GPU's global timer (a host that
 synchronizes inside the bracket, say a cudaFree under memory pressure or a lazily loaded kernel,

@@ -68,9 +68,9 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
 
 # GPU cycles of the spin kernel that stands in for the gate (:mod:`.gate`) where Triton is missing:
 # ~50 us at the 1.7-2.0 GHz SM clocks of H100/H200/B200, more than a plain host takes to record the
-# event and launch the GEMM through TE (H200: ~20 us from Python). Not longer: a spin is GPU idle
-# time inside the step, and 200 us spins let a power-capped H200 clock its 2.8 ms GEMMs 6% faster
-# than in the job.
+# event and launch the GEMM through TE. Not longer: a spin is GPU idle time inside the step, and
+# longer spins let a power-capped GPU clock its GEMMs faster than in the job
+# (docs/results/h200.md, facts the code relies on: spin lead).
 LEAD_CYCLES = 100_000
 FLOOR_PAIRS = 20  # pairs around a fill kernel that measure the pairs' floor (calibrate)
 
@@ -81,19 +81,19 @@ class EventTimer:
 
     ``lead``: something goes ahead of each start event so that the GPU reaches it only once the host
     has launched the GEMM. Without it, a GPU that runs dry before the GEMM is launched stamps the
-    start event early, and the pair also holds the host's time to launch the GEMM (H200: a 24 us GEMM
-    on an idle GPU reads 43 us). The lead is the current device's GPU gate (:mod:`.gate`, built by
-    :meth:`prepare`), which waits for the host's word however slow the host is; where there is none,
-    a spin kernel of ``LEAD_CYCLES``, which covers ~50 us of host time and no more. The profiler
-    turns the lead on only where the pairs give the GEMM times, never on a clean step.
+    start event early, and the pair also holds the host's time to launch the GEMM
+    (docs/results/h200.md, facts the code relies on: spin lead). The lead is the current device's
+    GPU gate (:mod:`.gate`, built by :meth:`prepare`), which waits for the host's word however slow
+    the host is; where there is none, a spin kernel of ``LEAD_CYCLES``, which covers ~50 us of host
+    time and no more. The profiler turns the lead on only where the pairs give the GEMM times, never
+    on a clean step.
 
     A pair still reads more than the kernel it holds: the events' own time and the GPU's launch of
     the kernel between them. :meth:`calibrate` measures a pair around a one-element fill kernel on
     each device in the process after the steps, and :meth:`read` takes it off every pair
-    (``floors``), the fill's own ~1 us with it: a kernel shorter than that reads nothing. H200,
-    behind the gate (``benchmarks/event_floor.py``, 2026-12-02): the fill's pair 3.0 us (its kernel
-    record 0.8 us, an empty pair 1.3 us); with it off, GEMMs of 24-48 us read -2.1% to +0.3% of
-    their kernel records (the empty pair off: +2.3% to +5.1%); under 10 us, 10% and more off."""
+    (``floors``), the fill's own ~1 us with it: a kernel shorter than that reads nothing. The fill's
+    pair brings GEMMs closer to their kernel records than an empty pair does, short GEMMs least
+    (docs/results/h200.md, facts the code relies on: event-pair floor)."""
 
     def __init__(self, enabled: bool, lead: bool = True) -> None:
         self.cuda = torch.cuda.is_available()

@@ -51,8 +51,9 @@ class KernelStep:
     def gemm_units(self) -> list[list[int]]:
         """The kernels (indices into ``kernels``) of each GEMM, in launch order. cuBLAS's split-K
         GEMMs launch a second kernel that reduces the partial sums (``..._execute_split_k_kernel``,
-        ``splitKreduce_kernel``; H200, fp32 nn.Linear backward): it is the tail of the GEMM before
-        it, so it joins that GEMM's unit and does not count as a GEMM of its own."""
+        ``splitKreduce_kernel``; docs/results/h200.md, facts the code relies on: split-K): it is the
+        tail of the GEMM before it, so it joins that GEMM's unit and does not count as a GEMM of its
+        own."""
         out: list[list[int]] = []
         for i, k in enumerate(self.kernels):
             if not is_gemm_kernel(k[0]):
@@ -292,13 +293,13 @@ def join_by_order(sequence: list[Any], step: KernelStep,
     GEMM that ran but is counted elsewhere) with the GEMM kernel(s) it launched, in order.
 
     Most calls launch one GEMM kernel. TE's grouped GEMM (``general_grouped_gemm``) launches one per
-    expert (H200, TE 2.20: 60 GEMM kernels for 12 plain and 6 grouped calls of 8 experts); an
-    expert with no rows may launch none. ``kernels_per_call`` gives, per call, the counts to try in
-    turn (e.g. ``(8, 7)``: every expert, or only those with rows; default one kernel each); the
-    first choice whose total matches the step's GEMM kernels is used. A call's time is the GPU span
-    of its kernels (first start to last end: the experts may run on several streams at once), as
-    an event pair around the call would read it. Returns (call, ms) for the counted calls, or None
-    when no choice of counts matches."""
+    expert (docs/results/h200.md, facts the code relies on: grouped GEMM); an expert with no rows may
+    launch none. ``kernels_per_call`` gives, per call, the counts to try in turn (e.g. ``(8, 7)``:
+    every expert, or only those with rows; default one kernel each); the first choice whose total
+    matches the step's GEMM kernels is used. A call's time is the GPU span of its kernels (first start
+    to last end: the experts may run on several streams at once), as an event pair around the call
+    would read it. Returns (call, ms) for the counted calls, or None when no choice of counts
+    matches."""
     gemms = step.gemm_kernels()
     counts = _call_counts(sequence, len(gemms), kernels_per_call)
     if counts is None:

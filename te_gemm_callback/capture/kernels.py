@@ -4,9 +4,9 @@ from __future__ import annotations
 
 # cuBLAS(Lt) and CUTLASS GEMM kernels on Hopper/Blackwell: "sm90_xmma_gemm_...", "nvjet_...",
 # "cutlass3x_sm90_..._gemm...", and cuBLASLt's split-K reduction ("cublasLt::splitKreduce_kernel",
-# which follows an "nvjet_..._splitK_..." GEMM and finishes it: H200, the bf16 wgrad of a
-# 4096 -> 128 nn.Linear over 15872 tokens, 3.6 us after a 41.6 us GEMM). Fused attention kernels also
-# use tensor cores but are not GEMMs in our accounting (docs/design.md): they are matched first.
+# which follows an "nvjet_..._splitK_..." GEMM and finishes it: docs/results/h200.md, facts the code
+# relies on: split-K). Fused attention kernels also use tensor cores but are not GEMMs in our
+# accounting (docs/design.md): they are matched first.
 _ATTENTION = ("fmha", "flash", "sdpa", "attn", "attention")
 _GEMM = ("gemm", "nvjet", "xmma", "cutlass", "gemv", "splitkreduce")
 
@@ -84,9 +84,9 @@ def kernel_intervals(prof, device: str = "CUDA") -> list[tuple[str, float, float
     ``torch.profiler.profile``, times from the trace's start.
 
     Read from Kineto's raw events: ``prof.events()`` first builds a FunctionEvent per record in
-    Python, 6x the time for the same tuples (2,000 events: 36 ms against 6 ms on a desktop CPU;
-    several times that on the H200 host, where it ran between the kernels step and the next
-    step of the job). Same names and times (tests/test_clean_steps.py)."""
+    Python, several times the time for the same tuples, and it runs between the kernels step and the
+    next step of the job (docs/results/h200.md, facts the code relies on: kernel intervals). Same
+    names and times (tests/test_clean_steps.py)."""
     try:
         results = prof.profiler.kineto_results
         t0 = results.trace_start_ns()

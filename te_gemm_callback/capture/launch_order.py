@@ -8,8 +8,8 @@ from typing import Any
 
 class LaunchOwners:
     """Owners of TE GEMMs by launch position, so that instrumented steps after the first need no
-    module hooks (the largest part of an instrumented step's host cost on the H200 host-bound
-    stack: benchmarks/instrument_cost.py parts).
+    module hooks (the largest part of an instrumented step's host cost: docs/results/h200.md, facts
+    the code relies on: launch order).
 
     A hooked step appends each TE GEMM call's key (layout, operand shapes and types), its owner,
     and, where the plain wrapper resolved them, its (site, recompute) to ``trace``;

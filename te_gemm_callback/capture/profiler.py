@@ -246,7 +246,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         # CUDA graphs made after the profiler was built count too: looked up at each start.
         self._eager = EagerForwards(graphed_modules(self.model))
         # Likewise compiled modules: the instrumented steps run their eager forward (steady.py: a
-        # compiled frame entered under the dispatch mode stays eager for good on torch 2.13).
+        # compiled frame entered under the dispatch mode can stay eager for good).
         self._eager_compiled = EagerCompiled(compiled_modules(self.model))
         # Compile steps first, until dynamo is done with the model: none of its compile time may
         # land in a timed step, and the plan's steps then run the code the job will keep running.
@@ -261,8 +261,8 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self._order_off = compiled(self.model)
         if self._range_api is not None:
             # Ended once the capture is built (or, "held", saved): nsys's default
-            # --capture-range-end=stop-shutdown ends the job at the first Stop (H200, nsys 2025.3:
-            # SIGTERM to the process right after it).
+            # --capture-range-end=stop-shutdown ends the job at the first Stop
+            # (docs/results/h200.md, facts the code relies on: nsys capture range).
             self._range_api.start()
             self._range_open = True
         # The SM clock over the steps whose GEMM times the capture reports: 20 reads a second on

@@ -129,8 +129,9 @@ def _probe_next_seq(probe: torch.Tensor) -> int:
 
 
 def next_seq_reader() -> Callable[[], int]:
-    """The autograd sequence number the next node made on this thread will get. The getter costs
-    ~0.02 µs; the fallback (a probe node) ~2 µs on a CPU, ~15 µs on the H200 host (cProfile)."""
+    """The autograd sequence number the next node made on this thread will get. The getter costs a
+    small fraction of the fallback, a probe node (docs/results/h200.md, facts the code relies on:
+    sequence number)."""
     peek = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
     if peek is not None:
         try:
@@ -262,9 +263,9 @@ class ModuleScope:
             # Inner modules returned first and tagged their nodes: keep the innermost owner, but
             # walk through them to reach this module's own ops behind them.
             node.metadata.setdefault(TAG, name)
-            # Keep the Python wrapper alive until the step ends: on torch 2.11 the metadata dict
-            # lives on the wrapper, and a node reached through next_functions gets a new, empty
-            # one once the old wrapper is collected (seen on the H200 host: untagged backward bmm).
+            # Keep the Python wrapper alive until the step ends: the metadata dict can live on the
+            # wrapper, and a node reached through next_functions gets a new, empty one once the old
+            # wrapper is collected (docs/results/h200.md, facts the code relies on: node metadata).
             self._keep.append(node)
             todo.extend(nxt for nxt, _ in node.next_functions
                         if nxt is not None and type(nxt).__name__ != "AccumulateGrad")

@@ -12,20 +12,20 @@ What keeps a step from being steady, and how each is seen without touching the j
   one is a "graph-capture" step.
 - Anything else far slower (a GC pass, a checkpoint write, allocator growth): :func:`outliers`.
 
-Never make a compiled job run eager. Measured with torch 2.13 on a CPU: a compiled module called
-even once under a TorchDispatchMode (the profiler's shape-discovery step) stays eager for the rest
-of the process. Dynamo's frame callback (``convert_frame.CatchErrorsWrapper``) skips a frame while
-a dispatch mode without ``ignore_compile_internals()`` is on the stack, and the skip it returns
-(``ConvertFrameReturn``: ``FrameAction.SKIP``, ``apply_to_code=True``) marks the code object
-skipped for good, cached code or not. For a ``torch.nn.*`` module that code object is
-``external_utils.wrap_inline``'s inner function, shared by every compiled ``torch.nn`` module of the
-process: one call under the mode turned them all eager (0 frames compiled). torch 2.14 made that
-skip transient (pytorch#190287), so there the compile moved into the first step after the dispatch
-one. So: the instrumented steps run compiled modules' eager forward (:class:`EagerCompiled`, as
-for CUDA-graphed modules), dynamo never sees the mode on their frames, and the compiled code is
-left as it was; and the dispatch mode says ``ignore_compile_internals()`` (torch >= 2.9), so a
-compiled frame it cannot swap (a compiled loss or step function) is compiled with the mode off and
-runs compiled under it, never skipped.
+Never make a compiled job run eager: a compiled module called even once under a TorchDispatchMode (the
+profiler's shape-discovery step) can stay eager for the rest of the process (docs/results/h200.md,
+facts the code relies on: steady state). Dynamo's frame callback
+(``convert_frame.CatchErrorsWrapper``) skips a frame while a dispatch mode without
+``ignore_compile_internals()`` is on the stack, and the skip it returns (``ConvertFrameReturn``:
+``FrameAction.SKIP``, ``apply_to_code=True``) marks the code object skipped for good, cached code or
+not. For a ``torch.nn.*`` module that code object is ``external_utils.wrap_inline``'s inner function,
+shared by every compiled ``torch.nn`` module of the process: one call under the mode turns them all
+eager. A later torch made that skip transient (pytorch#190287), which moves the compile into the first
+step after the dispatch one. So: the instrumented steps run compiled modules' eager forward
+(:class:`EagerCompiled`, as for CUDA-graphed modules), dynamo never sees the mode on their frames, and
+the compiled code is left as it was; and the dispatch mode says ``ignore_compile_internals()``
+(torch >= 2.9), so a compiled frame it cannot swap (a compiled loss or step function) is compiled
+with the mode off and runs compiled under it, never skipped.
 """
 
 from __future__ import annotations
@@ -40,21 +40,20 @@ from torch import nn
 from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, GRAPH_CAPTURE, OUTLIER, RECOMPILE, SETTLE
 
 # Clean steps more than this many times the typical fast clean step are outliers. Steady step
-# scatter on a host of its own stays far inside it (host-bound HF Qwen2 on the H200: 0.87-1.10x
-# between rounds), while what it is meant to catch is far outside: compile steps 40-300x (torch 2.14:
-# 1403, 239, 190 ms against a 4.6 ms step), first runs after an inductor compile 15-40x (torch 2.13
-# CPU: 240, 95 ms against about 6 ms). A ratio, not a MAD rule: steady steps agree so closely that a
-# MAD rule flags ordinary noise (at +-0.5 ms scatter, a step 3% slow is 6 MADs out), and leaving
-# those out would bias the median low. A host shared with other jobs can move steps past it (below).
+# scatter on a host of its own stays far inside it, while what it is meant to catch (compile steps,
+# first runs after an inductor compile) is far outside (docs/results/h200.md, facts the code relies
+# on: outliers). A ratio, not a MAD rule: steady steps agree so closely that a MAD rule flags ordinary
+# noise (at +-0.5 ms scatter, a step 3% slow is 6 MADs out), and leaving those out would bias the
+# median low. A host shared with other jobs can move steps past it (below).
 OUTLIER_FACTOR = 3.0
 # Fewer clean steps than this are never judged: with 2 or 3 the reference is one or two steps, and a
-# loaded host alone moves single steps that far (a tiny HF Llama on a 2-core CPU under other jobs'
-# load: 28 to 568 ms within one capture); from 4 the faster half is two steps.
+# loaded host alone moves single steps that far (docs/results/h200.md, facts the code relies on:
+# outliers); from 4 the faster half is two steps.
 MIN_FOR_OUTLIERS = 4
 
 # Counters that move only when something compiles (dynamo frames, graphs, AOT autograd, inductor's
 # lazily compiled backward, compiled autograd); none moves on a call of already compiled code
-# (checked on torch 2.13, aot_eager and inductor).
+# (docs/results/h200.md, facts the code relies on: compile counters).
 _COMPILE_COUNTERS = (("frames", "total"), ("stats", "unique_graphs"), ("aot_autograd", "total"),
                      ("inductor", "fxgraph_cache_miss"), ("inductor", "fxgraph_cache_hit"),
                      ("inductor", "fxgraph_cache_bypass"), ("compiled_autograd", "captures"),

@@ -5,7 +5,8 @@ Each TE module file imports the function name itself (``module/linear.py``, ``la
 every loaded ``transformer_engine.pytorch`` module that holds the original, and put it back on
 uninstall. The operands' types tell the precision the GEMM really ran in.
 
-Operand conventions (TE 2.x, verified on an H200 with TE 2.20; see docs/design.md):
+Operand conventions (TE 2.x; see docs/design.md; verified: docs/results/h200.md, facts the code
+relies on: operands):
     fprop  "TN": general_gemm(weight (N, K), input (..., K))        -> M x K x N
     dgrad  "NN": general_gemm(weight (N, K), grad_out (..., N))     -> M x N x K
     wgrad  "NT": general_gemm(input (..., K), grad_out (..., N))    -> K x M x N

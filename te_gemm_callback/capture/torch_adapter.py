@@ -128,8 +128,8 @@ class GemmDispatchMode(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         # Compiled modules inside the model run eagerly on the instrumented steps (steady.py), but
         # a compiled frame outside it (a compiled loss or step function) may still be entered under
-        # this mode. Without this, dynamo skips such a frame and, on torch 2.13, marks its code
-        # skipped for good: the job would run eagerly from then on. With it (torch >= 2.9; older
+        # this mode. Without this, dynamo skips such a frame and can mark its code skipped for good
+        # (steady.py): the job would run eagerly from then on. With it (torch >= 2.9; older
         # versions never ask), dynamo compiles with the mode off and runs the compiled code under it.
         return True
 
@@ -246,8 +246,9 @@ class GemmDispatchMode(TorchDispatchMode):
             rec.skip()  # inside a TE module: the TE adapter counts it (or nobody: unfused attention)
             return None
         if module_name is None and not in_fwd and self._from_te(m, k, n, batch):
-            # An untagged backward node (seen for TE's unfused attention bmm on the H200) whose
-            # GEMM is the backward of one that ran inside a TE module: it belongs to TE too.
+            # An untagged backward node (TE's unfused attention bmm: docs/results/h200.md, facts the
+            # code relies on: node metadata) whose GEMM is the backward of one that ran inside a TE
+            # module: it belongs to TE too.
             rec.skip()
             return None
         m_splits: tuple[int, ...] | torch.Tensor | None = None

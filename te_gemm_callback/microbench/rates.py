@@ -7,13 +7,12 @@ another clock. So the rates follow the GPU: they are fitted on an H200 and resca
 ``timing.measure_peaks`` takes on this one (:func:`set_rate_model`, called once the run has them).
 
 Numbers used:
-- H200, BF16: 650 TFLOP/s sustained under its power limit; FP8 recipes 1.7x that. measure_peaks
-  gave 702 and 684 TFLOP/s BF16, 1390 and 1367 FP8 there (docs/results/h200/{5b,dense}/bench.json),
-  so the references are 693 and 1379. A peak within 5% of its reference is the spread of one GPU
+- H200, BF16: 650 TFLOP/s sustained under its power limit; FP8 recipes 1.7x that. The references
+  are the mean of two measure_peaks runs there, 693 TFLOP/s BF16 and 1379 FP8 (docs/results/h200.md,
+  facts the code relies on: rate model). A peak within 5% of its reference is the spread of one GPU
   model between runs and hosts, not another GPU: the H200 model is kept as it is (no change there).
-- NVFP4: 3.5x the BF16 rate. No FP4 peak is measured; TE's B300 pre-quantized layer runs 13.10 ms
-  in BF16 and 3.76 ms in NVFP4 (1463 and 5094 TFLOP/s; docs/projection.md), a ratio of 3.48.
-  With 1.0 (what NVFP4 had before), its cells got about half the duty cycle BF16's got there.
+- NVFP4: 3.5x the BF16 rate. No FP4 peak is measured; the ratio is that of TE's B300 layer's NVFP4
+  and BF16 rates (docs/results/h200.md, facts the code relies on: rate model).
 """
 
 from __future__ import annotations

@@ -104,7 +104,9 @@ def source_gpu(bench: BenchResults, given: GpuSpec | None = None) -> GpuSpec:
     return given
 
 
-CLOCK_TERM_UNKNOWN = 0.2  # a bench without NVML clocks: about the H200's (19% under its maximum)
+# A bench without NVML clocks: about the term a measured bench had (docs/results/h200.md, facts the
+# code relies on: clock term).
+CLOCK_TERM_UNKNOWN = 0.2
 
 
 def clock_term(bench: BenchResults) -> float | None:

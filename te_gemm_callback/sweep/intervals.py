@@ -15,8 +15,8 @@ its own error, and a 95% CI captures an independent replicate's estimate only ab
 Psychological Methods 11(3), 2006). The interval for a rerun of as many rounds is the CI widened by
 sqrt(2) on each side (the difference of two independent estimates of equal variance has sqrt(2)
 times the standard error; the median is asymptotically normal, so the argument carries over):
-:attr:`Estimate.rerun`. Measured on a host-bound HF Qwen2 on one H200 (2026-12-01), a plain loop's
-median fell inside the report's CI in 5 of 9 recipe-fits, all four misses within 0.012 of an edge.
+:attr:`Estimate.rerun`. How often a plain loop's median fell inside the CI: docs/results/h200.md,
+facts the code relies on: rerun interval.
 """
 
 from __future__ import annotations

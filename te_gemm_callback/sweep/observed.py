@@ -96,7 +96,7 @@ def observe(cap: GemmCapture) -> Observed:
     if round_ms:
         # The step time of the rounds the speedup comes from, so the table's step, its non-GEMM
         # time and the speedup agree: the capture's own clean steps ran minutes from the other
-        # recipes' (HF on the H200: DelayedScaling 133.0 ms over all clean steps, 0.89x by rounds).
+        # recipes' (docs/results/h200.md, facts the code relies on: round step time).
         step = statistics.median(round_ms.values())
     parts = [s.fwd_bwd_ms for s in cap.steps_of("clean") if s.fwd_bwd_ms is not None]
     return Observed(recipe, step, cap.gemm_ms_per_step(), left, dict(cap.meta.get("kernel_breakdown_ms") or {}),

@@ -11,9 +11,9 @@ under several recipes. Two things make that safe:
   module joined TE's global amax buffers once, with its first DelayedScaling state's tensors
   (``FP8GlobalStateManager.add_fp8_tensors_to_global_buffer`` returns early for a module already
   registered), so after DelayedScaling -> another FP8 recipe -> DelayedScaling its new scale and
-  amax tensors are never updated (scale stuck at 1.0; TE 2.20, tests/test_gpu.py). Putting back
-  the very objects the module had under a recipe, each time the sweep switches to it, keeps the
-  module's quantizers on the tensors TE's global buffers update.
+  amax tensors are never updated (docs/results/h200.md, facts the code relies on: DelayedScaling
+  state). Putting back the very objects the module had under a recipe, each time the sweep switches
+  to it, keeps the module's quantizers on the tensors TE's global buffers update.
 """
 
 from __future__ import annotations
