@@ -40,8 +40,9 @@ from te_gemm_callback import GemmProfiler
 from te_gemm_callback.capture.clocks import ClockSampler
 from te_gemm_callback.capture.kernels import is_gemm_kernel
 from te_gemm_callback.microbench import jobs
-from te_gemm_callback.microbench.cells import ResultCache, WorkItem, items_from_capture
+from te_gemm_callback.microbench.cache import ResultCache
 from te_gemm_callback.microbench.engine import run_bench
+from te_gemm_callback.microbench.items import WorkItem, items_from_capture
 from te_gemm_callback.microbench.jobs import te_job
 from te_gemm_callback.microbench.timing import GEMM_DUTY, L2Flush, warm_up_gpu
 from te_gemm_callback.precisions import availability

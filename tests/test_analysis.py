@@ -197,7 +197,7 @@ def test_prediction_uses_gemm_kernels_alone_and_reports_the_unfused_bound():
 def test_gemm_a_recipe_cannot_run_counts_at_bf16_time():
     # An 8-wide router cannot run in FP8 (TE needs multiples of 16): its 3 x 1 ms stay BF16.
     # BF16 total 3 x 20 + 3 x 1 = 63 ms; FP8 3 x 10 + 3 x 1 = 33 ms -> GEMM speedup 63/33.
-    from te_gemm_callback.microbench.cells import WorkItem
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.shapes import GemmShape
 
     router = (M, K, 8)
@@ -243,7 +243,7 @@ def test_top_kernels_per_category():
 
 def test_moe_padding_rows_in_the_evidence():
     # Two experts with 10 and 20 rows: FP8 pads them to 16 and 32, 48 rows for 30 (+60%).
-    from te_gemm_callback.microbench.cells import WorkItem
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.shapes import GemmShape
 
     items = [WorkItem("moe.fc1", GemmShape(30, K, N), 1.0, (10, 20))]

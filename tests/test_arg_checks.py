@@ -138,7 +138,8 @@ def test_a_bad_jobstep_turns_the_capture_off_and_never_reaches_the_loop(tmp_path
 def test_control_characters_in_plot_labels_are_shown_as_text(tmp_path):
     """A module name holding ESC reached a plot label: matplotlib's "Glyph 27 missing from font"
     warning printed the raw ESC (it drives the terminal) and the PNG showed a missing glyph."""
-    from te_gemm_callback.microbench.cells import BenchResult, WorkItem
+    from te_gemm_callback.microbench.cells import BenchResult
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.microbench.results import BenchResults
     from te_gemm_callback.reporting.figures import stacked_gemm_figure
     from te_gemm_callback.shapes import GemmShape
@@ -227,7 +228,7 @@ def test_plan_outputs_on_stdout_or_the_same_file_are_refused_or_printed(tmp_path
 
 
 def test_a_cache_path_that_is_a_folder_leaves_no_lock_beside_it(tmp_path):
-    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.microbench.cache import ResultCache
 
     folder = tmp_path / "d"
     folder.mkdir()
@@ -298,7 +299,7 @@ def test_a_bench_that_runs_for_minutes_on_a_cpu_says_so_first(monkeypatch):
     from rich.console import Console
 
     from te_gemm_callback.cli.bench import warn_long_cpu_bench
-    from te_gemm_callback.microbench.cells import items_from_shapes
+    from te_gemm_callback.microbench.items import items_from_shapes
     from te_gemm_callback.shapes import parse_shapes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -8,16 +8,10 @@ import torch
 
 from te_gemm_callback.cli import main
 from te_gemm_callback.microbench import timing
-from te_gemm_callback.microbench.cells import (
-    BenchResult,
-    ResultCache,
-    WorkItem,
-    items_from_capture,
-    items_from_config,
-    items_from_shapes,
-    result_key,
-)
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import BenchResult, result_key
 from te_gemm_callback.microbench.engine import run_bench
+from te_gemm_callback.microbench.items import WorkItem, items_from_capture, items_from_config, items_from_shapes
 from te_gemm_callback.microbench.results import BenchResults
 from te_gemm_callback.microbench.timing import adaptive_iters, heat_seconds, stats
 from te_gemm_callback.reporting.bench_tables import step_ms, swapped_items
@@ -414,7 +408,7 @@ def test_parallel_bench_fills_the_cache_and_a_cached_run_waits_for_no_worker(tmp
 
 
 def test_repeated_layers_grouped_in_the_stacked_figure():
-    from te_gemm_callback.microbench.cells import WorkItem
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.reporting.figures import layer_groups
     from te_gemm_callback.shapes import GemmShape
 
@@ -452,7 +446,7 @@ def test_clock_sampler_summarises_and_survives_a_failing_reader():
 
 
 def test_grouped_gemm_routing_that_changes_is_timed_at_representative_splits():
-    from te_gemm_callback.microbench.cells import representative_splits
+    from te_gemm_callback.microbench.items import representative_splits
 
     # Three distinct routings over four calls: each timed, weighted by how often it ran.
     calls = [[8, 8], [4, 12], [8, 8], [16, 0]]

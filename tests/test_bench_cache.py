@@ -11,8 +11,10 @@ import torch
 from rich.console import Console
 
 from te_gemm_callback.microbench import engine, jobs, timing
-from te_gemm_callback.microbench.cells import SPREAD_LIMIT, BenchResult, ResultCache, WorkItem, cell_key
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import SPREAD_LIMIT, BenchResult, cell_key
 from te_gemm_callback.microbench.engine import run_bench
+from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.microbench.results import BenchResults, pool_parts
 from te_gemm_callback.microbench.timing import stats
 from te_gemm_callback.reporting.bench_tables import pass_table, run_summary, totals_table

@@ -21,8 +21,10 @@ import torch
 from te_gemm_callback import precisions
 from te_gemm_callback.capture import te_adapter
 from te_gemm_callback.microbench import engine, jobs, rates
-from te_gemm_callback.microbench.cells import FP8_FAMILY, BenchResult, ResultCache, WorkItem
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import FP8_FAMILY, BenchResult
 from te_gemm_callback.microbench.engine import BenchRun, BenchStopped, run_bench
+from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.microbench.job_queue import JobQueue, JobVisits, PlannedJob, context_lost
 from te_gemm_callback.shapes import GemmOp, GemmShape
 

@@ -18,7 +18,8 @@ from test_plan import bench, capture
 
 import te_gemm_callback
 from te_gemm_callback.cli import build_parser, main
-from te_gemm_callback.microbench.cells import ResultCache, result_key
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import result_key
 from te_gemm_callback.precisions import FP8_RECIPES, parse_recipes, skipped_lines, warn_once
 from te_gemm_callback.shapes import GemmShape
 

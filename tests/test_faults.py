@@ -23,7 +23,8 @@ from torch import nn
 
 from te_gemm_callback import GemmCapture, GemmProfiler, GemmProfilerCallback
 from te_gemm_callback.cli import main
-from te_gemm_callback.microbench.cells import BenchResult, ResultCache
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import BenchResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -295,7 +296,7 @@ def test_bench_json_of_another_schema_and_corrupt_one_name_the_file(tmp_path):
 def test_bench_without_the_captures_shapes_says_not_measured():
     from rich.console import Console
 
-    from te_gemm_callback.microbench.cells import WorkItem
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.microbench.results import BenchResults
     from te_gemm_callback.reporting.bench_tables import totals_table
     from te_gemm_callback.shapes import GemmShape

@@ -21,7 +21,7 @@ from test_plan import bench, capture
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.cli import main
 from te_gemm_callback.files import jsonio, png
-from te_gemm_callback.microbench.cells import ResultCache
+from te_gemm_callback.microbench.cache import ResultCache
 from te_gemm_callback.microbench.results import BenchResults
 
 REPO = Path(__file__).resolve().parents[1]

@@ -69,8 +69,8 @@ def test_dispatch_mode_sees_backward_gemms_on_cuda_threads():
 
 @needs_te
 def test_bench_runs_every_hopper_recipe_in_both_modes():
-    from te_gemm_callback.microbench.cells import WorkItem
     from te_gemm_callback.microbench.engine import run_bench
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.shapes import GemmShape
 
     items = [WorkItem("big", GemmShape(8192, 4096, 4096)),
@@ -94,7 +94,7 @@ def test_bench_job_never_idles_the_gpu_between_its_timed_calls(monkeypatch):
     # GPU (its caller reads it after one synchronize per visit), and its first burst must not find
     # the GPU idle.
     from te_gemm_callback.microbench import jobs, timing
-    from te_gemm_callback.microbench.cells import WorkItem
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.shapes import GemmShape
 
     syncs, idle_bursts = [], []
@@ -119,8 +119,9 @@ def test_bench_job_never_idles_the_gpu_between_its_timed_calls(monkeypatch):
 @needs_te
 def test_bench_run_queues_jobs_back_to_back(monkeypatch):
     # Across jobs too: nothing idles the GPU between them, so no timed burst needs heat.
-    from te_gemm_callback.microbench.cells import ResultCache, WorkItem
+    from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.microbench.engine import run_bench
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.shapes import GemmShape
 
     items = [WorkItem(f"s{i}", GemmShape(8192, 4096, 4096 * (1 + i % 2))) for i in range(3)]
@@ -136,8 +137,9 @@ def test_bench_run_queues_jobs_back_to_back(monkeypatch):
 @needs_te
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_bench_over_two_gpus_matches_one():
-    from te_gemm_callback.microbench.cells import ResultCache, WorkItem
+    from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.microbench.engine import run_bench
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.microbench.parallel import run_bench_parallel
     from te_gemm_callback.shapes import GemmShape
 
@@ -452,7 +454,7 @@ def test_module_costs_measure_every_hopper_recipe_one_session_per_kind():
     """microbench/module_cost.py on two module kinds: every Hopper recipe has host and GPU times
     (one profiler session per kind cut at its markers), the FP8 recipes launch quantization kernels
     BF16 does not and cost the host more, and a second run with the cache measures nothing."""
-    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.microbench.module_cost import CostCache, measure_module_costs
 
     specs = {"a": {"class": "Linear", "gemms": {"": [2048, 1024, 1024]}, "use_bias": False, "dtype": "bfloat16"},

@@ -215,7 +215,7 @@ def test_inside_fit_a_locked_cache_is_not_waited_for(tmp_path, monkeypatch):
 
     from filelock import FileLock
 
-    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.reporting import run as run_folder
     from te_gemm_callback.schedule.publish import Publishing
 

@@ -15,8 +15,9 @@ from te_gemm_callback import GemmProfiler
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.capture.scope import display_names
 from te_gemm_callback.files.specs import PASS_NAMES as SPEC_PASS_NAMES
-from te_gemm_callback.microbench.cells import ResultCache, items_from_capture, passes_of
+from te_gemm_callback.microbench.cache import ResultCache
 from te_gemm_callback.microbench.engine import run_bench
+from te_gemm_callback.microbench.items import items_from_capture, passes_of
 from te_gemm_callback.microbench.results import step_ms
 from te_gemm_callback.shapes import PASS_NAMES, GemmOp, GemmShape, backward_shapes, fprop_of
 

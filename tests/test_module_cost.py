@@ -9,7 +9,7 @@ import pytest
 
 from te_gemm_callback.capture.module_specs import spec_key
 from te_gemm_callback.microbench import module_cost
-from te_gemm_callback.microbench.cells import ResultCache
+from te_gemm_callback.microbench.cache import ResultCache
 from te_gemm_callback.microbench.module_cost import CostCache, _segments, measure_module_costs
 
 SPEC = {"class": "Linear", "gemms": {"": [64, 32, 16]}, "use_bias": False, "dtype": "bfloat16"}

@@ -207,7 +207,7 @@ def test_a_module_fp8_cannot_run_stays_bf16_even_if_its_bench_cell_says_fast():
     assert "router" in plan.keep_bf16
     router = next(c for c in plan.modules if c.module == "router")
     assert router.fp8_ms is None and router.keep_bf16
-    from te_gemm_callback.microbench.cells import WorkItem
+    from te_gemm_callback.microbench.items import WorkItem
     from te_gemm_callback.shapes import GemmOp, GemmShape
 
     assert not fp8_shape_ok(WorkItem("x", GemmShape(1000, 1024, 1024, GemmOp.FPROP)))

@@ -201,7 +201,7 @@ def test_the_gemm_figure_draws_its_footnote_in_whole_words(tmp_path, monkeypatch
     res = bench(("autocast",))
     why = "needs compute capability 10.0 and a newer cuBLASLt than this host has installed " * 3
     res.skipped = {"NVFP4BlockScaling": why.strip()}
-    from te_gemm_callback.microbench.cells import items_from_capture
+    from te_gemm_callback.microbench.items import items_from_capture
 
     figures.stacked_gemm_figure(res, items_from_capture(swept(60.0, [100.0])), "autocast", tmp_path / "f.png")
     note = next(t.get_text() for t in drawn[0].texts if t.get_text().startswith("NVFP4BlockScaling not run:"))

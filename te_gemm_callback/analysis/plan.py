@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from te_gemm_callback.capture.capture_file import GemmCapture
-from te_gemm_callback.microbench.cells import WorkItem
+from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.microbench.results import BenchResults, item_ms
 from te_gemm_callback.sweep.plan import (  # noqa: F401  (the plan's public names, where users import them)
     MODE,
@@ -65,7 +65,7 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     best single recipe, as a share of the step, for which a mixed plan is proposed
     (:data:`MIN_GAIN`); otherwise the plan is that single recipe (:attr:`PrecisionPlan.same_as`)."""
     from te_gemm_callback.analysis.prediction import capture_recipe
-    from te_gemm_callback.microbench.cells import items_from_capture
+    from te_gemm_callback.microbench.items import items_from_capture
 
     if MODE not in bench.meta.get("modes", [MODE]):
         raise ValueError("the plan needs autocast-mode microbenchmarks (GEMM + quantization): run te-gemm bench "

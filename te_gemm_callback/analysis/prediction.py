@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from te_gemm_callback.capture.capture_file import GemmCapture
-from te_gemm_callback.microbench.cells import WorkItem
+from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.microbench.results import BenchResults
 from te_gemm_callback.microbench.results import step_ms as bench_step_ms
 from te_gemm_callback.precisions import RECIPE_FAMILY, padded_splits

@@ -26,7 +26,7 @@ from te_gemm_callback.analysis.prediction import capture_recipe, precision_ran
 from te_gemm_callback.analysis.verdicts import Report, analyze
 from te_gemm_callback.capture import GemmCapture
 from te_gemm_callback.capture.distributed import rank_summary
-from te_gemm_callback.microbench.cells import WorkItem, items_from_capture
+from te_gemm_callback.microbench.items import WorkItem, items_from_capture
 from te_gemm_callback.microbench.results import BenchResults, measured_items
 from te_gemm_callback.sweep.plan import PrecisionPlan
 

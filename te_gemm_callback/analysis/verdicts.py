@@ -41,7 +41,7 @@ from te_gemm_callback.analysis.prediction import (
 )
 from te_gemm_callback.analysis.whatif import job_trace, module_host, replay_recipes
 from te_gemm_callback.capture.capture_file import GemmCapture
-from te_gemm_callback.microbench.cells import WorkItem, items_from_capture
+from te_gemm_callback.microbench.items import WorkItem, items_from_capture
 from te_gemm_callback.microbench.results import BenchResults, fallback_items, measured_items
 from te_gemm_callback.microbench.results import step_ms as bench_step_ms
 from te_gemm_callback.precisions import row_alignment

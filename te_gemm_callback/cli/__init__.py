@@ -98,7 +98,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     recipes = parse_precisions(a.precisions) or list(RECIPES)
     if "BF16" not in recipes:  # every speedup in the report is over BF16: without it there is none
         recipes.insert(0, "BF16")
-    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.recipes.demo import run_demo
     from te_gemm_callback.reporting.run import bench_and_report
 

@@ -87,7 +87,7 @@ MAX_RUN_STEPS = 100_000
 
 
 def _visits(text: str) -> int:
-    from te_gemm_callback.microbench.cells import MAX_VISITS  # torch-free
+    from te_gemm_callback.microbench.cells import MAX_VISITS
 
     v = _positive(text)
     if v > MAX_VISITS:  # every visit times every cell again: far more only fills memory
@@ -148,7 +148,7 @@ def parse_precisions(text: str | None) -> list[str] | None:
 
 
 def _modes(text: str) -> list[str]:
-    from te_gemm_callback.microbench.cells import MODES  # torch-free
+    from te_gemm_callback.microbench.cells import MODES
 
     modes = [m.strip() for m in text.split(",")]
     bad = [m for m in modes if m not in MODES]
@@ -171,7 +171,7 @@ def _duty(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number from 0.05 to 1, got {text!r}") from None
-    from te_gemm_callback.microbench.cells import MIN_GEMM_DUTY  # torch-free
+    from te_gemm_callback.microbench.cells import MIN_GEMM_DUTY
 
     if not MIN_GEMM_DUTY <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number from {MIN_GEMM_DUTY:g} to 1, got {v:g}")

@@ -28,7 +28,7 @@ def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, 
     minutes: how long, about, and how to make it shorter. The seconds estimated, or None on a GPU."""
     import torch
 
-    from te_gemm_callback.microbench.cells import passes_of
+    from te_gemm_callback.microbench.items import passes_of
 
     if torch.cuda.is_available():
         return None
@@ -45,7 +45,7 @@ def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, 
 def _bench_items(a: argparse.Namespace) -> list[Any]:
     """The work items of exactly one source: --shapes, --capture or the model-config flags."""
     from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.microbench.cells import items_from_capture, items_from_config, items_from_shapes
+    from te_gemm_callback.microbench.items import items_from_capture, items_from_config, items_from_shapes
     from te_gemm_callback.shapes import parse_shapes
 
     sources = [a.shapes is not None, a.capture is not None, a.hidden_size is not None]
@@ -85,7 +85,7 @@ def _devices(a: argparse.Namespace) -> int:
 
 
 def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> None:
-    from te_gemm_callback.microbench.cells import passes_of
+    from te_gemm_callback.microbench.items import passes_of
     from te_gemm_callback.precisions import skipped_lines
     from te_gemm_callback.reporting.bench_tables import pass_table, speedup_summary, totals_table
     from te_gemm_callback.shapes import GemmOp
@@ -109,7 +109,7 @@ def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> Non
 
 def cmd_bench(a: argparse.Namespace) -> int:
     # Nothing here imports torch or TE before run_bench_parallel has started its workers.
-    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.precisions import RECIPES
 
     precisions = parse_precisions(a.precisions) or list(RECIPES)

@@ -1,6 +1,6 @@
 """``te-gemm cache list|clear``: what the microbenchmark result cache holds, and its removal.
 
-The cache is the file :class:`~te_gemm_callback.microbench.cells.ResultCache` reads and writes
+The cache is the file :class:`~te_gemm_callback.microbench.cache.ResultCache` reads and writes
 (``--cache``, else ``$TE_GEMM_CACHE``, else ``~/.cache/te_gemm_callback/bench.json``). Both commands
 decide by the file's content that it is a cache, as the cache itself does: a file of another kind
 is named and left untouched. Nothing here imports torch.
@@ -23,14 +23,14 @@ from te_gemm_callback.printable import safe
 
 def cache_path(path: str | None) -> Path:
     """The file a bench with ``--cache path`` would use (the same default and ``~`` expansion)."""
-    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.microbench.cache import ResultCache
 
     return ResultCache(path, enabled=False).path  # disabled: only the path, the file is not read
 
 
 def _aside(path: Path) -> list[Path]:
     """Corrupt caches the cache moved aside (``<name>.corrupt-<time>``): ours, regular files only."""
-    from te_gemm_callback.microbench.cells import _looks_like_cache
+    from te_gemm_callback.microbench.cache import _looks_like_cache
 
     pattern = re.compile(re.escape(path.name) + r"\.corrupt-\d+")
     try:
@@ -55,7 +55,7 @@ def _read_cache(path: Path) -> tuple[dict[str, Any] | None, int]:
     """The cache's content (None for a cache torn mid-write: still ours) and its size in bytes.
     ValueError, naming the file, for anything that is not a cache (a link, a folder, another file)."""
     from te_gemm_callback.files.jsonio import parse_json, read_bytes_bounded, schema_of
-    from te_gemm_callback.microbench.cells import _is_cache, _looks_like_cache
+    from te_gemm_callback.microbench.cache import _is_cache, _looks_like_cache
 
     if path.is_symlink():  # the cache never writes through a link; its removal must not either
         raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}), not a te-gemm cache: give the real path")
@@ -103,7 +103,7 @@ def cell_counts(results: dict[str, Any]) -> Counter:
 def cmd_cache_list(a: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from te_gemm_callback.microbench.cells import TIMING_VERSION
+    from te_gemm_callback.microbench.cache import TIMING_VERSION
     from te_gemm_callback.reporting.tables import console
 
     out = console()
@@ -122,7 +122,7 @@ def cmd_cache_list(a: argparse.Namespace) -> int:
             version = data.get("timing_version")
             out.print(f"size: {_size(size)}, {len(results)} cell(s), timing version {safe(version)}")
             if version != TIMING_VERSION:
-                from te_gemm_callback.microbench.cells import ResultCache
+                from te_gemm_callback.microbench.cache import ResultCache
 
                 mine = ResultCache(a.cache, enabled=False).version_path()
                 out.print(f"[yellow]written by another timing version (this one measures with {TIMING_VERSION}): "

@@ -42,13 +42,8 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
         ['dgrad', 'fprop', 'wgrad']
     """
     from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.microbench.cells import (
-        ResultCache,
-        WorkItem,
-        items_from_capture,
-        items_from_config,
-        items_from_shapes,
-    )
+    from te_gemm_callback.microbench.cache import ResultCache
+    from te_gemm_callback.microbench.items import WorkItem, items_from_capture, items_from_config, items_from_shapes
     from te_gemm_callback.precisions import RECIPES
     from te_gemm_callback.shapes import GemmShape, ModelConfig, parse_shapes
 

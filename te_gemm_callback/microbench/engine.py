@@ -19,18 +19,9 @@ from typing import Any
 import torch
 
 from te_gemm_callback.capture.clocks import ClockSampler
-from te_gemm_callback.microbench.cells import (
-    MAX_VISITS,
-    MIN_GEMM_DUTY,
-    MODES,
-    SPREAD_LIMIT,
-    BenchResult,
-    ResultCache,
-    WorkItem,
-    cell_key,
-    merged,
-    passes_of,
-)
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import MAX_VISITS, MIN_GEMM_DUTY, MODES, SPREAD_LIMIT, BenchResult, cell_key
+from te_gemm_callback.microbench.items import WorkItem, merged, passes_of
 from te_gemm_callback.microbench.job_queue import JobQueue, JobVisits, MeasuredCell, PassMode, PlannedJob
 from te_gemm_callback.microbench.jobs import job_factory
 from te_gemm_callback.microbench.rates import set_rate_model

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 import torch
 
 from te_gemm_callback.capture.clocks import ClockSampler
-from te_gemm_callback.microbench.cells import BenchResult, WorkItem
+from te_gemm_callback.microbench.cells import BenchResult
+from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.microbench.jobs import Collect
 from te_gemm_callback.microbench.timing import HEAT_LOG, StreamClock, spend_boost
 from te_gemm_callback.shapes import GemmOp

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from te_gemm_callback.capture.te_adapter import LAYOUT_OP
-from te_gemm_callback.microbench.cells import WorkItem, passes_of
+from te_gemm_callback.microbench.items import WorkItem, passes_of
 from te_gemm_callback.microbench.rates import gemm_seconds
 from te_gemm_callback.microbench.timing import (
     GEMM_DUTY,

@@ -36,15 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_gemm_callback.files.jsonio import read_json
-from te_gemm_callback.microbench.cells import (
-    MAX_VISITS,
-    MIN_GEMM_DUTY,
-    MODES,
-    BenchResult,
-    ResultCache,
-    WorkItem,
-    cell_key,
-)
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import MAX_VISITS, MIN_GEMM_DUTY, MODES, BenchResult, cell_key
+from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.shapes import GemmOp, GemmShape
 
 if TYPE_CHECKING:

@@ -86,7 +86,7 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
         raise ValueError(f"host_speed must be a positive factor, got {host_speed}")
     from te_gemm_callback.analysis.prediction import capture_recipe
     from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.microbench.cells import items_from_capture
+    from te_gemm_callback.microbench.items import items_from_capture
     from te_gemm_callback.microbench.results import BenchResults, item_ms, measured_items, step_ms
 
     root = check_run_folder(run_dir)

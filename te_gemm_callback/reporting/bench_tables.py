@@ -8,7 +8,8 @@ from typing import cast
 
 from rich.table import Table
 
-from te_gemm_callback.microbench.cells import SPREAD_LIMIT, BenchResult, WorkItem, passes_of
+from te_gemm_callback.microbench.cells import SPREAD_LIMIT, BenchResult
+from te_gemm_callback.microbench.items import WorkItem, passes_of
 from te_gemm_callback.microbench.results import BenchResults, item_ms, step_ms
 from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import safe

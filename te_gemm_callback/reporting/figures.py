@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from te_gemm_callback.files.png import write_figure_atomic
-from te_gemm_callback.microbench.cells import WorkItem
+from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.microbench.results import BenchResults, item_ms
 from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import plain

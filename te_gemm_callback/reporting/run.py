@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
     from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.microbench.results import BenchResults
     from te_gemm_callback.projection import RunProjection
     from te_gemm_callback.sweep.plan import PrecisionPlan
@@ -44,8 +44,9 @@ class Run:
         bench.json. No console: no progress bar either (inside a quiet fit its end wrote a line
         break to the job's stdout)."""
         from te_gemm_callback.capture import GemmCapture
-        from te_gemm_callback.microbench.cells import ResultCache, items_from_capture
+        from te_gemm_callback.microbench.cache import ResultCache
         from te_gemm_callback.microbench.engine import run_bench
+        from te_gemm_callback.microbench.items import items_from_capture
 
         cap = GemmCapture.load(capture or self.path / "gemm_capture.json")
         cache = cache or ResultCache()
@@ -129,7 +130,7 @@ def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Seq
                      project: Sequence[str] = ()) -> dict[str, Path]:
     """After a captured run (the job's publish step, ``te-gemm run``, the training recipes): its
     shapes benchmarked in every recipe, then the report; the files written, by name."""
-    from te_gemm_callback.microbench.cells import ResultCache
+    from te_gemm_callback.microbench.cache import ResultCache
 
     cache = cache or ResultCache()
     run = Run(run_dir)

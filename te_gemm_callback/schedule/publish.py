@@ -164,7 +164,7 @@ class Publishing:
         return world()[1]
 
     def _bench_and_report(self) -> dict[str, Path]:
-        from te_gemm_callback.microbench.cells import ResultCache
+        from te_gemm_callback.microbench.cache import ResultCache
         from te_gemm_callback.precisions import RECIPES
         from te_gemm_callback.reporting.run import bench_and_report
 
