@@ -47,8 +47,9 @@ def gemm_timing(cap: GemmCapture) -> str:
 
 def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
     """The SM clock the job's captured steps ran at against the microbenchmark's (NVML medians).
-    GEMM times scale with it: on the H200 a bench at the idle boost clock read 5-15% fast against
-    training (docs/results/h200.md), so a difference over 5% is called out."""
+    GEMM times scale with it, and a bench at the idle boost clock reads fast against training
+    (docs/results/h200.md, facts the code relies on: SM clock), so a difference over 5% is called
+    out."""
     job = cap.meta.get("clocks_during_capture")
     ran = bench.meta.get("clocks_during_run") if bench is not None else None
     if not job or not ran:
@@ -64,10 +65,9 @@ def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
 def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | None:
     """The share of GPU time the microbenchmark gave its GEMMs against this job's GEMM share of the
     step (``Report.gemm_share``: the report's baseline run, the figure its table shows). Under a
-    power limit it sets the clock: on the H200 the CodonFM-layer stack's GEMMs were 0.81 of a BF16 step and
-    0.63-0.68 of an FP8 one, and the default 0.75 put all 48 GEMMs within 5-8% of their in-job time,
-    where back-to-back GEMMs read 8-12% slow (docs/results/h200.md). Beyond 0.15 apart the
-    user is told how to bench at the job's own share."""
+    power limit it sets the clock: a duty near the job's share keeps the microbenchmark's GEMMs near
+    their in-job time, where back-to-back GEMMs read slow (docs/results/h200.md, facts the code
+    relies on: GEMM duty). Beyond 0.15 apart the user is told how to bench at the job's own share."""
     duty = bench.meta.get("gemm_duty") if bench is not None else None
     if duty is None or bench is None or bench.meta.get("backend") != "te" or not gemm_share:
         return None
@@ -83,8 +83,9 @@ def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | Non
 
 INSTRUMENT_WARN_PCT = 5.0  # instrumented steps this much slower than clean ones: a host-bound job
 GPU_BUSY_HOST_BOUND = 0.5  # kernels for less than this share of a clean step: the GPU waits on the host
-# A negative cost this close to zero is noise even where the clean steps agree closely (the H200
-# stack measured -0.15% for its event pairs and NVTX ranges: nothing, within noise).
+# A negative cost this close to zero is noise even where the clean steps agree closely: instruments
+# that cost nothing can read a little below zero (docs/results/h200.md, facts the code relies on:
+# instrument cost).
 NOISE_FLOOR_PCT = 2.0
 _COST_LABELS = (("instrumented", "instrumented steps"),
                 ("dispatch", "the shape-discovery step (torch dispatch mode)"),
@@ -142,7 +143,9 @@ def instrument_note(cap: GemmCapture) -> str | None:
         if f"{key}_pct" not in cost:
             continue
         ms, pct = cost[f"{key}_ms"], cost[f"{key}_pct"]
-        if pct >= 0:  # CUPTI's per-launch cost shows on the kernels steps of a host-bound job (+15-22% on the H200)
+        # CUPTI's per-launch cost shows on the kernels steps of a host-bound job (docs/results/h200.md,
+        # facts the code relies on: instrument cost).
+        if pct >= 0:
             parts.append(f"{label} {ms:.2f} ms ({pct:+.1f}%)")
         elif pct >= -noise:
             parts.append(f"{label} {ms:.2f} ms ({pct:+.1f}%, within noise: no measurable cost)")

@@ -10,9 +10,10 @@ range is pushed on the main thread, which waits for autograd's threads inside it
 here is over the same steps as the capture's: dispatch-mode steps left out where a step without
 that mode timed the GEMM too (:mod:`te_gemm_callback.capture.results`).
 
-Needs a report nsys could import (a ``.nsys-rep``): nsys runs its QdstrmImporter for that, which on
-the H200 host lacked ``libdw.so.1`` (elfutils); without it nsys keeps only the ``.qdstrm``
-("Unable to retrieve the importer version") and there is nothing to project.
+Needs a report nsys could import (a ``.nsys-rep``): nsys runs its QdstrmImporter for that, which
+loads elfutils' ``libdw.so.1``, not on every host (docs/results/h200.md, facts the code relies on:
+nsys importer); without it nsys keeps only the ``.qdstrm`` ("Unable to retrieve the importer
+version") and there is nothing to project.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ NSYS_SCHEMA = "te-gemm-nsys/1"  # te-gemm nsys --json
 
 
 def find_nsys(given: str | None = None) -> str | None:
-    """nsys from ``given``, PATH, or an Nsight Systems / Nsight Compute install under /opt (the
-    H200 host has it only inside Nsight Compute's)."""
+    """nsys from ``given``, PATH, or an Nsight Systems / Nsight Compute install under /opt (a host
+    may have it only inside Nsight Compute's: docs/results/h200.md, facts the code relies on: nsys
+    location)."""
     if given:
         return given
     return shutil.which("nsys") or next(iter(sorted(
@@ -58,7 +60,8 @@ def projection_rows(nsys: str, rep: Path) -> list[dict[str, str]]:
 
 
 def csv_path(rep: Path) -> Path:
-    """Where ``nsys stats -o PREFIX`` writes the rows (nsys 2025.3.1: PREFIX_nvtx_gpu_proj_trace.csv)."""
+    """Where ``nsys stats -o PREFIX`` writes the rows, PREFIX_nvtx_gpu_proj_trace.csv
+    (docs/results/h200.md, facts the code relies on: nsys names)."""
     return rep.with_suffix("").with_name(f"{rep.with_suffix('').name}_nvtx_gpu_proj_trace.csv")
 
 
@@ -138,8 +141,9 @@ def _column(row: dict[str, str], *words: str) -> str:
 
 def _ours(name: str) -> str | None:
     """A range name of ours without its domain, None for anyone else's (TE's own ``:nvte_*`` ranges,
-    the job's): nsys writes a domain's ranges as ``te_gemm:<name>`` (nsys 2025.3), and
-    torch.cuda.nvtx's (no domains) carry ``te_gemm: `` in the name itself."""
+    the job's): nsys writes a domain's ranges as ``te_gemm:<name>`` (docs/results/h200.md, facts the
+    code relies on: nsys names), and torch.cuda.nvtx's (no domains) carry ``te_gemm: `` in the name
+    itself."""
     return name[len(PREFIX):].lstrip() if name.startswith(PREFIX) else None
 
 

@@ -53,7 +53,8 @@ class StepTrace:
     the step's end (the next step's start); ``latency``: µs from a launch leaving the host to its
     kernel able to start on an idle GPU (the median measured where the stream was idle);
     ``kernel_gap``: µs between one kernel's end and the next one's start on a stream that has it
-    queued already (the GPU's own cost of starting a kernel, about 1-2 µs on Hopper)."""
+    queued already (the GPU's own cost of starting a kernel: docs/results/h200.md, facts the code
+    relies on: kernel gap)."""
 
     calls: list[Call]
     tail: float = 0.0

@@ -32,9 +32,9 @@ from te_gemm_callback.capture.kernels import classify_kernel
 NEAREST = {"MXFP8BlockScaling": "Float8BlockScaling", "NVFP4BlockScaling": "Float8BlockScaling"}
 MODULE_BAND = 0.5  # module differences at (1 - x) and (1 + x) for the band
 # A GEMM's time ratio between recipes inside a job against the microbenchmark's: the band takes
-# each cell's quartile ratio x (1 -+ this). Measured on the H200 (docs/results/h200.md, the
-# predicted column): FP8 GEMM kernels ran 2-9% faster against BF16 in the job than in the
-# microbenchmark, which runs them at another clock and power.
+# each cell's quartile ratio x (1 -+ this). FP8 GEMM kernels' ratio to BF16 differs between the job
+# and the microbenchmark, which runs them at another clock and power (docs/results/h200.md, facts
+# the code relies on: GEMM ratio band).
 GEMM_RATIO_BAND = 0.05
 CALIBRATE_BEYOND = 0.03  # the own replay's miss of the clean step that calibrates the host
 
@@ -87,9 +87,10 @@ def calibrate_host(trace: StepTrace, clean_ms: float | None) -> float:
     """The factor on the trace's host times that makes its replay the job's clean step, where the
     replay is bound by the host and misses that step by more than CALIBRATE_BEYOND either way: the
     profiler's callbacks ran in every host gap of the kernels step and no clean step had them, and
-    what they cost there is known only roughly (the recording taxes, measured apart, took 16 ms off
-    a host-bound step the profiler had lengthened by 4). Bisection over 0.2-2. 1 elsewhere: a step
-    the GPU bounds says nothing of its host time."""
+    what they cost there is known only roughly: the recording taxes, measured apart, can take far
+    more off a host-bound step than the profiler added to it (docs/results/h200.md, facts the code
+    relies on: recording taxes). Bisection over 0.2-2. 1 elsewhere: a step the GPU bounds says
+    nothing of its host time."""
     own = replay(trace)
     if not clean_ms or own.bound != "host" or abs(own.step_ms / clean_ms - 1) <= CALIBRATE_BEYOND:
         return 1.0
@@ -152,8 +153,9 @@ def module_host(cap: Any, costs: dict[str, Any] | None, base: str) -> dict[str, 
     time of the same modules in the job's recipe ``base``; None without the job's times.
 
     Reported, not used in the replay: the benchmark runs one module in a loop and its absolute
-    times are not the job's (docs/results: 1.3-1.7x), yet its differences between recipes gave
-    the sweep's step differences better than the job's times scaled by its ratios did."""
+    times are not the job's, yet its differences between recipes gave the sweep's step differences
+    better than the job's times scaled by its ratios did (docs/results/h200.md, facts the code relies
+    on: module host time)."""
     host = (getattr(cap, "meta", None) or {}).get("module_host_us") or {}
     if not costs or not host:
         return None

@@ -166,7 +166,8 @@ def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkIte
 
 def run_summary(res: BenchResults) -> str:
     """One line: how many cells, where, how long, and at what SM clock (the number a reader needs
-    to compare runs: at the power limit the clock, and with it every time, moves by up to 25%)."""
+    to compare runs: at the power limit the clock, and with it every time, moves; docs/results/h200.md,
+    facts the code relies on: SM clock)."""
     m = res.meta
     line = f"{len(res.results)} cells on {safe(m.get('device'))}, measured in {m.get('wall_s', 0):.1f} s"
     if len(m.get("visits_per_device") or []) > 1:
