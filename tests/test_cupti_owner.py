@@ -164,14 +164,16 @@ class Range:
         self.calls.append(("stop", self.prof._steps[-1].kind))
 
 
-def test_nsys_capture_brackets_the_profiled_steps_until_the_capture_is_built(no_owner):
+def test_nsys_capture_brackets_the_profiled_steps_until_the_capture_is_built(no_owner, monkeypatch):
     model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
     prof = GemmProfiler(model, kernel_profile=FakeKernels(), clock=clock, nsys_capture=True)
     prof._range_api = rng = Range()  # a CPU has no CUDA profiler API to call
     rng.prof = prof
     built = []
-    real_build = prof._build
-    prof._build = lambda: built.append(len(rng.calls)) or real_build()
+    import te_gemm_callback.capture.profiler as profiler
+
+    real_build = profiler.build_capture
+    monkeypatch.setattr(profiler, "build_capture", lambda p: built.append(len(rng.calls)) or real_build(p))
     run(prof, model, x, clock, n=6)
     # Started before the first step opened; stopped after the capture was built, never inside a
     # step: nsys's default range end stops the job at the Stop, so nothing may be left to compute.

@@ -392,7 +392,7 @@ def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
     stream was idle: the launch latency. None where the step has no host calls or no kernel ids."""
     if not step.calls or len(step.corrs) != len(step.kernels):
         return None
-    # The step boundaries are event records (stepping._boundary): the step's host time runs from
+    # The step boundaries are event records (GemmProfiler._boundary): the step's host time runs from
     # the first call to the last event record; after it come the session's stop and its sync.
     ends = [j for j, c in enumerate(step.calls) if c[0].startswith("cudaEventRecord")]
     calls = step.calls[:ends[-1] + 1] if ends else step.calls

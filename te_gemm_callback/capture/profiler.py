@@ -11,20 +11,33 @@ from typing import Any
 import torch
 from torch import nn
 
+from te_gemm_callback.capture.attach import Instruments
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.capture.clocks import ClockSampler
 from te_gemm_callback.capture.cupti import NONE, CuptiOwner, cupti_owner
 from te_gemm_callback.capture.graphs import EagerForwards, graphed_modules
 from te_gemm_callback.capture.guards import ForwardGuard
+from te_gemm_callback.capture.host_clock import ModuleHostClock
 from te_gemm_callback.capture.instruments import EventTimer, Nvtx
-from te_gemm_callback.capture.kernel_profile import KernelProfile
+from te_gemm_callback.capture.kernel_profile import KernelProfile, KernelStep
+from te_gemm_callback.capture.module_specs import TE_CLASSES
 from te_gemm_callback.capture.recorder import Recorder
-from te_gemm_callback.capture.results import CaptureResults
+from te_gemm_callback.capture.results import build_capture
 from te_gemm_callback.capture.scope import ModuleScope, is_te_module
-from te_gemm_callback.capture.steady import EagerCompiled, GraphCaptures, SteadyWait, compiled_modules
-from te_gemm_callback.capture.step_plan import StepPlan, count_arg
-from te_gemm_callback.capture.stepping import StepBoundaries, _check_micro_batches
+from te_gemm_callback.capture.steady import EagerCompiled, GraphCaptures, SteadyWait, activity, compiled_modules
+from te_gemm_callback.capture.step_plan import (
+    CLEAN,
+    COMPILE,
+    INSTRUMENTED,
+    KERNELS,
+    SETTLE,
+    WARMUP,
+    StepPlan,
+    count_arg,
+)
+from te_gemm_callback.capture.step_record import Boundary, StepRecord
 from te_gemm_callback.capture.te_adapter import TEInterceptor
+from te_gemm_callback.files.jsonio import MAX_INT
 from te_gemm_callback.precisions import warn_once
 
 log = logging.getLogger("te_gemm_callback")
@@ -35,7 +48,7 @@ def compiled(model: nn.Module) -> bool:
     return bool(compiled_modules(model))
 
 
-class GemmProfiler(CaptureResults, StepBoundaries):
+class GemmProfiler:
     """Record every GEMM a model runs: shapes, pass, precision, GPU time, owning module.
 
     Profiled steps follow a :class:`StepPlan` (docs/step-plan.md): instrumented steps (shapes,
@@ -167,11 +180,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self.reuse_owners = reuse_owners
         self.kernel_profile = kernel_profile or KernelProfile()
         self._clock = clock
-        self._mode = None  # the torch dispatch mode while it is on (stepping.py)
-        self._paused_mode = False
-        # None: nothing attached; "full": every module hooked; "te": the TE GEMM modules hooked;
-        # "order": no hooks, TE GEMM owners by launch order (LaunchOwners).
-        self._attached: str | None = None
+        self.instruments = Instruments(self.scope, self.recorder, self.te)
         self._reset()
         self._clock_reader = clock_reader
         self._clocks: ClockSampler | None = None
@@ -200,7 +209,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
                         and self._base_timing != "none":
                     # GEMMs outside TE modules are timed on dispatch steps only: where the first
                     # step found some, the step after the dispatch ones runs the dispatch mode too
-                    # (stepping.py), for two pairs rather than one; the settle slot keeps the light
+                    # (_dispatch_more), for two pairs rather than one; the settle slot keeps the light
                     # steps as many as before.
                     self._more_dispatch = 1
             if owner.timing == NONE:
@@ -208,28 +217,158 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self.recorder.timer.kind = self.recorder.timer.kind_for(self.timing != "none")
 
     def _reset(self) -> None:
-        self._steps = []  # one StepRecord per step: everything kept of it, dropped whole
+        self._steps: list[StepRecord] = []  # one per step opened, in step order: its index is its position
         self._order_off = False  # no TE owners by launch order: a compiled model, or a step did not match
         if self.te is not None:
             self.te.owners.reset()
         # Host ms to start the kernel-records session and to stop it (sync, records read).
-        self._session_ms = {}
-        self._eager = EagerForwards({})
-        self._eager_compiled = EagerCompiled({})
+        self._session_ms: dict[str, float] = {}
+        self.instruments.eager = EagerForwards({})
+        self.instruments.eager_compiled = EagerCompiled({})
         self._wait = SteadyWait(self.max_compile_steps)
         self.kernel_profile.error = None  # a new capture tries the kernel records again
         self._capture: GemmCapture | None = None
         self._started = False
         self._abandoned = False  # an exception went through the model's forward: nothing attached again
-        self.recorder.step = 0
-        self.recorder.raw.clear()
-        self.recorder.events.clear()
-        self.recorder.sequences.clear()
-        self.recorder.kernel_counts.clear()
-        self.recorder.dropped.clear()
-        self.recorder.below_floor = 0
-        self.recorder.timer.leads.clear()
-        self.recorder.timer.devices.clear()
+        self.recorder.reset()
+
+    # --- step boundaries: what each step opens with (its instruments, by its kind in the plan)
+    # and closes with (its times, the kernel records' session) -----------------------------------
+    def _boundary(self) -> Boundary:
+        ev = None
+        if self.recorder.timer.cuda:  # one event per step boundary: nothing per GEMM
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+        return self._clock(), ev
+
+    def _open_step(self) -> None:
+        i = self.recorder.step
+        kind = self._plan_kind(i)
+        j = i - self._wait.lead  # index in the plan (negative for a compile step)
+        # Event pairs where no kernel records will time the GEMMs, and on the first step (already
+        # the costly shape-discovery one) as a fallback should the kernels step not come or not
+        # join: elsewhere the pair and its record calls would be most of the per-GEMM host cost.
+        timed = self.timing == "events" or (self.timing == "auto" and self.plan.kernels == 0)
+        self.recorder.timer.enabled = timed or (self.timing == "auto" and j == 0)
+        # The gate (or spin) ahead of each start event (EventTimer) only where the pairs give the
+        # GEMM times: a fallback pair costs the job no GPU time. Built here, before the boundary and
+        # before the dispatch mode: its first build compiles a kernel.
+        self.recorder.timer.lead = timed
+        if timed and not self.recorder.timer.gates and not self._abandoned:  # once: the model's devices
+            self.recorder.timer.prepare({p.device.index for p in self.model.parameters() if p.is_cuda})
+        dispatched = False
+        if kind == INSTRUMENTED and self.recorder.error is None:
+            dispatch = "torch" in self.adapters and (self.plan.dispatches(j) or self._dispatch_more(j))
+            by_order = False
+            if self.te is not None:
+                self.te.owners.begin_step(by_order=self.reuse_owners and not dispatch and not self._order_off)
+                by_order = self.te.owners.by_order
+            self.instruments.attach("full" if dispatch or self.te is None else "order" if by_order else "te")
+            if dispatch and self.instruments.mode is None:
+                self.instruments.enter_mode()
+            elif not dispatch:
+                self.instruments.exit_mode()
+            if self.instruments.mode is not None:
+                self.instruments.mode.forward_shapes.clear()
+                dispatched = True
+        else:
+            self._detach(keep_kernels=True)
+            if kind in (SETTLE, CLEAN) and self._clocks is not None and self._clocks.running:
+                # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
+                self._clocks.__exit__(None, None, None)
+        host_clock = self._host_clock() if kind == SETTLE else None
+        if self._sample_clocks and self._clocks is None and not self._abandoned and (
+                kind in (WARMUP, KERNELS) or (kind == INSTRUMENTED and self.plan.kernels == 0)):
+            # Before the boundary: not the step's time.
+            self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
+        if kind in (WARMUP, KERNELS):  # started before the boundary: not the step's time
+            if not self.kernel_profile.running and self.kernel_profile.error is None and not self._abandoned:
+                t0 = self._clock()
+                self.kernel_profile.start()
+                self._session_ms["start"] = (self._clock() - t0) * 1e3
+        if kind == KERNELS:
+            self.kernel_profile.mark()
+        rec = StepRecord(kind, dispatch=dispatched, host_clock=host_clock)
+        self._steps.append(rec)  # step_kind reads it from here on; the boundary comes last
+        rec.seq_open = self.scope._current_seq()
+        self.recorder.nvtx.push(f"step {i} ({kind})")
+        rec.at_open = activity()  # dynamo's counters: a few dict reads, outside the step's time
+        rec.start = self._boundary()
+
+    def _close_step(self, micro_batches: int, last: bool = True, ran: bool = True) -> None:
+        rec = self._steps[-1]
+        rec.end = self._boundary()
+        if rec.host_clock is not None:
+            rec.module_host_us = rec.host_clock.detach()
+            rec.host_clock = None
+        now = activity()
+        rec.moved = (now[0] - rec.at_open[0], now[1] - rec.at_open[1])
+        rec.micro_batches = micro_batches
+        self.recorder.nvtx.pop()
+        i = self.recorder.step
+        if rec.kind == COMPILE and ran:
+            # The plan starts after the first compile step with no compilation and no graph capture.
+            self._wait.close(i, any(rec.moved))
+        if ran and self.te is not None and self.instruments.attached == "order":
+            if self.te.owners.complete():
+                rec.by_order = True
+            else:  # another call order or other shapes: this step's owners are unknown
+                rec.order_failed = True
+                self._order_off = True
+                log.warning("te-gemm: step %d's TE GEMMs did not follow the first instrumented step's order: "
+                            "they are left out, and later instrumented steps are hooked again", i)
+        # One kernel-records session over the warm-up and kernels steps; it ends (with a sync)
+        # after the last kernels step, or with the capture.
+        if self.kernel_profile.running and (last or self._plan_kind(i + 1) not in (WARMUP, KERNELS)):
+            t0 = self._clock()
+            steps = self.kernel_profile.stop()  # synchronizes: after the step's end boundary
+            # Outside every step's boundaries, yet the job waits for it: the report says so.
+            self._session_ms["stop"] = (self._clock() - t0) * 1e3
+            sync = getattr(self.kernel_profile, "sync_ms", None)
+            if sync is not None:
+                self._session_ms["stop_sync"] = sync
+            ids = self._step_ids(lambda s: s.kind == KERNELS)
+            if steps is not None and len(steps) == len(ids):
+                for j, ks in zip(ids, steps):
+                    self._steps[j].kernels = ks
+
+    def _host_clock(self) -> ModuleHostClock | None:
+        """The first settle step's clock of each TE module's host time (host_clock.py); none for a
+        compiled model (hooks would make dynamo compile again), or once one step has it."""
+        if self._abandoned or compiled_modules(self.model) or \
+                any(s.module_host_us is not None or s.host_clock is not None for s in self._steps):
+            return None
+        mods = {n: m for n, m in self.model.named_modules() if type(m).__name__ in TE_CLASSES and is_te_module(m)}
+        if not mods:
+            return None
+        clock = ModuleHostClock(mods, self._clock)
+        clock.attach()
+        return clock
+
+    def _dispatch_more(self, j: int) -> bool:
+        """An instrumented step past the plan's dispatch steps that runs the dispatch mode anyway:
+        under a profiler that owns CUPTI, where the dispatch steps recorded GEMMs the TE adapter
+        does not see (a plain nn.Linear lm_head), whose only times are those steps' pairs."""
+        if not self._more_dispatch or not isinstance(self.plan.dispatch, int) or \
+                not self.plan.dispatch <= j < self.plan.dispatch + self._more_dispatch:
+            return False
+        return any(r[1] is not None and r[1].source == "torch" for r in self.recorder.raw)
+
+    def _plan_kind(self, i: int) -> str:
+        return COMPILE if self._wait.waiting else self.plan.kind(i - self._wait.lead)
+
+    def _detach(self, keep_kernels: bool = False) -> None:
+        self.instruments.detach()
+        if not keep_kernels:  # a session across the warm-up and kernels steps stays open
+            self.kernel_profile.discard()
+
+    def _step_ids(self, test: Callable[[StepRecord], bool]) -> list[int]:
+        """Indices of the steps whose record passes ``test``."""
+        return [i for i, s in enumerate(self._steps) if test(s)]
+
+    def _kernel_steps(self) -> dict[int, KernelStep]:
+        """The kernels steps' records, by step index."""
+        return {i: s.kernels for i, s in enumerate(self._steps) if s.kernels is not None}
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> GemmProfiler:
@@ -244,13 +383,13 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         self.scope.ran.clear()
         self.scope.weights_used.clear()
         # CUDA graphs made after the profiler was built count too: looked up at each start.
-        self._eager = EagerForwards(graphed_modules(self.model))
+        self.instruments.eager = EagerForwards(graphed_modules(self.model))
         # Likewise compiled modules: the instrumented steps run their eager forward (steady.py: a
         # compiled frame entered under the dispatch mode can stay eager for good).
-        self._eager_compiled = EagerCompiled(compiled_modules(self.model))
+        self.instruments.eager_compiled = EagerCompiled(compiled_modules(self.model))
         # Compile steps first, until dynamo is done with the model: none of its compile time may
         # land in a timed step, and the plan's steps then run the code the job will keep running.
-        self._wait.waiting = bool(self._eager_compiled.modules)
+        self._wait.waiting = bool(self.instruments.eager_compiled.modules)
         GraphCaptures.install()
         self._held = True
         # The one thing on the model for the whole window, clean steps included (a try/except frame
@@ -311,7 +450,7 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         if any(b is not None and b[1] is not None for s in self._steps for b in (s.start, s.end)):
             torch.cuda.synchronize()  # the last boundary event must complete; after every step
         self.recorder.resolve()
-        self._capture = self._build()
+        self._capture = build_capture(self)
         if self.nsys_capture != "held":
             self.end_nsys_range()
         return self._capture
@@ -354,20 +493,12 @@ class GemmProfiler(CaptureResults, StepBoundaries):
 
     def pause(self) -> None:
         """Stop recording without detaching (between training batches: validation, logging)."""
-        if self._started and self.recorder.error is None and self._attached is not None:
-            self.recorder.active = False
-            self.scope.enabled = False
-            if self._mode is not None:
-                self._exit_mode()
-                self._paused_mode = True
+        if self._started:
+            self.instruments.pause()
 
     def resume(self) -> None:
-        if self._started and self.recorder.error is None and self._attached is not None:
-            self.scope.enabled = True
-            self.recorder.active = True
-            if self._paused_mode:
-                self._paused_mode = False
-                self._enter_mode()
+        if self._started:
+            self.instruments.resume()
 
     def __enter__(self) -> GemmProfiler:
         return self.start()
@@ -403,3 +534,10 @@ class GemmProfiler(CaptureResults, StepBoundaries):
         if not self._started or self._wait.waiting:
             return None
         return self.recorder.step - self._wait.lead
+
+
+def _check_micro_batches(v: Any) -> None:
+    """Refuse a count the capture could not save or load back (0 divided at save; 1.5, True and
+    10**30 were saved, then refused by GemmCapture.load)."""
+    if type(v) is not int or not 1 <= v <= MAX_INT:
+        raise ValueError(f"micro_batches must be a whole number >= 1 (the micro-batches of the step), got {v!r}")

@@ -49,6 +49,14 @@ class Recorder:
 
     in_backward = staticmethod(in_backward)
 
+    def reset(self) -> None:
+        """Empty for a new capture: its calls, events and the timer's leads and devices."""
+        self.step = 0
+        for kept in (self.raw, self.events, self.sequences, self.kernel_counts, self.dropped,
+                     self.timer.leads, self.timer.devices):
+            kept.clear()
+        self.below_floor = 0
+
     def site(self, **fields: Any) -> GemmSite:
         """The static description of a GEMM call site, built once per distinct site."""
         key = tuple(fields.values())

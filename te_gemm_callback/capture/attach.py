@@ -1,0 +1,91 @@
+"""What a :class:`~te_gemm_callback.GemmProfiler` puts on the model for a step and takes off again
+(:class:`Instruments`): module hooks, TE's GEMM interception, the torch dispatch mode, and eager
+forwards for graphed and compiled modules."""
+
+from __future__ import annotations
+
+from te_gemm_callback.capture.graphs import EagerForwards
+from te_gemm_callback.capture.recorder import Recorder
+from te_gemm_callback.capture.scope import ModuleScope
+from te_gemm_callback.capture.steady import EagerCompiled
+from te_gemm_callback.capture.te_adapter import TEInterceptor
+from te_gemm_callback.capture.torch_adapter import GemmDispatchMode
+
+
+class Instruments:
+    """The instruments of one profiler, attached in one of three modes (:meth:`attach`)."""
+
+    def __init__(self, scope: ModuleScope, recorder: Recorder, te: TEInterceptor | None) -> None:
+        self.scope, self.recorder, self.te = scope, recorder, te
+        # None: nothing attached; "full": every module hooked; "te": the TE GEMM modules hooked;
+        # "order": no hooks, TE GEMM owners by launch order (LaunchOwners).
+        self.attached: str | None = None
+        self.mode: GemmDispatchMode | None = None  # the torch dispatch mode while it is on
+        self.paused_mode = False  # the dispatch mode was on when the job paused (pause/resume)
+        self.eager = EagerForwards({})  # graphed modules: their eager forward on instrumented steps
+        self.eager_compiled = EagerCompiled({})  # likewise compiled ones
+
+    def attach(self, mode: str) -> None:
+        """Hooks, TE interception. "full": hook every module (the dispatch mode attributes aten
+        GEMMs of any module); "te": only the TE modules that own GEMMs, which is all the TE adapter
+        needs and keeps the per-module cost off every other module; "order": no hooks at all, the
+        TE adapter takes owners from an earlier hooked step by launch order."""
+        if self.attached is not None and self.attached != mode:
+            self.scope.detach()
+            self.attached = None
+        # Graph replays run no Python of the module, compiled code runs none of our hooks, and a
+        # compiled frame must never meet the dispatch mode: instrumented steps run eager forwards.
+        self.eager.enter()
+        self.eager_compiled.enter()
+        if self.attached is None:
+            if mode != "order":
+                self.scope.attach(None if mode == "full" else self.scope.te_gemm_set)
+            self.attached = mode
+            if self.te is not None and not self.te.installed:
+                try:
+                    self.te.install()
+                except Exception:
+                    self.scope.detach()
+                    self.attached = None
+                    raise
+        if self.recorder.error is None:
+            self.recorder.active = True
+            self.scope.enabled = True
+
+    def detach(self) -> None:
+        self.recorder.active = False
+        self.eager.exit()
+        self.eager_compiled.exit()
+        self.exit_mode()
+        self.paused_mode = False
+        if self.te is not None:
+            self.te.uninstall()
+        if self.attached is not None:
+            self.scope.detach()
+            self.attached = None
+
+    def enter_mode(self) -> None:
+        self.mode = GemmDispatchMode(self.recorder)
+        self.mode.__enter__()
+
+    def exit_mode(self) -> None:
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+            self.mode = None
+
+    def pause(self) -> None:
+        """Stop recording without detaching (between training batches: validation, logging)."""
+        if self.recorder.error is None and self.attached is not None:
+            self.recorder.active = False
+            self.scope.enabled = False
+            if self.mode is not None:
+                self.exit_mode()
+                self.paused_mode = True
+
+    def resume(self) -> None:
+        if self.recorder.error is None and self.attached is not None:
+            self.scope.enabled = True
+            self.recorder.active = True
+            if self.paused_mode:
+                self.paused_mode = False
+                self.enter_mode()
