@@ -28,6 +28,14 @@ def option(default: Any, doc: str, check: Check | None = None, *, kw: str | None
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "kw": kw, "to": to})
 
 
+def same_as(config: type, name: str, **overrides: Any) -> Any:
+    """Another config's field ``name`` as a field of this one (its default, doc and check), with
+    ``overrides`` of :func:`option`'s keywords (``to``, ``kw``): one definition for an option two
+    configs take."""
+    f = {f.name: f for f in dataclasses.fields(config)}[name]
+    return dataclasses.field(default=f.default, metadata={**f.metadata, **overrides})
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """A stage's options as a frozen dataclass of :func:`option` fields, each checked when it is

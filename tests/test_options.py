@@ -86,3 +86,26 @@ def test_each_field_reaches_what_uses_it(tmp_path, monkeypatch):
     sched.capture = None
     sched._run_sweep(JobStep(sweep=lambda: SweepJob(model, lambda: model(torch.randn(2, 8)).sum())))
     assert seen["config"] == sched.sweep_config and seen["nvtx"] is False
+
+
+def test_the_profiler_takes_its_configs_fields_and_the_schedule_shares_them():
+    from te_gemm_callback import GemmProfiler
+    from te_gemm_callback.capture.config import ProfilerConfig
+
+    fields = [f.name for f in dataclasses.fields(ProfilerConfig)]
+    assert list(inspect.signature(GemmProfiler).parameters) == ["model", "config", *fields]
+    for name in fields:
+        assert f"        {name}: " in GemmProfiler.__doc__
+    # The schedule's profiler options are the profiler's fields: one default, doc and check.
+    for name in ("adapters", "dispatch_steps", "nvtx"):
+        mine = {f.name: f for f in dataclasses.fields(CaptureConfig)}[name]
+        theirs = {f.name: f for f in dataclasses.fields(ProfilerConfig)}[name]
+        assert mine.default == theirs.default and mine.metadata["doc"] == theirs.metadata["doc"]
+        assert mine.metadata["check"] is theirs.metadata["check"] and mine.metadata["to"] == "profiler"
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'kernel_step'"):
+        GemmProfiler(model, kernel_step=1)
+    with pytest.raises(ValueError, match="^timing must be 'auto', 'events' or 'none', got 'fast'$"):
+        GemmProfiler(model, timing="fast")
+    prof = GemmProfiler(model, ProfilerConfig(timing=False, instrumented_steps=2))
+    assert prof.timing == "none" and prof.plan.instrumented == 2

@@ -1,13 +1,16 @@
-"""The capture's options (:class:`CaptureConfig`): the window over the job's optimizer steps and
-the instruments, each defined once (:mod:`te_gemm_callback.options`)."""
+"""The capture's options, each defined once (:mod:`te_gemm_callback.options`): the profiler's
+(:class:`ProfilerConfig`: the step plan, the instruments, the time sources) and the schedule's
+(:class:`CaptureConfig`: the window over the job's optimizer steps; the profiler options it hands on
+are the profiler's own fields)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from te_gemm_callback.options import Options, integer, option, switch
+from te_gemm_callback.options import Options, function_or_none, integer, one_of, option, same_as, switch
 
 
 def _adapters(v: Any, name: str) -> tuple[str, ...]:
@@ -26,6 +29,78 @@ def _nvtx(v: Any, name: str) -> Any:
     return v
 
 
+def _count_or_all(v: Any, name: str) -> Any:
+    if v == "all":
+        return v
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name} must be all or a non-negative integer, got {v!r}")
+    return v
+
+
+def _count_or_none(v: Any, name: str) -> Any:
+    return v if v is None else integer(0)(v, name)
+
+
+def _timing(v: Any, name: str) -> str:
+    v = {True: "auto", False: "none"}.get(v, v) if isinstance(v, bool) else v
+    if v not in ("auto", "events", "none"):
+        raise ValueError(f"{name} must be 'auto', 'events' or 'none', got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class ProfilerConfig(Options):
+    """How a :class:`~te_gemm_callback.GemmProfiler` profiles its steps."""
+
+    adapters: Sequence[str] = option(("te", "torch"), "'te' (intercept TE's general_gemm), 'torch' (aten "
+                                                      "dispatch), or both.", _adapters)
+    instrumented_steps: int | Literal["all"] = option(
+        1, "how many steps run instrumented ('all': every step, no clean one).", _count_or_all)
+    kernel_steps: int | None = option(None, "steps with kernel records after them; default 1 on a CUDA host, else 0.",
+                                      _count_or_none)
+    kernel_warmup_steps: int = option(1, "steps before them with the records already running, not kept: the GPU "
+                                         "then runs the kernels steps as it runs the job's other steps, not right "
+                                         "after an idle gap while CUPTI starts, when its clock is higher.", integer(0))
+    settle_steps: int = option(1, "steps after the kernels steps, nothing attached and not timed: the session's stop "
+                                  "synchronizes, and the step after it starts with the GPU's queue empty, its GPU span "
+                                  "longer by the lead the host had (docs/step-plan.md, settle).", integer(0))
+    dispatch_steps: int | Literal["all"] | None = option(
+        None, "instrumented steps on which the torch dispatch mode runs (it costs Python time on every aten op): "
+              "'all', or the first N. Default: all instrumented steps for plain torch models, the first for models "
+              "with TE modules.", _dispatch_steps)
+    reuse_owners: bool = option(True, "instrumented steps after the first hooked one run without module hooks: each "
+                                      "TE GEMM takes its owner from the hooked step's call at the same launch "
+                                      "position, the call's layout and operand shapes checked (a step that does not "
+                                      "match is left out, and hooks come back). The hooks were the largest part of "
+                                      "an instrumented step's host cost (benchmarks/instrument_cost.py parts).",
+                                switch)
+    nvtx: bool | str = option("auto", "an NVTX range per GEMM (domain te_gemm) and per step: True, False, or 'auto': "
+                                      "only when an NVTX tool is listening (nsys profile sets NVTX_INJECTION64_PATH), "
+                                      "with nsys_capture, or with an nvtx_backend.", _nvtx)
+    timing: bool | str = option("auto", "per-GEMM time source. 'auto' (True): kernel records where kernel steps run, "
+                                        "else CUDA-event pairs on the instrumented steps (host clock on a CPU); "
+                                        "'events': event pairs on the instrumented steps as well; 'none' (False): no "
+                                        "per-GEMM time.", _timing)
+    nsys_capture: bool | str = option(False, "cudaProfilerStart at the first profiled step, cudaProfilerStop once the "
+                                             "capture is built (at the end of stop()), so that nsys profile -c "
+                                             "cudaProfilerApi records the profiled steps and nothing else "
+                                             "(docs/nsight-systems.md). 'held': the caller ends the range with "
+                                             "end_nsys_range() (the callbacks do, once the capture file is written: "
+                                             "nsys's default --capture-range-end=stop-shutdown ends the job there).",
+                                      one_of(True, False, "held"))
+    nvtx_backend: Any = option(None, "what opens and closes NVTX ranges (default: the nvtx package).")
+    clock_reader: Callable[[], tuple[float, float]] | None = option(
+        None, "reads (SM clock MHz, board power W) on a background thread over the steps whose GEMM times the "
+              "capture reports (default: NVML on a CUDA host, nothing elsewhere); the summary goes to "
+              "meta['clocks_during_capture'], so a report can set the job's clock against the microbenchmark's.",
+        function_or_none("a function returning (SM clock MHz, power W)"))
+    max_compile_steps: int = option(10, "the most compile steps a compiled model runs before the plan; should dynamo "
+                                        "still compile then, the plan runs anyway and the capture says steady state "
+                                        "was not reached.", integer(0))
+    kernel_profile: Any = option(None, "a stand-in for the kernel recorder (tests: kernel steps without CUDA).")
+    clock: Callable[[], float] = option(time.perf_counter, "a stand-in for the host clock (tests).")
+
+
 @dataclass(frozen=True)
 class CaptureConfig(Options):
     """Which optimizer steps are captured, and how (:class:`~te_gemm_callback.schedule.GemmSchedule`)."""
@@ -37,15 +112,10 @@ class CaptureConfig(Options):
     instrumented_steps: int = option(1, "how many of the active steps run instrumented (shapes, owners, "
                                         "precisions); the others follow the step plan (docs/step-plan.md).",
                                      integer(1))
-    adapters: Sequence[str] = option(("te", "torch"), "'te' (TE's general_gemm), 'torch' (aten dispatch), or "
-                                                      "both (:class:`~te_gemm_callback.GemmProfiler`).",
-                                     _adapters, to="profiler")
-    dispatch_steps: int | str | None = option(
-        None, "instrumented steps on which the torch dispatch mode runs: 'all' or the first N (default: all for "
-              "plain torch models, the first for models with TE modules).", _dispatch_steps, to="profiler")
-    nvtx: bool | str = option("auto", "NVTX range per GEMM and per step (domain te_gemm): True, False, or 'auto' "
-                                      "(only when an NVTX tool such as nsys profile is listening).",
-                              _nvtx, to="profiler")
+    # The profiler's own options, handed to it by name: one definition, there.
+    adapters: Sequence[str] = same_as(ProfilerConfig, "adapters", to="profiler")
+    dispatch_steps: int | Literal["all"] | None = same_as(ProfilerConfig, "dispatch_steps", to="profiler")
+    nvtx: bool | str = same_as(ProfilerConfig, "nvtx", to="profiler")
     nsys_capture: bool = option(False, "cudaProfilerStart at the first active step, cudaProfilerStop once the "
                                        "capture file is written; run the job under nsys profile -t cuda,nvtx -c "
                                        "cudaProfilerApi --capture-range-end=stop -s none (nsys's default range "

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from te_gemm_callback.capture.attach import Instruments
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.capture.clocks import ClockSampler
+from te_gemm_callback.capture.config import ProfilerConfig
 from te_gemm_callback.capture.cupti import NONE, CuptiOwner, cupti_owner
 from te_gemm_callback.capture.graphs import EagerForwards, graphed_modules
 from te_gemm_callback.capture.guards import ForwardGuard
@@ -33,7 +35,6 @@ from te_gemm_callback.capture.step_plan import (
     SETTLE,
     WARMUP,
     StepPlan,
-    count_arg,
 )
 from te_gemm_callback.capture.step_record import Boundary, StepRecord
 from te_gemm_callback.capture.te_adapter import TEInterceptor
@@ -71,52 +72,15 @@ class GemmProfiler:
     capture off and takes hooks, dispatch mode and kernel records off at once (:mod:`.guards`), and
     a ``deepcopy`` or pickle of the model carries no live hook of ours.
 
-    Args:
-        model: the module to profile (after any precision plugin has swapped in TE layers).
-        adapters: "te" (intercept TE's general_gemm), "torch" (aten dispatch), or both.
-        instrumented_steps: how many steps run instrumented (``"all"``: every step, no clean one).
-        kernel_steps: steps with kernel records after them; default 1 on a CUDA host, else 0.
-        kernel_warmup_steps: steps before them with the records already running, not kept
-            (default 1): the GPU then runs the kernels steps as it runs the job's other steps, not
-            right after an idle gap while CUPTI starts, when its clock is higher.
-        settle_steps: steps after the kernels steps, nothing attached and not timed (default 1):
-            the session's stop synchronizes, and the step after it starts with the GPU's queue
-            empty, its GPU span longer by the lead the host had (docs/step-plan.md, settle).
-        reuse_owners: instrumented steps after the first hooked one run without module hooks: each
-            TE GEMM takes its owner from the hooked step's call at the same launch position, the
-            call's layout and operand shapes checked (a step that does not match is left out, and
-            hooks come back). The hooks were the largest part of an instrumented step's host cost
-            (benchmarks/instrument_cost.py parts).
-        dispatch_steps: instrumented steps on which the torch dispatch mode runs (it costs Python
-            time on every aten op): "all", or the first N. Default: all instrumented steps for plain
-            torch models, the first for models with TE modules.
-        nvtx: an NVTX range per GEMM (domain ``te_gemm``) and per step: True, False, or "auto"
-            (default): only when an NVTX tool is listening (``nsys profile`` sets
-            ``NVTX_INJECTION64_PATH``), with ``nsys_capture``, or with an ``nvtx_backend``.
-        timing: per-GEMM time source. "auto" (True): kernel records where kernel steps run, else
-            CUDA-event pairs on the instrumented steps (host clock on a CPU); "events": event pairs
-            on the instrumented steps as well; "none" (False): no per-GEMM time.
-        nsys_capture: cudaProfilerStart at the first profiled step, cudaProfilerStop once the capture
-            is built (at the end of :meth:`stop`), so that ``nsys profile -c cudaProfilerApi``
-            records the profiled steps and nothing else (docs/nsight-systems.md). ``"held"``: the
-            caller ends the range with :meth:`end_nsys_range` (the callbacks do, once the capture
-            file is written: nsys's default ``--capture-range-end=stop-shutdown`` ends the job there).
+    Its options are :class:`~te_gemm_callback.capture.config.ProfilerConfig`'s fields (as keywords,
+    or one ``config``), each defined and checked there; they are listed below. ``model`` is the
+    module to profile (after any precision plugin has swapped in TE layers).
 
     Under a profiler that owns CUPTI's kernel records (Nsight Systems, another CUPTI injection, a
     torch.profiler session of the job's own: :mod:`.cupti`) the kernels and settle steps run
     instrumented and CUDA events time each GEMM, each behind a GPU gate (:mod:`.gate`); under
     Nsight Compute nothing is timed. One line says which profiler it is; ``meta["cupti_owner"]``
     keeps it, ``meta["event_pairs"]`` what led the pairs, their floor and the pairs dropped.
-        clock_reader: reads (SM clock MHz, board power W) on a background thread over the steps
-            whose GEMM times the capture reports (the kernels steps; the instrumented steps where no
-            kernels step runs) (default: NVML on a CUDA host, nothing elsewhere); the summary goes to
-            ``meta["clocks_during_capture"]``, so a report can set the job's clock against the
-            microbenchmark's (GEMM times scale with it).
-        max_compile_steps: the most compile steps a compiled model runs before the plan (default
-            10); should dynamo still compile then, the plan runs anyway and the capture says steady
-            state was not reached.
-        kernel_profile, clock: stand-ins for the kernel recorder and the host clock (tests: kernel
-            steps then run without CUDA).
 
     Example:
         >>> with GemmProfiler(model) as prof:          # doctest: +SKIP
@@ -125,20 +89,16 @@ class GemmProfiler:
         >>> prof.capture.save("gemm_capture.json")     # doctest: +SKIP
     """
 
-    def __init__(self, model: nn.Module, *, adapters: Sequence[str] = ("te", "torch"),
-                 instrumented_steps: int | str = 1, kernel_steps: int | None = None, kernel_warmup_steps: int = 1,
-                 settle_steps: int = 1, dispatch_steps: int | str | None = None, reuse_owners: bool = True,
-                 nvtx: bool | str = "auto", timing: bool | str = "auto",
-                 nsys_capture: bool = False, nvtx_backend: Any = None,
-                 clock_reader: Callable[[], tuple[float, float]] | None = None, max_compile_steps: int = 10,
-                 kernel_profile: KernelProfile | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, model: nn.Module, config: ProfilerConfig | None = None, **options: Any) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"GemmProfiler needs a torch.nn.Module, got {type(model).__name__}")
-        if isinstance(adapters, str) or not adapters or set(adapters) - {"te", "torch"}:
-            raise ValueError(f"adapters must be a list of 'te' and/or 'torch', got {adapters!r}")
-        timing = {True: "auto", False: "none"}.get(timing, timing)  # type: ignore[arg-type]
-        if timing not in ("auto", "events", "none"):
-            raise ValueError(f"timing must be 'auto', 'events' or 'none', got {timing!r}")
+        if config is not None and options:
+            raise TypeError("GemmProfiler takes its options either as config or as keywords, not both")
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ProfilerConfig)})
+        if unknown:
+            raise TypeError(f"GemmProfiler got an unexpected keyword argument {unknown[0]!r}")
+        self.config = c = config or ProfilerConfig(**options)
+        timing, dispatch_steps, kernel_steps, nsys_capture = c.timing, c.dispatch_steps, c.kernel_steps, c.nsys_capture
         # A model on the meta device runs nothing: its GEMMs have shapes but no time (host-clock pairs
         # would time the dispatch alone, and the capture called it a CPU job). Said once, not timed.
         self.on_meta = next((p.is_meta for p in model.parameters()), False)
@@ -147,22 +107,20 @@ class GemmProfiler:
                       "the capture holds its GEMMs' shapes only", log)
             timing = "none"
         self.model = model
-        self.adapters = tuple(adapters)
+        self.adapters = tuple(c.adapters)
         has_te = any(is_te_module(m) for m in model.modules())
         if dispatch_steps is None:
             dispatch_steps = 1 if has_te else "all"
         # Kernel records need the model's kernels on a GPU: a CPU model on a GPU host has none.
         on_gpu = torch.cuda.is_available() and next((p.is_cuda for p in model.parameters()), True)
-        cuda = on_gpu or kernel_profile is not None
+        cuda = on_gpu or c.kernel_profile is not None
         if kernel_steps is None:
             kernel_steps = 1 if cuda and timing != "none" else 0
-        self._base_plan = StepPlan(instrumented=count_arg("instrumented_steps", instrumented_steps, True),
-                                   kernels=count_arg("kernel_steps", kernel_steps) if cuda else 0,
-                                   dispatch=count_arg("dispatch_steps", dispatch_steps, True),
-                                   kernels_warmup=count_arg("kernel_warmup_steps", kernel_warmup_steps),
-                                   settle=count_arg("settle_steps", settle_steps))
+        self._base_plan = StepPlan(instrumented=c.instrumented_steps, kernels=kernel_steps if cuda else 0,
+                                   dispatch=dispatch_steps, kernels_warmup=c.kernel_warmup_steps,
+                                   settle=c.settle_steps)
         self.plan = self._base_plan
-        self.max_compile_steps = max(count_arg("max_compile_steps", max_compile_steps), 1)
+        self.max_compile_steps = max(c.max_compile_steps, 1)
         if self.plan.instrumented == 0 and self.plan.kernels == 0:
             log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
         self.nsys_capture = nsys_capture
@@ -170,19 +128,19 @@ class GemmProfiler:
         self._range_api: Any = torch.cuda.profiler if nsys_capture and torch.cuda.is_available() else None
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
         self.timing = self._base_timing = timing
-        nvtx_on = True if nvtx == "auto" and nsys_capture else nvtx  # under nsys: a tool will listen
-        self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(nvtx_on, nvtx_backend))
+        nvtx_on = True if c.nvtx == "auto" and nsys_capture else c.nvtx  # under nsys: a tool will listen
+        self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(nvtx_on, c.nvtx_backend))
         # Only GPU kernels can be lost to another profiler (a CPU model on a GPU host has none).
         self._cuda = cuda
         self.cupti: CuptiOwner | None = None
         self._follow_cupti()
         self.te = TEInterceptor(self.recorder) if "te" in self.adapters else None
-        self.reuse_owners = reuse_owners
-        self.kernel_profile = kernel_profile or KernelProfile()
-        self._clock = clock
+        self.reuse_owners = c.reuse_owners
+        self.kernel_profile = c.kernel_profile or KernelProfile()
+        self._clock = c.clock
         self.instruments = Instruments(self.scope, self.recorder, self.te)
         self._reset()
-        self._clock_reader = clock_reader
+        self._clock_reader = c.clock_reader
         self._clocks: ClockSampler | None = None
         self._sample_clocks = False
         self._guard: ForwardGuard | None = None
@@ -541,3 +499,13 @@ def _check_micro_batches(v: Any) -> None:
     10**30 were saved, then refused by GemmCapture.load)."""
     if type(v) is not int or not 1 <= v <= MAX_INT:
         raise ValueError(f"micro_batches must be a whole number >= 1 (the micro-batches of the step), got {v!r}")
+
+
+GemmProfiler.__doc__ = (GemmProfiler.__doc__ or "").replace(
+    "    Example:", "    Args:\n" + ProfilerConfig.doc() + "\n\n    Example:", 1)
+# help() and IDEs show the options by name, from the config's fields.
+GemmProfiler.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("self", "model")]
+    + [inspect.Parameter("config", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
+    + [inspect.Parameter(kw, inspect.Parameter.KEYWORD_ONLY, default=d) for kw, d in ProfilerConfig.defaults().items()],
+    return_annotation=None)
