@@ -389,11 +389,6 @@ def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str 
     return write_bytes_atomic(path, text.encode(), kind, root)
 
 
-def check_replaceable(path: Path, schema: str) -> None:
-    """Raise ValueError unless ``path`` is absent or already holds a JSON file of ``schema``."""
-    check_target(path, json_kind(schema))
-
-
 def write_text(path: str | Path, text: str, kind_check: KindCheck | None = None) -> Path:
     """Write a text file atomically; an existing file only if ``kind_check`` accepts it; ``-``:
     standard output."""
