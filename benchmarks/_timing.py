@@ -87,13 +87,13 @@ def hostbound_job(recipe: str) -> tuple[Any, Callable[[], None]]:
 
 
 def stand_in_job(layers: int = 36) -> tuple[Any, Callable[[], None]]:
-    """A CPU job with the TE stand-in of tests/test_te_adapter_mock.py (TE's module layout and GEMM
-    call conventions; Transformer Engine cannot be installed without a GPU): ``layers`` stand-in
+    """A CPU job with the TE stand-in of tests/capture/test_te_adapter_mock.py (TE's module layout and
+    GEMM call conventions; Transformer Engine cannot be installed without a GPU): ``layers`` stand-in
     te.Linear of width 16 behind LayerNorms, all host work. (model, train_step)."""
     import torch
     from torch import nn
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "capture"))
     import test_te_adapter_mock as stand_in
 
     gemm = types.ModuleType("transformer_engine.pytorch.cpp_extensions.gemm")

@@ -1,4 +1,4 @@
-"""A Lightning DDP job on CPU (gloo; 2 processes, or argv[2]), run by tests/test_distributed.py.
+"""A Lightning DDP job on CPU (gloo; 2 processes, or argv[2]), run by tests/capture/test_distributed.py.
 
 Rank 1's capture is made to fail inside a hook: the job must finish, rank 0 must still gather
 both captures (rank 1's with its error), and nothing may hang. The kernels step among the active
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from test_callback import DemoTransformer, _FakeKernelProfile
+from helpers.lightning import DemoTransformer, FakeKernelProfile
 
 
-class FailOnRank1(_FakeKernelProfile):
+class FailOnRank1(FakeKernelProfile):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         if trainer.global_rank == 1 and self.schedule._prof is not None:

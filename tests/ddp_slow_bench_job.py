@@ -1,6 +1,6 @@
 """A Lightning DDP job on CPU (gloo, 2 processes) whose process group times out collectives after
 8 s, while rank 0's benchmarks take 15 s (a stand-in for a long bench), run by
-tests/test_distributed.py. Mid-training, the other rank would wait for rank 0 at its next
+tests/capture/test_distributed.py. Mid-training, the other rank would wait for rank 0 at its next
 all-reduce and the job would die of the timeout; the report must wait for the end of training.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
+from helpers.lightning import DemoTransformer
 from pytorch_lightning.strategies import DDPStrategy
-from test_callback import DemoTransformer
 
 from te_gemm_callback import GemmProfilerCallback
 from te_gemm_callback.reporting import run as run_folder

@@ -1,13 +1,13 @@
 """A 2-process Lightning job under ModelParallelStrategy with FSDP2 (fully_shard) on CPU (gloo), run
-by tests/test_distributed.py in a subprocess. Parameters are sharded DTensors between steps and
+by tests/capture/test_distributed.py in a subprocess. Parameters are sharded DTensors between steps and
 all-gathered for the GEMMs; each rank must still capture the full per-layer shapes."""
 
 import sys
 
 import pytorch_lightning as pl
 import torch
+from helpers.lightning import DemoTransformer
 from pytorch_lightning.strategies import ModelParallelStrategy
-from test_callback import DemoTransformer
 from torch.distributed.fsdp import fully_shard
 
 from te_gemm_callback import GemmProfilerCallback

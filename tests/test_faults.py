@@ -17,8 +17,8 @@ import pytorch_lightning as pl
 import torch
 from helpers.cli import one_line_error
 from helpers.fakes import profiler_that_cannot_start, start_warnings
+from helpers.lightning import DemoTransformer
 from helpers.procs import start_bench_with_workers
-from test_callback import DemoTransformer
 from torch import nn
 
 from te_gemm_callback import GemmCapture, GemmProfiler, GemmProfilerCallback
@@ -229,7 +229,7 @@ def test_sigterm_stops_the_workers(tmp_path):
     assert list(tmp.iterdir()) == []
 
 
-# 6 (a reused GemmProfiler, step() before start()) is in test_clean_steps.py.
+# 6 (a reused GemmProfiler, step() before start()) is in capture/test_clean_steps.py.
 
 # 7. Callback arguments are checked where they are given.
 @pytest.mark.parametrize("kw,needle", [

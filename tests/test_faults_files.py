@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers.cli import one_line_error
 from helpers.procs import start_bench_with_workers
-from test_plan import bench, capture
+from helpers.three_modules import bench, capture
 
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.cli import main

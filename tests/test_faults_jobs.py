@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader, TensorDataset
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from helpers.cli import one_line_error
-from test_callback import DemoTransformer
-from test_plan import bench, capture
+from helpers.lightning import DemoTransformer
+from helpers.three_modules import bench, capture
 
 from te_gemm_callback import GemmCapture, GemmProfiler, GemmProfilerCallback
 from te_gemm_callback.analysis.runs import analyze_run
@@ -146,7 +146,7 @@ def test_a_users_plan_yaml_is_a_warning_and_the_report_is_written(tmp_path, capl
 def test_an_exception_in_a_trainers_forward_leaves_nothing_on_the_model(tmp_path, caplog):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from test_hf_trainer import Tokens, tiny_llama
+    from helpers.hf import Tokens, tiny_llama
 
     from te_gemm_callback.adapters.hf import GemmProfilerTrainerCallback
 

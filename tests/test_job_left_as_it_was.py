@@ -103,7 +103,7 @@ class RaisingLogger(pl.loggers.Logger):
 def test_a_logger_that_raises_stops_no_other_logger(tmp_path, caplog):
     import logging
 
-    from test_callback import DemoTransformer
+    from helpers.lightning import DemoTransformer
 
     csv = pl.loggers.CSVLogger(tmp_path, name="log")
     cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=str(tmp_path / "te"), verbose=False,

@@ -6,7 +6,7 @@ must run on either."""
 import pytest
 import torch
 from helpers import driverless
-from test_profiler import Net, step
+from helpers.models import Net, step
 
 from te_gemm_callback import GemmProfiler, torch_cuda
 

@@ -86,7 +86,7 @@ def kernel_intervals(prof, device: str = "CUDA") -> list[tuple[str, float, float
     Read from Kineto's raw events: ``prof.events()`` first builds a FunctionEvent per record in
     Python, several times the time for the same tuples, and it runs between the kernels step and the
     next step of the job (docs/results/h200.md, facts the code relies on: kernel intervals). Same
-    names and times (tests/test_clean_steps.py)."""
+    names and times (tests/capture/test_clean_steps.py)."""
     try:
         results = prof.profiler.kineto_results
         t0 = results.trace_start_ns()

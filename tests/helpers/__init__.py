@@ -1,4 +1,5 @@
-"""Stand-ins shared by the tests, for what cannot run on a CPU-only machine."""
+"""What tests of several folders share: stand-ins for what cannot run on a CPU-only machine, small
+models and jobs, hand-made captures and benches."""
 
 import importlib
 from types import ModuleType

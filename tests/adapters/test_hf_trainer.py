@@ -1,0 +1,103 @@
+"""The Hugging Face Trainer adapter on a tiny HF Llama, CPU: the same schedule, outputs and sweep as
+the Lightning callback, gradient accumulation counted as one step, training left as it was."""
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # the Trainer needs it
+
+from helpers.fakes import profiler_that_cannot_start, start_warnings  # noqa: E402
+from helpers.hf import SEQ, Tokens, tiny_llama  # noqa: E402
+from helpers.oracles import flop_counter_mm  # noqa: E402
+
+from te_gemm_callback import GemmCapture  # noqa: E402
+from te_gemm_callback.adapters.hf import GemmProfilerTrainerCallback  # noqa: E402
+
+
+def train(tmp_path, callbacks, max_steps=6):
+    torch.manual_seed(0)
+    model = tiny_llama()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=max_steps,
+                                          per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                          report_to=[], save_strategy="no", logging_steps=1000, use_cpu=True,
+                                          disable_tqdm=True, seed=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(64), callbacks=callbacks)
+    trainer.train()
+    return model
+
+
+def test_trainer_capture_sweep_and_report(tmp_path):
+    cb = GemmProfilerTrainerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path / "te_gemm", verbose=False,
+                                     sweep=["BF16"], sweep_steps=2)
+    trained = train(tmp_path, [cb])
+    cap = GemmCapture.load(tmp_path / "te_gemm" / "gemm_capture.json")
+    assert [s.kind for s in cap.steps] == ["instrumented", "clean", "clean"]
+    assert all(s.micro_batches == 2 for s in cap.steps) and cap.meta["accumulate_grad_batches"] == 2
+    by = {(r.module, r.op): r for r in cap.records}
+    q = by[("model.layers.0.self_attn.q_proj", "fprop")]
+    assert (q.m, q.k, q.n) == (2 * SEQ, 32, 32) and q.calls_per_step == 2  # two micro-batches per step
+    assert {op for (m, op) in by if m == "model.layers.1.mlp.down_proj"} == {"fprop", "dgrad", "wgrad"}
+    assert cap.meta["global_step_end"] == 5 and cb.done
+    # FLOPs per optimizer step against torch's FlopCounterMode over the same two micro-batches.
+    oracle = tiny_llama()
+    ids = Tokens(4).ids
+
+    def two_micro_batches():
+        for mb in (ids[:2], ids[2:]):
+            oracle(input_ids=mb, labels=mb).loss.backward()
+
+    total, _ = flop_counter_mm(two_micro_batches)
+    assert cap.flops_per_step == total
+    # Nothing of ours is left on the model once the window closed.
+    assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                   for m in trained.modules())
+    from torch.nn.modules import module as nn_module
+
+    assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
+    # The sweep ran once training ended; te-gemm report turns the folder into verdicts.
+    assert (tmp_path / "te_gemm" / "sweep" / "BF16" / "gemm_capture.json").exists()
+    assert "te_gemm/sweep_step_ms/BF16" in cb.metrics and "te_gemm/step_ms" in cb.metrics
+    from te_gemm_callback import report
+
+    rr = report(tmp_path / "te_gemm")
+    assert rr.report.current_recipe == "BF16" and json.loads(rr.files["report"].read_text())["step_ms"] > 0
+    # Training is what it would have been without the callback (the sweep put everything back).
+    plain = train(tmp_path / "plain", [])
+    for (n, a), (_, b) in zip(trained.state_dict().items(), plain.state_dict().items()):
+        assert torch.equal(a, b), n
+
+
+def test_trainer_window_never_reached_warns(tmp_path, caplog):
+    import logging
+
+    cb = GemmProfilerTrainerCallback(wait=4, warmup=1, active=2, output_dir=tmp_path / "te_gemm", verbose=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        train(tmp_path, [cb], max_steps=3)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "te_gemm_callback"]
+    assert any("ends before the capture window" in m for m in msgs)
+    assert any("training ended after 3 step(s), before the capture window" in m and "nothing was captured" in m
+               for m in msgs)
+    assert not (tmp_path / "te_gemm" / "gemm_capture.json").exists()
+
+
+def test_trainer_capture_that_cannot_start_is_reported_once(tmp_path, caplog, monkeypatch):
+    import logging
+
+    import te_gemm_callback.schedule as schedule  # the adapters drive the schedule, which builds the profiler
+
+    profiler_that_cannot_start(monkeypatch, schedule)
+    cb = GemmProfilerTrainerCallback(wait=1, warmup=1, active=3, output_dir=tmp_path / "te_gemm", verbose=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        train(tmp_path, [cb], max_steps=6)
+    assert len(start_warnings(caplog)) == 1
+    assert cb.capture is None and not (tmp_path / "te_gemm" / "gemm_capture.json").exists()
+
+
+def test_trainer_callback_arguments_checked_at_construction():
+    with pytest.raises(ValueError, match="not a string"):
+        GemmProfilerTrainerCallback(sweep="BF16")
+    with pytest.raises(ValueError, match="active must be"):
+        GemmProfilerTrainerCallback(active=0)

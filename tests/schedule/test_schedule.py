@@ -1,0 +1,130 @@
+"""One schedule for every adapter: a plain loop driving GemmSchedule gets what the Lightning and HF
+callbacks get (the window, the step plan, the capture file, the sweep, the metrics), and the
+adapters only map hooks onto it."""
+
+import ast
+import inspect
+from pathlib import Path
+
+import torch
+
+from te_gemm_callback import GemmCapture, GemmSchedule, JobStep, SweepJob
+
+ADAPTERS = Path(__file__).resolve().parents[2] / "te_gemm_callback" / "adapters"
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+
+
+def _hooks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_a_plain_loop_drives_the_schedule_to_a_capture_a_sweep_and_metrics(tmp_path):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 16)
+    logged = []
+    sched = GemmSchedule(wait=1, warmup=1, active=3, output_dir=tmp_path, verbose=False, sweep=["BF16"],
+                         sweep_rounds=0, sweep_steps=1, sweep_warmup=0)
+    sched.fit_start(max_steps=6)
+    for i in range(6):
+        sched.step_begin(model)
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step_end(JobStep(global_step=i + 1, log_metrics=logged.append,
+                               sweep=lambda: SweepJob(model, lambda: model(x).sum(), [opt])))
+    sched.train_end()
+    cap = GemmCapture.load(tmp_path / "gemm_capture.json")
+    assert [s.kind for s in cap.steps][0] == "instrumented" and len(cap.steps) == 3
+    assert sorted({r.op for r in cap.records}) == ["dgrad", "fprop", "wgrad"]
+    assert cap.meta["global_step_end"] == 5 and cap.meta["run_id"] == sched.run_id
+    assert sched.done and _hooks(model) == 0
+    # The sweep ran once, right after the window, on the loop's own model, optimizer and batch.
+    assert sched.sweep_result is not None and set(sched.sweep_result.captures) == {"BF16"}
+    assert (tmp_path / "sweep" / "BF16" / "gemm_capture.json").exists()
+    # Handed to the loop's logger: the capture's and the sweep's metrics, then the report's.
+    assert "te_gemm/sweep_step_ms/BF16" in logged[0] and "te_gemm/report/gemm_speedup/BF16" in logged[-1]
+    assert (tmp_path / "report.json").is_file() and (tmp_path / "report.md").is_file()
+
+
+def test_gradient_accumulation_counts_micro_batches_as_one_step(tmp_path):
+    model = _model()
+    x = torch.randn(2, 16)
+    sched = GemmSchedule(wait=0, warmup=0, active=2, output_dir=tmp_path, verbose=False)
+    for i in range(3):
+        sched.step_begin(model)
+        for micro in range(3):
+            if micro:
+                sched.micro_batch_begin()
+            model(x).sum().backward()
+            sched.pause()  # the loop leaves its step between micro-batches
+        sched.step_end(JobStep(global_step=i + 1, accumulate=3))
+    sched.train_end()
+    cap = GemmCapture.load(tmp_path / "gemm_capture.json")
+    assert cap.meta["accumulate_grad_batches"] == 3 and len(cap.steps) == 2
+    assert all(s.micro_batches == 3 for s in cap.steps)
+
+
+def test_a_failure_inside_the_schedule_never_reaches_the_loop(tmp_path, caplog):
+    model = _model()
+    sched = GemmSchedule(wait=0, warmup=0, active=2, output_dir=tmp_path, verbose=False)
+    sched.step_begin(model)
+    sched._prof.recorder.fail(RuntimeError("injected"))
+    model(torch.randn(2, 16)).sum().backward()
+    sched.step_end(JobStep(global_step=1))
+    sched.step_begin(model)
+    model(torch.randn(2, 16)).sum().backward()
+    sched.step_end(JobStep(global_step=2))
+    sched.train_end()
+    assert _hooks(model) == 0
+
+
+def test_the_adapters_only_map_hooks_and_stay_small():
+    files = sorted(ADAPTERS.glob("*.py"))
+    assert sum(len(f.read_text().splitlines()) for f in files) < 350
+    for f in files:  # no window, phase or publishing logic of their own: those are the schedule's
+        tree = ast.parse(f.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+                {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert not names & {"GemmProfiler", "phase", "gather_captures", "save_capture", "run_sweep", "wait",
+                            "warmup", "active"}, f.name
+
+
+def test_the_callbacks_show_the_schedules_arguments():
+    from te_gemm_callback import GemmProfilerCallback
+
+    want = [p for p in inspect.signature(GemmSchedule).parameters if p != "name"]
+    assert list(inspect.signature(GemmProfilerCallback).parameters) == want
+
+
+def test_a_sweep_step_holds_as_many_micro_batches_as_the_jobs_step():
+    from te_gemm_callback.schedule import accumulated
+
+    lin = torch.nn.Linear(4, 1, bias=False)
+    xs = [torch.randn(3, 4) for _ in range(3)]
+    calls = []
+
+    def step():
+        calls.append(1)
+        return lin(xs[len(calls) - 1]).sum()
+
+    accumulated(step, 3)().backward()  # the sweep's own backward on the last micro-batch's loss
+    assert len(calls) == 3
+    want = sum(x.sum(0) for x in xs) / 3  # what a job dividing each loss by 3 accumulates
+    assert torch.allclose(lin.weight.grad[0], want)
+    assert accumulated(step, 1) is step
+
+
+def test_misuse_of_the_schedule_is_said_once(tmp_path, caplog):
+    import logging
+
+    sched = GemmSchedule(wait=0, warmup=0, active=2, output_dir=tmp_path, verbose=False, report=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        for i in range(3):
+            sched.step_end(JobStep(global_step=i + 1))
+    said = [r.getMessage() for r in caplog.records if "step_end called without step_begin" in r.getMessage()]
+    assert len(said) == 1
