@@ -116,8 +116,8 @@ def finish(a: argparse.Namespace, cb: GemmProfilerCallback, out: Path) -> int:
         print("no capture was written (fewer steps than the schedule?)", file=sys.stderr)
         return 1
     if not a.no_bench:
+        from te_gemm_callback.reporting.console import console
         from te_gemm_callback.reporting.run import bench_and_report
-        from te_gemm_callback.reporting.tables import console
 
         bench_and_report(out, cb.path, sweep_list(a.sweep) or [a.recipe], console())
     print(f"capture: {cb.path}")

@@ -28,7 +28,7 @@ from te_gemm_callback.cli.args import (
 )
 from te_gemm_callback.cli.bench import cmd_bench
 from te_gemm_callback.printable import plain, safe
-from te_gemm_callback.reporting.tables import console
+from te_gemm_callback.reporting.console import console
 from te_gemm_callback.shapes import config_gemms, gemm_passes
 
 
@@ -196,8 +196,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
         raise UsageError(f"--json and --yaml name the same {'output' if json_path == '-' else 'file'} "
                          f"({json_path}): give each its own")
     check_run_dir(a.run_dir)
+    from te_gemm_callback.reporting.report_tables import plan_table
     from te_gemm_callback.reporting.run import Run
-    from te_gemm_callback.reporting.tables import plan_table
     from te_gemm_callback.sweep.plan import write_plan
 
     plan = Run(a.run_dir).plan()
@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized argument {args[0]}: the command comes first (te-gemm COMMAND --help)")
     a = parser.parse_args(args)
     cmd = " ".join(x for x in (a.cmd, getattr(a, "cache_cmd", None)) if x)
-    from te_gemm_callback.reporting.tables import tables_to_stderr
+    from te_gemm_callback.reporting.console import tables_to_stderr
 
     tables_to_stderr("-" in (getattr(a, "json", None), getattr(a, "yaml", None)))  # stdout: the JSON alone
     try:

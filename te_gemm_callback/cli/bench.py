@@ -16,7 +16,7 @@ from te_gemm_callback.cli.args import (
     parse_precisions,
 )
 from te_gemm_callback.printable import safe
-from te_gemm_callback.reporting.tables import console
+from te_gemm_callback.reporting.console import console
 
 # A rough BF16 GEMM rate for a CPU: it only sizes the warning below, never a reported figure.
 CPU_GFLOPS = 50.0

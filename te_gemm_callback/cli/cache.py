@@ -104,7 +104,7 @@ def cmd_cache_list(a: argparse.Namespace) -> int:
     from rich.table import Table
 
     from te_gemm_callback.microbench.cache import TIMING_VERSION
-    from te_gemm_callback.reporting.tables import console
+    from te_gemm_callback.reporting.console import console
 
     out = console()
     path = cache_path(a.cache)

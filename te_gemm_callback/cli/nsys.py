@@ -14,8 +14,8 @@ def cmd_nsys(a: argparse.Namespace) -> int:
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.cli.args import UsageError
     from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
+    from te_gemm_callback.reporting.console import console
     from te_gemm_callback.reporting.nsys_table import nsys_table
-    from te_gemm_callback.reporting.tables import console
 
     if a.json:
         check_target(a.json, json_kind(ns.NSYS_SCHEMA))  # refused before nsys runs

@@ -13,9 +13,9 @@ from te_gemm_callback.printable import safe
 def cmd_project(a: argparse.Namespace) -> int:
     from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
     from te_gemm_callback.projection import PROJECTION_SCHEMA, check_run_folder, gpu
+    from te_gemm_callback.reporting.console import console
     from te_gemm_callback.reporting.projection_tables import projection_table
     from te_gemm_callback.reporting.run import Run
-    from te_gemm_callback.reporting.tables import console
 
     path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
     root = a.run_dir if a.json is None else None
@@ -51,7 +51,7 @@ def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -
     from te_gemm_callback.files.jsonio import write_json
     from te_gemm_callback.projection import PROJECTION_SCHEMA, gpu
     from te_gemm_callback.projection.shape_only import LABEL, shape_only
-    from te_gemm_callback.reporting.tables import console
+    from te_gemm_callback.reporting.console import console
 
     est = shape_only(cap, gpu(a.gpu))
     t = Table(title=f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})")

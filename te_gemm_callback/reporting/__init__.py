@@ -4,6 +4,7 @@ computes no result of its own. Figures are drawn on their own Agg canvases
 (:mod:`~te_gemm_callback.reporting.figures`): importing or drawing here leaves the user's
 matplotlib backend as they chose it."""
 
-from te_gemm_callback.reporting.tables import capture_table, human_flops, print_table, shapes_table, summary_metrics
+from te_gemm_callback.reporting.capture_tables import capture_table, human_flops, shapes_table, summary_metrics
+from te_gemm_callback.reporting.console import print_table
 
 __all__ = ["capture_table", "human_flops", "print_table", "shapes_table", "summary_metrics"]

@@ -17,7 +17,7 @@ from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.microbench.results import BenchResults, item_ms
 from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import plain
-from te_gemm_callback.reporting.tables import recipe_label
+from te_gemm_callback.reporting.report_tables import recipe_label
 from te_gemm_callback.shapes import GemmOp
 
 if TYPE_CHECKING:

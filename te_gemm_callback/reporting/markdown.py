@@ -4,7 +4,7 @@ the speedup table, the capture's top GEMMs, the figures and the kernel timeline 
 the notes behind the numbers, and the commands that make it again.
 
 Nothing is computed here: every number is one the terminal report prints, from the same text
-(:func:`te_gemm_callback.reporting.tables.speedup_rows`). Every string that comes from a file or
+(:func:`te_gemm_callback.reporting.report_tables.speedup_rows`). Every string that comes from a file or
 the user's model (module, recipe and device names, reasons, notes, paths) is escaped
 (:func:`md_escape`), so a module named ``a|b`` or ``<img src=x>`` is text, never markup.
 
@@ -25,14 +25,8 @@ from urllib.parse import quote
 
 from te_gemm_callback.files.jsonio import text_kind, write_text
 from te_gemm_callback.printable import plain
-from te_gemm_callback.reporting.tables import (
-    capture_share,
-    plan_line,
-    replay_own_line,
-    share_text,
-    speedup_rows,
-    top_gemm_rows,
-)
+from te_gemm_callback.reporting.capture_tables import capture_share, top_gemm_rows
+from te_gemm_callback.reporting.report_tables import plan_line, replay_own_line, share_text, speedup_rows
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport

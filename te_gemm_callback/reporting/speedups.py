@@ -21,7 +21,7 @@ from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import plain, safe
 from te_gemm_callback.reporting.figures import speedup_figure, step_split_figure, step_split_title
 from te_gemm_callback.reporting.markdown import MD_KIND, write_report_md
-from te_gemm_callback.reporting.tables import plan_line, replay_own_line, share_text, speedup_rows
+from te_gemm_callback.reporting.report_tables import plan_line, replay_own_line, share_text, speedup_rows
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.microbench.results import BenchResults
 
-# The figures' names (and plan_line, share_text: now in reporting.tables), importable from here as before.
+# The figures' names (and plan_line, share_text: now in reporting.report_tables), importable from here as before.
 __all__ = ["REPORT_FIGURES", "REPORT_SCHEMA", "bench_modes", "plan_line", "remove_stale_figures",
            "report_table", "report_targets", "share_text", "speedup_figure", "step_split_figure",
            "step_split_title", "verdict_panel", "write_report_json", "write_run"]
@@ -43,7 +43,7 @@ REPORT_FIGURES = ("speedups.png", "step_split.png", "gemm_autocast.png", "gemm_p
 
 
 def report_table(rep: Report) -> Table:
-    """The speedup table for the terminal (:func:`~te_gemm_callback.reporting.tables.speedup_rows`)."""
+    """The speedup table for the terminal (:func:`~te_gemm_callback.reporting.report_tables.speedup_rows`)."""
     s = speedup_rows(rep)
     # Recipe and precision names, notes and reasons come from files: escaped (printable.safe).
     t = Table(title=safe(s.title))
@@ -219,7 +219,7 @@ def _print_run(rr: RunReport, modes: list[str], files: dict[str, Path], out: Any
                removed: Sequence[Path] = ()) -> None:
     rep, bench = rr.report, rr.bench
     if rr.ranks:
-        from te_gemm_callback.reporting.tables import ranks_table
+        from te_gemm_callback.reporting.capture_tables import ranks_table
 
         out.print(ranks_table(rr.ranks))
     if bench is not None:  # TE's benchmark_gemm.py per-GEMM table, on the job's real shapes

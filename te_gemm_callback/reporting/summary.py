@@ -24,11 +24,11 @@ def _range(r: Any) -> str:
 
 def _job_figures(path: Path) -> tuple[float | None, float | None, str | None] | None:
     """(step ms, GEMM share, its basis) of the job's own capture: the logger's own figures
-    (reporting.tables.summary_metrics, whose GEMM time is named gemm_ms_per_step only where the
+    (reporting.capture_tables.summary_metrics, whose GEMM time is named gemm_ms_per_step only where the
     share is of the step itself); None where the capture cannot be read."""
     try:
         from te_gemm_callback.capture.capture_file import GemmCapture
-        from te_gemm_callback.reporting.tables import summary_metrics
+        from te_gemm_callback.reporting.capture_tables import summary_metrics
 
         m = summary_metrics(GemmCapture.load(path), prefix="")
         return m.get("step_ms"), m.get("gemm_share"), "step" if "gemm_ms_per_step" in m else "timed steps"

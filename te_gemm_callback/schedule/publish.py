@@ -79,7 +79,7 @@ class Publishing:
 
     def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
         from te_gemm_callback.reporting import capture_table, print_table
-        from te_gemm_callback.reporting.tables import ranks_table
+        from te_gemm_callback.reporting.capture_tables import ranks_table
         from te_gemm_callback.schedule.run_folder import clear_stale_sweep, save_capture, write_ranks
 
         # Written before anything is printed: a table that cannot be printed never costs the capture.
@@ -170,7 +170,7 @@ class Publishing:
 
         console = None
         if self.report_config.verbose:
-            from te_gemm_callback.reporting.tables import console as make_console
+            from te_gemm_callback.reporting.console import console as make_console
 
             console = make_console()  # a log file's tables take the width they need
         import torch

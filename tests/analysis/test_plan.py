@@ -46,7 +46,7 @@ def test_bf16_everywhere_when_fp8_loses_on_every_module():
     assert plan.same_as == "BF16" and sorted(plan.keep_bf16) == ["big", "router", "small"]
     assert plan.best_single == "BF16"
     assert plan.predicted_step_ms["plan"] == pytest.approx(plan.predicted_step_ms["BF16"])
-    from te_gemm_callback.reporting.tables import plan_table
+    from te_gemm_callback.reporting.report_tables import plan_table
 
     assert plan_table(plan).title == "Precision plan: BF16 everywhere"
 

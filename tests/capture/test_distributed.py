@@ -94,7 +94,7 @@ def test_report_renders_the_gathered_ranks(tmp_path):
     caps[0].save(tmp_path / "gemm_capture.json")
     for c in caps:
         c.save(tmp_path / "ranks" / f"rank{c.meta['rank']}.json")
-    from te_gemm_callback.reporting.tables import console
+    from te_gemm_callback.reporting.console import console
 
     con = console()
     with con.capture() as out:

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from te_gemm_callback import GemmProfiler
 from te_gemm_callback.capture.graphs import graphed_modules, in_graphed
-from te_gemm_callback.reporting.tables import capture_table
+from te_gemm_callback.reporting.capture_tables import capture_table
 
 
 def fake_graph(module, replays):

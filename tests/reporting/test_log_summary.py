@@ -76,9 +76,9 @@ def test_the_logs_step_and_share_are_the_logged_metrics(tmp_path):
     te_gemm/step_ms and te_gemm/gemm_share said 144.2 and 0.74 (the job's own capture): one
     figure under one name now, and the sweep's run named for what it is."""
     from te_gemm_callback.capture.capture_file import GemmCapture
+    from te_gemm_callback.reporting.capture_tables import summary_metrics
     from te_gemm_callback.reporting.run import report
     from te_gemm_callback.reporting.summary import summary_lines
-    from te_gemm_callback.reporting.tables import summary_metrics
 
     run = tmp_path / "run"
     shutil.copytree(MAIN, run)

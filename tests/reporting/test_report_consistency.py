@@ -15,6 +15,7 @@ from te_gemm_callback.analysis.verdicts import analyze, capture_recipe
 from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepTime
 from te_gemm_callback.microbench.cells import BenchResult
 from te_gemm_callback.microbench.results import BenchResults
+from te_gemm_callback.reporting.capture_tables import capture_table, summary_metrics
 from te_gemm_callback.reporting.run import render_run
 from te_gemm_callback.reporting.run import report as render_report
 from te_gemm_callback.reporting.speedups import (
@@ -24,7 +25,6 @@ from te_gemm_callback.reporting.speedups import (
     step_split_title,
     verdict_panel,
 )
-from te_gemm_callback.reporting.tables import capture_table, summary_metrics
 
 M, K, N = 1024, 512, 2048
 CPU = {"device": "CPU (x86_64)", "timing": "host_clock", "gemm_time_source": "host_clock"}

@@ -305,7 +305,7 @@ def test_a_gemm_far_slower_per_flop_than_its_neighbours_is_flagged():
     """On a CPU a noise cell (a 512x128x128 GEMM at 6.7 ms beside 0.05 ms for larger shapes) led
     the top-GEMM table unflagged."""
     from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepTime
-    from te_gemm_callback.reporting.tables import top_gemm_rows
+    from te_gemm_callback.reporting.capture_tables import top_gemm_rows
 
     def rec(name, m, ms):
         return GemmRecord(module=name, gemm="", op="fprop", m=m, k=128, n=128, batch=1, precision="fp32",

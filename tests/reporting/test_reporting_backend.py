@@ -21,7 +21,9 @@ import te_gemm_callback.reporting.bench_tables
 import te_gemm_callback.reporting.figures
 import te_gemm_callback.reporting.run
 import te_gemm_callback.reporting.speedups
-import te_gemm_callback.reporting.tables
+import te_gemm_callback.reporting.capture_tables
+import te_gemm_callback.reporting.console
+import te_gemm_callback.reporting.report_tables
 assert "matplotlib.pyplot" not in sys.modules, "pyplot loaded at import"
 assert backend() is before or backend() == before, (before, backend())
 
