@@ -11,7 +11,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -75,9 +75,73 @@ LEAD_CYCLES = 100_000
 FLOOR_PAIRS = 20  # pairs around a fill kernel that measure the pairs' floor (calibrate)
 
 
+class Timer(Protocol):
+    """A per-GEMM time source, chosen once when the profiler is built (:func:`gemm_timer`): the
+    recorder opens a pair before each GEMM (:meth:`start`), closes it after (:meth:`stop`), and
+    reads it after the steps (:meth:`read`). Kernel records, the third source, time whole steps
+    (:class:`~.kernel_profile.KernelProfile`), not calls."""
+
+    cuda: bool
+    enabled: bool  # switched per step by the profiler
+    lead: bool  # likewise: something ahead of each start (CUDA only)
+    kind: str  # what the capture names the source: "cuda_events", "host_clock" or "none"
+    gates: dict[int, Any]
+    floors: dict[int, float]
+    leads: set[str]
+    devices: set[int]
+
+    def kind_for(self, timed: bool) -> str: ...
+    def prepare(self, devices: Any = ()) -> None: ...
+    def start(self) -> Any: ...
+    def stop(self, start: Any) -> Any: ...
+    def read(self, pair: Any) -> tuple[float | None, str | None]: ...
+    def elapsed_ms(self, pair: Any) -> float | None: ...
+    def calibrate(self) -> None: ...
+
+
+def gemm_timer(enabled: bool) -> Timer:
+    """CUDA-event pairs where CUDA is, else host-clock pairs."""
+    return EventTimer(enabled) if torch.cuda.is_available() else HostClockTimer(enabled)
+
+
+class HostClockTimer:
+    """Host-clock pairs around GEMMs on a CPU-only machine: CPU kernels run synchronously, so the
+    host clock is their time."""
+
+    cuda = False
+
+    def __init__(self, enabled: bool, lead: bool = True) -> None:
+        self.enabled, self.lead = enabled, lead
+        self.kind = self.kind_for(enabled)
+        self.gates: dict[int, Any] = {}
+        self.floors: dict[int, float] = {}
+        self.leads: set[str] = set()
+        self.devices: set[int] = set()
+
+    def kind_for(self, timed: bool) -> str:
+        return "host_clock" if timed else "none"
+
+    def prepare(self, devices: Any = ()) -> None:
+        """Nothing to build: no GPU to lead."""
+
+    def start(self) -> Any:
+        return time.perf_counter() if self.enabled else None
+
+    def stop(self, start: Any) -> Any:
+        return None if start is None else (start, time.perf_counter())
+
+    def read(self, pair: Any) -> tuple[float | None, str | None]:
+        return (None, None) if pair is None else ((pair[1] - pair[0]) * 1e3, None)
+
+    def elapsed_ms(self, pair: Any) -> float | None:
+        return self.read(pair)[0]
+
+    def calibrate(self) -> None:
+        """No floor: the host clock holds the call alone."""
+
+
 class EventTimer:
-    """CUDA-event pairs around GEMMs; on a CPU-only machine, host-clock pairs (CPU kernels run
-    synchronously, so the host clock is their time).
+    """CUDA-event pairs around GEMMs.
 
     ``lead``: something goes ahead of each start event so that the GPU reaches it only once the host
     has launched the GEMM. Without it, a GPU that runs dry before the GEMM is launched stamps the
@@ -110,7 +174,7 @@ class EventTimer:
 
     def kind_for(self, timed: bool) -> str:
         """The time source this timer gives where GEMMs are ``timed``."""
-        return ("cuda_events" if self.cuda else "host_clock") if timed else "none"
+        return "cuda_events" if timed else "none"
 
     def prepare(self, devices: Any = ()) -> None:
         """Build the GPU gates of ``devices`` (default: the current one) once per process and
@@ -128,8 +192,6 @@ class EventTimer:
     def start(self) -> Any:
         if not self.enabled:
             return None
-        if not self.cuda:
-            return time.perf_counter()
         gate = n = None
         dev = torch_cuda.current_device()
         # Not while a CUDA graph is being captured: the lead would join the job's graph.
@@ -151,8 +213,6 @@ class EventTimer:
     def stop(self, start: Any) -> Any:
         if start is None:
             return None
-        if not self.cuda:
-            return (start, time.perf_counter())
         ev, gate, n, dev = start
         end = _record()
         if gate is not None:
@@ -167,8 +227,6 @@ class EventTimer:
         floor" (a kernel too short for a pair to tell: under ~1 us). After a synchronize."""
         if pair is None:
             return None, None
-        if isinstance(pair[0], float):
-            return (pair[1] - pair[0]) * 1e3, None
         start, end, gate, n, dev = pair
         if gate is not None and not gate.held(n):
             return None, "gave up"

@@ -20,7 +20,7 @@ from te_gemm_callback.capture.cupti import NONE, CuptiOwner, cupti_owner
 from te_gemm_callback.capture.graphs import EagerForwards, graphed_modules
 from te_gemm_callback.capture.guards import ForwardGuard
 from te_gemm_callback.capture.host_clock import ModuleHostClock
-from te_gemm_callback.capture.instruments import EventTimer, Nvtx
+from te_gemm_callback.capture.instruments import Nvtx, gemm_timer
 from te_gemm_callback.capture.kernel_profile import KernelProfile, KernelStep
 from te_gemm_callback.capture.module_specs import TE_CLASSES
 from te_gemm_callback.capture.recorder import Recorder
@@ -129,7 +129,7 @@ class GemmProfiler:
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
         self.timing = self._base_timing = timing
         nvtx_on = True if c.nvtx == "auto" and nsys_capture else c.nvtx  # under nsys: a tool will listen
-        self.recorder = Recorder(self.scope, EventTimer(timing != "none"), Nvtx(nvtx_on, c.nvtx_backend))
+        self.recorder = Recorder(self.scope, gemm_timer(timing != "none"), Nvtx(nvtx_on, c.nvtx_backend))
         # Only GPU kernels can be lost to another profiler (a CPU model on a GPU host has none).
         self._cuda = cuda
         self.cupti: CuptiOwner | None = None
@@ -208,7 +208,7 @@ class GemmProfiler:
         # join: elsewhere the pair and its record calls would be most of the per-GEMM host cost.
         timed = self.timing == "events" or (self.timing == "auto" and self.plan.kernels == 0)
         self.recorder.timer.enabled = timed or (self.timing == "auto" and j == 0)
-        # The gate (or spin) ahead of each start event (EventTimer) only where the pairs give the
+        # The gate (or spin) ahead of each start event (instruments.EventTimer) only where the pairs give the
         # GEMM times: a fallback pair costs the job no GPU time. Built here, before the boundary and
         # before the dispatch mode: its first build compiles a kernel.
         self.recorder.timer.lead = timed

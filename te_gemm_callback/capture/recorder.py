@@ -15,7 +15,7 @@ from typing import Any, cast
 import torch
 
 from te_gemm_callback.capture.capture_file import GemmEvent
-from te_gemm_callback.capture.instruments import EventTimer, Nvtx, range_name
+from te_gemm_callback.capture.instruments import Nvtx, Timer, range_name
 from te_gemm_callback.capture.scope import ModuleScope, in_backward
 from te_gemm_callback.shapes import GemmOp, GemmShape
 
@@ -30,7 +30,7 @@ class Recorder:
     into :class:`GemmEvent` after the capture.
     """
 
-    def __init__(self, scope: ModuleScope, timer: EventTimer, nvtx: Nvtx) -> None:
+    def __init__(self, scope: ModuleScope, timer: Timer, nvtx: Nvtx) -> None:
         self.scope, self.timer, self.nvtx = scope, timer, nvtx
         self.active = False
         self.step = 0
@@ -42,7 +42,7 @@ class Recorder:
         # Per step and call, the GEMM kernel counts it may have launched (see join_by_order).
         self.kernel_counts: dict[int, list[tuple[int, ...]]] = {}
         self.error: str | None = None
-        self.dropped: dict[int, int] = {}  # step -> its event pairs left out (EventTimer.read)
+        self.dropped: dict[int, int] = {}  # step -> its event pairs left out (Timer.read)
         self.below_floor = 0  # pairs no longer than their floor: no time
         self._sites: dict[tuple, GemmSite] = {}
         self._inference_said = False

@@ -579,15 +579,16 @@ def test_a_gemm_range_opens_after_the_start_event_and_a_failed_range_opens_the_g
     # nsys projects a range onto the GPU work launched inside it: the gate and the start event must
     # come before it, or the projection holds the gate's wait for the host. Both call sites: the TE
     # interception (fake TE here: no TE on a CPU machine) and the Recorder (the plain head). The
-    # timer's calls are logged around the real ones (host-clock pairs on a CPU).
+    # timer's calls are logged around the real ones (the host-clock timer on a CPU).
     from torch import nn
 
     from te_gemm_callback.capture import instruments
 
     log = []
-    start, stop = instruments.EventTimer.start, instruments.EventTimer.stop
-    monkeypatch.setattr(instruments.EventTimer, "start", lambda self: (log.append("timer.start"), start(self))[1])
-    monkeypatch.setattr(instruments.EventTimer, "stop", lambda self, s: (log.append("timer.stop"), stop(self, s))[1])
+    timer = instruments.HostClockTimer
+    start, stop = timer.start, timer.stop
+    monkeypatch.setattr(timer, "start", lambda self: (log.append("timer.start"), start(self))[1])
+    monkeypatch.setattr(timer, "stop", lambda self, s: (log.append("timer.stop"), stop(self, s))[1])
 
     class Ranges:
         def start(self, name):
