@@ -215,9 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     from te_gemm_callback.cli.cache import add_cache_parser
 
     p = _Parser(prog="te-gemm", epilog=EXIT_CODES,
-                description="The GEMMs your training job really runs, and what each TE recipe does to them: "
-                            "shapes from a config, captures from a job, microbenchmarks, reports and plans. "
-                            "te-gemm COMMAND --help says what each command does and takes.")
+                description="The GEMMs your training job runs and what each TE recipe does to them: shapes, captures, "
+                            "microbenchmarks, reports and plans. te-gemm COMMAND --help says more; details: README.md.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
 
@@ -225,70 +224,61 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=summary, description=description, epilog=EXIT_CODES)
 
     s = command("shapes", "GEMM shapes derived from a model config",
-                "The Fprop, Dgrad and Wgrad GEMMs a transformer of this configuration runs, per layer and for the "
-                "whole model, with their FLOPs. Nothing is measured; no GPU needed.")
+                "List the Fprop, Dgrad and Wgrad GEMMs of a transformer config, per layer and for the whole model, "
+                "with their FLOPs. Nothing is measured; no GPU needed.")
     add_config_args(s)
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(fn=cmd_shapes)
 
     s = command("bench", "microbenchmark GEMMs (from a config, --shapes or --capture) in every precision",
-                "Time the Fprop, Dgrad and Wgrad GEMMs of a model config, of --shapes, or of a job's capture "
-                "(--capture) in each TE recipe this machine runs (the others are skipped with TE's reason), and "
-                "print per-pass and per-step tables. Measured cells are cached (te-gemm cache list). Outputs "
-                "(--json, -o) are checked before anything is measured. On a run folder, "
-                "--capture RUN/gemm_capture.json --json RUN/bench.json keeps the modes of the bench.json it replaces.")
+                "Time the Fprop, Dgrad and Wgrad GEMMs of a model config, --shapes or a capture in each TE recipe "
+                "this machine runs, and print per-pass and per-step tables. Measured cells are cached (te-gemm "
+                "cache). Method: docs/benchmark-methodology.md; several GPUs: docs/multi-gpu.md.")
     add_config_args(s, required=False)
     s.add_argument("--shapes", help="fprop shapes MxKxN,MxKxN (dgrad and wgrad derived)")
     s.add_argument("--capture", type=_file_path, help="a gemm_capture.json from GemmProfiler or the callback")
     s.add_argument("--precisions",
-                   help="comma-separated TE recipe names, e.g. BF16,Float8CurrentScaling (default: all; unsupported "
-                        "ones are skipped with TE's reason)")
+                   help="comma-separated TE recipes, e.g. BF16,Float8CurrentScaling (default: all; unsupported "
+                        "ones skipped)")
     s.add_argument("--modes", type=_modes,
-                   help="comma-separated: autocast (GEMM plus the quantization of its inputs), prequantized "
-                        "(kernels only) (default: the modes of the bench file --json replaces, else autocast)")
-    s.add_argument("--pre-quantize", action="store_true",
-                   help="kernel time only: operands quantized outside the timed region (= --modes prequantized)")
+                   help="autocast (GEMM + input quantization), prequantized (kernel only), or both "
+                        "(default: autocast, or those of the bench file --json replaces)")
+    s.add_argument("--pre-quantize", action="store_true", help="same as --modes prequantized")
     s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
     s.add_argument("--visits", type=_visits, default=None,
-                   help="times each job is measured, spread over the run, samples pooled: more visits average the "
-                        "GPU's clock swings at the power limit (a job is built once; a visit costs host time only) "
+                   help="times each cell is measured, spread over the run, samples pooled "
                         "(default: 16 on a GPU, 1 on a CPU)")
     s.add_argument("--gemm-duty", type=_duty, default=None,
-                   help="share of GPU time the timed GEMMs get, a low-power rest between calls the rest "
-                        "(1: back to back). Under a power limit it sets the clock the GEMMs run at: pass your job's "
-                        "GEMM share of the step (the capture report shows it) (default: 0.75, a transformer step's)")
+                   help="share of GPU time the timed GEMMs get (1: back to back): pass your job's GEMM share "
+                        "(default: 0.75)")
     s.add_argument("--compare-swapped", action="store_true",
                    help="also time dgrad/wgrad as swapped-size forward GEMMs")
-    s.add_argument("-o", "--output", type=_file_path, help="write the stacked per-GEMM figure (PNG) (default: none)")
-    s.add_argument("--json", type=_file_path,
-                   help="write all results (with device, clocks, versions) as JSON (default: none)")
+    s.add_argument("-o", "--output", type=_file_path, help="write the stacked per-GEMM figure (PNG)")
+    s.add_argument("--json", type=_file_path, help="write all results (with device, clocks, versions) as JSON")
     s.add_argument("--cache", type=_file_path,
-                   help="result cache file (default: $TE_GEMM_CACHE if set, else ~/.cache/te_gemm_callback/bench.json)")
-    s.add_argument("--no-cache", action="store_true", help="measure everything again")
+                   help="result cache file (default: $TE_GEMM_CACHE, else ~/.cache/te_gemm_callback/bench.json)")
+    s.add_argument("--no-cache", action="store_true", help="neither read nor write the cache: measure everything again")
     s.add_argument("--devices", type=_devices, default=1,
-                   help="spread the visits over N local GPUs ('all': every visible one), one process each: every "
-                        "GPU runs every job (the same power mix, so the same clocks), each cell's samples pooled")
+                   help="local GPUs to spread the visits over, one process each ('all': every visible one)")
     s.set_defaults(fn=cmd_bench)
 
     s = command("compare", "compare captures of separate runs (one per recipe): GEMM vs step speedup",
-                "Set the captures of separate runs of one model (one per recipe, the job's own first) side by side: "
-                "each recipe's GEMM speedup against its step speedup over the BF16 run, with a verdict.")
+                "Set captures of separate runs of one model (one per recipe) side by side: each recipe's GEMM "
+                "speedup against its step speedup over the BF16 run, with a verdict.")
     s.add_argument("captures", nargs="+", type=_file_path,
-                   help="gemm_capture.json files; the first is the job (the table's head); speedups are over the "
-                        "BF16 run among them")
-    s.add_argument("--json", type=_file_path, help="write the report as JSON (default: none)")
+                   help="gemm_capture.json files, the job's first; speedups are over the BF16 one")
+    s.add_argument("--json", type=_file_path, help="write the report as JSON")
     s.set_defaults(fn=cmd_compare)
 
     s = command("report", "re-render tables, figures and report.json from a run folder (no GPU needed)",
-                "Read a run folder (gemm_capture.json, bench.json, the sweep's captures) and write its tables, "
-                "verdicts, report.json and figures again. Nothing is measured; no GPU needed.")
+                "Write a run folder's tables, verdicts, report.json and figures again from its captures and "
+                "bench.json. Nothing is measured; no GPU needed.")
     s.add_argument("run_dir", type=_dir_path, help="the run folder (the callback's output_dir, te-gemm run --out)")
     s.add_argument("--project", type=_gpus, default=None, metavar="GPU[,GPU]",
-                   help="also project the run onto these GPUs (B300, B200, GB200, H100...): a section of report.md "
-                        "each, labelled projection (te-gemm project; docs/projection.md) (default: none)")
+                   help="also project onto these GPUs, e.g. B300,GB200 (docs/projection.md)")
     s.add_argument("--json", type=_file_path, default=None, metavar="PATH",
-                   help="also write report.json's content to PATH; '-': to standard output, the tables to "
-                        "standard error (default: only RUN_DIR/report.json)")
+                   help="also write a copy of report.json to PATH ('-': stdout, tables to stderr) "
+                        "(default: only RUN_DIR/report.json)")
     s.set_defaults(fn=cmd_report)
 
     from te_gemm_callback.cli.nsys import add_nsys_parser
@@ -298,8 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_nsys_parser(command, _file_path, _limit)
 
     s = command("plan", "which modules to keep in BF16 under an FP8 recipe, from a run folder with bench.json",
-                "Pick, per module, BF16 or the best FP8 recipe from the run folder's microbenchmarks, write the plan "
-                "(for apply_precision_plan) and TE's debug-API config, and print it.")
+                "Pick BF16 or the best FP8 recipe per module from the run folder's microbenchmarks, print the "
+                "plan, and write it (for apply_precision_plan) with TE's debug-API config. "
+                "Method: docs/benchmark-methodology.md.")
     s.add_argument("run_dir", type=_dir_path, help="a run folder with gemm_capture.json and bench.json")
     s.add_argument("--json", type=_file_path, help="where to write the plan (default: RUN_DIR/precision_plan.json)")
     s.add_argument("--yaml", type=_file_path,
@@ -308,27 +299,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_plan)
 
     s = command("show", "print a capture file as a table",
-                "Print the GEMMs of a capture file (gemm_capture.json): module, pass, shape, precision, calls and "
-                "time per step, and the GEMM-bearing modules that never ran or were not watched.")
+                "Print a capture's GEMMs (module, pass, shape, precision, calls, time per step) and the "
+                "GEMM-bearing modules that never ran or were not watched.")
     s.add_argument("capture", type=_file_path, help="a gemm_capture.json, or a run folder (its gemm_capture.json)")
     s.add_argument("--limit", type=_limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
     s.add_argument("--json", type=_file_path, nargs="?", const="-", default=None, metavar="PATH",
-                   help="also write the capture as JSON to PATH; '-' or no PATH: to standard output, the table "
-                        "to standard error")
+                   help="also write the capture as JSON to PATH ('-' or no PATH: stdout, table to stderr)")
     s.set_defaults(fn=cmd_show)
 
     s = command("run", "profile the bundled demo model (BF16 on CPU; every supported recipe on GPU)",
-                "Train the bundled model for a few steps with the callback (its tiny configuration in BF16 on a CPU; "
-                "on a GPU with TE, a 4-layer stack), sweep the recipes, benchmark the captured shapes and write the "
-                "report into --out.")
+                "Train the bundled model a few steps with the callback (a tiny BF16 config on CPU; a 4-layer stack "
+                "on a GPU with TE), sweep the recipes, benchmark the captured shapes and write the report to --out.")
     s.add_argument("--out", type=_dir_path, default="runs/demo", help="the run folder to write")
     s.add_argument("--steps", type=_run_steps, default=8, help="training steps (at least 3)")
     s.add_argument("--precisions",
-                   help="comma-separated TE recipe names, checked as bench checks them; BF16, the base of every "
-                        "speedup, is always added (default: all; those this machine cannot run are skipped with "
-                        "the reason)")
+                   help="comma-separated TE recipes; BF16 always added (default: all; unsupported ones skipped)")
     s.set_defaults(fn=cmd_run)
-
     add_cache_parser(sub)
     return p
 

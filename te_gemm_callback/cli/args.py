@@ -51,8 +51,9 @@ class HelpFormatter(argparse.HelpFormatter):
         for line in text.splitlines():
             item = re.match(r"\s+\S+\s+", line)  # an indented list item ("  1    what"): wrap under its text
             lead, hang = line[:len(line) - len(line.lstrip())], " " * item.end() if item else ""
-            lines.append(textwrap.fill(line.strip(), width, initial_indent=indent + lead,
-                                       subsequent_indent=indent + hang) if line.strip() else "")
+            lines.append(textwrap.fill(line.strip(), width, initial_indent=indent + lead,  # paths stay whole
+                                       subsequent_indent=indent + hang, break_on_hyphens=False)
+                         if line.strip() else "")
         return "\n".join(lines)
 
 

@@ -182,23 +182,22 @@ def add_cache_parser(sub: Any) -> None:
     """The ``cache`` subcommand and its ``list`` / ``clear`` commands."""
     from te_gemm_callback.cli.args import EXIT_CODES, _file_path
 
-    where = ("the result cache file (default: $TE_GEMM_CACHE if set, else ~/.cache/te_gemm_callback/bench.json; "
-             "te-gemm bench --cache takes the same)")
+    where = "the result cache file (default: $TE_GEMM_CACHE, else ~/.cache/te_gemm_callback/bench.json)"
     c = sub.add_parser("cache", help="list or clear the microbenchmark result cache",
-                       description="The microbenchmark result cache: every cell te-gemm bench measured, keyed by "
-                                   "device, torch/TE versions, shape, pass, recipe, mode and conditions, so a rerun "
-                                   "or a report does not measure it again.", epilog=EXIT_CODES)
+                       description="The cells te-gemm bench measured, keyed by device, torch/TE versions, shape, "
+                                   "recipe and conditions, so a rerun does not measure them again. "
+                                   "Format: docs/capture-format.md.", epilog=EXIT_CODES)
     cs = c.add_subparsers(dest="cache_cmd", required=True, metavar="{list,clear}")
     s = cs.add_parser("list", help="where the cache is, its size, and its cells per device and recipe",
-                      description="Where the cache is, its size and number of cells, and how many cells each "
-                                  "device (with its torch/TE versions) and recipe has there. Reads only.",
+                      description="Show where the cache is, its size, and its cells per device (with torch/TE "
+                                  "versions) and recipe. Changes nothing.",
                       epilog=EXIT_CODES)
     s.add_argument("--cache", type=_file_path, help=where)
     s.set_defaults(fn=cmd_cache_list)
     s = cs.add_parser("clear", help="remove the cache (every cell is measured again next time)",
-                      description="Remove the cache file (and damaged copies it moved aside), under its lock so "
-                                  "a bench saving at the same time is not cut short. A file that is not a te-gemm "
-                                  "cache is refused and left as it is.", epilog=EXIT_CODES)
+                      description="Remove the cache file and the damaged copies it moved aside, under its lock. "
+                                  "A file that is not a te-gemm cache is refused and left as it is.",
+                      epilog=EXIT_CODES)
     s.add_argument("--cache", type=_file_path, help=where)
     s.add_argument("-y", "--yes", action="store_true", help="remove without asking (needed when not on a terminal)")
     s.set_defaults(fn=cmd_cache_clear)

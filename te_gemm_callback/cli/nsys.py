@@ -58,19 +58,17 @@ def _pid(text: str) -> str:
 
 def add_nsys_parser(command, file_path, limit) -> None:
     s = command("nsys", "set a capture's GEMM times beside nsys's own for the same run (needs nsys)",
-                "For a job profiled under nsys profile -t cuda,nvtx with the capture on: each GEMM's time in the "
-                "capture (CUDA events) beside nsys's projection of its NVTX range onto the GPU (nsys stats -r "
-                "nvtx_gpu_proj_trace: nsys's own kernel records), medians over the same steps. REPORT must be a "
-                ".nsys-rep (a .qdstrm is a recording nsys could not import); nsys stats writes "
-                "REPORT_nvtx_gpu_proj_trace.csv beside it. Nothing is measured; no GPU needed.")
+                "Print each GEMM's time in a capture beside nsys's kernel time for its NVTX range, medians over the "
+                "same steps, for a job run under nsys profile -t cuda,nvtx. Needs nsys, no GPU. "
+                "How: docs/nsight-systems.md.")
     s.add_argument("capture", type=file_path, help="the job's gemm_capture.json")
     s.add_argument("report", type=file_path, help="the .nsys-rep nsys wrote for that job")
     s.add_argument("--nsys", type=file_path, help="the nsys binary (default: PATH, then /opt/nvidia)")
     s.add_argument("--pid", type=_pid,
-                   help="the process whose ranges to compare, where REPORT holds several (one per rank): "
-                        "the one that wrote CAPTURE (default: the only one)")
+                   help="the process that wrote CAPTURE, if REPORT holds several (one per rank) "
+                        "(default: the only one)")
     s.add_argument("--json", type=file_path,
-                   help="also write the rows as JSON; capture_vs_nsys there is a fraction (default: none)")
+                   help="also write the rows as JSON (capture_vs_nsys as a fraction)")
     s.add_argument("--limit", type=limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
     s.set_defaults(fn=cmd_nsys)
 

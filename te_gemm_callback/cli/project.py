@@ -97,23 +97,19 @@ def add_project_parser(command, dir_path, file_path) -> None:
     from te_gemm_callback.projection import GPUS
 
     s = command("project", "project a run folder's GEMMs and step onto another GPU (e.g. Hopper -> Blackwell)",
-                "Scale each GEMM the run's bench measured (both modes) to another GPU by public peaks per format, "
-                "add the quantization traffic each recipe costs at the target's bandwidth (MXFP8 and NVFP4 too, "
-                "which Hopper cannot run), and replay the job's own step there (other kernels scaled by bandwidth, the "
-                "host as measured, so a host-bound job stays host-bound); print the projected "
-                "GEMM time per step, its band and the step speedups beside the source's, and write "
-                "RUN_DIR/projection-GPU.json. Labelled 'projection'; on the GPU itself, the measured numbers. "
-                "Method and validation: docs/projection.md. No GPU needed.")
+                "Scale a run's measured GEMMs and step to another GPU by its public peaks and bandwidth, print the "
+                "projected times and speedups, and write RUN_DIR/projection-GPU.json: a projection, not a "
+                "measurement. Method and validation: docs/projection.md. No GPU needed.")
     s.add_argument("run_dir", type=dir_path, help="a run folder with gemm_capture.json and bench.json (both modes)")
     s.add_argument("--gpu", required=True, type=_gpu, metavar="GPU",
                    help=f"the GPU to project onto: {', '.join(GPUS)} (any case)")
     s.add_argument("--source-gpu", type=_gpu, metavar="GPU",
-                   help="the GPU the bench ran on, only where bench.json's device name is not recognised "
+                   help="the GPU the bench ran on, if bench.json's device name is not recognised "
                         "(default: read from bench.json)")
-    s.add_argument("--json", type=file_path, help="where to write (default: RUN_DIR/projection-GPU.json)")
+    s.add_argument("--json", type=file_path,
+                   help="where to write the projection (default: RUN_DIR/projection-GPU.json)")
     s.add_argument("--host-speed", type=_positive, default=1.0, metavar="X",
-                   help="how many times faster the target's host (CPU, driver) runs the job's host side than the "
-                        "measuring host did (default 1: as measured)")
+                   help="the target host's speed (CPU, driver) relative to the measuring host's")
     s.set_defaults(fn=cmd_project)
 
 
