@@ -1,7 +1,8 @@
-"""The capture's options, each defined once (:mod:`te_gemm_callback.options`): the profiler's
-(:class:`ProfilerConfig`: the step plan, the instruments, the time sources) and the schedule's
-(:class:`CaptureConfig`: the window over the job's optimizer steps; the profiler options it hands on
-are the profiler's own fields)."""
+"""The capture's options, each defined once (:mod:`te_gemm_callback.options`).
+
+:class:`ProfilerConfig` sets the step plan, instruments and time sources. :class:`CaptureConfig`
+sets the window over the job's optimizer steps; the profiler options it passes on are
+ProfilerConfig's own fields."""
 
 from __future__ import annotations
 
@@ -58,45 +59,43 @@ class ProfilerConfig(Options):
         1, "how many steps run instrumented ('all': every step, no clean one).", _count_or_all)
     kernel_steps: int | None = option(None, "steps with kernel records after them; default 1 on a CUDA host, else 0.",
                                       _count_or_none)
-    kernel_warmup_steps: int = option(1, "steps before them with the records already running, not kept: the GPU "
-                                         "then runs the kernels steps as it runs the job's other steps, not right "
-                                         "after an idle gap while CUPTI starts, when its clock is higher.", integer(0))
-    settle_steps: int = option(1, "steps after the kernels steps, nothing attached and not timed: the session's stop "
-                                  "synchronizes, and the step after it starts with the GPU's queue empty, its GPU span "
-                                  "longer by the lead the host had (docs/step-plan.md, settle).", integer(0))
+    kernel_warmup_steps: int = option(1, "discarded steps before the kernel steps, with records already on, so the "
+                                         "kernel steps don't follow CUPTI's start-up idle gap, when the GPU clock "
+                                         "runs higher.", integer(0))
+    settle_steps: int = option(1, "untimed steps after the kernel steps, nothing attached: the session's stop syncs, "
+                                  "so the next step starts with an empty GPU queue and runs long "
+                                  "(docs/step-plan.md, settle).", integer(0))
     dispatch_steps: int | Literal["all"] | None = option(
-        None, "instrumented steps on which the torch dispatch mode runs (it costs Python time on every aten op): "
-              "'all', or the first N. Default: all instrumented steps for plain torch models, the first for models "
-              "with TE modules.", _dispatch_steps)
-    reuse_owners: bool = option(True, "instrumented steps after the first hooked one run without module hooks: each "
-                                      "TE GEMM takes its owner from the hooked step's call at the same launch "
-                                      "position, the call's layout and operand shapes checked (a step that does not "
-                                      "match is left out, and hooks come back). The hooks were the largest part of "
-                                      "an instrumented step's host cost (benchmarks/instrument_cost.py parts).",
+        None, "instrumented steps that run the torch dispatch mode (Python time on every aten op): "
+              "'all' or the first N. Default: all for plain torch models, the first for models with TE modules.",
+        _dispatch_steps)
+    reuse_owners: bool = option(True, "after the first hooked step, run instrumented steps without module hooks: each "
+                                      "TE GEMM takes the owner of the call at the same launch position, layout and "
+                                      "shapes checked; a mismatched step is dropped and hooks return. Hooks were most "
+                                      "of an instrumented step's host cost (benchmarks/instrument_cost.py parts).",
                                 switch)
-    nvtx: bool | str = option("auto", "an NVTX range per GEMM (domain te_gemm) and per step: True, False, or 'auto': "
-                                      "only when an NVTX tool is listening (nsys profile sets NVTX_INJECTION64_PATH), "
-                                      "with nsys_capture, or with an nvtx_backend.", _nvtx)
-    timing: bool | str = option("auto", "per-GEMM time source. 'auto' (True): kernel records where kernel steps run, "
-                                        "else CUDA-event pairs on the instrumented steps (host clock on a CPU); "
-                                        "'events': event pairs on the instrumented steps as well; 'none' (False): no "
-                                        "per-GEMM time.", _timing)
-    nsys_capture: bool | str = option(False, "cudaProfilerStart at the first profiled step, cudaProfilerStop once the "
-                                             "capture is built (at the end of stop()), so that nsys profile -c "
-                                             "cudaProfilerApi records the profiled steps and nothing else "
-                                             "(docs/nsight-systems.md). 'held': the caller ends the range with "
-                                             "end_nsys_range() (the callbacks do, once the capture file is written: "
-                                             "nsys's default --capture-range-end=stop-shutdown ends the job there).",
+    nvtx: bool | str = option("auto", "NVTX ranges per GEMM (domain te_gemm) and per step: True, False, or 'auto': "
+                                      "on when an NVTX tool listens (nsys sets NVTX_INJECTION64_PATH), with "
+                                      "nsys_capture, or with an nvtx_backend.", _nvtx)
+    timing: bool | str = option("auto", "per-GEMM time source. 'auto' (True): kernel records if kernel steps run, else "
+                                        "CUDA-event pairs on instrumented steps (host clock on CPU); 'events': event "
+                                        "pairs on instrumented steps too; 'none' (False): no per-GEMM time.", _timing)
+    nsys_capture: bool | str = option(False, "cudaProfilerStart at the first profiled step, cudaProfilerStop at the "
+                                             "end of stop(), so nsys profile -c cudaProfilerApi records only the "
+                                             "profiled steps (docs/nsight-systems.md). 'held': the caller calls "
+                                             "end_nsys_range() (the callbacks do, after writing the capture file, "
+                                             "since nsys's default "
+                                             "--capture-range-end=stop-shutdown ends the job there).",
                                       one_of(True, False, "held"))
     nvtx_backend: Any = option(None, "what opens and closes NVTX ranges (default: the nvtx package).")
     clock_reader: Callable[[], tuple[float, float]] | None = option(
-        None, "reads (SM clock MHz, board power W) on a background thread over the steps whose GEMM times the "
-              "capture reports (default: NVML on a CUDA host, nothing elsewhere); the summary goes to "
-              "meta['clocks_during_capture'], so a report can set the job's clock against the microbenchmark's.",
+        None, "reads (SM clock MHz, board power W) on a background thread during the timed steps "
+              "(default: NVML on a CUDA host, else nothing). The summary goes to meta['clocks_during_capture'] "
+              "to compare the job's clock with the microbenchmark's.",
         function_or_none("a function returning (SM clock MHz, power W)"))
-    max_compile_steps: int = option(10, "the most compile steps a compiled model runs before the plan; should dynamo "
-                                        "still compile then, the plan runs anyway and the capture says steady state "
-                                        "was not reached.", integer(0))
+    max_compile_steps: int = option(10, "most compile steps a compiled model runs before the plan; if dynamo still "
+                                        "compiles, the plan runs anyway and the capture says steady state was not "
+                                        "reached.", integer(0))
     kernel_profile: Any = option(None, "a stand-in for the kernel recorder (tests: kernel steps without CUDA).")
     clock: Callable[[], float] = option(time.perf_counter, "a stand-in for the host clock (tests).")
 
@@ -105,23 +104,23 @@ class ProfilerConfig(Options):
 class CaptureConfig(Options):
     """Which optimizer steps are captured, and how (:class:`~te_gemm_callback.schedule.GemmSchedule`)."""
 
-    wait: int = option(1, "untouched optimizer steps before the window (all micro-batches of gradient "
-                          "accumulation are one step).", integer(0))
+    wait: int = option(1, "untouched optimizer steps before the window (a step includes all its "
+                          "gradient-accumulation micro-batches).", integer(0))
     warmup: int = option(1, "instrumented steps before the captured ones, discarded.", integer(0))
     active: int = option(6, "the captured steps.", integer(1, " (at least one step has to be captured)"))
-    instrumented_steps: int = option(1, "how many of the active steps run instrumented (shapes, owners, "
-                                        "precisions); the others follow the step plan (docs/step-plan.md).",
+    instrumented_steps: int = option(1, "active steps that run instrumented (shapes, owners, precisions); the "
+                                        "others follow the step plan (docs/step-plan.md).",
                                      integer(1))
     # The profiler's own options, handed to it by name: one definition, there.
     adapters: Sequence[str] = same_as(ProfilerConfig, "adapters", to="profiler")
     dispatch_steps: int | Literal["all"] | None = same_as(ProfilerConfig, "dispatch_steps", to="profiler")
     nvtx: bool | str = same_as(ProfilerConfig, "nvtx", to="profiler")
-    nsys_capture: bool = option(False, "cudaProfilerStart at the first active step, cudaProfilerStop once the "
-                                       "capture file is written; run the job under nsys profile -t cuda,nvtx -c "
-                                       "cudaProfilerApi --capture-range-end=stop -s none (nsys's default range "
-                                       "end stops the job at the Stop: docs/nsight-systems.md).", switch)
-    kernel_breakdown: bool = option(True, "on CUDA, the kernels step among the active ones and one per swept "
-                                          "recipe (the replay's trace, the kernel-time breakdown).", switch)
+    nsys_capture: bool = option(False, "cudaProfilerStart at the first active step, cudaProfilerStop after the "
+                                       "capture file is written. Run under nsys profile -t cuda,nvtx -c "
+                                       "cudaProfilerApi --capture-range-end=stop -s none; nsys's default range "
+                                       "end stops the job at the Stop (docs/nsight-systems.md).", switch)
+    kernel_breakdown: bool = option(True, "on CUDA, run a kernels step among the active ones and one per swept "
+                                          "recipe (for the replay's trace and kernel-time breakdown).", switch)
 
     def check_together(self, labels: dict[str, str]) -> None:
         if self.instrumented_steps > self.active:

@@ -1,14 +1,13 @@
-"""Per-GEMM GPU time without a Python instrument in the step: kernel activity records.
+"""Per-GEMM GPU time from CUDA kernel activity records, with no Python instrument in the step.
 
-A *kernels* step runs with nothing of ours in it but ``torch.profiler`` collecting CUDA kernel
-activity (CUPTI: each kernel's start and end on the GPU, no host-side op tracing). Its GEMM
-kernels are then joined to the GEMMs an *instrumented* step captured, by launch order: within one
-step a model launches its GEMMs in the same order every step, and each captured call
-(``general_gemm``, aten ``mm``) launches one GEMM kernel. The join is only made when the two
-counts agree; otherwise the capture says so and keeps its CUDA-event times.
+A *kernels* step runs with only ``torch.profiler`` collecting CUPTI kernel activity (GPU start and
+end per kernel, no host op tracing). Its GEMM kernels are joined by launch order to the GEMMs an
+*instrumented* step captured: a model launches its GEMMs in the same order every step, and each
+captured call (``general_gemm``, aten ``mm``) launches one GEMM kernel. The join is made only if
+the counts agree; otherwise the capture says so and keeps its CUDA-event times.
 
-Kernel durations are the GPU's own time for each kernel: unlike an event pair around a launch
-they hold no idle gap while the host is still launching, which is what a host-bound step is full of.
+Kernel durations are the GPU's own time. Unlike an event pair around a launch, they exclude idle
+gaps while the host is still launching, which fill a host-bound step.
 """
 
 from __future__ import annotations
@@ -36,24 +35,24 @@ log = logging.getLogger("te_gemm_callback")
 class KernelStep:
     """Kernels of one profiled step, in start order: (name, start µs, end µs).
 
-    ``streams``: the CUDA stream of each kernel, in the same order (empty where the records did not
-    say). ``start``: the step marker's start on the same clock (None without a marker): the GPU
-    reached the step's start there, so the step's kernels are timed from it."""
+    ``streams`` holds each kernel's CUDA stream (empty if the records lack it). ``start`` is the
+    step marker's start on the same clock, from which the step's kernels are timed (None without
+    a marker)."""
 
     kernels: list[tuple[str, float, float]] = field(default_factory=list)
     streams: list[int | None] = field(default_factory=list)
     start: float | None = None
-    # The host's CUDA runtime calls of the step, in host order: (name, start µs, end µs, correlation
-    # id), and each kernel's correlation id (None: unknown): which call launched which kernel.
+    # The step's CUDA runtime calls in host order (name, start µs, end µs, correlation id), and
+    # each kernel's correlation id (None if unknown), linking kernels to their launching call.
     calls: list[tuple[str, float, float, int]] = field(default_factory=list)
     corrs: list[int | None] = field(default_factory=list)
 
     def gemm_units(self) -> list[list[int]]:
-        """The kernels (indices into ``kernels``) of each GEMM, in launch order. cuBLAS's split-K
-        GEMMs launch a second kernel that reduces the partial sums (``..._execute_split_k_kernel``,
-        ``splitKreduce_kernel``; docs/results/h200.md, facts the code relies on: split-K): it is the
-        tail of the GEMM before it, so it joins that GEMM's unit and does not count as a GEMM of its
-        own."""
+        """Each GEMM's kernel indices into ``kernels``, in launch order.
+
+        cuBLAS split-K GEMMs launch a second kernel that reduces partial sums
+        (``..._execute_split_k_kernel``, ``splitKreduce_kernel``; docs/results/h200.md, facts the
+        code relies on: split-K). It joins the preceding GEMM's unit instead of counting as a GEMM."""
         out: list[list[int]] = []
         for i, k in enumerate(self.kernels):
             if not is_gemm_kernel(k[0]):
@@ -65,7 +64,7 @@ class KernelStep:
         return out
 
     def gemm_kernels(self) -> list[tuple[str, float, float]]:
-        """One entry per GEMM (:meth:`gemm_units`): a split-K tail's time is added to its GEMM."""
+        """One entry per GEMM (:meth:`gemm_units`), with any split-K tail's time added."""
         out: list[tuple[str, float, float]] = []
         for unit in self.gemm_units():
             name, s, e = self.kernels[unit[0]]
@@ -82,9 +81,9 @@ class KernelStep:
         return out
 
 
-# The step marker: ATen's spin kernel with 0 cycles (about 2 µs on the GPU, one launch on the host),
-# a name no model kernel has. Launched on the current stream at a kernels step's start, it follows
-# every kernel of the steps before it in stream order, so the step's kernels are those after it.
+# Step marker: ATen's spin kernel with 0 cycles (~2 µs GPU, one host launch), a name no model
+# kernel has. Launched on the current stream at a kernels step's start, it runs after all earlier
+# kernels in stream order, so the step's kernels are those after it.
 MARKER = "spin_kernel"
 
 
@@ -96,14 +95,12 @@ def _split_k_tail(name: str) -> bool:
 class KernelProfile:
     """``torch.profiler`` with CUDA kernel activity only, over one or more steps.
 
-    Used the same way by the profiler's kernels steps (callback, sweep and plain loops alike).
-    ``start()`` may come a step early (a warm-up step): the GPU then runs the measured step in the
-    same state as the job's other steps, not after an idle gap while CUPTI starts: an idle GPU
-    regains boost clock, and kernels timed right after it would read faster than the job runs them
-    (measured: docs/step-plan.md, kernels-warmup).
-    ``mark()`` opens each measured step; ``stop()`` returns one :class:`KernelStep` per mark (or one
-    for the whole session without marks). Starting fails softly: another profiler already running
-    in the job leaves ``error`` set and the step simply unprofiled.
+    Used by every kernels step (callback, sweep and plain loops alike). Call ``start()`` a step
+    early (warm-up) so the measured step does not follow CUPTI's start-up idle gap: an idle GPU
+    regains boost clock and its kernels would read faster than the job runs them
+    (docs/step-plan.md, kernels-warmup). ``mark()`` opens each measured step; ``stop()`` returns
+    one :class:`KernelStep` per mark, or one for the session without marks. If another profiler is
+    already running, start fails softly: ``error`` is set and the step goes unprofiled.
 
     Example:
         >>> kp = KernelProfile()                                    # doctest: +SKIP
@@ -116,8 +113,8 @@ class KernelProfile:
         self._env: str | None = None
         self._marks = 0
         self.error: str | None = None
-        # Host ms the last stop() waited in its sync: the GPU finishing work the host had queued
-        # ahead, which the job would wait for anyway, unlike the records' read after it.
+        # Host ms the last stop() spent in its sync, finishing queued GPU work the job would wait
+        # for anyway (unlike the records' read after it).
         self.sync_ms: float | None = None
 
     @property

@@ -50,37 +50,35 @@ def compiled(model: nn.Module) -> bool:
 
 
 class GemmProfiler:
-    """Record every GEMM a model runs: shapes, pass, precision, GPU time, owning module.
+    """Record every GEMM a model runs: shapes, pass, precision, GPU time and owning module.
 
-    Profiled steps follow a :class:`StepPlan` (docs/step-plan.md): instrumented steps (shapes,
-    owners, precisions), on CUDA a kernels warm-up, a kernels step (per-GEMM GPU time) and a settle
-    step, then clean steps with nothing attached, whose times are the step times. Each
-    :class:`StepTime` in the capture says which kind it was. The kernels step's kernels, GEMMs named
-    by the records they joined, stay in the capture as ``kernel_timeline``
-    (:func:`te_gemm_callback.reporting.trace.write_trace` draws it as a Perfetto trace).
+    Steps follow a :class:`StepPlan` (docs/step-plan.md). Instrumented steps record shapes, owners
+    and precisions. On CUDA, a kernels warm-up, a kernels step (per-GEMM GPU time) and a settle step
+    follow. Then come clean steps with nothing attached; their times are the step times. Each
+    :class:`StepTime` says which kind of step it was. The kernels step's kernels stay in the capture
+    as ``kernel_timeline``; :func:`te_gemm_callback.reporting.trace.write_trace` draws it.
 
-    Steady state only (:mod:`.steady`): a ``torch.compile`` model first runs "compile" steps with
-    nothing attached until a step runs with no compilation (dynamo's counters); its instrumented
-    steps run its eager forward, so the profiler never makes it run eager afterwards. A planned clean
-    step that compiled, captured a CUDA graph, or took far longer than the others is tagged
+    Only steady-state steps are timed (:mod:`.steady`). A ``torch.compile`` model first runs
+    "compile" steps, with nothing attached, until dynamo's counters show a step with no compilation.
+    Its instrumented steps run its eager forward, so it is never made to run eager afterwards.
+    A clean step that compiled, captured a CUDA graph or ran far longer than the others is tagged
     "recompile", "graph-capture" or "outlier" and left out of the step time; ``meta["steady_state"]``
-    says in one line whether steady state was reached. A step with fewer micro-batches than the
-    fullest (gradient accumulation that does not divide the epoch) is tagged "partial", never clean;
-    GEMM counts and times are per full step.
+    says whether steady state was reached. A step with fewer micro-batches than the fullest is tagged
+    "partial", never clean. GEMM counts and times are per full step.
 
-    Nothing stays on the model: an exception going through its forward inside the window turns the
-    capture off and takes hooks, dispatch mode and kernel records off at once (:mod:`.guards`), and
-    a ``deepcopy`` or pickle of the model carries no live hook of ours.
+    Nothing stays on the model. An exception through its forward inside the window turns capture off
+    and removes hooks, dispatch mode and kernel records at once (:mod:`.guards`). A ``deepcopy`` or
+    pickle of the model carries none of our hooks.
 
-    Its options are :class:`~te_gemm_callback.capture.config.ProfilerConfig`'s fields (as keywords,
-    or one ``config``), each defined and checked there; they are listed below. ``model`` is the
-    module to profile (after any precision plugin has swapped in TE layers).
+    ``model`` is the module to profile, after any precision plugin has swapped in TE layers. The
+    options, listed below, are :class:`~te_gemm_callback.capture.config.ProfilerConfig`'s fields,
+    given as keywords or as one ``config``.
 
-    Under a profiler that owns CUPTI's kernel records (Nsight Systems, another CUPTI injection, a
-    torch.profiler session of the job's own: :mod:`.cupti`) the kernels and settle steps run
-    instrumented and CUDA events time each GEMM, each behind a GPU gate (:mod:`.gate`); under
-    Nsight Compute nothing is timed. One line says which profiler it is; ``meta["cupti_owner"]``
-    keeps it, ``meta["event_pairs"]`` what led the pairs, their floor and the pairs dropped.
+    When another profiler owns CUPTI's kernel records (Nsight Systems, another CUPTI injection, the
+    job's own torch.profiler; see :mod:`.cupti`), the kernels and settle steps run instrumented and
+    CUDA events time each GEMM behind a GPU gate (:mod:`.gate`). Under Nsight Compute nothing is
+    timed. A log line names that profiler; ``meta["cupti_owner"]`` keeps it, and
+    ``meta["event_pairs"]`` says what led the pairs, their floor and how many were dropped.
 
     Example:
         >>> with GemmProfiler(model) as prof:          # doctest: +SKIP
@@ -99,8 +97,8 @@ class GemmProfiler:
             raise TypeError(f"GemmProfiler got an unexpected keyword argument {unknown[0]!r}")
         self.config = c = config or ProfilerConfig(**options)
         timing, dispatch_steps, kernel_steps, nsys_capture = c.timing, c.dispatch_steps, c.kernel_steps, c.nsys_capture
-        # A model on the meta device runs nothing: its GEMMs have shapes but no time (host-clock pairs
-        # would time the dispatch alone, and the capture called it a CPU job). Said once, not timed.
+        # A meta-device model runs nothing: record shapes only. Host-clock pairs would time only
+        # the dispatch, and the capture would call it a CPU job.
         self.on_meta = next((p.is_meta for p in model.parameters()), False)
         if self.on_meta:
             warn_once("te-gemm: the model is on the meta device: nothing runs there, so nothing can be timed; "
@@ -124,13 +122,13 @@ class GemmProfiler:
         if self.plan.instrumented == 0 and self.plan.kernels == 0:
             log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
         self.nsys_capture = nsys_capture
-        # cudaProfilerStart/Stop (torch.cuda.profiler), only where they reach a GPU.
+        # cudaProfilerStart/Stop via torch.cuda.profiler, only when there is a GPU.
         self._range_api: Any = torch.cuda.profiler if nsys_capture and torch.cuda.is_available() else None
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
         self.timing = self._base_timing = timing
-        nvtx_on = True if c.nvtx == "auto" and nsys_capture else c.nvtx  # under nsys: a tool will listen
+        nvtx_on = True if c.nvtx == "auto" and nsys_capture else c.nvtx  # nsys will listen
         self.recorder = Recorder(self.scope, gemm_timer(timing != "none"), Nvtx(nvtx_on, c.nvtx_backend))
-        # Only GPU kernels can be lost to another profiler (a CPU model on a GPU host has none).
+        # Only GPU kernels can be lost to another CUPTI owner; a CPU model has none.
         self._cuda = cuda
         self.cupti: CuptiOwner | None = None
         self._follow_cupti()
@@ -145,14 +143,15 @@ class GemmProfiler:
         self._sample_clocks = False
         self._guard: ForwardGuard | None = None
         self._held = False  # start()'s process-wide pieces (graph counter, nsys range) are on
-        self._range_open = False  # cudaProfilerStart called, its Stop not yet
+        self._range_open = False  # cudaProfilerStart called, Stop not yet
 
     def _follow_cupti(self) -> None:
-        """Plan around a profiler that owns CUPTI (:mod:`.cupti`), looked up at construction and
-        again at each start (the job may have started its own torch.profiler in between): the
-        kernels warm-up, kernels and settle steps become instrumented ones, so that as many steps
-        run as planned and each GEMM is timed by CUDA events on several steps (medians) rather than
-        on the first alone, which also runs the dispatch mode. Under Nsight Compute no GEMM is timed."""
+        """Adapt the plan when another profiler owns CUPTI (:mod:`.cupti`).
+
+        Checked at construction and at each start, since the job may start its own torch.profiler
+        in between. The kernels warm-up, kernels and settle steps become instrumented steps, so the
+        same number of steps run and CUDA events time each GEMM on several steps (a median), not
+        only on the first, which also runs the dispatch mode. Under Nsight Compute nothing is timed."""
         owner = cupti_owner() if self._cuda else None
         self.cupti, base = owner, self._base_plan
         self.plan, self.timing = base, self._base_timing
@@ -160,26 +159,25 @@ class GemmProfiler:
         if owner is not None:
             warn_once(owner.line(), log)
             if base.kernels and base.instrumented != "all":
-                # The settle steps too: no records' sync to settle after, and as many steps profiled.
+                # Settle steps too: there is no records sync to settle after.
                 self.plan = StepPlan(instrumented=base.instrumented + base.kernels_warmup + base.kernels + base.settle,
                                      kernels=0, dispatch=base.dispatch)
                 if isinstance(base.dispatch, int) and base.dispatch and base.settle and owner.timing != NONE \
                         and self._base_timing != "none":
-                    # GEMMs outside TE modules are timed on dispatch steps only: where the first
-                    # step found some, the step after the dispatch ones runs the dispatch mode too
-                    # (_dispatch_more), for two pairs rather than one; the settle slot keeps the light
-                    # steps as many as before.
+                    # GEMMs outside TE modules are timed on dispatch steps only. If the first step
+                    # found some, one more step runs the dispatch mode (_dispatch_more) for a
+                    # second pair; it takes the settle slot, so the light-step count is unchanged.
                     self._more_dispatch = 1
             if owner.timing == NONE:
                 self.timing = "none"
         self.recorder.timer.kind = self.recorder.timer.kind_for(self.timing != "none")
 
     def _reset(self) -> None:
-        self._steps: list[StepRecord] = []  # one per step opened, in step order: its index is its position
-        self._order_off = False  # no TE owners by launch order: a compiled model, or a step did not match
+        self._steps: list[StepRecord] = []  # one per opened step; index = step number
+        self._order_off = False  # no TE owners by launch order (compiled model, or a step mismatched)
         if self.te is not None:
             self.te.owners.reset()
-        # Host ms to start the kernel-records session and to stop it (sync, records read).
+        # Host ms to start and to stop (sync + read) the kernel-records session.
         self._session_ms: dict[str, float] = {}
         self.instruments.eager = EagerForwards({})
         self.instruments.eager_compiled = EagerCompiled({})
@@ -187,14 +185,13 @@ class GemmProfiler:
         self.kernel_profile.error = None  # a new capture tries the kernel records again
         self._capture: GemmCapture | None = None
         self._started = False
-        self._abandoned = False  # an exception went through the model's forward: nothing attached again
+        self._abandoned = False  # the forward raised: never attach again
         self.recorder.reset()
 
-    # --- step boundaries: what each step opens with (its instruments, by its kind in the plan)
-    # and closes with (its times, the kernel records' session) -----------------------------------
+    # --- step boundaries: open (instruments for the step's kind), close (times, kernel records) ---
     def _boundary(self) -> Boundary:
         ev = None
-        if self.recorder.timer.cuda:  # one event per step boundary: nothing per GEMM
+        if self.recorder.timer.cuda:  # one event per boundary, none per GEMM
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
         return self._clock(), ev
@@ -203,16 +200,16 @@ class GemmProfiler:
         i = self.recorder.step
         kind = self._plan_kind(i)
         j = i - self._wait.lead  # index in the plan (negative for a compile step)
-        # Event pairs where no kernel records will time the GEMMs, and on the first step (already
-        # the costly shape-discovery one) as a fallback should the kernels step not come or not
-        # join: elsewhere the pair and its record calls would be most of the per-GEMM host cost.
+        # Event pairs where no kernel records will time the GEMMs, plus on the first (already
+        # costly) step as a fallback in case the kernels step never comes or does not join.
+        # Elsewhere the pairs would be most of the per-GEMM host cost.
         timed = self.timing == "events" or (self.timing == "auto" and self.plan.kernels == 0)
         self.recorder.timer.enabled = timed or (self.timing == "auto" and j == 0)
-        # The gate (or spin) ahead of each start event (instruments.EventTimer) only where the pairs give the
-        # GEMM times: a fallback pair costs the job no GPU time. Built here, before the boundary and
-        # before the dispatch mode: its first build compiles a kernel.
+        # Gate (or spin) before each start event (instruments.EventTimer) only where the pairs give
+        # the GEMM times, so fallback pairs cost no GPU time. Built here, before the boundary and
+        # the dispatch mode, because its first build compiles a kernel.
         self.recorder.timer.lead = timed
-        if timed and not self.recorder.timer.gates and not self._abandoned:  # once: the model's devices
+        if timed and not self.recorder.timer.gates and not self._abandoned:  # once, for the model's devices
             self.recorder.timer.prepare({p.device.index for p in self.model.parameters() if p.is_cuda})
         dispatched = False
         if kind == INSTRUMENTED and self.recorder.error is None:
@@ -232,14 +229,14 @@ class GemmProfiler:
         else:
             self._detach(keep_kernels=True)
             if kind in (SETTLE, CLEAN) and self._clocks is not None and self._clocks.running:
-                # A sampling thread takes the GIL 20 times a second: nothing of ours on clean steps.
+                # The sampler takes the GIL 20 times a second: keep it off clean steps.
                 self._clocks.__exit__(None, None, None)
         host_clock = self._host_clock() if kind == SETTLE else None
         if self._sample_clocks and self._clocks is None and not self._abandoned and (
                 kind in (WARMUP, KERNELS) or (kind == INSTRUMENTED and self.plan.kernels == 0)):
-            # Before the boundary: not the step's time.
+            # Before the boundary, so not in the step's time.
             self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
-        if kind in (WARMUP, KERNELS):  # started before the boundary: not the step's time
+        if kind in (WARMUP, KERNELS):  # started before the boundary, so not in the step's time
             if not self.kernel_profile.running and self.kernel_profile.error is None and not self._abandoned:
                 t0 = self._clock()
                 self.kernel_profile.start()
@@ -247,10 +244,10 @@ class GemmProfiler:
         if kind == KERNELS:
             self.kernel_profile.mark()
         rec = StepRecord(kind, dispatch=dispatched, host_clock=host_clock)
-        self._steps.append(rec)  # step_kind reads it from here on; the boundary comes last
+        self._steps.append(rec)  # step_kind reads it from now on; the boundary comes last
         rec.seq_open = self.scope._current_seq()
         self.recorder.nvtx.push(f"step {i} ({kind})")
-        rec.at_open = activity()  # dynamo's counters: a few dict reads, outside the step's time
+        rec.at_open = activity()  # dynamo's counters (a few dict reads), outside the step's time
         rec.start = self._boundary()
 
     def _close_step(self, micro_batches: int, last: bool = True, ran: bool = True) -> None:
@@ -270,17 +267,17 @@ class GemmProfiler:
         if ran and self.te is not None and self.instruments.attached == "order":
             if self.te.owners.complete():
                 rec.by_order = True
-            else:  # another call order or other shapes: this step's owners are unknown
+            else:  # different call order or shapes: this step's owners are unknown
                 rec.order_failed = True
                 self._order_off = True
                 log.warning("te-gemm: step %d's TE GEMMs did not follow the first instrumented step's order: "
                             "they are left out, and later instrumented steps are hooked again", i)
-        # One kernel-records session over the warm-up and kernels steps; it ends (with a sync)
-        # after the last kernels step, or with the capture.
+        # One kernel-records session spans the warm-up and kernels steps. It ends, with a sync,
+        # after the last kernels step or with the capture.
         if self.kernel_profile.running and (last or self._plan_kind(i + 1) not in (WARMUP, KERNELS)):
             t0 = self._clock()
-            steps = self.kernel_profile.stop()  # synchronizes: after the step's end boundary
-            # Outside every step's boundaries, yet the job waits for it: the report says so.
+            steps = self.kernel_profile.stop()  # synchronizes, so it comes after the end boundary
+            # Outside every step's boundaries, but the job waits for it, so the report shows it.
             self._session_ms["stop"] = (self._clock() - t0) * 1e3
             sync = getattr(self.kernel_profile, "sync_ms", None)
             if sync is not None:
@@ -291,8 +288,9 @@ class GemmProfiler:
                     self._steps[j].kernels = ks
 
     def _host_clock(self) -> ModuleHostClock | None:
-        """The first settle step's clock of each TE module's host time (host_clock.py); none for a
-        compiled model (hooks would make dynamo compile again), or once one step has it."""
+        """Clock each TE module's host time on the first settle step (host_clock.py).
+
+        None for a compiled model (hooks would make dynamo recompile) or once a step has it."""
         if self._abandoned or compiled_modules(self.model) or \
                 any(s.module_host_us is not None or s.host_clock is not None for s in self._steps):
             return None
@@ -304,9 +302,10 @@ class GemmProfiler:
         return clock
 
     def _dispatch_more(self, j: int) -> bool:
-        """An instrumented step past the plan's dispatch steps that runs the dispatch mode anyway:
-        under a profiler that owns CUPTI, where the dispatch steps recorded GEMMs the TE adapter
-        does not see (a plain nn.Linear lm_head), whose only times are those steps' pairs."""
+        """Whether step ``j``, past the planned dispatch steps, runs the dispatch mode anyway.
+
+        Only under another CUPTI owner, when the dispatch steps found GEMMs the TE adapter misses
+        (e.g. a plain nn.Linear lm_head): those steps' pairs are their only times."""
         if not self._more_dispatch or not isinstance(self.plan.dispatch, int) or \
                 not self.plan.dispatch <= j < self.plan.dispatch + self._more_dispatch:
             return False
@@ -317,7 +316,7 @@ class GemmProfiler:
 
     def _detach(self, keep_kernels: bool = False) -> None:
         self.instruments.detach()
-        if not keep_kernels:  # a session across the warm-up and kernels steps stays open
+        if not keep_kernels:  # keep a session spanning the warm-up and kernels steps open
             self.kernel_profile.discard()
 
     def _step_ids(self, test: Callable[[StepRecord], bool]) -> list[int]:
@@ -330,8 +329,7 @@ class GemmProfiler:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> GemmProfiler:
-        """Begin the first profiled step. A profiler may be started again after :meth:`stop`;
-        each start begins a new capture."""
+        """Begin the first profiled step. Each start, including one after :meth:`stop`, begins a new capture."""
         if self._started:
             raise RuntimeError("GemmProfiler already started")
         self._reset()
@@ -340,33 +338,32 @@ class GemmProfiler:
         self._thread = self.scope.owner_thread = threading.get_ident()
         self.scope.ran.clear()
         self.scope.weights_used.clear()
-        # CUDA graphs made after the profiler was built count too: looked up at each start.
+        # Looked up at each start, so CUDA graphs made after construction count too.
         self.instruments.eager = EagerForwards(graphed_modules(self.model))
-        # Likewise compiled modules: the instrumented steps run their eager forward (steady.py: a
-        # compiled frame entered under the dispatch mode can stay eager for good).
+        # Likewise compiled modules. Instrumented steps run their eager forward, since a compiled
+        # frame entered under the dispatch mode can stay eager for good (steady.py).
         self.instruments.eager_compiled = EagerCompiled(compiled_modules(self.model))
-        # Compile steps first, until dynamo is done with the model: none of its compile time may
-        # land in a timed step, and the plan's steps then run the code the job will keep running.
+        # Compile steps first, until dynamo is done, so no compile time lands in a timed step and
+        # the plan's steps run the code the job will keep running.
         self._wait.waiting = bool(self.instruments.eager_compiled.modules)
         GraphCaptures.install()
         self._held = True
-        # The one thing on the model for the whole window, clean steps included (a try/except frame
-        # around its forward, nothing timed): an exception through it takes every instrument off,
-        # whatever the training framework does about it (the HF Trainer has no exception hook).
+        # The only thing on the model for the whole window, clean steps included: a try/except
+        # around its forward, untimed. An exception through it removes every instrument, whatever
+        # the training framework does (the HF Trainer has no exception hook).
         self._guard = ForwardGuard.install(self.model, self._abandon)
-        # Kept hooked for a compiled model (TE launch-order owners are checked on eager models only).
+        # A compiled model stays hooked: launch-order owners are checked on eager models only.
         self._order_off = compiled(self.model)
         if self._range_api is not None:
-            # Ended once the capture is built (or, "held", saved): nsys's default
+            # Stopped once the capture is built (or, with "held", saved), because nsys's default
             # --capture-range-end=stop-shutdown ends the job at the first Stop
             # (docs/results/h200.md, facts the code relies on: nsys capture range).
             self._range_api.start()
             self._range_open = True
-        # The SM clock over the steps whose GEMM times the capture reports: 20 reads a second on
-        # a background thread (NVML ~10-50 us each), which takes the GIL each time. Started with
-        # the kernels steps where there are some (the instrumented steps need not pay for it), else
-        # with the instrumented steps for their event pairs (_open_step); stopped for the clean
-        # ones. Never raises.
+        # Sample the SM clock over the steps whose GEMM times are reported: 20 NVML reads a second
+        # (~10-50 us each) on a thread that takes the GIL each time. Started with the kernels steps
+        # if any, so instrumented steps don't pay; else with the instrumented steps' event pairs
+        # (_open_step). Stopped for clean steps. Never raises.
         self._clocks = None
         self._sample_clocks = self._clock_reader is not None or torch.cuda.is_available()
         try:
@@ -390,14 +387,14 @@ class GemmProfiler:
     def stop(self, micro_batches: int = 1) -> GemmCapture:
         if not self._started:
             raise RuntimeError("GemmProfiler was not started")
-        _check_micro_batches(micro_batches)  # before anything closes: a corrected stop() still works
+        _check_micro_batches(micro_batches)  # before anything closes, so a corrected stop() still works
         if threading.get_ident() != self._thread:
-            # The dispatch mode is thread-local: only the starting thread can take it off.
+            # The dispatch mode is thread-local: only the starting thread can remove it.
             raise RuntimeError("GemmProfiler.stop() must be called from the thread that called start()")
         i = self.recorder.step
-        # stop() right after step(): the step opened by that step() never ran (a plain loop calls
-        # step() after every iteration, then leaves the with-block). Autograd's node counter tells,
-        # with nothing attached: no forward with grad since the step opened -> nothing ran.
+        # stop() right after step(): that step never ran (a loop calls step() after each iteration,
+        # then leaves the with-block). Autograd's node counter tells with nothing attached: no
+        # forward with grad since the step opened means nothing ran.
         empty_tail = i > 0 and self.scope._current_seq() <= self._steps[-1].seq_open + 1 and \
             not any(r[0] == i for r in self.recorder.raw)
         self._close_step(micro_batches, ran=not empty_tail)
@@ -420,9 +417,11 @@ class GemmProfiler:
             self._range_api.stop()
 
     def _release(self) -> None:
-        """Take off everything start() put on (idempotent): instruments, the forward guard, the
-        graph-capture counter, the clock sampler. The nsys range stays open until the capture is
-        built (:meth:`stop`) or saved (``nsys_capture="held"``)."""
+        """Remove everything start() installed (idempotent).
+
+        Covers instruments, the forward guard, the graph-capture counter and the clock sampler.
+        The nsys range stays open until the capture is built (:meth:`stop`) or saved
+        (``nsys_capture="held"``)."""
         self._detach()
         if self._guard is not None:
             self._guard.remove()
@@ -434,9 +433,10 @@ class GemmProfiler:
             self._clocks.__exit__(None, None, None)
 
     def _abandon(self, err: BaseException) -> None:
-        """An exception went through the model's forward inside the window: capture turns off and
-        everything of ours comes off the model now, reported once (the job's exception goes on up
-        untouched). stop() still returns what was recorded before it."""
+        """Turn capture off after the forward raised inside the window.
+
+        Everything of ours comes off the model now, reported once; the job's exception propagates
+        untouched. stop() still returns what was recorded before it."""
         if not self._started or self._abandoned:
             return
         self._abandoned = True
@@ -446,7 +446,7 @@ class GemmProfiler:
                         self.recorder.error, str(err).splitlines()[0][:200] if str(err) else "no message")
         self.recorder.active = False
         self.scope.enabled = False
-        if threading.get_ident() == self._thread:  # the dispatch mode is thread-local: only its thread pops it
+        if threading.get_ident() == self._thread:  # the dispatch mode is thread-local: only its thread can pop it
             self._release()
 
     def pause(self) -> None:
@@ -487,16 +487,18 @@ class GemmProfiler:
 
     @property
     def plan_index(self) -> int | None:
-        """The open step's index in the :class:`StepPlan` (its kind is ``plan.kind(plan_index)``),
-        or None while the compile steps before the plan run (or when not started)."""
+        """The open step's index in the :class:`StepPlan`, so its kind is ``plan.kind(plan_index)``.
+
+        None during compile steps or when not started."""
         if not self._started or self._wait.waiting:
             return None
         return self.recorder.step - self._wait.lead
 
 
 def _check_micro_batches(v: Any) -> None:
-    """Refuse a count the capture could not save or load back (0 divided at save; 1.5, True and
-    10**30 were saved, then refused by GemmCapture.load)."""
+    """Refuse a count the capture cannot save and load back.
+
+    0 divided by zero at save; 1.5, True and 10**30 were saved but refused by GemmCapture.load."""
     if type(v) is not int or not 1 <= v <= MAX_INT:
         raise ValueError(f"micro_batches must be a whole number >= 1 (the micro-batches of the step), got {v!r}")
 
