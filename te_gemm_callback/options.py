@@ -11,8 +11,9 @@ names the keyword the user wrote and what to give instead.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 Check = Callable[[Any, str], Any]  # (value, the keyword the user wrote) -> the value to keep
@@ -26,6 +27,16 @@ def option(default: Any, doc: str, check: Check | None = None, *, kw: str | None
     schedule and the callbacks take it by (default: the field's name; "" for none); ``to`` the
     object the schedule hands it to by name ("profiler": :class:`~te_gemm_callback.GemmProfiler`)."""
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "kw": kw, "to": to})
+
+
+def refuse_unknown(owner: str, given: Iterable[str], known: Sequence[str]) -> None:
+    """A keyword that none of ``known`` is, refused in one line with the nearest one the user may
+    have meant (else the ones ``owner`` takes)."""
+    bad = sorted(set(given) - set(known))
+    if bad:
+        near = difflib.get_close_matches(bad[0], known, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else f"; it takes {', '.join(known)}"
+        raise TypeError(f"{owner} got an unexpected keyword argument {bad[0]!r}{hint}")
 
 
 def same_as(config: type, name: str, **overrides: Any) -> Any:
@@ -53,6 +64,17 @@ class Options:
 
     def check_together(self, labels: dict[str, str]) -> None:
         """Checks across fields (``labels``: field -> the keyword the user wrote)."""
+
+    @classmethod
+    def given(cls: type[T], owner: str, config: T | None, options: dict[str, Any]) -> T:
+        """``config``, or the config of the keyword arguments ``options`` by field name (never both):
+        what a function that takes either (``GemmProfiler``, ``run_sweep``) was given."""
+        if config is not None:
+            if options:
+                raise TypeError(f"{owner} takes its options either as config or as keywords, not both")
+            return config
+        refuse_unknown(owner, options, [f.name for f in dataclasses.fields(cls)])
+        return cls(**options)
 
     @classmethod
     def keywords(cls) -> dict[str, str]:

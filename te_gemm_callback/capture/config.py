@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from te_gemm_callback.options import Options, function_or_none, integer, one_of, option, same_as, switch
+from te_gemm_callback.capture.step_plan import count_arg
+from te_gemm_callback.options import Check, Options, function_or_none, integer, one_of, option, same_as, switch
 
 
 def _adapters(v: Any, name: str) -> tuple[str, ...]:
@@ -20,26 +21,18 @@ def _adapters(v: Any, name: str) -> tuple[str, ...]:
     return tuple(v)
 
 
-def _dispatch_steps(v: Any, name: str) -> Any:
-    return v if v is None or v == "all" else integer(0)(v, name)
-
-
 def _nvtx(v: Any, name: str) -> Any:
     if not isinstance(v, bool) and v != "auto":
         raise ValueError(f"{name} must be True, False or 'auto', got {v!r}")
     return v
 
 
-def _count_or_all(v: Any, name: str) -> Any:
-    if v == "all":
-        return v
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{name} must be all or a non-negative integer, got {v!r}")
-    return v
-
-
-def _count_or_none(v: Any, name: str) -> Any:
-    return v if v is None else integer(0)(v, name)
+def _count(allow_all: bool = False, allow_none: bool = False) -> Check:
+    """A step count as the step plan takes it (:func:`~.step_plan.count_arg`); None where the
+    profiler picks the default itself."""
+    def check(v: Any, name: str) -> Any:
+        return v if v is None and allow_none else count_arg(name, v, allow_all)
+    return check
 
 
 def _timing(v: Any, name: str) -> str:
@@ -56,19 +49,19 @@ class ProfilerConfig(Options):
     adapters: Sequence[str] = option(("te", "torch"), "'te' (intercept TE's general_gemm), 'torch' (aten "
                                                       "dispatch), or both.", _adapters)
     instrumented_steps: int | Literal["all"] = option(
-        1, "how many steps run instrumented ('all': every step, no clean one).", _count_or_all)
+        1, "how many steps run instrumented ('all': every step, no clean one).", _count(allow_all=True))
     kernel_steps: int | None = option(None, "steps with kernel records after them; default 1 on a CUDA host, else 0.",
-                                      _count_or_none)
+                                      _count(allow_none=True))
     kernel_warmup_steps: int = option(1, "discarded steps before the kernel steps, with records already on, so the "
                                          "kernel steps don't follow CUPTI's start-up idle gap, when the GPU clock "
-                                         "runs higher.", integer(0))
+                                         "runs higher.", _count())
     settle_steps: int = option(1, "untimed steps after the kernel steps, nothing attached: the session's stop syncs, "
                                   "so the next step starts with an empty GPU queue and runs long "
-                                  "(docs/step-plan.md, settle).", integer(0))
+                                  "(docs/step-plan.md, settle).", _count())
     dispatch_steps: int | Literal["all"] | None = option(
         None, "instrumented steps that run the torch dispatch mode (Python time on every aten op): "
               "'all' or the first N. Default: all for plain torch models, the first for models with TE modules.",
-        _dispatch_steps)
+        _count(allow_all=True, allow_none=True))
     reuse_owners: bool = option(True, "after the first hooked step, run instrumented steps without module hooks: each "
                                       "TE GEMM takes the owner of the call at the same launch position, layout and "
                                       "shapes checked; a mismatched step is dropped and hooks return. Hooks were most "
@@ -95,7 +88,7 @@ class ProfilerConfig(Options):
         function_or_none("a function returning (SM clock MHz, power W)"))
     max_compile_steps: int = option(10, "most compile steps a compiled model runs before the plan; if dynamo still "
                                         "compiles, the plan runs anyway and the capture says steady state was not "
-                                        "reached.", integer(0))
+                                        "reached.", _count())
     kernel_profile: Any = option(None, "a stand-in for the kernel recorder (tests: kernel steps without CUDA).")
     clock: Callable[[], float] = option(time.perf_counter, "a stand-in for the host clock (tests).")
 

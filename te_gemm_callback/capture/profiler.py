@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import threading
@@ -90,12 +89,7 @@ class GemmProfiler:
     def __init__(self, model: nn.Module, config: ProfilerConfig | None = None, **options: Any) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"GemmProfiler needs a torch.nn.Module, got {type(model).__name__}")
-        if config is not None and options:
-            raise TypeError("GemmProfiler takes its options either as config or as keywords, not both")
-        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ProfilerConfig)})
-        if unknown:
-            raise TypeError(f"GemmProfiler got an unexpected keyword argument {unknown[0]!r}")
-        self.config = c = config or ProfilerConfig(**options)
+        self.config = c = ProfilerConfig.given("GemmProfiler", config, options)
         timing, dispatch_steps, kernel_steps, nsys_capture = c.timing, c.dispatch_steps, c.kernel_steps, c.nsys_capture
         # A meta-device model runs nothing: record shapes only. Host-clock pairs would time only
         # the dispatch, and the capture would call it a CPU job.

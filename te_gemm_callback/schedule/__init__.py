@@ -30,6 +30,7 @@ from typing import Any
 
 from te_gemm_callback.capture import GemmCapture, GemmProfiler
 from te_gemm_callback.capture.config import CaptureConfig
+from te_gemm_callback.options import refuse_unknown
 from te_gemm_callback.printable import plain
 from te_gemm_callback.reporting.config import ReportConfig
 from te_gemm_callback.schedule.publish import Publishing, guard
@@ -111,17 +112,9 @@ def schedule_signature() -> inspect.Signature:
 def configs(name: str, options: dict[str, Any]) -> tuple[CaptureConfig, SweepConfig, ReportConfig]:
     """The three configs from the keyword arguments ``options``; a keyword none of them takes is
     refused in one line, with the nearest one it may have meant."""
-    import difflib
-
+    refuse_unknown(name, options, [kw for c in CONFIGS for kw in c.keywords()])
     given = dict(options)
-    out = (CaptureConfig.take(given), SweepConfig.take(given), ReportConfig.take(given))
-    if given:
-        known = [kw for c in CONFIGS for kw in c.keywords()]
-        bad = sorted(given)[0]
-        near = difflib.get_close_matches(bad, known, n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else f"; it takes {', '.join(known)}"
-        raise TypeError(f"{name} got an unexpected keyword argument {bad!r}{hint}")
-    return out
+    return CaptureConfig.take(given), SweepConfig.take(given), ReportConfig.take(given)
 
 
 def phase(step: int, wait: int, warmup: int, active: int) -> str:

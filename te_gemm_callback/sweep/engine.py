@@ -365,10 +365,9 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
     steps; then the rounds. The observed step time is the median of the rounds' medians (without rounds,
     of the entry's clean steps), so the profiler's own host cost never enters a speedup or a verdict.
     """
-    if config is None:
-        config = SweepConfig(recipes=list(recipes or ()), **settings)
-    elif recipes is not None or settings:
-        raise TypeError("run_sweep takes the sweep's settings either as config or as keywords, not both")
+    if recipes is not None:
+        settings["recipes"] = list(recipes)
+    config = SweepConfig.given("run_sweep", config, settings)
     return Sweep(model, step_fn, config, context=context, out_dir=out_dir, nvtx=nvtx,
                  profile_kernels=profile_kernels, job_recipe=job_recipe, optimizers=optimizers,
                  optimizer_step=optimizer_step, run_id=run_id, rng_objects=rng_objects).run()
