@@ -86,12 +86,12 @@ class Publishing:
         out = self.report_config.output_dir
         self.path = save_capture(cap, out, self.report_config.filename, keep_existing=self.resumed)
         if gathered is not None and len(gathered) > 1:
-            self.rank_summary = write_ranks(gathered, self.report_config.output_dir)
+            self.rank_summary = write_ranks(gathered, out)
         log.info("te-gemm: capture written to %s", self.path)
-        if not self.report_config.report and (self.report_config.output_dir / "report.json").is_file():
+        if not self.report_config.report and (out / "report.json").is_file():
             # report=False writes no report: one already here is an earlier run's, not this capture's.
             log.warning("te-gemm: %s holds an earlier run's report (report.json, report.md, figures), not this "
-                        "capture's: te-gemm bench and te-gemm report remake it", self.report_config.output_dir)
+                        "capture's: te-gemm bench and te-gemm report remake it", out)
         if not self.resumed:  # a resumed job's folder keeps the first process's run beside this one
             run_id = self.run_id or ""  # set by _publish before it saves
             guard(lambda: clear_stale_sweep(out, run_id), "stale sweep captures not removed")
