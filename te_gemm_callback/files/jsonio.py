@@ -1,19 +1,11 @@
 """The one place files are read and written (captures, bench results, plans, reports, the cache,
 the plan's YAML; figures through :mod:`te_gemm_callback.files.png`).
 
-Reading (:func:`read_json`, :func:`read_schema`): at most :data:`MAX_READ_BYTES` (256 MiB) are
-read, the text must be UTF-8 JSON nested at most :data:`MAX_DEPTH` levels, and a file of a known
-schema is checked against that schema's field types and ranges (:data:`SPECS`; fields it does not
-name are ignored, so files of a newer version still load). Anything else is a one-line ValueError
-naming the file and, where one is at fault, the field.
-
-Writing (:func:`write_bytes_atomic`): a temporary file in the target's folder, then a rename, so a
-reader never sees half a file; a new file gets the umask's permissions like any other the user
-writes, a replaced one keeps its own; a symbolic link at the target is refused (a write must not
-land outside the folder the user named); an existing file is replaced only if its *content* shows
-it is of the kind being written (a JSON file with our schema, our YAML marker, a PNG with our
-marker: files/png.py), never merely because it does not decode. Refusals, and failed writes, are
-one line that names the file.
+Reads are bounded (:data:`MAX_READ_BYTES`, :data:`MAX_DEPTH`) and a file of a known schema is
+checked against :data:`SPECS` (unknown fields are ignored, so newer files still load). Writes are
+atomic (a temporary file renamed over the target), never through a symbolic link, and replace an
+existing file only if its content shows it is of the kind being written. Every refusal or failure
+is a one-line ValueError or OSError that names the file.
 """
 
 from __future__ import annotations
@@ -30,41 +22,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-# The specs live in jsonspecs.py (this module stays small); their names stay importable here.
-from te_gemm_callback.files.specs import (  # noqa: F401
-    ANY,
-    BENCH_FILE,
-    BENCH_RESULT,
-    CACHE_FILE,
-    CAPTURE_FILE,
-    CAPTURE_META,
-    CAPTURE_RECORD,
-    CAPTURE_STEP,
-    MAX_DIM,
-    MAX_INT,
-    PLAN_FILE,
-    SPECS,
-    Bool,
-    Dict,
-    Int,
-    List,
-    Num,
-    S,
-    Str,
-)
+# The names other modules import from here; the specs themselves live in specs.py.
+from te_gemm_callback.files.specs import BENCH_RESULT, CACHE_FILE, CAPTURE_FILE, MAX_DIM, MAX_INT, SPECS, S  # noqa: F401
 from te_gemm_callback.printable import plain
 
 T = TypeVar("T")
 
-# Far above any capture, bench or plan this tool writes (a large MoE capture is a few MB), low
-# enough that `te-gemm show /dev/zero`-like mistakes stop at once instead of filling memory.
+# Far above any file this tool writes (a large MoE capture is a few MB), low enough that
+# `te-gemm show /dev/zero`-like mistakes stop at once instead of filling memory.
 MAX_READ_BYTES = 256 * 1024 * 1024
 # Our files nest 4-6 levels; deeper is hand-made and would hit recursion limits further on.
 MAX_DEPTH = 64
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading
+# A "\udc80" escape decodes to a lone surrogate: text no file or terminal can take.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+STDOUT = "-"  # an output path that means standard output
 
 
 def read_bytes_bounded(path: Path, limit: int | None = None) -> bytes:
@@ -113,12 +84,8 @@ def parse_json(raw: bytes) -> Any:
         raise ValueError(f"not valid JSON ({str(err).splitlines()[0][:120]})") from None
     if not _depth_ok(data):
         raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
-    # A "\udc80" escape decodes to a lone surrogate: text no file or terminal can take. Each is
-    # read as U+FFFD, so a name never fails a report half-written.
+    # Lone surrogates read as U+FFFD, so a name never fails a report half-written.
     return whole_text(data) if _SURROGATE_ESCAPE.search(raw) else data
-
-
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def whole_text(data: Any) -> Any:
@@ -153,9 +120,8 @@ def schema_of(data: Any) -> str | None:
 
 
 def read_schema(path: str | Path, schema: str, what: str, accept: Callable[[Any], bool] | None = None) -> Any:
-    """A JSON file of ``schema`` checked against :data:`SPECS` (``accept``: also take files whose
-    content it accepts, e.g. an older version's without a schema field); ValueError naming the
-    file, and the field at fault, otherwise."""
+    """A JSON file of ``schema`` checked against :data:`SPECS`; ``accept`` also takes files whose
+    content it accepts (an older version's without a schema field)."""
     data = read_json(path, what)
     if schema_of(data) != schema and not (accept and accept(data)):
         raise ValueError(f"{path} is not a {what} (schema {schema_of(data)!r}, want {schema!r})")
@@ -168,12 +134,9 @@ def read_schema(path: str | Path, schema: str, what: str, accept: Callable[[Any]
 
 
 def from_fields(cls: type[T], d: dict[str, Any]) -> T:
-    """Build dataclass ``cls`` from ``d``, ignoring fields it does not know (files written by a
-    newer version still load)."""
+    """Dataclass ``cls`` from ``d``, ignoring fields it does not know (newer files still load)."""
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return cls(**{k: v for k, v in d.items() if k in known})
-
-
 
 
 def _describe(s: S) -> str:
@@ -240,19 +203,17 @@ def _check_number(value: Any, spec: S, bad: Callable[..., ValueError]) -> None:
 
 
 def _check_fields(value: dict, spec: S, where: str) -> None:
+    prefix = where + "." if where else ""
     for name in spec.required:
         if name not in value:
-            raise ValueError(f"{where + '.' if where else ''}{name}: missing")
+            raise ValueError(f"{prefix}{name}: missing")
     for name, sub in spec.fields:
         if name in value:
-            check(value[name], sub, f"{where}.{name}" if where else name)
+            check(value[name], sub, f"{prefix}{name}")
     if spec.item is not None:
         for name, v in value.items():
-            check(v, spec.item, f"{where}.{name}" if where else str(name))
+            check(v, spec.item, f"{prefix}{name}")
 
-
-# ---------------------------------------------------------------------------------------------
-# Writing
 
 KindCheck = Callable[[Path], None]  # raises ValueError unless the existing file at the path is ours to replace
 
@@ -288,8 +249,8 @@ def text_kind(what: str, *prefixes: bytes) -> KindCheck:
 
 
 def _no_linked_parents(p: Path, root: str | Path) -> None:
-    """Refuse a folder between ``root`` and ``p`` that is a symbolic link: checking only the last
-    component let ``root/sweep/BF16 -> elsewhere`` carry a write outside the folder the user named."""
+    """Refuse a folder between ``root`` and ``p`` that is a symbolic link (``root/sweep/BF16 ->
+    elsewhere`` would carry a write outside the folder the user named)."""
     root = Path(root)
     try:
         rel = p.parent.relative_to(root)
@@ -304,8 +265,8 @@ def _no_linked_parents(p: Path, root: str | Path) -> None:
 
 
 def check_target(path: str | Path, kind: KindCheck | None, root: str | Path | None = None) -> Path:
-    """Everything :func:`write_bytes_atomic` refuses, checked without writing (so a command can
-    refuse before it spends minutes measuring). ``kind`` None: an existing file is never replaced.
+    """Everything :func:`write_bytes_atomic` refuses, checked without writing (a command refuses
+    before it spends minutes measuring). ``kind`` None: an existing file is never replaced.
     ``root``: the folder the user named; no folder between it and the file may be a link."""
     if isinstance(path, str) and not path.strip():
         raise ValueError("empty output path: give a file name")
@@ -334,12 +295,10 @@ def check_target(path: str | Path, kind: KindCheck | None, root: str | Path | No
 
 def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | None,
                        root: str | Path | None = None) -> Path:
-    """Write ``data`` to ``path``: parents created, a temporary file in the same folder renamed
-    over the target, the umask's permissions (a file replaced keeps its own mode). Refuses
-    (ValueError, one line) an empty path, a symbolic link, a folder or device, and an existing file
-    that ``kind_check`` says is not ours; with ``root``, a linked folder between ``root`` and the file."""
+    """Write ``data`` to ``path`` atomically (parents created, a temporary file renamed over it)
+    after :func:`check_target`'s refusals; a file replaced keeps its mode."""
     path = check_target(path, kind_check, root)
-    try:  # a 0600 report.json the user locked down stays 0600 when rewritten (it became 0644)
+    try:  # a 0600 report.json the user locked down stays 0600 when rewritten
         mode: int | None = stat.S_IMODE(path.stat().st_mode)
     except OSError:
         mode = None
@@ -370,30 +329,28 @@ def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | No
     return path
 
 
-STDOUT = "-"  # an output path that means standard output
+def _print(text: str) -> Path:
+    sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
+    sys.stdout.flush()
+    return Path(STDOUT)
 
 
 def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str | None = None,
                accept: Callable[[Any], bool] | None = None, root: str | Path | None = None) -> Path:
-    """Write ``data`` as JSON atomically; an existing file is replaced only if it holds ``schema``
-    (default: the ``schema`` field of ``data``; without one, an existing file is never replaced);
-    ``root``: see :func:`check_target`."""
+    """Write ``data`` as JSON atomically, or to standard output for ``-``; an existing file is
+    replaced only if it holds ``schema`` (default: ``data``'s own; none: never replaced)."""
     kind = json_kind(schema or schema_of(data), accept)
     text = json.dumps(data, indent=indent)
     if _SURROGATE_ESCAPE.search(text.encode()):  # a lone surrogate from a live name: valid UTF-16 only
         text = json.dumps(whole_text(data), indent=indent)
-    if str(path) == STDOUT:  # `--json -`: the JSON on standard output, no file named "-"
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-        return Path(STDOUT)
+    if str(path) == STDOUT:
+        return _print(text)
     return write_bytes_atomic(path, text.encode(), kind, root)
 
 
 def write_text(path: str | Path, text: str, kind_check: KindCheck | None = None) -> Path:
-    """Write a text file atomically; an existing file only if ``kind_check`` accepts it; ``-``:
-    standard output."""
+    """Write a text file atomically (``-``: standard output); an existing file only if ``kind_check``
+    accepts it."""
     if str(path) == STDOUT:
-        sys.stdout.write(whole_text(text) + ("" if text.endswith("\n") else "\n"))
-        sys.stdout.flush()
-        return Path(STDOUT)
+        return _print(whole_text(text))
     return write_bytes_atomic(path, whole_text(text).encode(), kind_check)

@@ -1,11 +1,5 @@
-"""Figures as files: PNGs written atomically (:func:`te_gemm_callback.files.jsonio.write_bytes_atomic`),
-never through a symbolic link, never outside the folder they belong in, and never over a PNG this
-tool did not write.
-
-Every figure we write carries :data:`FIGURE_MARKER` as its PNG "Software" text chunk (matplotlib's
-``savefig(metadata=...)``); an existing PNG is replaced only when it carries it, so a user's own
-``speedups.png`` in a run folder is refused in one line instead of overwritten.
-"""
+"""Figures as PNG files, written atomically and only over a PNG this tool wrote: each carries
+:data:`FIGURE_MARKER` as its "Software" text chunk, so a user's own ``speedups.png`` is refused."""
 
 from __future__ import annotations
 
@@ -24,8 +18,8 @@ _MAX_CHUNKS = 4096
 
 
 def png_software(path: Path) -> str | None:
-    """The "Software" text chunk of a PNG file (tEXt or uncompressed iTXt); "" for a PNG without
-    one; None for what is not a readable PNG. Walks chunk headers only: a large PNG costs a few seeks."""
+    """The "Software" text chunk of a PNG (tEXt or uncompressed iTXt); "" for a PNG without one,
+    None for what is not a readable PNG. Walks chunk headers only: a large PNG costs a few seeks."""
     try:
         with open(path, "rb") as f:
             if f.read(8) != PNG_SIGNATURE:
@@ -54,8 +48,7 @@ def png_software(path: Path) -> str | None:
 
 
 def PNG_KIND(path: Path) -> None:
-    """The kind check of :func:`~te_gemm_callback.files.jsonio.write_bytes_atomic` for figures: replace
-    only a PNG that carries our marker."""
+    """The kind check for figures: replace only a PNG that carries our marker."""
     software = png_software(path)
     if software != FIGURE_MARKER:
         what = ("not a PNG figure this tool wrote" if software is None else
@@ -68,8 +61,7 @@ _PLAIN = re.compile(r"[^/\\\x00-\x1f\x7f]+")
 
 
 def plain_name(name: Any, what: str = "figure") -> str:
-    """``name`` if it is a plain file name (the file stays in the folder it is joined to); else a
-    one-line ValueError."""
+    """``name`` if it is a plain file name (it stays in the folder it is joined to); else ValueError."""
     if not isinstance(name, str) or not _PLAIN.fullmatch(name) or name in (".", "..") or len(name) > 255:
         raise ValueError(f"refusing to write {what} {name!r}: not a plain file name (a name inside the run folder, "
                          "no '/' or '..'); fix the file it came from")
@@ -77,9 +69,8 @@ def plain_name(name: Any, what: str = "figure") -> str:
 
 
 def write_figure_atomic(fig: Any, path: str | Path, **savefig_kw: Any) -> Path:
-    """Save a matplotlib figure as PNG through :func:`~te_gemm_callback.files.jsonio.write_bytes_atomic`:
-    marked as ours, atomic, never through a symbolic link, an existing file replaced only if it is
-    a figure we wrote. Does not close ``fig``."""
+    """Save a matplotlib figure as a PNG marked as ours, atomically, over nothing but a figure we
+    wrote. Does not close ``fig``."""
     check_target(path, PNG_KIND)  # before drawing: a refusal costs nothing
     buf = io.BytesIO()
     meta = {**(savefig_kw.pop("metadata", None) or {}), "Software": FIGURE_MARKER}

@@ -1,6 +1,5 @@
-"""Field specs of every file kind this tool reads (split from :mod:`te_gemm_callback.files.jsonio`,
-which checks them): types and ranges; fields a spec does not name are ignored, so files of a
-newer version still load."""
+"""Field types and ranges of every file kind this tool reads (checked by
+:func:`te_gemm_callback.files.jsonio.check`); fields a spec does not name are ignored."""
 
 from __future__ import annotations
 
@@ -8,10 +7,6 @@ import dataclasses
 
 MAX_INT = 2**63 - 1  # what any consumer (numpy, torch, C) can hold
 MAX_DIM = 2**40  # a GEMM dimension beyond this is not a GEMM any GPU runs; also keeps FLOPs finite
-
-
-# ---------------------------------------------------------------------------------------------
-# Field specs: types and ranges of each file kind. Unknown fields are ignored everywhere.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +81,8 @@ CAPTURE_META = Dict({
     # capture/results.py _event_pairs: CUDA-event pairs' lead, floor by device, pairs left out.
     "event_pairs": Dict({"lead": Str(null=True), "floor_us": Dict(values=Num(least=0)), "dropped": Int(least=0),
                          "below_floor": Int(least=0), "dispatch_steps_only": List(Str())}, null=True)}, null=True)
-# The kernels step's kernels (capture_file.KernelTimeline), optional: older captures have none. Types
-# only: indices and times are checked against the capture on load, and a timeline that does not fit
-# is dropped alone (the capture's numbers never come from it).
+# The kernels step's kernels (capture_file.KernelTimeline), optional. Types only: the load checks
+# the rest, and drops a timeline that does not fit.
 CAPTURE_TIMELINE = Dict({
     "step": Int(), "span_us": Num(finite=False), "names": List(Str()),
     "kernels": List(List(Num(null=True, finite=False))), "total": Int(),
@@ -99,12 +93,10 @@ CAPTURE_FILE = Dict({
     "kernel_timeline": CAPTURE_TIMELINE},
     required=("records", "steps"))
 
-# Every pass name (shapes.PASS_NAMES; written out here, since shapes imports this package): a
-# linear layer's three, and the two input gradients of a GEMM without a weight.
+# shapes.PASS_NAMES, written out here since shapes imports this package.
 PASS_NAMES = ("fprop", "dgrad", "wgrad", "dgrad_a", "dgrad_b")
 
-# One bench cell (microbench/cells.py BenchResult), in bench.json and in the cache. ``batch``: a
-# batched GEMM's independent products (absent in files written before batched cells: 1).
+# One bench cell (microbench/cells.py BenchResult), in bench.json and in the cache.
 BENCH_RESULT = Dict({
     "m": Int(least=0, most=MAX_DIM), "k": Int(least=1, most=MAX_DIM), "n": Int(least=1, most=MAX_DIM),
     "batch": Int(least=1, most=MAX_DIM),
