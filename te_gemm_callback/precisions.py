@@ -1,18 +1,19 @@
 """The precisions we compare, named after TE's recipes, and whether this machine can run them.
 
-Transformer Engine is optional: it only installs on CUDA hosts. Every import of it goes through
-:func:`import_te`, which turns the two common failures (not installed; cuDNN loaded from the
-wrong library) into a message that says what to do.
+Transformer Engine is optional (it installs on CUDA hosts only); every import of it goes through
+:func:`import_te`, which says what to do about the two common failures.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,34 +21,24 @@ from typing import Any
 
 @dataclass(frozen=True)
 class RecipeInfo:
-    """What the package knows of one precision, in one place.
+    """What the package knows of one precision."""
 
-    Attributes:
-        name: TE's recipe class name ("BF16": no FP8 autocast).
-        family: the precision label a capture gives GEMMs that ran in it (from the operand types).
-        check: the TE function that says whether this machine runs it (``return_reason=True``).
-        min_capability: the compute capability TE documents for it (words the reason without TE).
-        row_alignment: rows per grouped-GEMM group must be a multiple of this (TE's
-            get_align_size_for_quantization: MXFP8 32, NVFP4 128, other FP8 16).
-        low_precision_peak: its GEMMs run at the FP8 tensor-core peak rather than BF16's.
-    """
-
-    name: str
-    family: str
-    check: str | None
-    min_capability: tuple[int, int] | None
+    name: str  # TE's recipe class name ("BF16": no FP8 autocast)
+    family: str  # the precision label a capture gives GEMMs that ran in it
+    check: str | None  # the TE function that says whether this machine runs it
+    # Rows per grouped-GEMM group must be a multiple of this (TE's get_align_size_for_quantization).
     row_alignment: int
-    low_precision_peak: bool
+    low_precision_peak: bool  # its GEMMs run at the FP8 tensor-core peak rather than BF16's
 
 
 # In the order tables print them.
 RECIPE_TABLE: tuple[RecipeInfo, ...] = (
-    RecipeInfo("BF16", "bf16", None, None, 1, False),
-    RecipeInfo("DelayedScaling", "fp8_delayed", "is_fp8_available", (8, 9), 16, True),
-    RecipeInfo("Float8CurrentScaling", "fp8_current", "is_fp8_available", (8, 9), 16, True),
-    RecipeInfo("Float8BlockScaling", "fp8_block", "is_fp8_block_scaling_available", (9, 0), 16, True),
-    RecipeInfo("MXFP8BlockScaling", "mxfp8", "is_mxfp8_available", (10, 0), 32, True),
-    RecipeInfo("NVFP4BlockScaling", "nvfp4", "is_nvfp4_available", (10, 0), 128, False),
+    RecipeInfo("BF16", "bf16", None, 1, False),
+    RecipeInfo("DelayedScaling", "fp8_delayed", "is_fp8_available", 16, True),
+    RecipeInfo("Float8CurrentScaling", "fp8_current", "is_fp8_available", 16, True),
+    RecipeInfo("Float8BlockScaling", "fp8_block", "is_fp8_block_scaling_available", 16, True),
+    RecipeInfo("MXFP8BlockScaling", "mxfp8", "is_mxfp8_available", 32, True),
+    RecipeInfo("NVFP4BlockScaling", "nvfp4", "is_nvfp4_available", 128, False),
 )
 RECIPE_INFO = {r.name: r for r in RECIPE_TABLE}
 RECIPES: tuple[str, ...] = tuple(r.name for r in RECIPE_TABLE)
@@ -114,10 +105,8 @@ def canonical(name: str) -> str:
 
 
 def parse_recipes(text: str) -> list[str]:
-    """A user's comma-separated recipe list (``--precisions``) as TE class names, in the order given,
-    each once. ValueError, one line, for an empty entry, an unknown name, or "FP8" alone: it names
-    four recipes that time differently, and taking one of them for it would pass that one's numbers
-    off as "FP8" (``canonical`` keeps the old alias for Python callers)."""
+    """A comma-separated recipe list (``--precisions``) as TE class names, in the order given, each
+    once; ValueError, one line, for an empty entry or what :func:`user_recipe` refuses."""
     out = []
     for part in text.split(","):
         name = part.strip()
@@ -129,8 +118,9 @@ def parse_recipes(text: str) -> list[str]:
 
 
 def user_recipe(name: str) -> str:
-    """One recipe name a user gave (``--precisions``, the callbacks' ``sweep``) as TE's class name;
-    ValueError, one line, for an unknown name or "FP8" alone (:func:`parse_recipes` says why)."""
+    """One recipe name a user gave as TE's class name; ValueError for an unknown name or "FP8" alone:
+    it names four recipes that time differently, and taking one for it would pass that one's numbers
+    off as "FP8" (:func:`canonical` keeps the old alias for Python callers)."""
     if name.strip().lower() == "fp8":
         raise ValueError(f"{name!r} names {len(FP8_RECIPES)} recipes ({', '.join(FP8_RECIPES)}): "
                          "choose one or more of them")
@@ -156,9 +146,8 @@ def availability(recipe: str) -> Availability:
         return Availability(recipe, False, "no CUDA device" + ("" if ok_te else f"; {why}"))
     if not ok_te:
         return Availability(recipe, False, why)
-    te = import_te()
     fn_name = RECIPE_INFO[recipe].check or ""  # every recipe but BF16 names its check
-    fn = getattr(te, fn_name, None)
+    fn = getattr(import_te(), fn_name, None)
     if fn is None:
         return Availability(recipe, False, f"this transformer_engine has no {fn_name}()")
     ok, reason = fn(return_reason=True)
@@ -171,18 +160,14 @@ def availability(recipe: str) -> Availability:
 
 def arch_refusal(recipe: str, capability: tuple[int, int]) -> str | None:
     """Why a recipe TE reports as available is still not run on a GPU of this compute capability
-    (None: it is run). TE's own checks are wider than what its recipes support for training:
-    is_nvfp4_available is True on any SM >= 10.0 (pytorch/quantization.py:171-175), and
-    is_fp8_block_scaling_available on any SM >= 9.0 with CUDA 12.9 (:178-186)."""
+    (None: it is run): TE's checks are wider than what its recipes support for training."""
     recipe = canonical(recipe)
     sm = f"SM {capability[0]}.{capability[1]}"
-    # TE documents NVFP4 training on SM 10.0 and 10.3 only (docs/features/low_precision_training/
-    # nvfp4/nvfp4.rst:247). On SM 12.x its fused RHT cast is off (csrc/quantizer.cpp:1934-1939) and
-    # stochastic rounding runs in software (common/util/ptx.cuh:526): not a training step's time.
+    # TE documents NVFP4 training on SM 10.0 and 10.3 only (nvfp4.rst); on SM 12.x its fused RHT
+    # cast is off and stochastic rounding runs in software: not a training step's time.
     if recipe == "NVFP4BlockScaling" and capability not in ((10, 0), (10, 3)):
         return f"NVFP4 training is supported on SM 10.0 and 10.3 only (TE's nvfp4.rst); this GPU is {sm}"
-    # From SM 10.0 TE runs FP8 block scaling as MXFP8 (csrc/extensions/gemm.cpp:312-322), and MXFP8 is
-    # not supported on SM 12.0+ (pytorch/quantization.py:164-165).
+    # From SM 10.0 TE runs FP8 block scaling as MXFP8, which it does not support on SM 12.0+.
     if recipe == "Float8BlockScaling" and capability >= (12, 0):
         return (f"Float8BlockScaling runs as MXFP8 on Blackwell, which TE does not support on SM 12.0+; "
                 f"this GPU is {sm}")
@@ -191,45 +176,36 @@ def arch_refusal(recipe: str, capability: tuple[int, int]) -> str | None:
 
 def shape_problem(recipe: str, m: int | None, k: int, n: int, grouped: bool = False) -> str | None:
     """Why TE cannot run a te.Linear / te.GroupedLinear of fprop shape M x K x N under ``recipe``
-    (None: it can), in one line, so that the cell says it rather than TE's C++ assertion.
-    ``m`` None: not checked (a grouped GEMM's rows are padded per group to row_alignment)."""
+    (None: it can), so that the cell says it rather than TE's C++ assertion. ``m`` None: not
+    checked (a grouped GEMM's rows are padded per group)."""
     recipe = canonical(recipe)
     if recipe not in ("MXFP8BlockScaling", "NVFP4BlockScaling"):
         return None
-    # A linear layer quantizes its input (M, K), weight (N, K) and output gradient (M, N) in both
-    # directions: MXFP8 needs every dimension divisible by its 32-element block
-    # (csrc/quantizer.cpp:1514, :1861), NVFP4's quantize kernel rows and columns divisible by 32
-    # for TMA alignment (common/cast/nvfp4/quantize_transpose_nvfp4.cuh:1472-1475).
+    # Input (M, K), weight (N, K) and output gradient (M, N) are quantized in both directions, in
+    # 32-element blocks (MXFP8) or with rows and columns divisible by 32 (NVFP4's TMA alignment).
     bad = [f"{d}={v}" for d, v in (("M", m), ("K", k), ("N", n)) if v is not None and v % 32]
     if bad:
         return f"{recipe} needs M, K and N divisible by 32 (TE's quantization blocks): {', '.join(bad)}"
-    # NVFP4 grouped split-quantize needs the inner dimension (K of the input, N of the output
-    # gradient) divisible by 128 (csrc/extensions/cast.cpp:1855-1856).
+    # NVFP4 grouped split-quantize needs the inner dimension divisible by 128.
     if grouped and recipe == "NVFP4BlockScaling" and (k % 128 or n % 128):
         return f"NVFP4 grouped GEMMs need K and N divisible by 128 (TE's split quantize): K={k}, N={n}"
     return None
 
 
-def skipped_by_reason(skipped: Mapping[str, str]) -> dict[str, list[str]]:
-    """The recipes that did not run, grouped by why (first-seen order): on a host without CUDA or TE
-    every TE recipe has the same reason, said once for all of them rather than once per recipe."""
-    out: dict[str, list[str]] = {}
-    for recipe, why in skipped.items():
-        out.setdefault(str(why), []).append(str(recipe))
-    return out
-
-
 def skipped_lines(skipped: Mapping[str, str]) -> list[str]:
-    """One line per cause: ``"DelayedScaling, Float8CurrentScaling not run: <why>"``."""
-    return [f"{', '.join(recipes)} not run: {why}" for why, recipes in skipped_by_reason(skipped).items()]
+    """One line per cause, ``"DelayedScaling, Float8CurrentScaling not run: <why>"``: without CUDA
+    or TE every TE recipe has the same reason, said once."""
+    by_reason: dict[str, list[str]] = {}
+    for recipe, why in skipped.items():
+        by_reason.setdefault(str(why), []).append(str(recipe))
+    return [f"{', '.join(recipes)} not run: {why}" for why, recipes in by_reason.items()]
 
 
 _WARNED: set[str] = set()
 
 
 def warn_once(message: str, logger: logging.Logger | None = None) -> bool:
-    """Log ``message`` as a warning the first time this process asks; True if it was logged. A cause
-    that every recipe, cell or report of a run meets (no CUDA device, TE not installed) is said once."""
+    """Log ``message`` as a warning the first time this process asks; True if it was logged."""
     if message in _WARNED:
         return False
     _WARNED.add(message)
@@ -243,30 +219,25 @@ def make_recipe(recipe: str) -> Any:
     if recipe == "BF16":
         return None
     import_te()
-    mod = importlib.import_module("transformer_engine.common.recipe")
-    return getattr(mod, recipe)()
+    return getattr(importlib.import_module("transformer_engine.common.recipe"), recipe)()
 
 
-# Environment variables that change what a TE recipe runs. TE reads the recipes' defaults from them
-# when it defines the recipe classes (common/recipe/__init__.py: NVTE_BACKWARD_OVERRIDE, which runs
-# a recipe's backward in BF16, :261-692; NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES :302;
-# NVTE_FP8_BLOCK_SCALING_FP32_SCALES :429; NVTE_NVFP4_* :558-566) and the NVFP4 quantizer when it
-# runs (NVTE_USE_FAST_MATH, csrc/quantizer.cpp:2686; NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH :2693).
+# Environment variables TE reads when it defines the recipe classes or runs the NVFP4 quantizer,
+# changing what a recipe runs (NVTE_BACKWARD_OVERRIDE runs a recipe's backward in BF16).
 RECIPE_ENV_VARS = ("NVTE_BACKWARD_OVERRIDE", "NVTE_FP8_BLOCK_SCALING_FP32_SCALES",
                    "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "NVTE_USE_FAST_MATH")
 RECIPE_ENV_PREFIX = "NVTE_NVFP4_"
 
 
 def recipe_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The NVTE_* variables set here that change a TE recipe (:data:`RECIPE_ENV_VARS`, NVTE_NVFP4_*),
-    sorted by name."""
+    """The NVTE_* variables set here that change a TE recipe, sorted by name."""
     env = os.environ if environ is None else environ
     return {k: env[k] for k in sorted(env) if k in RECIPE_ENV_VARS or k.startswith(RECIPE_ENV_PREFIX)}
 
 
 def recipe_config(recipe: str) -> str | None:
-    """The configuration of the recipe TE builds here (its repr: formats, quantization parameters,
-    backward override), None for BF16 or where TE cannot be imported."""
+    """The repr of the recipe TE builds here (formats, quantization parameters, backward override);
+    None for BF16 or where TE cannot be imported."""
     if canonical(recipe) == "BF16" or not te_available()[0]:
         return None
     try:
@@ -276,8 +247,7 @@ def recipe_config(recipe: str) -> str | None:
 
 
 def recipe_fingerprint(config: str | None, env: Mapping[str, str] | None) -> str | None:
-    """A short hash of a recipe's configuration and the recipe environment, for cache keys (None
-    when neither is known)."""
+    """A short hash of a recipe's configuration and environment, for cache keys (None: neither known)."""
     if not config and not env:
         return None
     text = json.dumps([config, dict(env or {})], sort_keys=True)
@@ -285,8 +255,7 @@ def recipe_fingerprint(config: str | None, env: Mapping[str, str] | None) -> str
 
 
 def row_alignment(recipe: str) -> int:
-    """Rows per grouped-GEMM group must be a multiple of this under the recipe: 1 for BF16, else
-    TE's get_align_size_for_quantization (MXFP8 32, NVFP4 128, other FP8 16)."""
+    """Rows per grouped-GEMM group must be a multiple of this under the recipe (1 for BF16)."""
     return RECIPE_INFO[canonical(recipe)].row_alignment
 
 
@@ -298,23 +267,14 @@ def padded_splits(splits: Iterable[int], recipe: str) -> tuple[int, ...]:
 
 def autocast(recipe: Any):
     """``te.autocast`` for a recipe (its name, or a TE recipe object such as a per-module
-    ``CustomRecipe``), or a no-op context for BF16 (TE's current API; fp8_autocast is deprecated)."""
-    import contextlib
-    import sys
-
-    if not isinstance(recipe, str):  # a TE recipe object, as built
-        te = import_te()
-        if hasattr(te, "autocast"):
-            return te.autocast(enabled=True, recipe=recipe)
-        return te.fp8_autocast(enabled=True, fp8_recipe=recipe)
-    recipe = canonical(recipe)
-    if recipe == "BF16":
-        if ("transformer_engine.pytorch" in sys.modules
-                and hasattr(sys.modules["transformer_engine.pytorch"], "autocast")):
+    ``CustomRecipe``), or a no-op context for BF16."""
+    if isinstance(recipe, str):
+        if canonical(recipe) == "BF16":
+            te = sys.modules.get("transformer_engine.pytorch")
             # Explicitly off: an outer FP8 autocast (a precision plugin's) must not leak into BF16.
-            return sys.modules["transformer_engine.pytorch"].autocast(enabled=False)
-        return contextlib.nullcontext()
+            return te.autocast(enabled=False) if te and hasattr(te, "autocast") else contextlib.nullcontext()
+        recipe = make_recipe(recipe)
     te = import_te()
     if hasattr(te, "autocast"):
-        return te.autocast(enabled=True, recipe=make_recipe(recipe))
-    return te.fp8_autocast(enabled=True, fp8_recipe=make_recipe(recipe))  # TE < 2.8
+        return te.autocast(enabled=True, recipe=recipe)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe)  # TE < 2.8 (fp8_autocast is deprecated)
