@@ -1,12 +1,7 @@
-"""Options defined once: each is one field of a stage's dataclass, with its default, its line of
-documentation and its check (:func:`option`). The stages' configs are
-:class:`~te_gemm_callback.capture.config.CaptureConfig`,
-:class:`~te_gemm_callback.sweep.config.SweepConfig` and
-:class:`~te_gemm_callback.reporting.config.ReportConfig`; :class:`~te_gemm_callback.schedule.GemmSchedule`
-and the callbacks take the fields of all three as keyword arguments (by each field's keyword),
-``help()`` lists them from the fields, and a bad value fails at construction with one line that
-names the keyword the user wrote and what to give instead.
-"""
+"""Options defined once: each is a field of a stage's config dataclass (CaptureConfig, SweepConfig,
+ReportConfig) with its default, its line of ``help()`` and its check (:func:`option`). The schedule
+and the callbacks take them as keywords; a bad value fails at construction in one line that names
+the keyword the user wrote."""
 
 from __future__ import annotations
 
@@ -22,16 +17,14 @@ T = TypeVar("T", bound="Options")
 
 def option(default: Any, doc: str, check: Check | None = None, *, kw: str | None = None,
            to: str | None = None) -> Any:
-    """A config field: ``doc`` is its line in ``help()``, ``check`` refuses a bad value (ValueError)
-    or returns the value to keep (a recipe's TE name, a tuple for a list); ``kw`` the keyword the
-    schedule and the callbacks take it by (default: the field's name; "" for none); ``to`` the
-    object the schedule hands it to by name ("profiler": :class:`~te_gemm_callback.GemmProfiler`)."""
+    """A config field: ``doc`` its line in ``help()``; ``check`` refuses a bad value (ValueError) or
+    returns the value to keep; ``kw`` the keyword the schedule takes it by (default: the field's
+    name; "" for none); ``to`` the object the schedule hands it to ("profiler")."""
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "kw": kw, "to": to})
 
 
 def refuse_unknown(owner: str, given: Iterable[str], known: Sequence[str]) -> None:
-    """A keyword that none of ``known`` is, refused in one line with the nearest one the user may
-    have meant (else the ones ``owner`` takes)."""
+    """Refuse a keyword not in ``known``, naming the nearest one the user may have meant."""
     bad = sorted(set(given) - set(known))
     if bad:
         near = difflib.get_close_matches(bad[0], known, n=1)
@@ -40,35 +33,33 @@ def refuse_unknown(owner: str, given: Iterable[str], known: Sequence[str]) -> No
 
 
 def same_as(config: type, name: str, **overrides: Any) -> Any:
-    """Another config's field ``name`` as a field of this one (its default, doc and check), with
-    ``overrides`` of :func:`option`'s keywords (``to``, ``kw``): one definition for an option two
-    configs take."""
+    """Another config's field ``name`` as a field of this one, with ``overrides`` of :func:`option`'s
+    keywords (``to``, ``kw``): one definition for an option two configs take."""
     f = {f.name: f for f in dataclasses.fields(config)}[name]
     return dataclasses.field(default=f.default, metadata={**f.metadata, **overrides})
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """A stage's options as a frozen dataclass of :func:`option` fields, each checked when it is
-    built. ``labels`` (field -> the keyword the user wrote) only names them in the messages."""
+    """A stage's options as a frozen dataclass of :func:`option` fields, each checked when built;
+    ``labels`` (field -> the keyword the user wrote) names them in the messages."""
 
     labels: dataclasses.InitVar[dict[str, str] | None] = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self, labels: dict[str, str] | None = None) -> None:
+        labels = labels or {}
         for f in dataclasses.fields(self):
-            check = f.metadata.get("check")
-            if check is not None:
-                name = (labels or {}).get(f.name, f.name)
-                object.__setattr__(self, f.name, check(getattr(self, f.name), name))
-        self.check_together(labels or {})
+            if f.metadata.get("check") is not None:
+                value = f.metadata["check"](getattr(self, f.name), labels.get(f.name, f.name))
+                object.__setattr__(self, f.name, value)
+        self.check_together(labels)
 
     def check_together(self, labels: dict[str, str]) -> None:
         """Checks across fields (``labels``: field -> the keyword the user wrote)."""
 
     @classmethod
     def given(cls: type[T], owner: str, config: T | None, options: dict[str, Any]) -> T:
-        """``config``, or the config of the keyword arguments ``options`` by field name (never both):
-        what a function that takes either (``GemmProfiler``, ``run_sweep``) was given."""
+        """``config``, or the config of the keywords ``options`` by field name (never both)."""
         if config is not None:
             if options:
                 raise TypeError(f"{owner} takes its options either as config or as keywords, not both")
@@ -79,12 +70,7 @@ class Options:
     @classmethod
     def keywords(cls) -> dict[str, str]:
         """{the keyword the schedule takes: field name} for the fields it takes."""
-        out = {}
-        for f in dataclasses.fields(cls):
-            kw = f.metadata.get("kw")
-            if kw != "":
-                out[kw or f.name] = f.name
-        return out
+        return {f.metadata.get("kw") or f.name: f.name for f in dataclasses.fields(cls) if f.metadata.get("kw") != ""}
 
     @classmethod
     def take(cls: type[T], given: dict[str, Any]) -> T:
@@ -113,43 +99,31 @@ class Options:
                 if f.metadata.get("to") == target}
 
 
-# --- checks: each refuses with the keyword's name and returns the value kept ---------------------
-
-def integer(least: int, why: str = "") -> Check:
-    """An integer >= ``least`` (not a bool); ``why`` ends the message."""
+def refusing(ok: Callable[[Any], bool], want: str) -> Check:
+    """A check that keeps a value ``ok`` accepts and refuses any other: "<keyword> must be <want>"."""
     def check(v: Any, name: str) -> Any:
-        if isinstance(v, bool) or not isinstance(v, int) or v < least:
-            raise ValueError(f"{name} must be an integer >= {least}{why}, got {v!r}")
+        if not ok(v):
+            raise ValueError(f"{name} must be {want}, got {v!r}")
         return v
     return check
 
 
-def seconds(v: Any, name: str) -> Any:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {v!r}")
-    return v
+def integer(least: int, why: str = "") -> Check:
+    return refusing(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least,
+                    f"an integer >= {least}{why}")
 
 
-def switch(v: Any, name: str) -> Any:
-    """True or False: a truth test took "no" for True and None for False."""
-    if not isinstance(v, bool):
-        raise ValueError(f"{name} must be True or False, got {v!r}")
-    return v
+seconds = refusing(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+                   "a number of seconds >= 0")
+# Not a truth test: that took "no" for True and None for False.
+switch = refusing(lambda v: isinstance(v, bool), "True or False")
 
 
 def one_of(*allowed: Any) -> Check:
-    """One of ``allowed`` (compared by value, so True is not 1 here)."""
-    def check(v: Any, name: str) -> Any:
-        if not any(v is a or (type(v) is type(a) and v == a) for a in allowed):
-            said = ", ".join(repr(a) for a in allowed[:-1]) + f" or {allowed[-1]!r}"
-            raise ValueError(f"{name} must be {said}, got {v!r}")
-        return v
-    return check
+    """One of ``allowed`` (True is not 1 here)."""
+    said = ", ".join(repr(a) for a in allowed[:-1]) + f" or {allowed[-1]!r}"
+    return refusing(lambda v: any(v is a or (type(v) is type(a) and v == a) for a in allowed), said)
 
 
 def function_or_none(what: str) -> Check:
-    def check(v: Any, name: str) -> Any:
-        if v is not None and not callable(v):
-            raise ValueError(f"{name} must be {what} or None, got {v!r}")
-        return v
-    return check
+    return refusing(lambda v: v is None or callable(v), f"{what} or None")
