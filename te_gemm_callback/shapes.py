@@ -1,8 +1,8 @@
 """GEMM shapes: the one convention used everywhere in this package.
 
-A linear layer computes ``Y = X W^T`` with ``X`` of shape (M, K) and ``W`` of shape (N, K).
-Shapes are written ``M x K x N``: the first two are the left operand's rows and the contraction,
-the last the output columns. For one forward GEMM (M, K, N):
+A linear layer computes ``Y = X W^T``, X (M, K), W (N, K); M is the product of the input's leading
+dimensions. Shapes are written ``M x K x N`` (left operand's rows, contraction, output columns), and
+every pass costs ``2*M*K*N`` FLOPs. :func:`backward_shapes` alone derives the backward passes:
 
 =======  ==============  ===================  =======================
 pass     computes        written (M x K x N)   TE ``general_gemm`` layout
@@ -12,24 +12,10 @@ dgrad    dX = dY W       M x N x K             "NN", grad=True
 wgrad    dW = dY^T X     K x M x N             "NT", grad=True
 =======  ==============  ===================  =======================
 
-The wgrad row follows TE's ``benchmarks/gemm/benchmark_gemm.py`` (in_features x tokens x
-out_features) so that printed shapes paste into its ``--shapes`` flag; the contraction runs over
-the tokens. Every pass costs ``2*M*K*N`` FLOPs (one multiply and one add per MAC). M is the
-product of all leading dimensions of the input. :func:`backward_shapes` is the only place where
-the backward passes are derived from fprop.
-
-A GEMM with no weight (attention's ``Q K^T`` and ``P V``, an einsum of two activations) computes
-``C = A @ B`` with A (M, K) and B (K, N). Its backward computes the gradients of both inputs, and
-neither is a weight gradient, so they carry names of their own, with the same written sizes:
-
-=======  ==============  ===================
-pass     computes        written (M x K x N)
-=======  ==============  ===================
-dgrad_a  dA = dC B^T     M x N x K
-dgrad_b  dB = A^T dC     K x M x N
-=======  ==============  ===================
-
-Captures written before these names existed label such GEMMs dgrad and wgrad; they still load.
+wgrad is written as TE's ``benchmarks/gemm/benchmark_gemm.py`` does, so printed shapes paste into
+its ``--shapes``. A GEMM with no weight (``C = A @ B``: attention's ``Q K^T``, an einsum) has the
+gradients of both inputs, dgrad_a (dA = dC B^T) and dgrad_b (dB = A^T dC), written as dgrad and
+wgrad are; captures from before these names label them dgrad and wgrad, and still load.
 """
 
 from __future__ import annotations
@@ -41,8 +27,7 @@ from te_gemm_callback.files.jsonio import MAX_DIM
 
 
 class GemmOp(str, enum.Enum):
-    """Which pass a GEMM belongs to: a linear layer's fprop, dgrad, wgrad, or, for a GEMM with no
-    weight, the gradient of its left (dgrad_a) or right (dgrad_b) input."""
+    """Which pass a GEMM belongs to (the module docstring's table)."""
 
     FPROP = "fprop"
     DGRAD = "dgrad"
@@ -73,9 +58,8 @@ PASS_NAMES = tuple(op.value for op in GemmOp)
 class GemmShape:
     """One GEMM, ``batch`` independent products of (m x k) @ (k x n).
 
-    Example:
-        >>> GemmShape(8192, 4096, 6144).flops
-        412316860416
+    >>> GemmShape(8192, 4096, 6144).flops
+    412316860416
     """
 
     m: int
@@ -91,7 +75,6 @@ class GemmShape:
 
     @property
     def flops(self) -> int:
-        # 2 FLOPs per multiply-accumulate.
         return 2 * self.batch * self.m * self.k * self.n
 
     @property
@@ -106,8 +89,7 @@ class GemmShape:
 
 
 def backward_shapes(fprop: GemmShape, weight: bool = True) -> tuple[GemmShape, GemmShape]:
-    """The two backward GEMMs of a forward GEMM, in the convention of this module's docstring:
-    (dgrad, wgrad) of a linear layer, or (dgrad_a, dgrad_b) with ``weight=False``."""
+    """(dgrad, wgrad) of a linear layer's fprop, or (dgrad_a, dgrad_b) with ``weight=False``."""
     if fprop.op is not GemmOp.FPROP:
         raise ValueError(f"expected an fprop shape, got {fprop.op}")
     m, k, n = fprop.m, fprop.k, fprop.n
@@ -151,20 +133,15 @@ def parse_shapes(text: str) -> list[GemmShape]:
     return shapes
 
 
-# --------------------------------------------------------------------------------------------
-# Shapes derived from a model config
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """A decoder-style transformer, enough to derive its GEMMs.
+    """A decoder-style transformer, enough to derive its GEMMs (here Llama-3-8B-like):
 
-    Example (Llama-3-8B-like):
-        >>> cfg = ModelConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-        ...                   num_key_value_heads=8, gated_mlp=True, num_hidden_layers=32,
-        ...                   micro_batch_size=1, sequence_length=8192)
-        >>> [g.name for g in config_gemms(cfg)]
-        ['qkv', 'proj', 'fc1', 'fc2']
+    >>> cfg = ModelConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+    ...                   num_key_value_heads=8, gated_mlp=True, num_hidden_layers=32,
+    ...                   micro_batch_size=1, sequence_length=8192)
+    >>> [g.name for g in config_gemms(cfg)]
+    ['qkv', 'proj', 'fc1', 'fc2']
     """
 
     hidden_size: int
@@ -193,9 +170,9 @@ class ModelConfig:
             v = getattr(self, name)
             if v is not None and v > MAX_DIM:  # no GPU runs such a GEMM, and its FLOPs overflow a float
                 raise ValueError(f"--{name.replace('_', '-')} must be at most {MAX_DIM}, got {v}")
-        if self.micro_batch_size * self.sequence_length > MAX_DIM:  # the GEMMs' M: tokens per micro-batch
+        if self.tokens > MAX_DIM:
             raise ValueError(f"--micro-batch-size x --sequence-length (the GEMMs' M) must be at most {MAX_DIM}, "
-                             f"got {self.micro_batch_size * self.sequence_length}")
+                             f"got {self.tokens}")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden size is not divisible by the number of heads: pass --head-dim")
         if self.num_attention_heads % self.kv_heads:
@@ -241,11 +218,8 @@ class ConfigGemm:
 
 
 def config_gemms(cfg: ModelConfig) -> list[ConfigGemm]:
-    """The weight GEMMs one micro-batch runs, derived from a config.
-
-    Attention's QK^T and softmax x V are not listed: they run inside fused attention kernels,
-    not as weight GEMMs, and no GEMM recipe changes them.
-    """
+    """The weight GEMMs one micro-batch runs. Attention's QK^T and softmax x V are not listed: they
+    run inside fused attention kernels, and no GEMM recipe changes them."""
     tp = cfg.tensor_parallel
     m, h, hd = cfg.tokens, cfg.hidden_size, cfg.dim_head
     q_width, kv_width = cfg.num_attention_heads * hd, cfg.kv_heads * hd
@@ -256,31 +230,23 @@ def config_gemms(cfg: ModelConfig) -> list[ConfigGemm]:
         out.append(ConfigGemm("qkv", GemmShape(m, h, (q_width + 2 * kv_width) // tp),
                               notes=f"({cfg.num_attention_heads} + 2 x {cfg.kv_heads}) heads x {hd}"))
     else:
-        out += [ConfigGemm("q", GemmShape(m, h, q_width // tp)),
-                ConfigGemm("k", GemmShape(m, h, kv_width // tp)),
-                ConfigGemm("v", GemmShape(m, h, kv_width // tp))]
+        out += [ConfigGemm(name, GemmShape(m, h, width // tp))
+                for name, width in (("q", q_width), ("k", kv_width), ("v", kv_width))]
     out.append(ConfigGemm("proj", GemmShape(m, q_width // tp, h), parallel="row"))
-
     inter = cfg.intermediate_size // tp
+    splits, mlp_m, extra = None, m, {}
     if cfg.num_experts:
         e, k = cfg.num_experts, cfg.top_k
-        routed = m * k
+        mlp_m, extra = m * k, {"num_experts": e, "top_k": k}
         # Balanced routing: the config cannot know the real split; a capture records it.
-        splits = tuple(routed // e + (1 if i < routed % e else 0) for i in range(e))
+        splits = tuple(mlp_m // e + (1 if i < mlp_m % e else 0) for i in range(e))
         out.append(ConfigGemm("router", GemmShape(m, h, e), parallel="replicated"))
-        mlp_m, extra = routed, {"num_experts": e, "top_k": k}
+    if cfg.gated_mlp and not cfg.fused_gate_up:
+        out += [ConfigGemm(name, GemmShape(mlp_m, h, inter), m_splits=splits, extra=extra) for name in ("gate", "up")]
     else:
-        splits, mlp_m, extra = None, m, {}
-    if cfg.gated_mlp and cfg.fused_gate_up:
-        out.append(ConfigGemm("fc1", GemmShape(mlp_m, h, 2 * inter), m_splits=splits,
-                              notes="gate+up fused (2I)", extra=extra))
-    elif cfg.gated_mlp:
-        out += [ConfigGemm("gate", GemmShape(mlp_m, h, inter), m_splits=splits, extra=extra),
-                ConfigGemm("up", GemmShape(mlp_m, h, inter), m_splits=splits, extra=extra)]
-    else:
-        out.append(ConfigGemm("fc1", GemmShape(mlp_m, h, inter), m_splits=splits, extra=extra))
-    out.append(ConfigGemm("fc2", GemmShape(mlp_m, inter, h), m_splits=splits, parallel="row",
-                          extra=extra))
+        out.append(ConfigGemm("fc1", GemmShape(mlp_m, h, 2 * inter if cfg.gated_mlp else inter), m_splits=splits,
+                              notes="gate+up fused (2I)" if cfg.gated_mlp else "", extra=extra))
+    out.append(ConfigGemm("fc2", GemmShape(mlp_m, inter, h), m_splits=splits, parallel="row", extra=extra))
     if cfg.vocab_size:
         out.append(ConfigGemm("lm_head", GemmShape(m, h, cfg.vocab_size // tp), per_layer=False))
     return out
