@@ -1,32 +1,21 @@
 """te-gemm-callback: the GEMMs your training job really runs, and what each precision does to them.
 
-Public API, by what users touch:
-
-- capture: :class:`GemmSchedule` (the capture window, publishing and the sweep, driven by any
-  training loop; :class:`JobStep` / :class:`SweepJob` say where the loop is and how to sweep it),
-  :class:`GemmProfilerCallback` (Lightning's hooks onto it; ``adapters.hf`` for the HF Trainer),
-  :class:`GemmProfiler` (the capture of a few steps, framework-free), :class:`GemmCapture` /
-  :class:`GemmRecord` (the capture file), :class:`KernelProfile` (kernel records of one step),
-  :func:`capture_steps` (a step function run under the profiler);
-- measure: :func:`bench` (microbenchmarks of the captured shapes), :func:`run_sweep` (observed step
-  time per recipe on the live model);
-- a run folder: :class:`Run` (its bench, analysis, report, plan and projection, the files read
-  once), :func:`report` (its tables, figures, verdicts), :func:`analyze_run` (the same without
-  drawing), :func:`make_plan` / :func:`apply_precision_plan` / :func:`native_plan` (which
-  modules to keep in BF16, and the plan applied by wrapping them or as TE's own per-module recipe);
-- shapes: :class:`GemmShape`, :class:`GemmOp`, :class:`ModelConfig`, :func:`backward_shapes`,
-  :func:`config_gemms`.
-
-Everything else (``microbench.engine``, ``capture.scope``, ...) is internal and may change.
+Public API: capture (:class:`GemmSchedule` with :class:`JobStep` / :class:`SweepJob`,
+:class:`GemmProfilerCallback` for Lightning, :class:`GemmProfiler`, :class:`GemmCapture` /
+:class:`GemmRecord`, :class:`KernelProfile`, :func:`capture_steps`); measure (:func:`bench`,
+:func:`run_sweep`); a run folder (:class:`Run`, :func:`report`, :func:`analyze_run`,
+:func:`make_plan`, :func:`apply_precision_plan`, :func:`native_plan`, :func:`project_run`); shapes
+(:class:`GemmShape`, :class:`GemmOp`, :class:`ModelConfig`, :func:`backward_shapes`,
+:func:`config_gemms`). Everything else (``microbench.engine``, ``capture.scope``, ...) is internal.
 """
 
+import importlib as _importlib
 import logging as _logging
 
 from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig, backward_shapes, config_gemms
 
-# What the tool says while a job runs (where the capture went, how long the sweep's rounds may take
-# and why they stopped) is INFO: shown on stderr unless the application configured logging itself,
-# as Lightning does for its own logger.
+# What the tool says while a job runs is INFO: shown on stderr unless the application configured
+# logging itself, as Lightning does for its own logger.
 _log = _logging.getLogger(__name__)
 if not _logging.getLogger().hasHandlers() and not _log.handlers:
     _log.setLevel(_logging.INFO)
@@ -36,46 +25,35 @@ if not _logging.getLogger().hasHandlers() and not _log.handlers:
 __version__ = "0.1.0"
 
 __all__ = [
-    # capture
     "GemmProfiler", "GemmProfilerCallback", "GemmCapture", "GemmRecord", "KernelProfile",
     "capture_steps", "GemmSchedule", "JobStep", "SweepJob",
-    # measure
     "bench", "run_sweep",
-    # report
     "Run", "report", "analyze_run", "make_plan", "apply_precision_plan", "native_plan", "project_run",
-    # shapes
     "GemmOp", "GemmShape", "ModelConfig", "backward_shapes", "config_gemms",
 ]
 
-# Imported on demand: the Lightning adapter (the core never imports Lightning), and everything that
-# needs torch (`te-gemm bench --devices N` starts its GPU workers before this process pays for it).
+# Imported on demand, by module: the Lightning adapter (the core never imports Lightning), and
+# everything that needs torch (`te-gemm bench --devices N` starts its GPU workers before this
+# process pays for it).
 _LAZY = {
-    "GemmProfilerCallback": ("adapters.lightning", "GemmProfilerCallback"),
-    "GemmCapture": ("capture", "GemmCapture"),
-    "GemmProfiler": ("capture", "GemmProfiler"),
-    "GemmRecord": ("capture", "GemmRecord"),
-    "KernelProfile": ("capture.kernel_profile", "KernelProfile"),
-    "capture_steps": ("capture.steps", "capture_steps"),
-    "GemmSchedule": ("schedule", "GemmSchedule"),
-    "JobStep": ("schedule", "JobStep"),
-    "SweepJob": ("schedule", "SweepJob"),
-    "bench": ("microbench", "bench"),
-    "run_sweep": ("sweep.engine", "run_sweep"),
-    "Run": ("reporting.run", "Run"),
-    "report": ("reporting.run", "report"),
-    "analyze_run": ("analysis.runs", "analyze_run"),
-    "make_plan": ("analysis.plan", "make_plan"),
-    "apply_precision_plan": ("sweep.plan", "apply_precision_plan"),
-    "native_plan": ("sweep.native_plan", "native_plan"),
-    "project_run": ("projection", "project_run"),
+    "adapters.lightning": ("GemmProfilerCallback",),
+    "capture": ("GemmCapture", "GemmProfiler", "GemmRecord"),
+    "capture.kernel_profile": ("KernelProfile",),
+    "capture.steps": ("capture_steps",),
+    "schedule": ("GemmSchedule", "JobStep", "SweepJob"),
+    "microbench": ("bench",),
+    "sweep.engine": ("run_sweep",),
+    "reporting.run": ("Run", "report"),
+    "analysis.runs": ("analyze_run",),
+    "analysis.plan": ("make_plan",),
+    "sweep.plan": ("apply_precision_plan",),
+    "sweep.native_plan": ("native_plan",),
+    "projection": ("project_run",),
 }
+_MODULE_OF = {name: mod for mod, names in _LAZY.items() for name in names}
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        mod, attr = _LAZY[name]
-        module = importlib.import_module(f".{mod}", __name__)
-        return getattr(module, attr)
+    if name in _MODULE_OF:
+        return getattr(_importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
     raise AttributeError(name)

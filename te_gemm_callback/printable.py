@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.markup import escape
 
-# C0 and C1 control characters (ESC opens ANSI colour and OSC title/hyperlink sequences, CR and BS
-# overwrite what was printed) and the bidirectional overrides (they reorder what a reader sees).
+# C0 and C1 control characters (ESC opens ANSI and OSC sequences, CR and BS overwrite what was
+# printed) and the bidirectional overrides (they reorder what a reader sees).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -18,7 +18,6 @@ def plain(text: Any) -> str:
 
 
 def safe(text: Any) -> str:
-    """``text`` as rich prints it literally: control characters shown as "?", markup escaped (a
-    module named ``[/b]`` or ``[link=...]`` is text, never a tag). For every string a user or a
-    file supplied: module names, paths, recipe and precision names, reasons read from files."""
+    """``text`` as rich prints it literally: control characters as "?", markup escaped (a module
+    named ``[/b]`` is text, never a tag). For every string a user or a file supplied."""
     return escape(plain(text))

@@ -1,10 +1,8 @@
 """The private torch CUDA entry points the package touches, each behind one function.
 
-A CPU build of torch has no ``torch._C._cuda_*`` functions (AttributeError). The CUDA build that
-``pip install torch`` gives a machine without a GPU has them, and they raise RuntimeError ("Found
-no NVIDIA driver on your system") when called. Both mean the same here: the private fast path is
-not there, so take the public one. Tests that stand in for CUDA stub these functions, not
-``torch._C``.
+A CPU build of torch lacks ``torch._C._cuda_*`` (AttributeError); a CUDA build on a machine without
+a GPU has them, and they raise RuntimeError. Either way the private fast path is not there: take
+the public one. Tests that stand in for CUDA stub these functions, not ``torch._C``.
 """
 
 from __future__ import annotations
@@ -13,14 +11,13 @@ from typing import Any
 
 import torch
 
-# What a private CUDA call raises where it cannot run: a CPU build (no such attribute), a CUDA
-# build without a usable driver or device (RuntimeError), another torch's signature (TypeError).
+# A CPU build (no such attribute), no usable driver or device (RuntimeError), another torch's signature.
 UNAVAILABLE = (AttributeError, RuntimeError, TypeError, ValueError)
 
 
 def current_device() -> int:
-    """The current CUDA device, without ``torch.cuda.current_device()``'s lazy-init check (the
-    private call is the cheap one on a hot path: once per timed GEMM)."""
+    """The current CUDA device, without ``torch.cuda.current_device()``'s lazy-init check (this is
+    on a hot path: once per timed GEMM)."""
     try:
         return torch._C._cuda_getDevice()
     except UNAVAILABLE:
@@ -28,9 +25,9 @@ def current_device() -> int:
 
 
 def current_stream() -> Any:
-    """The current stream of the current device, read without ``torch.cuda.current_stream()``'s
-    device lookup (an ``is_available()`` and an environment read per call); None where the
-    private calls are not there, so that ``Event.record(None)`` takes the public path."""
+    """The current device's current stream, without ``torch.cuda.current_stream()``'s per-call
+    device lookup; None where the private calls are missing (``Event.record(None)`` then takes the
+    public path)."""
     try:
         sid, dev, typ = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
         return torch.cuda.Stream(stream_id=sid, device_index=dev, device_type=typ)
@@ -39,9 +36,7 @@ def current_stream() -> Any:
 
 
 def usable() -> bool:
-    """Whether CUDA can run here: False on a CPU build and on a CUDA build without a driver or a
-    device (``is_available()`` answers False there rather than raising; anything it raises, an
-    NVML or driver error included, means no)."""
+    """Whether CUDA can run here (False on a CPU build, or without a driver or device)."""
     try:
         return bool(torch.cuda.is_available())
     except Exception:  # a broken driver install: no CUDA, never an error in the job
