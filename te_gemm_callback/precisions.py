@@ -51,6 +51,7 @@ ALIASES = {
     "fp8_block": "Float8BlockScaling", "block": "Float8BlockScaling",
     "mxfp8": "MXFP8BlockScaling", "nvfp4": "NVFP4BlockScaling",
 }
+_NAMES = {**ALIASES, **{r.lower(): r for r in RECIPES}}  # lower-case name or alias -> TE's class name
 
 CUDNN_HINT = (
     "transformer_engine failed to load cuDNN ({err}). torch and the system have different cuDNN "
@@ -96,11 +97,8 @@ def te_version() -> str | None:
 
 def canonical(name: str) -> str:
     """Map a user's recipe name (any case, or an alias) to TE's class name."""
-    for r in RECIPES:
-        if r.lower() == name.lower():
-            return r
-    if name.lower() in ALIASES:
-        return ALIASES[name.lower()]
+    if name.lower() in _NAMES:
+        return _NAMES[name.lower()]
     raise ValueError(f"unknown precision {name!r}: choose from {', '.join(RECIPES)}")
 
 
@@ -193,8 +191,7 @@ def shape_problem(recipe: str, m: int | None, k: int, n: int, grouped: bool = Fa
 
 
 def skipped_lines(skipped: Mapping[str, str]) -> list[str]:
-    """One line per cause, ``"DelayedScaling, Float8CurrentScaling not run: <why>"``: without CUDA
-    or TE every TE recipe has the same reason, said once."""
+    """One line per cause (without CUDA or TE, every TE recipe's): ``"A, B not run: <why>"``."""
     by_reason: dict[str, list[str]] = {}
     for recipe, why in skipped.items():
         by_reason.setdefault(str(why), []).append(str(recipe))
@@ -236,8 +233,7 @@ def recipe_environment(environ: Mapping[str, str] | None = None) -> dict[str, st
 
 
 def recipe_config(recipe: str) -> str | None:
-    """The repr of the recipe TE builds here (formats, quantization parameters, backward override);
-    None for BF16 or where TE cannot be imported."""
+    """The repr of the recipe TE builds here; None for BF16 or where TE cannot be imported."""
     if canonical(recipe) == "BF16" or not te_available()[0]:
         return None
     try:

@@ -39,8 +39,7 @@ STDOUT = "-"  # an output path that means standard output
 
 
 def read_bytes_bounded(path: Path, limit: int | None = None) -> bytes:
-    """At most ``limit`` bytes (default :data:`MAX_READ_BYTES`) of a regular file or pipe;
-    ValueError past it or for a device."""
+    """At most ``limit`` bytes (default :data:`MAX_READ_BYTES`) of a file or pipe, else ValueError."""
     limit = limit or MAX_READ_BYTES
     st = os.stat(path)
     # Before open: opening a named FIFO (or socket) with no writer blocks forever. A pipe that
@@ -120,8 +119,7 @@ def schema_of(data: Any) -> str | None:
 
 
 def read_schema(path: str | Path, schema: str, what: str, accept: Callable[[Any], bool] | None = None) -> Any:
-    """A JSON file of ``schema`` checked against :data:`SPECS`; ``accept`` also takes files whose
-    content it accepts (an older version's without a schema field)."""
+    """A JSON file of ``schema`` checked against :data:`SPECS` (or whose content ``accept`` takes)."""
     data = read_json(path, what)
     if schema_of(data) != schema and not (accept and accept(data)):
         raise ValueError(f"{path} is not a {what} (schema {schema_of(data)!r}, want {schema!r})")
@@ -295,8 +293,8 @@ def check_target(path: str | Path, kind: KindCheck | None, root: str | Path | No
 
 def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | None,
                        root: str | Path | None = None) -> Path:
-    """Write ``data`` to ``path`` atomically (parents created, a temporary file renamed over it)
-    after :func:`check_target`'s refusals; a file replaced keeps its mode."""
+    """Write ``data`` to ``path`` atomically after :func:`check_target`'s refusals; a file replaced
+    keeps its mode."""
     path = check_target(path, kind_check, root)
     try:  # a 0600 report.json the user locked down stays 0600 when rewritten
         mode: int | None = stat.S_IMODE(path.stat().st_mode)
@@ -349,8 +347,7 @@ def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str 
 
 
 def write_text(path: str | Path, text: str, kind_check: KindCheck | None = None) -> Path:
-    """Write a text file atomically (``-``: standard output); an existing file only if ``kind_check``
-    accepts it."""
+    """Write a text file atomically (``-``: standard output), over a file ``kind_check`` accepts."""
     if str(path) == STDOUT:
         return _print(whole_text(text))
     return write_bytes_atomic(path, whole_text(text).encode(), kind_check)
