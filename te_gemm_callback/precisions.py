@@ -45,12 +45,9 @@ RECIPES: tuple[str, ...] = tuple(r.name for r in RECIPE_TABLE)
 FP8_RECIPES: tuple[str, ...] = tuple(r.name for r in RECIPE_TABLE if r.family.startswith(("fp8", "mxfp8")))
 RECIPE_FAMILY = {r.name: r.family for r in RECIPE_TABLE}
 FAMILY_RECIPE = {r.family: r.name for r in RECIPE_TABLE}
-ALIASES = {
-    "bf16": "BF16", "fp8": "DelayedScaling", "fp8_delayed": "DelayedScaling", "delayed": "DelayedScaling",
-    "fp8_current": "Float8CurrentScaling", "current": "Float8CurrentScaling",
-    "fp8_block": "Float8BlockScaling", "block": "Float8BlockScaling",
-    "mxfp8": "MXFP8BlockScaling", "nvfp4": "NVFP4BlockScaling",
-}
+# Other names a user may give: each family, its scaling alone, and "fp8" (Python callers only).
+ALIASES = {**FAMILY_RECIPE, "fp8": "DelayedScaling", "delayed": "DelayedScaling",
+           "current": "Float8CurrentScaling", "block": "Float8BlockScaling"}
 _NAMES = {**ALIASES, **{r.lower(): r for r in RECIPES}}  # lower-case name or alias -> TE's class name
 
 CUDNN_HINT = (

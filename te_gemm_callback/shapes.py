@@ -83,21 +83,17 @@ class GemmShape:
         return f"{prefix}{self.m}x{self.k}x{self.n}"
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["op"] = str(self.op)
-        return d
+        return {**asdict(self), "op": str(self.op)}
 
 
 def backward_shapes(fprop: GemmShape, weight: bool = True) -> tuple[GemmShape, GemmShape]:
     """(dgrad, wgrad) of a linear layer's fprop, or (dgrad_a, dgrad_b) with ``weight=False``."""
     if fprop.op is not GemmOp.FPROP:
         raise ValueError(f"expected an fprop shape, got {fprop.op}")
-    m, k, n = fprop.m, fprop.k, fprop.n
+    m, k, n, b = fprop.m, fprop.k, fprop.n, fprop.batch
     da, db = (GemmOp.DGRAD, GemmOp.WGRAD) if weight else (GemmOp.DGRAD_A, GemmOp.DGRAD_B)
-    return (
-        GemmShape(m, n, k, da, fprop.batch),  # dX = dY W (dA = dC B^T): contract over N
-        GemmShape(k, m, n, db, fprop.batch),  # dW = dY^T X (dB = A^T dC): contract over tokens (M)
-    )
+    # dX = dY W (dA = dC B^T) contracts over N; dW = dY^T X (dB = A^T dC) over the tokens (M).
+    return GemmShape(m, n, k, da, b), GemmShape(k, m, n, db, b)
 
 
 def gemm_passes(fprop: GemmShape, weight: bool = True) -> tuple[GemmShape, GemmShape, GemmShape]:
@@ -126,7 +122,7 @@ def parse_shapes(text: str) -> list[GemmShape]:
                              "e.g. 4096x4096x4096")
         if max(map(int, parts)) > MAX_DIM:  # no GPU runs it, and its FLOPs would overflow a float
             raise ValueError(f"bad shape {item!r}: each dimension must be at most {MAX_DIM}")
-        m, k, n = (int(p) for p in parts)
+        m, k, n = map(int, parts)
         shapes.append(GemmShape(m, k, n))
     if not shapes:
         raise ValueError("no shapes given: write them as MxKxN,MxKxN")
