@@ -1,6 +1,5 @@
-"""What a :class:`~te_gemm_callback.GemmProfiler` puts on the model for a step and takes off again
-(:class:`Instruments`): module hooks, TE's GEMM interception, the torch dispatch mode, and eager
-forwards for graphed and compiled modules."""
+"""What a :class:`~te_gemm_callback.GemmProfiler` puts on the model for a step and takes off again:
+module hooks, TE's GEMM interception, the torch dispatch mode, eager forwards of graphed and compiled modules."""
 
 from __future__ import annotations
 
@@ -17,24 +16,21 @@ class Instruments:
 
     def __init__(self, scope: ModuleScope, recorder: Recorder, te: TEInterceptor | None) -> None:
         self.scope, self.recorder, self.te = scope, recorder, te
-        # None: nothing attached; "full": every module hooked; "te": the TE GEMM modules hooked;
-        # "order": no hooks, TE GEMM owners by launch order (LaunchOwners).
-        self.attached: str | None = None
+        self.attached: str | None = None  # None, or the mode of attach()
         self.mode: GemmDispatchMode | None = None  # the torch dispatch mode while it is on
         self.paused_mode = False  # the dispatch mode was on when the job paused (pause/resume)
         self.eager = EagerForwards({})  # graphed modules: their eager forward on instrumented steps
         self.eager_compiled = EagerCompiled({})  # likewise compiled ones
 
     def attach(self, mode: str) -> None:
-        """Hooks, TE interception. "full": hook every module (the dispatch mode attributes aten
-        GEMMs of any module); "te": only the TE modules that own GEMMs, which is all the TE adapter
-        needs and keeps the per-module cost off every other module; "order": no hooks at all, the
-        TE adapter takes owners from an earlier hooked step by launch order."""
+        """Hooks and TE interception. "full": every module hooked (the dispatch mode attributes aten
+        GEMMs of any module); "te": only the TE modules that own GEMMs; "order": no hooks, TE GEMM
+        owners by launch order from an earlier hooked step."""
         if self.attached is not None and self.attached != mode:
             self.scope.detach()
             self.attached = None
-        # Graph replays run no Python of the module, compiled code runs none of our hooks, and a
-        # compiled frame must never meet the dispatch mode: instrumented steps run eager forwards.
+        # Graph replays and compiled code run none of our hooks, and a compiled frame must never meet
+        # the dispatch mode: instrumented steps run eager forwards.
         self.eager.enter()
         self.eager_compiled.enter()
         if self.attached is None:

@@ -11,7 +11,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -21,9 +21,8 @@ NVTX_DOMAIN = "te_gemm"
 
 
 class MidMark:
-    """One mark inside each step that :func:`boundary_times` times (the sweep marks the end of
-    backward, before the optimizer step): host clock and, on CUDA, an event. ``part_ms`` then holds
-    (host ms, GPU ms or None) from each step's start boundary to its mark."""
+    """A mark that ``step`` calls once inside each step :func:`boundary_times` times (the sweep marks
+    the end of backward); ``part_ms`` then holds (host ms, GPU ms or None) from each step's start to it."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
@@ -40,10 +39,8 @@ class MidMark:
 
 def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
                    mid: MidMark | None = None) -> list[tuple[float, float | None]]:
-    """(host ms, GPU ms or None) of each of ``n`` back-to-back calls of ``step``: the host clock
-    and, on CUDA, an event at every step boundary, with no sync inside the block (the clocks of the
-    profiler's clean steps); one sync after the last boundary, outside every timed step. ``mid``:
-    a :class:`MidMark` that ``step`` calls once; its ``part_ms`` is filled from the same boundaries."""
+    """(host ms, GPU ms or None) of each of ``n`` back-to-back calls of ``step``: host clock and CUDA
+    event at each boundary, as the profiler's clean steps, with one sync after the last."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     evs: list[Any] = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else [None] * (n + 1)
     marks = []
@@ -57,46 +54,57 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
             evs[i].record()
     if cuda:
         torch.cuda.synchronize()
-    if mid is not None and len(mid.marks) == n:
+    if mid is not None:  # no split to report unless the step marked once per call
         mid.part_ms = [((t - a) * 1e3, e0.elapsed_time(ev) if cuda and ev is not None else None)
-                       for a, e0, (t, ev) in zip(marks, evs, mid.marks)]
-    elif mid is not None:
-        mid.part_ms = []  # the step did not mark once per call: no split to report
+                       for a, e0, (t, ev) in zip(marks, evs, mid.marks)] if len(mid.marks) == n else []
     return [((b - a) * 1e3, e0.elapsed_time(e1) if cuda else None)
             for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
 
 
-# GPU cycles of the spin kernel that stands in for the gate (:mod:`.gate`) where Triton is missing:
-# ~50 us at the 1.7-2.0 GHz SM clocks of H100/H200/B200, more than a plain host takes to record the
-# event and launch the GEMM through TE. Not longer: a spin is GPU idle time inside the step, and
-# longer spins let a power-capped GPU clock its GEMMs faster than in the job
-# (docs/results/h200.md, facts the code relies on: spin lead).
+# Cycles of the spin kernel that stands in for the gate where Triton is missing: ~50 us on H100/H200/
+# B200 clocks, more than a host takes to launch the GEMM, and no longer: a spin is GPU idle time in the
+# step (docs/results/h200.md, facts the code relies on: spin lead).
 LEAD_CYCLES = 100_000
 FLOOR_PAIRS = 20  # pairs around a fill kernel that measure the pairs' floor (calibrate)
 
 
-class Timer(Protocol):
-    """A per-GEMM time source, chosen once when the profiler is built (:func:`gemm_timer`): the
-    recorder opens a pair before each GEMM (:meth:`start`), closes it after (:meth:`stop`), and
-    reads it after the steps (:meth:`read`). Kernel records, the third source, time whole steps
-    (:class:`~.kernel_profile.KernelProfile`), not calls."""
+class Timer:
+    """A per-GEMM pair timer (:func:`gemm_timer`): the recorder opens a pair before each GEMM
+    (:meth:`start`), closes it after (:meth:`stop`), and reads it after the steps (:meth:`read`)."""
 
-    cuda: bool
-    enabled: bool  # switched per step by the profiler
-    lead: bool  # likewise: something ahead of each start (CUDA only)
-    kind: str  # what the capture names the source: "cuda_events", "host_clock" or "none"
-    gates: dict[int, Any]
-    floors: dict[int, float]
-    leads: set[str]
-    devices: set[int]
+    cuda = False
+    source = "none"  # what the capture names the source where GEMMs are timed
 
-    def kind_for(self, timed: bool) -> str: ...
-    def prepare(self, devices: Any = ()) -> None: ...
-    def start(self) -> Any: ...
-    def stop(self, start: Any) -> Any: ...
-    def read(self, pair: Any) -> tuple[float | None, str | None]: ...
-    def elapsed_ms(self, pair: Any) -> float | None: ...
-    def calibrate(self) -> None: ...
+    def __init__(self, enabled: bool, lead: bool = True) -> None:
+        self.enabled = enabled  # switched per step by the profiler
+        self.lead = lead  # likewise: something ahead of each start (CUDA only)
+        self.kind = self.kind_for(enabled)
+        self.gates: dict[int, Any] = {}  # device -> its HostGate (None: none could be built)
+        self.floors: dict[int, float] = {}  # device -> its pairs' floor, ms (calibrate)
+        self.leads: set[str] = set()  # what led the pairs so far: "gate", "spin"
+        self.devices: set[int] = set()  # the devices pairs were recorded on
+
+    def kind_for(self, timed: bool) -> str:
+        return self.source if timed else "none"
+
+    def prepare(self, devices: Any = ()) -> None:
+        """Build what leads the pairs, outside every step's time."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self, start: Any) -> Any:
+        raise NotImplementedError
+
+    def read(self, pair: Any) -> tuple[float | None, str | None]:
+        """(ms, why not), after the steps."""
+        raise NotImplementedError
+
+    def elapsed_ms(self, pair: Any) -> float | None:
+        return self.read(pair)[0]
+
+    def calibrate(self) -> None:
+        """Measure the pairs' floor, after the steps."""
 
 
 def gemm_timer(enabled: bool) -> Timer:
@@ -104,25 +112,10 @@ def gemm_timer(enabled: bool) -> Timer:
     return EventTimer(enabled) if torch.cuda.is_available() else HostClockTimer(enabled)
 
 
-class HostClockTimer:
-    """Host-clock pairs around GEMMs on a CPU-only machine: CPU kernels run synchronously, so the
-    host clock is their time."""
+class HostClockTimer(Timer):
+    """Host-clock pairs on a CPU-only machine: CPU kernels run synchronously. No lead, no floor."""
 
-    cuda = False
-
-    def __init__(self, enabled: bool, lead: bool = True) -> None:
-        self.enabled, self.lead = enabled, lead
-        self.kind = self.kind_for(enabled)
-        self.gates: dict[int, Any] = {}
-        self.floors: dict[int, float] = {}
-        self.leads: set[str] = set()
-        self.devices: set[int] = set()
-
-    def kind_for(self, timed: bool) -> str:
-        return "host_clock" if timed else "none"
-
-    def prepare(self, devices: Any = ()) -> None:
-        """Nothing to build: no GPU to lead."""
+    source = "host_clock"
 
     def start(self) -> Any:
         return time.perf_counter() if self.enabled else None
@@ -133,53 +126,27 @@ class HostClockTimer:
     def read(self, pair: Any) -> tuple[float | None, str | None]:
         return (None, None) if pair is None else ((pair[1] - pair[0]) * 1e3, None)
 
-    def elapsed_ms(self, pair: Any) -> float | None:
-        return self.read(pair)[0]
 
-    def calibrate(self) -> None:
-        """No floor: the host clock holds the call alone."""
-
-
-class EventTimer:
+class EventTimer(Timer):
     """CUDA-event pairs around GEMMs.
 
-    ``lead``: something goes ahead of each start event so that the GPU reaches it only once the host
-    has launched the GEMM. Without it, a GPU that runs dry before the GEMM is launched stamps the
-    start event early, and the pair also holds the host's time to launch the GEMM
-    (docs/results/h200.md, facts the code relies on: spin lead). The lead is the current device's
-    GPU gate (:mod:`.gate`, built by :meth:`prepare`), which waits for the host's word however slow
-    the host is; where there is none, a spin kernel of ``LEAD_CYCLES``, which covers ~50 us of host
-    time and no more. The profiler turns the lead on only where the pairs give the GEMM times, never
-    on a clean step.
+    ``lead``: something goes ahead of each start event so the GPU reaches it only once the host has
+    launched the GEMM; else a GPU run dry stamps it early (docs/results/h200.md, facts the code relies
+    on: spin lead). The lead is the device's GPU gate (:mod:`.gate`, built by :meth:`prepare`), else a
+    spin of ``LEAD_CYCLES``. :meth:`calibrate` measures each device's floor, a pair around a
+    one-element fill, which :meth:`read` takes off every pair (facts: event-pair floor)."""
 
-    A pair still reads more than the kernel it holds: the events' own time and the GPU's launch of
-    the kernel between them. :meth:`calibrate` measures a pair around a one-element fill kernel on
-    each device in the process after the steps, and :meth:`read` takes it off every pair
-    (``floors``), the fill's own ~1 us with it: a kernel shorter than that reads nothing. The fill's
-    pair brings GEMMs closer to their kernel records than an empty pair does, short GEMMs least
-    (docs/results/h200.md, facts the code relies on: event-pair floor)."""
+    source = "cuda_events"
 
     def __init__(self, enabled: bool, lead: bool = True) -> None:
+        super().__init__(enabled, lead)
         self.cuda = torch.cuda.is_available()
-        self.enabled = enabled  # switched per step by the profiler
-        self.kind = self.kind_for(enabled)
-        self.lead = lead  # switched per step by the profiler
-        self.gates: dict[int, Any] = {}  # device -> its HostGate (None: none could be built)
-        self.floors: dict[int, float] = {}  # device -> its pairs' floor, ms (calibrate)
-        self.leads: set[str] = set()  # what led the pairs so far: "gate", "spin"
-        self.devices: set[int] = set()  # the devices pairs were recorded on
-        # Blocking launches (CUDA_LAUNCH_BLOCKING=1): each launch returns once its kernel is done,
-        # so a start event cannot run ahead of the GEMM and nothing need lead it (prepare).
+        # CUDA_LAUNCH_BLOCKING=1: a start event cannot run ahead of the GEMM; nothing need lead it.
         self.blocking = False
 
-    def kind_for(self, timed: bool) -> str:
-        """The time source this timer gives where GEMMs are ``timed``."""
-        return "cuda_events" if timed else "none"
-
     def prepare(self, devices: Any = ()) -> None:
-        """Build the GPU gates of ``devices`` (default: the current one) once per process and
-        device (the first build compiles the kernel), before the steps whose pairs they lead:
-        outside every step's time. A device without one gets the spin."""
+        """Build the GPU gates of ``devices`` (default: the current one), once per process and device
+        (the first build compiles the kernel). A device without one gets the spin."""
         if not self.cuda:
             return
         self.blocking = os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")
@@ -202,8 +169,7 @@ class EventTimer:
         return _record(), gate, n, dev
 
     def _lead(self, dev: int) -> tuple[Any, int | None]:
-        """Put the device's lead on the current stream, ahead of a start event: (gate, its number),
-        or (None, None) behind the spin."""
+        """Put the device's lead on the current stream: (gate, its number), or (None, None) for the spin."""
         gate = self.gates.get(dev)
         if gate is not None:
             return gate, gate.close()
@@ -216,15 +182,13 @@ class EventTimer:
         ev, gate, n, dev = start
         end = _record()
         if gate is not None:
-            # After the end event's launch: opened before it, the GPU could finish a short GEMM
-            # before the end event is queued, and the pair would hold the host's time at its end.
+            # After the end event's launch: else a short GEMM could finish before the end event is queued.
             gate.open(n)
         return ev, end, gate, n, dev
 
     def read(self, pair: Any) -> tuple[float | None, str | None]:
-        """(ms, why not): the pair's time less its device's floor, or None and why: "gave up" (its
-        gate let the stream go before the host's word: the pair may hold host time) or "below
-        floor" (a kernel too short for a pair to tell: under ~1 us). After a synchronize."""
+        """(ms, why not): the pair less its device's floor; None and "gave up" (its gate let the
+        stream go before the host's word) or "below floor" (a kernel under ~1 us)."""
         if pair is None:
             return None, None
         start, end, gate, n, dev = pair
@@ -233,12 +197,8 @@ class EventTimer:
         ms = float(start.elapsed_time(end)) - self.floors.get(dev, 0.0)
         return (ms, None) if ms > 0 else (None, "below floor")
 
-    def elapsed_ms(self, pair: Any) -> float | None:
-        return self.read(pair)[0]
-
     def calibrate(self) -> None:
-        """Measure each device's floor: the median of ``FLOOR_PAIRS`` pairs around a one-element
-        fill kernel behind that device's lead. After the steps (it synchronizes), never inside one."""
+        """Each device's floor: the median of ``FLOOR_PAIRS`` pairs around a fill behind its lead (it syncs)."""
         if not self.cuda:
             return
         for dev in self.devices or {torch_cuda.current_device()}:
@@ -257,33 +217,27 @@ class EventTimer:
 
 
 def _fill_target() -> torch.Tensor:
-    """One element on the current device: its fill is the smallest kernel a pair can hold."""
     return torch.zeros(1, device=torch.device("cuda", torch_cuda.current_device()))
 
 
 def _record() -> Any:
-    """A timing event recorded on the current stream (autograd sets it to the forward's stream in
-    backward too), read through the private fast path: ``Event.record()`` without a stream looks
-    the stream up through ``torch.cuda.current_stream()``, most of a record's host cost."""
+    """A timing event on the current stream, given explicitly: ``record()`` without one looks it up
+    through ``torch.cuda.current_stream()``, most of a record's host cost."""
     ev = torch.cuda.Event(enable_timing=True)
     ev.record(torch_cuda.current_stream())
     return ev
 
 
 class Nvtx:
-    """NVTX ranges in the ``te_gemm`` domain, so they can be filtered in Nsight Systems.
-
-    Uses the ``nvtx`` package (domains, start/end ranges that may close on another thread); falls
-    back to ``torch.cuda.nvtx`` (no domains: names are prefixed ``te_gemm:`` instead). A custom
-    backend with ``start(name) -> handle``, ``end(handle)``, ``push(name)``, ``pop()`` can be given.
-    """
+    """NVTX ranges in the ``te_gemm`` domain, for Nsight Systems: the ``nvtx`` package, else
+    ``torch.cuda.nvtx`` (names prefixed ``te_gemm:``), or a ``backend`` with ``start(name) -> handle``,
+    ``end(handle)``, ``push(name)``, ``pop()``."""
 
     def __init__(self, enabled: bool | str, backend: Any = None) -> None:
         if enabled == "auto":
             enabled = backend is not None or tool_attached()
-        self.enabled = bool(enabled)
         self.backend: Any = backend if backend is not None else (_default_backend() if enabled else None)
-        self.enabled = self.enabled and self.backend is not None
+        self.enabled = bool(enabled) and self.backend is not None
 
     def start(self, name: str) -> Any:
         return self.backend.start(name) if self.enabled else None
@@ -302,16 +256,13 @@ class Nvtx:
 
 
 def tool_attached() -> bool:
-    """Whether an NVTX tool (Nsight Systems, a CUPTI injection) is listening. NVTX loads a tool
-    from the library named by ``NVTX_INJECTION64_PATH`` (``NVTX_INJECTION32_PATH``), which Nsight
-    Systems sets for the process it launches; without one every NVTX call is a no-op, and the
-    ranges would be host time per GEMM that nothing reads."""
+    """Whether an NVTX tool (Nsight Systems, a CUPTI injection) is listening: without one, ranges
+    are host time per GEMM that nothing reads."""
     return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_PATH"))
 
 
 class _NvtxPackage:
     def __init__(self, nvtx: Any) -> None:
-        self.nvtx = nvtx
         self.domain = nvtx.get_domain(NVTX_DOMAIN)
         self._attrs: dict[str, Any] = {}
 
@@ -347,9 +298,8 @@ class _TorchNvtx:
 
 
 class ProfilerRanges:
-    """An ``nvtx_backend`` for GemmProfiler that opens a torch.profiler range per GEMM
-    (``"te_gemm: <range name>"``), so a torch.profiler trace attributes each GEMM's kernels to it
-    (benchmarks/validate_capture.py and benchmarks/bench_vs_job.py kernels read them). Step ranges are left out."""
+    """An ``nvtx_backend`` that opens a torch.profiler range per GEMM (``"te_gemm: <range name>"``),
+    so a torch.profiler trace attributes each GEMM's kernels to it; no step ranges."""
 
     def start(self, name: str) -> Any:
         rf = torch.autograd.profiler.record_function(f"{NVTX_DOMAIN}: {name}")
@@ -370,10 +320,7 @@ def _default_backend() -> Any:
     try:
         return _NvtxPackage(importlib.import_module("nvtx"))
     except Exception:  # not installed, or an old version without domains
-        pass
-    if torch.cuda.is_available():
-        return _TorchNvtx()
-    return None
+        return _TorchNvtx() if torch.cuda.is_available() else None
 
 
 def range_name(module: str, gemm: str, op: str, mkn: str, precision: str, recompute: bool) -> str:

@@ -26,15 +26,7 @@ from te_gemm_callback.capture.recorder import Recorder
 from te_gemm_callback.capture.results import build_capture
 from te_gemm_callback.capture.scope import ModuleScope, is_te_module
 from te_gemm_callback.capture.steady import EagerCompiled, GraphCaptures, SteadyWait, activity, compiled_modules
-from te_gemm_callback.capture.step_plan import (
-    CLEAN,
-    COMPILE,
-    INSTRUMENTED,
-    KERNELS,
-    SETTLE,
-    WARMUP,
-    StepPlan,
-)
+from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, INSTRUMENTED, KERNELS, SETTLE, WARMUP, StepPlan
 from te_gemm_callback.capture.step_record import Boundary, StepRecord
 from te_gemm_callback.capture.te_adapter import TEInterceptor
 from te_gemm_callback.files.jsonio import MAX_INT
@@ -43,41 +35,21 @@ from te_gemm_callback.precisions import warn_once
 log = logging.getLogger("te_gemm_callback")
 
 
-def compiled(model: nn.Module) -> bool:
-    """Whether the model, or a module inside it, runs ``torch.compile``d code when called."""
-    return bool(compiled_modules(model))
-
-
 class GemmProfiler:
     """Record every GEMM a model runs: shapes, pass, precision, GPU time and owning module.
 
-    Steps follow a :class:`StepPlan` (docs/step-plan.md). Instrumented steps record shapes, owners
-    and precisions. On CUDA, a kernels warm-up, a kernels step (per-GEMM GPU time) and a settle step
-    follow. Then come clean steps with nothing attached; their times are the step times. Each
-    :class:`StepTime` says which kind of step it was. The kernels step's kernels stay in the capture
-    as ``kernel_timeline``; :func:`te_gemm_callback.reporting.trace.write_trace` draws it.
+    Steps follow a :class:`StepPlan` (docs/step-plan.md): instrumented steps record shapes, owners and
+    precisions; on CUDA a kernels warm-up, a kernels step (per-GEMM GPU time, kept as
+    ``kernel_timeline``) and a settle step follow; then clean steps with nothing attached give the
+    step times. A ``torch.compile`` model first runs "compile" steps until dynamo is done
+    (:mod:`.steady`); unsteady and partial steps are tagged and left out of the step time.
 
-    Only steady-state steps are timed (:mod:`.steady`). A ``torch.compile`` model first runs
-    "compile" steps, with nothing attached, until dynamo's counters show a step with no compilation.
-    Its instrumented steps run its eager forward, so it is never made to run eager afterwards.
-    A clean step that compiled, captured a CUDA graph or ran far longer than the others is tagged
-    "recompile", "graph-capture" or "outlier" and left out of the step time; ``meta["steady_state"]``
-    says whether steady state was reached. A step with fewer micro-batches than the fullest is tagged
-    "partial", never clean. GEMM counts and times are per full step.
+    Nothing stays on the model: an exception through its forward turns capture off and removes
+    everything at once (:mod:`.guards`). When another profiler owns CUPTI (:mod:`.cupti`), CUDA
+    events behind a GPU gate (:mod:`.gate`) time each GEMM instead; ``meta["cupti_owner"]`` says so.
 
-    Nothing stays on the model. An exception through its forward inside the window turns capture off
-    and removes hooks, dispatch mode and kernel records at once (:mod:`.guards`). A ``deepcopy`` or
-    pickle of the model carries none of our hooks.
-
-    ``model`` is the module to profile, after any precision plugin has swapped in TE layers. The
-    options, listed below, are :class:`~te_gemm_callback.capture.config.ProfilerConfig`'s fields,
-    given as keywords or as one ``config``.
-
-    When another profiler owns CUPTI's kernel records (Nsight Systems, another CUPTI injection, the
-    job's own torch.profiler; see :mod:`.cupti`), the kernels and settle steps run instrumented and
-    CUDA events time each GEMM behind a GPU gate (:mod:`.gate`). Under Nsight Compute nothing is
-    timed. A log line names that profiler; ``meta["cupti_owner"]`` keeps it, and
-    ``meta["event_pairs"]`` says what led the pairs, their floor and how many were dropped.
+    The options, listed below, are :class:`~te_gemm_callback.capture.config.ProfilerConfig`'s
+    fields, given as keywords or as one ``config``.
 
     Example:
         >>> with GemmProfiler(model) as prof:          # doctest: +SKIP
@@ -91,8 +63,7 @@ class GemmProfiler:
             raise TypeError(f"GemmProfiler needs a torch.nn.Module, got {type(model).__name__}")
         self.config = c = ProfilerConfig.given("GemmProfiler", config, options)
         timing, dispatch_steps, kernel_steps, nsys_capture = c.timing, c.dispatch_steps, c.kernel_steps, c.nsys_capture
-        # A meta-device model runs nothing: record shapes only. Host-clock pairs would time only
-        # the dispatch, and the capture would call it a CPU job.
+        # A meta-device model runs nothing: host-clock pairs would time only the dispatch.
         self.on_meta = next((p.is_meta for p in model.parameters()), False)
         if self.on_meta:
             warn_once("te-gemm: the model is on the meta device: nothing runs there, so nothing can be timed; "
@@ -100,30 +71,25 @@ class GemmProfiler:
             timing = "none"
         self.model = model
         self.adapters = tuple(c.adapters)
-        has_te = any(is_te_module(m) for m in model.modules())
         if dispatch_steps is None:
-            dispatch_steps = 1 if has_te else "all"
+            dispatch_steps = 1 if any(is_te_module(m) for m in model.modules()) else "all"
         # Kernel records need the model's kernels on a GPU: a CPU model on a GPU host has none.
         on_gpu = torch.cuda.is_available() and next((p.is_cuda for p in model.parameters()), True)
-        cuda = on_gpu or c.kernel_profile is not None
+        self._cuda = cuda = on_gpu or c.kernel_profile is not None
         if kernel_steps is None:
             kernel_steps = 1 if cuda and timing != "none" else 0
-        self._base_plan = StepPlan(instrumented=c.instrumented_steps, kernels=kernel_steps if cuda else 0,
-                                   dispatch=dispatch_steps, kernels_warmup=c.kernel_warmup_steps,
-                                   settle=c.settle_steps)
-        self.plan = self._base_plan
+        self._base_plan = self.plan = StepPlan(instrumented=c.instrumented_steps, kernels=kernel_steps if cuda else 0,
+                                               dispatch=dispatch_steps, kernels_warmup=c.kernel_warmup_steps,
+                                               settle=c.settle_steps)
         self.max_compile_steps = max(c.max_compile_steps, 1)
         if self.plan.instrumented == 0 and self.plan.kernels == 0:
             log.warning("te-gemm: no instrumented or kernels step planned: the capture will hold step times only")
         self.nsys_capture = nsys_capture
-        # cudaProfilerStart/Stop via torch.cuda.profiler, only when there is a GPU.
         self._range_api: Any = torch.cuda.profiler if nsys_capture and torch.cuda.is_available() else None
         self.scope = ModuleScope(model, on_error=lambda e: self.recorder.fail(e))
         self.timing = self._base_timing = timing
         nvtx_on = True if c.nvtx == "auto" and nsys_capture else c.nvtx  # nsys will listen
         self.recorder = Recorder(self.scope, gemm_timer(timing != "none"), Nvtx(nvtx_on, c.nvtx_backend))
-        # Only GPU kernels can be lost to another CUPTI owner; a CPU model has none.
-        self._cuda = cuda
         self.cupti: CuptiOwner | None = None
         self._follow_cupti()
         self.te = TEInterceptor(self.recorder) if "te" in self.adapters else None
@@ -140,12 +106,10 @@ class GemmProfiler:
         self._range_open = False  # cudaProfilerStart called, Stop not yet
 
     def _follow_cupti(self) -> None:
-        """Adapt the plan when another profiler owns CUPTI (:mod:`.cupti`).
+        """Adapt the plan when another profiler owns CUPTI (:mod:`.cupti`), at construction and each start.
 
-        Checked at construction and at each start, since the job may start its own torch.profiler
-        in between. The kernels warm-up, kernels and settle steps become instrumented steps, so the
-        same number of steps run and CUDA events time each GEMM on several steps (a median), not
-        only on the first, which also runs the dispatch mode. Under Nsight Compute nothing is timed."""
+        The kernels warm-up, kernels and settle steps become instrumented steps, so CUDA events time
+        each GEMM on several steps (a median). Under Nsight Compute nothing is timed."""
         owner = cupti_owner() if self._cuda else None
         self.cupti, base = owner, self._base_plan
         self.plan, self.timing = base, self._base_timing
@@ -153,14 +117,12 @@ class GemmProfiler:
         if owner is not None:
             warn_once(owner.line(), log)
             if base.kernels and base.instrumented != "all":
-                # Settle steps too: there is no records sync to settle after.
                 self.plan = StepPlan(instrumented=base.instrumented + base.kernels_warmup + base.kernels + base.settle,
                                      kernels=0, dispatch=base.dispatch)
                 if isinstance(base.dispatch, int) and base.dispatch and base.settle and owner.timing != NONE \
                         and self._base_timing != "none":
-                    # GEMMs outside TE modules are timed on dispatch steps only. If the first step
-                    # found some, one more step runs the dispatch mode (_dispatch_more) for a
-                    # second pair; it takes the settle slot, so the light-step count is unchanged.
+                    # GEMMs outside TE modules are timed on dispatch steps only: if there are some, one
+                    # more dispatch step (_dispatch_more) takes the settle slot for a second pair.
                     self._more_dispatch = 1
             if owner.timing == NONE:
                 self.timing = "none"
@@ -171,8 +133,7 @@ class GemmProfiler:
         self._order_off = False  # no TE owners by launch order (compiled model, or a step mismatched)
         if self.te is not None:
             self.te.owners.reset()
-        # Host ms to start and to stop (sync + read) the kernel-records session.
-        self._session_ms: dict[str, float] = {}
+        self._session_ms: dict[str, float] = {}  # host ms to start and to stop the kernel-records session
         self.instruments.eager = EagerForwards({})
         self.instruments.eager_compiled = EagerCompiled({})
         self._wait = SteadyWait(self.max_compile_steps)
@@ -194,17 +155,16 @@ class GemmProfiler:
         i = self.recorder.step
         kind = self._plan_kind(i)
         j = i - self._wait.lead  # index in the plan (negative for a compile step)
-        # Event pairs where no kernel records will time the GEMMs, plus on the first (already
-        # costly) step as a fallback in case the kernels step never comes or does not join.
-        # Elsewhere the pairs would be most of the per-GEMM host cost.
+        # Event pairs where no kernel records will time the GEMMs, and on the first step as a fallback
+        # should the kernels step not join; elsewhere they would be most of the per-GEMM host cost.
         timed = self.timing == "events" or (self.timing == "auto" and self.plan.kernels == 0)
-        self.recorder.timer.enabled = timed or (self.timing == "auto" and j == 0)
-        # Gate (or spin) before each start event (instruments.EventTimer) only where the pairs give
-        # the GEMM times, so fallback pairs cost no GPU time. Built here, before the boundary and
-        # the dispatch mode, because its first build compiles a kernel.
-        self.recorder.timer.lead = timed
-        if timed and not self.recorder.timer.gates and not self._abandoned:  # once, for the model's devices
-            self.recorder.timer.prepare({p.device.index for p in self.model.parameters() if p.is_cuda})
+        timer = self.recorder.timer
+        timer.enabled = timed or (self.timing == "auto" and j == 0)
+        # A lead before each start event only where the pairs give the GEMM times. The gates are built
+        # here, before the boundary, since their first build compiles a kernel.
+        timer.lead = timed
+        if timed and not timer.gates and not self._abandoned:
+            timer.prepare({p.device.index for p in self.model.parameters() if p.is_cuda})
         dispatched = False
         if kind == INSTRUMENTED and self.recorder.error is None:
             dispatch = "torch" in self.adapters and (self.plan.dispatches(j) or self._dispatch_more(j))
@@ -221,20 +181,19 @@ class GemmProfiler:
                 self.instruments.mode.forward_shapes.clear()
                 dispatched = True
         else:
-            self._detach(keep_kernels=True)
-            if kind in (SETTLE, CLEAN) and self._clocks is not None and self._clocks.running:
-                # The sampler takes the GIL 20 times a second: keep it off clean steps.
-                self._clocks.__exit__(None, None, None)
+            self.instruments.detach()  # a kernel-records session spans the warm-up and kernels steps
+            if kind in (SETTLE, CLEAN):
+                self._stop_clocks()  # the sampler takes the GIL 20 times a second: not on clean steps
         host_clock = self._host_clock() if kind == SETTLE else None
         if self._sample_clocks and self._clocks is None and not self._abandoned and (
                 kind in (WARMUP, KERNELS) or (kind == INSTRUMENTED and self.plan.kernels == 0)):
-            # Before the boundary, so not in the step's time.
             self._clocks = ClockSampler(self._clock_reader, period_s=0.05).__enter__()
-        if kind in (WARMUP, KERNELS):  # started before the boundary, so not in the step's time
-            if not self.kernel_profile.running and self.kernel_profile.error is None and not self._abandoned:
-                t0 = self._clock()
-                self.kernel_profile.start()
-                self._session_ms["start"] = (self._clock() - t0) * 1e3
+        # Started before the boundary, so not in the step's time.
+        if kind in (WARMUP, KERNELS) and not self.kernel_profile.running and self.kernel_profile.error is None \
+                and not self._abandoned:
+            t0 = self._clock()
+            self.kernel_profile.start()
+            self._session_ms["start"] = (self._clock() - t0) * 1e3
         if kind == KERNELS:
             self.kernel_profile.mark()
         rec = StepRecord(kind, dispatch=dispatched, host_clock=host_clock)
@@ -248,31 +207,26 @@ class GemmProfiler:
         rec = self._steps[-1]
         rec.end = self._boundary()
         if rec.host_clock is not None:
-            rec.module_host_us = rec.host_clock.detach()
-            rec.host_clock = None
+            rec.module_host_us, rec.host_clock = rec.host_clock.detach(), None
         now = activity()
         rec.moved = (now[0] - rec.at_open[0], now[1] - rec.at_open[1])
         rec.micro_batches = micro_batches
         self.recorder.nvtx.pop()
         i = self.recorder.step
         if rec.kind == COMPILE and ran:
-            # The plan starts after the first compile step with no compilation and no graph capture.
             self._wait.close(i, any(rec.moved))
         if ran and self.te is not None and self.instruments.attached == "order":
             if self.te.owners.complete():
                 rec.by_order = True
             else:  # different call order or shapes: this step's owners are unknown
-                rec.order_failed = True
-                self._order_off = True
+                rec.order_failed = self._order_off = True
                 log.warning("te-gemm: step %d's TE GEMMs did not follow the first instrumented step's order: "
                             "they are left out, and later instrumented steps are hooked again", i)
-        # One kernel-records session spans the warm-up and kernels steps. It ends, with a sync,
-        # after the last kernels step or with the capture.
+        # The session spanning the warm-up and kernels steps ends after the last kernels step.
         if self.kernel_profile.running and (last or self._plan_kind(i + 1) not in (WARMUP, KERNELS)):
             t0 = self._clock()
             steps = self.kernel_profile.stop()  # synchronizes, so it comes after the end boundary
-            # Outside every step's boundaries, but the job waits for it, so the report shows it.
-            self._session_ms["stop"] = (self._clock() - t0) * 1e3
+            self._session_ms["stop"] = (self._clock() - t0) * 1e3  # outside every step, but the job waits
             sync = getattr(self.kernel_profile, "sync_ms", None)
             if sync is not None:
                 self._session_ms["stop_sync"] = sync
@@ -282,9 +236,8 @@ class GemmProfiler:
                     self._steps[j].kernels = ks
 
     def _host_clock(self) -> ModuleHostClock | None:
-        """Clock each TE module's host time on the first settle step (host_clock.py).
-
-        None for a compiled model (hooks would make dynamo recompile) or once a step has it."""
+        """Clock each TE module's host time on the first settle step (host_clock.py); None for a
+        compiled model (hooks would make dynamo recompile) or once a step has it."""
         if self._abandoned or compiled_modules(self.model) or \
                 any(s.module_host_us is not None or s.host_clock is not None for s in self._steps):
             return None
@@ -296,10 +249,8 @@ class GemmProfiler:
         return clock
 
     def _dispatch_more(self, j: int) -> bool:
-        """Whether step ``j``, past the planned dispatch steps, runs the dispatch mode anyway.
-
-        Only under another CUPTI owner, when the dispatch steps found GEMMs the TE adapter misses
-        (e.g. a plain nn.Linear lm_head): those steps' pairs are their only times."""
+        """Whether step ``j``, past the planned dispatch steps, runs the dispatch mode anyway: under
+        another CUPTI owner, when the dispatch steps found GEMMs the TE adapter misses."""
         if not self._more_dispatch or not isinstance(self.plan.dispatch, int) or \
                 not self.plan.dispatch <= j < self.plan.dispatch + self._more_dispatch:
             return False
@@ -308,18 +259,15 @@ class GemmProfiler:
     def _plan_kind(self, i: int) -> str:
         return COMPILE if self._wait.waiting else self.plan.kind(i - self._wait.lead)
 
-    def _detach(self, keep_kernels: bool = False) -> None:
-        self.instruments.detach()
-        if not keep_kernels:  # keep a session spanning the warm-up and kernels steps open
-            self.kernel_profile.discard()
-
     def _step_ids(self, test: Callable[[StepRecord], bool]) -> list[int]:
-        """Indices of the steps whose record passes ``test``."""
         return [i for i, s in enumerate(self._steps) if test(s)]
 
     def _kernel_steps(self) -> dict[int, KernelStep]:
-        """The kernels steps' records, by step index."""
         return {i: s.kernels for i, s in enumerate(self._steps) if s.kernels is not None}
+
+    def _stop_clocks(self) -> None:
+        if self._clocks is not None and self._clocks.running:
+            self._clocks.__exit__(None, None, None)
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> GemmProfiler:
@@ -332,32 +280,26 @@ class GemmProfiler:
         self._thread = self.scope.owner_thread = threading.get_ident()
         self.scope.ran.clear()
         self.scope.weights_used.clear()
-        # Looked up at each start, so CUDA graphs made after construction count too.
+        # Looked up at each start, so graphs and compiles made after construction count too.
+        # Instrumented steps run compiled modules' eager forward (steady.py).
         self.instruments.eager = EagerForwards(graphed_modules(self.model))
-        # Likewise compiled modules. Instrumented steps run their eager forward, since a compiled
-        # frame entered under the dispatch mode can stay eager for good (steady.py).
         self.instruments.eager_compiled = EagerCompiled(compiled_modules(self.model))
-        # Compile steps first, until dynamo is done, so no compile time lands in a timed step and
-        # the plan's steps run the code the job will keep running.
+        # Compile steps first, so no compile time lands in a timed step.
         self._wait.waiting = bool(self.instruments.eager_compiled.modules)
         GraphCaptures.install()
         self._held = True
-        # The only thing on the model for the whole window, clean steps included: a try/except
-        # around its forward, untimed. An exception through it removes every instrument, whatever
-        # the training framework does (the HF Trainer has no exception hook).
+        # The only thing on the model for the whole window: a try/except around its forward. An
+        # exception through it removes every instrument, whatever the training framework does.
         self._guard = ForwardGuard.install(self.model, self._abandon)
         # A compiled model stays hooked: launch-order owners are checked on eager models only.
-        self._order_off = compiled(self.model)
+        self._order_off = bool(self.instruments.eager_compiled.modules)
         if self._range_api is not None:
-            # Stopped once the capture is built (or, with "held", saved), because nsys's default
-            # --capture-range-end=stop-shutdown ends the job at the first Stop
-            # (docs/results/h200.md, facts the code relies on: nsys capture range).
+            # Stopped once the capture is built (or, with "held", saved): nsys's default
+            # --capture-range-end=stop-shutdown ends the job at the first Stop (docs/results/h200.md).
             self._range_api.start()
             self._range_open = True
-        # Sample the SM clock over the steps whose GEMM times are reported: 20 NVML reads a second
-        # (~10-50 us each) on a thread that takes the GIL each time. Started with the kernels steps
-        # if any, so instrumented steps don't pay; else with the instrumented steps' event pairs
-        # (_open_step). Stopped for clean steps. Never raises.
+        # The SM clock is sampled (20 NVML reads a second on a thread that takes the GIL) over the steps
+        # whose GEMM times are reported: kernels steps if any, else instrumented ones (_open_step).
         self._clocks = None
         self._sample_clocks = self._clock_reader is not None or torch.cuda.is_available()
         try:
@@ -386,9 +328,8 @@ class GemmProfiler:
             # The dispatch mode is thread-local: only the starting thread can remove it.
             raise RuntimeError("GemmProfiler.stop() must be called from the thread that called start()")
         i = self.recorder.step
-        # stop() right after step(): that step never ran (a loop calls step() after each iteration,
-        # then leaves the with-block). Autograd's node counter tells with nothing attached: no
-        # forward with grad since the step opened means nothing ran.
+        # stop() right after step() (a loop that steps after each iteration): that step never ran.
+        # Autograd's node counter tells: no forward with grad since the step opened.
         empty_tail = i > 0 and self.scope._current_seq() <= self._steps[-1].seq_open + 1 and \
             not any(r[0] == i for r in self.recorder.raw)
         self._close_step(micro_batches, ran=not empty_tail)
@@ -411,26 +352,20 @@ class GemmProfiler:
             self._range_api.stop()
 
     def _release(self) -> None:
-        """Remove everything start() installed (idempotent).
-
-        Covers instruments, the forward guard, the graph-capture counter and the clock sampler.
-        The nsys range stays open until the capture is built (:meth:`stop`) or saved
-        (``nsys_capture="held"``)."""
-        self._detach()
+        """Remove everything start() installed (idempotent); the nsys range stays open (:meth:`stop`)."""
+        self.instruments.detach()
+        self.kernel_profile.discard()
         if self._guard is not None:
             self._guard.remove()
             self._guard = None
         if self._held:
             self._held = False
             GraphCaptures.uninstall()
-        if self._clocks is not None and self._clocks.running:
-            self._clocks.__exit__(None, None, None)
+        self._stop_clocks()
 
     def _abandon(self, err: BaseException) -> None:
-        """Turn capture off after the forward raised inside the window.
-
-        Everything of ours comes off the model now, reported once; the job's exception propagates
-        untouched. stop() still returns what was recorded before it."""
+        """Turn capture off after the forward raised inside the window: everything of ours comes off,
+        reported once; the job's exception propagates untouched."""
         if not self._started or self._abandoned:
             return
         self._abandoned = True
@@ -481,18 +416,14 @@ class GemmProfiler:
 
     @property
     def plan_index(self) -> int | None:
-        """The open step's index in the :class:`StepPlan`, so its kind is ``plan.kind(plan_index)``.
-
-        None during compile steps or when not started."""
+        """The open step's index in the :class:`StepPlan`; None during compile steps or when not started."""
         if not self._started or self._wait.waiting:
             return None
         return self.recorder.step - self._wait.lead
 
 
 def _check_micro_batches(v: Any) -> None:
-    """Refuse a count the capture cannot save and load back.
-
-    0 divided by zero at save; 1.5, True and 10**30 were saved but refused by GemmCapture.load."""
+    """Refuse a count the capture cannot save and load back (0, 1.5, True, 10**30)."""
     if type(v) is not int or not 1 <= v <= MAX_INT:
         raise ValueError(f"micro_batches must be a whole number >= 1 (the micro-batches of the step), got {v!r}")
 

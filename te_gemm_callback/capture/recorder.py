@@ -1,8 +1,5 @@
 """Recording GEMM calls while the profiled steps run: what the TE and torch adapters report each
-call to, with the instruments around it (event pair, NVTX range) and the switch that turns the
-capture off after an error. After the steps, :meth:`Recorder.resolve` turns the calls into the
-:class:`GemmEvent` list that :mod:`.capture_file` aggregates and saves.
-"""
+call to, with its event pair and NVTX range, and the switch that turns capture off after an error."""
 
 from __future__ import annotations
 
@@ -23,12 +20,8 @@ log = logging.getLogger("te_gemm_callback")
 
 
 class Recorder:
-    """Shared state of one capture: events, instruments, and the failure switch.
-
-    The hot path (one call per GEMM) does two dict look-ups in the adapters, then ``begin`` and
-    ``end`` here: no dataclass is built and no string formatted per call; events are tuples turned
-    into :class:`GemmEvent` after the capture.
-    """
+    """Shared state of one capture: events, instruments, and the failure switch. Per GEMM, ``begin``
+    and ``end`` build no dataclass and format no string: raw tuples become events in :meth:`resolve`."""
 
     def __init__(self, scope: ModuleScope, timer: Timer, nvtx: Nvtx) -> None:
         self.scope, self.timer, self.nvtx = scope, timer, nvtx
@@ -36,11 +29,9 @@ class Recorder:
         self.step = 0
         self.raw: list[tuple] = []  # (step, site, recompute, m_splits, event pair), launch order
         self.events: list[GemmEvent] = []
-        # Per step, the key of each GEMM call in launch order; None for an aten GEMM that ran but
-        # is counted elsewhere (inside a TE module). Kernel records are joined against it.
+        # Per step, each GEMM call's key in launch order (None: counted elsewhere), for the kernel join.
         self.sequences: dict[int, list[tuple | None]] = {}
-        # Per step and call, the GEMM kernel counts it may have launched (see join_by_order).
-        self.kernel_counts: dict[int, list[tuple[int, ...]]] = {}
+        self.kernel_counts: dict[int, list[tuple[int, ...]]] = {}  # ... and its possible kernel counts
         self.error: str | None = None
         self.dropped: dict[int, int] = {}  # step -> its event pairs left out (Timer.read)
         self.below_floor = 0  # pairs no longer than their floor: no time
@@ -50,7 +41,6 @@ class Recorder:
     in_backward = staticmethod(in_backward)
 
     def reset(self) -> None:
-        """Empty for a new capture: its calls, events and the timer's leads and devices."""
         self.step = 0
         for kept in (self.raw, self.events, self.sequences, self.kernel_counts, self.dropped,
                      self.timer.leads, self.timer.devices):
@@ -58,7 +48,7 @@ class Recorder:
         self.below_floor = 0
 
     def site(self, **fields: Any) -> GemmSite:
-        """The static description of a GEMM call site, built once per distinct site."""
+        """The GEMM call site of these fields, built once."""
         key = tuple(fields.values())
         s = self._sites.get(key)
         if s is None:
@@ -66,10 +56,8 @@ class Recorder:
         return s
 
     def begin(self, site: GemmSite, recompute: bool = False, m_splits: Any = None) -> tuple:
-        # The timer first (the gate, then the start event), the range after it: nsys projects a range
-        # onto the GPU work launched inside it, which is then the GEMM's kernels alone, not the gate
-        # that waits for the host. Host time between the start event and the launch (the range's own
-        # call) stays out of the pair: the gate holds the stream until the GEMM is launched.
+        # The timer first, the range after it: nsys projects a range onto the GPU work launched in it,
+        # which is then the GEMM's kernels alone, not the gate (that holds the stream until the launch).
         start = self.timer.start()
         try:
             handle = self.nvtx.start(site.range_recompute if recompute else site.range) if self.nvtx.enabled else None
@@ -89,7 +77,7 @@ class Recorder:
             self.fail(err)
 
     def skip(self) -> None:
-        """A GEMM ran that another adapter counts: keep its place in the launch order only."""
+        """A GEMM another adapter counts ran: keep its place in the launch order only."""
         self.raw.append((self.step, None, False, None, None))
 
     def defer_copy(self, t: torch.Tensor) -> torch.Tensor:
@@ -99,7 +87,7 @@ class Recorder:
         return host
 
     def note_inference(self) -> None:
-        """The model ran a linear or matmul under torch.inference_mode(): said once, with what to do."""
+        """A linear or matmul ran under torch.inference_mode(): said once."""
         if not self._inference_said:
             self._inference_said = True
             log.warning("te-gemm: the model runs under torch.inference_mode(), where linear and matmul reach the "
@@ -138,9 +126,7 @@ class Recorder:
             if isinstance(m_splits, torch.Tensor):
                 ev.m_splits = splits_from_offs(m_splits)
                 apply_splits(ev)
-            if 0 in (ev.m, ev.k, ev.n):
-                # An empty GEMM (an expert given no tokens, x[:0]): no work and no kernel, so not a
-                # GEMM of the step, and a record of it would be a shape the capture file refuses.
+            if 0 in (ev.m, ev.k, ev.n):  # an empty GEMM (x[:0]) runs no kernel; the file refuses its shape
                 continue
             self.events.append(ev)
             seq.append(ev.key())
@@ -151,17 +137,16 @@ class Recorder:
 def splits_from_offs(offs: torch.Tensor) -> tuple[int, ...]:
     """Group sizes from ``_grouped_mm``'s cumulative offsets."""
     ends = [int(x) for x in offs.tolist()]
-    starts = [0] + ends[:-1]
-    return tuple(e - s for s, e in zip(starts, ends))
+    return tuple(e - s for s, e in zip([0] + ends[:-1], ends))
 
 
 def apply_splits(ev: GemmEvent) -> None:
     """The token dimension of a grouped GEMM is the sum of its splits (k for wgrad, else m)."""
-    splits = cast(tuple[int, ...], ev.m_splits)  # set: a grouped GEMM's
+    total = sum(cast(tuple[int, ...], ev.m_splits))  # set: a grouped GEMM's
     if ev.op is GemmOp.WGRAD:
-        ev.k = sum(splits)
+        ev.k = total
     else:
-        ev.m = sum(splits)
+        ev.m = total
 
 
 def grouped_kernel_counts(m_splits: Any) -> tuple[int, ...]:

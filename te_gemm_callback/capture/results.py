@@ -1,8 +1,6 @@
-"""The capture a stopped :class:`~te_gemm_callback.GemmProfiler` hands back: step times with their
-final kinds (steady state, :mod:`.steady`), GEMM records, kernel-time join, coverage and the run's
-conditions (:func:`build_capture`), read from the profiler's step records
-(:class:`~.step_record.StepRecord`) once it has stopped. ``prof`` is that profiler: typed Any, as
-this module is imported by the profiler's."""
+"""The capture a stopped :class:`~te_gemm_callback.GemmProfiler` hands back (:func:`build_capture`):
+step times and final kinds, GEMM records, kernel-time join, coverage and the run's conditions.
+``prof`` is that profiler, typed Any: this module is imported by the profiler's."""
 
 from __future__ import annotations
 
@@ -47,25 +45,20 @@ def build_capture(prof: Any) -> GemmCapture:
             index=i, wall_ms=(t1 - t0) * 1e3,
             gpu_ms=float(e0.elapsed_time(e1)) if e0 is not None and e1 is not None else None,
             gemm_ms=gemm_ms, micro_batches=s.micro_batches, kind=s.kind, dispatch=s.dispatch))
-    # A step with fewer micro-batches than the fullest is never clean (tagged before the outlier
-    # test, which must compare full steps only); its GEMMs count per full step below.
+    # A step with fewer micro-batches than the fullest is never clean (tagged before the outlier test).
     full = max((s.micro_batches for s in prof._steps), default=1)
     kinds = [PARTIAL if s.kind in (CLEAN, SETTLE) and s.micro_batches < full else s.kind for s in prof._steps]
-    # Compile, recompile, graph-capture and outlier steps are never clean: retagged here, where
-    # every step's time is known (an outlier is only one against the others).
     steady = assess(kinds, [s.moved for s in prof._steps], [t.ms for t in steps], prof._wait)
     for t, s, kind in zip(steps, prof._steps, steady.kinds):
         t.kind = s.kind = kind
-    if steady.reached is False:  # once per capture: _build runs once per stop()
+    if steady.reached is False:
         log.warning("te-gemm: steady state %s", steady.verdict)
-    # Steps recorded per source, in full steps: an instrumented step of 2 micro-batches where the
-    # others run 5 ran 2/5 of a step's GEMMs (calls_per_step is per full step).
+    # Steps recorded per source, in full steps (a step of 2 micro-batches where others run 5 is 2/5).
     te_steps = [s.micro_batches for s in prof._steps if s.kind == INSTRUMENTED and not s.order_failed]
     per_source = {"te": sum(te_steps) / full or 1,
                   "torch": sum(s.micro_batches for s in prof._steps if s.dispatch) / full or 1}
-    failed = prof._step_ids(lambda s: s.order_failed)
-    left_out = set(failed)  # their TE GEMMs' owners are unknown
-    kept = [e for e in rec.events if e.source != "te" or e.step not in left_out]
+    failed = prof._step_ids(lambda s: s.order_failed)  # their TE GEMMs' owners are unknown
+    kept = [e for e in rec.events if e.source != "te" or e.step not in failed]
     dispatch_only: list[str] = []
     if rec.timer.kind == "cuda_events":
         dispatch_only = _prefer_light_steps(kept, set(prof._step_ids(lambda s: s.dispatch)))
@@ -80,8 +73,7 @@ def build_capture(prof: Any) -> GemmCapture:
                                  "GEMM counts and times are per full step")
     meta["unsteady_steps"] = steady.unsteady
     meta["owners_by_launch_order"] = {"steps": prof._step_ids(lambda s: s.by_order), "failed": failed}
-    join = _join_kernels(prof, records)
-    meta.update(join)
+    meta.update(_join_kernels(prof, records))
     if prof._session_ms:
         meta["kernel_session_ms"] = dict(prof._session_ms)
     if kernel_steps := prof._kernel_steps():
@@ -102,8 +94,8 @@ def build_capture(prof: Any) -> GemmCapture:
                        kernel_timeline=timeline)
 
 def _join_ref(prof: Any) -> tuple[list, list[tuple[int, ...]] | None]:
-    """The reference instrumented step's GEMM calls (the last one that ran the dispatch mode: it
-    saw every GEMM), in launch order, and the kernel counts each may have launched."""
+    """The reference step's GEMM calls in launch order (the last dispatch step: it saw every GEMM),
+    and the kernel counts each may have launched."""
     ref_ids = prof._step_ids(lambda s: s.dispatch) or prof._step_ids(
         lambda s: s.kind == INSTRUMENTED and not s.order_failed)
     if not ref_ids:
@@ -111,9 +103,7 @@ def _join_ref(prof: Any) -> tuple[list, list[tuple[int, ...]] | None]:
     return prof.recorder.sequences.get(ref_ids[-1], []), prof.recorder.kernel_counts.get(ref_ids[-1])
 
 def _timeline(prof: Any, records: list) -> KernelTimeline | None:
-    """The first kernels step whose kernels joined the captured GEMMs, as a timeline: its GEMM
-    kernels named by the records they joined, beside every other kernel of the step. None
-    where no step joined (no kernels step, a compiled model, counts that did not match)."""
+    """The first kernels step whose kernels joined the captured GEMMs, as a timeline, or None."""
     ref, counts = _join_ref(prof)
     if not ref or prof.instruments.eager_compiled.modules:  # nothing to name GEMMs by, or no launch-order join
         return None
@@ -125,8 +115,7 @@ def _timeline(prof: Any, records: list) -> KernelTimeline | None:
     return None
 
 def _join_kernels(prof: Any, records: list) -> dict[str, Any]:
-    """Per-GEMM kernel times from the kernels steps, joined by launch order to the reference
-    instrumented step (the last one that ran the dispatch mode: it saw every GEMM)."""
+    """Per-GEMM kernel times from the kernels steps, joined by launch order to the reference step."""
     ref, counts = _join_ref(prof)
     source = prof.recorder.timer.kind if any(r.times_ms for r in records) else "none"
     out: dict[str, Any] = {"gemm_time_source": source}
@@ -134,9 +123,7 @@ def _join_kernels(prof: Any, records: list) -> dict[str, Any]:
         return out  # nothing captured to join kernels to (no instrumented step, or no GEMM)
     kernel_steps = prof._kernel_steps()
     if kernel_steps and prof.instruments.eager_compiled.modules:
-        # The instrumented steps ran the compiled modules' eager forward, so the captured order
-        # is eager's, while the kernels step runs the compiled graph, whose kernels may be fused
-        # or reordered: a launch-order join could pair the wrong GEMMs.
+        # Captured from the eager forward, while the kernels step runs fused or reordered compiled kernels.
         out["kernel_join"] = ("not joined: a torch.compile model runs its compiled kernels on the kernels step, "
                               "its eager ones while instrumented; per-step GEMM kernel time is kept")
         return out
@@ -168,7 +155,6 @@ def _meta(prof: Any) -> dict[str, Any]:
     compiled = sorted(prof.instruments.eager_compiled.modules)
     return {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        # The model's meta device, not the host's CPU: nothing ran (reporting.trace, analysis.verdicts).
         "device": "meta device" if prof.on_meta else
                   torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})",
         "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
@@ -181,26 +167,18 @@ def _meta(prof: Any) -> dict[str, Any]:
         "step_time": "clean steps (nothing attached)" if any(s.kind == CLEAN for s in prof._steps) else
                      "no clean step: step times include the capture instruments",
         "model": type(prof.model).__name__,
-        # torch.compile: shapes come from these modules' eager forward on the instrumented steps
-        # (dynamo never entered there); compile, kernels and clean steps run the compiled code.
         "compiled": bool(compiled),
         "compiled_modules": compiled,
-        # Graphs dynamo compiled in this process by the end (its own counter): 0 with a compiled
-        # model means it runs eagerly (dynamo disabled, or its frames skipped before the capture).
+        # 0 with a compiled model: it runs eagerly (dynamo disabled, or its frames skipped before).
         "dynamo_graphs": graphs_compiled() if compiled else None,
-        # CUDA graphs: these modules replay a graph on kernels and clean steps; their GEMMs
-        # were captured from their eager forward on the instrumented steps.
         "graphed_modules": sorted(prof.scope.shown.get(n, n) for n in prof.instruments.eager.graphed),  # as owners read
         "clocks_during_capture": prof._clocks.summary() if prof._clocks is not None else None,
-        # Another profiler held CUPTI (cupti.py): no kernel records, GEMMs timed by events or not at all.
         "cupti_owner": prof.cupti.meta() if prof.cupti is not None else None,
     }
 
 
 def _event_pairs(rec: Any, dispatch_only: list[str]) -> dict[str, Any] | None:
-    """What led the CUDA-event pairs' start events ("gate", "spin", both, or nothing: pairs kept only
-    as a fallback), the floor taken off each pair (us, by device), the pairs dropped because their
-    gate gave up, and those that read no more than the floor (kernels under ~1 us)."""
+    """What led the event pairs, their floor (us, by device), how many were dropped (gate gave up) and below floor."""
     if rec.timer.kind != "cuda_events":
         return None
     return {"lead": "+".join(sorted(rec.timer.leads)) or None,
@@ -210,11 +188,9 @@ def _event_pairs(rec: Any, dispatch_only: list[str]) -> dict[str, Any] | None:
 
 
 def _prefer_light_steps(events: list, dispatch_steps: set[int]) -> list[str]:
-    """Where a GEMM was timed by CUDA events on instrumented steps without the dispatch mode too,
-    drop its dispatch-mode times: that mode costs Python time on every aten op, so the GPU waits at
-    the gate between GEMMs there, and runs them on a GPU less loaded than the job's. Returns the
-    GEMMs (``module[.gemm] pass``) timed on dispatch-mode steps only where lighter steps timed
-    others: plain torch layers beside TE ones, whose times are then the least certain."""
+    """Drop dispatch-mode times of GEMMs lighter steps timed too (that mode's Python cost per aten op
+    leaves the GPU less loaded than the job's). Returns the GEMMs (``module[.gemm] pass``) timed on
+    dispatch-mode steps only while lighter steps timed others."""
     light = {e.key() for e in events if e.time_ms is not None and e.step not in dispatch_steps}
     only = set()
     for e in events:

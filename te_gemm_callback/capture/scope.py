@@ -1,23 +1,12 @@
 """Which module owns the GEMM running right now, in forward and in backward.
 
-Forward: a per-thread stack kept by forward pre/post hooks on every module.
+Forward: a per-thread stack kept by forward pre/post hooks. Backward: hooks cannot tell sibling
+branches apart, so when a module's forward returns we tag the autograd nodes it created
+(``node.metadata``; created = sequence number at or above the one when its forward began, inner
+modules first); in backward ``torch._C._current_autograd_node()`` names the node running.
 
-Backward: module hooks cannot say it exactly. Sibling branches (separate q, k and v projections)
-receive their output gradients at the same moment, so "entered but not yet left" holds for several
-modules at once; ModuleTracker then reports a set of parents. Instead, when a module's forward
-returns, we tag the autograd nodes it created (``node.metadata``); during backward the engine
-runs one node at a time per device thread and ``torch._C._current_autograd_node()`` names it, so
-the owner of every backward GEMM is exact. Inner modules return first, so a node keeps the tag of
-the innermost module that created it. "Created during this forward" is decided by autograd's
-sequence numbers (per thread, increasing): a node numbered below the next number when the
-forward began already existed (a parent's earlier op, which a child's output may lead back to).
-
-Names: a module is shown by its qualified name in the model the user wrote, without the
-attributes through which wrappers hold it (``torch.compile``'s ``_orig_mod``, DDP's ``module``,
-FSDP's ``_fsdp_wrapped_module``, activation checkpointing's ``_checkpoint_wrapped_module``): the
-same layer has the same name whether the job compiles or distributes the model or not. Only the
-wrapper's own attribute is dropped, decided by the wrapper's type; a submodule a user named
-``module`` keeps its name.
+Names are as in the model the user wrote, without the attributes through which torch's wrappers
+(compile, DDP, FSDP, activation checkpointing) hold it, decided by the wrapper's type.
 """
 
 from __future__ import annotations
@@ -48,14 +37,11 @@ def bears_gemm(m: nn.Module) -> bool:
     """Whether a module holds a weight that its own forward runs a GEMM with."""
     if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":
         return True
-    if is_te_module(m):
-        return any(p.dim() >= 2 for _, p in m.named_parameters(recurse=False))
-    return any(p.dim() >= 3 for _, p in m.named_parameters(recurse=False))
+    return any(p.dim() >= (2 if is_te_module(m) else 3) for _, p in m.named_parameters(recurse=False))
 
 
-# Wrapper class (any class of that name defined in torch, or a subclass of one) -> the attribute
-# under which it holds the module it wraps. ActivationWrapper is the base of checkpoint_wrapper's
-# CheckpointWrapper and OffloadWrapper.
+# Wrapper class (of that name, defined in torch, or a subclass) -> the attribute holding the wrapped
+# module. ActivationWrapper is the base of CheckpointWrapper and OffloadWrapper.
 _WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module", "DataParallel": "module",
              "FullyShardedDataParallel": "_fsdp_wrapped_module", "ActivationWrapper": "_checkpoint_wrapped_module"}
 
@@ -70,8 +56,7 @@ def wrapper_attr(module: nn.Module) -> str | None:
 
 
 def display_names(model: nn.Module) -> dict[str, str]:
-    """Qualified name in ``model`` -> the name shown (wrapper attributes dropped). A wrapper and the
-    module it wraps get one name. Example: for ``torch.compile(net)``, ``"_orig_mod.fc1"`` -> ``"fc1"``."""
+    """Qualified name -> the name shown, wrapper attributes dropped (``"_orig_mod.fc1"`` -> ``"fc1"``)."""
     modules: dict[str, nn.Module] = {}
     shown: dict[str, str] = {}
     for raw, m in model.named_modules():  # pre-order: a parent comes before its children
@@ -86,18 +71,9 @@ def display_names(model: nn.Module) -> dict[str, str]:
     return shown
 
 
-def shown_param_name(shown: dict[str, str], raw: str) -> str:
-    """A parameter's qualified name (``named_parameters``) with its module's name as shown."""
-    module, dot, attr = raw.rpartition(".")
-    if not dot:
-        return raw
-    mod = shown.get(module, module)
-    return f"{mod}.{attr}" if mod else attr
-
-
 def te_ops_owners(modules: dict[str, nn.Module]) -> dict[int, tuple[str, str]]:
-    """id of each GEMM-bearing te.ops op -> (owner name shown, its own name): a ``BasicLinear``
-    inside a ``te.ops.Linear`` is shown as that Linear."""
+    """id of each GEMM-bearing te.ops op -> (owner shown, its own name): a ``BasicLinear`` inside a
+    ``te.ops.Linear`` is shown as that Linear."""
     out: dict[int, tuple[str, str]] = {}
     for name, m in modules.items():
         if not type(m).__module__.startswith("transformer_engine.pytorch.ops") or not bears_gemm(m):
@@ -121,17 +97,15 @@ def _grad_nodes(output: Any) -> list[Any]:
 
 
 def _probe_next_seq(probe: torch.Tensor) -> int:
-    # Without torch._C._autograd._get_sequence_nr: a view of a leaf creates one node and takes
-    # the number; the next node gets the one after it.
+    # A view of a leaf that requires grad creates one node and takes the number; the next gets the one after.
     with torch.enable_grad():
-        node = cast("torch.autograd.graph.Node", probe.view(()).grad_fn)  # a view of a leaf that requires grad
+        node = cast("torch.autograd.graph.Node", probe.view(()).grad_fn)
         return node._sequence_nr() + 1
 
 
 def next_seq_reader() -> Callable[[], int]:
-    """The autograd sequence number the next node made on this thread will get. The getter costs a
-    small fraction of the fallback, a probe node (docs/results/h200.md, facts the code relies on:
-    sequence number)."""
+    """The autograd sequence number the next node made on this thread will get: torch's getter, else
+    a probe node (docs/results/h200.md, facts the code relies on: sequence number)."""
     peek = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
     if peek is not None:
         try:
@@ -154,36 +128,29 @@ class _DeleteAttr:
 
 
 class ModuleScope:
-    """Forward/backward module attribution for one model.
-
-    Example:
-        >>> scope = ModuleScope(model)           # doctest: +SKIP
-        >>> scope.attach(); ...; scope.detach()  # doctest: +SKIP
-    """
+    """Forward/backward module attribution for one model."""
 
     def __init__(self, model: nn.Module, on_error: Callable[[BaseException], None]) -> None:
         self.model = model
-        # Names as shown (display_names): a wrapper and the module it wraps share one, which
-        # stands for the wrapped module (pre-order: it comes later and takes the entry).
+        # A wrapper and the module it wraps share one shown name, which stands for the wrapped module
+        # (pre-order: it comes later and takes the entry).
         self.shown: dict[str, str] = display_names(model)
         raw_modules = dict(model.named_modules())
-        self.names: dict[int, str] = {id(m): self.shown[n] for n, m in raw_modules.items()}
         self.modules: dict[str, nn.Module] = {self.shown[n]: m for n, m in raw_modules.items()}
         self.raw_names: dict[str, str] = {self.shown[n]: n for n in raw_modules}
-        # Modules inside a TE module: their aten GEMMs belong to the TE adapter, never counted twice.
+        # Modules inside a TE module: their aten GEMMs are the TE adapter's, never counted twice.
         te_names = {n for n, m in self.modules.items() if is_te_module(m)}
         self.te_scoped: set[str] = {n for n in self.modules if self._has_te_ancestor(n, te_names)}
         self.ran: set[str] = set()  # modules whose forward ran while attached
-        # Modules whose weight a GEMM used without their forward running (MultiheadAttention
-        # hands out_proj.weight to F.multi_head_attention_forward): they ran, inside their parent.
+        # Modules whose weight a GEMM used without their forward running (MultiheadAttention's out_proj).
         self.weights_used: set[str] = set()
         self._local = threading.local()
         self._handles: list[Any] = []
         self._on_error = on_error
-        # te.ops (fusible ops): the fuser calls its ops' functional forward/backward itself, never
-        # the op modules' forward, so hooks cannot name the owner; see ops_owner().
+        # te.ops: the fuser calls its ops' functional forward itself, never hooked (ops_owner()).
         self.ops_owners: dict[int, tuple[str, str]] = te_ops_owners(self.modules)
-        self.te_gemm_set = set(self.te_gemm_modules())
+        # The TE modules that run GEMMs themselves: the only owners the TE adapter needs named.
+        self.te_gemm_set = {n for n, m in self.modules.items() if is_te_module(m) and bears_gemm(m)}
         self._current_seq = next_seq_reader()
         self._keep: list[Any] = []
         self.enabled = True
@@ -191,8 +158,7 @@ class ModuleScope:
         self._thread_said = False
 
     def note_other_thread(self) -> None:
-        """A forward ran on a thread other than start()'s: said once (as the inference_mode case),
-        since the dispatch mode is thread-local and its aten GEMMs go unrecorded, silently."""
+        """Said once: the dispatch mode is thread-local, so another thread's aten GEMMs go unrecorded."""
         if not self._thread_said:
             self._thread_said = True
             log.warning("te-gemm: the model runs on a thread other than the one that started the profiler: "
@@ -204,29 +170,16 @@ class ModuleScope:
         parts = name.split(".") if name else []
         return any(".".join(parts[:i]) in te_names for i in range(len(parts) + 1))
 
-    # --- hooks -----------------------------------------------------------------------------
     @property
     def seq_stack(self) -> list[int]:
-        st = getattr(self._local, "seq", None)
-        if st is None:
-            st = self._local.seq = []
-        return st
+        return self._local.__dict__.setdefault("seq", [])
 
     @property
     def stack(self) -> list[str]:
-        st = getattr(self._local, "stack", None)
-        if st is None:
-            st = self._local.stack = []
-        return st
-
-    def te_gemm_modules(self) -> list[str]:
-        """The TE modules that run GEMMs themselves (Linear, LayerNormLinear, LayerNormMLP,
-        GroupedLinear): the only owners the TE adapter needs named."""
-        return [n for n, m in self.modules.items() if is_te_module(m) and bears_gemm(m)]
+        return self._local.__dict__.setdefault("stack", [])
 
     def attach(self, names: Iterable[str] | None = None) -> None:
-        """Hook every module, or only ``names``. A leaf owner's tag walk covers the one or two
-        autograd nodes its forward made; hooking a parent would walk all of its children's."""
+        """Hook every module, or only ``names`` (a leaf owner's tag walk covers only its own nodes)."""
         chosen = None if names is None else set(names)
         for raw, module in self.model.named_modules():
             name = self.shown[raw]
@@ -251,8 +204,7 @@ class ModuleScope:
         self.release()
 
     def _tag(self, output: Any, name: str, start: int) -> None:
-        # Walk back over the nodes this forward created; an older node existed before this
-        # forward began, so the walk stops there.
+        # Walk back over the nodes this forward created; an older node ends the walk.
         todo = _grad_nodes(output)
         seen: set[int] = set()
         while todo:
@@ -260,12 +212,10 @@ class ModuleScope:
             if node is None or node._sequence_nr() < start or id(node) in seen:
                 continue
             seen.add(id(node))
-            # Inner modules returned first and tagged their nodes: keep the innermost owner, but
-            # walk through them to reach this module's own ops behind them.
+            # Inner modules tagged first: keep the innermost owner, but walk on through their nodes.
             node.metadata.setdefault(TAG, name)
-            # Keep the Python wrapper alive until the step ends: the metadata dict can live on the
-            # wrapper, and a node reached through next_functions gets a new, empty one once the old
-            # wrapper is collected (docs/results/h200.md, facts the code relies on: node metadata).
+            # The metadata can live on the Python wrapper: keep it alive until the step ends
+            # (docs/results/h200.md, facts the code relies on: node metadata).
             self._keep.append(node)
             todo.extend(nxt for nxt, _ in node.next_functions
                         if nxt is not None and type(nxt).__name__ != "AccumulateGrad")
@@ -274,7 +224,6 @@ class ModuleScope:
         """Drop the node references of finished steps (their backward has run)."""
         self._keep.clear()
 
-    # --- queries ---------------------------------------------------------------------------
     def current(self) -> tuple[str | None, bool]:
         """(owning module name or None, True if a forward is running on this thread)."""
         st = self.stack
@@ -289,28 +238,29 @@ class ModuleScope:
         return self.modules.get(name) if name is not None else None
 
     def param_name(self, raw: str) -> str:
-        """A parameter's qualified name in the model, as shown (wrapper attributes dropped)."""
-        return shown_param_name(self.shown, raw)
+        """A parameter's qualified name (``named_parameters``) with its module's name as shown."""
+        module, dot, attr = raw.rpartition(".")
+        if not dot:
+            return raw
+        mod = self.shown.get(module, module)
+        return f"{mod}.{attr}" if mod else attr
 
     def param_name_in(self, module_name: str, rel: str) -> str:
-        """The shown name of parameter ``rel`` (as ``named_parameters`` of the module shown as
-        ``module_name`` names it)."""
+        """The shown name of parameter ``rel`` of the module shown as ``module_name``."""
         raw_module = self.raw_names.get(module_name, module_name)
         return self.param_name(f"{raw_module}.{rel}" if raw_module else rel)
 
     def ops_owner(self, depth: int = 12) -> str | None:
-        """The te.ops op running the GEMM now, read from the calling frames: the basic linear op
-        (``BasicLinear.op_forward``'s ``self``) or the one a fused op runs (its ``linear_op``, or
-        the only GEMM-bearing op among its ``basic_ops``). Named by its ``te.ops.Linear`` where
-        it is one; marked as ran. A few µs per GEMM, and only for models with te.ops."""
+        """The te.ops op running the GEMM now, read from the calling frames (``self`` of
+        ``BasicLinear.op_forward``, or a fused op's ``linear_op`` or only GEMM-bearing ``basic_ops``),
+        named by its ``te.ops.Linear`` where it is one; marked as ran."""
         f: FrameType | None = sys._getframe(2)
         owners = self.ops_owners
         for _ in range(depth):
             if f is None:
                 return None
-            loc = f.f_locals
             for key in ("self", "linear_op"):
-                v = loc.get(key)
+                v = f.f_locals.get(key)
                 if v is None:
                     continue
                 hit = owners.get(id(v))
@@ -325,8 +275,7 @@ class ModuleScope:
 
 
 class _Pre(HookFn):
-    """Forward pre-hook: push the module on this thread's stack. Runs at every hooked forward:
-    attributes bound once, the thread's stacks read directly."""
+    """Forward pre-hook: push the module on this thread's stack (attributes bound once: it runs a lot)."""
 
     __slots__ = ("scope", "name", "local", "peek", "grad_on")
     kind = PRE
@@ -376,9 +325,8 @@ class _Post(HookFn):
 
 
 class _BackwardDw(StandIn):
-    """TE's ``delay_wgrad_compute``: the module's wgrad GEMMs run when the job calls its
-    ``backward_dw()``, after backward, outside any forward or autograd node; while it runs the
-    module is the owner, as in its forward. A copy or pickle of the module gets its own method."""
+    """TE's ``delay_wgrad_compute``: wgrad GEMMs run in the job's ``backward_dw()`` call, outside any
+    forward or autograd node; the module owns them, as in its forward."""
 
     __slots__ = ("scope", "name")
 

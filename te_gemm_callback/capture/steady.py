@@ -1,31 +1,14 @@
 """Steady state: a profiled step's time counts only once the job runs as it will keep running.
 
-What keeps a step from being steady, and how each is seen without touching the job:
+Unsteady steps, seen without touching the job: ``torch.compile`` compiling (dynamo's counters,
+:func:`compile_activity`; compile steps wait for it, :class:`SteadyWait`), CUDA graph captures
+(:class:`GraphCaptures`), and anything else far slower (:func:`outliers`).
 
-- ``torch.compile``: dynamo compiles on a frame's first calls and again on a guard failure (a new
-  input shape). Seen by dynamo's own counters (:func:`compile_activity`), read at each step
-  boundary: a step in which they moved compiled. A compiled model's first steps run as "compile"
-  steps, nothing attached, until a step runs with no compilation (:class:`SteadyWait`); a clean
-  step in which they moved anyway is a "recompile" step.
-- CUDA graph captures (inductor's ``mode="reduce-overhead"`` records on the first calls after a
-  compile; ``te.make_graphed_callables``): counted by :class:`GraphCaptures`; a step that captured
-  one is a "graph-capture" step.
-- Anything else far slower (a GC pass, a checkpoint write, allocator growth): :func:`outliers`.
-
-Never make a compiled job run eager: a compiled module called even once under a TorchDispatchMode (the
-profiler's shape-discovery step) can stay eager for the rest of the process (docs/results/h200.md,
-facts the code relies on: steady state). Dynamo's frame callback
-(``convert_frame.CatchErrorsWrapper``) skips a frame while a dispatch mode without
-``ignore_compile_internals()`` is on the stack, and the skip it returns (``ConvertFrameReturn``:
-``FrameAction.SKIP``, ``apply_to_code=True``) marks the code object skipped for good, cached code or
-not. For a ``torch.nn.*`` module that code object is ``external_utils.wrap_inline``'s inner function,
-shared by every compiled ``torch.nn`` module of the process: one call under the mode turns them all
-eager. A later torch made that skip transient (pytorch#190287), which moves the compile into the first
-step after the dispatch one. So: the instrumented steps run compiled modules' eager forward
-(:class:`EagerCompiled`, as for CUDA-graphed modules), dynamo never sees the mode on their frames, and
-the compiled code is left as it was; and the dispatch mode says ``ignore_compile_internals()``
-(torch >= 2.9), so a compiled frame it cannot swap (a compiled loss or step function) is compiled
-with the mode off and runs compiled under it, never skipped.
+Never make a compiled job run eager: a compiled frame entered once under a TorchDispatchMode is
+marked skipped for good, and for ``torch.nn`` modules that code object is shared by all of them
+(docs/results/h200.md, facts the code relies on: steady state). So instrumented steps run compiled
+modules' eager forward (:class:`EagerCompiled`), and the dispatch mode says
+``ignore_compile_internals()`` (torch >= 2.9) for compiled frames it cannot swap.
 """
 
 from __future__ import annotations
@@ -39,20 +22,13 @@ from torch import nn
 
 from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, GRAPH_CAPTURE, OUTLIER, RECOMPILE, SETTLE
 
-# Clean steps more than this many times the typical fast clean step are outliers. Steady step
-# scatter on a host of its own stays far inside it, while what it is meant to catch (compile steps,
-# first runs after an inductor compile) is far outside (docs/results/h200.md, facts the code relies
-# on: outliers). A ratio, not a MAD rule: steady steps agree so closely that a MAD rule flags ordinary
-# noise (at +-0.5 ms scatter, a step 3% slow is 6 MADs out), and leaving those out would bias the
-# median low. A host shared with other jobs can move steps past it (below).
+# A clean step above this many times the faster half's median is an outlier. A ratio, not a MAD rule:
+# steady steps agree so closely that a MAD rule flags ordinary noise (docs/results/h200.md, facts the
+# code relies on: outliers).
 OUTLIER_FACTOR = 3.0
-# Fewer clean steps than this are never judged: with 2 or 3 the reference is one or two steps, and a
-# loaded host alone moves single steps that far (docs/results/h200.md, facts the code relies on:
-# outliers); from 4 the faster half is two steps.
-MIN_FOR_OUTLIERS = 4
+MIN_FOR_OUTLIERS = 4  # fewer clean steps are never judged: a loaded host alone moves single steps that far
 
-# Counters that move only when something compiles (dynamo frames, graphs, AOT autograd, inductor's
-# lazily compiled backward, compiled autograd); none moves on a call of already compiled code
+# Counters that move only when something compiles, never on a call of compiled code
 # (docs/results/h200.md, facts the code relies on: compile counters).
 _COMPILE_COUNTERS = (("frames", "total"), ("stats", "unique_graphs"), ("aot_autograd", "total"),
                      ("inductor", "fxgraph_cache_miss"), ("inductor", "fxgraph_cache_hit"),
@@ -60,37 +36,32 @@ _COMPILE_COUNTERS = (("frames", "total"), ("stats", "unique_graphs"), ("aot_auto
                      ("compiled_autograd", "compiles"))
 
 
-def _counters() -> Any:
+def _counter(cat: str, name: str) -> int:
     du = sys.modules.get("torch._dynamo.utils")  # not imported: nothing was ever compiled
-    return getattr(du, "counters", None)
+    c = getattr(du, "counters", None)
+    # .get: reading must not add empty categories to the job's counters.
+    return (c.get(cat) or {}).get(name, 0) if c is not None else 0
 
 
 def compile_activity() -> int:
     """A number that grows whenever dynamo, AOT autograd or inductor compiles something."""
-    c = _counters()
-    if c is None:
-        return 0
-    # .get: reading must not add empty categories to the job's counters.
-    return sum((c.get(cat) or {}).get(name, 0) for cat, name in _COMPILE_COUNTERS)
+    return sum(_counter(cat, name) for cat, name in _COMPILE_COUNTERS)
 
 
 def graphs_compiled() -> int:
-    c = _counters()
-    return (c.get("stats") or {}).get("unique_graphs", 0) if c is not None else 0
+    return _counter("stats", "unique_graphs")
 
 
 def compiled_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """The modules of ``model`` that run compiled code when called: ``torch.compile(module)``'s
-    OptimizedModule, and modules compiled in place (``module.compile()`` sets ``_compiled_call_impl``)."""
+    """The modules of ``model`` that run compiled code: OptimizedModules and ``module.compile()``d ones."""
     return {name: m for name, m in model.named_modules()
             if (type(m).__name__ == "OptimizedModule" and "_orig_mod" in m._modules)
             or m.__dict__.get("_compiled_call_impl") is not None}
 
 
 class EagerCompiled:
-    """Compiled modules run their eager forward between ``enter`` and ``exit`` (the instrumented
-    steps): dynamo's frames are not entered, so neither the dispatch mode nor the hooks reach
-    dynamo, and its compiled code and caches are the same afterwards."""
+    """Compiled modules run their eager forward between ``enter`` and ``exit``: dynamo never sees
+    the instruments, and its compiled code and caches stay as they were."""
 
     def __init__(self, modules: dict[str, nn.Module]) -> None:
         self.modules = modules
@@ -107,7 +78,7 @@ class EagerCompiled:
             if type(m).__name__ == "OptimizedModule" and "forward" in d:
                 self._saved.append((m, "forward", d["forward"]))
                 # What dynamo's wrapper runs, without dynamo: the original module's hooks and forward.
-                d["forward"] = cast(nn.Module, m._modules["_orig_mod"]).__call__  # set on every OptimizedModule
+                d["forward"] = cast(nn.Module, m._modules["_orig_mod"]).__call__
 
     def exit(self) -> None:
         saved, self._saved = self._saved, []
@@ -116,9 +87,8 @@ class EagerCompiled:
 
 
 class GraphCaptures:
-    """Counts CUDA graph captures (``torch.cuda.CUDAGraph.capture_begin``, which ``torch.cuda.graph``,
-    inductor's CUDA graph trees and TE's ``make_graphed_callables`` all call) while installed. The
-    wrapper only counts and calls through: nothing runs on a step that captures no graph."""
+    """Counts CUDA graph captures (``CUDAGraph.capture_begin``, which torch.cuda.graph, inductor and
+    TE's make_graphed_callables all call) while installed; the wrapper only counts and calls through."""
 
     count = 0
     _users = 0
@@ -160,8 +130,7 @@ class GraphCaptures:
 
 
 def _graph_class() -> Any:
-    cuda = sys.modules.get("torch.cuda")
-    return getattr(cuda, "CUDAGraph", None) if cuda is not None else None
+    return getattr(sys.modules.get("torch.cuda"), "CUDAGraph", None)
 
 
 def activity() -> tuple[int, int]:
@@ -171,8 +140,8 @@ def activity() -> tuple[int, int]:
 
 @dataclass
 class SteadyWait:
-    """The compile steps before the plan of a compiled model: waiting until a step runs with no
-    compilation and no graph capture, at most ``limit`` steps."""
+    """The compile steps before a compiled model's plan: until a step neither compiles nor captures
+    a graph, at most ``limit`` steps."""
 
     limit: int
     waiting: bool = False
@@ -181,7 +150,6 @@ class SteadyWait:
     ran_out: bool = False
 
     def close(self, i: int, moved: bool) -> None:
-        """Step ``i``, a compile step, closed; ``moved``: it compiled or captured."""
         self.busy += moved
         if not moved or i + 1 >= self.limit:
             self.waiting, self.lead = False, i + 1
@@ -189,9 +157,8 @@ class SteadyWait:
 
 
 def outlier_ref(times: list[float]) -> float | None:
-    """The reference outliers are judged against: the median of the faster half of the clean steps
-    (stalls only add time, so the faster half is robust while up to half the steps are slow, which a
-    plain median is not: 239, 190, 4.6, 3.3 ms has a median of 97). None below ``MIN_FOR_OUTLIERS``."""
+    """The median of the faster half of the clean steps (robust while up to half are slow, which a
+    plain median is not); None below ``MIN_FOR_OUTLIERS``."""
     if len(times) < MIN_FOR_OUTLIERS:
         return None
     return statistics.median(sorted(times)[: (len(times) + 1) // 2])
@@ -205,7 +172,7 @@ def outliers(times: list[float], factor: float = OUTLIER_FACTOR) -> list[int]:
 
 @dataclass
 class Steadiness:
-    """Final step kinds, and a one-line verdict on steady state, from what each step did."""
+    """Final step kinds, and a one-line verdict on steady state."""
 
     kinds: list[str]
     verdict: str
@@ -214,8 +181,8 @@ class Steadiness:
 
 
 def assess(kinds: list[str], moved: list[tuple[int, int]], ms: list[float], wait: SteadyWait) -> Steadiness:
-    """Retag planned clean and settle steps that compiled (recompile) or captured a graph, then
-    clean steps far above the others (outlier), and say whether steady state was reached."""
+    """Retag clean and settle steps that compiled or captured a graph, then slow clean steps as
+    outliers, and say whether steady state was reached."""
     kinds = list(kinds)
     for i, (c, g) in enumerate(moved):
         if kinds[i] in (CLEAN, SETTLE) and (c or g):

@@ -1,6 +1,4 @@
-"""Which instrument each profiled step runs under (:class:`StepPlan`), and the kinds a step can have.
-
-It imports nothing of the package: the profiler and each of its parts read it."""
+"""Which instrument each profiled step runs under (:class:`StepPlan`), and the kinds a step can have."""
 
 from __future__ import annotations
 
@@ -8,13 +6,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN = "instrumented", "kernels-warmup", "kernels", "settle", "clean"
-# Steps that are never clean (capture.steady): "compile" runs before the plan, nothing attached, while
-# dynamo compiles a torch.compile model; the others are planned clean (or settle) steps found unsteady
-# afterwards: dynamo compiled in them, a CUDA graph was captured in them, or they took far longer.
+# Never clean (capture.steady): compile steps before the plan, and planned steps found unsteady afterwards.
 COMPILE, RECOMPILE, GRAPH_CAPTURE, OUTLIER = "compile", "recompile", "graph-capture", "outlier"
-# A planned clean (or settle) step that ran fewer micro-batches than the capture's fullest step: the
-# last step of an epoch that gradient accumulation does not divide (7 batches, accumulate 5: steps of
-# 5 and 2). Its time is not the job's step time (capture.results).
+# A clean step with fewer micro-batches than the fullest (an epoch gradient accumulation does not divide).
 PARTIAL = "partial"
 # Every kind a capture's step can have: a file naming another is damaged (GemmCapture.validate).
 STEP_KINDS = (INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN, COMPILE, RECOMPILE, GRAPH_CAPTURE, OUTLIER, PARTIAL)
@@ -22,26 +16,13 @@ STEP_KINDS = (INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN, COMPILE, RECOMPILE, 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Which instrument a profiled step runs under, by its index.
+    """Which instrument a profiled step runs under, by its index (docs/step-plan.md).
 
-    - ``instrumented``: module hooks, TE GEMM interception, the torch dispatch mode on the first
-      ``dispatch`` of them, NVTX: shapes, owners and precisions. After the first, TE models run
-      them without hooks (owners by launch order, ``GemmProfiler(reuse_owners=...)``). Never
-      timed for a speedup.
-    - ``kernels-warmup`` (before the kernels steps, ``kernels_warmup`` of them): kernel records
-      already running but not kept, so the kernels steps run on a GPU in its usual state rather than
-      right after CUPTI's start. Never timed.
-    - ``kernels`` (CUDA only): nothing of ours but kernel activity records (torch.profiler, CUDA
-      kernels only): per-GEMM GPU time, joined to the instrumented step's GEMMs by launch order.
-    - ``settle`` (after the kernels steps, ``settle`` of them): nothing attached, never timed. The
-      kernel-records session's stop synchronizes, so the next step starts on a drained GPU queue and
-      its GPU span carries the lead over the GPU that the host lost: longer than a clean step's, it
-      would pull the step time up (measured: docs/step-plan.md, settle).
-    - ``clean``: nothing attached at all; the step times every speedup, share and verdict uses.
-
-    A ``torch.compile`` model runs "compile" steps (nothing attached, never timed) before index 0
-    of the plan, until dynamo is done with it (:mod:`.steady`); ``GemmProfiler.plan_index`` is the
-    open step's index here.
+    ``instrumented`` steps record shapes, owners and precisions (the first ``dispatch`` of them with
+    the torch dispatch mode); ``kernels-warmup`` steps run kernel records unkept; ``kernels`` steps
+    (CUDA only) only kernel records; ``settle`` steps nothing, untimed, after the records' sync; then
+    ``clean`` steps with nothing attached time the job. A ``torch.compile`` model's "compile" steps
+    come before index 0.
 
     Example:
         >>> [StepPlan(instrumented=1, kernels=1, kernels_warmup=1, settle=1).kind(i) for i in range(6)]
@@ -86,4 +67,3 @@ def count_arg(name: str, v: Any, allow_all: bool = False) -> int | Literal["all"
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{name} must be {'all or ' if allow_all else ''}a non-negative integer, got {v!r}")
     return v
-

@@ -1,5 +1,4 @@
-"""What a :class:`~te_gemm_callback.GemmProfiler` keeps of each profiled step (:class:`StepRecord`),
-which :mod:`.results` reads once the profiler stopped."""
+"""What a :class:`~te_gemm_callback.GemmProfiler` keeps of each profiled step, for :mod:`.results`."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ Boundary = tuple[float, Any]  # (host clock in s, CUDA event or None) at a step 
 
 @dataclass
 class StepRecord:
-    """Everything the profiler keeps of one step: opened with the step, completed when it closes,
-    and dropped whole (a step opened but never run, at stop)."""
+    """One step: opened with it, completed when it closes, dropped whole if it never ran."""
 
     kind: str  # StepPlan's kind; results.py retags unsteady and partial steps once all are known
     dispatch: bool = False  # the torch dispatch mode ran on it

@@ -8,8 +8,7 @@ from typing import Any
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.capture.profiler import GemmProfiler
 
-# The plan and the step kinds live in step_plan.py, below the profiler (which reads them); they stay
-# importable here for the callers of capture_steps that read the kinds of its steps.
+# The step kinds stay importable here for the callers of capture_steps.
 from te_gemm_callback.capture.step_plan import (
     CLEAN,
     COMPILE,
@@ -31,8 +30,7 @@ __all__ = ["capture_steps", "StepPlan", "count_arg", "INSTRUMENTED", "WARMUP", "
 
 def capture_steps(model: Any, step_fn: Callable[[], Any], clean_steps: int = 1, **profiler_kwargs: Any) -> GemmCapture:
     """Run ``step_fn`` (one training step) under a :class:`~te_gemm_callback.GemmProfiler` for its
-    profiled steps (instrumented; kernels warm-up, kernels and settle on CUDA) and ``clean_steps`` more,
-    after the compile steps of a torch.compile model; returns the :class:`~te_gemm_callback.GemmCapture`.
+    profiled steps and ``clean_steps`` more, after any compile steps; returns the capture.
 
     Example:
         >>> import torch
@@ -43,9 +41,7 @@ def capture_steps(model: Any, step_fn: Callable[[], Any], clean_steps: int = 1, 
     """
     prof = GemmProfiler(model, **profiler_kwargs).start()
     n = prof.plan.profiled + clean_steps
-    # A torch.compile model first runs "compile" steps (nothing attached) until dynamo is done: they
-    # come on top of the plan, so the loop counts plan steps; it ends because the wait is bounded
-    # (GemmProfiler's max_compile_steps).
+    # Counts plan steps: compile steps come on top, and their wait is bounded (max_compile_steps).
     while prof.plan_index is None or prof.plan_index < n:
         step_fn()
         if prof.plan_index is not None and prof.plan_index >= n - 1:
