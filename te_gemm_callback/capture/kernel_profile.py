@@ -8,6 +8,7 @@ Kernel durations are the GPU's own time, without the idle gaps of a host-bound s
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -26,7 +27,6 @@ from te_gemm_callback.capture.kernels import (
 )
 
 log = logging.getLogger("te_gemm_callback")
-
 
 @dataclass
 class KernelStep:
@@ -70,16 +70,13 @@ class KernelStep:
             out[n] = out.get(n, 0.0) + (e - s)
         return out
 
-
 # Step marker: ATen's spin kernel with 0 cycles, a name no model kernel has. Launched on the current
 # stream at a kernels step's start, it runs after all earlier kernels: the step's kernels follow it.
 MARKER = "spin_kernel"
 
-
 def _split_k_tail(name: str) -> bool:
     low = name.lower()
     return "split_k_kernel" in low or "splitkreduce" in low
-
 
 class KernelProfile:
     """``torch.profiler`` with CUDA kernel activity only, over one or more steps.
@@ -175,14 +172,12 @@ class KernelProfile:
             except Exception:  # already broken: nothing of it is used
                 pass
 
-
 def _raw_events(prof: Any) -> Iterator[tuple[Any, float, float]]:
     """(event, start µs, end µs) of Kineto's raw records; AttributeError on a torch without them."""
     results = prof.profiler.kineto_results
     t0 = results.trace_start_ns()
     for e in results.events():
         yield e, (e.start_ns() - t0) / 1e3, (e.start_ns() - t0 + e.duration_ns()) / 1e3
-
 
 def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, float, int | None, int | None]]:
     """(name, start µs, end µs, stream, correlation id) of every ``device`` kernel of a finished
@@ -194,7 +189,6 @@ def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, fl
                 if device in str(e.device_type()) and not getattr(e, "is_hidden_event", lambda: False)()]
     except AttributeError:  # another torch: the parsed events, streams unknown
         return [(n, s, e, None, None) for n, s, e in kernel_intervals(prof, device)]
-
 
 def host_calls(prof: Any) -> list[tuple[str, float, float, int]]:
     """(name, start µs, end µs, correlation id) of every CUDA runtime and driver call of a finished
@@ -211,7 +205,6 @@ def host_calls(prof: Any) -> list[tuple[str, float, float, int]]:
         if not out or c[1] >= out[-1][2]:  # else nested in the call before it (or on another thread)
             out.append(c)
     return out
-
 
 def split_at_marks(kernels: list[tuple[str, float, float]], marks: int,
                    streams: list[int | None] | None = None, corrs: list[int | None] | None = None,
@@ -241,7 +234,6 @@ def split_at_marks(kernels: list[tuple[str, float, float]], marks: int,
                 steps[k].calls = calls[w + 1:nxt]
     return steps
 
-
 def join_by_order(sequence: list[Any], step: KernelStep,
                   kernels_per_call: list[tuple[int, ...]] | None = None) -> list[tuple[Any, float]] | None:
     """Pair each captured GEMM call of a step (``sequence``, launch order; None: an aten GEMM counted
@@ -251,23 +243,19 @@ def join_by_order(sequence: list[Any], step: KernelStep,
     per expert, or only per expert with rows: docs/results/h200.md, facts the code relies on: grouped
     GEMM); default one each. A call's time is the GPU span of its kernels, as an event pair reads it."""
     gemms = step.gemm_kernels()
-    counts = _call_counts(sequence, len(gemms), kernels_per_call)
-    if counts is None:
+    groups = _call_groups(sequence, len(gemms), kernels_per_call)
+    if groups is None:
         return None
     out: list[tuple[Any, float]] = []
-    i = 0
-    for call, n in zip(sequence, counts):
-        group = gemms[i:i + n]
-        i += n
+    for call, r in zip(sequence, groups):
+        group = gemms[r.start:r.stop]
         if call is not None:
-            ms = (max(e for _, _, e in group) - min(s for _, s, _ in group)) / 1e3 if group else 0.0
-            out.append((call, ms))
+            out.append((call, (max(e for _, _, e in group) - min(s for _, s, _ in group)) / 1e3 if group else 0.0))
     return out
 
-
-def _call_counts(sequence: list[Any], gemms: int,
-                 kernels_per_call: list[tuple[int, ...]] | None) -> list[int] | None:
-    """GEMM kernels per call: the first choice of counts whose total is ``gemms``, or None."""
+def _call_groups(sequence: list[Any], gemms: int, kernels_per_call: list[tuple[int, ...]] | None) -> list[range] | None:
+    """Per call, the range of the step's GEMMs it launched: the first choice of counts whose total is
+    ``gemms``, or None."""
     if not sequence:
         return None
     options = kernels_per_call or [(1,)] * len(sequence)
@@ -276,32 +264,27 @@ def _call_counts(sequence: list[Any], gemms: int,
     for choice in range(max(len(o) for o in options)):
         counts = [o[min(choice, len(o) - 1)] for o in options]
         if sum(counts) == gemms:
-            return counts
+            return [range(end - n, end) for n, end in zip(counts, itertools.accumulate(counts))]
     return None
-
 
 def kernel_calls(sequence: list[Any], step: KernelStep,
                  kernels_per_call: list[tuple[int, ...]] | None = None) -> list[int | None] | None:
     """Per kernel of ``step``, the position in ``sequence`` of the GEMM call that launched it (the
     join of :func:`join_by_order`); None for a kernel that is no GEMM, or None where no join matches."""
     units = step.gemm_units()
-    counts = _call_counts(sequence, len(units), kernels_per_call)
-    if counts is None:
+    groups = _call_groups(sequence, len(units), kernels_per_call)
+    if groups is None:
         return None
     out: list[int | None] = [None] * len(step.kernels)
-    u = 0
-    for call, n in enumerate(counts):
-        for unit in units[u:u + n]:
-            for i in unit:
+    for call, r in enumerate(groups):
+        for u in r:
+            for i in units[u]:
                 out[i] = call
-        u += n
     return out
-
 
 # A large MoE step runs a few thousand kernels; at ~70 bytes each, a full timeline adds under 1.5 MB.
 MAX_TIMELINE_KERNELS = 20_000
 MAX_KERNEL_NAME = 500  # kernel names are C++ template signatures; the start names the kernel
-
 
 def kernel_timeline(index: int, step: KernelStep, calls: list[int | None], sequence: list[Any],
                     record_of: dict[Any, int], limit: int = MAX_TIMELINE_KERNELS) -> KernelTimeline:
@@ -324,7 +307,6 @@ def kernel_timeline(index: int, step: KernelStep, calls: list[int | None], seque
     host = host_rows(step) if len(ks) <= limit else None
     return KernelTimeline(step=index, span_us=round(span, 3), names=list(names), kernels=rows, total=len(ks),
                           calls=host[0] if host else None, latency_us=host[1] if host else None)
-
 
 def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
     """The host side of a kernels step, for :mod:`te_gemm_callback.analysis.replay`: one row per
@@ -357,7 +339,6 @@ def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
     lags = sorted(x for x in lags if x >= 0)
     return rows, round(lags[len(lags) // 2], 3) if lags else 5.0
 
-
 def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
     """The capture meta of the kernels steps: kernel time per category, top kernels, communication overlap."""
     n = len(steps)
@@ -370,7 +351,6 @@ def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
     return {"kernel_breakdown_ms": breakdown_ms(us, n), "kernel_top_ms": top_kernels_ms(us, n),
             "kernel_breakdown_steps": n, "kernel_breakdown_window": "the capture's kernels steps",
             **comm_overlap_ms(intervals, n)}
-
 
 def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...]] | None,
                  kernel_steps: dict[int, KernelStep], source: str) -> dict[str, Any]:
@@ -396,7 +376,6 @@ def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...
         log.warning("te-gemm: per-GEMM kernel times not joined (%s): per-GEMM times left to %s",
                     out["kernel_join"], source)
     return out
-
 
 __all__ = ["KernelProfile", "KernelStep", "join_by_order", "join_records", "breakdown_meta", "split_at_marks",
            "kernel_calls", "kernel_records", "kernel_timeline", "MARKER", "MAX_TIMELINE_KERNELS"]

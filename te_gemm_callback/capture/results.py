@@ -28,7 +28,6 @@ from te_gemm_callback.precisions import te_version
 
 log = logging.getLogger("te_gemm_callback")
 
-
 def build_capture(prof: Any) -> GemmCapture:
     rec = prof.recorder
     steps = []
@@ -176,7 +175,6 @@ def _meta(prof: Any) -> dict[str, Any]:
         "cupti_owner": prof.cupti.meta() if prof.cupti is not None else None,
     }
 
-
 def _event_pairs(rec: Any, dispatch_only: list[str]) -> dict[str, Any] | None:
     """What led the event pairs, their floor (us, by device), how many were dropped (gate gave up) and below floor."""
     if rec.timer.kind != "cuda_events":
@@ -185,7 +183,6 @@ def _event_pairs(rec: Any, dispatch_only: list[str]) -> dict[str, Any] | None:
             "floor_us": {str(d): round(ms * 1e3, 2) for d, ms in sorted(rec.timer.floors.items())},
             "dropped": sum(rec.dropped.values()), "below_floor": rec.below_floor,
             "dispatch_steps_only": dispatch_only}
-
 
 def _prefer_light_steps(events: list, dispatch_steps: set[int]) -> list[str]:
     """Drop dispatch-mode times of GEMMs lighter steps timed too (that mode's Python cost per aten op
