@@ -127,7 +127,8 @@ class EventTimer(Timer):
     launched the GEMM; else a GPU run dry stamps it early (docs/results/h200.md, facts the code relies
     on: spin lead). The lead is the device's GPU gate (:mod:`.gate`, built by :meth:`prepare`), else a
     spin of ``LEAD_CYCLES``. :meth:`calibrate` measures each device's floor, a pair around a
-    one-element fill, which :meth:`read` takes off every pair (facts: event-pair floor)."""
+    one-element fill, which :meth:`read` takes off every pair (docs/results/h200.md, facts the code
+    relies on: event-pair floor)."""
 
     source = "cuda_events"
 

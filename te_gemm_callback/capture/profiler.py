@@ -294,7 +294,8 @@ class GemmProfiler:
         self._order_off = bool(self.instruments.eager_compiled.modules)
         if self._range_api is not None:
             # Stopped once the capture is built (or, with "held", saved): nsys's default
-            # --capture-range-end=stop-shutdown ends the job at the first Stop (docs/results/h200.md).
+            # --capture-range-end=stop-shutdown ends the job at the first Stop
+            # (docs/results/h200.md, facts the code relies on: nsys capture range).
             self._range_api.start()
             self._range_open = True
         # The SM clock is sampled (20 NVML reads a second on a thread that takes the GIL) over the steps
