@@ -1,6 +1,5 @@
-"""The sweep's options (:class:`SweepConfig`), each defined once (:mod:`te_gemm_callback.options`):
-:func:`~te_gemm_callback.sweep.run_sweep` takes them by field name, the schedule and the callbacks
-by their keywords (``sweep``, ``sweep_steps``, ...)."""
+"""The sweep's options: :func:`~te_gemm_callback.sweep.run_sweep` takes them by field name, the schedule
+and the callbacks by their keywords (``sweep``, ``sweep_steps``, ...)."""
 
 from __future__ import annotations
 
@@ -10,9 +9,8 @@ from typing import Any
 
 from te_gemm_callback.options import Options, function_or_none, integer, option, seconds
 
-MIN_ROUNDS = 6  # the fewest rounds with a 95% interval for the median ratio (stats.MIN_ROUNDS_FOR_INTERVAL)
-BUDGET_S = 20.0  # default time for the rounds: a 150 ms step, 4 recipes, 4 steps each: about 8 rounds
-TARGET = 0.02  # rounds stop once every observed speedup's 95% interval is within +-2% of its median
+MIN_ROUNDS = 6  # the fewest rounds with a 95% interval (intervals.MIN_ROUNDS_FOR_INTERVAL)
+BUDGET_S = 20.0  # a 150 ms step, 4 recipes, 4 steps each: about 8 rounds
 
 
 def _recipes(v: Any, name: str) -> list[str] | None:
@@ -66,7 +64,7 @@ class SweepConfig(Options):
                          integer(0), kw="sweep_rounds")
     budget_s: float = option(BUDGET_S, "seconds of rounds past the fewest (the rounds asked for always run).",
                              seconds, kw="sweep_budget_s")
-    target: float = option(TARGET, "the interval's half-width the rounds aim for (0.02: +-2%).", _target,
+    target: float = option(0.02, "the interval's half-width the rounds aim for (0.02: +-2%).", _target,
                            kw="sweep_target")
     set_recipe: Any = option(None, "f(module, recipe_or_None) for models that enter te.autocast themselves.",
                              function_or_none("a function f(module, recipe_or_None)"))
@@ -74,7 +72,7 @@ class SweepConfig(Options):
                              "after its own recipe (BF16 and that recipe are swept with it).", _plan, kw="sweep_plan")
 
     def check_together(self, labels: dict[str, str]) -> None:
-        if self.plan is not None:  # the plan is set beside BF16 and its own recipe
+        if self.plan is not None:  # swept beside BF16 and its own recipe
             out = list(self.recipes or [])
             out += [r for r in ("BF16", self.plan.recipe) if r not in out]
             object.__setattr__(self, "recipes", out)

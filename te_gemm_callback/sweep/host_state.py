@@ -1,18 +1,9 @@
-"""The job's host-side state that a sweep step can change, put back afterwards.
-
-- Every random stream the job can draw from: torch's CPU and CUDA generators, Python's ``random``,
-  NumPy's global generator (where NumPy is loaded), and every ``torch.Generator`` reachable from
-  the model's modules and from the objects the caller names (a DataLoader, its sampler, a
-  datamodule), as Lightning's own ``_collect_rng_states`` covers the first four.
-- The Python state on the model's modules: a ``training_step`` that appends its loss to
-  ``self.training_step_outputs`` (Lightning 2's idiom for epoch-end averages), to a list inside a
-  dict, or counts its calls on a helper object would otherwise carry the sweep's steps into the
-  job's metrics. Lists, dicts, sets and deques get their contents back in the same objects, nested
-  ones too (the job may hold a reference); numbers, strings and None are set back; a tensor that
-  is not a parameter or buffer (a running sum) gets its values back; a plain object's attributes
-  (one level down) likewise. Attributes the sweep added are removed. What is too large to copy is
-  named in one line before the sweep runs. TE's modules are left to the snapshot's TE-state
-  handling (state.py).
+"""The job's host-side state a sweep step can change, put back afterwards: every random stream (torch's CPU
+and CUDA, Python's, NumPy's, and each ``torch.Generator`` on the modules or the named objects, e.g. a
+DataLoader), and the Python state on the model's modules (a ``training_step`` that appends its loss to a
+list or counts its calls would carry the sweep's steps into the job's metrics). Containers get their
+contents back in the same objects (the job may hold a reference); attributes the sweep added are removed;
+what is too large to copy is named before the sweep runs. TE's modules are left to state.py.
 """
 
 from __future__ import annotations
@@ -27,9 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-# TE module attributes that hold one recipe's quantization state (TransformerEngineBaseModule:
-# fp8_meta, quantizers, the cached FP8 weight workspaces; te.ops BasicOperation: _fp8_metas,
-# _quantizers), and the flags that tell TE whether that state is set up for the current recipe.
+# TE module attributes that hold one recipe's quantization state (TransformerEngineBaseModule; te.ops
+# BasicOperation), and the flags that tell TE whether that state is set up for the current recipe.
 _STATE_DICTS = ("fp8_meta", "quantizers", "_fp8_workspaces")
 _STATE_OBJECTS = ("_fp8_metas", "_quantizers")
 _STATE_FLAGS = ("fp8_initialized", "fp8_meta_tensors_initialized", "fp8", "fp8_calibration", "fp8_parameters")
@@ -47,8 +37,7 @@ class _TooBig(Exception):
 
 
 def _snap(v: Any, budget: list[int], depth: int = 0) -> Any:
-    """A node of the copy: ("c", obj, children) for a container (its own nested ones copied too),
-    ("t", tensor, values) for a tensor, ("v", value) for anything else (kept by reference)."""
+    """A node of the copy: ("c", container, children), ("t", tensor, values) or ("v", value) by reference."""
     if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
         if v.numel() > MAX_TENSOR:
             raise _TooBig
@@ -66,11 +55,9 @@ def _snap(v: Any, budget: list[int], depth: int = 0) -> Any:
 
 
 def _put(node: Any) -> Any:
-    """The object of ``node`` with the copy's contents back in place (nested containers too)."""
-    kind = node[0]
-    if kind == "v":
+    if node[0] == "v":
         return node[1]
-    if kind == "t":
+    if node[0] == "t":
         t, values = node[1], node[2]
         if t.shape == values.shape and t.dtype == values.dtype:
             with torch.no_grad():
@@ -95,24 +82,18 @@ def _put(node: Any) -> Any:
 
 
 def _differs(node: Any) -> bool:
-    """Whether the live object departs from the copy (its items, by identity, or a tensor's values)."""
-    kind = node[0]
-    if kind == "v":
+    """Whether the live object departs from the copy (its items by identity, a tensor's values)."""
+    if node[0] == "v":
         return False
-    if kind == "t":
+    if node[0] == "t":
         t, values = node[1], node[2]
         return t.shape != values.shape or not torch.equal(t.detach(), values)
     obj, children = node[1], node[2]
     if isinstance(obj, dict):
-        return list(obj) != [k for k, _ in children] or \
-            any(obj[k] is not _live(c) or _differs(c) for k, c in children)
+        return list(obj) != [k for k, _ in children] or any(obj[k] is not c[1] or _differs(c) for k, c in children)
     if isinstance(obj, set):
         return obj != set(children)
-    return len(obj) != len(children) or any(x is not _live(c) or _differs(c) for x, c in zip(obj, children))
-
-
-def _live(node: Any) -> Any:
-    return node[1]
+    return len(obj) != len(children) or any(x is not c[1] or _differs(c) for x, c in zip(obj, children))
 
 
 def _generators(objs: Iterable[Any]) -> list[torch.Generator]:
@@ -143,8 +124,7 @@ def _generators(objs: Iterable[Any]) -> list[torch.Generator]:
 
 
 class HostState:
-    """``HostState(model, extra=(loader,))`` copies; ``.restore()`` puts it back; ``.changed``
-    names what it found changed and put back (for a line in the log)."""
+    """``HostState(model, extra=(loader,))`` copies; ``.restore()`` puts it back and returns what changed."""
 
     def __init__(self, model: nn.Module, extra: Iterable[Any] = ()) -> None:
         self.torch_cpu = torch.get_rng_state()
@@ -162,11 +142,9 @@ class HostState:
         if self.not_copied:  # said before the sweep runs: what it may change and cannot put back
             log.warning("te-gemm: too large to copy before the sweep, so not put back after it: %s",
                         ", ".join(self.not_copied[:8]) + (" ..." if len(self.not_copied) > 8 else ""))
-        self.changed: list[str] = []
 
     def _keep(self, obj: Any, label: str, depth: int = 0) -> None:
-        """Copy ``obj``'s own attributes: scalars, containers (nested), tensors that are not its
-        parameters or buffers, and, one level down, a plain object's attributes likewise."""
+        """Copy ``obj``'s scalars, containers, non-parameter tensors, and one level down a plain object's."""
         if id(obj) in self.attrs:
             return
         saved: dict[str, Any] = {}
@@ -194,31 +172,29 @@ class HostState:
             np.random.set_state(self.numpy)
         for g, state in self.generators:
             g.set_state(state)
-        self.changed = []
+        changed = []
         for obj, label, saved in self.attrs.values():
             now = vars(obj)
             for k in [k for k in now if not k.startswith("_") and k not in saved and k not in _TE_STATE
                       and isinstance(now[k], (*_SCALARS, *_CONTAINERS))]:
                 del now[k]  # added by the sweep's steps
-                self.changed.append(f"{label}.{k}")
+                changed.append(f"{label}.{k}")
             for k, v in saved.items():
                 if isinstance(v, tuple) and v and v[0] in ("c", "t"):
                     if now.get(k) is not v[1] or _differs(v):
-                        self.changed.append(f"{label}.{k}")
+                        changed.append(f"{label}.{k}")
                     now[k] = _put(v)
                 elif not _same(now.get(k, _MISSING), v):
-                    self.changed.append(f"{label}.{k}")
+                    changed.append(f"{label}.{k}")
                     now[k] = v
-        return self.changed
+        return changed
 
 
 _MISSING = object()
 
 
 def _plain_object(v: Any) -> bool:
-    """An object of the job's own whose attributes a step may change (a metrics tracker): not a
-    module, tensor, generator, function, class, or an object of torch's, Lightning's or the
-    standard library's (a logger, a trainer, a dataset's loader)."""
+    """An object of the job's own whose attributes a step may change (a metrics tracker), not a library's."""
     mod = type(v).__module__ or ""
     return hasattr(v, "__dict__") and not isinstance(v, (type, torch.Generator)) and not callable(v) and \
         not mod.startswith(("torch", "pytorch_lightning", "lightning", "builtins", "logging", "numpy", "transformers",
@@ -227,7 +203,7 @@ def _plain_object(v: Any) -> bool:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal, without asking a tensor inside for its truth (identical elements compare equal)."""
+    """Equal, without asking a tensor inside for its truth."""
     if a is b:
         return True
     try:

@@ -1,22 +1,10 @@
-"""Intervals for the observed speedups: a median and how sure it is.
+"""Intervals for the observed speedups: a median over rounds and how sure it is.
 
-The sweep's rounds give one speedup ratio each (BF16 and the recipe timed seconds apart, so the
-host's drift cancels within a round). Rounds are not normally distributed on a host-bound job (a
-round that lands on a stall is far off), so the interval is distribution-free: the order-statistic
-confidence interval for the median (binomial; Conover, Practical Nonparametric Statistics, 3rd
-ed., 1999, section 3.2). It needs 6 rounds for 95% (the lowest and highest of 6 cover the median
-with probability 1 - 2 / 2**6 = 96.9%); with fewer there is no 95% interval, and
-:func:`median_interval` says so with None.
-
-A confidence interval says where this run's true median lies; it is not where another run's median
-will fall. A user who checks our number with a loop of their own measures a second estimate with
-its own error, and a 95% CI captures an independent replicate's estimate only about 83% of the time
-(Cumming & Maillardet, "Confidence intervals and replication: where will the next mean fall?",
-Psychological Methods 11(3), 2006). The interval for a rerun of as many rounds is the CI widened by
-sqrt(2) on each side (the difference of two independent estimates of equal variance has sqrt(2)
-times the standard error; the median is asymptotically normal, so the argument carries over):
-:attr:`Estimate.rerun`. How often a plain loop's median fell inside the CI: docs/results/h200.md,
-facts the code relies on: rerun interval.
+Rounds are not normal on a host-bound job (a round on a stall is far off), so the interval is the
+distribution-free order-statistic interval for the median (Conover, Practical Nonparametric Statistics,
+3rd ed., 1999, section 3.2): 95% needs 6 rounds (1 - 2 / 2**6 = 96.9%). A CI is not where a rerun's
+median falls: that is the CI widened by sqrt(2) on each side (Cumming & Maillardet, Psychological
+Methods 11(3), 2006; docs/results/h200.md: rerun interval): :attr:`Estimate.rerun`.
 """
 
 from __future__ import annotations
@@ -27,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 LEVEL = 0.95
-MIN_ROUNDS_FOR_INTERVAL = 6  # the fewest rounds with a 95% order-statistic interval (module docstring)
-RERUN_WIDTH = math.sqrt(2)  # a rerun's estimate has its own error: the CI's sides times sqrt(2) (module docstring)
+MIN_ROUNDS_FOR_INTERVAL = 6  # the fewest rounds with a 95% order-statistic interval
+RERUN_WIDTH = math.sqrt(2)  # a rerun's estimate has its own error: the CI's sides times sqrt(2)
 
 
 def _binom_cdf(k: int, n: int) -> float:
@@ -37,8 +25,7 @@ def _binom_cdf(k: int, n: int) -> float:
 
 
 def median_interval(xs: Sequence[float], level: float = LEVEL) -> tuple[float, float] | None:
-    """The order-statistic interval for the median of ``xs`` at ``level`` or better, or None when
-    there are too few values for one.
+    """The order-statistic interval for the median of ``xs`` at ``level`` or better; None with too few values.
 
     Example:
         >>> median_interval([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])
@@ -48,8 +35,7 @@ def median_interval(xs: Sequence[float], level: float = LEVEL) -> tuple[float, f
     """
     n = len(xs)
     s = sorted(xs)
-    # The largest k with P(X <= k - 1) <= (1 - level) / 2: (x_(k), x_(n-k+1)), 1-based, covers the
-    # median with probability 1 - 2 P(X <= k - 1) >= level.
+    # The largest k with P(X <= k - 1) <= (1 - level) / 2: (x_(k), x_(n-k+1)), 1-based, covers the median.
     k = 0
     while k + 1 <= n // 2 and _binom_cdf(k, n) <= (1 - level) / 2:
         k += 1
@@ -69,8 +55,7 @@ class Estimate:
 
     @property
     def rerun(self) -> tuple[float, float] | None:
-        """Where a rerun's median (as many rounds, same job) should fall, 95%: the CI widened by
-        sqrt(2) on each side (module docstring); None with too few rounds."""
+        """Where a rerun's median (as many rounds, same job) should fall, 95%; None with too few rounds."""
         if self.low is None or self.high is None:
             return None
         return (self.value - RERUN_WIDTH * (self.value - self.low),

@@ -1,6 +1,5 @@
-"""What one captured run measured (:class:`Observed`), and the observed step speedup of one run
-over another: the median over the sweep's alternating rounds, with its interval. The sweep reads
-them to know when its rounds are enough; the analysis to judge each recipe."""
+"""What one captured run measured (:class:`Observed`), and the observed step speedup of one run over
+another: the median over the sweep's alternating rounds, with its interval."""
 
 from __future__ import annotations
 
@@ -16,10 +15,9 @@ HIGH_PRECISION = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}
 
 
 def precision_ran(cap: GemmCapture) -> str:
-    """What a capture's GEMMs ran, from their operand precisions alone (its TE GEMMs vote where it
-    has any: torch GEMMs beside TE layers stay high precision under every recipe): the recipe of
-    the most common FP8 family where there is one, else the most common high precision ("BF16",
-    "FP16", "FP32"); "BF16" without any GEMM."""
+    """What a capture's GEMMs ran, from their operand precisions: the most common FP8 family's recipe,
+    else the most common high precision; "BF16" without any GEMM. Its TE GEMMs vote where it has any
+    (torch GEMMs beside TE layers stay high precision under every recipe)."""
     te = [r for r in cap.records if r.source == "te"] or cap.records
     parts = [f for r in te for f in r.precision.split("+")]
     fams = [f for f in parts if f in FAMILY_RECIPE]  # the FP8 families, and "bf16"
@@ -30,13 +28,8 @@ def precision_ran(cap: GemmCapture) -> str:
 
 
 def capture_recipe(cap: GemmCapture) -> str:
-    """The recipe a capture ran in: the one its file names (a sweep's entry, the key speedups are
-    joined on; "BF16" is the sweep's FP8-off baseline, FP32 on an fp32 model, which the report's
-    checks say), else read from its GEMMs' operand precisions (:func:`precision_ran`): an
-    FP8 recipe, or the high precision that ran: BF16, FP16 or FP32 (an fp32 job is not a BF16 one)."""
-    if cap.meta.get("recipe"):
-        return cap.meta["recipe"]
-    return precision_ran(cap)
+    """The recipe its file names (a sweep's entry: the key speedups are joined on), else :func:`precision_ran`."""
+    return cap.meta.get("recipe") or precision_ran(cap)
 
 
 @dataclass
@@ -62,16 +55,14 @@ def round_speedups(base: Observed, run: Observed) -> list[float]:
 
 
 def observed_estimate(base: Observed, run: Observed) -> Estimate | None:
-    """The median of the per-round speedups with its 95% interval (:mod:`te_gemm_callback.sweep.intervals`),
-    or None without common rounds."""
+    """The median of the per-round speedups with its 95% interval, or None without common rounds."""
     per_round = round_speedups(base, run)
     return estimate(per_round) if per_round else None
 
 
 def observed_speedup(base: Observed, run: Observed) -> float:
-    """Step speedup of ``run`` over ``base``: the median over the sweep's alternating rounds of each
-    round's ratio where both ran in the same rounds (the host's drift over the sweep cancels within
-    a round), else the ratio of their median step times."""
+    """Step speedup of ``run`` over ``base``: the median of the per-round ratios where both ran in the
+    same rounds (the host's drift cancels within a round), else the ratio of their median step times."""
     per_round = round_speedups(base, run)
     return statistics.median(per_round) if per_round else base.step_ms / run.step_ms
 
@@ -94,9 +85,8 @@ def observe(cap: GemmCapture) -> Observed:
             by_round.setdefault(s.round, []).append(s.ms)
     round_ms = {k: statistics.median(v) for k, v in by_round.items()}
     if round_ms:
-        # The step time of the rounds the speedup comes from, so the table's step, its non-GEMM
-        # time and the speedup agree: the capture's own clean steps ran minutes from the other
-        # recipes' (docs/results/h200.md, facts the code relies on: round step time).
+        # The rounds' step time, so the step, its non-GEMM time and the speedup agree: the capture's own
+        # clean steps ran minutes from the other recipes' (docs/results/h200.md: round step time).
         step = statistics.median(round_ms.values())
     parts = [s.fwd_bwd_ms for s in cap.steps_of("clean") if s.fwd_bwd_ms is not None]
     return Observed(recipe, step, cap.gemm_ms_per_step(), left, dict(cap.meta.get("kernel_breakdown_ms") or {}),

@@ -1,7 +1,5 @@
-"""A precision plan as the job runs it: which modules stay in BF16 under an FP8 recipe, its files
-(JSON, and TE's debug-API YAML), and :func:`apply_precision_plan`, which runs the listed modules
-outside FP8 inside the job's own autocast. The sweep runs a plan as one more entry; the analysis
-makes plans (:mod:`te_gemm_callback.analysis.plan`).
+"""A precision plan: which modules stay in BF16 under an FP8 recipe, its files (JSON, and TE's debug-API
+YAML), and :func:`apply_precision_plan`. The analysis makes plans (:mod:`te_gemm_callback.analysis.plan`).
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ from te_gemm_callback.files.jsonio import (
 
 SCHEMA = "te-gemm-plan/1"
 MODE = "autocast"
-# The YAML's first line: what marks a file as ours to replace (a YAML file has no schema field).
+# The YAML's first line marks a file as ours to replace; files written before the marker start with the key.
 YAML_MARKER = "# te-gemm precision plan: TE debug-API config written by te-gemm (safe to regenerate)"
-# Files written before the marker existed start with the config's key.
 YAML_KIND = text_kind("te-gemm plan YAML", YAML_MARKER.encode(), b"te_gemm_plan_keep_bf16:")
 
 
@@ -67,9 +64,8 @@ class PrecisionPlan:
 
     @property
     def same_as(self) -> str | None:
-        """The single recipe this plan amounts to, or None for a mixed plan: "BF16" when every
-        module stays BF16, the recipe when only modules TE cannot run in it stay BF16 (TE would
-        run those in BF16 under the recipe alone too)."""
+        """The single recipe this plan amounts to, or None for a mixed plan: "BF16" when every module
+        stays BF16, the recipe when only modules TE cannot run in it stay BF16."""
         if not self.modules:
             return None if self.keep_bf16 else self.recipe
         kept = set(self.keep_bf16)
@@ -92,15 +88,13 @@ class PrecisionPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> PrecisionPlan:
-        d = read_schema(path, SCHEMA, "te-gemm precision plan")  # field types checked (jsonio.PLAN_FILE)
-        mods = [from_fields(ModuleChoice, m) for m in d.get("modules", [])]
-        return cls(d["recipe"], list(d["keep_bf16"]), mods, d.get("predicted_step_ms", {}),
-                   d.get("predicted_speedup", {}), d.get("gemm_ms", {}), d.get("meta", {}))
+        plan = from_fields(cls, read_schema(path, SCHEMA, "te-gemm precision plan"))  # types checked (PLAN_FILE)
+        plan.modules = [from_fields(ModuleChoice, m) for m in plan.modules]
+        return plan
 
     def nvdlfw_yaml(self) -> str:
-        """A config for TE's debug API (nvdlfw_inspect) that keeps the same modules out of FP8,
-        without this package: ``debug_api.initialize(config_file=...)``. Layer names are this
-        capture's module paths; where TE's inferred names differ (another root), edit the pattern."""
+        """A config for TE's debug API (nvdlfw_inspect) that keeps the same modules out of FP8 without this
+        package: ``debug_api.initialize(config_file=...)``. Layer names are this capture's module paths."""
         bad = [m for m in self.keep_bf16 if not m.isprintable()]
         if bad:  # a YAML scalar cannot hold them literally, and no module path of TE's has them
             raise ValueError(f"module name {bad[0]!r} holds control characters: it cannot go in the YAML config")
@@ -117,9 +111,8 @@ class PrecisionPlan:
 
 
 def write_plan(plan: PrecisionPlan, json_path: str | Path, yaml_path: str | Path) -> tuple[Path, Path]:
-    """The plan as JSON (for :func:`apply_precision_plan` and ``sweep_plan=``) and as TE's debug-API
-    config (:meth:`PrecisionPlan.nvdlfw_yaml`)."""
-    # Both targets checked before either is written: a refused YAML path leaves no new JSON behind.
+    """The plan as JSON (for :func:`apply_precision_plan` and ``sweep_plan=``) and as TE's debug-API config.
+    Both targets are checked before either is written: a refused YAML path leaves no new JSON behind."""
     check_target(json_path, json_kind(SCHEMA))
     check_target(yaml_path, YAML_KIND)
     try:  # never write a plan that PrecisionPlan.load would refuse
@@ -146,9 +139,8 @@ class PlanHandle:
 
 
 def apply_precision_plan(model: nn.Module, plan: PrecisionPlan | str | Path) -> PlanHandle:
-    """Keep the plan's modules out of FP8 inside the job's own ``te.autocast``: each listed module's
-    forward runs under ``te.autocast(enabled=False)`` (its backward follows its forward's
-    precision). No hook is registered and no weight touched; ``.remove()`` undoes it.
+    """Keep the plan's modules out of FP8 inside the job's ``te.autocast``: each one's forward runs under
+    ``te.autocast(enabled=False)`` (its backward follows). No hook, no weight touched; ``.remove()`` undoes it.
 
     Example:
         >>> import torch
@@ -168,17 +160,14 @@ def apply_precision_plan(model: nn.Module, plan: PrecisionPlan | str | Path) -> 
                          "(was it made for another model, or another root module?)")
     for module in found.values():
         assert module is not None
-        had = module.__dict__.get("forward")
+        handle._undo.append((module, module.__dict__.get("forward")))
         module.forward = _BF16Forward(module.forward)
-        handle._undo.append((module, had))
     return handle
 
 
 class _BF16Forward(StandIn):
-    """A listed module's forward under ``autocast("BF16")``. A StandIn, not a closure: a closure
-    could not be pickled (``torch.save(model)`` failed) and a ``deepcopy`` shared it, so the copy's
-    forward ran the original module's weights; a copy or pickle gets the forward it replaced,
-    re-bound to the copy."""
+    """A listed module's forward under ``autocast("BF16")``. A StandIn, not a closure: a closure cannot be
+    pickled, and a ``deepcopy`` shared it (the copy ran the original's weights)."""
 
     __slots__ = ()
 

@@ -1,19 +1,11 @@
 """What the sweep's steps change in a training job, and how it is put back.
 
-The sweep runs whole training steps (forward, backward, the optimizer step) on the job's own model
-under several recipes. Two things make that safe:
-
-- :class:`TrainingSnapshot`: parameters, buffers, gradients, RNG states, optimizer state and TE's
-  FP8 metadata values, copied before the sweep and copied back bitwise after it (in place, so the
-  optimizer's parameter keys and every other reference stay valid).
-- :class:`RecipeStates`: the TE objects that hold a module's quantization state per recipe. TE
-  replaces them when a module changes recipe, and its DelayedScaling state cannot survive that: the
-  module joined TE's global amax buffers once, with its first DelayedScaling state's tensors
-  (``FP8GlobalStateManager.add_fp8_tensors_to_global_buffer`` returns early for a module already
-  registered), so after DelayedScaling -> another FP8 recipe -> DelayedScaling its new scale and
-  amax tensors are never updated (docs/results/h200.md, facts the code relies on: DelayedScaling
-  state). Putting back the very objects the module had under a recipe, each time the sweep switches
-  to it, keeps the module's quantizers on the tensors TE's global buffers update.
+- :class:`TrainingSnapshot`: parameters, buffers, gradients, RNG states, optimizer state and TE's FP8
+  metadata, copied before the sweep and back bitwise after it, in place (references stay valid).
+- :class:`RecipeStates`: the TE objects holding a module's quantization state, per recipe. TE replaces
+  them at a recipe switch, and a module joins TE's global DelayedScaling amax buffers only once, with its
+  first state's tensors: after DelayedScaling -> another recipe -> DelayedScaling its new scales would
+  never update (docs/results/h200.md: DelayedScaling state). So the very objects are put back at each switch.
 """
 
 from __future__ import annotations
@@ -33,25 +25,20 @@ from te_gemm_callback.sweep.host_state import _STATE_DICTS, _STATE_FLAGS, _STATE
 
 log = logging.getLogger("te_gemm_callback")
 
+
 def _holds_recipe_state(m: nn.Module) -> bool:
     return isinstance(getattr(m, "fp8_meta", None), dict) or hasattr(m, "_fp8_metas")
 
 
 def _stash(m: nn.Module) -> dict[str, Any]:
-    """References (not copies) to a module's recipe-state objects: the tensors inside are the ones
-    TE's global buffers hold, so copies would not do."""
+    """References, not copies, to a module's recipe-state objects: TE's global buffers hold their tensors."""
     d = m.__dict__
     out: dict[str, Any] = {}
     for k in _STATE_DICTS:
         if isinstance(d.get(k), dict):
-            # Shallow: fp8_meta is mutated in place by TE (scaling_fwd replaced); quantizers' lists too.
+            # The dict and a shallow copy of it: TE changes fp8_meta and the quantizers' lists in place.
             out[k] = (d[k], {kk: (list(v) if isinstance(v, list) else v) for kk, v in d[k].items()})
-    for k in _STATE_OBJECTS:
-        if k in d:
-            out[k] = d[k]
-    for k in _STATE_FLAGS:
-        if k in d:
-            out[k] = d[k]
+    out.update((k, d[k]) for k in _STATE_OBJECTS + _STATE_FLAGS if k in d)
     return out
 
 
@@ -64,7 +51,7 @@ def _unstash(m: nn.Module, saved: dict[str, Any]) -> None:
             obj.update({kk: (list(vv) if isinstance(vv, list) else vv) for kk, vv in content.items()})
             d[k] = obj
         else:
-            d[k] = v  # plain attributes; set in __dict__ as TE's fast_setattr does
+            d[k] = v  # set in __dict__ as TE's fast_setattr does
 
 
 class RecipeStates:
@@ -88,20 +75,17 @@ class RecipeStates:
         return len(self._mods)
 
     def switch(self, recipe: str) -> None:
-        """Before the first step in ``recipe``: keep what the previous recipe's steps left, then
-        put back what ``recipe`` had (nothing the first time: TE builds it on the next forward)."""
+        """Keep what the previous recipe's steps left, then put back what ``recipe`` had (if it ran before)."""
         if not self._mods or recipe == self._current:
             return
         if self._current is not None and self._current != "BF16":
             self._by_recipe[self._current] = [_stash(m) for m in self._mods]
-        saved = self._by_recipe.get(recipe)
-        if saved is not None:
-            for m, s in zip(self._mods, saved):
-                _unstash(m, s)
+        for m, s in zip(self._mods, self._by_recipe.get(recipe, ())):
+            _unstash(m, s)
         self._current = recipe
 
     def restore_job(self) -> None:
-        """The job's own objects back (their values are put back by :class:`TrainingSnapshot`)."""
+        """The job's own objects back (:class:`TrainingSnapshot` puts their values back)."""
         for m, s in zip(self._mods, self._job):
             _unstash(m, s)
         self._current = None
@@ -115,13 +99,10 @@ def _to_host(v: Any) -> Any:
 
 
 class TrainingSnapshot:
-    """Everything a training step can change, copied to host memory and put back bitwise.
+    """Everything a training step can change, copied to host memory and put back bitwise, in place.
 
-    Parameters and buffers are copied back tensor by tensor (same storage, so optimizer state keyed
-    by parameter stays valid). Module extra state (TE's FP8 scales and amax history) goes back
-    through each module's own get/set_extra_state. Optimizer state tensors (Adam's moments, step
-    counts) are copied back in place; state the sweep created is dropped; param-group settings are
-    put back. Learning-rate schedulers are not stepped by the sweep, so they have nothing to restore.
+    Module extra state (TE's FP8 scales and amax history) goes back through get/set_extra_state; optimizer
+    state the sweep created is dropped. The sweep steps no learning-rate scheduler, so none is kept.
     """
 
     def __init__(self, model: nn.Module, optimizers: Iterable[torch.optim.Optimizer] = (),
@@ -131,15 +112,12 @@ class TrainingSnapshot:
         self.extra = {n: copy.deepcopy(m.get_extra_state()) for n, m in model.named_modules()
                       if type(m).get_extra_state is not nn.Module.get_extra_state}
         self.grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
-        # Parameters the optimizers step that the model does not hold (a loss head, a learnable
-        # temperature): the sweep's optimizer steps change them too.
+        # Parameters the optimizers step outside the model (a loss head): the sweep's steps change them too.
         mine = {id(p) for p in model.parameters()}
         optimizers = list(optimizers)
         outside = {id(p): p for opt in optimizers for g in opt.param_groups for p in g["params"] if id(p) not in mine}
         self.outside = [(p, p.detach().to("cpu", copy=True), p.grad.detach().clone() if p.grad is not None else None)
                         for p in outside.values()]
-        # Every RNG (torch, CUDA, Python, NumPy, generators on the modules and ``rng_objects``) and
-        # the Python containers and counters on the modules (host_state.py).
         self.host = HostState(model, rng_objects)
         self.optimizers = [(opt, {p: {k: _to_host(v) for k, v in st.items()} for p, st in opt.state.items()},
                             [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups])
@@ -166,9 +144,8 @@ class TrainingSnapshot:
                             live[k] = v.to(device, copy=True)
                 for g, saved in zip(opt.param_groups, groups):
                     g.update(copy.deepcopy(saved))
-        for n, p in model.named_parameters():
-            p.grad = self.grads[n]
-        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.grad = self.grads[n]
             for p, value, grad in self.outside:
                 p.copy_(value)
                 p.grad = grad
@@ -176,8 +153,7 @@ class TrainingSnapshot:
         if changed:
             log.info("te-gemm: the sweep's steps changed %s; put back", ", ".join(sorted(set(changed))))
         modules = dict(model.named_modules())
-        # TE refuses pickled FP8 metadata unless told the source is trusted: this is our own
-        # snapshot, taken from this process moments ago.
+        # TE refuses pickled FP8 metadata unless the source is trusted: this snapshot is our own, moments old.
         with _env("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1"):
             for n, state in self.extra.items():
                 modules[n].set_extra_state(state)
