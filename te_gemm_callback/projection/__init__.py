@@ -1,10 +1,5 @@
-"""Stage: project a run's measured GEMMs onto another GPU (Hopper -> Blackwell, or H100), per GEMM
-and recipe, and the step speedups that follow: :func:`project_run` (docs/projection.md).
-
-- :mod:`.gpus`: public peaks and bandwidths, with sources;
-- :mod:`.traffic`: the quantization traffic each recipe adds per operand;
-- :mod:`.model`: the per-cell projection and its band.
-"""
+"""Stage: project a run's measured GEMMs onto another GPU, per GEMM and recipe, and the step speedups that
+follow: :func:`project_run` (docs/projection.md). Figures in :mod:`.gpus`, the per-cell model in :mod:`.model`."""
 
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ PROJECTION_SCHEMA = "te-gemm-projection/1"
 @dataclass
 class StepProjection:
     """One recipe's projected step on the target: GEMM time per step (with its band) and the step."""
-
     recipe: str
     gemm_ms: float
     gemm_low_ms: float
@@ -58,13 +52,11 @@ class RunProjection:
                 "job_recipe": self.job_recipe, "non_gemm_ms": self.non_gemm_ms, "notes": self.notes,
                 "sources": list(self.target.sources),
                 "steps": [vars(s) for s in self.steps],
-                "cells": [{"shape": c.shape.mkn, "op": str(c.shape.op), "recipe": c.recipe, "mode": c.mode,
-                           "ms": c.ms, "low_ms": c.low_ms, "high_ms": c.high_ms, "gemm_ms": c.gemm_ms,
-                           "quant_ms": c.quant_ms, "basis": c.basis} for c in self.cells]}
+                "cells": [{"shape": c.shape.mkn, "op": str(c.shape.op), **{k: v for k, v in vars(c).items()
+                                                                             if k != "shape"}} for c in self.cells]}
 
 
 def check_run_folder(run_dir: str | Path) -> Path:
-    """The run folder as a Path; a one-line ValueError where there is no such folder."""
     root = Path(run_dir)
     if not root.is_dir():
         raise ValueError(f"no run folder {root}: give the folder holding gemm_capture.json and bench.json")
@@ -73,15 +65,10 @@ def check_run_folder(run_dir: str | Path) -> Path:
 
 def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpec | None = None,
                 mode: str = "autocast", host_speed: float = 1.0) -> RunProjection:
-    """Project a run folder (gemm_capture.json and bench.json) onto ``target``: every cell of its
-    bench in every recipe, the GEMM time per step of the job's GEMMs, and the step.
-
-    The step, where the capture holds its kernels step's host calls: the job's step replayed on
-    the target (:func:`~te_gemm_callback.analysis.whatif.replay_recipes`): GEMM kernels at their
-    projected pre-quantized time, every other kernel and each module's quantization scaled by the
-    bandwidth ratio, the host as measured (``host_speed``: how many times faster the target's host
-    is), so a job the host bounds stays bound there. Else, and always as "GEMMs alone": the job's
-    non-GEMM time scaled by the bandwidth ratio plus the recipe's projected GEMM time (``mode``)."""
+    """Project a run folder (gemm_capture.json and bench.json) onto ``target``: every bench cell in every
+    recipe, the job's GEMM time per step, and the step. The step is the job's kernels step replayed on the
+    target where the capture holds its host calls (the host ``host_speed`` times faster), so a host-bound
+    job stays bound; always also "GEMMs alone": non-GEMM time by bandwidth plus the projected GEMM time."""
     if not host_speed > 0:
         raise ValueError(f"host_speed must be a positive factor, got {host_speed}")
     from te_gemm_callback.analysis.prediction import capture_recipe
@@ -90,21 +77,20 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
     from te_gemm_callback.microbench.results import BenchResults, item_ms, measured_items, step_ms
 
     root = check_run_folder(run_dir)
+    bench_cmd = (f"te-gemm bench --capture {root}/gemm_capture.json --modes autocast,prequantized "
+                 f"--json {root}/bench.json")
     if not (root / "gemm_capture.json").is_file():
         raise ValueError(f"{root} has no gemm_capture.json: a run folder is where the callback or te-gemm run wrote "
                          "its capture")
     if not (root / "bench.json").is_file():
-        raise ValueError(f"{root} has no bench.json: te-gemm bench --capture {root}/gemm_capture.json "
-                         f"--modes autocast,prequantized --json {root}/bench.json on the source GPU first")
+        raise ValueError(f"{root} has no bench.json: {bench_cmd} on the source GPU first")
     bench = BenchResults.load(root / "bench.json")
     cap = GemmCapture.load(root / "gemm_capture.json")
     tgt = target if isinstance(target, GpuSpec) else gpu(target)
     src = source if isinstance(source, GpuSpec) or source is None else gpu(source)
     proj = Projection(bench, tgt, src)
     if "prequantized" not in (bench.meta.get("modes") or []):
-        raise ValueError(f"{root}/bench.json has no pre-quantized cells, which the projection scales: "
-                         f"te-gemm bench --capture {root}/gemm_capture.json --modes autocast,prequantized "
-                         f"--json {root}/bench.json")
+        raise ValueError(f"{root}/bench.json has no pre-quantized cells, which the projection scales: {bench_cmd}")
     cells = proj.cells()
     if not cells:
         raise ValueError(f"no cell of {root}/bench.json can be projected: every cell failed, or none was measured "
@@ -124,9 +110,7 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
         out.notes.append("no step projection: the capture has no clean step time or no in-job GEMM time")
 
     def step_of(res: BenchResults, recipe: str) -> float | None:
-        """Job step with ``recipe``'s GEMMs: the job's non-GEMM time, less what its own recipe's
-        autocast adds to its kernels (quantization: in-job it is non-GEMM time), plus ``recipe``'s
-        autocast GEMM time (Amdahl)."""
+        """Amdahl: the job's non-GEMM time, less its own recipe's quantization (in it), plus ``recipe``'s GEMMs."""
         job = out.job_recipe or "BF16"
         own, own_pre = step_ms(res, items, job, mode), step_ms(res, items, job, "prequantized")
         new = step_ms(res, items, recipe, mode, "BF16")
@@ -156,8 +140,7 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
         which = f" ({len(missing)} of {len(items)} not measured, e.g. {missing[0].name} {missing[0].fprop.mkn})" \
             if missing else ""
         raise ValueError(f"no recipe's GEMM time can be projected: {root}/bench.json has no {mode} cells for the "
-                         f"capture's GEMMs{which}; bench this capture: te-gemm bench --capture "
-                         f"{root}/gemm_capture.json --modes autocast,prequantized --json {root}/bench.json")
+                         f"capture's GEMMs{which}; bench this capture: {bench_cmd}")
     if out.non_gemm_ms is not None:
         out.notes.append(f"non-GEMM step time scaled by HBM bandwidth {proj.source.bandwidth:g} -> "
                          f"{tgt.bandwidth:g} TB/s: {out.non_gemm_ms:.2f} ms on the target")
@@ -167,8 +150,7 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
 
 def _replayed(out: RunProjection, cap: Any, bench: Any, projected: Any, bw: float, host_speed: float,
               observed: dict[str, float]) -> None:
-    """Each step the replay can give (the capture has its kernels step's host calls) in place of
-    the GEMMs-alone one, which stays beside it; the notes say how, and which side bounds it."""
+    """Each step the replay gives in place of the GEMMs-alone one (kept beside it); the notes say how."""
     from te_gemm_callback.analysis.whatif import job_trace, replay_recipes
 
     job = out.job_recipe or "BF16"

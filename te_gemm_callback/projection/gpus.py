@@ -1,11 +1,6 @@
-"""Public figures of the GPUs a run can be projected from and onto: dense tensor-core peak per
-format and HBM bandwidth, each with its source.
-
-Dense peaks: NVIDIA quotes Hopper and Blackwell BF16/FP8 peaks with 2:4 sparsity; the dense figure
-is half of it. Blackwell's FP4 figures are quoted dense and sparse apart (Blackwell Ultra's dense
-NVFP4 is 15 PF per GB300 against 20 PF sparse: not half), so they are taken as quoted. NVIDIA
-lists no separate MXFP8 rate: block-scaled FP8 runs at the FP8 rate (tcgen05 kind::mxf8f6f4), an
-assumption the projection states. Figures read 2026-12-02.
+"""Public figures of the GPUs a run can be projected from and onto: dense tensor-core peak per format and
+HBM bandwidth, with sources (read 2026-12-02). BF16/FP8 peaks are quoted with 2:4 sparsity: dense is half.
+FP4 is quoted dense (Blackwell Ultra's sparse NVFP4 is not twice it). MXFP8 is taken at the FP8 rate.
 """
 
 from __future__ import annotations
@@ -24,8 +19,8 @@ CUBLAS_BLOG = ("https://developer.nvidia.com/blog/"
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One GPU's public figures. ``peaks``: dense TFLOPS per tensor format ("bf16", "fp8", "fp4");
-    ``bandwidth``: HBM TB/s; ``names``: substrings of ``torch.cuda.get_device_name()`` that mean it."""
+    """``peaks``: dense TFLOPS per format ("bf16", "fp8", "fp4"); ``bandwidth``: HBM TB/s; ``names``: words of
+    ``torch.cuda.get_device_name()`` that mean it."""
 
     key: str
     name: str
@@ -60,9 +55,8 @@ GPUS: dict[str, GpuSpec] = {g.key: g for g in (
                    "576 TB/s)",), ("GB200",)),
 )}
 
-# The most a block-scaled FP4 GEMM gained over an FP8 one in NVIDIA's own library on Blackwell:
-# "FP4 ... reaches up to 2.3x ... over FP8 matmuls on Blackwell" (cuBLAS 12.9, CUBLAS_BLOG). B300's
-# FP4 peak is 3x its FP8 peak; a projection does not credit FP4 with more than NVIDIA measured.
+# The most FP4 GEMMs gained over FP8 in NVIDIA's own library on Blackwell (cuBLAS 12.9, CUBLAS_BLOG: "up to
+# 2.3x"); B300's FP4 peak is 3x its FP8 one, but a projection credits no more than NVIDIA measured.
 FP4_OVER_FP8_MAX = 2.3
 
 # Tensor format each recipe's GEMMs run in.
@@ -79,8 +73,7 @@ def gpu(key: str) -> GpuSpec:
 
 
 def gpu_of_device(device: str) -> GpuSpec | None:
-    """The spec whose names match ``device`` (a torch device name) as whole words, the longest
-    match first ("NVIDIA H200 NVL" is the NVL, not the SXM; "NVIDIA GH200" is neither)."""
+    """The spec whose names match ``device`` as whole words, the longest first ("H200 NVL" is no H200 SXM)."""
     hits = [(len(n), g) for g in GPUS.values() for n in g.names
             if re.search(rf"(?<![A-Za-z0-9]){re.escape(n)}(?![A-Za-z0-9])", device or "", re.IGNORECASE)]
     return max(hits, key=lambda h: h[0])[1] if hits else None

@@ -1,12 +1,6 @@
-"""Precision-aware MFU: each GEMM's FLOPs against the GPU's dense peak for the tensor format it
-really ran in, over the step. One peak for every precision (Lightning's ThroughputMonitor takes
-one per dtype) puts an FP8 step's utilization off by up to 2x; torchtitan turns MFU off under FP8.
-The report puts it per observed run in ``meta.mfu`` (reporting/speedups.py).
-
-    MFU = sum_i FLOPs_i / peak(format_i) / step time
-
-which is the share of the step the GEMMs would take at the format's peak (Chowdhery et al., PaLM,
-2022, appendix B, with the peak taken per GEMM). Public peaks: projection/gpus.py."""
+"""Precision-aware MFU, sum_i FLOPs_i / peak(format_i) / step time: each GEMM against the dense peak of the
+format it ran in (PaLM, 2022, appendix B, with the peak per GEMM); one peak for every precision puts an
+FP8 step's utilization off by up to 2x."""
 
 from __future__ import annotations
 
@@ -27,9 +21,8 @@ def record_format(precision: str) -> str | None:
 
 
 def precision_mfu(cap: Any, device: str | None = None) -> float | None:
-    """Precision-aware MFU of ``cap``'s clean step on its GPU (``device``: its name, default the
-    capture's); None on a GPU without public peaks here, with a GEMM in a format it has no peak
-    for (FP32), or without a step time."""
+    """Precision-aware MFU of ``cap``'s clean step on ``device`` (default the capture's); None without a
+    public peak for the GPU or a GEMM's format (FP32), or without a step time."""
     from te_gemm_callback.projection.gpus import gpu_of_device
 
     spec = gpu_of_device(device or str(cap.meta.get("device", "")))

@@ -1,30 +1,8 @@
-"""Project a run's microbenchmark onto another GPU, cell by cell (docs/projection.md).
-
-For each measured shape and pass, and each recipe:
-
-- GEMM kernel (pre-quantized time): the source GPU's pre-quantized time of the same recipe (for
-  MXFP8 and NVFP4, which Hopper cannot run: of Float8CurrentScaling, the Hopper FP8 GEMM without
-  block scales in its main loop, as Blackwell applies them in the tensor core), less its BF16
-  output's write at the source's bandwidth, scaled by the ratio of the two GPUs' dense peaks for
-  the formats (the shape keeps the fraction of peak it reached on the source), plus the write at
-  the target's bandwidth; FP4 credited with at most FP4_OVER_FP8_MAX times the FP8 rate; never
-  under the time to move its operands and output once at the target's bandwidth.
-- quantization (autocast minus pre-quantized, less BF16's own autocast excess): the source's
-  measured excess of that cell scaled by the bandwidth ratio (the training schedule, which the
-  bench's autocast mode times); under another schedule, or for a recipe the source did not run,
-  the traffic model's bytes (:mod:`.traffic`) at the cast bandwidth the source reached for the
-  recipe over all its cells, scaled by the bandwidth ratio; a recipe the source did not run takes
-  Float8BlockScaling's (the Hopper cast kernels that, like MXFP8's and NVFP4's, compute block scales
-  inside the cast), else the mean of the FP8 recipes it ran.
-- BF16's own autocast excess (module work around the GEMM) scaled by bandwidth.
-
-Band: each cell's source spread (half its IQR over its median) plus the clock term: the source ran
-at ``1 - r`` under its maximum SM clock during the bench (NVML, ``r`` = median / max), and a peak
-ratio assumes the target runs as far under its own, unknown; its clock could sit anywhere from at
-its maximum to twice as far under, so the band is +-(1 - r). Formats the source did not run add
-their own term (MXFP8: +-5%, the block-scale loads Hopper's per-tensor kernel does not have; NVFP4:
-+-10% for a kernel with no Hopper counterpart, plus half the gap between NVIDIA's 2.3x over FP8 and
-the target's FP4/FP8 peak ratio).
+"""Project a run's microbenchmark onto another GPU, cell by cell (docs/projection.md, "The model"):
+the pre-quantized GEMM kernel by the ratio of dense peaks (its BF16 output's write by bandwidth), the
+quantization by the bandwidth ratio (or the traffic model's bytes at the source's cast bandwidth), and a
+band of the cell's spread, the clock term (the source ran ``1 - r`` under its maximum SM clock) and a
+term per format the source did not run.
 """
 
 from __future__ import annotations
@@ -43,18 +21,14 @@ RECIPES = ("BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling
 # The source recipe whose GEMM kernel a recipe is projected from, where the source did not run it.
 KERNEL_BASE = {"MXFP8BlockScaling": "Float8CurrentScaling", "NVFP4BlockScaling": "Float8CurrentScaling"}
 CAST_BASE = "Float8BlockScaling"  # whose cast bandwidth a recipe without a measured cast takes
-MXFP8_TERM = 0.05
-# An NVFP4 GEMM projected from an FP8 one: the kernel has no Hopper counterpart at all (4-bit
-# operands, E4M3 block scales under a per-tensor one), a term of its own on top of the FP4 cap's.
-NVFP4_TERM = 0.10
+MXFP8_TERM = 0.05  # the block-scale loads Hopper's per-tensor kernel does not have
+NVFP4_TERM = 0.10  # an NVFP4 kernel has no Hopper counterpart at all: on top of the FP4 cap's term
 # Recipes whose GEMMs need Blackwell's block-scaled tensor cores (TE: compute capability 10.0).
 BLACKWELL_ONLY = ("MXFP8BlockScaling", "NVFP4BlockScaling")
 
 
 @dataclass(frozen=True)
 class Projected:
-    """One projected cell: time on the target (ms), the band's low and high edges, and how it came."""
-
     shape: GemmShape
     recipe: str
     mode: str
@@ -87,31 +61,27 @@ def _spread(bench: BenchResults, shape: GemmShape, recipe: str, mode: str) -> fl
 
 
 def source_gpu(bench: BenchResults, given: GpuSpec | None = None) -> GpuSpec:
-    """The GPU the bench ran on: read from its device name; ``given`` (``--source-gpu``) only where
-    the name is not one of ours, and never against it."""
+    """The GPU the bench ran on, from its device name; ``given`` (``--source-gpu``) only where it is not ours."""
     device = str(bench.meta.get("device") or "")
     g = gpu_of_device(device)
-    if g is not None and given is not None and given.key != g.key:
+    if g is None:
+        if given is None:
+            known = ", ".join(s.name for s in GPUS.values())
+            raise ValueError(f"no public figures for {device or 'an unnamed device'} here (known: {known}): a "
+                             "projection from it is not supported; --source-gpu only names one of these whose device "
+                             "name was not recognised")
+        return given
+    if given is not None and given.key != g.key:
         raise ValueError(f"bench.json was measured on {device} ({g.name}), not on {given.name}: leave out --source-gpu")
-    if g is None and given is None:
-        known = ", ".join(s.name for s in GPUS.values())
-        raise ValueError(f"no public figures for {device or 'an unnamed device'} here (known: {known}): a projection "
-                         "from it is not supported; --source-gpu only names one of these whose device name was "
-                         "not recognised")
-    if g is not None:
-        return g
-    assert given is not None  # both None was refused above
-    return given
+    return g
 
 
-# A bench without NVML clocks: about the term a measured bench had (docs/results/h200.md, facts the
-# code relies on: clock term).
+# A bench without NVML clocks: about the term a measured bench had (docs/results/h200.md: clock term).
 CLOCK_TERM_UNKNOWN = 0.2
 
 
 def clock_term(bench: BenchResults) -> float | None:
-    """1 - (median SM clock during the bench / the GPU's maximum SM clock), from NVML; None when
-    the bench did not record them."""
+    """1 - median SM clock during the bench / the GPU's maximum (NVML); None when not recorded."""
     try:
         med = float(bench.meta["clocks_during_run"]["sm_clock_mhz_median"])
         top = float(bench.meta["sm_clock_max_mhz"])
@@ -121,8 +91,7 @@ def clock_term(bench: BenchResults) -> float | None:
 
 
 class Projection:
-    """Everything needed to project one bench run onto ``target`` (``source`` defaults to the GPU
-    the bench names). ``schedule``: which operands a pass's quantization covers (:mod:`.traffic`)."""
+    """One bench run projected onto ``target``; ``schedule``: which operands a pass quantizes (:mod:`.traffic`)."""
 
     def __init__(self, bench: BenchResults, target: GpuSpec, source: GpuSpec | None = None,
                  schedule: str = "training") -> None:
@@ -136,17 +105,17 @@ class Projection:
         self.bw = self.source.bandwidth / self.target.bandwidth
         self.cast_bw = self._cast_bandwidth()
 
+    def _gap(self, shape: GemmShape, recipe: str) -> float | None:
+        a, p = _ms(self.bench, shape, recipe, "autocast"), _ms(self.bench, shape, recipe, "prequantized")
+        return None if a is None or p is None else a - p
+
     def _excess(self, shape: GemmShape, recipe: str) -> float | None:
         """Autocast minus pre-quantized, less BF16's own difference: the recipe's quantization."""
-        a, p = _ms(self.bench, shape, recipe, "autocast"), _ms(self.bench, shape, recipe, "prequantized")
-        ab, pb = _ms(self.bench, shape, "BF16", "autocast"), _ms(self.bench, shape, "BF16", "prequantized")
-        if a is None or p is None:
-            return None
-        return max(a - p - ((ab - pb) if ab is not None and pb is not None else 0.0), 0.0)
+        gap = self._gap(shape, recipe)
+        return None if gap is None else max(gap - (self._gap(shape, "BF16") or 0.0), 0.0)
 
     def _cast_bandwidth(self) -> dict[str, float]:
-        """Per recipe the source ran in both modes: bytes its quantization moved (the training
-        schedule, what the bench's autocast mode times) over the time it took, in GB/s."""
+        """GB/s of each recipe's quantization on the source (training schedule: the autocast mode's)."""
         out = {}
         shapes = {r.shape for r in self.bench.results if r.ok}
         for recipe in RECIPES[1:]:
@@ -189,9 +158,8 @@ class Projection:
                 extra = max(fp4 / p_tgt - 1.0, 0.0) / 2 + NVFP4_TERM
         elif base != recipe:
             extra = MXFP8_TERM
-        # The BF16 output's write is taken as serial with the main loop, at each GPU's bandwidth: the
-        # main loop shrinks by the peak ratio (2.3-10x onto Blackwell), the write only by the
-        # bandwidth ratio (1.7x), so a write a Hopper kernel hid may no longer hide (docs/projection.md).
+        # The output's write is serial with the main loop: the loop shrinks by the peak ratio, the write only
+        # by the bandwidth ratio, so a write a Hopper kernel hid may no longer hide (docs/projection.md).
         w_src, w_tgt = (output_bytes(shape) / (g.bandwidth * 1e9) for g in (self.source, self.target))
         ms = max(src_ms - w_src, 0.0) * p_src / p_tgt + w_tgt
         floor = gemm_io_bytes(f_tgt, shape) / (self.target.bandwidth * 1e9)  # TB/s -> bytes per ms
@@ -199,8 +167,7 @@ class Projection:
         return max(ms, floor), basis, extra, base
 
     def cell(self, shape: GemmShape, recipe: str, mode: str) -> Projected | None:
-        """The projected time of one cell, or None where nothing to project it from was measured
-        or the target cannot run the recipe (MXFP8 and NVFP4 on Hopper)."""
+        """One cell's projection; None with nothing to project from, or a recipe the target cannot run."""
         if recipe in BLACKWELL_ONLY and self.target.arch != "blackwell":
             return None
         if self.same:
@@ -215,8 +182,7 @@ class Projection:
         gemm, basis, extra, base = k
         quant = 0.0
         if mode == "autocast":
-            ab, pb = _ms(self.bench, shape, "BF16", "autocast"), _ms(self.bench, shape, "BF16", "prequantized")
-            around = max(ab - pb, 0.0) * self.bw if ab is not None and pb is not None else 0.0
+            around = max(self._gap(shape, "BF16") or 0.0, 0.0) * self.bw
             if recipe == "BF16":
                 quant = around
             else:
@@ -242,8 +208,7 @@ class Projection:
         return [p for s in shapes for r in recipes for m in modes if (p := self.cell(s, r, m)) is not None]
 
     def as_bench(self, cells: list[Projected]) -> BenchResults:
-        """The projection as a bench result for the target (band edges as its quartiles), so that
-        every table and total that reads a bench reads it; ``meta.projection`` says what it is."""
+        """The projection as a bench result for the target (band edges as quartiles) for every table to read."""
         out = []
         for p in cells:
             like = self.bench.get(p.shape, "BF16", "prequantized") or next(iter(self.bench.results))

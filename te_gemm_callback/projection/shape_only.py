@@ -1,9 +1,6 @@
-"""A first estimate for a GPU from a run that measured none (a CPU run): each captured GEMM at the
-target's public dense peak for the recipe's tensor format, or at its HBM bandwidth for the bytes
-it must at least move, whichever takes longer (the roofline bound: Williams, Waterman and
-Patterson, CACM 52(4), 2009). Nothing is measured: a lower bound on the GEMM time per step, not a
-prediction; real kernels stay below the peak, small ones far below, and quantization is not in
-it. Labelled so wherever it is shown."""
+"""A first estimate for a GPU from a run that measured none (a CPU run): each captured GEMM at the roofline
+bound (the target's dense peak or its HBM bandwidth, whichever takes longer). A lower bound on the GEMM
+time per step, without quantization, not a prediction: labelled so wherever it is shown."""
 
 from __future__ import annotations
 
