@@ -75,7 +75,6 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.microbench.items import items_from_capture
     from te_gemm_callback.microbench.results import BenchResults, item_ms, measured_items, step_ms
-
     root = check_run_folder(run_dir)
     bench_cmd = (f"te-gemm bench --capture {root}/gemm_capture.json --modes autocast,prequantized "
                  f"--json {root}/bench.json")
@@ -152,7 +151,6 @@ def _replayed(out: RunProjection, cap: Any, bench: Any, projected: Any, bw: floa
               observed: dict[str, float]) -> None:
     """Each step the replay gives in place of the GEMMs-alone one (kept beside it); the notes say how."""
     from te_gemm_callback.analysis.whatif import job_trace, replay_recipes
-
     job = out.job_recipe or "BF16"
     costs = bench.meta.get("module_costs")
     clean = cap.step_ms()
@@ -190,7 +188,6 @@ def _replayed(out: RunProjection, cap: Any, bench: Any, projected: Any, bw: floa
 def _observed(root: Path) -> dict[str, float]:
     """The run's observed step speedups (a sweep on the source GPU), from its report.json."""
     import json
-
     try:
         rep = json.loads((root / "report.json").read_text())
         return {a["recipe"]: a["observed_step_speedup"] for a in rep.get("recipes", [])

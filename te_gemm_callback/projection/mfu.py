@@ -24,7 +24,6 @@ def precision_mfu(cap: Any, device: str | None = None) -> float | None:
     """Precision-aware MFU of ``cap``'s clean step on ``device`` (default the capture's); None without a
     public peak for the GPU or a GEMM's format (FP32), or without a step time."""
     from te_gemm_callback.projection.gpus import gpu_of_device
-
     spec = gpu_of_device(device or str(cap.meta.get("device", "")))
     step = cap.step_ms()
     if spec is None or not step or not cap.records:

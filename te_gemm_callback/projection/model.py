@@ -139,9 +139,8 @@ class Projection:
 
     def _kernel(self, shape: GemmShape, recipe: str) -> tuple[float, str, float, str] | None:
         """(GEMM ms on the target, basis, extra band term, the source recipe it came from)."""
-        own = _ms(self.bench, shape, recipe, "prequantized")
-        base = recipe if own is not None else KERNEL_BASE.get(recipe)
-        src_ms = own if own is not None else (_ms(self.bench, shape, base, "prequantized") if base else None)
+        base = recipe if _ms(self.bench, shape, recipe, "prequantized") is not None else KERNEL_BASE.get(recipe)
+        src_ms = _ms(self.bench, shape, base, "prequantized") if base else None
         if src_ms is None or base is None:
             return None
         f_src, f_tgt = FORMAT[base], FORMAT[recipe]
@@ -182,19 +181,16 @@ class Projection:
         gemm, basis, extra, base = k
         quant = 0.0
         if mode == "autocast":
-            around = max(self._gap(shape, "BF16") or 0.0, 0.0) * self.bw
-            if recipe == "BF16":
-                quant = around
-            else:
+            quant = max(self._gap(shape, "BF16") or 0.0, 0.0) * self.bw  # BF16's own work around the GEMM
+            if recipe != "BF16":
                 ex = self._excess(shape, recipe)
                 if ex is not None and self.schedule == "training":  # this cell's own measured cast
-                    q = ex * self.bw
+                    quant += ex * self.bw
                 else:  # the traffic model's bytes at the source's cast bandwidth, scaled to the target
                     gbps = self.cast_gbps(recipe)
                     if gbps is None:
                         return None
-                    q = quant_bytes(recipe, shape, self.schedule) / (gbps * 1e6 / self.bw)
-                quant = q + around
+                    quant += quant_bytes(recipe, shape, self.schedule) / (gbps * 1e6 / self.bw)
         s = _spread(self.bench, shape, base, "prequantized")
         if mode == "autocast" and recipe != "BF16" and _ms(self.bench, shape, recipe, "autocast") is not None:
             s = max(s, _spread(self.bench, shape, recipe, "autocast"))

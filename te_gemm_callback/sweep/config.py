@@ -16,7 +16,6 @@ BUDGET_S = 20.0  # a 150 ms step, 4 recipes, 4 steps each: about 8 rounds
 def _recipes(v: Any, name: str) -> list[str] | None:
     """TE's names of the recipes; bad names fail here, not after training."""
     from te_gemm_callback.precisions import user_recipe
-
     if v is None:
         return None
     if isinstance(v, str):
@@ -31,7 +30,6 @@ def _recipes(v: Any, name: str) -> list[str] | None:
 
 def _plan(v: Any, name: str) -> Any:
     from te_gemm_callback.sweep.plan import PrecisionPlan
-
     if v is None or isinstance(v, PrecisionPlan):
         return v
     try:

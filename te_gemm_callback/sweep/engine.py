@@ -82,8 +82,8 @@ def _check_model(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) 
 
 
 class Sweep:
-    """One sweep of a live job. Building it copies the job's state, so build it right before :meth:`run`,
-    which puts it back however it ends. The arguments are :func:`run_sweep`'s."""
+    """One sweep of a live job: built right before :meth:`run` (it copies the job's state), which puts the
+    job back however it ends."""
 
     def __init__(self, model: nn.Module, step_fn: Callable[[], Any], config: SweepConfig, *,
                  context: Callable[[], Any] | None, out_dir: str | Path | None, nvtx: bool | str,
@@ -135,7 +135,6 @@ class Sweep:
         """TE's objects for ``recipe`` back and the entry's plan applied; the plan removed on the way out."""
         from te_gemm_callback.sweep.native_plan import HOW, native_plan, native_support
         from te_gemm_callback.sweep.plan import apply_precision_plan
-
         handle: Any = None  # NativePlan or PlanHandle
         if entry_plan is not None and self.config.set_recipe is None and native_support(entry_plan.recipe) is None:
             # TE's per-module recipe: its quantizer state is not the plain recipe's, so it is kept apart.
@@ -214,7 +213,6 @@ class Sweep:
         """Why the rounds stop after round ``k`` (0-based), or None to go on."""
         from te_gemm_callback.sweep.intervals import estimate
         from te_gemm_callback.sweep.observed import observe, round_speedups
-
         elapsed, cfg = self.elapsed(), self.config
         if k + 1 >= MAX_ROUNDS:
             return f"{MAX_ROUNDS} rounds (the most the sweep runs)"
@@ -282,22 +280,14 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
               job_recipe: str | None = None, optimizers: Sequence[torch.optim.Optimizer] = (),
               optimizer_step: Callable[[], Any] | None = None, run_id: str | None = None,
               rng_objects: Sequence[Any] = (), **settings: Any) -> SweepResult:
-    """Time whole training steps of ``step_fn`` under each recipe, alternated in rounds, then put the job back.
+    """Time whole training steps of ``step_fn`` (one forward, returning the loss) under each recipe: per entry
+    ``warmup`` steps and the step plan (docs/step-plan.md), then alternating rounds until every speedup's 95%
+    interval is within ``target`` or ``budget_s`` is spent; then the job is put back.
 
-    Per entry: ``warmup`` untimed steps and the step plan (docs/step-plan.md); then rounds, each entry one
-    untimed step and ``steps`` timed ones, in forward then reverse order, until every speedup's 95% interval
-    (median of per-round ratios) is within ``target`` or ``budget_s`` is spent. A ``plan`` runs as "plan"
-    right after its own recipe; ``set_recipe(model, recipe_or_None)`` replaces ``te.autocast(recipe)``.
-
-    Args:
-        step_fn: runs one forward and returns the loss (the sweep calls backward and the optimizer).
-        optimizers: stepped in every sweep step (unless ``optimizer_step``) and put back afterwards; without
-            either, the sweep's steps are forward+backward only, and the captures say so.
-        optimizer_step: what the job does after backward (clipping, ``optimizer.step()``).
-        context: an outer context per step (Lightning's precision plugin forward context).
-        run_id: the job capture's ``meta["run_id"]``, kept in every sweep capture.
-        rng_objects: objects holding torch.Generators the job draws from (a DataLoader): put back too.
-        config, settings: :class:`~te_gemm_callback.sweep.config.SweepConfig`, as one config or keywords.
+    ``optimizers`` are stepped in every sweep step, or ``optimizer_step`` is called (clipping and the step);
+    without either, the steps are forward+backward only. ``context``: an outer context per step;
+    ``rng_objects``: objects holding torch.Generators the job draws from (a DataLoader); ``config`` or
+    ``settings``: :class:`~te_gemm_callback.sweep.config.SweepConfig`, as one config or as keywords.
     """
     if recipes is not None:
         settings["recipes"] = list(recipes)

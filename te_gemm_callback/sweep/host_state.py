@@ -102,21 +102,14 @@ def _generators(objs: Iterable[Any]) -> list[torch.Generator]:
     seen: set[int] = set()
 
     def visit(obj: Any, depth: int) -> None:
-        if obj is None or id(obj) in seen or depth > 2:
-            return
-        seen.add(id(obj))
         if isinstance(obj, torch.Generator):
             out[id(obj)] = obj
-            return
-        try:
-            attrs = vars(obj)
-        except TypeError:  # no __dict__: a builtin
-            return
-        for v in list(attrs.values()):
-            if isinstance(v, torch.Generator):
-                out[id(v)] = v
-            elif depth < 2 and not isinstance(v, (torch.Tensor, *_SCALARS, *_CONTAINERS)):
-                visit(v, depth + 1)
+        elif obj is not None and id(obj) not in seen and hasattr(obj, "__dict__"):  # not a builtin
+            seen.add(id(obj))
+            for v in list(vars(obj).values()):
+                if isinstance(v, torch.Generator) or (
+                        depth < 2 and not isinstance(v, (torch.Tensor, *_SCALARS, *_CONTAINERS))):
+                    visit(v, depth + 1)
 
     for o in objs:
         visit(o, 0)

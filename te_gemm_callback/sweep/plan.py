@@ -12,23 +12,13 @@ from typing import Any
 from torch import nn
 
 from te_gemm_callback.capture.guards import StandIn
-from te_gemm_callback.files.jsonio import (
-    SPECS,
-    check,
-    check_target,
-    from_fields,
-    json_kind,
-    read_schema,
-    text_kind,
-    write_json,
-    write_text,
-)
+from te_gemm_callback.files import jsonio
 
 SCHEMA = "te-gemm-plan/1"
 MODE = "autocast"
 # The YAML's first line marks a file as ours to replace; files written before the marker start with the key.
 YAML_MARKER = "# te-gemm precision plan: TE debug-API config written by te-gemm (safe to regenerate)"
-YAML_KIND = text_kind("te-gemm plan YAML", YAML_MARKER.encode(), b"te_gemm_plan_keep_bf16:")
+YAML_KIND = jsonio.text_kind("te-gemm plan YAML", YAML_MARKER.encode(), b"te_gemm_plan_keep_bf16:")
 
 
 @dataclass
@@ -84,13 +74,13 @@ class PrecisionPlan:
         return {"schema": SCHEMA, **asdict(self)}
 
     def save(self, path: str | Path) -> Path:
-        return write_json(path, self.to_dict(), schema=SCHEMA)
+        return jsonio.write_json(path, self.to_dict(), schema=SCHEMA)
 
     @classmethod
     def load(cls, path: str | Path) -> PrecisionPlan:
-        plan = from_fields(cls, read_schema(path, SCHEMA, "te-gemm precision plan"))  # types checked (PLAN_FILE)
-        plan.modules = [from_fields(ModuleChoice, m) for m in plan.modules]
-        return plan
+        d = jsonio.read_schema(path, SCHEMA, "te-gemm precision plan")  # field types checked (PLAN_FILE)
+        return jsonio.from_fields(cls, {**d, "modules": [jsonio.from_fields(ModuleChoice, m)
+                                                         for m in d.get("modules", [])]})
 
     def nvdlfw_yaml(self) -> str:
         """A config for TE's debug API (nvdlfw_inspect) that keeps the same modules out of FP8 without this
@@ -113,14 +103,14 @@ class PrecisionPlan:
 def write_plan(plan: PrecisionPlan, json_path: str | Path, yaml_path: str | Path) -> tuple[Path, Path]:
     """The plan as JSON (for :func:`apply_precision_plan` and ``sweep_plan=``) and as TE's debug-API config.
     Both targets are checked before either is written: a refused YAML path leaves no new JSON behind."""
-    check_target(json_path, json_kind(SCHEMA))
-    check_target(yaml_path, YAML_KIND)
+    jsonio.check_target(json_path, jsonio.json_kind(SCHEMA))
+    jsonio.check_target(yaml_path, YAML_KIND)
     try:  # never write a plan that PrecisionPlan.load would refuse
-        check(plan.to_dict(), SPECS[SCHEMA])
+        jsonio.check(plan.to_dict(), jsonio.SPECS[SCHEMA])
     except ValueError as err:
         raise ValueError(f"precision plan not written, its values are invalid: {err}") from None
     text = plan.nvdlfw_yaml()  # refuses a module name it cannot hold before either file is written
-    return plan.save(json_path), write_text(yaml_path, text, YAML_KIND)
+    return plan.save(json_path), jsonio.write_text(yaml_path, text, YAML_KIND)
 
 
 class PlanHandle:
@@ -152,12 +142,12 @@ def apply_precision_plan(model: nn.Module, plan: PrecisionPlan | str | Path) -> 
     """
     if not isinstance(plan, PrecisionPlan):
         plan = PrecisionPlan.load(plan)
-    handle = PlanHandle()
     found = {name: _get(model, name) for name in plan.keep_bf16}
     missing = [name for name, module in found.items() if module is None]
     if missing:
         raise ValueError(f"the plan names modules this model does not have: {', '.join(missing[:5])} "
                          "(was it made for another model, or another root module?)")
+    handle = PlanHandle()
     for module in found.values():
         assert module is not None
         handle._undo.append((module, module.__dict__.get("forward")))
@@ -176,7 +166,6 @@ class _BF16Forward(StandIn):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from te_gemm_callback.precisions import autocast
-
         with autocast("BF16"):  # explicitly off inside the job's FP8 autocast
             return self.fn(*args, **kwargs)
 
