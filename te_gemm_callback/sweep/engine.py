@@ -1,6 +1,5 @@
-"""Observed speedup in the live job: the job's whole training steps (forward, backward, its optimizer
-step) under each recipe, alternated in rounds, then the job put back exactly (:mod:`.state`).
-:func:`run_sweep` is the entry point; :class:`Sweep` holds one sweep's state and stages."""
+"""Observed speedup in the live job: its whole training steps under each recipe, alternated in rounds, then
+the job put back exactly (:mod:`.state`). :func:`run_sweep` is the entry point."""
 
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ class Sweep:
         """One of the job's training steps under ``recipe``; ``mid`` marks the end of backward."""
         for p in self.model.parameters():
             p.grad = None  # the job's zero_grad (set_to_none); its own gradients are put back at the end
-        outer = self.context() if self.context is not None else contextlib.nullcontext()
-        with outer, warnings.catch_warnings():
+        with self.context() if self.context is not None else contextlib.nullcontext(), warnings.catch_warnings():
             # TE warns at every recipe switch; the sweep switches on purpose.
             warnings.filterwarnings("ignore", message="Recipe type changed")
             if self.config.set_recipe is not None:

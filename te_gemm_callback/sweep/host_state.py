@@ -120,12 +120,15 @@ class HostState:
     """``HostState(model, extra=(loader,))`` copies; ``.restore()`` puts it back and returns what changed."""
 
     def __init__(self, model: nn.Module, extra: Iterable[Any] = ()) -> None:
-        self.torch_cpu = torch.get_rng_state()
-        self.torch_cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self.python = random.getstate()
+        # (how to put a stream back, its state): torch's, CUDA's, Python's, NumPy's (if loaded), the generators.
+        self.rngs: list[tuple[Any, Any]] = [(torch.set_rng_state, torch.get_rng_state())]
+        if torch.cuda.is_available():
+            self.rngs.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
+        self.rngs.append((random.setstate, random.getstate()))
         np = sys.modules.get("numpy")
-        self.numpy = np.random.get_state() if np is not None else None
-        self.generators = [(g, g.get_state()) for g in _generators([*model.modules(), *extra])]
+        if np is not None:
+            self.rngs.append((np.random.set_state, np.random.get_state()))
+        self.rngs += [(g.set_state, g.get_state()) for g in _generators([*model.modules(), *extra])]
         self.attrs: dict[int, tuple[Any, str, dict[str, Any]]] = {}
         self.not_copied: list[str] = []
         for m in model.modules():
@@ -156,15 +159,8 @@ class HostState:
                 self._keep(v, f"{label}.{k}", depth=depth + 1)
 
     def restore(self) -> list[str]:
-        torch.set_rng_state(self.torch_cpu)
-        if self.torch_cuda is not None:
-            torch.cuda.set_rng_state_all(self.torch_cuda)
-        random.setstate(self.python)
-        np = sys.modules.get("numpy")
-        if self.numpy is not None and np is not None:
-            np.random.set_state(self.numpy)
-        for g, state in self.generators:
-            g.set_state(state)
+        for put_back, state in self.rngs:
+            put_back(state)
         changed = []
         for obj, label, saved in self.attrs.values():
             now = vars(obj)

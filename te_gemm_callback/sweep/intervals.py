@@ -1,10 +1,6 @@
-"""Intervals for the observed speedups: a median over rounds and how sure it is.
-
-Rounds are not normal on a host-bound job (a round on a stall is far off), so the interval is the
-distribution-free order-statistic interval for the median (Conover, Practical Nonparametric Statistics,
-3rd ed., 1999, section 3.2): 95% needs 6 rounds (1 - 2 / 2**6 = 96.9%). A CI is not where a rerun's
-median falls: that is the CI widened by sqrt(2) on each side (Cumming & Maillardet, Psychological
-Methods 11(3), 2006; docs/results/h200.md: rerun interval): :attr:`Estimate.rerun`.
+"""A median over rounds and its distribution-free order-statistic 95% interval (Conover, Practical
+Nonparametric Statistics, 1999, 3.2; a round on a stall is far off): 6 rounds needed. A rerun's median
+falls within the CI widened by sqrt(2) (Cumming & Maillardet, 2006; docs/results/h200.md: rerun interval).
 """
 
 from __future__ import annotations

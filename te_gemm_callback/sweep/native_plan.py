@@ -1,8 +1,6 @@
-"""A precision plan as Transformer Engine's own per-module recipe (TE >= 2.19): a ``CustomRecipe`` whose
-quantizer factory gives each TE module's tensors the plan's recipe, or an identity quantizer for the
-modules the plan keeps in BF16. The factory tells modules apart by ``QuantizerRole.name``, so each TE
-module is named after its path in the model until ``remove()``. Where TE has no such recipe,
-:func:`native_support` says why and :func:`~te_gemm_callback.sweep.plan.apply_precision_plan` is the way.
+"""A precision plan as TE's own per-module recipe (TE >= 2.19): a ``CustomRecipe`` whose quantizer factory
+gives each TE module the plan's recipe or, kept BF16, identity quantizers. The factory tells modules apart by
+``QuantizerRole.name``, so each TE module is named after its path in the model until ``remove()``.
 """
 
 from __future__ import annotations
