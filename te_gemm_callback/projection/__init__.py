@@ -3,6 +3,7 @@ follow: :func:`project_run` (docs/projection.md). Figures in :mod:`.gpus`, the p
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -187,7 +188,6 @@ def _replayed(out: RunProjection, cap: Any, bench: Any, projected: Any, bw: floa
 
 def _observed(root: Path) -> dict[str, float]:
     """The run's observed step speedups (a sweep on the source GPU), from its report.json."""
-    import json
     try:
         rep = json.loads((root / "report.json").read_text())
         return {a["recipe"]: a["observed_step_speedup"] for a in rep.get("recipes", [])
