@@ -238,13 +238,11 @@ class Sweep:
                  "within +-%g%% or %g s (at least %d rounds)", ", ".join(labels), 100 * cfg.target,
                  cfg.budget_s, cfg.rounds)
         self.started = time.perf_counter()
-        k = 0
-        while True:
+        k, why = 0, None
+        while not why:
             self.run_round(timed, k)
             why = self.stop_reason(labels, k)
             k += 1
-            if why:
-                break
         self.result.rounds, self.result.stopped = k, why
         log.info("te-gemm: sweep: %d rounds in %.1f s, stopped at %s", k, self.elapsed(), why)
         for label in labels:
