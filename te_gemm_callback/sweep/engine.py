@@ -109,7 +109,8 @@ class Sweep:
         """One of the job's training steps under ``recipe``; ``mid`` marks the end of backward."""
         for p in self.model.parameters():
             p.grad = None  # the job's zero_grad (set_to_none); its own gradients are put back at the end
-        with self.context() if self.context is not None else contextlib.nullcontext(), warnings.catch_warnings():
+        outer = self.context() if self.context is not None else contextlib.nullcontext()
+        with outer, warnings.catch_warnings():
             # TE warns at every recipe switch; the sweep switches on purpose.
             warnings.filterwarnings("ignore", message="Recipe type changed")
             if self.config.set_recipe is not None:
