@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
 
-
 def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str] = ("autocast", "prequantized"), *,
           devices: int = 1, cache: str | Path | bool = True, visits: int | None = None,
           gemm_duty: float | None = None, flush_l2: bool = False, progress: bool = False,
@@ -22,9 +21,8 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
     """Microbenchmark GEMMs in each recipe this machine runs (the others are skipped, with TE's reason).
 
     Args:
-        source: what to time: a ``GemmCapture`` or the path of a ``gemm_capture.json`` (the job's
-            own GEMMs), a ``ModelConfig`` (shapes derived from it), fprop shapes as
-            ``"MxKxN,MxKxN"`` or a list of ``GemmShape`` (dgrad and wgrad derived), or ``WorkItem``\\ s.
+        source: a ``GemmCapture`` or its ``gemm_capture.json`` path, a ``ModelConfig``, fprop shapes
+            as ``"MxKxN,MxKxN"`` or a list of ``GemmShape`` (dgrad and wgrad derived), or ``WorkItem``\\ s.
         recipes: TE recipe names (default: all of them).
         modes: "autocast" (GEMM + quantization of its inputs) and/or "prequantized" (kernels only).
         devices: local GPUs to spread the visits over (one process each).
@@ -49,15 +47,16 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
 
     if isinstance(source, (str, Path)) and Path(source).suffix == ".json":
         source = GemmCapture.load(source)
+    seq = isinstance(source, Sequence) and bool(source)
     if isinstance(source, GemmCapture):
         items = items_from_capture(source)
     elif isinstance(source, ModelConfig):
         items = items_from_config(source)
     elif isinstance(source, str):
         items = items_from_shapes(parse_shapes(source))
-    elif isinstance(source, Sequence) and source and all(isinstance(s, GemmShape) for s in source):
+    elif seq and all(isinstance(s, GemmShape) for s in source):
         items = items_from_shapes(list(source))
-    elif isinstance(source, Sequence) and source and all(isinstance(s, WorkItem) for s in source):
+    elif seq and all(isinstance(s, WorkItem) for s in source):
         items = list(source)
     else:
         raise ValueError("bench() takes a GemmCapture or its path, a ModelConfig, 'MxKxN,...' shapes, or GemmShapes")

@@ -24,64 +24,51 @@ from te_gemm_callback.microbench.cells import BenchResult
 
 log = logging.getLogger("te_gemm_callback")
 
-# Bumped when the timing changes what a cell measures; a cache written by another version is
-# dropped on load. 2: every timed burst at the sustained clock (version 1, no field, timed many
-# cells at the idle boost clock, fast against training; docs/benchmark-methodology.md).
-# 3: jobs queued back to back, no synchronize between them. 4: each job built once and
-# visited 16 times; timed GEMMs at a training step's duty (timing.GEMM_DUTY).
+# Bumped when the timing changes what a cell measures; another version's cache is kept apart.
+# 2: bursts at the sustained clock (docs/benchmark-methodology.md). 3: jobs queued back to back.
+# 4: each job built once and visited 16 times, timed GEMMs at a training step's duty.
 TIMING_VERSION = 4
 
 CACHE_SCHEMA = "te-gemm-cache/1"
 
+_ELSEWHERE = "give --cache a new path or set TE_GEMM_CACHE to one"
+
 class ResultCache:
     """JSON cache of results and per-device peaks, so reports and reruns do not re-measure.
 
-    Safe to share between processes: saving takes a file lock (``<cache>.lock``), reads what the
-    file holds now, merges this run's cells into it and replaces it atomically, so two benches on
-    one cache lose nothing. A file that is not a cache is refused at once (one line, nothing
-    measured, the file untouched); a corrupt cache is moved aside with a warning; a cache that
-    cannot be written is a warning (``save_error``), never a lost run.
-
-    Only quiet cells are good: a cell marked noisy or with a spread above SPREAD_LIMIT is never
-    stored, and an entry above it (written before the limit existed) is refused on lookup, so the
-    cell is measured again, and dropped from the file on save unless a good one replaced it.
-    A cell that comes from here says so (``BenchResult.cached``).
+    Saving takes a file lock (``<cache>.lock``), merges this run's cells into what the file holds
+    now and replaces it atomically: two benches on one cache lose nothing. A file that is not a
+    cache is refused (nothing measured, the file untouched); a corrupt cache is moved aside; a
+    cache that cannot be written is a warning (``save_error``), never a lost run. A noisy cell
+    (spread above SPREAD_LIMIT) is never stored, and a stored one is refused and re-measured.
     """
 
     def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False,
                  lock_timeout_s: float = 60.0) -> None:
         env = os.environ.get("TE_GEMM_CACHE") or None  # set but empty: the default
         default = Path(env) if env else Path.home() / ".cache" / "te_gemm_callback" / "bench.json"
-        # A quoted "~/..." reaches us unexpanded: without this it made a folder named "~".
-        self.path = (Path(path) if path else default).expanduser()
+        self.path = (Path(path) if path else default).expanduser()  # a quoted "~/..." made a folder "~"
         self.enabled = enabled
-        self.read_only = read_only  # lookups only: a multi-GPU run's parts, whose caller stores the pooled cells
-        # How long save() waits for another process's lock: inside a training job, no time at all
-        # (the job's next step must not wait on someone else's bench; the cells are then not kept).
+        self.read_only = read_only  # a multi-GPU run's parts: the caller stores the pooled cells
+        # Inside a training job 0: its next step must not wait on another process's bench.
         self.lock_timeout_s = lock_timeout_s
         self.save_error: str | None = None
         self._new: dict[str, Any] = {}  # cells this run measured: what save() merges into the file
-        self._new_modules: dict[str, Any] = {}  # module cost rows this run measured (microbench/module_cost.py)
+        self._new_modules: dict[str, Any] = {}  # module cost rows this run measured
         self.refused: set[str] = set()  # keys whose stored entry was too noisy to reuse: dropped on save
-        self.data: dict[str, Any] = self._empty()
-        if enabled:
-            self.data = self._read(warn=True)
+        self.data: dict[str, Any] = self._read(warn=True) if enabled else self._empty()
 
     @staticmethod
     def _empty() -> dict[str, Any]:
         return {"schema": CACHE_SCHEMA, "timing_version": TIMING_VERSION, "results": {}, "peaks": {}, "modules": {}}
 
     def version_path(self) -> Path:
-        """Where this timing version keeps its cells when the cache file belongs to another
-        version: a file of its own beside it, so that two installs sharing a cache keep theirs."""
+        """This timing version's own file beside a cache of another version or format."""
         return self.path.with_name(f"{self.path.stem}.timing-{TIMING_VERSION}{self.path.suffix or '.json'}")
 
     def _read(self, warn: bool) -> dict[str, Any]:
-        """The cache file's contents now (empty if absent, unreadable, corrupt or of an older timing).
-
-        Whether a file is a cache is decided by its content: JSON with our schema (or an older
-        cache's fields). Anything else (a checkpoint, a PNG, Latin-1 notes) is refused, never
-        treated as "unreadable" and then written over."""
+        """The cache file's contents now (empty if absent, unreadable, corrupt or of another timing).
+        Content decides what is a cache: anything else is refused, never written over."""
         p = self.path
         if not p.exists() or p.is_dir():  # a folder: save() says it cannot write there
             return self._empty()
@@ -97,13 +84,7 @@ class ResultCache:
             data = parse_json(raw)
             sch = data.get("schema") if isinstance(data, dict) else None
             if isinstance(sch, str) and sch.startswith(CACHE_SCHEMA.split("/")[0] + "/") and sch != CACHE_SCHEMA:
-                # Another install's cache format (a newer one): never called corrupt or moved; this
-                # install keeps a file of its own beside it, as for another timing version.
-                other = self.version_path()
-                if warn:
-                    log.info("te-gemm: cache %s is %s; this install (%s) uses %s", p, sch, CACHE_SCHEMA, other)
-                self.path = other
-                return self._read(warn) if other.exists() and other != p else self._empty()
+                return self._elsewhere(warn, f"is {sch}; this install ({CACHE_SCHEMA}) uses")
             if not _is_cache(data):
                 raise ValueError(f"{p} is not a te-gemm cache (it holds {schema_of(data) or type(data).__name__}); "
                                  + _ELSEWHERE)
@@ -114,19 +95,21 @@ class ResultCache:
                 raise ValueError(msg) from None
             return self._move_aside(err)  # ours, torn or damaged by hand: it is only a cache
         if data.get("timing_version") != TIMING_VERSION:
-            # Another install's cells (measured another way): never emptied or rewritten. This
-            # version reads and writes a file of its own beside it.
-            other = self.version_path()
-            if warn:
-                log.info("te-gemm: cache %s holds timing version %s; this one (%s) uses %s", p,
-                         data.get("timing_version"), TIMING_VERSION, other)
-            self.path = other
-            return self._read(warn) if other.exists() and other != p else self._empty()
+            return self._elsewhere(warn, f"holds timing version {data.get('timing_version')}; "
+                                         f"this one ({TIMING_VERSION}) uses")
         data = {"schema": CACHE_SCHEMA, **{k: v for k, v in data.items() if k != "schema"}}  # schema first
-        data.setdefault("results", {})
-        data.setdefault("peaks", {})
-        data.setdefault("modules", {})
+        for k in ("results", "peaks", "modules"):
+            data.setdefault(k, {})
         return data
+
+    def _elsewhere(self, warn: bool, what: str) -> dict[str, Any]:
+        """Another install's cache (format or timing): never emptied, moved or rewritten; this one
+        reads and writes its own file beside it."""
+        p, other = self.path, self.version_path()
+        if warn:
+            log.info("te-gemm: cache %s %s %s", p, what, other)
+        self.path = other
+        return self._read(warn) if other.exists() and other != p else self._empty()
 
     def _move_aside(self, why: Exception) -> dict[str, Any]:
         p = self.path
@@ -197,10 +180,7 @@ class ResultCache:
             except Timeout:
                 raise OSError(f"lock {self.path}.lock held by another process "
                               f"({self.lock_timeout_s:g} s waited)") from None
-            self.data = data
-            self._new = {}
-            self._new_modules = {}
-            self.save_error = None
+            self.data, self._new, self._new_modules, self.save_error = data, {}, {}, None
         except (OSError, ValueError) as err:
             self.save_error = f"results not cached in {self.path}: {err}"
             log.warning("te-gemm: %s", self.save_error)
@@ -208,8 +188,6 @@ class ResultCache:
 
 def _too_noisy(r: BenchResult) -> bool:
     return r.noisy or r.above_spread_limit
-
-_ELSEWHERE = "give --cache a new path or set TE_GEMM_CACHE to one"
 
 def _usable(d: dict[str, Any]) -> bool:
     """A stored entry that is well-formed and quiet enough to reuse."""
@@ -220,9 +198,8 @@ def _usable(d: dict[str, Any]) -> bool:
     return not _too_noisy(from_fields(BenchResult, d))
 
 def _looks_like_cache(raw: bytes) -> bool:
-    """A cache file torn or damaged after its first bytes still opens the way ours do: with our
-    schema, the first field every cache we write has. Nothing else counts, however much it looks
-    like one: an lm-eval results.json opens with '{"results"' too, and it is not ours to move."""
+    """A torn or damaged cache still opens with our schema, the first field we write. Nothing else
+    counts: an lm-eval results.json opens with '{"results"' too, and it is not ours to move."""
     return raw[:64].lstrip().startswith(b'{"schema": "' + CACHE_SCHEMA.split("/")[0].encode())
 
 def _is_cache(data: Any) -> bool:

@@ -14,24 +14,17 @@ MODES = ("autocast", "prequantized")
 
 BENCH_SCHEMA = "te-gemm-bench/1"  # bench.json (microbench/results.py); here so the CLI can check it torch-free
 
-# Every visit times each cell at least once and queues every job again: 1000 (60x the GPU default)
-# is hours of host time on a large model; far beyond it the run only fills memory (1e11 was OOM-killed).
+# 1000 visits (60x the GPU default) is hours on a large model; far beyond, memory runs out.
 MAX_VISITS = 1000
 
-# The least --gemm-duty: the rest between timed calls is call * (1/duty - 1); below this it outlasts
-# the calls by over 19x (a duty of 1e-6 rests a million calls' time after each call).
-# notes.duty_note suggests no lower value.
+# The least --gemm-duty: the rest between timed calls is call * (1/duty - 1), here 19x the calls.
 MIN_GEMM_DUTY = 0.05
 
 FP8_FAMILY = {r.name for r in RECIPE_TABLE if r.low_precision_peak}  # timed against the FP8 peak
 
-# A cell whose spread, IQR / median of its samples (BenchResult.q1_ms, q3_ms: the tables'
-# "spread" column), is above this is measured again (engine.REMEASURES); if it stays above, it is
-# marked noisy and never cached, and a cached entry above it is refused and re-measured. Quiet
-# cells, on a GPU or a CPU, sit far below it and host-starved ones far above, one of them enough to
-# make a layer many times slower in every table (docs/benchmark-methodology.md). Above 0.5 a
-# quarter of the samples or more lie over a quarter of the median from it: the median then depends
-# on which calls the host disturbed.
+# A cell whose spread (IQR / median) is above this is measured again (engine.REMEASURES), then
+# marked noisy and never cached. Quiet cells sit far below it, host-starved ones far above: the
+# median then depends on which calls the host disturbed (docs/benchmark-methodology.md).
 SPREAD_LIMIT = 0.5
 
 @dataclass
@@ -71,7 +64,7 @@ class BenchResult:
 
     @property
     def spread(self) -> float | None:
-        """IQR / median of the cell's samples (the spread the tables print); None when unknown."""
+        """IQR / median of the cell's samples; None when unknown."""
         med = self.median_ms
         if not self.ok or self.q1_ms is None or self.q3_ms is None or med is None or med <= 0:
             return None
@@ -96,13 +89,9 @@ def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int
 def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | None, precision: str,
              mode: str) -> str:
     """The cache key of a cell measured under ``cond`` (a run's device conditions). A CPU cell's
-    key also names the CPU model and torch's thread count (timing.device_conditions): a CPU
-    matmul's time depends on both, and "CPU (x86_64)" alone let one host's cells, or one thread
-    count's, stand for another's. GPU keys are as before (device name, versions, mode, duty); a TE
-    recipe's also carries a hash of the recipe's configuration and environment."""
+    key names the CPU model and torch's threads, which set a CPU matmul's time; a TE recipe's key
+    hashes the recipe TE built and its NVTE_* variables (a cell without NVFP4's RHT is another)."""
     versions = f"torch {cond.get('torch')}, TE {cond.get('transformer_engine')}"
-    # A TE recipe's cell is keyed on the recipe TE built and the NVTE_* variables that change it
-    # (BenchRun records both): a cell timed without NVFP4's RHT must not stand for one with it.
     if precision != "BF16" and (tag := recipe_fingerprint((cond.get("recipe_config") or {}).get(precision),
                                                           cond.get("recipe_env"))):
         versions += f", recipe {tag}"

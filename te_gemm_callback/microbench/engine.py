@@ -1,12 +1,6 @@
-"""Offline microbenchmarks of a job's GEMMs in every precision: run every job (microbench/jobs.py) on
-every requested recipe, pool, summarise, cache (the results and their totals: microbench/results.py).
-
-Unsupported recipes are skipped with TE's reason. A run (:class:`BenchRun`) plans one job per work
-item and recipe, takes what the cache holds, and measures the rest: on a GPU each job is built
-once, then visited several times, all visits queued back to back with one synchronize
-(job_queue.JobQueue), its timed GEMMs given a training step's share of the GPU's time
-(timing.GEMM_DUTY), so they run at the clock a training job's GEMMs get; ``meta`` says where the
-time went and at what clocks.
+"""Offline microbenchmarks of a job's GEMMs in every recipe this machine runs (the others skipped
+with TE's reason): one job per work item and recipe, cached cells reused, the rest measured
+(job_queue.JobQueue), summarised and cached; ``meta`` says where the time went and at what clocks.
 """
 
 from __future__ import annotations
@@ -48,57 +42,42 @@ log = logging.getLogger("te_gemm_callback")
 
 Samples = tuple[list[float], list[float]]  # a measured cell's samples (ms) and the SM clock of each visit
 
-
-# How many times a job with a cell above cells.SPREAD_LIMIT is measured again (the quieter
-# measurement of each cell kept). A host-starved CPU cell or a GPU shared with another job is
-# quiet again within a second or two; one that stays noisy over three measurements is noisy for
-# a reason that another try will not remove, so it is marked and the run goes on.
+# How many times a job with a cell above cells.SPREAD_LIMIT is measured again. A host-starved or
+# shared device is quiet again within seconds; noisy after three tries, the cell is marked noisy.
 REMEASURES = 2
 
-
 class BenchStopped(RuntimeError, ValueError):
-    """A run stopped by an error that left the CUDA context unusable: every later cell would have
-    failed with it. ``results``: the cells measured or cached before it (measured ones are in the
-    cache too). A ValueError as well, so that the command line says it in one line."""
+    """A run stopped by an error that left the CUDA context unusable. ``results``: the cells
+    measured or cached before it. A ValueError too, so that the command line says it in one line."""
 
     def __init__(self, message: str, results: BenchResults) -> None:
         super().__init__(message)
         self.results = results
 
-
 def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
               *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
               console: Any = None, visits: int | None = None, gemm_duty: float | None = None,
               visits_of: int | None = None) -> BenchResults:
-    """Time every (work item, pass, precision, mode). Unsupported precisions are skipped with the
-    reason TE gives; a failing cell records its error and the run goes on, unless the error leaves
-    the CUDA context unusable: then :class:`BenchStopped`, with the cells measured before it.
+    """Time every (work item, pass, precision, mode). A failing cell records its error and the run
+    goes on, unless the error leaves the CUDA context unusable: then :class:`BenchStopped`.
 
-    ``visits``: how many times each job is measured, samples pooled (default ``default_visits()``).
-    ``visits_of``: when this run is one GPU's share of a multi-GPU run (microbench/parallel.py), the
-    visits of all GPUs together: each visit then takes that share of a cell's samples, so the pooled
-    cell has as many as one GPU would time and each GPU does its share of the work.
-    ``gemm_duty``: the share of GPU time the timed calls get, the rest a low-power rest between them
-    (timing.between_calls): a training step's GEMM share, for the clock its GEMMs run at (default
-    timing.GEMM_DUTY).
-    ``meta["timeline_s"]`` says where the wall time went (conditions, warm-up, peaks, each job's
-    setup and total), so a slow run can be explained from its JSON."""
+    ``visits``: measurements of each job, samples pooled (default ``default_visits()``).
+    ``visits_of``: a multi-GPU run's visits over all GPUs, when this run is one GPU's share: each
+    visit then takes that share of a cell's samples.
+    ``gemm_duty``: the share of GPU time the timed calls get (default timing.GEMM_DUTY).
+    ``meta["timeline_s"]`` says where the wall time went."""
     run = BenchRun(precisions, modes, flush_l2=flush_l2, cache=cache, visits=visits, gemm_duty=gemm_duty,
                    visits_of=visits_of)
     return run.execute(items, progress, console)
 
-
 def default_visits(cuda: bool) -> int:
-    """Visits per job when none are asked for: 16 on a GPU, 1 on the CPU (no power limiter). The
-    limiter swings a GPU's clock a few times a second; 16 visits spread each cell's samples over
-    enough of those swings for cold runs to agree (why 16: docs/benchmark-methodology.md)."""
+    """16 visits on a GPU spread each cell over enough power-limiter swings for cold runs to agree
+    (docs/benchmark-methodology.md); 1 on the CPU."""
     return 16 if cuda else 1
 
-
 class BenchRun:
-    """One :func:`run_bench` call: the recipes that run here (and why the others do not), modes,
-    visits and duty, the device conditions every cell carries, and where the wall time went
-    (``timeline``, the run's ``meta["timeline_s"]``)."""
+    """One :func:`run_bench` call: recipes, modes, visits, duty, the device conditions every cell
+    carries, and where the wall time went (``timeline``)."""
 
     def __init__(self, precisions: Iterable[str], modes: Iterable[str], *, flush_l2: bool = False,
                  cache: ResultCache | None = None, visits: int | None = None, gemm_duty: float | None = None,
@@ -115,8 +94,7 @@ class BenchRun:
         self.use_te = self.cuda and te_available()[0]
         self.backend = "te" if self.use_te else "torch"
         self.recipes, self.skipped = _runnable(precisions, self.use_te)
-        # te_available() imports TE, seconds of a cold start (docs/benchmark-methodology.md): counted
-        # here, so that no job's setup seems to take them.
+        # te_available() imports TE, seconds of a cold start: counted here, not in a job's setup.
         self.timeline: dict[str, Any] = {"jobs": [], "import_and_checks": time.perf_counter() - self.t_start}
         self.heat0 = dict(HEAT_LOG)
         t = time.perf_counter()
@@ -129,8 +107,7 @@ class BenchRun:
         self.flush = L2Flush() if (flush_l2 and self.cuda) else None
         self.cond.update(flush_l2=bool(self.flush), backend=self.backend, gemm_duty=self.gemm_duty,
                          timing=self._timing())
-        # What a TE recipe's cells ran under (cells.cell_key keys them on it): the recipe TE builds
-        # and the NVTE_* variables that change it (precisions.RECIPE_ENV_VARS).
+        # What a TE recipe's cells ran under (cells.cell_key keys them on it).
         te_recipes = [p for p in self.recipes if p != "BF16"]
         if te_recipes:
             self.cond["recipe_config"] = {p: recipe_config(p) for p in te_recipes}
@@ -148,8 +125,8 @@ class BenchRun:
                 f"back with one synchronize, samples pooled; timed GEMMs at {self.gemm_duty:g} of the GPU's time")
 
     def plan(self, items: list[WorkItem]) -> list[PlannedJob]:
-        """One job per (shape, splits) and recipe, in the items' order: repeated layers share their
-        measurement. Each cell's cache key, and what the cache holds under it."""
+        """One job per (shape, splits) and recipe, in the items' order (repeated layers share it),
+        with each cell's cache key and what the cache holds under it."""
         jobs: dict[tuple, PlannedJob] = {}
         for it in items:
             for p in self.recipes:
@@ -203,9 +180,8 @@ class BenchRun:
         return BenchResults(results, self.skipped, meta, samples)
 
     def _remeasure(self, queue: JobQueue, measured: list[PlannedJob]) -> None:
-        """Measure again, up to REMEASURES times, every job with a noisy cell (spread above
-        cells.SPREAD_LIMIT), keeping each cell's quieter measurement; a cell still above the limit
-        after the last stays marked ``noisy``. A job that fails on a retry keeps what it had."""
+        """Measure every job with a noisy cell again, up to REMEASURES times, keeping each cell's
+        quieter measurement; a job that fails on a retry keeps what it had."""
         total = max(len(measured) * self.visits, 1)
         for attempt in range(2, REMEASURES + 2):
             noisy = [job for job in measured if job.noisy]
@@ -226,8 +202,8 @@ class BenchRun:
                         v.job.measured[c] = new
 
     def _stop(self, jobs: list[PlannedJob], why: str) -> None:
-        """End the run after an error that lost the CUDA context: the cells measured before it go
-        into the cache, and are raised with the message; no later cell is recorded as failed."""
+        """End the run after an error that lost the CUDA context: the cells measured before it are
+        cached and raised with the message; no later cell is recorded as failed."""
         kept = [job for job in jobs if not job.todo or job.measured]
         results, _ = self._collect(kept)
         self.cache.save()
@@ -263,7 +239,7 @@ class BenchRun:
 
     def _collect(self, jobs: list[PlannedJob]) -> tuple[list[BenchResult], dict[tuple, Samples]]:
         """Every cell in plan order, cached or measured, and the samples of those measured; measured
-        cells go into the cache (a noisy one is not stored: ResultCache.put)."""
+        cells go into the cache."""
         results: list[BenchResult] = []
         samples: dict[tuple, Samples] = {}
         for job in jobs:
@@ -279,7 +255,6 @@ class BenchRun:
                     results.append(r)
         return results, samples
 
-
 def _runnable(precisions: Iterable[str], use_te: bool) -> tuple[list[str], dict[str, str]]:
     """The recipes this machine runs, in the order asked, and each other one with why it does not."""
     wanted, skipped = [], {}
@@ -293,15 +268,12 @@ def _runnable(precisions: Iterable[str], use_te: bool) -> tuple[list[str], dict[
             wanted.append(p)
     return wanted, skipped
 
-
 def _warn_noisy(results: list[BenchResult]) -> None:
     noisy = [r for r in results if r.noisy]
     if noisy:
         log.warning("te-gemm: %d cell(s) kept a spread (IQR/median) above %.0f%% after %d measurements, e.g. %s %s "
                     "%s: marked noisy, not cached", len(noisy), 100 * SPREAD_LIMIT, REMEASURES + 1, noisy[0].precision,
                     noisy[0].op, noisy[0].shape.mkn)
-
-
 
 def _progress(enabled: bool, console: Any) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

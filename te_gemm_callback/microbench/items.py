@@ -15,11 +15,9 @@ from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig, config_gemms
 class WorkItem:
     """One GEMM of the job: its fprop shape, how often a step runs it, and the passes it runs.
 
-    ``m_splits`` marks a grouped (MoE) GEMM: M = sum(m_splits), one group per expert. ``weight``:
-    a linear layer (fprop, dgrad, wgrad); False for a GEMM of two activations (fprop, dgrad_a,
-    dgrad_b: shapes.py). ``passes``: each pass the job runs with its calls per call of the item
-    (the count), in GemmOp order; empty for all three once each (a config's or a shape list's layer).
-    A first layer whose input needs no gradient has no dgrad, and the bench times none.
+    ``m_splits``: a grouped (MoE) GEMM, M = sum(m_splits). ``weight``: False for a GEMM of two
+    activations (fprop, dgrad_a, dgrad_b). ``passes``: each pass the job runs with its calls per
+    call of the item, in GemmOp order; empty for all three once each.
     """
 
     name: str
@@ -31,15 +29,13 @@ class WorkItem:
 
     @property
     def key(self) -> tuple:
-        """What one job measures for every item that shares it (repeated layers). A TE recipe runs
-        only linear layers, so a GEMM without a weight is timed apart from a layer of its sizes."""
+        """What one job measures for every item sharing it (a weightless GEMM is not a layer's job)."""
         return (self.fprop.m, self.fprop.k, self.fprop.n, self.fprop.batch, self.m_splits, self.weight)
 
     @property
     def runs_recipe(self) -> bool:
-        """Whether a TE recipe runs this GEMM (a te.Linear / te.GroupedLinear layer: one product with
-        a weight). Batched and weightless GEMMs (torch.bmm, an einsum of activations) run as they
-        are whatever the recipe: the bench times them as torch matmuls under every recipe."""
+        """Whether a TE recipe runs this GEMM (a linear layer); batched and weightless GEMMs are
+        timed as torch matmuls under every recipe."""
         return self.weight and self.fprop.batch == 1
 
     @property
@@ -57,8 +53,7 @@ class WorkItem:
         return next((n for o, n in self.passes if o is op), 0.0)
 
 def passes_of(item: WorkItem) -> tuple[GemmShape, ...]:
-    """The shapes of the passes the item runs (a subset of fprop, dgrad, wgrad or of fprop,
-    dgrad_a, dgrad_b), in that order."""
+    """The shapes of the passes the item runs, in GemmOp order."""
     ops = set(item.ops)
     return tuple(s for s in item.all_passes if s.op in ops)
 
@@ -76,9 +71,9 @@ def items_from_shapes(shapes: Iterable[GemmShape]) -> list[WorkItem]:
     return [WorkItem(s.mkn, fprop_of(s)) for s in shapes]
 
 def representative_splits(calls: list[list[int]], k: int = 3) -> list[tuple[tuple[int, ...], float]]:
-    """The m_splits to time for a grouped GEMM whose routing changed from call to call, each with
-    its share of the calls: every distinct split when there are at most ``k``, else ``k`` calls
-    evenly spaced in the order of their imbalance (largest group / mean), equal shares."""
+    """The m_splits to time for a grouped GEMM whose routing changed between calls, each with its
+    share of the calls: every distinct split if at most ``k``, else ``k`` calls evenly spaced in
+    the order of their imbalance (largest group / mean)."""
     distinct: dict[tuple[int, ...], int] = {}
     for s in calls:
         distinct[tuple(s)] = distinct.get(tuple(s), 0) + 1
@@ -89,18 +84,9 @@ def representative_splits(calls: list[list[int]], k: int = 3) -> list[tuple[tupl
     return [(s, 1.0 / k) for s in picks]
 
 def items_from_capture(cap: GemmCapture) -> list[WorkItem]:
-    """One item per captured GEMM (owner and sub-GEMM, forward shape): the passes the job ran, each
-    at its calls per step, and nothing it did not run (a layer whose input needs no gradient ran
-    no dgrad). Every kind is covered: linear layers, grouped (MoE) GEMMs, and batched or
-    weightless GEMMs (attention's bmm in eager code), the latter timed as the torch matmuls they
-    are (:attr:`WorkItem.runs_recipe`). Recomputes (activation checkpointing) are left out: they
-    are fprop again, of the same cell.
-
-    A grouped GEMM whose routing changed between calls becomes a few items, one per
-    representative m_splits (:func:`representative_splits`), its calls shared between them.
-    Captures written before the weightless pass names existed (a bmm's "dgrad" and "wgrad") give
-    items with those passes, timed as the batched GEMMs they are.
-    """
+    """One item per captured GEMM (name, forward shape) with the passes the job ran at their calls
+    per step. Recomputes are left out (fprop again, of the same cell); a grouped GEMM whose routing
+    changed becomes one item per representative m_splits (:func:`representative_splits`)."""
     groups: dict[tuple, dict[str, Any]] = {}
     for r in cap.records:
         if r.recompute:
@@ -114,8 +100,7 @@ def items_from_capture(cap: GemmCapture) -> list[WorkItem]:
     items: list[WorkItem] = []
     for (name, f), g in groups.items():
         calls: dict[GemmOp, float] = g["calls"]
-        # Calls of the item: its fprop's (each backward pass follows one); a GEMM captured in
-        # backward only (its forward ran unseen), its most frequent pass's.
+        # Its fprop's calls; captured in backward only: its most frequent pass's.
         count = calls.get(GemmOp.FPROP) or max(calls.values())
         passes = tuple((op, calls[op] / count if count else 1.0) for op in GemmOp if op in calls)
         splits_of_calls = g["fprop_splits"] or g["splits"]

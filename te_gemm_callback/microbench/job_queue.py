@@ -1,8 +1,5 @@
-"""The jobs of a microbenchmark run and how they are measured: each job (a work item in one recipe,
-:class:`PlannedJob`) is built once, then visited several times, every visit of a batch of jobs
-queued back to back with one synchronize at the end (:class:`JobQueue`); what one measurement's
-visits gathered is a :class:`JobVisits`, each cell's share of it a :class:`MeasuredCell`.
-"""
+"""How a run's jobs (:class:`PlannedJob`) are measured: each built once, then every visit of a batch
+queued back to back with one synchronize (:class:`JobQueue`), gathered in a :class:`JobVisits`."""
 
 from __future__ import annotations
 
@@ -23,15 +20,11 @@ from te_gemm_callback.shapes import GemmOp
 
 PassMode = tuple[GemmOp, str]  # one cell of a job: (pass, mode)
 
-# How many jobs stay queued on the GPU while the host queues the next: one covers the host's
-# time to queue a job (TE's Python per iteration), so the GPU never waits for the host; more would
-# fill CUDA's launch queue, where a blocked launch inflates the host-time estimate that sizes a hold
-# (timing.launch_timed) and the progress bar runs ahead of the GPU.
+# Jobs left queued on the GPU while the host queues the next: one covers the host's time; more fill
+# CUDA's launch queue, where a blocked launch inflates the host-time estimate that sizes a hold.
 _JOBS_QUEUED = 1
-# Jobs are built (and kept for all their visits) until they hold this share of the GPU's memory;
-# the rest wait for the next batch.
+# Jobs are built (and kept for all their visits) until they hold this share of the GPU's memory.
 _MEMORY_SHARE = 0.5
-
 
 class MeasuredCell(NamedTuple):
     """A cell as one measurement of its job left it."""
@@ -40,12 +33,10 @@ class MeasuredCell(NamedTuple):
     samples: list[float] | None  # every sample (ms), pooled over the visits; None if none was read
     clocks: list[float]  # the SM clock (MHz) over each visit of the job
 
-
 @dataclass(eq=False)
 class PlannedJob:
-    """One job of a run: a work item in one recipe (repeated layers share it), the cache key of
-    each of its cells and what the cache held there, and, once measured, each cell's quietest
-    measurement."""
+    """A work item in one recipe: each cell's cache key, what the cache held, and once measured
+    each cell's quietest measurement."""
 
     item: WorkItem
     precision: str
@@ -67,7 +58,6 @@ class PlannedJob:
     def noisy(self) -> bool:
         return any(c.result.noisy for c in self.measured.values())
 
-
 @dataclass(eq=False)
 class JobVisits:
     """One measurement of a job: the job built once (``runner``), then what each of its visits gathered."""
@@ -78,7 +68,6 @@ class JobVisits:
     clocks: list[float] = field(default_factory=list)  # the SM clock (MHz) over each visit; none without NVML
     error: str | None = None  # why it could not be built, queued or read back: its later visits are skipped
 
-
 class _Queued(NamedTuple):
     """A visit queued on the GPU, read back after the one synchronize."""
 
@@ -88,33 +77,28 @@ class _Queued(NamedTuple):
     start: Any  # StreamClock marks around it
     end: Any
 
-
 class JobQueue:
     """Builds jobs in batches that fit in memory and queues every visit of a batch back to back,
-    waiting for the GPU once; each job's samples, clocks and errors land in its :class:`JobVisits`,
-    each visit's GPU span and clock in ``timeline["jobs"]``."""
+    waiting once; each visit's GPU span and clock go to ``timeline["jobs"]``."""
 
     def __init__(self, make_job: Callable[[WorkItem, str], Any], visits: int, sampler: ClockSampler, prog: Any,
                  task: Any, timeline: dict[str, Any]) -> None:
         self.make_job, self.visits, self.sampler = make_job, visits, sampler
         self.prog, self.task, self.timeline = prog, task, timeline
-        # Set by the first error that leaves the CUDA context unusable (:func:`context_lost`): the
-        # cell and the error. Nothing is built or queued after it.
+        # The first error that left the CUDA context unusable, and its cell: nothing runs after it.
         self.stopped: str | None = None
 
     def measure(self, jobs: list[PlannedJob]) -> list[JobVisits]:
-        """Build and visit ``jobs``, a fresh :class:`JobVisits` each (a failed retry must not fail
-        the cells an earlier measurement had). After an error that lost the CUDA context
-        (:attr:`stopped`), those of the batches that ran before it: no later job could run."""
+        """Build and visit ``jobs``, a fresh :class:`JobVisits` each (a failed retry keeps the earlier
+        cells); after a lost CUDA context (:attr:`stopped`), those of the batches before it."""
         out: list[JobVisits] = []
         pending = [JobVisits(job) for job in jobs]
         while pending and self.stopped is None:
             batch = self.build(pending)
             pending = pending[len(batch):]  # a job that did not fit is first in the next batch
             built = [v for v in batch if v.error is None]
-            # Every visit of the batch in one queue: the power limiter swings the clock a few times a
-            # second, and a cell's samples spread over the run average it as a training job's steps
-            # do. Every other visit in reverse order, so that no job always runs at one end of it.
+            # Every visit in one queue, so a cell's samples average the power limiter's swings as a
+            # training job's steps do; every other visit reversed, so no job always runs at one end.
             sequence = [(n, v) for n in range(self.visits) for v in (built if n % 2 == 0 else built[::-1])]
             if self.stopped is None:
                 self.timeline["jobs"] += self.run(sequence)
@@ -134,9 +118,8 @@ class JobQueue:
             self.stopped = f"{v.job.precision} {v.job.label}: {v.error}"
 
     def build(self, pending: list[JobVisits]) -> list[JobVisits]:
-        """Build the next batch of jobs (module, operands, TE's first calls): host work, done before
-        any timing so that no timed call waits behind it. A job that fails to build records why;
-        running out of memory with jobs already built ends the batch instead (they hold the memory)."""
+        """Build the next batch of jobs before any timing, so no timed call waits behind host work.
+        A job that fails records why; out of memory with jobs built ends the batch instead."""
         limit = None
         if torch.cuda.is_available():
             limit = _MEMORY_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
@@ -164,9 +147,8 @@ class JobQueue:
         return batch
 
     def run(self, sequence: list[tuple[int, JobVisits]]) -> list[dict[str, Any]]:
-        """Queue every (visit, job) of ``sequence`` back to back, the host at most ``_JOBS_QUEUED``
-        jobs ahead of the GPU, then wait once and pool each job's samples. Returns one timeline
-        entry per visit of a job: its GPU span and the SM clock over it."""
+        """Queue every (visit, job) back to back, the host at most ``_JOBS_QUEUED`` jobs ahead of the
+        GPU, then wait once and pool each job's samples. Returns a timeline entry per visit."""
         try:
             return self._run(sequence)
         except RuntimeError as err:  # a wait or an event met the lost context: the batch is lost
@@ -218,19 +200,14 @@ class JobQueue:
                 v.clocks.append(ck["sm_clock_mhz_median"])
         return [q.entry for q in queued]
 
-
-# TE's C++ errors open with where they were raised, "<file>:<line> in function <f>: Assertion
-# failed: <expr>. ", before the sentence that says what is wrong (transformer_engine/common/util/logging.h).
+# TE's C++ errors open with "<file>:<line> in function <f>: Assertion failed: <expr>. " (common/util/logging.h).
 _TE_WHERE = re.compile(r"^\S+:\d+ in function \S+: (Assertion failed: .*?\. )?")
 
-
 def context_lost(reason: str) -> bool:
-    """Whether an error (its text) leaves the CUDA context unusable: a device-side fault is sticky,
-    every later CUDA call in the process fails with it ("CUDA error: ..." from torch, "CUDA Error:
-    ..." from TE, common/util/logging.h). Out of memory is not: it is said apart."""
+    """Whether an error (its text) leaves the CUDA context unusable: a device-side fault is sticky
+    ("CUDA error: ..." from torch and TE). Out of memory is not."""
     text = reason.lower()
     return "cuda error" in text and "out of memory" not in text
-
 
 def _reason(err: Exception) -> str:
     text = str(err).splitlines()[0] if str(err) else ""

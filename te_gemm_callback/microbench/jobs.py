@@ -1,28 +1,17 @@
-"""One job of the microbenchmark: a work item's three GEMM passes in one recipe, in each mode.
+"""One job of the microbenchmark: a work item's GEMM passes in one recipe, in each mode.
 
-Each work item (a linear layer's fprop shape, or a grouped MoE GEMM with its m_splits) is run as
-a real ``te.Linear`` / ``te.GroupedLinear`` forward and backward under the recipe, so dgrad and
-wgrad are the GEMMs TE's backward really calls: same layouts ("NN", "NT"), operand formats and
-scaling (FP8 block scaling with the 1D x 2D scaling training uses), not a forward with swapped
-sizes. Two modes:
+A TE job runs a real ``te.Linear`` / ``te.GroupedLinear`` forward and backward under the recipe,
+so dgrad and wgrad are the GEMMs TE's backward calls (layouts, operand formats, scaling). Modes:
 
 - ``autocast`` (what training pays, quantization included), per-iteration CUDA events:
-  fprop = the module's forward (input and weight quantization + GEMM);
-  wgrad = the wgrad GEMM (its operands were quantized by fprop and dgrad);
-  dgrad = backward minus the wgrad GEMM (grad-output quantization + dgrad GEMM).
-- ``prequantized`` (kernel time only): inside that same forward/backward, each GEMM call is
-  re-issued back-to-back with the operands TE built for it, so the quantization happened once,
-  outside the timed region, in exactly TE's formats.
+  fprop = the forward; wgrad = the wgrad GEMM; dgrad = backward minus the wgrad GEMM.
+- ``prequantized`` (kernel time only): each GEMM call of that forward/backward is re-issued back
+  to back with the operands TE built for it.
 
-A job is built once (module, operands, TE's first calls) and queued for several visits
-(:meth:`TeJob.queue`), none of which waits for the GPU; between timed calls a low-power rest gives
-the GEMMs a training step's share of the GPU's time (timing.between_calls). Without TE (or without
-CUDA) the torch backend times BF16 matmuls with the same three passes.
-
-A job times the passes its item runs and no other (a layer whose input needs no gradient has no
-dgrad: its te.Linear input then needs none either). A GEMM no TE recipe runs (a batched GEMM,
-or one without a weight: attention's bmm in eager code) is timed as the torch matmul it is, under
-every recipe: ``C = A @ B`` and its two input gradients ``dC B^T`` and ``A^T dC``.
+A job is built once and queued for several visits (:meth:`TeJob.queue`), none of which waits for
+the GPU; a low-power rest between timed calls gives the GEMMs a training step's share of the GPU
+(timing.between_calls). Without TE or CUDA, and for a GEMM no recipe runs (batched, weightless),
+torch BF16 matmuls time the same passes. A job times only the passes its item runs.
 """
 
 from __future__ import annotations
@@ -59,7 +48,6 @@ from te_gemm_callback.shapes import GemmOp
 Times = dict[tuple[GemmOp, str], list[float]]  # (pass, mode) -> per-call milliseconds
 Collect = Callable[[], Times]  # reads a job's times once the GPU has run it (after a synchronize)
 
-
 class _GemmTap:
     """Sits on TE's GEMM entry points during a job: records event pairs, or re-issues each call."""
 
@@ -71,7 +59,7 @@ class _GemmTap:
         self.events: list[tuple[str, Any, Any]] = []
         self.repeats: list[tuple[str, Pairs]] = []
         self._patched: list = []
-        self._depth = 0  # TE GEMM calls in progress: a TE GEMM can call another (see wrapper)
+        self._depth = 0  # TE GEMM calls in progress: a TE GEMM can call another
 
     def __enter__(self) -> _GemmTap:
         from te_gemm_callback.capture.te_adapter import patch_te_gemms
@@ -90,9 +78,8 @@ class _GemmTap:
         arg = arg_reader(orig)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # general_grouped_gemm calls general_gemm by its module name, which the tap also holds
-            # (TE cpp_extensions/gemm.py:428-496: row-scaled NVFP4 and debug quantizers): the inner
-            # call is part of the outer one's time, not a GEMM to time or re-issue on its own.
+            # general_grouped_gemm may call general_gemm, also tapped (TE cpp_extensions/gemm.py:
+            # row-scaled NVFP4, debug quantizers): the inner call is part of the outer one's time.
             if self._depth:
                 return orig(*args, **kwargs)
             self._depth += 1
@@ -105,8 +92,7 @@ class _GemmTap:
 
     def _call(self, orig: Callable, layout: str, args: tuple, kwargs: dict) -> Any:
         if self.mode == "repeat":  # operands are valid now: re-issue the call back-to-back
-            # A named range, so a profiler trace of the bench shows which pass each burst is
-            # (`benchmarks/bench_vs_job.py kernels` reads the kernels under it); outside the timed events.
+            # A named range, so a profiler trace shows each burst's pass (`bench_vs_job.py kernels`).
             with torch.profiler.record_function(f"te_gemm_bench: {LAYOUT_OP[layout]}"):
                 self.repeats.append((layout, launch_timed(lambda: orig(*args, **kwargs), self.n, self.flush,
                                                           self.burst_s)))
@@ -119,12 +105,9 @@ class _GemmTap:
             return out
         return orig(*args, **kwargs)
 
-
 class TeJob:
     """One work item under one recipe: a real ``te.Linear`` / ``te.GroupedLinear`` with its input
-    and output gradient, built once (:attr:`setup_s`: module build and TE/cuBLAS first calls) and
-    then measured in several visits (:meth:`queue`), so a cell's samples spread over the whole run
-    the way a training job's GEMMs spread over its steps."""
+    and output gradient, built once (:attr:`setup_s`) and measured in several visits (:meth:`queue`)."""
 
     def __init__(self, item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
                  tap: _GemmTap, share: float = 1.0, gemm_duty: float = GEMM_DUTY) -> None:
@@ -145,16 +128,14 @@ class TeJob:
         if item.m_splits:
             mod = te.GroupedLinear(len(item.m_splits), k, n, bias=False, params_dtype=bf16, device="cuda",
                                    **grouped_linear_options(te.GroupedLinear))
-            # Quantized grouped GEMMs need each expert's rows aligned; the job pads them, so do we
-            # (the padding rows are part of what the recipe costs).
+            # Quantized grouped GEMMs need each expert's rows aligned: the padding is part of the cost.
             splits = list(padded_splits(item.m_splits, precision))
             m = sum(splits)
             self.fwd: Callable[[torch.Tensor], torch.Tensor] = lambda x: mod(x, splits)
         else:
             mod = te.Linear(k, n, bias=False, params_dtype=bf16, device="cuda")
             self.fwd = mod
-        # Only the passes the job ran: no input gradient (dgrad) or weight gradient (wgrad) TE's
-        # backward would then skip; no backward at all for a forward-only GEMM.
+        # Only the passes the job ran: no dgrad or wgrad TE's backward would then skip.
         self.x = torch.randn(m, k, dtype=bf16, device="cuda", requires_grad=GemmOp.DGRAD in self.ops)
         self.dy = torch.randn(m, n, dtype=bf16, device="cuda")
         self.params = list(mod.parameters())
@@ -183,11 +164,10 @@ class TeJob:
             y.backward(self.dy)
 
     def queue(self) -> Collect:
-        """Queue one visit's timed calls; returns what reads their times after the caller's
-        synchronize. Never waits for the GPU: consecutive visits keep it at the sustained clock."""
+        """Queue one visit's timed calls, never waiting for the GPU; returns what reads their times
+        after the caller's synchronize."""
         plan, tap, between = self.plan, self.tap, self.between_iters
-        # If the GPU is idle (the run's first visit, or the host fell behind), it has its boost
-        # back: spend it before the first timed call (a busy GPU gets nothing extra).
+        # An idle GPU (first visit, or the host fell behind) has its boost back: spend it first.
         hold_gpu(0.0, plan.timed_s)
         tap.events, tap.repeats = [], []
         marks: list[list[Any]] = []
@@ -195,8 +175,8 @@ class TeJob:
             if "autocast" in self.modes:
                 tap.mode = "events"
                 marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(plan.iters)]
-                # Hold the GPU while the host queues every iteration: TE's Python per iteration can
-                # exceed a small layer's GPU time, and a drained queue would put idle gaps in the pairs.
+                # Hold the GPU while the host queues every iteration (TE's Python can outlast a small
+                # layer's GPU time: a drained queue would put idle gaps in the pairs).
                 hold_gpu(min(1.5 * plan.iters * self.host_s + 1e-3, 0.5), burst_s=plan.autocast_s)
                 for e0, e1, e2 in marks:
                     self.clear_grads()
@@ -234,11 +214,9 @@ class TeJob:
 
         return collect
 
-
 class TorchJob:
-    """BF16 matmuls with torch alone (CPU, a GPU without TE, or a GEMM no recipe runs): no
-    quantization, so both modes time the same products, the passes the item runs. Same interface
-    as :class:`TeJob`."""
+    """BF16 matmuls with torch alone (CPU, a GPU without TE, or a GEMM no recipe runs): both modes
+    time the same products. Same interface as :class:`TeJob`."""
 
     def __init__(self, item: WorkItem, modes: Iterable[str], share: float = 1.0, gemm_duty: float = GEMM_DUTY) -> None:
         t0 = time.perf_counter()
@@ -285,23 +263,17 @@ class TorchJob:
                 timed[op] = functools.partial(list, time_cpu(fn, n))
         return lambda: {(op, mode): read() for op, read in timed.items() for mode in self.modes}
 
-
 Job = TeJob | TorchJob
 
-
 def grouped_linear_options(cls: Callable) -> dict[str, Any]:
-    """Keyword arguments for ``te.GroupedLinear`` beyond the sizes. Its native grouped-tensor path
-    (use_grouped_tensor=True, or NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM=1 when the argument is
-    left None: module/grouped_linear.py:1640-1669) needs m_splits on the GPU, not the list the job
-    passes (:779-784), and calls a GEMM entry point the tap does not hold, so wgrad and
-    pre-quantized cells would be empty: the job asks for the per-expert GEMMs where TE takes the
-    argument (TE before it has only those)."""
+    """Keyword arguments for ``te.GroupedLinear`` beyond the sizes: the per-expert GEMMs where TE
+    takes ``use_grouped_tensor``. Its native grouped-tensor path needs m_splits on the GPU and calls
+    a GEMM entry point the tap does not hold (module/grouped_linear.py), so cells would be empty."""
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
         return {}
     return {"use_grouped_tensor": False} if "use_grouped_tensor" in params else {}
-
 
 @contextlib.contextmanager
 def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share: float,
@@ -317,7 +289,6 @@ def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share
         yield lambda item, precision: (TeJob(item, precision, modes, flush, tap, share, gemm_duty) if item.runs_recipe
                                        else TorchJob(item, modes, share, gemm_duty))
 
-
 def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
            share: float = 1.0, gemm_duty: float = 1.0) -> Times:
     """One job, built, measured once and read back: for the diagnostics of benchmarks/bench_vs_job.py
@@ -327,12 +298,10 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
     torch.cuda.synchronize()
     return collect()
 
-
 @dataclass(frozen=True)
 class JobPlan:
-    """How many timed calls a job makes, planned from a FLOP model rather than a timed trial: a
-    trial needs a synchronize, which idles the GPU, and an idle GPU gives its boost back
-    (timing.hold_gpu). ``share``: this visit's part of the cell's samples."""
+    """How many timed calls a job makes, planned from a FLOP model: a timed trial would need a
+    synchronize, and an idle GPU gets its boost back."""
 
     gemm_ms: float  # model estimate of one pass's GEMM
     iters: int  # autocast: forward+backward iterations, one sample of each pass per iteration
@@ -356,14 +325,12 @@ class JobPlan:
         return (self.autocast_s * ("autocast" in self.modes)
                 + self.passes * self.repeat_burst_s * ("prequantized" in self.modes))
 
-
 def plan_job(item: WorkItem, precision: str, modes: Iterable[str], share: float = 1.0) -> JobPlan:
     gemm_ms = 1e3 * gemm_seconds(item.fprop.flops, precision)
     passes = len(passes_of(item))
     return JobPlan(gemm_ms, iters=_share_iters(passes * gemm_ms, share, target_ms=60.0, lo=10, hi=30),
                    repeats=_share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50), modes=frozenset(modes),
                    passes=passes)
-
 
 def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int, hi: int) -> int:
     return adaptive_iters(estimate_ms, target_ms * share, math.ceil(lo * share), math.ceil(hi * share))

@@ -1,20 +1,12 @@
 """The host's cost of each captured TE module in each recipe, and the GPU time it adds beside its
 GEMMs: what the replay (te_gemm_callback.analysis.whatif) changes besides the GEMM kernels.
 
-Per module kind (:func:`~te_gemm_callback.capture.module_specs.spec_key`) one module per recipe is
-rebuilt with the captured class, features and weight shapes and run forward and backward:
-
-- host: the time each pass keeps the host, on an input of at most HOST_TOKENS tokens (TE's host
-  work does not grow with the tokens; its kernels do, and these run faster than the host launches
-  them, so no launch waits for the GPU), in rounds that visit every recipe in turn (a drift of the
-  host's speed falls on every recipe alike, and the replay reads their differences);
-- GPU: the module's kernels per pass on the captured input, from CUPTI's records, split into GEMM
-  kernels and the rest (quantization, amax, casts, norms, activations). One profiler session per
-  kind holds every recipe, cut apart at marker kernels.
-
-Also the host's extra cost per CUDA call and per ATen op while torch.profiler records CUDA
-activity (``cupti_call_tax_us``, ``profiler_op_tax_us``): the kernels step, where the replay's
-trace comes from, ran with it, the job's clean steps not. Rows are kept in the bench's cache.
+Per module kind (``module_specs.spec_key``) one module per recipe is rebuilt and run forward and
+backward: host time on at most HOST_TOKENS tokens (TE's host work does not grow with them), in
+rounds that visit every recipe in turn so that a drift of the host's speed falls on all alike; GPU
+kernels on the captured input from CUPTI, GEMM and other, one profiler session per kind cut apart
+at marker kernels. Also the host's extra cost per CUDA call and ATen op while torch.profiler
+records (the replay's trace was recorded so). Rows are kept in the bench's cache.
 """
 
 from __future__ import annotations
@@ -32,8 +24,7 @@ HOST_ROUNDS = 4  # rounds over the recipes
 HOST_PASSES = 3  # timed forward+backward passes per recipe in a round
 GPU_ITERS = 2  # profiled passes on the captured input: kernel times vary far less than the host's
 KEEP_GPU_BUSY = True  # host rounds timed behind a sleeping kernel (False: onto an idle GPU)
-# Each round's sleeping kernel lasts this share of the last round's host time: the GPU is busy for
-# most of the round, and never still asleep when the rounds end (the wait would be the bench's).
+# Each round's sleeping kernel lasts this share of the last round's host time: busy, never still asleep.
 BUSY_SHARE = 0.9
 _CYCLES_PER_S: list[float] = []  # torch.cuda._sleep's cycles per second on this GPU, once measured
 
@@ -54,11 +45,9 @@ def _build(spec: dict[str, Any], te: Any, dtype: Any) -> tuple[Any, int, int]:
     (m, k, n), = g.values()
     return getattr(te, cls)(k, n, **kw), m, k
 
-
 def _error(err: Exception) -> dict[str, str]:
     """A row that could not be measured, and why (one line, bounded)."""
     return {"error": f"{type(err).__name__}: {str(err)[:200]}"}
-
 
 class _Run:
     """One module, its inputs (host-timed, captured) and output gradients, run in one recipe."""
@@ -72,8 +61,7 @@ class _Run:
 
     def passes(self, n: int, which: str = "host") -> tuple[list[float], list[float]]:
         """Host µs of ``n`` forwards and backwards on input ``which``, in one autocast, as a step
-        enters it once around all its modules: the recipe's once-a-step work at its exit
-        (DelayedScaling's amax reduction and scale update) is not any module's."""
+        enters it once (the recipe's once-a-step work at its exit is not any module's)."""
         x = self.x[which]
         fwd, bwd = [], []
         with self.autocast(self.recipe):
@@ -89,10 +77,8 @@ class _Run:
                 bwd.append((t2 - t1) * 1e6)
         return fwd, bwd
 
-
 def _cycles_per_s(torch: Any) -> float:
-    """How many cycles of ``torch.cuda._sleep`` make a second on this GPU now (its SM clock),
-    from one 10-20 ms sleep between CUDA events; measured once per process."""
+    """Cycles of ``torch.cuda._sleep`` per second on this GPU, from one timed sleep, once per process."""
     if not _CYCLES_PER_S:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         cycles = 20_000_000
@@ -103,17 +89,14 @@ def _cycles_per_s(torch: Any) -> float:
         _CYCLES_PER_S.append(cycles / max(start.elapsed_time(end) / 1e3, 1e-6))
     return _CYCLES_PER_S[0]
 
-
 def _keep_busy(torch: Any, seconds: float) -> None:
-    """Queue one kernel that holds the GPU for about ``seconds``: the passes timed meanwhile queue
-    their kernels behind it, so only the host's side of them is timed, as in a job whose GPU has
-    work queued."""
+    """Queue one kernel that holds the GPU for about ``seconds``, so only the host's side of the
+    passes queued behind it is timed."""
     torch.cuda._sleep(max(int(seconds * _cycles_per_s(torch)), 1))
-
 
 def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
     """Median host µs of one forward and one backward per run, over rounds that visit every run,
-    timed while sleeping kernels keep the GPU busy (one per round, no sync between rounds)."""
+    each behind a sleeping kernel (no sync between rounds)."""
     for run in runs:
         run.passes(2)  # TE's first calls build workspaces and quantizers
     t0 = time.perf_counter()
@@ -135,10 +118,9 @@ def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
     return [{"host_fwd_us": round(statistics.median(f), 2), "host_bwd_us": round(statistics.median(b), 2)}
             for f, b in times]
 
-
 def _segments(records: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
-    """Each run's measured kernels in a session laid out as _gpu_rows lays it: a marker (the
-    session's first kernel), then per run its warm-up, a marker, its measured passes, a marker."""
+    """Each run's measured kernels in a session laid out by _gpu_rows: a marker (the first kernel),
+    then per run its warm-up, a marker, its measured passes, a marker."""
     recs = sorted(records, key=lambda r: r[1])
     if not recs:
         return []
@@ -146,10 +128,8 @@ def _segments(records: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
     cuts = [i for i, r in enumerate(recs) if r[0] == marker]
     return [recs[cuts[i] + 1:cuts[i + 1]] for i in range(1, len(cuts) - 1, 2)]
 
-
 def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
-    """(GEMM kernel µs, other kernel µs, kernels) per forward+backward on the captured input, per
-    run, from CUPTI's records of one session."""
+    """(GEMM kernel µs, other kernel µs, kernels) per forward+backward on the captured input, per run."""
     from te_gemm_callback.capture.kernel_profile import kernel_records
 
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
@@ -174,7 +154,6 @@ def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
     if len(rows) != len(runs):
         raise RuntimeError(f"{len(rows)} marked kernel segments for {len(runs)} recipes")
     return rows
-
 
 def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
               phases: dict[str, float] | None = None) -> dict[str, Any]:
@@ -204,7 +183,7 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
         for run, host, (gemm, other, n) in zip(runs, hosts, gpus):
             row[run.recipe] = {**host, "gpu_gemm_us": round(gemm, 2), "gpu_other_us": round(other, 2), "kernels": n}
     except Exception as err:
-        # A recipe that fails inside the rounds: measured again alone, so the others keep theirs.
+        # A recipe that failed inside the rounds: each measured again alone, so the others keep theirs.
         if len(runs) == 1:
             row[runs[0].recipe] = _error(err)
         else:
@@ -212,13 +191,10 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
                 row.update(_kind_row(spec, [run.recipe], te, torch, phases))
     return {r: row[r] for r in recipes}
 
-
 def recording_tax_us(torch: Any, calls: int = 1000) -> tuple[float, float]:
-    """Host µs more that a bare CUDA launch, and an ATen op that launches one kernel, cost while
-    torch.profiler records CUDA activity (a kernels step) than without it: medians over three
-    alternations of ``calls`` of each (``torch.cuda._sleep(0)``; an in-place add on one element),
-    the recorded ones inside one profiler session (each session's start and stop cost more than
-    all the calls). The op pays the launch's tax and the profiler's per-op callback."""
+    """Host µs more that a bare CUDA launch and a one-kernel ATen op cost while torch.profiler records
+    CUDA activity than without: medians over alternations of ``calls`` of each, the recorded ones
+    in one profiler session (starting one costs more than all the calls)."""
     x = torch.zeros(1, device="cuda")
     fns = (lambda: torch.cuda._sleep(0), lambda: x.add_(1))
 
@@ -246,10 +222,8 @@ def recording_tax_us(torch: Any, calls: int = 1000) -> tuple[float, float]:
     call_tax, op_tax = (statistics.median(rec[i]) - statistics.median(bare[i]) for i in range(2))
     return call_tax, op_tax
 
-
 class CostCache:
-    """Where measured rows are kept between runs (the bench's ResultCache: ``get_module`` and
-    ``put_module``), keyed on what they depend on: the GPU, the CPU (host times), torch and TE."""
+    """Measured rows kept between runs in the bench's ResultCache, keyed on the GPU, CPU, torch, TE."""
 
     def __init__(self, store: Any = None, where: str = "") -> None:
         self.store, self.where = store, where
@@ -267,14 +241,11 @@ class CostCache:
     def _key(self, parts: tuple[Any, ...]) -> str:
         return "|".join([self.where, f"module-cost {MODULE_COST_SCHEMA}", *map(str, parts)])
 
-
 def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
                          cache: CostCache | None = None) -> dict[str, Any]:
-    """{"schema", "kinds": {key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us,
-    kernels} or {"error"}}}, "modules": {name: key}, "cupti_call_tax_us", "profiler_op_tax_us",
-    "wall_s", "phases_s", "cached"} for the modules of ``specs``
-    (:func:`~te_gemm_callback.capture.module_specs.module_specs`) in each runnable ``recipes``;
-    rows found in ``cache`` are not measured again, rows measured are stored there."""
+    """{"schema", "kinds": {key: {recipe: row (_kind_row)}}, "modules": {name: key}, "cupti_call_tax_us",
+    "profiler_op_tax_us", "wall_s", "phases_s", "cached"} for the modules of ``specs`` in each of
+    ``recipes``; rows in ``cache`` are not measured again, rows measured are stored there."""
     import torch
 
     from te_gemm_callback.precisions import import_te

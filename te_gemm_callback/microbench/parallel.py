@@ -1,19 +1,12 @@
 """Spread a microbenchmark over several local GPUs: one process per GPU, every GPU running every job
 in the same order for its share of the visits, each cell's samples pooled over the GPUs.
 
-Why visits and not cells: under the power limit a GEMM's clock depends on the power of the work
-around it, so the GPUs must run the same mix. Dealing whole recipes to the GPUs gave each its own
-mix, so its own clock, and moved its cells in the direction of that clock (docs/multi-gpu.md). Each
-GPU builds every job (host work, not divided, and small beside the GPU work of the visits), then
-runs its share of the visits.
-
-Device 0's share runs in this process; every other device gets a fresh interpreter
-(``python -m te_gemm_callback.microbench.parallel SPEC OUT``) pinned to its GPU, so a crash or OOM there
-cannot take the caller down: its samples are missing and the run says so. Each worker's start
-(Python, torch and TE imports, a warm-up) takes longer than a small run's GPU work
-(docs/multi-gpu.md), so the workers are started before this module imports torch or TE (nothing
-above the launch needs them): their start-up overlaps this process's own. Every part looks cells up in the
-caller's cache file (read only), so all measure the same cells; the caller stores the pooled ones.
+Visits, not cells: under the power limit a GEMM's clock depends on the work around it, so every GPU
+must run the same mix (docs/multi-gpu.md). Device 0's share runs in this process; every other
+device gets a fresh interpreter (``python -m te_gemm_callback.microbench.parallel SPEC OUT``) pinned
+to its GPU, so a crash there cannot take the caller down. The workers are started before this
+module imports torch or TE, so that their start-up overlaps this process's own. Every part looks
+cells up in the caller's cache file (read only); the caller stores the pooled cells.
 """
 
 from __future__ import annotations
@@ -44,11 +37,9 @@ from te_gemm_callback.shapes import GemmOp, GemmShape
 if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
 
-
 def local_gpu_count() -> int:
-    """Visible GPUs without importing torch (the workers start before it loads): the entries of
-    CUDA_VISIBLE_DEVICES when set, else the GPUs ``nvidia-smi -L`` lists; 1 when neither says
-    (a CPU host runs one process)."""
+    """Visible GPUs without importing torch: CUDA_VISIBLE_DEVICES's entries when set, else the GPUs
+    ``nvidia-smi -L`` lists; 1 when neither says."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return max(1, len([d for d in visible.split(",") if d.strip()]))
@@ -58,33 +49,26 @@ def local_gpu_count() -> int:
         return 1
     return max(1, sum(line.startswith("GPU ") for line in out.splitlines()))
 
-
 def visit_shares(visits: int, devices: int) -> list[int]:
-    """Visits per device, as even as they go (the first devices take the remainder); a device with
-    no visit is not used."""
+    """Visits per device, as even as they go (the first take the remainder); none: not used."""
     return [s for d in range(devices) if (s := visits // devices + (d < visits % devices))]
-
 
 def _item_to_json(it: WorkItem) -> list:
     s = it.fprop
     return [it.name, s.m, s.k, s.n, str(s.op), s.batch, it.count, list(it.m_splits) if it.m_splits else None,
             it.weight, [[str(op), calls] for op, calls in it.passes]]
 
-
 def _item_from_json(row: list) -> WorkItem:
     name, m, k, n, op, batch, count, splits, weight, passes = row
     return WorkItem(name, GemmShape(m, k, n, GemmOp(op), batch), count, tuple(splits) if splits else None, weight,
                     tuple((GemmOp(o), c) for o, c in passes))
 
-
 @contextlib.contextmanager
 def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
-    """SIGTERM (timeout, SLURM, Kubernetes) and SIGHUP (the terminal or SSH session closed) handled
-    as Ctrl-C is: ``stop()`` kills the workers at once, in the handler, whatever the main thread was
-    doing; then the run unwinds and its temporary folder is removed. A SIGHUP that is ignored
-    (``nohup``) stays ignored. Only the main thread can take signals; SIGKILL cannot be caught at all:
-    the workers die with this process by themselves (:func:`_die_with_parent`) and the next run
-    removes the folder (:func:`_remove_stale_folders`)."""
+    """SIGTERM (timeout, SLURM, Kubernetes) and SIGHUP (terminal closed; unless ``nohup`` ignores it)
+    handled as Ctrl-C: ``stop()`` kills the workers at once, in the handler, then the run unwinds.
+    SIGKILL: the workers die by themselves (:func:`_die_with_parent`), the next run removes the
+    folder (:func:`_remove_stale_folders`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -111,25 +95,18 @@ def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    if got:
-        # The handler's KeyboardInterrupt can be swallowed where Python ignores exceptions (a signal
-        # landing in an import-lock or weakref callback prints "Exception ignored"): the run still
-        # ends as interrupted.
+    if got:  # the handler's KeyboardInterrupt was swallowed ("Exception ignored" in a callback)
         raise KeyboardInterrupt(f"signal {got[0]}")
 
-
 _TMP_PREFIX = "te_gemm_bench_"
-
 
 def _owner_tag() -> str:
     return f"{socket.gethostname()} {os.getpid()}"
 
-
 def _remove_stale_folders() -> None:
-    """Remove the temporary folders of earlier runs whose process is dead (a parent SIGKILLed, or
-    OOM-killed, cannot remove its own): this user's folders named ``te_gemm_bench_<pid>_*`` whose
-    ``owner`` file, if any, names this host. A pid reused since leaves the folder for a later run.
-    Caveat: a run in another PID namespace sharing this /tmp (another container) looks dead here."""
+    """Remove this user's ``te_gemm_bench_<pid>_*`` folders of earlier runs on this host (their
+    ``owner`` file) whose process is dead: a SIGKILLed parent cannot remove its own. Caveat: a run
+    in another PID namespace sharing this /tmp looks dead here."""
     host = socket.gethostname()
     try:
         folders = list(Path(tempfile.gettempdir()).glob(_TMP_PREFIX + "*"))
@@ -151,7 +128,6 @@ def _remove_stale_folders() -> None:
         if pid != os.getpid() and not _alive(pid):
             shutil.rmtree(folder, ignore_errors=True)
 
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -161,13 +137,10 @@ def _alive(pid: int) -> bool:
         return True
     return True
 
-
 def _die_with_parent(parent: int, folder: Path) -> None:
-    """In a worker: die when the caller dies, whatever killed it (SIGKILL included, which the
-    caller cannot forward). Linux: the kernel sends SIGKILL on the parent's death
-    (PR_SET_PDEATHSIG; it fires when the thread that started us exits, and run_bench_parallel's
-    thread waits for us). Elsewhere, and as a fallback: a thread polls the parent pid and removes
-    the temporary folder before exiting."""
+    """In a worker: die when the caller dies, SIGKILL included. Linux: PR_SET_PDEATHSIG (it fires
+    when the starting thread exits; run_bench_parallel's waits for us). Also: a thread polls the
+    parent pid and removes the temporary folder before exiting."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -188,13 +161,11 @@ def _die_with_parent(parent: int, folder: Path) -> None:
 
     threading.Thread(target=watch, name="te-gemm-parent-watch", daemon=True).start()
 
-
 def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
     spec_path, out_path, log_path = tmp / f"spec{device}.json", tmp / f"out{device}.json", tmp / f"log{device}.txt"
     spec_path.write_text(json.dumps(dict(spec, device=device)))
     log = open(log_path, "w")
-    # The worker imports this package from where this process found it (a checkout on sys.path
-    # need not be installed or be the working directory).
+    # The worker imports this package from where this process found it (maybe a checkout).
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen([sys.executable, "-m", "te_gemm_callback.microbench.parallel", str(spec_path),
@@ -204,14 +175,12 @@ def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Po
     log.close()  # the child holds its own handle
     return proc, out_path, log_path
 
-
 def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list[str], devices: int, *,
                        flush_l2: bool = False, cache: ResultCache | None = None,
                        visits: int | None = None, gemm_duty: float | None = None, progress: bool = False,
                        console: Any = None) -> BenchResults:
     """``run_bench`` over ``devices`` local GPUs, the visits split between them and each cell's
-    samples pooled (returns run_bench's BenchResults); every measured cell goes into ``cache``.
-    The progress bar, if any, follows device 0's share."""
+    samples pooled; measured cells go into ``cache``. The progress bar follows device 0's share."""
     _check_parallel(devices, visits, gemm_duty)
     _remove_stale_folders()
     if visits is not None:  # fewer visits than devices: the extra devices would have nothing to do
@@ -256,11 +225,9 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
             raise
     return _pooled(parts, own, cache, failed, t0)
 
-
 def _check_parallel(devices: int, visits: int | None, gemm_duty: float | None) -> None:
-    """The arguments, checked before any worker starts (one torch process each: thousands filled
-    the memory). Two processes stay allowed on a host without GPUs: the split and pooling are
-    tested there."""
+    """The arguments, checked before any worker starts. Two processes stay allowed on a host
+    without GPUs: the split and pooling are tested there."""
     if devices < 1:
         raise ValueError("--devices must be >= 1")
     if devices > max(2, local_gpu_count()):
@@ -271,10 +238,8 @@ def _check_parallel(devices: int, visits: int | None, gemm_duty: float | None) -
     if gemm_duty is not None and not MIN_GEMM_DUTY <= gemm_duty <= 1.0:  # before the workers start, not in them
         raise ValueError(f"gemm_duty must be in [{MIN_GEMM_DUTY:g}, 1], got {gemm_duty}")
 
-
 def _pooled(parts: list[Any], own: Any, cache: ResultCache, failed: dict[int, str], t0: float) -> BenchResults:
-    """Every device's samples pooled per cell, this process's measured cells cached, and the run's
-    meta per device."""
+    """Every device's samples pooled per cell, the measured cells cached, and meta per device."""
     from te_gemm_callback.microbench.results import BenchResults, pool_parts
 
     results = pool_parts([p for p in parts if p.results])
@@ -299,7 +264,6 @@ def _pooled(parts: list[Any], own: Any, cache: ResultCache, failed: dict[int, st
         meta["mixed_devices"] = "the GPUs differ; each cell pools samples from all of them"
     return BenchResults(results, own.skipped, meta)
 
-
 def _own_share(items: list[WorkItem], spec: dict[str, Any], progress: bool, console: Any) -> BenchResults:
     """Device 0's share, in this process, once the workers have started."""
     import torch
@@ -311,11 +275,10 @@ def _own_share(items: list[WorkItem], spec: dict[str, Any], progress: bool, cons
     assert own is not None  # device 0 always has a visit (visit_shares)
     return own
 
-
 def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = False,
                console: Any = None) -> BenchResults | None:
     """Device ``spec["device"]``'s share of the visits (None if it has none), cells looked up in the
-    caller's cache file, read only. The caller and every worker split the same total the same way."""
+    caller's cache file, read only."""
     import torch
 
     from te_gemm_callback.microbench.engine import default_visits, run_bench
@@ -331,13 +294,11 @@ def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = Fal
     res.meta["device_index"] = spec["device"]
     return res
 
-
 def _part_from_json(d: dict[str, Any]) -> BenchResults:
     from te_gemm_callback.microbench.results import BenchResults
 
     samples = {tuple(tuple(x) if isinstance(x, list) else x for x in cell): (ts, cs) for cell, ts, cs in d["samples"]}
     return BenchResults([BenchResult(**r) for r in d["results"]], d["skipped"], d["meta"], samples)
-
 
 def _worker_main(spec_path: str, out_path: str, parent: str | None = None) -> int:
     if parent is not None:
@@ -347,15 +308,15 @@ def _worker_main(spec_path: str, out_path: str, parent: str | None = None) -> in
 
     if torch.cuda.is_available():
         torch.cuda.set_device(spec["device"])
+    from te_gemm_callback.microbench.results import BenchResults
+
     res = _run_share([_item_from_json(row) for row in spec["items"]], spec)
     if res is None:  # fewer visits than devices (the CPU's default is one): nothing for this one
-        Path(out_path).write_text(json.dumps({"results": [], "skipped": {}, "meta": {}, "samples": []}))
-        return 0
+        res = BenchResults([])
     Path(out_path).write_text(json.dumps({
         "results": [asdict(r) for r in res.results], "skipped": res.skipped, "meta": res.meta,
         "samples": [[list(cell), ts, cs] for cell, (ts, cs) in res.samples.items()]}))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(_worker_main(*sys.argv[1:4]))

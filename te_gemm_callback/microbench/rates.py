@@ -1,18 +1,9 @@
 """The rate model the microbenchmark plans with before it measures: one GEMM's expected time per recipe.
 
-It sizes things (iteration counts, heat, the split over GPUs) and, through ``timing.between_calls``,
-the rest between timed calls: ``model time * (1 / duty - 1)``. A model slower or faster than the
-GPU by a different factor per recipe gives each recipe another duty cycle, and under a power limit
-another clock. So the rates follow the GPU: they are fitted on an H200 and rescaled by the peaks
-``timing.measure_peaks`` takes on this one (:func:`set_rate_model`, called once the run has them).
-
-Numbers used:
-- H200, BF16: 650 TFLOP/s sustained under its power limit; FP8 recipes 1.7x that. The references
-  are the mean of two measure_peaks runs there, 693 TFLOP/s BF16 and 1379 FP8 (docs/results/h200.md,
-  facts the code relies on: rate model). A peak within 5% of its reference is the spread of one GPU
-  model between runs and hosts, not another GPU: the H200 model is kept as it is (no change there).
-- NVFP4: 3.5x the BF16 rate. No FP4 peak is measured; the ratio is that of TE's B300 layer's NVFP4
-  and BF16 rates (docs/results/h200.md, facts the code relies on: rate model).
+It sizes iteration counts, heat, the split over GPUs and the rest between timed calls
+(``timing.between_calls``), so it must follow this GPU: fitted on an H200 (BF16 650 TFLOP/s
+sustained, FP8 1.7x, NVFP4 3.5x: docs/results/h200.md, facts the code relies on) and rescaled by the
+peaks ``timing.measure_peaks`` takes here; a peak within 5% of the H200's keeps the H200 model.
 """
 
 from __future__ import annotations
@@ -25,11 +16,10 @@ from te_gemm_callback.microbench.cells import FP8_FAMILY
 H200_BF16_FLOPS = 6.5e14
 FP8_OVER_BF16 = 1.7
 NVFP4_OVER_BF16 = 3.5
-H200_PEAKS_TFLOPS = {"bf16": 693.0, "fp8": 1379.0}
+H200_PEAKS_TFLOPS = {"bf16": 693.0, "fp8": 1379.0}  # mean of two measure_peaks runs on an H200
 SAME_GPU = 0.05
 
 _RATES: dict[str, float] = {}
-
 
 def _scale(peaks: Mapping[str, float], kind: str) -> float:
     """This GPU's measured peak over the H200's, 1.0 within SAME_GPU of it or where none was measured."""
@@ -39,22 +29,19 @@ def _scale(peaks: Mapping[str, float], kind: str) -> float:
     r = p / H200_PEAKS_TFLOPS[kind]
     return 1.0 if abs(r - 1.0) <= SAME_GPU else r
 
-
 def set_rate_model(peaks: Mapping[str, float] | None) -> dict[str, float]:
-    """Rescale the model to this GPU's measured peaks (``measure_peaks``: TFLOP/s of "bf16" and, where
-    measured, "fp8"); None or {} restores the H200 model. Returns the rates now used (TFLOP/s)."""
+    """Rescale the model to this GPU's peaks (TFLOP/s of "bf16" and maybe "fp8"); None or {} restores
+    the H200 model. Returns the rates now used (TFLOP/s)."""
     peaks = peaks or {}
     bf16 = H200_BF16_FLOPS * _scale(peaks, "bf16")
     fp8 = H200_BF16_FLOPS * FP8_OVER_BF16 * _scale(peaks, "fp8") if peaks.get("fp8") else bf16 * FP8_OVER_BF16
     _RATES.update(bf16=bf16, fp8=fp8, nvfp4=bf16 * NVFP4_OVER_BF16)
     return {k: v / 1e12 for k, v in _RATES.items()}
 
-
 def gemm_seconds(flops: float, precision: str) -> float:
-    """Model estimate of one GEMM's time: what the microbenchmark plans with before it measures."""
+    """Model estimate of one GEMM's time (seconds)."""
     if precision == "NVFP4BlockScaling":
         return flops / _RATES["nvfp4"]
     return flops / _RATES["fp8" if precision in FP8_FAMILY else "bf16"]
-
 
 set_rate_model(None)

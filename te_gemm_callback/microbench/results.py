@@ -16,7 +16,6 @@ from te_gemm_callback.shapes import GemmOp, GemmShape
 
 SCHEMA = BENCH_SCHEMA
 
-
 @dataclass
 class BenchResults:
     """Every cell of a run (cached, measured or failed), the recipes it skipped and why, and the
@@ -57,7 +56,6 @@ class BenchResults:
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: malformed te-gemm bench result: {type(err).__name__}: {err}") from None
 
-
 def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[float], peaks: dict) -> BenchResult:
     r.median_ms, r.q1_ms, r.q3_ms = stats(times)
     r.iters = len(times)
@@ -68,7 +66,6 @@ def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[flo
     r.sm_clock_mhz = statistics.median(clocks) if clocks else None
     r.noisy = r.above_spread_limit  # cleared if a later attempt is quieter (engine.BenchRun._remeasure)
     return r
-
 
 def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
     """One run's results from the parts of a multi-GPU run (microbench/parallel.py): each part ran the
@@ -89,7 +86,6 @@ def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
         out.append(r)
     return out
 
-
 def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
             ops: tuple[GemmOp, ...] | None = None) -> float | None:
     """GEMM time of one call of a work item: each pass it runs at its calls per call of the item
@@ -104,7 +100,6 @@ def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
             return None
         total += (r.median_ms or 0.0) * item.calls_of(s.op)  # set on an ok cell
     return total
-
 
 def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
     """Items as this bench run measured them: where a grouped GEMM's representative m_splits were
@@ -131,7 +126,6 @@ def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
         out += [replace(it, count=it.count * scale) for it in kept]
     return out
 
-
 def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
             fallback: str | None = None) -> float | None:
     """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config).
@@ -150,7 +144,6 @@ def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
             return None
         total += it.count * t
     return total
-
 
 def fallback_items(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
                    fallback: str = "BF16") -> list[tuple[WorkItem, str]]:

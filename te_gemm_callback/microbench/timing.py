@@ -15,24 +15,18 @@ import torch
 
 from te_gemm_callback.microbench.rates import gemm_seconds
 
-# Hold the GPU long enough for the CPU to queue the timed launches ahead of it, so launch latency
-# and Python overhead never show between two GEMMs (the same idea as triton's do_bench).
+# Hold the GPU while the CPU queues the timed launches, so launch latency never shows between two
+# GEMMs (as triton's do_bench does).
 _HOLD_PER_CALL_S = 20e-6
 _HOLD_MAX_S = 0.5
 
-# The boost budget: a GPU that idled even briefly runs dense GEMMs faster for the first moments of
-# load (boost clock), then settles at the clock a sustained training job runs at; the job's GEMMs
-# take the settled time (docs/benchmark-methodology.md, "Timing at the clock a training step runs
-# at"; `benchmarks/bench_vs_job.py burst` measures it). So a timed burst must never start on an
-# idle GPU: when the stream has nothing queued, it is first loaded with dense GEMMs for
-# HEAT_PER_BURST times the burst's expected GPU time, at most HEAT_MAX_S, about as long as the
-# boost lasts (a job whose GEMMs are that short does not hold the GPU at its power limit either).
+# A GPU that idled runs dense GEMMs at its boost clock for a moment, then settles at the clock
+# training runs at (docs/benchmark-methodology.md). So a burst never starts on an idle GPU: it is
+# first loaded for HEAT_PER_BURST times the burst's expected time, at most HEAT_MAX_S (the boost's length).
 HEAT_MAX_S = 0.15
 HEAT_PER_BURST = 4.0
-# What the heat cost, for the run's timeline: GPU seconds of dense load queued to spend the boost
-# (heat_s) and to cover the host's queuing time (hold_s), and how many holds found the GPU idle.
+# GPU seconds queued to spend the boost (heat_s) and to cover the host's queuing (hold_s), for the timeline.
 HEAT_LOG = {"heat_s": 0.0, "hold_s": 0.0, "idle_holds": 0, "holds": 0}
-
 
 def heat_seconds(hold_s: float, idle: bool, burst_s: float | None = None) -> float:
     """How long to load the GPU before a burst: the hold the host needs to queue it, and, if the
@@ -41,7 +35,6 @@ def heat_seconds(hold_s: float, idle: bool, burst_s: float | None = None) -> flo
         return hold_s
     heat = HEAT_MAX_S if burst_s is None else min(HEAT_MAX_S, HEAT_PER_BURST * burst_s)
     return max(hold_s, heat)
-
 
 class _Heater:
     """Dense BF16 GEMMs (n x n times n x n/4) that keep the GPU at sustained load (one per device)."""
@@ -66,10 +59,8 @@ class _Heater:
         for _ in range(max(1, math.ceil(seconds / self.call_s))):
             self.mm()
 
-
 class _Spin:
-    """Where even a small heater does not fit in GPU memory: hold the GPU with a spin kernel (the
-    calls still queue without gaps, but a burst after idle may then run at the boost clock)."""
+    """A spin kernel where no heater fits in GPU memory (no gaps, but maybe the boost clock)."""
 
     call_s = 1e-3
 
@@ -79,9 +70,7 @@ class _Spin:
     def load(self, seconds: float) -> None:
         torch.cuda._sleep(int(seconds * 2e9))
 
-
 _HEATERS: dict[int, _Heater | _Spin] = {}
-
 
 def _heater() -> _Heater | _Spin:
     dev = torch.cuda.current_device()
@@ -98,8 +87,10 @@ def _heater() -> _Heater | _Spin:
             _HEATERS[dev] = _Spin()
     return _HEATERS[dev]
 
-
-def _load(hold_s: float, idle: bool, burst_s: float | None) -> None:
+def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
+    """Queue dense GEMMs ahead of the caller's next launches, without waiting: at least ``hold_s``,
+    and on an idle GPU enough to spend the boost (:func:`heat_seconds`)."""
+    idle = torch.cuda.current_stream().query()  # True when nothing is queued
     seconds = heat_seconds(hold_s, idle, burst_s)
     HEAT_LOG["holds"] += 1
     HEAT_LOG["idle_holds"] += int(idle)
@@ -108,20 +99,10 @@ def _load(hold_s: float, idle: bool, burst_s: float | None) -> None:
     if seconds > 0:  # a busy GPU and nothing to hold: queue nothing
         _heater().load(seconds)
 
-
-def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
-    """Queue dense GEMMs ahead of what the caller launches next, without waiting for them: at
-    least ``hold_s`` (the host's time to queue the burst), and if the stream is empty (the GPU is
-    idle, its boost back) enough to spend the boost (:func:`heat_seconds`)."""
-    _load(hold_s, torch.cuda.current_stream().query(), burst_s)  # query: True when nothing is queued
-
-
 class StreamClock:
-    """When the GPU reached points of the stream, in host time (``time.perf_counter()``), without
-    waiting at each point: an anchor event is recorded on an empty stream (its host time is then
-    known), later marks are read against it after the caller's one synchronize. On CPU a mark is
-    the host time itself. Lets a run that queues many jobs ahead of the GPU still say when each ran
-    on the GPU, and so at what SM clock (clocks.ClockSampler)."""
+    """When the GPU reached points of the stream, in host time, read after one synchronize against
+    an anchor event recorded on an empty stream (on CPU a mark is the host time itself): so a run
+    that queues jobs ahead of the GPU can say when each ran, and at what SM clock."""
 
     def __init__(self) -> None:
         self.cuda = torch.cuda.is_available()
@@ -153,26 +134,18 @@ class StreamClock:
         """Host time at which the GPU reached ``mark`` (after :meth:`wait`)."""
         return mark if not self.cuda else self.t0 + self.anchor.elapsed_time(mark) / 1e3
 
-
-# The share of GPU time the timed GEMMs get by default. In a training step the GEMMs share the GPU
-# with norms, casts, attention and the optimizer, which draw less power; under the power limit that
-# leaves the GEMMs a higher clock than back-to-back GEMMs get, so back-to-back cells read slow. 0.75
-# lies within the GEMM shares of BF16 and FP8 training steps, and at it the cells agree with the
-# same GEMMs timed inside training (docs/benchmark-methodology.md).
+# The timed GEMMs' default share of GPU time: in a training step other kernels draw less power, so
+# under the power limit GEMMs clock higher than back to back. At 0.75, within BF16 and FP8 steps'
+# GEMM shares, cells agree with the same GEMMs timed in training (docs/benchmark-methodology.md).
 GEMM_DUTY = 0.75
-# A spin kernel counts SM cycles; this many make about a second at the sustained clock of a
-# power-limited GPU (docs/benchmark-methodology.md). The rest only needs to be about right: it sets
-# a duty cycle, not a time.
+# Spin-kernel cycles per second at a power-limited GPU's sustained clock: about right is enough.
 _SPIN_HZ = 1.5e9
-
 
 def between_calls(flush: Callable[[], None] | None, gemm_duty: float,
                   call_s: float) -> Callable[[], None] | None:
     """What runs between two timed calls, outside their events: the L2 flush if asked, then, with
-    ``gemm_duty`` < 1, a low-power rest (a one-thread spin) of ``call_s * (1 / gemm_duty - 1)``, so
-    the timed GEMMs get ``gemm_duty`` of the GPU's time, as in a training step whose other kernels
-    (norms, casts, attention, optimizer) draw less power. Under a power limit that share sets the
-    clock the GEMMs run at (docs/results/h200.md)."""
+    ``gemm_duty`` < 1, a low-power spin of ``call_s * (1 / gemm_duty - 1)``, so the timed GEMMs
+    get ``gemm_duty`` of the GPU's time, the share that sets their clock in training."""
     if not 0.0 < gemm_duty <= 1.0:
         raise ValueError(f"gemm_duty must be in (0, 1], got {gemm_duty}")
     cycles = int(call_s * (1.0 / gemm_duty - 1.0) * _SPIN_HZ)
@@ -182,14 +155,12 @@ def between_calls(flush: Callable[[], None] | None, gemm_duty: float,
         return lambda: torch.cuda._sleep(cycles)
     return lambda: (flush(), torch.cuda._sleep(cycles))[0]
 
-
 def stats(times: list[float]) -> tuple[float, float, float]:
     """(median, first quartile, third quartile)."""
     if len(times) == 1:
         return times[0], times[0], times[0]
     q = statistics.quantiles(times, n=4, method="inclusive")
     return statistics.median(times), q[0], q[2]
-
 
 class L2Flush:
     """Overwrite a buffer twice the L2 size between timed calls (outside the event pair)."""
@@ -202,22 +173,15 @@ class L2Flush:
     def __call__(self) -> None:
         self.buf.zero_()
 
-
 Pairs = list[tuple[Any, Any]]  # (start, end) CUDA events of one call each
-
 
 def launch_timed(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None,
                  burst_s: float | None = None) -> Pairs:
-    """Queue ``n`` back-to-back calls of ``fn``, each between a CUDA event pair; read the times
-    with :func:`elapsed` after a synchronize. Nothing here waits for the GPU, so consecutive bursts
-    keep it busy (an idle gap would give the boost back).
-
-    One untimed call first measures the host time per call; dense GEMMs then hold the GPU long
-    enough for the host to queue all ``n`` calls, so a CPU-bound launch (TE's Python per call)
-    never leaves the GPU idle inside a timed pair, and on an idle GPU long enough to spend the
-    boost (:func:`hold_gpu`; ``burst_s``: the burst's expected GPU time), so the calls run at the
-    sustained clock.
-    """
+    """Queue ``n`` back-to-back calls of ``fn``, each between a CUDA event pair (read with
+    :func:`elapsed` after a synchronize), without waiting for the GPU. One untimed call measures the
+    host time per call; dense GEMMs then hold the GPU while the host queues all ``n`` (no idle gap
+    inside a pair) and, if it is idle, spend its boost (:func:`hold_gpu`; ``burst_s``: the burst's
+    expected GPU time)."""
     t = time.perf_counter()
     fn()
     host_s = time.perf_counter() - t
@@ -231,11 +195,9 @@ def launch_timed(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None
         end.record()
     return pairs
 
-
 def elapsed(pairs: Pairs) -> list[float]:
     """Per-call GPU times (ms) of event pairs whose work has completed."""
     return [s.elapsed_time(e) for s, e in pairs]
-
 
 def time_cuda(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None,
               burst_s: float | None = None) -> list[float]:
@@ -243,7 +205,6 @@ def time_cuda(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = 
     pairs = launch_timed(fn, n, flush, burst_s)
     torch.cuda.synchronize()  # read back after the last call: nothing timed waits on the host
     return elapsed(pairs)
-
 
 def time_cpu(fn: Callable[[], Any], n: int) -> list[float]:
     out = []
@@ -253,33 +214,23 @@ def time_cpu(fn: Callable[[], Any], n: int) -> list[float]:
         out.append((time.perf_counter() - t) * 1e3)
     return out
 
-
 def adaptive_iters(estimate_ms: float, target_ms: float = 40.0, lo: int = 7, hi: int = 60) -> int:
-    """Enough calls for ~target_ms of measurement, bounded so that small GEMMs get many samples
-    and huge ones do not take seconds."""
+    """Enough calls for ~target_ms of measurement, within [lo, hi]."""
     if estimate_ms <= 0:
         return hi
     return int(min(hi, max(lo, target_ms / estimate_ms)))
 
-
 WARM_UP_S = 0.3
 
-
 def spend_boost(seconds: float = WARM_UP_S) -> None:
-    """Queue ``seconds`` of dense load without waiting: an idle GPU sits at a low clock; under load
-    it boosts to its highest and, after a moment, settles where sustained training runs, and the
-    timed calls must find it settled (docs/benchmark-methodology.md)."""
+    """Queue ``seconds`` of dense load without waiting, so the timed calls find the clock settled."""
     HEAT_LOG["heat_s"] += seconds
     _heater().load(seconds)
 
-
 def warm_up_gpu(seconds: float = WARM_UP_S) -> None:
-    """Load the GPU for ``seconds`` before the first cell (CUDA, cuBLAS and the heater initialise,
-    the idle boost is spent) and wait for it; every burst after this one is heated the same way
-    when it finds the GPU idle (:func:`hold_gpu`)."""
+    """Load the GPU for ``seconds`` before the first cell (initialisation, idle boost spent) and wait."""
     _heater().load(seconds)
     torch.cuda.synchronize()
-
 
 def device_conditions() -> dict[str, Any]:
     """Device name, clocks and versions: every result carries them."""
@@ -306,10 +257,8 @@ def device_conditions() -> dict[str, Any]:
             pass
     return out
 
-
 def cpu_model() -> str:
-    """This host's CPU model: /proc/cpuinfo's "model name" (Linux x86; Arm kernels write none),
-    else what Python's platform module says, else "unknown CPU model"."""
+    """/proc/cpuinfo's "model name" (Linux x86), else what the platform module says."""
     import platform
 
     try:
@@ -321,31 +270,28 @@ def cpu_model() -> str:
         pass
     return platform.processor() or platform.machine() or "unknown CPU model"
 
-
 def measure_peaks(cache: dict[str, Any], device: str) -> dict[str, float]:
-    """Dense-GEMM ceilings of this device (TFLOP/s), measured once and cached per device.
-
-    8192^3 products: BF16 through torch.matmul, FP8 through torch._scaled_mm (E4M3, per-tensor
-    scales), large enough to reach the ceiling; what they give on an H200 is in
-    docs/benchmark-methodology.md.
-    """
+    """Dense-GEMM ceilings of this device (TFLOP/s), cached per device: 8192^3 products in BF16
+    (torch.matmul) and FP8 (torch._scaled_mm, E4M3, per-tensor scales)."""
     if device in cache:
         return cache[device]
     n = 8192
     flops = 2 * n**3
-    peaks: dict[str, float] = {}
+
+    def tflops(fn: Callable[[], Any], precision: str) -> float:
+        return flops / (stats(time_cuda(fn, 10, burst_s=10 * gemm_seconds(flops, precision)))[0] * 1e-3) / 1e12
+
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    peaks["bf16"] = flops / (stats(time_cuda(lambda: a @ b, 10, burst_s=10 * gemm_seconds(flops, "BF16")))[0]
-                             * 1e-3) / 1e12
+    peaks = {"bf16": tflops(lambda: a @ b, "BF16")}
     if torch.cuda.get_device_capability() >= (8, 9) and hasattr(torch, "_scaled_mm"):
         try:
             a8 = a.to(torch.float8_e4m3fn)
             b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major second operand
             one = torch.ones((), device="cuda")
-            fn = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
-            burst_s = 10 * gemm_seconds(flops, "DelayedScaling")  # an FP8 recipe's rate
-            peaks["fp8"] = flops / (stats(time_cuda(fn, 10, burst_s=burst_s))[0] * 1e-3) / 1e12
+            # An FP8 recipe's rate sizes the burst.
+            peaks["fp8"] = tflops(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16),
+                                  "DelayedScaling")
         except (RuntimeError, TypeError):
             pass
     cache[device] = peaks
