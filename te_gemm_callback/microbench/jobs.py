@@ -1,17 +1,10 @@
 """One job of the microbenchmark: a work item's GEMM passes in one recipe, in each mode.
 
 A TE job runs a real ``te.Linear`` / ``te.GroupedLinear`` forward and backward under the recipe,
-so dgrad and wgrad are the GEMMs TE's backward calls (layouts, operand formats, scaling). Modes:
-
-- ``autocast`` (what training pays, quantization included), per-iteration CUDA events:
-  fprop = the forward; wgrad = the wgrad GEMM; dgrad = backward minus the wgrad GEMM.
-- ``prequantized`` (kernel time only): each GEMM call of that forward/backward is re-issued back
-  to back with the operands TE built for it.
-
-A job is built once and queued for several visits (:meth:`TeJob.queue`), none of which waits for
-the GPU; a low-power rest between timed calls gives the GEMMs a training step's share of the GPU
-(timing.between_calls). Without TE or CUDA, and for a GEMM no recipe runs (batched, weightless),
-torch BF16 matmuls time the same passes. A job times only the passes its item runs.
+so dgrad and wgrad are the GEMMs TE's backward calls. ``autocast`` mode (quantization included)
+times with per-iteration events: fprop = the forward, wgrad = its GEMM, dgrad = backward minus it.
+``prequantized`` mode (kernels only) re-issues each GEMM call back to back with TE's operands.
+Without TE or CUDA, and for a GEMM no recipe runs, torch BF16 matmuls time the same passes.
 """
 
 from __future__ import annotations
@@ -52,7 +45,7 @@ class _GemmTap:
     """Sits on TE's GEMM entry points during a job: records event pairs, or re-issues each call."""
 
     def __init__(self) -> None:
-        self.mode = "off"
+        self.mode = "off"  # "events": time each call; "repeat": re-issue it n times, timed
         self.n = 10
         self.burst_s: float | None = None
         self.flush: Callable[[], None] | None = None
@@ -91,7 +84,7 @@ class _GemmTap:
         return wrapper
 
     def _call(self, orig: Callable, layout: str, args: tuple, kwargs: dict) -> Any:
-        if self.mode == "repeat":  # operands are valid now: re-issue the call back-to-back
+        if self.mode == "repeat":  # operands are valid now
             # A named range, so a profiler trace shows each burst's pass (`bench_vs_job.py kernels`).
             with torch.profiler.record_function(f"te_gemm_bench: {LAYOUT_OP[layout]}"):
                 self.repeats.append((layout, launch_timed(lambda: orig(*args, **kwargs), self.n, self.flush,
@@ -145,7 +138,7 @@ class TeJob:
         self.iteration()  # TE/cuBLAS initialisation; delayed scaling starts its amax history
         t = time.perf_counter()
         self.iteration()
-        self.host_s = time.perf_counter() - t  # host time of one forward+backward (sizes the holds)
+        self.host_s = time.perf_counter() - t  # sizes the holds
         self.setup_s = time.perf_counter() - t0
 
     def forward(self) -> torch.Tensor:
@@ -164,8 +157,7 @@ class TeJob:
             y.backward(self.dy)
 
     def queue(self) -> Collect:
-        """Queue one visit's timed calls, never waiting for the GPU; returns what reads their times
-        after the caller's synchronize."""
+        """Queue one visit's timed calls without waiting; returns what reads them after a synchronize."""
         plan, tap, between = self.plan, self.tap, self.between_iters
         # An idle GPU (first visit, or the host fell behind) has its boost back: spend it first.
         hold_gpu(0.0, plan.timed_s)
@@ -192,7 +184,7 @@ class TeJob:
                 tap.mode, tap.flush = "repeat", self.between_repeats
                 tap.n, tap.burst_s = plan.repeats, plan.repeat_burst_s
                 self.iteration()
-        finally:  # a job that raised must not leave the next job's setup calls timed or re-issued
+        finally:  # the next job's setup calls are neither timed nor re-issued
             tap.mode = "off"
         events, repeats = tap.events, tap.repeats
 
@@ -200,9 +192,8 @@ class TeJob:
             out: Times = {}
             if marks:
                 wgrad = [s.elapsed_time(e) for lay, s, e in events if lay == "NT"]
-                fwd_ms = [a.elapsed_time(b) for a, b, _ in marks]
                 bwd_ms = [b.elapsed_time(c) for _, b, c in marks]
-                out[(GemmOp.FPROP, "autocast")] = fwd_ms
+                out[(GemmOp.FPROP, "autocast")] = [a.elapsed_time(b) for a, b, _ in marks]
                 if GemmOp.WGRAD in self.ops:
                     out[(GemmOp.WGRAD, "autocast")] = wgrad
                 if GemmOp.DGRAD in self.ops:  # backward minus its wgrad GEMM, where it ran one
@@ -278,8 +269,7 @@ def grouped_linear_options(cls: Callable) -> dict[str, Any]:
 @contextlib.contextmanager
 def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share: float,
                 gemm_duty: float = GEMM_DUTY) -> Iterator[Callable[[WorkItem, str], Job]]:
-    """``with job_factory(...) as make: job = make(item, precision)``. With TE, TE's GEMM entry
-    points are tapped for the whole block (the jobs' timed calls go through them)."""
+    """``with job_factory(...) as make: job = make(item, precision)``; with TE, its GEMMs tapped."""
     modes = list(modes)
     if not use_te:
         yield lambda item, precision: TorchJob(item, modes, share, gemm_duty)
@@ -291,8 +281,7 @@ def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share
 
 def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
            share: float = 1.0, gemm_duty: float = 1.0) -> Times:
-    """One job, built, measured once and read back: for the diagnostics of benchmarks/bench_vs_job.py
-    (kernels, burst), whose calls run back to back (``gemm_duty`` 1) unless asked otherwise."""
+    """One job built, measured once and read back (benchmarks/bench_vs_job.py), calls back to back."""
     with job_factory(True, modes, flush, share, gemm_duty) as make:
         collect = make(item, precision).queue()
     torch.cuda.synchronize()
@@ -310,18 +299,15 @@ class JobPlan:
     passes: int = 3  # the GEMMs of one iteration: the passes the item runs
 
     @property
-    def autocast_s(self) -> float:
-        """Expected GPU time of the autocast iterations (one GEMM per pass each)."""
+    def autocast_s(self) -> float:  # expected GPU seconds, as the two below
         return 1e-3 * self.passes * self.gemm_ms * self.iters
 
     @property
-    def repeat_burst_s(self) -> float:
-        """Expected GPU time of one pass's pre-quantized burst."""
+    def repeat_burst_s(self) -> float:  # one pass's pre-quantized burst
         return 1e-3 * self.gemm_ms * self.repeats
 
     @property
-    def timed_s(self) -> float:
-        """Expected GPU time of the job's timed calls, all modes."""
+    def timed_s(self) -> float:  # every timed call, all modes
         return (self.autocast_s * ("autocast" in self.modes)
                 + self.passes * self.repeat_burst_s * ("prequantized" in self.modes))
 

@@ -89,11 +89,6 @@ def _cycles_per_s(torch: Any) -> float:
         _CYCLES_PER_S.append(cycles / max(start.elapsed_time(end) / 1e3, 1e-6))
     return _CYCLES_PER_S[0]
 
-def _keep_busy(torch: Any, seconds: float) -> None:
-    """Queue one kernel that holds the GPU for about ``seconds``, so only the host's side of the
-    passes queued behind it is timed."""
-    torch.cuda._sleep(max(int(seconds * _cycles_per_s(torch)), 1))
-
 def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
     """Median host µs of one forward and one backward per run, over rounds that visit every run,
     each behind a sleeping kernel (no sync between rounds)."""
@@ -106,13 +101,13 @@ def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
     round_s = (time.perf_counter() - t0) * HOST_PASSES  # the first round's host time, guessed
     times: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
     for _ in range(HOST_ROUNDS):
-        if KEEP_GPU_BUSY:
-            _keep_busy(torch, round_s * BUSY_SHARE)
+        if KEEP_GPU_BUSY:  # one kernel holds the GPU: only the host's side of the passes is timed
+            torch.cuda._sleep(max(int(round_s * BUSY_SHARE * _cycles_per_s(torch)), 1))
         t0 = time.perf_counter()
         for run, (f, b) in zip(runs, times):
-            got = run.passes(HOST_PASSES)
-            f += got[0]
-            b += got[1]
+            fwd, bwd = run.passes(HOST_PASSES)
+            f += fwd
+            b += bwd
         round_s = time.perf_counter() - t0
     torch.cuda.synchronize()
     return [{"host_fwd_us": round(statistics.median(f), 2), "host_bwd_us": round(statistics.median(b), 2)}

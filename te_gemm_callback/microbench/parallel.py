@@ -86,10 +86,8 @@ def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
     old = {sig: signal.signal(sig, interrupt) for sig in sigs}
     try:
         yield
-    except KeyboardInterrupt:
-        raise
     except BaseException as err:
-        if got:  # the workers were killed by the signal: that, not what it broke, is why the run ends
+        if got and not isinstance(err, KeyboardInterrupt):  # the signal, not what it broke, ends the run
             raise KeyboardInterrupt(f"signal {got[0]}") from err
         raise
     finally:
@@ -99,9 +97,6 @@ def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
         raise KeyboardInterrupt(f"signal {got[0]}")
 
 _TMP_PREFIX = "te_gemm_bench_"
-
-def _owner_tag() -> str:
-    return f"{socket.gethostname()} {os.getpid()}"
 
 def _remove_stale_folders() -> None:
     """Remove this user's ``te_gemm_bench_<pid>_*`` folders of earlier runs on this host (their
@@ -149,9 +144,6 @@ def _die_with_parent(parent: int, folder: Path) -> None:
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent:  # the parent died before the line above: nobody to report to
-        shutil.rmtree(folder, ignore_errors=True)
-        os._exit(1)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -159,20 +151,20 @@ def _die_with_parent(parent: int, folder: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         os._exit(1)
 
+    if os.getppid() != parent:  # the parent died before the prctl: nobody to report to
+        watch()
     threading.Thread(target=watch, name="te-gemm-parent-watch", daemon=True).start()
 
 def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
     spec_path, out_path, log_path = tmp / f"spec{device}.json", tmp / f"out{device}.json", tmp / f"log{device}.txt"
     spec_path.write_text(json.dumps(dict(spec, device=device)))
-    log = open(log_path, "w")
     # The worker imports this package from where this process found it (maybe a checkout).
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen([sys.executable, "-m", "te_gemm_callback.microbench.parallel", str(spec_path),
-                             str(out_path), str(os.getpid())],
-                            stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path))
-    log.close()  # the child holds its own handle
+    with open(log_path, "w") as log:  # the child holds its own handle
+        proc = subprocess.Popen([sys.executable, "-m", "te_gemm_callback.microbench.parallel", str(spec_path),
+                                 str(out_path), str(os.getpid())], stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path))
     return proc, out_path, log_path
 
 def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list[str], devices: int, *,
@@ -207,7 +199,8 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     with _sigterm_as_interrupt(stop_workers), \
             tempfile.TemporaryDirectory(prefix=f"{_TMP_PREFIX}{os.getpid()}_") as tmp:
         try:
-            (Path(tmp) / "owner").write_text(_owner_tag())  # who may remove it if we die (_remove_stale_folders)
+            # Who may remove it if we die (_remove_stale_folders).
+            (Path(tmp) / "owner").write_text(f"{socket.gethostname()} {os.getpid()}")
             workers += [(d, *_launch(d, spec, Path(tmp))) for d in range(1, devices)]
             own = _own_share(unique, spec, progress, console)
             parts, failed = [own], {}
@@ -249,13 +242,12 @@ def _pooled(parts: list[Any], own: Any, cache: ResultCache, failed: dict[int, st
                 cache.put(cell_key(r.conditions, r.shape, r.m_splits, r.precision, r.mode), r)
         cache.save()
     used = [p for p in parts if p.samples]
-    meta: dict[str, Any] = dict(own.meta)
-    meta.update(devices=[p.meta.get("device") for p in used], device_indices=[p.meta.get("device_index") for p in used],
-                visits_per_device=[p.meta.get("visits") for p in used], wall_s=time.perf_counter() - t0,
-                samples_per_device=[sum(len(ts) for ts, _ in p.samples.values()) for p in used],
-                worker_wall_s=[p.meta.get("wall_s") for p in used],
-                worker_timeline_s=[p.meta.get("timeline_s") for p in used],
-                clocks_per_device=[p.meta.get("clocks_during_run") for p in used])
+    per_device = {"devices": "device", "device_indices": "device_index", "visits_per_device": "visits",
+                  "worker_wall_s": "wall_s", "worker_timeline_s": "timeline_s",
+                  "clocks_per_device": "clocks_during_run"}
+    meta: dict[str, Any] = dict(own.meta, wall_s=time.perf_counter() - t0,
+                                samples_per_device=[sum(len(ts) for ts, _ in p.samples.values()) for p in used])
+    meta.update({k: [p.meta.get(field) for p in used] for k, field in per_device.items()})
     if used:
         meta["visits"] = sum(meta["visits_per_device"])
     if failed:  # their visits are missing; the cells stand on the other GPUs' samples

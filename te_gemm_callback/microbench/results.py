@@ -1,5 +1,5 @@
-"""A microbenchmark run's results (BenchResults, JSON in and out), the pooling of a multi-GPU run's
-parts, and the totals the report takes from them: GEMM time per call of a layer and per step."""
+"""A microbenchmark run's results (BenchResults, JSON in and out), a multi-GPU run's pooling, and
+the totals the report takes from them: GEMM time per call of a layer and per step."""
 
 from __future__ import annotations
 
@@ -18,24 +18,18 @@ SCHEMA = BENCH_SCHEMA
 
 @dataclass
 class BenchResults:
-    """Every cell of a run (cached, measured or failed), the recipes it skipped and why, and the
-    run's conditions and timeline (``meta``)."""
+    """Every cell of a run (cached, measured or failed), the recipes skipped and why, and ``meta``."""
 
     results: list[BenchResult]
     skipped: dict[str, str] = field(default_factory=dict)  # precision -> reason it did not run
     meta: dict[str, Any] = field(default_factory=dict)
-    # Cells this run measured (not cached): BenchResult.cell -> (every sample in ms, the SM clock of
-    # each visit). Kept out of the JSON; what a multi-GPU run pools (pool_parts).
+    # Cells this run measured: BenchResult.cell -> (samples in ms, SM clock per visit); not saved.
     samples: dict[tuple, tuple[list[float], list[float]]] = field(default_factory=dict, repr=False)
 
     def get(self, shape: GemmShape, precision: str, mode: str,
             m_splits: tuple[int, ...] | None = None) -> BenchResult | None:
-        for r in self.results:
-            same_cell = (r.m, r.k, r.n, r.op, r.precision, r.mode, r.batch) == (
-                shape.m, shape.k, shape.n, str(shape.op), precision, mode, shape.batch)
-            if same_cell and (tuple(r.m_splits) if r.m_splits else None) == m_splits:
-                return r
-        return None
+        cell = (shape.m, shape.k, shape.n, str(shape.op), m_splits, precision, mode, shape.batch)
+        return next((r for r in self.results if r.cell == cell), None)
 
     @property
     def precisions(self) -> list[str]:
@@ -68,11 +62,9 @@ def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[flo
     return r
 
 def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
-    """One run's results from the parts of a multi-GPU run (microbench/parallel.py): each part ran the
-    same jobs in the same order, its share of the visits, so a cell is summarised over the samples
-    of every part that measured it. The first part's list gives the order, its cached and failed
-    cells stay as they are; a cell that failed on one GPU and ran on another keeps the samples it has.
-    The pooled spread decides whether the cell is noisy (each part re-measured its own noisy cells)."""
+    """One run's results from a multi-GPU run's parts: each cell summarised over the samples of every
+    part that measured it (its pooled spread decides whether it is noisy), in the first part's order;
+    cached and failed-everywhere cells stay as they are."""
     peaks = parts[0].meta.get("peaks_tflops") or {}
     out = []
     for r in parts[0].results:
@@ -88,9 +80,8 @@ def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
 
 def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
             ops: tuple[GemmOp, ...] | None = None) -> float | None:
-    """GEMM time of one call of a work item: each pass it runs at its calls per call of the item
-    (only the passes in ``ops``, where given: a weightless GEMM's dgrad_a and dgrad_b count as the
-    dgrad and wgrad they are sized as), or None if any cell failed."""
+    """GEMM time of one call of a work item, each pass at its calls per call (only those in ``ops``,
+    where given, dgrad_a and dgrad_b counting as the passes they are sized as); None if any failed."""
     total = 0.0
     for s in passes_of(item):
         if ops is not None and s.op not in ops and s.op.sized_as not in ops:
@@ -102,9 +93,8 @@ def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
     return total
 
 def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
-    """Items as this bench run measured them: where a grouped GEMM's representative m_splits were
-    not all timed (a run made when only the first call's splits were), the timed ones carry the
-    layer's calls. Keeps stored runs re-renderable."""
+    """Items as this bench run measured them: where not all of a grouped GEMM's representative
+    m_splits were timed (older runs), the timed ones carry the layer's calls."""
     timed = {(r.m, r.k, r.n, r.batch, tuple(r.m_splits) if r.m_splits else None) for r in res.results}
     groups: dict[tuple, list[WorkItem]] = {}
     for it in items:
@@ -129,12 +119,8 @@ def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
 def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
             fallback: str | None = None) -> float | None:
     """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config).
-
-    With ``fallback`` (e.g. "BF16"), an item whose cells failed in ``precision`` (TE cannot run
-    an FP8 GEMM with a dimension that is not a multiple of 16, such as an 8-expert router) counts at
-    its time in ``fallback``: the job would keep that layer in high precision. See
-    :func:`fallback_items`. Without it, any failed cell makes the total None.
-    """
+    With ``fallback`` (e.g. "BF16"), an item that failed in ``precision`` (an 8-expert router in
+    FP8) counts at its ``fallback`` time, as the job would keep it; without, the total is None."""
     total = 0.0
     for it in items:
         t = item_ms(res, it, precision, mode)
