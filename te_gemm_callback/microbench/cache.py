@@ -34,14 +34,9 @@ CACHE_SCHEMA = "te-gemm-cache/1"
 _ELSEWHERE = "give --cache a new path or set TE_GEMM_CACHE to one"
 
 class ResultCache:
-    """JSON cache of results and per-device peaks, so reports and reruns do not re-measure.
-
-    Saving takes a file lock (``<cache>.lock``), merges this run's cells into what the file holds
-    now and replaces it atomically: two benches on one cache lose nothing. A file that is not a
-    cache is refused (nothing measured, the file untouched); a corrupt cache is moved aside; a
-    cache that cannot be written is a warning (``save_error``), never a lost run. A noisy cell
-    (spread above SPREAD_LIMIT) is never stored, and a stored one is refused and re-measured.
-    """
+    """JSON cache of results and per-device peaks. Saving merges this run's cells into the file
+    under a lock (``<cache>.lock``). A file that is not a cache is refused, a corrupt one moved
+    aside, an unwritable one a warning (``save_error``); noisy cells are never stored or reused."""
 
     def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False,
                  lock_timeout_s: float = 60.0) -> None:

@@ -58,14 +58,10 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
               *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
               console: Any = None, visits: int | None = None, gemm_duty: float | None = None,
               visits_of: int | None = None) -> BenchResults:
-    """Time every (work item, pass, precision, mode). A failing cell records its error and the run
-    goes on, unless the error leaves the CUDA context unusable: then :class:`BenchStopped`.
-
-    ``visits``: measurements of each job, samples pooled (default ``default_visits()``).
-    ``visits_of``: a multi-GPU run's visits over all GPUs, when this run is one GPU's share: each
-    visit then takes that share of a cell's samples.
-    ``gemm_duty``: the share of GPU time the timed calls get (default timing.GEMM_DUTY).
-    ``meta["timeline_s"]`` says where the wall time went."""
+    """Time every (work item, pass, precision, mode); a failing cell records its error, one that
+    loses the CUDA context raises :class:`BenchStopped`. ``visits_of``: a multi-GPU run's visits
+    over all GPUs when this run is one GPU's share (each visit then takes that share of the samples);
+    ``gemm_duty``: the share of GPU time the timed calls get (default timing.GEMM_DUTY)."""
     run = BenchRun(precisions, modes, flush_l2=flush_l2, cache=cache, visits=visits, gemm_duty=gemm_duty,
                    visits_of=visits_of)
     return run.execute(items, progress, console)
@@ -269,8 +265,7 @@ def _runnable(precisions: Iterable[str], use_te: bool) -> tuple[list[str], dict[
     return wanted, skipped
 
 def _warn_noisy(results: list[BenchResult]) -> None:
-    noisy = [r for r in results if r.noisy]
-    if noisy:
+    if noisy := [r for r in results if r.noisy]:
         log.warning("te-gemm: %d cell(s) kept a spread (IQR/median) above %.0f%% after %d measurements, e.g. %s %s "
                     "%s: marked noisy, not cached", len(noisy), 100 * SPREAD_LIMIT, REMEASURES + 1, noisy[0].precision,
                     noisy[0].op, noisy[0].shape.mkn)

@@ -1,12 +1,7 @@
 """The host's cost of each captured TE module in each recipe, and the GPU time it adds beside its
-GEMMs: what the replay (te_gemm_callback.analysis.whatif) changes besides the GEMM kernels.
-
-Per module kind (``module_specs.spec_key``) one module per recipe is rebuilt and run forward and
-backward: host time on at most HOST_TOKENS tokens (TE's host work does not grow with them), in
-rounds that visit every recipe in turn so that a drift of the host's speed falls on all alike; GPU
-kernels on the captured input from CUPTI, GEMM and other, one profiler session per kind cut apart
-at marker kernels. Also the host's extra cost per CUDA call and ATen op while torch.profiler
-records (the replay's trace was recorded so). Rows are kept in the bench's cache.
+GEMMs: what the replay (analysis.whatif) changes besides the GEMM kernels. Per module kind one
+module per recipe is rebuilt: host time on at most HOST_TOKENS tokens, in rounds over the recipes
+(a drift of the host's speed falls on all alike); GPU kernels on the captured input from CUPTI.
 """
 
 from __future__ import annotations

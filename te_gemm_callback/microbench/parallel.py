@@ -1,12 +1,9 @@
 """Spread a microbenchmark over several local GPUs: one process per GPU, every GPU running every job
 in the same order for its share of the visits, each cell's samples pooled over the GPUs.
 
-Visits, not cells: under the power limit a GEMM's clock depends on the work around it, so every GPU
-must run the same mix (docs/multi-gpu.md). Device 0's share runs in this process; every other
-device gets a fresh interpreter (``python -m te_gemm_callback.microbench.parallel SPEC OUT``) pinned
-to its GPU, so a crash there cannot take the caller down. The workers are started before this
-module imports torch or TE, so that their start-up overlaps this process's own. Every part looks
-cells up in the caller's cache file (read only); the caller stores the pooled cells.
+Visits, not cells: a GEMM's clock depends on the work around it (docs/multi-gpu.md). Device 0's
+share runs here, every other in a fresh interpreter (``python -m ...microbench.parallel SPEC OUT``),
+started before this module imports torch so that their start-ups overlap.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -305,9 +301,8 @@ def _worker_main(spec_path: str, out_path: str, parent: str | None = None) -> in
     res = _run_share([_item_from_json(row) for row in spec["items"]], spec)
     if res is None:  # fewer visits than devices (the CPU's default is one): nothing for this one
         res = BenchResults([])
-    Path(out_path).write_text(json.dumps({
-        "results": [asdict(r) for r in res.results], "skipped": res.skipped, "meta": res.meta,
-        "samples": [[list(cell), ts, cs] for cell, (ts, cs) in res.samples.items()]}))
+    samples = [[list(cell), ts, cs] for cell, (ts, cs) in res.samples.items()]
+    Path(out_path).write_text(json.dumps(dict(res.to_dict(), samples=samples)))
     return 0
 
 if __name__ == "__main__":
