@@ -66,11 +66,9 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
     recipes = list(recipes or RECIPES)
     if devices > 1:
         from te_gemm_callback.microbench.parallel import run_bench_parallel
-
         return run_bench_parallel(items, recipes, list(modes), devices, flush_l2=flush_l2, cache=rc, visits=visits,
                                   gemm_duty=gemm_duty, progress=progress, console=console)
     from te_gemm_callback.microbench.engine import run_bench
-
     return run_bench(items, recipes, list(modes), flush_l2=flush_l2, cache=rc, visits=visits, gemm_duty=gemm_duty,
                      progress=progress, console=console)
 

@@ -158,7 +158,6 @@ class ResultCache:
             return None
         try:
             from filelock import FileLock, Timeout
-
             if self.path.is_dir():  # before the lock: a <folder>.lock beside it was left behind
                 raise OSError(f"{self.path} is a folder: give --cache a file path")
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -272,13 +272,11 @@ def _warn_noisy(results: list[BenchResult]) -> None:
 
 def _progress(enabled: bool, console: Any) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     if not enabled:
         # A disabled Progress on rich's default console still wrote a line break to the job's stdout.
         import io
 
         from rich.console import Console
-
         console = Console(file=io.StringIO())
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, disable=not enabled, transient=True)

@@ -56,18 +56,15 @@ class _GemmTap:
 
     def __enter__(self) -> _GemmTap:
         from te_gemm_callback.capture.te_adapter import patch_te_gemms
-
         self._patched = patch_te_gemms(self._wrap)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         from te_gemm_callback.capture.te_adapter import unpatch
-
         unpatch(self._patched)
 
     def _wrap(self, orig: Callable, grouped: bool) -> Callable:
         from te_gemm_callback.capture.te_adapter import arg_reader
-
         arg = arg_reader(orig)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:

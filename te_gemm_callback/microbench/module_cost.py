@@ -49,7 +49,6 @@ class _Run:
 
     def __init__(self, mod: Any, recipe: str, x_host: Any, x_full: Any) -> None:
         from te_gemm_callback.precisions import autocast
-
         self.mod, self.recipe, self.autocast = mod, recipe, autocast
         self.x = {"host": x_host, "full": x_full}
         self.grad: dict[str, Any] = {}
@@ -121,7 +120,6 @@ def _segments(records: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
 def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
     """(GEMM kernel µs, other kernel µs, kernels) per forward+backward on the captured input, per run."""
     from te_gemm_callback.capture.kernel_profile import kernel_records
-
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
     prof.__enter__()
     try:
@@ -239,7 +237,6 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
     import torch
 
     from te_gemm_callback.precisions import import_te
-
     cache = cache or CostCache()
     te = None  # imported only where something is measured: a cached bench needs no TE
     out: dict[str, Any] = {"schema": MODULE_COST_SCHEMA, "kinds": {}, "modules": {}, "host_tokens": HOST_TOKENS,

@@ -135,7 +135,6 @@ def _die_with_parent(parent: int, folder: Path) -> None:
     if sys.platform.startswith("linux"):
         try:
             import ctypes
-
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
         except (OSError, AttributeError):
@@ -174,7 +173,6 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     if visits is not None:  # fewer visits than devices: the extra devices would have nothing to do
         devices = min(devices, visits)
     from te_gemm_callback.precisions import canonical  # torch-free
-
     t0 = time.perf_counter()
     precisions = list(dict.fromkeys(canonical(p) for p in precisions))
     modes = [m for m in MODES if m in set(modes)]
@@ -230,7 +228,6 @@ def _check_parallel(devices: int, visits: int | None, gemm_duty: float | None) -
 def _pooled(parts: list[Any], own: Any, cache: ResultCache, failed: dict[int, str], t0: float) -> BenchResults:
     """Every device's samples pooled per cell, the measured cells cached, and meta per device."""
     from te_gemm_callback.microbench.results import BenchResults, pool_parts
-
     results = pool_parts([p for p in parts if p.results])
     if own.samples:
         for r in results:
@@ -270,7 +267,6 @@ def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = Fal
     import torch
 
     from te_gemm_callback.microbench.engine import default_visits, run_bench
-
     total = spec["visits"] or default_visits(torch.cuda.is_available())
     shares = visit_shares(total, spec["devices"])
     if spec["device"] >= len(shares):
@@ -284,7 +280,6 @@ def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = Fal
 
 def _part_from_json(d: dict[str, Any]) -> BenchResults:
     from te_gemm_callback.microbench.results import BenchResults
-
     samples = {tuple(tuple(x) if isinstance(x, list) else x for x in cell): (ts, cs) for cell, ts, cs in d["samples"]}
     return BenchResults([BenchResult(**r) for r in d["results"]], d["skipped"], d["meta"], samples)
 
@@ -293,11 +288,9 @@ def _worker_main(spec_path: str, out_path: str, parent: str | None = None) -> in
         _die_with_parent(int(parent), Path(spec_path).parent)
     spec = json.loads(Path(spec_path).read_text())
     import torch
-
     if torch.cuda.is_available():
         torch.cuda.set_device(spec["device"])
     from te_gemm_callback.microbench.results import BenchResults
-
     res = _run_share([_item_from_json(row) for row in spec["items"]], spec)
     if res is None:  # fewer visits than devices (the CPU's default is one): nothing for this one
         res = BenchResults([])

@@ -14,7 +14,6 @@ from te_gemm_callback.microbench.items import WorkItem, passes_of
 from te_gemm_callback.microbench.timing import stats
 from te_gemm_callback.shapes import GemmOp, GemmShape
 
-SCHEMA = BENCH_SCHEMA
 
 @dataclass
 class BenchResults:
@@ -36,15 +35,15 @@ class BenchResults:
         return list(dict.fromkeys(r.precision for r in self.results))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "meta": self.meta, "skipped": self.skipped,
+        return {"schema": BENCH_SCHEMA, "meta": self.meta, "skipped": self.skipped,
                 "results": [asdict(r) for r in self.results]}
 
     def save(self, path: str | Path) -> Path:
-        return write_json(path, self.to_dict(), schema=SCHEMA)
+        return write_json(path, self.to_dict(), schema=BENCH_SCHEMA)
 
     @classmethod
     def load(cls, path: str | Path) -> BenchResults:
-        d = read_schema(path, SCHEMA, "te-gemm bench result")  # field types and ranges: jsonio.BENCH_FILE
+        d = read_schema(path, BENCH_SCHEMA, "te-gemm bench result")  # field types and ranges: jsonio.BENCH_FILE
         try:
             return cls([from_fields(BenchResult, r) for r in d["results"]], d.get("skipped") or {}, d.get("meta") or {})
         except (KeyError, TypeError, AttributeError) as err:

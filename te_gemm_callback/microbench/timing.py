@@ -235,11 +235,9 @@ def warm_up_gpu(seconds: float = WARM_UP_S) -> None:
 def device_conditions() -> dict[str, Any]:
     """Device name, clocks and versions: every result carries them."""
     from te_gemm_callback.precisions import te_version
-
     out: dict[str, Any] = {"torch": torch.__version__, "transformer_engine": te_version()}
     if not torch.cuda.is_available():
         import platform
-
         # The model and torch's intra-op threads set a CPU matmul's time (the cache key names them).
         out.update(device=f"CPU ({platform.machine()})", cpu_model=cpu_model(), cpu_threads=torch.get_num_threads())
         return out
@@ -260,7 +258,6 @@ def device_conditions() -> dict[str, Any]:
 def cpu_model() -> str:
     """/proc/cpuinfo's "model name" (Linux x86), else what the platform module says."""
     import platform
-
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
