@@ -45,7 +45,7 @@ class ResultCache:
         self.path = (Path(path) if path else default).expanduser()  # a quoted "~/..." made a folder "~"
         self.enabled = enabled
         self.read_only = read_only  # a multi-GPU run's parts: the caller stores the pooled cells
-        # Inside a training job 0: its next step must not wait on another process's bench.
+        # save()'s wait for another process's lock: 0 inside a training job, whose next step must not wait.
         self.lock_timeout_s = lock_timeout_s
         self.save_error: str | None = None
         self._new: dict[str, Any] = {}  # cells this run measured: what save() merges into the file
@@ -62,8 +62,7 @@ class ResultCache:
         return self.path.with_name(f"{self.path.stem}.timing-{TIMING_VERSION}{self.path.suffix or '.json'}")
 
     def _read(self, warn: bool) -> dict[str, Any]:
-        """The cache file's contents now (empty if absent, unreadable, corrupt or of another timing).
-        Content decides what is a cache: anything else is refused, never written over."""
+        """The file's contents now (empty if absent, unreadable, corrupt or of another timing)."""
         p = self.path
         if not p.exists() or p.is_dir():  # a folder: save() says it cannot write there
             return self._empty()
@@ -98,8 +97,7 @@ class ResultCache:
         return data
 
     def _elsewhere(self, warn: bool, what: str) -> dict[str, Any]:
-        """Another install's cache (format or timing): never emptied, moved or rewritten; this one
-        reads and writes its own file beside it."""
+        """Another install's cache (format or timing) is left alone: use a file of our own beside it."""
         p, other = self.path, self.version_path()
         if warn:
             log.info("te-gemm: cache %s %s %s", p, what, other)

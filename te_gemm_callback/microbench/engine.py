@@ -47,8 +47,7 @@ Samples = tuple[list[float], list[float]]  # a measured cell's samples (ms) and 
 REMEASURES = 2
 
 class BenchStopped(RuntimeError, ValueError):
-    """A run stopped by an error that left the CUDA context unusable. ``results``: the cells
-    measured or cached before it. A ValueError too, so that the command line says it in one line."""
+    """A run stopped by a lost CUDA context, with the cells ``results`` before it (a ValueError: one line)."""
 
     def __init__(self, message: str, results: BenchResults) -> None:
         super().__init__(message)
@@ -67,13 +66,11 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
     return run.execute(items, progress, console)
 
 def default_visits(cuda: bool) -> int:
-    """16 visits on a GPU spread each cell over enough power-limiter swings for cold runs to agree
-    (docs/benchmark-methodology.md); 1 on the CPU."""
+    """16 on a GPU: enough power-limiter swings for cold runs to agree (docs/benchmark-methodology.md)."""
     return 16 if cuda else 1
 
 class BenchRun:
-    """One :func:`run_bench` call: recipes, modes, visits, duty, the device conditions every cell
-    carries, and where the wall time went (``timeline``)."""
+    """One :func:`run_bench` call: its settings, device conditions (``cond``) and ``timeline``."""
 
     def __init__(self, precisions: Iterable[str], modes: Iterable[str], *, flush_l2: bool = False,
                  cache: ResultCache | None = None, visits: int | None = None, gemm_duty: float | None = None,
@@ -121,8 +118,7 @@ class BenchRun:
                 f"back with one synchronize, samples pooled; timed GEMMs at {self.gemm_duty:g} of the GPU's time")
 
     def plan(self, items: list[WorkItem]) -> list[PlannedJob]:
-        """One job per (shape, splits) and recipe, in the items' order (repeated layers share it),
-        with each cell's cache key and what the cache holds under it."""
+        """One job per item key and recipe (repeated layers share it), with each cell's cached result."""
         jobs: dict[tuple, PlannedJob] = {}
         for it in items:
             for p in self.recipes:
@@ -176,8 +172,7 @@ class BenchRun:
         return BenchResults(results, self.skipped, meta, samples)
 
     def _remeasure(self, queue: JobQueue, measured: list[PlannedJob]) -> None:
-        """Measure every job with a noisy cell again, up to REMEASURES times, keeping each cell's
-        quieter measurement; a job that fails on a retry keeps what it had."""
+        """Measure jobs with a noisy cell again (up to REMEASURES times), keeping the quieter cells."""
         total = max(len(measured) * self.visits, 1)
         for attempt in range(2, REMEASURES + 2):
             noisy = [job for job in measured if job.noisy]
@@ -198,8 +193,7 @@ class BenchRun:
                         v.job.measured[c] = new
 
     def _stop(self, jobs: list[PlannedJob], why: str) -> None:
-        """End the run after an error that lost the CUDA context: the cells measured before it are
-        cached and raised with the message; no later cell is recorded as failed."""
+        """After a lost CUDA context: cache the cells measured before it and raise them."""
         kept = [job for job in jobs if not job.todo or job.measured]
         results, _ = self._collect(kept)
         self.cache.save()
@@ -234,8 +228,7 @@ class BenchRun:
         return summarise(r, s.flops, times, clocks, self.peaks)
 
     def _collect(self, jobs: list[PlannedJob]) -> tuple[list[BenchResult], dict[tuple, Samples]]:
-        """Every cell in plan order, cached or measured, and the samples of those measured; measured
-        cells go into the cache."""
+        """Every cell in plan order and the samples of those measured, which go into the cache."""
         results: list[BenchResult] = []
         samples: dict[tuple, Samples] = {}
         for job in jobs:

@@ -34,8 +34,7 @@ class WorkItem:
 
     @property
     def runs_recipe(self) -> bool:
-        """Whether a TE recipe runs this GEMM (a linear layer); batched and weightless GEMMs are
-        timed as torch matmuls under every recipe."""
+        """A linear layer; batched and weightless GEMMs are torch matmuls under every recipe."""
         return self.weight and self.fprop.batch == 1
 
     @property

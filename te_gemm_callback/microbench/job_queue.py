@@ -35,8 +35,7 @@ class MeasuredCell(NamedTuple):
 
 @dataclass(eq=False)
 class PlannedJob:
-    """A work item in one recipe: each cell's cache key, what the cache held, and once measured
-    each cell's quietest measurement."""
+    """A work item in one recipe: each cell's cache key, cached result and quietest measurement."""
 
     item: WorkItem
     precision: str
@@ -78,8 +77,7 @@ class _Queued(NamedTuple):
     end: Any
 
 class JobQueue:
-    """Builds jobs in batches that fit in memory and queues every visit of a batch back to back,
-    waiting once; each visit's GPU span and clock go to ``timeline["jobs"]``."""
+    """Builds jobs in batches that fit in memory and queues every visit of a batch, waiting once."""
 
     def __init__(self, make_job: Callable[[WorkItem, str], Any], visits: int, sampler: ClockSampler, prog: Any,
                  task: Any, timeline: dict[str, Any]) -> None:
@@ -118,8 +116,7 @@ class JobQueue:
             self.stopped = f"{v.job.precision} {v.job.label}: {v.error}"
 
     def build(self, pending: list[JobVisits]) -> list[JobVisits]:
-        """Build the next batch of jobs before any timing, so no timed call waits behind host work.
-        A job that fails records why; out of memory with jobs built ends the batch instead."""
+        """Build the next batch before any timing; out of memory with jobs built ends the batch."""
         limit = None
         if torch.cuda.is_available():
             limit = _MEMORY_SHARE * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
@@ -147,8 +144,7 @@ class JobQueue:
         return batch
 
     def run(self, sequence: list[tuple[int, JobVisits]]) -> list[dict[str, Any]]:
-        """Queue every (visit, job) back to back, the host at most ``_JOBS_QUEUED`` jobs ahead of the
-        GPU, then wait once and pool each job's samples. Returns a timeline entry per visit."""
+        """Queue every (visit, job) back to back, wait once, pool samples; a timeline entry per visit."""
         try:
             return self._run(sequence)
         except RuntimeError as err:  # a wait or an event met the lost context: the batch is lost
@@ -204,8 +200,7 @@ class JobQueue:
 _TE_WHERE = re.compile(r"^\S+:\d+ in function \S+: (Assertion failed: .*?\. )?")
 
 def context_lost(reason: str) -> bool:
-    """Whether an error (its text) leaves the CUDA context unusable: a device-side fault is sticky
-    ("CUDA error: ..." from torch and TE). Out of memory is not."""
+    """Whether an error leaves the CUDA context unusable: a device fault is sticky, out of memory not."""
     text = reason.lower()
     return "cuda error" in text and "out of memory" not in text
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from te_gemm_callback.capture.te_adapter import LAYOUT_OP
+from te_gemm_callback.capture.te_adapter import LAYOUT_OP, arg_reader, patch_te_gemms, unpatch
 from te_gemm_callback.microbench.items import WorkItem, passes_of
 from te_gemm_callback.microbench.rates import gemm_seconds
 from te_gemm_callback.microbench.timing import (
@@ -55,16 +55,13 @@ class _GemmTap:
         self._depth = 0  # TE GEMM calls in progress: a TE GEMM can call another
 
     def __enter__(self) -> _GemmTap:
-        from te_gemm_callback.capture.te_adapter import patch_te_gemms
         self._patched = patch_te_gemms(self._wrap)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        from te_gemm_callback.capture.te_adapter import unpatch
         unpatch(self._patched)
 
     def _wrap(self, orig: Callable, grouped: bool) -> Callable:
-        from te_gemm_callback.capture.te_adapter import arg_reader
         arg = arg_reader(orig)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -96,8 +93,7 @@ class _GemmTap:
         return orig(*args, **kwargs)
 
 class TeJob:
-    """One work item under one recipe: a real ``te.Linear`` / ``te.GroupedLinear`` with its input
-    and output gradient, built once (:attr:`setup_s`) and measured in several visits (:meth:`queue`)."""
+    """A work item's ``te.Linear`` / ``te.GroupedLinear`` in one recipe, built once, visited often."""
 
     def __init__(self, item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
                  tap: _GemmTap, share: float = 1.0, gemm_duty: float = GEMM_DUTY) -> None:
@@ -203,8 +199,7 @@ class TeJob:
         return collect
 
 class TorchJob:
-    """BF16 matmuls with torch alone (CPU, a GPU without TE, or a GEMM no recipe runs): both modes
-    time the same products. Same interface as :class:`TeJob`."""
+    """BF16 torch matmuls (no TE, or a GEMM no recipe runs): both modes time the same products."""
 
     def __init__(self, item: WorkItem, modes: Iterable[str], share: float = 1.0, gemm_duty: float = GEMM_DUTY) -> None:
         t0 = time.perf_counter()
@@ -286,8 +281,7 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
 
 @dataclass(frozen=True)
 class JobPlan:
-    """How many timed calls a job makes, planned from a FLOP model: a timed trial would need a
-    synchronize, and an idle GPU gets its boost back."""
+    """A job's timed calls, from a FLOP model: a timed trial's synchronize would give the boost back."""
 
     gemm_ms: float  # model estimate of one pass's GEMM
     iters: int  # autocast: forward+backward iterations, one sample of each pass per iteration

@@ -10,8 +10,10 @@ import statistics
 import time
 from typing import Any
 
+from te_gemm_callback.capture.kernel_profile import kernel_records
 from te_gemm_callback.capture.kernels import is_gemm_kernel
 from te_gemm_callback.capture.module_specs import spec_key
+from te_gemm_callback.precisions import autocast
 
 MODULE_COST_SCHEMA = 2
 HOST_TOKENS = 256  # the host-timed passes' tokens (a multiple of every FP8 recipe's block)
@@ -48,14 +50,12 @@ class _Run:
     """One module, its inputs (host-timed, captured) and output gradients, run in one recipe."""
 
     def __init__(self, mod: Any, recipe: str, x_host: Any, x_full: Any) -> None:
-        from te_gemm_callback.precisions import autocast
         self.mod, self.recipe, self.autocast = mod, recipe, autocast
         self.x = {"host": x_host, "full": x_full}
         self.grad: dict[str, Any] = {}
 
     def passes(self, n: int, which: str = "host") -> tuple[list[float], list[float]]:
-        """Host µs of ``n`` forwards and backwards on input ``which``, in one autocast, as a step
-        enters it once (the recipe's once-a-step work at its exit is not any module's)."""
+        """Host µs of ``n`` forwards and backwards, in one autocast as a step enters it once."""
         x = self.x[which]
         fwd, bwd = [], []
         with self.autocast(self.recipe):
@@ -84,8 +84,7 @@ def _cycles_per_s(torch: Any) -> float:
     return _CYCLES_PER_S[0]
 
 def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
-    """Median host µs of one forward and one backward per run, over rounds that visit every run,
-    each behind a sleeping kernel (no sync between rounds)."""
+    """Median host µs of one forward and one backward per run, over rounds that visit every run."""
     for run in runs:
         run.passes(2)  # TE's first calls build workspaces and quantizers
     t0 = time.perf_counter()
@@ -119,7 +118,6 @@ def _segments(records: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
 
 def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
     """(GEMM kernel µs, other kernel µs, kernels) per forward+backward on the captured input, per run."""
-    from te_gemm_callback.capture.kernel_profile import kernel_records
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
     prof.__enter__()
     try:
@@ -236,7 +234,8 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
     ``recipes``; rows in ``cache`` are not measured again, rows measured are stored there."""
     import torch
 
-    from te_gemm_callback.precisions import import_te
+    from te_gemm_callback.precisions import import_te  # looked up at call time (tests stand in for it)
+
     cache = cache or CostCache()
     te = None  # imported only where something is measured: a cached bench needs no TE
     out: dict[str, Any] = {"schema": MODULE_COST_SCHEMA, "kinds": {}, "modules": {}, "host_tokens": HOST_TOKENS,

@@ -34,8 +34,7 @@ if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
 
 def local_gpu_count() -> int:
-    """Visible GPUs without importing torch: CUDA_VISIBLE_DEVICES's entries when set, else the GPUs
-    ``nvidia-smi -L`` lists; 1 when neither says."""
+    """Visible GPUs without importing torch: CUDA_VISIBLE_DEVICES, else ``nvidia-smi -L``, else 1."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return max(1, len([d for d in visible.split(",") if d.strip()]))
@@ -166,8 +165,7 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
                        flush_l2: bool = False, cache: ResultCache | None = None,
                        visits: int | None = None, gemm_duty: float | None = None, progress: bool = False,
                        console: Any = None) -> BenchResults:
-    """``run_bench`` over ``devices`` local GPUs, the visits split between them and each cell's
-    samples pooled; measured cells go into ``cache``. The progress bar follows device 0's share."""
+    """``run_bench`` over ``devices`` local GPUs, the visits split between them, samples pooled."""
     _check_parallel(devices, visits, gemm_duty)
     _remove_stale_folders()
     if visits is not None:  # fewer visits than devices: the extra devices would have nothing to do
@@ -213,8 +211,7 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     return _pooled(parts, own, cache, failed, t0)
 
 def _check_parallel(devices: int, visits: int | None, gemm_duty: float | None) -> None:
-    """The arguments, checked before any worker starts. Two processes stay allowed on a host
-    without GPUs: the split and pooling are tested there."""
+    """The arguments, checked before any worker starts (two processes allowed on a CPU host)."""
     if devices < 1:
         raise ValueError("--devices must be >= 1")
     if devices > max(2, local_gpu_count()):
@@ -262,8 +259,7 @@ def _own_share(items: list[WorkItem], spec: dict[str, Any], progress: bool, cons
 
 def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = False,
                console: Any = None) -> BenchResults | None:
-    """Device ``spec["device"]``'s share of the visits (None if it has none), cells looked up in the
-    caller's cache file, read only."""
+    """Device ``spec["device"]``'s share of the visits (None if it has none), the cache read only."""
     import torch
 
     from te_gemm_callback.microbench.engine import default_visits, run_bench

@@ -92,8 +92,7 @@ def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
     return total
 
 def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
-    """Items as this bench run measured them: where not all of a grouped GEMM's representative
-    m_splits were timed (older runs), the timed ones carry the layer's calls."""
+    """Items as this run measured them: m_splits it timed carry the calls of those it did not."""
     timed = {(r.m, r.k, r.n, r.batch, tuple(r.m_splits) if r.m_splits else None) for r in res.results}
     groups: dict[tuple, list[WorkItem]] = {}
     for it in items:

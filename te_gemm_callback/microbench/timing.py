@@ -29,8 +29,7 @@ HEAT_PER_BURST = 4.0
 HEAT_LOG = {"heat_s": 0.0, "hold_s": 0.0, "idle_holds": 0, "holds": 0}
 
 def heat_seconds(hold_s: float, idle: bool, burst_s: float | None = None) -> float:
-    """How long to load the GPU before a burst: the hold the host needs to queue it, and, if the
-    GPU is idle, enough to spend the boost (``burst_s``: the burst's expected GPU time; None: long)."""
+    """Seconds to load the GPU before a burst: the hold, and on an idle GPU enough to spend the boost."""
     if not idle:
         return hold_s
     heat = HEAT_MAX_S if burst_s is None else min(HEAT_MAX_S, HEAT_PER_BURST * burst_s)
@@ -88,8 +87,7 @@ def _heater() -> _Heater | _Spin:
     return _HEATERS[dev]
 
 def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
-    """Queue dense GEMMs ahead of the caller's next launches, without waiting: at least ``hold_s``,
-    and on an idle GPU enough to spend the boost (:func:`heat_seconds`)."""
+    """Queue dense GEMMs ahead of the caller's next launches, without waiting (:func:`heat_seconds`)."""
     idle = torch.cuda.current_stream().query()  # True when nothing is queued
     seconds = heat_seconds(hold_s, idle, burst_s)
     HEAT_LOG["holds"] += 1
@@ -177,11 +175,8 @@ Pairs = list[tuple[Any, Any]]  # (start, end) CUDA events of one call each
 
 def launch_timed(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None,
                  burst_s: float | None = None) -> Pairs:
-    """Queue ``n`` back-to-back calls of ``fn``, each between a CUDA event pair (read with
-    :func:`elapsed` after a synchronize), without waiting for the GPU. One untimed call measures the
-    host time per call; dense GEMMs then hold the GPU while the host queues all ``n`` (no idle gap
-    inside a pair) and, if it is idle, spend its boost (:func:`hold_gpu`; ``burst_s``: the burst's
-    expected GPU time)."""
+    """Queue ``n`` calls of ``fn`` between CUDA event pairs, without waiting (read with :func:`elapsed`).
+    An untimed call measures the host time per call, to hold the GPU while the host queues them all."""
     t = time.perf_counter()
     fn()
     host_s = time.perf_counter() - t
@@ -268,8 +263,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU model"
 
 def measure_peaks(cache: dict[str, Any], device: str) -> dict[str, float]:
-    """Dense-GEMM ceilings of this device (TFLOP/s), cached per device: 8192^3 products in BF16
-    (torch.matmul) and FP8 (torch._scaled_mm, E4M3, per-tensor scales)."""
+    """Dense 8192^3 GEMM ceilings of this device (TFLOP/s) in BF16 and FP8 E4M3, cached per device."""
     if device in cache:
         return cache[device]
     n = 8192
