@@ -3,7 +3,7 @@
 A TE job runs a real ``te.Linear`` / ``te.GroupedLinear`` forward and backward under the recipe,
 so dgrad and wgrad are the GEMMs TE's backward calls. ``autocast`` mode (quantization included)
 times with per-iteration events: fprop = the forward, wgrad = its GEMM, dgrad = backward minus it.
-``prequantized`` mode (kernels only) re-issues each GEMM call back to back with TE's operands.
+``prequantized`` mode (kernels only) repeats each GEMM call back to back with TE's operands.
 Without TE or CUDA, and for a GEMM no recipe runs, torch BF16 matmuls time the same passes.
 """
 
@@ -42,10 +42,10 @@ Times = dict[tuple[GemmOp, str], list[float]]  # (pass, mode) -> per-call millis
 Collect = Callable[[], Times]  # reads a job's times once the GPU has run it (after a synchronize)
 
 class _GemmTap:
-    """Sits on TE's GEMM entry points during a job: records event pairs, or re-issues each call."""
+    """Sits on TE's GEMM entry points during a job: records event pairs, or repeats each call."""
 
     def __init__(self) -> None:
-        self.mode = "off"  # "events": time each call; "repeat": re-issue it n times, timed
+        self.mode = "off"  # "events": time each call; "repeat": call it n more times, timed
         self.n = 10
         self.burst_s: float | None = None
         self.flush: Callable[[], None] | None = None
@@ -177,7 +177,7 @@ class TeJob:
                 tap.mode, tap.flush = "repeat", self.between_repeats
                 tap.n, tap.burst_s = plan.repeats, plan.repeat_burst_s
                 self.iteration()
-        finally:  # the next job's setup calls are neither timed nor re-issued
+        finally:  # the next job's setup calls are neither timed nor repeated
             tap.mode = "off"
         events, repeats = tap.events, tap.repeats
 
@@ -285,7 +285,7 @@ class JobPlan:
 
     gemm_ms: float  # model estimate of one pass's GEMM
     iters: int  # autocast: forward+backward iterations, one sample of each pass per iteration
-    repeats: int  # pre-quantized: back-to-back re-issues of each pass's GEMM
+    repeats: int  # pre-quantized: back-to-back repeats of each pass's GEMM
     modes: frozenset[str]
     passes: int = 3  # the GEMMs of one iteration: the passes the item runs
 

@@ -107,7 +107,7 @@ def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
             for f, b in times]
 
 def _segments(records: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
-    """Each run's measured kernels in a session laid out by _gpu_rows: a marker (the first kernel),
+    """Each run's measured kernels in a profile laid out by _gpu_rows: a marker (the first kernel),
     then per run its warm-up, a marker, its measured passes, a marker."""
     recs = sorted(records, key=lambda r: r[1])
     if not recs:
@@ -121,7 +121,7 @@ def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
     prof.__enter__()
     try:
-        torch.cuda._sleep(1)  # the marker: the first kernel of the session
+        torch.cuda._sleep(1)  # the marker: the first kernel of the profile
         for run in runs:
             run.passes(1, "full")  # the captured input's first pass: its workspaces
             torch.cuda.synchronize()
@@ -180,7 +180,7 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
 def recording_tax_us(torch: Any, calls: int = 1000) -> tuple[float, float]:
     """Host µs more that a bare CUDA launch and a one-kernel ATen op cost while torch.profiler records
     CUDA activity than without: medians over alternations of ``calls`` of each, the recorded ones
-    in one profiler session (starting one costs more than all the calls)."""
+    under one profiler (starting one costs more than all the calls)."""
     x = torch.zeros(1, device="cuda")
     fns = (lambda: torch.cuda._sleep(0), lambda: x.add_(1))
 
