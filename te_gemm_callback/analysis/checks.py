@@ -1,24 +1,10 @@
 """The checks that keep a report from contradicting itself.
 
-A report joins numbers taken on different steps and clocks: GEMM times from instrumented or kernels
-steps, step times from clean ones, speedups between runs captured minutes apart. Where such a join
-cannot hold, a check here says why, and the report states "n/a (why)" instead of the figure:
-
-- a GEMM share above 100%: GEMM time of one step against the time of another (on the CPU, the
-  host-clock GEMM times of the instrumented step against a clean step: the cause, fixed by taking
-  the share within the steps the GEMMs were timed in);
-- a verdict that lies within the steps' own noise, or that sets steps of different kinds (clean
-  against instrumented) side by side;
-- a high-precision job (FP32, FP16): no BF16 run to take speedups over unless one was observed, no
-  microbenchmark of its own precision to predict from.
-
-A negative instrument cost is caught where the cost is stated
-(:func:`te_gemm_callback.analysis.notes.instrument_problem`). :func:`report_checks` returns what
-:func:`te_gemm_callback.analysis.verdicts.analyze` puts in ``Report.meta``: ``gemm_share`` with its
-basis (or ``gemm_share_na``), ``gemm_shares`` per run, ``warnings``, and ``withheld`` (recipe ->
-field -> why), the fields the Report then clears ("evidence": all of it; "derived_evidence": the
-lines made from the non-GEMM time; "verdict": the verdict becomes
-:attr:`~te_gemm_callback.analysis.findings.Verdict.WITHHELD` with its why).
+A report joins numbers of different steps and clocks; where a join cannot hold (a GEMM share above
+100%, a verdict within the steps' noise or across steps of different kinds, a FP32 / FP16 job
+without a BF16 run or a benchmark of its precision) the report states "n/a (why)" instead.
+:func:`report_checks` returns ``Report.meta``'s ``gemm_share`` (or ``gemm_share_na``),
+``gemm_shares``, ``warnings`` and ``withheld`` (recipe -> field -> why), the fields the report clears.
 """
 
 from __future__ import annotations
@@ -43,21 +29,15 @@ ATTACHED = {"clean": "nothing attached", "settle": "nothing attached", "kernels"
 
 
 def share_check(cap: GemmCapture, step_ms: float, gemm_ms: float | None) -> dict[str, Any]:
-    """The GEMM share of a run's step that a report may state.
-
-    Returns ``share`` (None where none can be stated, with ``why``), its ``basis`` ("step": the
-    step time the report shows; "timed steps": the steps the GEMMs were timed in), ``of_ms`` (the
-    step time it is a share of) and ``clock``; ``warning`` where a cross-step ratio was refused.
-    """
+    """The GEMM share of a run's step that a report may state: ``share`` (None, with ``why``), its
+    ``basis`` ("step" or "timed steps"), ``of_ms``, ``clock``, and ``warning`` where a ratio was refused."""
     clock = cap.gemm_clock()
     if gemm_ms is None or not step_ms:
         return {"share": None, "clock": clock, "why": "GEMMs not timed"}
     raw = gemm_ms / step_ms
     if clock == "host_clock":
-        # The CPU's clean steps carry no GEMM time, and the host-clock times of two steps are not
-        # comparable (first calls, caches, the host's other load): the share is taken within the
-        # steps the GEMMs were timed in, one clock, one step. Those steps also carry the
-        # instruments' cost, so it reads low rather than impossible.
+        # Host-clock times of two steps are not comparable: the share is taken within the timed steps
+        # (which carry the instruments' cost, so it reads low rather than impossible).
         own = cap.gemm_share_in_timed_steps()
         if own is None or own[0] > 1:
             return {"share": None, "clock": clock,
@@ -84,9 +64,8 @@ def share_check(cap: GemmCapture, step_ms: float, gemm_ms: float | None) -> dict
 
 def _baseline_ran(by: dict[str, GemmCapture], recipes: list[Any], bench: BenchResults | None,
                   hold: Callable[[str, Iterable[str], str], None], warnings: list[str]) -> str | None:
-    """The precision the BF16 run really ran where it is another (FP32 on an fp32 model, the sweep's
-    FP8-off entry keyed "BF16"): every speedup is then over that, and is said to be; a prediction
-    scaled from BF16 microbenchmarks is withheld without one in that precision."""
+    """The precision the BF16 run really ran where it is FP32 / FP16 (a sweep's FP8-off entry on such a
+    model), said in a warning; predictions are withheld without a microbenchmark of it."""
     ran = precision_ran(by["BF16"]) if "BF16" in by else "BF16"
     if ran not in OTHER_HIGH:
         return None
@@ -103,8 +82,8 @@ def _baseline_ran(by: dict[str, GemmCapture], recipes: list[Any], bench: BenchRe
 def _recipe_holds(a: Any, runs: dict[str, Any], by: dict[str, GemmCapture], over: set[str],
                   withheld: dict[str, dict[str, str]], hold: Callable[[str, Iterable[str], str], None],
                   tol: float) -> None:
-    """The figures of one recipe's row withheld, and why: a verdict resting on a withheld
-    prediction, a GEMM time above its step, steps of different kinds, a run too noisy to judge."""
+    """Withhold a row's figures resting on a withheld prediction, a GEMM time above its step, steps of
+    different kinds, or a run too noisy to judge."""
     r, run, base = a.recipe, runs.get(a.recipe), runs.get("BF16")
     if any(f in withheld.get(r, {}) for f in PREDICTED) and a.verdict_kind not in WITHOUT_PREDICTION:
         hold(r, ("verdict",), next(withheld[r][f] for f in PREDICTED if f in withheld[r]))
@@ -125,10 +104,9 @@ def _recipe_holds(a: Any, runs: dict[str, Any], by: dict[str, GemmCapture], over
 
 def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], recipe_of: Callable[[GemmCapture], str],
                   recipes: list[Any], bench: BenchResults | None, tol: float) -> dict[str, Any]:
-    """``Report.meta`` entries from the checks (module docstring). ``job``: the baseline run's
-    recipe; ``runs``: the observed runs by recipe (``analysis.Observed``); ``caps``: their
-    captures, the job's first; ``recipes``: the analysed rows (``analysis.RecipeAnalysis``);
-    ``tol``: the verdicts' line between GEMM-bound and not (``analysis.GEMM_BOUND_TOL``)."""
+    """``Report.meta`` entries from the checks. ``job``: the baseline's recipe; ``runs``: Observed by
+    recipe; ``caps``: their captures, the job's first; ``recipes``: the RecipeAnalysis rows; ``tol``:
+    GEMM_BOUND_TOL."""
     by: dict[str, GemmCapture] = {}
     for c in caps:
         by.setdefault(recipe_of(c), c)  # the first capture of a recipe is its run, as in analyze()
@@ -153,8 +131,6 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
         for a in recipes:
             if a.recipe != "plan" or bench is not None:  # without a bench, the plan's is its file's own
                 hold(a.recipe, PREDICTED, why)
-    # The job's precision from what ran: a sweep's FP8-off entry, keyed "BF16", runs the model in
-    # its own dtype, FP32 on an fp32 model. Every speedup is then over that, and is said to be.
     baseline_ran = _baseline_ran(by, recipes, bench, hold, warnings)
     job_precision = baseline_ran if job == "BF16" and baseline_ran else job
     _high_precision(job, runs, recipes, bench, hold, warnings)
@@ -187,8 +163,7 @@ def _high_precision(job: str, runs: dict[str, Any], recipes: list[Any], bench: B
     if job not in OTHER_HIGH:
         return
     if bench is not None and job not in bench.precisions:
-        # Unbenched, the job's GEMMs would stand in at their BF16 time (the fallback for GEMMs a
-        # recipe cannot run): its bench row would be BF16's, every prediction would make BF16 = FP32.
+        # Unbenched, its GEMMs would stand in at BF16 time: every prediction would make BF16 = FP32.
         why = (f"no {job} microbenchmark: the microbenchmarks timed {', '.join(bench.precisions)} only, so neither "
                f"{job}'s GEMM time nor a prediction scaled from it (microbenchmark time over {job}'s) can be stated")
         hold(job, BENCHED, why)
@@ -206,8 +181,8 @@ def _high_precision(job: str, runs: dict[str, Any], recipes: list[Any], bench: B
 
 
 def _too_noisy(a: Any, run: Any, base: Any, cap: GemmCapture, base_cap: GemmCapture, tol: float) -> str | None:
-    """Why the verdict cannot pick a side of its ±tol line from these steps, or None. Runs timed
-    in a sweep's alternating rounds are left to the verdict's own interval over the rounds."""
+    """Why the verdict cannot pick a side of its ±tol line from these steps, or None (runs timed in a
+    sweep's rounds are left to the verdict's interval)."""
     if a.verdict_kind not in GAP_VERDICTS or run.round_ms or base.round_ms:
         return None
     obs, pred = a.observed_step_speedup, a.predicted_step_speedup
@@ -225,9 +200,7 @@ def _too_noisy(a: Any, run: Any, base: Any, cap: GemmCapture, base_cap: GemmCapt
 
 
 def apply_withheld(recipes: list[Any], withheld: dict[str, dict[str, str]]) -> None:
-    """Clear the refused fields of the analysed rows (``report_checks``' ``withheld``): a refused
-    verdict becomes :attr:`Verdict.WITHHELD`, rendered "n/a (why)" with the full reason last in its
-    evidence; "evidence" clears all of it, "derived_evidence" the lines made from the non-GEMM time."""
+    """Clear the rows' fields ``report_checks`` withheld; a refused verdict becomes :attr:`Verdict.WITHHELD`."""
     for a in recipes:
         held = withheld.get(a.recipe) or {}
         ev = a.verdict_evidence

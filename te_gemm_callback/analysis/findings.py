@@ -1,7 +1,5 @@
-"""A recipe's verdict as data: its kind (:class:`Verdict`), the numbers behind it (:class:`Evidence`),
-and :func:`render`, the one place where both become the sentences a report prints and report.json
-keeps ("verdict", "evidence"). Code decides on the kind and the numbers, never on the sentences.
-"""
+"""A recipe's verdict as data (:class:`Verdict`, :class:`Evidence`) and :func:`render`, the one
+place both become the sentences a report prints and report.json keeps."""
 
 from __future__ import annotations
 
@@ -12,13 +10,11 @@ from typing import TYPE_CHECKING, cast
 if TYPE_CHECKING:
     from te_gemm_callback.sweep.intervals import Estimate
 
-# How many names an evidence line lists before "...".
-_LISTED = 6
+_LISTED = 6  # names an evidence line lists before "..."
 
 
 class Verdict(str, Enum):
-    """What a recipe's observed step speedup says against its prediction. The value is the
-    ``verdict_kind`` report.json carries beside the rendered sentence."""
+    """What a recipe's observed step speedup says against its prediction (report.json's ``verdict_kind``)."""
 
     BASELINE = "baseline"  # BF16: what every speedup is over
     GEMM_BOUND = "gemm_bound"  # observed within the tolerance of predicted
@@ -39,8 +35,8 @@ WITHOUT_PREDICTION = frozenset({Verdict.BASELINE, Verdict.NO_GAIN, Verdict.SILEN
 
 @dataclass
 class Straddle:
-    """An observed speedup that cannot pick a side of a line ``edge`` x predicted: its 95% interval
-    (``rounds_range`` False) or, with too few rounds for one, the rounds' own range reaches across it."""
+    """An observed speedup whose 95% interval (or, too few rounds for one, the rounds' range) reaches
+    across ``edge`` x predicted."""
 
     low: float
     high: float
@@ -51,7 +47,7 @@ class Straddle:
 
 @dataclass
 class StepParts:
-    """A sweep step split into forward+backward and the rest (the optimizer step, ...), in both runs."""
+    """A sweep step split into forward+backward and the rest, in both runs."""
 
     bf16_fwd_bwd_ms: float
     fwd_bwd_ms: float
@@ -101,14 +97,14 @@ class Evidence:
 
     @property
     def residual(self) -> float | None:
-        """observed / predicted - 1: how far the step moved from what the GEMMs alone predict."""
+        """observed / predicted - 1."""
         if self.observed is None or self.predicted is None:
             return None
         return self.observed / self.predicted - 1
 
     @property
     def overhead_ms(self) -> float | None:
-        """How much the non-GEMM time per step grew from BF16 to this recipe (negative: it shrank)."""
+        """How much the non-GEMM time per step grew from BF16 to this recipe."""
         return None if self.non_gemm_ms is None else self.non_gemm_ms[1] - self.non_gemm_ms[0]
 
 
@@ -143,8 +139,7 @@ def _straddle_text(s: Straddle, predicted: float) -> str:
 
 
 def _comparison(ev: Evidence) -> str:
-    """Predicted against observed, with the interval and what the interval leaves undecided."""
-    # Called where ev.residual is set, so with ev.observed and ev.predicted set too.
+    """Predicted against observed, with the interval and what it leaves undecided (``residual`` set)."""
     predicted, residual = cast(float, ev.predicted), cast(float, ev.residual)
     observed = ev.estimate.text() if ev.estimate else f"{ev.observed:.2f}x"
     line = f"predicted step speedup {predicted:.2f}x, observed {observed} (residual {100 * residual:+.1f}%)"
@@ -171,7 +166,7 @@ def _cause(kind: Verdict, ev: Evidence) -> str | None:
 
 
 def evidence_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
-    """The evidence as the report prints it, one line per fact, in the order a reader needs them."""
+    """The evidence as the report prints it, one line per fact."""
     lines = [] if ev.cleared else _fact_lines(kind, ev)
     if ev.withheld:
         lines.append(ev.withheld)
@@ -214,7 +209,7 @@ def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
     if ev.idle_ms is not None and not ev.non_gemm_withheld:
         lines.append(f"GPU time in no kernel (host-bound gaps) {ev.idle_ms:+.2f} ms per step")
     cause = _cause(kind, ev) if kind is not None else None
-    # The undecided hint rests on the rounds; the causes on the non-GEMM time the checks may refuse.
+    # The undecided hint rests on the rounds; the causes on the non-GEMM time, which may be withheld.
     if cause and (kind is Verdict.UNDECIDED or not ev.non_gemm_withheld):
         lines.append(cause)
     if p is not None and p.best_single is not None and p.best_single_ms is not None:  # set together

@@ -1,9 +1,5 @@
-"""One-line notes a report prints beside its tables: the clock the job ran at against the
-microbenchmark's, the GPU share the microbenchmark gave its GEMMs against the job's, what the
-capture's own instruments cost the job, and the clocks behind its times. The checks that keep a
-report from contradicting itself (a GEMM share above 100%, a negative instrument cost, a verdict
-inside the steps' own noise, an FP32 job read as BF16) live in :mod:`te_gemm_callback.analysis.checks`.
-Pure: they read captures and bench results."""
+"""One-line notes a report prints beside its tables: the job's clock against the microbenchmark's,
+their GEMM duty, what the capture's instruments cost, and the clocks behind the times. Pure."""
 
 from __future__ import annotations
 
@@ -13,13 +9,11 @@ from typing import cast
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.microbench.results import BenchResults
 
-# What each clock is, in words: the report names the one its numbers came from on this device.
 STEP_CLOCK_WORDS = {"cuda_events": "CUDA events between step boundaries",
                     "host_clock": "host clock (time.perf_counter) between step boundaries"}
 GEMM_CLOCK_WORDS = {
     "kernel_records": "kernel durations (torch.profiler kernel records of a kernels step)",
     "cuda_events": "CUDA-event pair per GEMM",
-    # CPU ops run synchronously: the pair around the call is the op's run time, dispatch included.
     "host_clock": "host clock (time.perf_counter) around each GEMM call of the instrumented steps (CPU)",
     None: "not timed",
 }
@@ -32,9 +26,8 @@ STEP_KIND_WORDS = {"clean": "median of clean steps (nothing attached)",
 
 
 def step_timing(cap: GemmCapture) -> str:
-    """Which steps the step time is the median of, and on which clock, for this capture's device."""
-    kind = cap.step_kind()
-    # A step kind means a step clock: step_clock() is None only without one.
+    """Which steps the step time is the median of, and on which clock."""
+    kind = cap.step_kind()  # a step kind means a step clock
     return f"{STEP_KIND_WORDS[kind]}, {STEP_CLOCK_WORDS[cast(str, cap.step_clock())]}" if kind else "no step times"
 
 
@@ -46,10 +39,8 @@ def gemm_timing(cap: GemmCapture) -> str:
 
 
 def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
-    """The SM clock the job's captured steps ran at against the microbenchmark's (NVML medians).
-    GEMM times scale with it, and a bench at the idle boost clock reads fast against training
-    (docs/results/h200.md, facts the code relies on: SM clock), so a difference over 5% is called
-    out."""
+    """The job's SM clock against the microbenchmark's (NVML medians); a difference over 5% is called
+    out (docs/results/h200.md, facts the code relies on: SM clock)."""
     job = cap.meta.get("clocks_during_capture")
     ran = bench.meta.get("clocks_during_run") if bench is not None else None
     if not job or not ran:
@@ -63,11 +54,8 @@ def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
 
 
 def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | None:
-    """The share of GPU time the microbenchmark gave its GEMMs against this job's GEMM share of the
-    step (``Report.gemm_share``: the report's baseline run, the figure its table shows). Under a
-    power limit it sets the clock: a duty near the job's share keeps the microbenchmark's GEMMs near
-    their in-job time, where back-to-back GEMMs read slow (docs/results/h200.md, facts the code
-    relies on: GEMM duty). Beyond 0.15 apart the user is told how to bench at the job's own share."""
+    """The microbenchmark's GEMM duty against the job's GEMM share (``Report.gemm_share``); beyond 0.15
+    apart, how to bench at the job's share (docs/results/h200.md, facts the code relies on: GEMM duty)."""
     duty = bench.meta.get("gemm_duty") if bench is not None else None
     if duty is None or bench is None or bench.meta.get("backend") != "te" or not gemm_share:
         return None
@@ -83,9 +71,7 @@ def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | Non
 
 INSTRUMENT_WARN_PCT = 5.0  # instrumented steps this much slower than clean ones: a host-bound job
 GPU_BUSY_HOST_BOUND = 0.5  # kernels for less than this share of a clean step: the GPU waits on the host
-# A negative cost this close to zero is noise even where the clean steps agree closely: instruments
-# that cost nothing can read a little below zero (docs/results/h200.md, facts the code relies on:
-# instrument cost).
+# A negative cost this close to zero is noise (docs/results/h200.md, facts the code relies on: instrument cost).
 NOISE_FLOOR_PCT = 2.0
 _COST_LABELS = (("instrumented", "instrumented steps"),
                 ("dispatch", "the shape-discovery step (torch dispatch mode)"),
@@ -102,10 +88,8 @@ def clean_noise(cap: GemmCapture) -> tuple[int, float | None]:
 
 
 def instrument_problem(cap: GemmCapture) -> str | None:
-    """Why no instrument cost can be stated for this capture, or None: a step with instruments on
-    that ran faster than the clean steps by more than their own noise. An instrument only adds
-    work, so such a step says the steps' conditions moved (the host's other load, its clock), not
-    that the instruments saved time: "-58%" would be printed as a cost it is not."""
+    """Why no instrument cost can be stated, or None: a step with instruments on ran faster than the
+    clean steps by more than their noise, which says the conditions moved, not that they saved time."""
     cost = cap.instrument_cost()
     if cost is None:
         return None
@@ -126,10 +110,8 @@ def instrument_problem(cap: GemmCapture) -> str | None:
 
 
 def instrument_note(cap: GemmCapture) -> str | None:
-    """What the capture instruments cost this job: instrumented against clean step time. Step
-    times, shares and verdicts come from the clean steps either way; a large cost says the job is
-    host-bound (the host, not the GPU, sets its pace). A negative cost is stated only within the
-    clean steps' own noise; beyond it the note says the steps are too noisy (:func:`instrument_problem`)."""
+    """What the capture instruments cost this job: instrumented against clean step time; a large cost
+    says the job is host-bound. A negative one is stated only within the clean steps' noise."""
     cost = cap.instrument_cost()
     if cost is None:
         if cap.steps and not cap.steps_of("clean"):
@@ -143,8 +125,6 @@ def instrument_note(cap: GemmCapture) -> str | None:
         if f"{key}_pct" not in cost:
             continue
         ms, pct = cost[f"{key}_ms"], cost[f"{key}_pct"]
-        # CUPTI's per-launch cost shows on the kernels steps of a host-bound job (docs/results/h200.md,
-        # facts the code relies on: instrument cost).
         if pct >= 0:
             parts.append(f"{label} {ms:.2f} ms ({pct:+.1f}%)")
         elif pct >= -noise:
@@ -153,9 +133,7 @@ def instrument_note(cap: GemmCapture) -> str | None:
             parts.append(f"{label} {ms:.2f} ms (faster than the clean steps: no cost stated)")
     session = cap.meta.get("kernel_session_ms") or {}
     if "stop" in session:
-        # Between steps, so in no step's time, but the job waits for it once per capture.
-        # The stop's sync waits for kernels the host had queued ahead: the job would wait for
-        # them anyway, so that part is said apart from the records' read.
+        # Once per capture, between steps; its sync waits for queued kernels the job waits for anyway.
         sync = session.get("stop_sync")
         waited = f", {sync:.0f} ms of it waiting for the GPU's queued kernels" if sync is not None else ""
         parts.append(f"the kernel-records session: {session.get('start', 0.0):.0f} ms to start, "
@@ -175,16 +153,13 @@ def instrument_note(cap: GemmCapture) -> str | None:
 
 def _gpu_busy(cap: GemmCapture, cost: dict[str, float]) -> float | None:
     """The share of a clean step the GPU ran kernels for, or None without kernel records."""
-    # The kernels step says it without any instrument: per-category kernel time summed
-    # (overlapping streams can only raise it).
     kernel_ms = sum((cap.meta.get("kernel_breakdown_ms") or {}).values())
     return min(kernel_ms / cost["clean_ms"], 1.0) if kernel_ms else None
 
 
 def host_bound(cap: GemmCapture) -> bool:
-    """Whether the capture shows a host-bound job (the host, not the GPU, sets its pace): its
-    instrumented steps ran over :data:`INSTRUMENT_WARN_PCT` slower than its clean ones, or the GPU ran
-    kernels for under :data:`GPU_BUSY_HOST_BOUND` of a clean step. :func:`instrument_note` says so."""
+    """Whether the host, not the GPU, sets the job's pace: instrumented steps over INSTRUMENT_WARN_PCT
+    slower than clean ones, or the GPU busy under GPU_BUSY_HOST_BOUND of a clean step."""
     cost = cap.instrument_cost()
     if cost is None:
         return False
@@ -193,12 +168,9 @@ def host_bound(cap: GemmCapture) -> bool:
 
 
 def framework_note(job: GemmCapture, sweep_base: GemmCapture, speedups: dict[str, float]) -> str | None:
-    """The job's own step against the sweep's whole training step in the same recipe: what the job
-    does between steps besides training (the framework's loop, logging, other callbacks, data
-    loading) is in the first and not the second. Measured here, not assumed: the job's clean steps
-    against the sweep's. The observed speedups leave it out (the sweep cannot time it per recipe),
-    so the note restates them with it added to every recipe's step. ``speedups``: observed, over
-    BF16, per recipe, the sweep base's own included."""
+    """The job's own step against the sweep's whole training step in the same recipe: the framework's
+    time besides training, which the observed ``speedups`` (over BF16, per recipe) leave out; they
+    are restated with it added to every recipe's step."""
     from te_gemm_callback.analysis.prediction import capture_recipe, observe
 
     if not str(sweep_base.meta.get("sweep_step", "")).startswith("whole") or not job.steps_of("clean"):

@@ -1,19 +1,11 @@
 """The capture's GEMM times beside Nsight Systems' own, for a job recorded under ``nsys profile``.
 
 ``nsys stats -r nvtx_gpu_proj_trace`` projects every NVTX range onto the GPU work launched inside
-it, from nsys's own kernel records (CUPTI, which nsys owns while it profiles): one row per range
-instance. A GEMM range of ours opens after the gate and the start event and closes after the end
-event (:meth:`~te_gemm_callback.capture.recorder.Recorder.begin`), so its projection is that
-GEMM's kernels alone: the measurement our CUDA-event pair stands in for, in the same run. Each GEMM
-instance is put in the step whose range holds its start, in the same process (host times: a step
-range is pushed on the main thread, which waits for autograd's threads inside it), so the median
-here is over the same steps as the capture's: dispatch-mode steps left out where a step without
-that mode timed the GEMM too (:mod:`te_gemm_callback.capture.results`).
-
-Needs a report nsys could import (a ``.nsys-rep``): nsys runs its QdstrmImporter for that, which
-loads elfutils' ``libdw.so.1``, not on every host (docs/results/h200.md, facts the code relies on:
-nsys importer); without it nsys keeps only the ``.qdstrm`` ("Unable to retrieve the importer
-version") and there is nothing to project.
+it: a GEMM range of ours holds that GEMM's kernels alone
+(:meth:`~te_gemm_callback.capture.recorder.Recorder.begin`), the measurement our CUDA-event pair
+stands in for. Each GEMM is put in the step range of its process that holds its start, so the
+median is over the capture's own steps. Needs a ``.nsys-rep`` (nsys's importer needs elfutils'
+``libdw.so.1``: docs/results/h200.md, facts the code relies on: nsys importer).
 """
 
 from __future__ import annotations
@@ -22,10 +14,13 @@ import contextlib
 import csv
 import functools
 import glob
+import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,15 +31,18 @@ from te_gemm_callback.capture.instruments import NVTX_DOMAIN, range_name
 class UsageError(ValueError):
     """The command line must change (which process to compare): te-gemm exits 2 for it."""
 
+
 STEP = re.compile(r"step (\d+) \(([^)]+)\)$")
 PREFIX = f"{NVTX_DOMAIN}:"
 NSYS_SCHEMA = "te-gemm-nsys/1"  # te-gemm nsys --json
+MAX_FIELD = 16 * 2**20  # bytes in one CSV field
+NSYS_TIMEOUT_S = 600
+TAIL_BYTES = 4096  # of nsys's output: what a failure is said with
 
 
 def find_nsys(given: str | None = None) -> str | None:
-    """nsys from ``given``, PATH, or an Nsight Systems / Nsight Compute install under /opt (a host
-    may have it only inside Nsight Compute's: docs/results/h200.md, facts the code relies on: nsys
-    location)."""
+    """nsys from ``given``, PATH, or an Nsight Systems / Nsight Compute install under /opt
+    (docs/results/h200.md, facts the code relies on: nsys location)."""
     if given:
         return given
     return shutil.which("nsys") or next(iter(sorted(
@@ -53,15 +51,13 @@ def find_nsys(given: str | None = None) -> str | None:
 
 
 def projection_rows(nsys: str, rep: Path) -> list[dict[str, str]]:
-    """The ``nvtx_gpu_proj_trace`` rows of ``rep`` (the CSV nsys writes beside it is kept); one
-    ``nsys stats`` run per recording as it is now (it exports to SQLite first: seconds)."""
+    """The ``nvtx_gpu_proj_trace`` rows of ``rep``: one ``nsys stats`` run per recording as it is now."""
     st = rep.stat()
     return _rows(nsys, rep.resolve(), st.st_mtime_ns, st.st_size)
 
 
 def csv_path(rep: Path) -> Path:
-    """Where ``nsys stats -o PREFIX`` writes the rows, PREFIX_nvtx_gpu_proj_trace.csv
-    (docs/results/h200.md, facts the code relies on: nsys names)."""
+    """Where ``nsys stats -o PREFIX`` writes the rows (docs/results/h200.md, facts the code relies on: nsys names)."""
     return rep.with_suffix("").with_name(f"{rep.with_suffix('').name}_nvtx_gpu_proj_trace.csv")
 
 
@@ -87,9 +83,7 @@ def _rows(nsys: str, rep: Path, mtime_ns: int, size: int) -> list[dict[str, str]
 
 
 def _check_ours(csv_file: Path, sqlite_file: Path) -> None:
-    """nsys stats replaces the CSV and the SQLite export beside the report (--force-overwrite):
-    only where each is nsys's own (its CSV's header, SQLite's file header); a user's file of that
-    name is refused in one line, never deleted or overwritten."""
+    """Refuse a user's file where nsys stats would overwrite its CSV or SQLite export."""
     if csv_file.exists():
         with open(csv_file, "rb") as f:
             head = f.read(4096).split(b"\n", 1)[0].lower()
@@ -103,19 +97,9 @@ def _check_ours(csv_file: Path, sqlite_file: Path) -> None:
                                  "the report another name")
 
 
-MAX_FIELD = 16 * 2**20  # bytes in one CSV field
-NSYS_TIMEOUT_S = 600
-TAIL_BYTES = 4096  # of nsys's output: what a failure is said with
-
-
 def _run_nsys(cmd: list[str]) -> None:
-    """Run nsys with its output to a temporary file (it can print gigabytes: only the tail is kept)
-    in a session of its own, so that on the timeout its whole process group is killed, children
-    included. CalledProcessError (with the output's tail) or TimeoutExpired as subprocess.run."""
-    import os
-    import signal
-    import tempfile
-
+    """Run nsys with its output to a file (it can print gigabytes: the tail is kept) in a session of
+    its own, whose whole process group is killed on the timeout. Raises as subprocess.run."""
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -140,15 +124,12 @@ def _column(row: dict[str, str], *words: str) -> str:
 
 
 def _ours(name: str) -> str | None:
-    """A range name of ours without its domain, None for anyone else's (TE's own ``:nvte_*`` ranges,
-    the job's): nsys writes a domain's ranges as ``te_gemm:<name>`` (docs/results/h200.md, facts the
-    code relies on: nsys names), and torch.cuda.nvtx's (no domains) carry ``te_gemm: `` in the name
-    itself."""
+    """A range name of ours without its ``te_gemm:`` domain, None for anyone else's
+    (docs/results/h200.md, facts the code relies on: nsys names)."""
     return name[len(PREFIX):].lstrip() if name.startswith(PREFIX) else None
 
 
 def _int(value: str | None) -> int | None:
-    """A whole number of nanoseconds from a CSV field; None for an empty or unreadable one."""
     try:
         return int(value) if value not in ("", None) else None
     except ValueError:
@@ -165,10 +146,8 @@ def processes(rows: list[dict[str, str]]) -> list[str]:
 
 def per_step(rows: list[dict[str, str]], only_pid: str | None = None
              ) -> tuple[dict[str, dict[int, list[float]]], dict[int, str], int]:
-    """{GEMM range name: {step index: [projected ms, ...]}}, {step index: kind}, and how many GEMM
-    instances fell in no step range of their process (left out). A range with no GPU work or an
-    unfinished one (empty fields) counts nowhere; steps are matched within one process (PID), and
-    ``only_pid`` keeps one process's ranges (one rank's, beside that rank's capture)."""
+    """{GEMM range: {step index: [projected ms, ...]}}, {step index: kind}, and how many GEMM
+    instances fell in no step range of their process. ``only_pid`` keeps one process's ranges."""
     if not rows:
         return {}, {}, 0
     name, pid = _column(rows[0], "name"), _column(rows[0], "pid")
@@ -199,18 +178,14 @@ def per_step(rows: list[dict[str, str]], only_pid: str | None = None
 def compare(proj: dict[str, dict[int, list[float]]], captured: dict[str, float],
             dispatch_steps: set[int]) -> list[dict]:
     """Per GEMM the capture timed: nsys's median projection over the steps the capture used (those
-    without the dispatch mode where any timed it, else all) against the capture's median; a GEMM
-    nsys has no projection for keeps a row with ``nsys_proj_ms`` None."""
+    without the dispatch mode where any, else all) against the capture's; ``nsys_proj_ms`` None
+    where nsys has none."""
     rows = []
     for name, ours in captured.items():
-        by_step = proj.get(name)
-        if not by_step:
-            rows.append({"gemm": name, "nsys_proj_ms": None, "capture_ms": ours, "instances": 0,
-                         "capture_vs_nsys": None})
-            continue
+        by_step = proj.get(name) or {}
         light = {s: v for s, v in by_step.items() if s not in dispatch_steps}
         xs = [x for v in (light or by_step).values() for x in v]
-        theirs = statistics.median(xs)
+        theirs = statistics.median(xs) if xs else None
         rows.append({"gemm": name, "nsys_proj_ms": theirs, "capture_ms": ours, "instances": len(xs),
                      "capture_vs_nsys": ours / theirs - 1 if theirs else None})
     return sorted(rows, key=lambda r: -(r["nsys_proj_ms"] or 0.0))
@@ -240,9 +215,8 @@ class NsysComparison:
 
 
 def against_capture(cap: Any, rep: Path, nsys: str, pid: str | None = None) -> NsysComparison:
-    """The capture ``cap`` (of a job recorded as ``rep``; ``pid``: its process, where the recording
-    holds several) against nsys's projection of its ranges. Raises ValueError with what to do where
-    ``rep`` is not something ``nsys stats`` can read, or does not match ``cap``."""
+    """The capture ``cap`` against nsys's projection of its ranges in ``rep`` (``pid``: its process,
+    where the recording holds several). ValueError with what to do where they do not fit."""
     if rep.suffix == ".qdstrm":
         raise ValueError(f"{rep} is a .qdstrm: nsys could not import it (its QdstrmImporter did not start; "
                          "docs/nsight-systems.md says how to find why), and nsys stats reads only a .nsys-rep")

@@ -1,13 +1,9 @@
 """Per-layer precision plan: which modules to keep in BF16 under an FP8 recipe.
 
-For each GEMM-owning module of the captured job, the autocast-mode microbenchmarks (each GEMM plus
-the quantization of its inputs, what training pays) give its GEMM time per step under every recipe
-that ran. A plan is one FP8 recipe with the modules where that recipe loses kept in BF16; the best
-plan is the one with the least GEMM time. Step times are predicted the way the report predicts
-them (Amdahl over the job's measured GEMM share: T - G + G x B(plan) / B(job recipe)).
-
-A module that TE cannot run in the recipe (FP8 needs dims divisible by 16; a cell that failed) is
-kept in BF16: a plan never asks TE for what it refused in the microbenchmark.
+Each module's GEMM time per step under every recipe comes from the autocast-mode microbenchmarks
+(GEMM plus quantization); a plan is one FP8 recipe with the modules where it loses (or that TE
+cannot run in it) kept in BF16, the best the one with the least GEMM time. Step times are
+predicted as the report's (Amdahl over the job's GEMM share).
 """
 
 from __future__ import annotations
@@ -43,27 +39,22 @@ def module_times(items: list[WorkItem], owner: dict[str, str], bench: BenchResul
 
 
 def fp8_shape_ok(it: WorkItem) -> bool:
-    """Whether TE can run this layer's GEMMs in FP8: every dimension a multiple of 16 (rows of a
-    grouped GEMM excepted: MoE code pads each expert's rows under FP8)."""
+    """Whether TE can run this layer's GEMMs in FP8: every dimension a multiple of 16 (a grouped
+    GEMM's rows excepted: MoE code pads them per expert)."""
     f = it.fprop
     return f.k % 16 == 0 and f.n % 16 == 0 and (it.m_splits is not None or f.m % 16 == 0)
 
 
 # A mixed plan must beat the best single recipe by this share of the predicted step (of the GEMM
-# time without a step prediction); otherwise the plan is that recipe. Below it, a gain is within
-# what the microbenchmarks and a job's step-to-step spread can tell apart, and every module kept in
-# BF16 is one more place where the job's configuration departs from a plain recipe.
+# time without one), else the plan is that recipe: below it, a gain is within the measurements' noise.
 MIN_GAIN = 0.005
 
 
 def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] | None = None,
               observed: GemmCapture | None = None, min_gain: float = MIN_GAIN) -> PrecisionPlan:
     """The best plan among the FP8 recipes the bench ran, against BF16 and every single recipe.
-
-    ``observed``: the run whose clean step time and GEMM time anchor the prediction (the sweep's
-    baseline when there is one; default the capture itself). ``min_gain``: the least gain over the
-    best single recipe, as a share of the step, for which a mixed plan is proposed
-    (:data:`MIN_GAIN`); otherwise the plan is that single recipe (:attr:`PrecisionPlan.same_as`)."""
+    ``observed``: the run whose step and GEMM time anchor the prediction (default ``capture``);
+    ``min_gain``: see :data:`MIN_GAIN`."""
     from te_gemm_callback.analysis.prediction import capture_recipe
     from te_gemm_callback.microbench.items import items_from_capture
 
@@ -84,15 +75,10 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
         raise ValueError("the capture holds no weight GEMM that runs in a step (no fprop records, or all "
                          "with 0 calls per step): nothing to plan")
     plans = {}
-    # Safe by construction: TE's FP8 GEMMs need K and N (and M, the wgrad's inner dimension) to be
-    # multiples of 16 (it asserts "Leading dimension requirement on A for FP8 GEMM"); a module with
-    # such a GEMM stays BF16 whatever its bench cell says. Grouped GEMMs' rows are padded per expert
-    # by the MoE code under FP8, and the bench times them padded.
-    # Only GEMMs a recipe runs can keep a module in BF16: an attention bmm runs in BF16 under every recipe.
+    # A module with a GEMM TE cannot run in FP8 stays BF16 whatever its bench cell says (only GEMMs
+    # a recipe runs count: an attention bmm runs BF16 under every recipe).
     unsafe = {owner.get(it.name, it.name) for it in items if it.runs_recipe and not fp8_shape_ok(it)}
-    # In a TE job a plain torch layer (an nn.Linear lm_head) runs in high precision under every
-    # recipe: no recipe is the plan's to give it. (A job without TE layers is planned as if its
-    # layers were TE's: that is the question it asks.)
+    # In a TE job a plain torch layer (an nn.Linear lm_head) runs high precision under every recipe.
     te = {r.module for r in capture.records if getattr(r, "source", "te") == "te"}
     if te:
         unsafe |= {r.module for r in capture.records if getattr(r, "source", "te") != "te"} - te
@@ -101,7 +87,6 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
         choices = [ModuleChoice(m, bf16[m], (t := times.get(m)), keep_bf16=t is None or t >= bf16[m])
                    for m in bf16]
         # The single recipe as TE would run it: modules it cannot run stay BF16, the rest in r.
-        # (Each bf16_ms is a float from bf16; fp8_ms is None only where keep_bf16 is set.)
         totals[r] = sum(cast(float, c.fp8_ms if c.fp8_ms is not None else c.bf16_ms) for c in choices)
         plans[r] = (sum(cast(float, c.bf16_ms if c.keep_bf16 else c.fp8_ms) for c in choices), choices)
     best = min(plans, key=lambda r: plans[r][0])
@@ -109,14 +94,11 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     base = observed or capture
     step, gemm, job = base.step_ms(), base.gemm_ms_per_step(), capture_recipe(base)
     single = min(totals, key=totals.__getitem__)
-    # The gain in step time equals the gain in GEMM time scaled by the job's GEMM share.
-    # As the report's checks (checks.report_checks): a GEMM time above the step it is set against
-    # (host-clock GEMMs of an instrumented step vs a clean one) makes the non-GEMM time negative,
-    # so no step is predicted (the plan then ranks by GEMM time alone).
+    # The step gain is the GEMM gain scaled by the job's GEMM share; as in checks.report_checks, no
+    # step is predicted from a GEMM time above its step (the plan then ranks by GEMM time alone).
     withheld = None if step and gemm is not None and gemm <= step else (
         "GEMMs not timed" if gemm is None or not step else
         f"the job's GEMM time ({gemm:.2f} ms) exceeds the step it is set against ({step:.2f} ms)")
-    # withheld is None only with a step and a GEMM time: the checks of gemm and step below follow from it.
     scale = gemm / totals[job] if withheld is None and gemm is not None and totals.get(job) else None
     gain = (totals[single] - plan_ms) * scale / step if scale is not None and step else 1 - plan_ms / totals[single]
     if gain < min_gain:
@@ -131,18 +113,16 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     pred: dict[str, float] = {}
     if scale is not None and step and gemm is not None:
         pred = {k: step - gemm + v * scale for k, v in totals.items()}
-    plan = PrecisionPlan(best, [c.module for c in choices if c.keep_bf16], choices, pred,
+    return PrecisionPlan(best, [c.module for c in choices if c.keep_bf16], choices, pred,
                          {k: pred["BF16"] / v for k, v in pred.items()} if pred else {}, totals,
                          {"device": bench.meta.get("device"), "mode": MODE, "job_recipe": job,
                           "prediction": "Amdahl over the job's measured GEMM share, autocast-mode microbenchmarks"
                           if pred else f"n/a: {withheld or 'no GEMM time of the job recipe'}"})
-    return plan
 
 
 def plan_for_run(rr: Any) -> PrecisionPlan:
-    """The plan of an analysed run folder (:class:`~te_gemm_callback.analysis.runs.RunReport`): anchored on
-    the sweep's run in the job's recipe where there is one (clean steps of the same step function
-    as the other recipes), else on the job's own capture."""
+    """The plan of an analysed run folder (a RunReport), anchored on the sweep's run in the job's
+    recipe where there is one, else on the job's own capture."""
     if rr.bench is None:
         raise ValueError("no bench.json: te-gemm bench --capture RUN_DIR/gemm_capture.json "
                          "--json RUN_DIR/bench.json first")
@@ -153,7 +133,7 @@ def plan_for_run(rr: Any) -> PrecisionPlan:
 
 def run_plan(rr: Any) -> PrecisionPlan | None:
     """:func:`plan_for_run` where the run's bench allows a plan (BF16 and an FP8 recipe in autocast
-    mode: a CPU run's BF16-only bench has none), else None: the report's plan is an extra."""
+    mode), else None."""
     if rr.bench is None or MODE not in rr.bench.meta.get("modes", [MODE]):
         return None
     try:

@@ -1,10 +1,7 @@
-"""A run folder and everything analysed from it, with no drawing: the report (verdicts, notes,
-checks), the precision plan where the bench allows one, the per-rank summary and kernel split.
-:func:`te_gemm_callback.reporting.run.report` draws and writes what :func:`analyze_run` hands it.
-
-A run folder is what the callback (or ``te-gemm run``) writes: ``gemm_capture.json`` of the job,
-``sweep/<recipe>/gemm_capture.json`` of the in-job sweep, ``bench.json`` of the microbenchmarks,
-``ranks/rank<N>.json`` of a multi-process job.
+"""A run folder and everything analysed from it, with no drawing: the report, the precision plan,
+the per-rank summary and kernel split (:func:`te_gemm_callback.reporting.run.report` draws them).
+A run folder holds ``gemm_capture.json``, ``sweep/<recipe>/gemm_capture.json``, ``bench.json``
+and ``ranks/rank<N>.json``.
 """
 
 from __future__ import annotations
@@ -43,16 +40,13 @@ class RunReport:
     ranks: list[dict[str, Any]] | None = None
     kernels: dict[str, dict[str, float]] = field(default_factory=dict)  # recipe -> kernel ms by category
     plan: PrecisionPlan | None = None  # where the bench allows one (analysis.plan.run_plan)
-    # The report.meta notes (keys) that speak of a host-bound run: the report warns with them.
-    host_bound_notes: list[str] = field(default_factory=list)
+    host_bound_notes: list[str] = field(default_factory=list)  # report.meta keys of host-bound notes
     files: dict[str, Path] = field(default_factory=dict)  # what reporting.run.report wrote, once it has
-    # The run projected onto other GPUs where the report was asked to (projection.RunProjection).
-    projections: list[Any] = field(default_factory=list)
+    projections: list[Any] = field(default_factory=list)  # projection.RunProjection, where asked for
 
 
 def analyze_run(run_dir: str | Path) -> RunReport:
-    """Analyse a run folder: no GPU, no drawing. The precision plan comes with it where the bench
-    allows one (:func:`te_gemm_callback.analysis.plan.run_plan`).
+    """Analyse a run folder: no GPU, no drawing; with the precision plan where the bench allows one.
 
     Example:
         >>> rr = analyze_run("runs/demo")          # doctest: +SKIP
@@ -67,8 +61,7 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     sweep = [p for p in paths if "sweep" in p.relative_to(root).parts]
     main = [p for p in paths if p not in sweep]
     if sweep:
-        # A sweep compares recipes within one run: with captures of several runs below (a parent
-        # folder), one run's job would be set against another's sweep.
+        # A sweep compares recipes within one run: a parent folder of several runs is refused.
         runs = sorted({p.parent for p in main} | {_run_of(p, root) for p in sweep})
         if len(runs) > 1:
             raise ValueError(f"{run_dir} holds {len(runs)} run folders ({', '.join(map(str, runs[:4]))}"
@@ -76,8 +69,7 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     job_path = _job_capture(root, main, sweep)
     job = GemmCapture.load(job_path)
     main = [job_path] if main else main
-    # Observed runs: the callback's sweep (same model, batch and step definition) when present,
-    # else one capture per recipe (separate runs). The baseline is the job's own recipe.
+    # Observed runs: the callback's sweep when present, else one capture per recipe (separate runs).
     sweep_caps, stale = _same_run(job, [(p, GemmCapture.load(p)) for p in sweep]) if main else \
         ([GemmCapture.load(p) for p in sweep], [])
     sweep = sweep if sweep_caps else []
@@ -85,18 +77,15 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     if not sweep_caps and len(caps) > 1:
         _one_model_one_run_per_recipe(run_dir, [p for p in paths if p not in stale], caps)
     own = capture_recipe(job)
-    # An FP32 (FP16) job's own-precision run in a sweep is its FP8-off entry, keyed "BF16": its
-    # GEMMs ran the job's dtype (the report says so: checks.report_checks).
+    # The baseline is the job's recipe; an FP32 (FP16) job's is the sweep's FP8-off entry, keyed "BF16".
     base = next((c for c in caps if capture_recipe(c) == own), None) or \
         next((c for c in caps if capture_recipe(c) == "BF16" and precision_ran(c) == own), caps[0])
     bench = BenchResults.load(root / "bench.json") if (root / "bench.json").exists() else None
-    # The prediction replays the job's own capture (its kernels step), never a sweep's run: with
-    # the sweep or without it, the same predicted speedups.
+    # The prediction replays the job's own capture, never a sweep's run: the same with or without one.
     replay_from = job if capture_recipe(job) == capture_recipe(base) else base
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job),
                   replay_from=replay_from)
-    # The step note speaks of the run whose step time the table shows (the sweep's baseline when
-    # there is one); the job's own instrument cost is given beside it.
+    # The step note speaks of the run whose step time the table shows; the job's own is beside it.
     job_note = instrument_note(job) if sweep and main else None
     observed = {a.recipe: a.observed_step_speedup for a in rep.recipes if a.observed_step_speedup}
     fw_note = framework_note(job, base, observed) if sweep and main else None
@@ -112,8 +101,7 @@ def analyze_run(run_dir: str | Path) -> RunReport:
         rep.meta.setdefault("warnings", []).append(
             f"sweep captures of another run ignored ({', '.join(str(p.relative_to(root)) for p in stale)}): "
             "their run id is not the job capture's; remove them or run the sweep again")
-    # A cost the notes refuse to state (a step faster with instruments on than off) is a finding
-    # of the report's checks too: listed with them, so that report.json carries it as one.
+    # A cost the notes refuse to state is a finding of the checks too: report.json carries it.
     for who, cap in ((f"{capture_recipe(base)} run", base), ("training job", job if sweep and main else None)):
         problem = instrument_problem(cap) if cap is not None else None
         if problem:
@@ -129,14 +117,13 @@ def analyze_run(run_dir: str | Path) -> RunReport:
 
 
 def weight_gemms(cap: GemmCapture) -> set[tuple]:
-    """What runs of one model in different recipes share: who runs which GEMM shape (grouped GEMMs
-    left out: their rows are padded per expert under FP8)."""
+    """What runs of one model in different recipes share: who runs which GEMM shape (grouped GEMMs,
+    padded per expert under FP8, left out)."""
     return {(r.module, r.gemm, r.op, r.m, r.k, r.n, r.batch) for r in cap.records if not r.m_splits}
 
 
 def _one_model_one_run_per_recipe(run_dir: str | Path, paths: list[Path], caps: list[GemmCapture]) -> None:
-    """Separate runs, one per recipe, are compared only if they ran one model (the same GEMMs of
-    the same modules) and no recipe twice: else a one-line error naming the folders."""
+    """Separate runs are compared only if they ran one model and no recipe twice."""
     first = weight_gemms(caps[0])
     for p, cap in zip(paths[1:], caps[1:]):
         if weight_gemms(cap) != first:
@@ -159,9 +146,8 @@ def _run_of(sweep_capture: Path, root: Path) -> Path:
 
 
 def _job_capture(root: Path, main: list[Path], sweep: list[Path]) -> Path:
-    """The job's capture: ``gemm_capture.json``, or where a job resumed inside its capture window
-    wrote ``gemm_capture.step<N>.json`` beside an earlier one, the capture of the run the sweep
-    below belongs to (its run id), else the newest."""
+    """The job's capture: ``gemm_capture.json``, or among a resumed job's ``gemm_capture.step<N>.json``
+    the one of the sweep's run id, else the newest."""
     resumed = sorted(root.glob("gemm_capture.step*.json"))
     if not resumed or not main:
         return main[0] if main else sweep[0]
@@ -174,16 +160,7 @@ def _job_capture(root: Path, main: list[Path], sweep: list[Path]) -> Path:
 
 
 def _same_run(job: GemmCapture, sweep: list[tuple[Path, GemmCapture]]) -> tuple[list[GemmCapture], list[Path]]:
-    """The sweep captures of the job's run, and the paths of the others. The callback writes one
-    run id into the job capture and every sweep capture of a run (``meta["run_id"]``); where either
-    side has one they must agree. Files of older versions (no id on either side) are taken as one run."""
+    """The sweep captures of the job's run, and the paths of the others: their ``meta["run_id"]``
+    must be the job's (files of older versions, with none on either side, are one run)."""
     jid = job.meta.get("run_id")
-    kept: list[GemmCapture] = []
-    stale: list[Path] = []
-    for p, c in sweep:
-        rid = c.meta.get("run_id")
-        if rid == jid:  # the same run, or both written before run ids
-            kept.append(c)
-        else:
-            stale.append(p)
-    return kept, stale
+    return [c for _, c in sweep if c.meta.get("run_id") == jid], [p for p, c in sweep if c.meta.get("run_id") != jid]

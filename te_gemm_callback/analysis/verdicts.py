@@ -1,11 +1,5 @@
-"""Predicted GEMM speedup against observed step speedup, with a verdict per recipe.
-
-:func:`analyze` joins the job's capture, the microbenchmarks of its shapes and the runs observed in
-other recipes (:mod:`te_gemm_callback.analysis.prediction`: what each run measured, and the Amdahl
-prediction); :func:`judge` decides each recipe's verdict, a :class:`~te_gemm_callback.analysis.findings.Verdict`
-with its numbers (:class:`~te_gemm_callback.analysis.findings.Evidence`), which
-:mod:`te_gemm_callback.analysis.findings` renders as the sentences a report prints.
-"""
+"""Predicted GEMM speedup against observed step speedup, with a verdict per recipe: :func:`analyze`
+joins the job's capture, the microbenchmarks and the runs in other recipes; :func:`judge` decides."""
 
 from __future__ import annotations
 
@@ -47,7 +41,6 @@ from te_gemm_callback.microbench.results import step_ms as bench_step_ms
 from te_gemm_callback.precisions import row_alignment
 from te_gemm_callback.sweep.intervals import Estimate, estimate
 
-# The names this module has always offered: its callers read what a run measured from here too.
 __all__ = ["GEMM_BOUND_TOL", "NO_GAIN", "Observed", "RecipeAnalysis", "Report", "Verdict", "amdahl", "analyze",
            "capture_recipe", "judge", "observe", "observed_estimate", "observed_speedup", "round_speedups",
            "verdict"]
@@ -58,8 +51,8 @@ NO_GAIN = 1.05  # GEMM speedup below this: no gain at these shapes
 
 @dataclass
 class RecipeAnalysis:
-    """One recipe's row of the report. Its verdict is ``verdict_kind`` with ``verdict_evidence``;
-    ``verdict`` and ``evidence`` are their sentences (:func:`~te_gemm_callback.analysis.findings.render`)."""
+    """One recipe's row of the report: ``verdict`` and ``evidence`` are ``verdict_kind`` and
+    ``verdict_evidence`` rendered (:func:`~te_gemm_callback.analysis.findings.render`)."""
 
     recipe: str
     gemm_ms_bench: float | None = None  # microbenchmarked GEMM time per step
@@ -94,12 +87,8 @@ class RecipeAnalysis:
             [self.predicted_ledger] if self.predicted_ledger else [])
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["verdict"], d["evidence"] = render(self.verdict_kind, self.verdict_evidence)
-        if self.predicted_ledger:
-            d["evidence"] = [*d["evidence"], self.predicted_ledger]
-        d["verdict_kind"] = self.verdict_kind.value if self.verdict_kind is not None else None
-        return d
+        kind = self.verdict_kind.value if self.verdict_kind is not None else None
+        return {**asdict(self), "verdict": self.verdict, "evidence": self.evidence, "verdict_kind": kind}
 
 
 @dataclass
@@ -112,15 +101,13 @@ class Report:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # A report states no figure its own checks refused (meta["withheld"]): cleared here, once,
-        # for every consumer (tables, figures, report.json); a refused verdict reads "n/a (why)".
+        # The figures the checks refused (meta["withheld"]) are cleared once, for every consumer.
         apply_withheld(self.recipes, self.meta.get("withheld") or {})
 
     @property
     def gemm_share(self) -> float | None:
-        """GEMM time over step time where the two can be compared (``meta["gemm_share_basis"]``
-        says over which step); None where they cannot (``meta["gemm_share_na"]`` says why).
-        Never above 1: a GEMM share over 100% is two steps' times set against each other."""
+        """GEMM time over step time where the two can be compared (``meta["gemm_share_basis"]``), else
+        None (``meta["gemm_share_na"]``); never above 1."""
         if "gemm_share" in self.meta:
             return self.meta["gemm_share"]
         share = self.gemm_ms / self.step_ms if self.gemm_ms is not None and self.step_ms else None
@@ -141,15 +128,13 @@ class Report:
         d["schema"] = "te-gemm-report/1"
         d["gemm_share"] = self.gemm_share
         if self.meta.get("gemm_share_basis") != "step" and d.get("gemm_ms") is not None:
-            # Not of the steps step_ms is of (the instrumented step's host-clock GEMMs on a CPU, or
-            # a GEMM time the checks refused to set against the step): named for what it is.
+            # Not of the steps step_ms is of: named for what it is.
             d["gemm_ms_timed_steps"] = d.pop("gemm_ms")
         return d
 
 
 def no_gemm_times(capture: GemmCapture) -> str:
-    """Why a capture has no GEMM time to analyse, in one line. A CPU capture has host-clock times:
-    "captured on CPU?" sent a job without GEMMs, or one on the meta device, looking for a GPU."""
+    """Why a capture has no GEMM time to analyse, in one line."""
     if not capture.records:
         return ("no GEMM ran in the captured steps (a model without Linear, matmul or TE GEMM layers, or steps "
                 "that ran none of them): nothing to analyse")
@@ -160,8 +145,8 @@ def no_gemm_times(capture: GemmCapture) -> str:
 
 
 def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None:
-    """A recipe's observed run: its step and GEMM time, its speedup over the BF16 run with the
-    interval; without a microbenchmark of the recipe, the two runs' in-job GEMM times stand in."""
+    """A recipe's observed run and its speedup over BF16; without a microbenchmark of the recipe, the
+    two runs' in-job GEMM times stand in for the prediction."""
     a.observed_step_ms, a.observed_gemm_ms = run.step_ms, run.gemm_ms
     if bf is None:
         return
@@ -178,12 +163,8 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
             mode: str | None = None, items: list[WorkItem] | None = None,
             replay_from: GemmCapture | None = None) -> Report:
     """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes.
-
-    ``mode``: the microbenchmark mode behind the GEMM speedups and the prediction; default
-    pre-quantized where measured (it times what the capture times: GEMM kernels), else autocast.
-    ``replay_from``: the capture whose kernels step the prediction replays (default ``capture``):
-    the job's own, so that the prediction reads nothing of a sweep's runs.
-    """
+    ``mode``: the microbenchmark mode (default pre-quantized where measured, else autocast);
+    ``replay_from``: the capture whose kernels step the prediction replays (default ``capture``)."""
     replay_from = replay_from or capture
     base = observe(capture)
     if base.gemm_ms is None:
@@ -249,7 +230,6 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
                         "replay": {r: rr.to_dict() for r, rr in replays.items()} or None,
                         "replay_own": traced[1] if traced else None,
                         "module_host": module_host(replay_from, costs, base.recipe),
-                        # Named per device from the capture: the host clock on a CPU, never assumed CUDA.
                         "timing": f"step: {step_timing(capture)}; GEMM: {gemm_timing(capture)}",
                         "step_clock": capture.step_clock(), "gemm_clock": capture.gemm_clock(),
                         **report_checks(base.recipe, {**runs, **({"plan": plan_run} if plan_run else {})},
@@ -270,10 +250,8 @@ def _set_replay(a: RecipeAnalysis, rr: Any, bf16: Any) -> None:
 
 def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],
                    predicted: tuple[float, float, float | None] | None = None) -> RecipeAnalysis:
-    """The swept precision plan against its prediction and against the best single recipe observed
-    in the same sweep. ``predicted`` (step ms, speedup, unfused speedup): made from this run like
-    the single recipes' (:func:`~te_gemm_callback.analysis.prediction.plan_prediction`); without it,
-    the plan file's own."""
+    """The swept plan against its prediction (``predicted``: from this run like the recipes', else the
+    plan file's own) and against the best single recipe in the same sweep."""
     a = RecipeAnalysis("plan", predicted_step_ms=plan.get("predicted_step_ms"),
                        predicted_step_speedup=plan.get("predicted_speedup"),
                        observed_step_ms=run.step_ms, observed_gemm_ms=run.gemm_ms)
@@ -298,7 +276,6 @@ def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed
 def _set_interval(a: RecipeAnalysis, est: Estimate | None) -> None:
     if est is not None:
         a.observed_rounds = est.rounds
-        # low and high are set together (intervals.estimate): both floats where low is
         a.observed_ci = cast("tuple[float, float]", (est.low, est.high)) if est.low is not None else None
         a.observed_rerun = est.rerun
 
@@ -313,9 +290,8 @@ def _kernel_moves(run: Observed, bf16: Observed) -> list[tuple[str, float]]:
 
 
 def _straddle(est: Estimate | None, per_round: list[float], pred: float) -> Straddle | None:
-    """Where the observed speedup cannot pick a side of a verdict's threshold (the edges of the band
-    around the prediction), or None. With a 95% interval: it reaches across an edge. With too few
-    rounds for one (under 6): the rounds themselves fall on both sides of an edge."""
+    """Where the observed interval (or, too few rounds for one, the rounds' range) reaches across a
+    verdict's edge around the prediction, or None."""
     if est is None or est.rounds < 2:
         return None
     lo, hi, rounds_range = est.low, est.high, False
@@ -328,8 +304,7 @@ def _straddle(est: Estimate | None, per_round: list[float], pred: float) -> Stra
 
 
 def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tuple[Verdict, Evidence]:
-    """GEMM-bound / overhead eats the gain / no gain or silent fallback / undecided, with the numbers
-    behind it. Pure: reads ``a`` and the observed runs, changes nothing."""
+    """The recipe's verdict with the numbers behind it. Pure: reads ``a`` and the runs."""
     ev = Evidence(recipe=a.recipe)
     if a.recipe == "BF16":
         return Verdict.BASELINE, ev
@@ -370,8 +345,7 @@ def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tup
 
 
 def _gemm_evidence(ev: Evidence, a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> None:
-    """What the recipe's GEMMs did: GEMMs left unquantized, padded rows, GEMMs in high precision,
-    the microbenchmark's speedup and the two runs' in-job GEMM time."""
+    """What the recipe's GEMMs did: unquantized, padded, in high precision, and their speedups."""
     if run is not None and run.unquantized:
         ev.unquantized = list(run.unquantized)
     if a.padded_rows_pct:

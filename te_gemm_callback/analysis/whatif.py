@@ -1,23 +1,12 @@
 """The job's own step replayed in another recipe (or on another GPU): the predicted column.
 
-From the capture's kernels step (kernel timeline and the host's runtime calls,
-:class:`~te_gemm_callback.capture.capture_items.KernelTimeline`) a :class:`StepTrace` is built and
-changed as recipe R would change it, then replayed (:mod:`te_gemm_callback.analysis.replay`):
-
-- each GEMM kernel joined to a capture record takes its time times the microbenchmarked ratio of
-  that GEMM in R over the recipe the job ran (pre-quantized cells: GEMM kernels alone);
-- each captured TE module adds, per forward and per backward, the difference between R and the
-  job's recipe in the host's time and in its non-GEMM kernel time (quantization, amax, casts),
-  measured on the module rebuilt (:mod:`te_gemm_callback.microbench.module_cost`): host time before
-  the pass's first GEMM launch, GPU time as a kernel on the GEMM's stream ahead of it;
-- every other kernel and every host gap keeps its time, less CUPTI's cost per call: the kernels
-  step was recorded, the job's clean steps are not.
-
-The band: the replay again at every pairing of GEMMs at their cells' first or third quartile
-(times 1 -+ GEMM_RATIO_BAND) with module differences at 0.5x or 1.5x, widened by how far the
-replay of the job's own recipe missed its measured clean step. Recipes this GPU cannot run take
-the host and module costs of the nearest recipe that runs (NEAREST), which the band and the note
-say.
+The capture's kernels step becomes a :class:`StepTrace`, changed as recipe R would change it and
+replayed (:mod:`te_gemm_callback.analysis.replay`): each joined GEMM kernel scaled by its
+microbenchmarked ratio R / job recipe; each TE module's host and non-GEMM kernel difference
+(:mod:`te_gemm_callback.microbench.module_cost`) added per pass before its first GEMM launch;
+everything else kept, less CUPTI's cost per call. The band replays the GEMM quartiles
+(x 1 -+ GEMM_RATIO_BAND) against module differences at 0.5x / 1.5x, widened by how far the job's
+own recipe replay missed its clean step.
 """
 
 from __future__ import annotations
@@ -31,27 +20,26 @@ from te_gemm_callback.capture.kernels import classify_kernel
 # A recipe this GPU cannot run borrows the host side of the nearest one that runs.
 NEAREST = {"MXFP8BlockScaling": "Float8BlockScaling", "NVFP4BlockScaling": "Float8BlockScaling"}
 MODULE_BAND = 0.5  # module differences at (1 - x) and (1 + x) for the band
-# A GEMM's time ratio between recipes inside a job against the microbenchmark's: the band takes
-# each cell's quartile ratio x (1 -+ this). FP8 GEMM kernels' ratio to BF16 differs between the job
-# and the microbenchmark, which runs them at another clock and power (docs/results/h200.md, facts
-# the code relies on: GEMM ratio band).
+# FP8 GEMMs' ratio to BF16 differs between the job and the microbenchmark (another clock and power:
+# docs/results/h200.md, facts the code relies on: GEMM ratio band).
 GEMM_RATIO_BAND = 0.05
 CALIBRATE_BEYOND = 0.03  # the own replay's miss of the clean step that calibrates the host
+BACKLOG_GAP_US = 3.0  # a gap between two kernels of one stream shorter than this: the GPU's own
+MIN_GAPS = 20
+_SHRINKABLE = ("quantization/cast", "other", "norm")  # kernels a recipe's quantization may be among
 
 
 def step_trace(cap: Any, call_tax_us: float = 0.0, op_tax_us: float = 0.0) -> StepTrace | None:
-    """The kernels step of ``cap`` as a trace (None without host calls), less what recording it
-    cost the host: ``call_tax_us`` per runtime call (CUPTI's callback) and ``op_tax_us`` in the host
-    work before each launch (the profiler's per-op callback on the ATen op that launched it)."""
+    """The kernels step of ``cap`` as a trace (None without host calls), less the recording's cost:
+    ``call_tax_us`` per runtime call (CUPTI) and ``op_tax_us`` before each launch (the profiler)."""
     tl = cap.kernel_timeline
     if tl is None or not tl.calls:
         return None
     ops = [Op(dur=row[2], stream=row[3], name=tl.names[row[0]], category=classify_kernel(tl.names[row[0]]),
               gemm=row[4]) for row in tl.kernels]
     launch_costs = sorted(c[1] for c in tl.calls if c[2] == "launch")
-    # What a launch costs the host when it need not wait: a launch into a full queue (a GPU-bound
-    # step runs ~1,000 launches ahead) waits inside the call, and a sync's record is its wait;
-    # the replay makes both waits itself, so the record's own share is capped at this.
+    # A launch into a full queue waits inside the call, and a sync's record is its wait; the replay
+    # makes both waits itself, so a call's own cost is capped at a typical launch's.
     typical = launch_costs[int(0.9 * (len(launch_costs) - 1))] if launch_costs else 0.0
     calls = []
     for j, (gap, cost, kind, rows) in enumerate(tl.calls):
@@ -62,15 +50,9 @@ def step_trace(cap: Any, call_tax_us: float = 0.0, op_tax_us: float = 0.0) -> St
     return StepTrace(calls, tail=0.0, latency=tl.latency_us or 5.0, kernel_gap=kernel_gap_us(tl.kernels))
 
 
-BACKLOG_GAP_US = 3.0  # a gap between two kernels of one stream shorter than this: the GPU's own
-MIN_GAPS = 20
-
-
 def kernel_gap_us(kernels: list[list[Any]]) -> float:
-    """The median gap between back-to-back kernels of one stream in a timeline's rows (index,
-    start, duration, stream, ...): of the gaps under BACKLOG_GAP_US, where the next kernel was
-    queued before the last one ended (a longer gap is the host launching late). 0 with fewer than
-    MIN_GAPS such gaps."""
+    """The median gap under BACKLOG_GAP_US between back-to-back kernels of one stream (rows: index,
+    start, duration, stream, ...); 0 with fewer than MIN_GAPS such gaps."""
     rows = sorted(kernels, key=lambda r: (str(r[3]), r[1]))
     gaps = sorted(b[1] - (a[1] + a[2]) for a, b in zip(rows, rows[1:])
                   if a[3] == b[3] and 0.0 <= b[1] - (a[1] + a[2]) < BACKLOG_GAP_US)
@@ -84,13 +66,9 @@ def host_scaled(trace: StepTrace, f: float) -> StepTrace:
 
 
 def calibrate_host(trace: StepTrace, clean_ms: float | None) -> float:
-    """The factor on the trace's host times that makes its replay the job's clean step, where the
-    replay is bound by the host and misses that step by more than CALIBRATE_BEYOND either way: the
-    profiler's callbacks ran in every host gap of the kernels step and no clean step had them, and
-    what they cost there is known only roughly: the recording taxes, measured apart, can take far
-    more off a host-bound step than the profiler added to it (docs/results/h200.md, facts the code
-    relies on: recording taxes). Bisection over 0.2-2. 1 elsewhere: a step the GPU bounds says
-    nothing of its host time."""
+    """The factor on the host times that makes a host-bound replay the job's clean step, where it
+    misses by more than CALIBRATE_BEYOND (the recording taxes are known only roughly:
+    docs/results/h200.md, facts the code relies on: recording taxes); else 1."""
     own = replay(trace)
     if not clean_ms or own.bound != "host" or abs(own.step_ms / clean_ms - 1) <= CALIBRATE_BEYOND:
         return 1.0
@@ -124,19 +102,15 @@ class RecipeReplay:
 
 def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_ms",
                 source: Any = None) -> dict[int, float]:
-    """Per capture record (index): its GEMM's time in ``recipe`` on ``bench`` over its time in
-    ``base`` on ``source`` (default ``bench``: the same GPU), pre-quantized cells where measured,
-    else autocast; absent (1) where either is missing. A GEMM of plain torch (not TE's) runs BF16
-    in every recipe: ``recipe`` is BF16 for it. A GEMM the recipe cannot run (an FP8 shape TE
-    refuses) keeps its time: the job would keep it in high precision."""
+    """Per capture record index: its GEMM's ``q`` time in ``recipe`` on ``bench`` over its median in
+    ``base`` on ``source`` (default ``bench``), pre-quantized cells where measured. Plain torch GEMMs
+    run BF16 in every recipe; a GEMM missing on either side (one TE refuses) keeps its time."""
     source = source if source is not None else bench
-    modes = source.meta.get("modes", ["autocast"])
-    mode = "prequantized" if "prequantized" in modes else "autocast"
+    mode = "prequantized" if "prequantized" in source.meta.get("modes", ["autocast"]) else "autocast"
     out = {}
     for j, r in enumerate(cap.records):
         splits = tuple(r.m_splits) if getattr(r, "m_splits", None) else None
-        want = recipe if r.source == "te" else "BF16"
-        had = base if r.source == "te" else "BF16"
+        want, had = (recipe, base) if r.source == "te" else ("BF16", "BF16")
         if want == had and bench is source:
             continue
         a, b = bench.get(r.shape, want, mode, splits), source.get(r.shape, had, mode, splits)
@@ -148,14 +122,9 @@ def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_m
 
 
 def module_host(cap: Any, costs: dict[str, Any] | None, base: str) -> dict[str, float] | None:
-    """The TE modules' host time per step in the job, as the capture's settle step read it
-    (``meta.module_host_us``: forward and backward of each module), beside the module benchmark's
-    time of the same modules in the job's recipe ``base``; None without the job's times.
-
-    Reported, not used in the replay: the benchmark runs one module in a loop and its absolute
-    times are not the job's, yet its differences between recipes gave the sweep's step differences
-    better than the job's times scaled by its ratios did (docs/results/h200.md, facts the code relies
-    on: module host time)."""
+    """The TE modules' host time per step as the settle step read it (``meta.module_host_us``)
+    beside the module benchmark's in recipe ``base``; None without the job's times. Reported only
+    (docs/results/h200.md, facts the code relies on: module host time)."""
     host = (getattr(cap, "meta", None) or {}).get("module_host_us") or {}
     if not costs or not host:
         return None
@@ -171,8 +140,7 @@ def module_host(cap: Any, costs: dict[str, Any] | None, base: str) -> dict[str, 
 
 
 def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: str) -> dict[str, dict[str, float]]:
-    """{module: {"host_fwd", "host_bwd", "gpu_fwd", "gpu_bwd"} in µs, "kernels" per pass}:
-    ``recipe`` less ``base``."""
+    """{module: host_fwd, host_bwd, gpu_fwd, gpu_bwd (µs), kernels per pass}: ``recipe`` less ``base``."""
     if not costs or recipe == base:
         return {}
     out = {}
@@ -191,15 +159,11 @@ def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: st
 
 def transform(trace: StepTrace, cap: Any, ratio: dict[int, float], deltas: dict[str, dict[str, float]],
               scale: float = 1.0, other: float = 1.0) -> StepTrace:
-    """``trace`` with GEMMs at ``ratio`` of their time, every other kernel at ``other`` of its time
-    (another GPU's bandwidth), and each module's pass differences (``deltas`` times ``scale``; their
-    GPU part times ``other`` too) added before the pass's first GEMM launch. A module's pass begins
-    where its GEMMs turn from forward to backward or back (micro-batches repeat the pair).
-
-    A recipe that costs less takes its difference off the host work the job's recipe did: the gaps
-    back to the last GEMM launch (the module's quantization before its GEMM), then, what remains,
-    the gaps after it (its work between and after its GEMMs); its non-GEMM kernels likewise on
-    the GEMM's stream, back to the last GEMM and on to the next."""
+    """``trace`` with GEMMs at ``ratio`` of their time, other kernels at ``other`` of theirs, and each
+    module's pass differences (``deltas`` x ``scale``) added before the pass's first GEMM launch (a
+    pass begins where a module's GEMMs turn between forward and backward). A saving is taken off the
+    host gaps back to the last GEMM launch, then those after it; a GPU saving likewise off the
+    quantization kernels of the GEMM's stream."""
     side_of: dict[str, str] = {}  # module -> the pass its last GEMM belonged to
     calls: list[Call] = []
     host_debt = 0.0  # host µs still to take off the gaps that follow
@@ -225,8 +189,7 @@ def transform(trace: StepTrace, cap: Any, ratio: dict[int, float], deltas: dict[
                     extra = scale * other * d[f"gpu_{side}"]
                     n = d.get("kernels", 0.0)
                     if extra > 0:
-                        # One op for the recipe's extra kernels: each of them but this one would
-                        # also wait the GPU's gap between queued kernels.
+                        # One op for the extra kernels: each but this one also waits the queued-kernel gap.
                         extra += max(n - 1, 0.0) * trace.kernel_gap
                         ops.append(Op(extra, op.stream, "replay: module non-GEMM difference", "quantization/cast"))
                     elif extra < 0:
@@ -245,14 +208,15 @@ def transform(trace: StepTrace, cap: Any, ratio: dict[int, float], deltas: dict[
     return replace(trace, calls=calls)
 
 
-_SHRINKABLE = ("quantization/cast", "other", "norm")  # kernels a recipe's quantization may be among
+def _is_gemm(op: Op) -> bool:
+    return op.gemm is not None or op.category == "gemm"
 
 
 def _take_host_before(calls: list[Call], us: float) -> float:
     """Take ``us`` of host gap off the calls since the last GEMM launch; what could not be taken."""
     for i in range(len(calls) - 1, -1, -1):
         c = calls[i]
-        if any(op.gemm is not None or op.category == "gemm" for op in c.ops) or us <= 0:
+        if any(_is_gemm(op) for op in c.ops) or us <= 0:
             break
         cut = min(c.gap, us)
         calls[i] = replace(c, gap=c.gap - cut)
@@ -261,15 +225,13 @@ def _take_host_before(calls: list[Call], us: float) -> float:
 
 
 def _shrink_before(calls: list[Call], stream: Any, us: float, drop: int = 0) -> float:
-    """Take ``us`` of non-GEMM kernel time off the kernels on ``stream`` launched since the last
-    GEMM (the job's recipe quantized there; the replayed one does less), and up to ``drop`` of
-    them that this empties (the recipe launches fewer: their gaps between kernels go too); what
-    could not be taken."""
+    """Take ``us`` off the quantization kernels on ``stream`` since the last GEMM, dropping up to
+    ``drop`` of those it empties (fewer launches); what could not be taken."""
     for j in range(len(calls) - 1, -1, -1):
         c = calls[j]
         for i in range(len(c.ops) - 1, -1, -1):
             op = c.ops[i]
-            if op.gemm is not None or op.category == "gemm":
+            if _is_gemm(op):
                 return us
             if op.stream == stream and us > 0 and op.category in _SHRINKABLE:
                 cut = min(op.dur, us)
@@ -283,11 +245,8 @@ def _shrink_before(calls: list[Call], stream: Any, us: float, drop: int = 0) -> 
 
 
 def job_trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[str, Any]] | None:
-    """The trace the recipes are replayed from, host calibrated (:func:`calibrate_host`), and the
-    replay of the job's own recipe beside its measured clean and kernels steps (``own``:
-    ``replay_raw_ms`` from the trace as recorded, ``replay_ms`` less the recording's measured taxes,
-    the check that the replay gives back the clean step; ``host_scale`` the calibration applied
-    after it); None without host calls. Computed once per capture: every replay starts from it."""
+    """The host-calibrated trace every recipe is replayed from, and the own recipe's replay beside
+    the measured clean and kernels steps (``own``); None without host calls."""
     call_tax = float((costs or {}).get("cupti_call_tax_us") or 0.0)
     op_tax = float((costs or {}).get("profiler_op_tax_us") or 0.0)
     trace, raw = step_trace(cap, call_tax, op_tax), step_trace(cap)
@@ -307,27 +266,21 @@ def job_trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[s
 def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms: float | None,
                    costs: dict[str, Any] | None = None, *, source: Any = None, other: float = 1.0,
                    host_speed: float = 1.0, traced: Any = None) -> dict[str, RecipeReplay]:
-    """The replay's step per recipe (module docstring); {} where the capture has no host trace.
-
-    On the GPU the job ran on, ``bench`` is its bench. For another GPU (:mod:`te_gemm_callback.projection`),
-    ``bench`` holds the projected cells, ``source`` the bench they were projected from, ``other``
-    the factor on every non-GEMM kernel (the bandwidth ratio), ``host_speed`` how much faster the
-    other host is (the host's times divided by it). ``traced``: :func:`job_trace` of ``cap`` and
-    ``costs`` where the caller has it already."""
+    """The replay's step per recipe; {} without a host trace. For another GPU
+    (:mod:`te_gemm_callback.projection`): ``bench`` the projected cells, ``source`` the bench they
+    came from, ``other`` the non-GEMM kernel factor, ``host_speed`` the other host's speed.
+    ``traced``: :func:`job_trace` of ``cap`` where the caller has it."""
     got = (traced or job_trace(cap, costs)) if bench is not None else None
     if got is None:
         return {}
     trace, _ = got
     own = replay(trace)
-    # How far the replay of the job's own recipe misses the clean step of the run it replays (the
-    # job's capture; ``clean_ms`` may be another run of that recipe): a band on every recipe.
+    # The own recipe's miss of the job capture's clean step (else clean_ms): a band on every recipe.
     mine = cap.step_ms() if hasattr(cap, "step_ms") else None
     miss = abs(own.step_ms / ref_ms - 1) if (ref_ms := mine or clean_ms) else 0.0
     if host_speed != 1.0:
         trace = host_scaled(trace, 1 / host_speed)
-    # Anchored on the job's clean step: the replay's own-recipe miss scales every recipe alike
-    # (a speedup, a ratio of two replays, does not move).
-    k = clean_ms / own.step_ms if clean_ms else 1.0
+    k = clean_ms / own.step_ms if clean_ms else 1.0  # anchored on the clean step: speedups do not move
     out: dict[str, RecipeReplay] = {}
     for recipe in recipes:
         if recipe not in set(bench.precisions) and recipe != base:
@@ -341,15 +294,12 @@ def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms
             notes.append("no module costs measured: host and quantization unchanged from the job's recipe")
         deltas = {m: {key: (v / host_speed if key.startswith("host") else v) for key, v in d.items()}
                   for m, d in _module_deltas(cap, costs, host_recipe, base).items()}
-        steps = []
-        # The median, then the band's corners: GEMMs low or high, module differences low or high
-        # (a cheaper recipe's smaller saving and faster GEMMs pull opposite ways).
-        low = {j: v * (1 - GEMM_RATIO_BAND) for j, v in _gemm_ratio(cap, bench, recipe, base, "q1_ms", source).items()}
-        high = {j: v * (1 + GEMM_RATIO_BAND) for j, v in _gemm_ratio(cap, bench, recipe, base, "q3_ms", source).items()}
+        # The median, then the band's corners: GEMMs low or high against module differences low or high.
         cases = [(_gemm_ratio(cap, bench, recipe, base, "median_ms", source), 1.0)]
-        cases += [(r, sc) for r in (low, high) for sc in (1 - MODULE_BAND, 1 + MODULE_BAND)]
-        for ratio, sc in cases:
-            steps.append(replay(transform(trace, cap, ratio, deltas, sc, other)))
+        for q, f in (("q1_ms", 1 - GEMM_RATIO_BAND), ("q3_ms", 1 + GEMM_RATIO_BAND)):
+            ratio = {j: v * f for j, v in _gemm_ratio(cap, bench, recipe, base, q, source).items()}
+            cases += [(ratio, 1 - MODULE_BAND), (ratio, 1 + MODULE_BAND)]
+        steps = [replay(transform(trace, cap, ratio, deltas, sc, other)) for ratio, sc in cases]
         mid = steps[0]
         vals = sorted(x.step_ms * k for x in steps)
         out[recipe] = RecipeReplay(recipe, mid.step_ms * k, vals[0] * (1 - miss), vals[-1] * (1 + miss), mid.bound,
