@@ -131,20 +131,16 @@ def verdict_text(kind: Verdict | None, ev: Evidence) -> str:
     }[kind]
 
 
-def _straddle_text(s: Straddle, predicted: float) -> str:
-    what = (f"{s.rounds} rounds (too few for a 95% interval) range" if s.rounds_range else "95% interval")
-    sides = ("GEMM-bound and overhead eating the gain" if s.edge < 1 else "GEMM-bound and better than predicted")
-    return (f"undecided: its {what} {s.low:.2f}-{s.high:.2f}x reaches across {s.edge * predicted:.2f}x "
-            f"({100 * (s.edge - 1):+.0f}% of the prediction), the line between {sides}")
-
-
 def _comparison(ev: Evidence) -> str:
     """Predicted against observed, with the interval and what it leaves undecided (``residual`` set)."""
     predicted, residual = cast(float, ev.predicted), cast(float, ev.residual)
     observed = ev.estimate.text() if ev.estimate else f"{ev.observed:.2f}x"
     line = f"predicted step speedup {predicted:.2f}x, observed {observed} (residual {100 * residual:+.1f}%)"
-    if ev.straddle is not None:
-        line += f"; {_straddle_text(ev.straddle, predicted)}"
+    if (s := ev.straddle) is not None:
+        what = f"{s.rounds} rounds (too few for a 95% interval) range" if s.rounds_range else "95% interval"
+        sides = "GEMM-bound and overhead eating the gain" if s.edge < 1 else "GEMM-bound and better than predicted"
+        line += (f"; undecided: its {what} {s.low:.2f}-{s.high:.2f}x reaches across {s.edge * predicted:.2f}x "
+                 f"({100 * (s.edge - 1):+.0f}% of the prediction), the line between {sides}")
     if ev.unfused is not None:
         line += f"; with every quantization unfused {ev.unfused:.2f}x"
     return line

@@ -123,10 +123,8 @@ class Report:
         return list(self.meta.get("warnings") or [])
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["recipes"] = [a.to_dict() for a in self.recipes]
-        d["schema"] = "te-gemm-report/1"
-        d["gemm_share"] = self.gemm_share
+        d = {**asdict(self), "recipes": [a.to_dict() for a in self.recipes], "schema": "te-gemm-report/1",
+             "gemm_share": self.gemm_share}
         if self.meta.get("gemm_share_basis") != "step" and d.get("gemm_ms") is not None:
             # Not of the steps step_ms is of: named for what it is.
             d["gemm_ms_timed_steps"] = d.pop("gemm_ms")
@@ -150,8 +148,7 @@ def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None
     a.observed_step_ms, a.observed_gemm_ms = run.step_ms, run.gemm_ms
     if bf is None:
         return
-    a.observed_step_speedup = observed_speedup(bf, run)
-    _set_interval(a, observed_estimate(bf, run))
+    _set_speedup(a, run, bf)
     if a.predicted_step_speedup is None and a.gemm_speedup is None:
         a.gemm_speedup = in_job_gemm_speedup(run, bf)
         if a.gemm_speedup and bf.gemm_ms is not None:
@@ -170,14 +167,12 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
     if base.gemm_ms is None:
         raise ValueError(no_gemm_times(capture))
     runs = {base.recipe: base}
-    plan_meta = next((c.meta["plan"] for c in observed if c.meta.get("plan")), None)
-    for cap in observed:
-        o = observe(cap)
+    for o in map(observe, observed):
         runs.setdefault(o.recipe, o)
     plan_run = runs.pop("plan", None)
+    plan_meta = next((c.meta["plan"] for c in observed if c.meta.get("plan")), None)
     items = items or items_from_capture(capture)
-    if bench is not None:
-        items = measured_items(bench, items)
+    items = measured_items(bench, items) if bench is not None else items
     modes = bench.meta.get("modes", ["autocast"]) if bench else []
     mode = mode or ("prequantized" if "prequantized" in modes else "autocast")
     recipes = list(dict.fromkeys((bench.precisions if bench else []) + list(runs)))
@@ -259,21 +254,20 @@ def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed
         a.predicted_step_ms, a.predicted_step_speedup, a.predicted_step_speedup_unfused = predicted
     bf16 = runs.get("BF16")
     if bf16 is not None:
-        a.observed_step_speedup = observed_speedup(bf16, run)
-        _set_interval(a, observed_estimate(bf16, run))
-    a.verdict_kind, ev = judge(a, run, bf16)
-    ev.plan = PlanEvidence(plan.get("recipe"), list(plan.get("keep_bf16", [])), run.step_ms)
-    singles = {r: o.step_ms for r, o in runs.items()}
-    if singles:
-        best = min(singles, key=singles.__getitem__)
-        ev.plan.best_single, ev.plan.best_single_ms = best, singles[best]
-    if predicted is not None and plan.get("predicted_speedup"):
-        ev.plan.file_predicted = plan["predicted_speedup"]
-    a.verdict_evidence = ev
+        _set_speedup(a, run, bf16)
+    a.verdict_kind, a.verdict_evidence = judge(a, run, bf16)
+    best = min(runs.values(), key=lambda o: o.step_ms, default=None)  # the best single recipe
+    file_predicted = (plan.get("predicted_speedup") or None) if predicted is not None else None
+    a.verdict_evidence.plan = PlanEvidence(plan.get("recipe"), list(plan.get("keep_bf16", [])), run.step_ms,
+                                           best.recipe if best else None, best.step_ms if best else None,
+                                           file_predicted)
     return a
 
 
-def _set_interval(a: RecipeAnalysis, est: Estimate | None) -> None:
+def _set_speedup(a: RecipeAnalysis, run: Observed, bf16: Observed) -> None:
+    """The observed speedup over BF16, with its interval over the rounds."""
+    a.observed_step_speedup = observed_speedup(bf16, run)
+    est = observed_estimate(bf16, run)
     if est is not None:
         a.observed_rounds = est.rounds
         a.observed_ci = cast("tuple[float, float]", (est.low, est.high)) if est.low is not None else None
