@@ -104,9 +104,8 @@ def _recipe_holds(a: Any, runs: dict[str, Any], by: dict[str, GemmCapture], over
 
 def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], recipe_of: Callable[[GemmCapture], str],
                   recipes: list[Any], bench: BenchResults | None, tol: float) -> dict[str, Any]:
-    """``Report.meta`` entries from the checks. ``job``: the baseline's recipe; ``runs``: Observed by
-    recipe; ``caps``: their captures, the job's first; ``recipes``: the RecipeAnalysis rows; ``tol``:
-    GEMM_BOUND_TOL."""
+    """``Report.meta`` entries from the checks. ``job``: the baseline's recipe; ``caps``: the runs'
+    captures, the job's first; ``recipes``: the RecipeAnalysis rows; ``tol``: GEMM_BOUND_TOL."""
     by: dict[str, GemmCapture] = {}
     for c in caps:
         by.setdefault(recipe_of(c), c)  # the first capture of a recipe is its run, as in analyze()

@@ -168,9 +168,8 @@ def host_bound(cap: GemmCapture) -> bool:
 
 
 def framework_note(job: GemmCapture, sweep_base: GemmCapture, speedups: dict[str, float]) -> str | None:
-    """The job's own step against the sweep's whole training step in the same recipe: the framework's
-    time besides training, which the observed ``speedups`` (over BF16, per recipe) leave out; they
-    are restated with it added to every recipe's step."""
+    """The job's own step against the sweep's whole training step in the same recipe, and the observed
+    ``speedups`` (over BF16, per recipe) restated with the framework's time in every recipe's step."""
     from te_gemm_callback.analysis.prediction import capture_recipe, observe
 
     if not str(sweep_base.meta.get("sweep_step", "")).startswith("whole") or not job.steps_of("clean"):

@@ -178,8 +178,7 @@ def per_step(rows: list[dict[str, str]], only_pid: str | None = None
 def compare(proj: dict[str, dict[int, list[float]]], captured: dict[str, float],
             dispatch_steps: set[int]) -> list[dict]:
     """Per GEMM the capture timed: nsys's median projection over the steps the capture used (those
-    without the dispatch mode where any, else all) against the capture's; ``nsys_proj_ms`` None
-    where nsys has none."""
+    without the dispatch mode where any, else all) against the capture's."""
     rows = []
     for name, ours in captured.items():
         by_step = proj.get(name) or {}

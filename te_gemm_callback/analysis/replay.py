@@ -40,10 +40,9 @@ class Call:
 
 @dataclass
 class StepTrace:
-    """A step as recorded: ``calls`` in host order; ``tail`` host µs after the last call;
-    ``latency`` µs from a launch leaving the host to its kernel starting on an idle GPU;
-    ``kernel_gap`` µs between queued kernels of one stream (docs/results/h200.md, facts the code
-    relies on: kernel gap)."""
+    """A step as recorded: ``tail`` host µs after the last call; ``latency`` µs from a launch to its
+    kernel on an idle GPU; ``kernel_gap`` µs between queued kernels of one stream (docs/results/h200.md,
+    facts the code relies on: kernel gap)."""
 
     calls: list[Call]
     tail: float = 0.0

@@ -159,9 +159,8 @@ def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None
 def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: Sequence[GemmCapture] = (),
             mode: str | None = None, items: list[WorkItem] | None = None,
             replay_from: GemmCapture | None = None) -> Report:
-    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes.
-    ``mode``: the microbenchmark mode (default pre-quantized where measured, else autocast);
-    ``replay_from``: the capture whose kernels step the prediction replays (default ``capture``)."""
+    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes
+    (``mode``: default pre-quantized where measured; ``replay_from``: default ``capture``)."""
     replay_from = replay_from or capture
     base = observe(capture)
     if base.gemm_ms is None:

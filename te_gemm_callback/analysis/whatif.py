@@ -66,9 +66,8 @@ def host_scaled(trace: StepTrace, f: float) -> StepTrace:
 
 
 def calibrate_host(trace: StepTrace, clean_ms: float | None) -> float:
-    """The factor on the host times that makes a host-bound replay the job's clean step, where it
-    misses by more than CALIBRATE_BEYOND (the recording taxes are known only roughly:
-    docs/results/h200.md, facts the code relies on: recording taxes); else 1."""
+    """The factor on the host times that makes a host-bound replay missing the clean step by over
+    CALIBRATE_BEYOND hit it, else 1 (docs/results/h200.md, facts the code relies on: recording taxes)."""
     own = replay(trace)
     if not clean_ms or own.bound != "host" or abs(own.step_ms / clean_ms - 1) <= CALIBRATE_BEYOND:
         return 1.0
@@ -103,8 +102,7 @@ class RecipeReplay:
 def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_ms",
                 source: Any = None) -> dict[int, float]:
     """Per capture record index: its GEMM's ``q`` time in ``recipe`` on ``bench`` over its median in
-    ``base`` on ``source`` (default ``bench``), pre-quantized cells where measured. Plain torch GEMMs
-    run BF16 in every recipe; a GEMM missing on either side (one TE refuses) keeps its time."""
+    ``base`` on ``source`` (default ``bench``); plain torch GEMMs run BF16 in every recipe."""
     source = source if source is not None else bench
     mode = "prequantized" if "prequantized" in source.meta.get("modes", ["autocast"]) else "autocast"
     out = {}
@@ -122,9 +120,8 @@ def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_m
 
 
 def module_host(cap: Any, costs: dict[str, Any] | None, base: str) -> dict[str, float] | None:
-    """The TE modules' host time per step as the settle step read it (``meta.module_host_us``)
-    beside the module benchmark's in recipe ``base``; None without the job's times. Reported only
-    (docs/results/h200.md, facts the code relies on: module host time)."""
+    """The TE modules' host time per step in the job beside the module benchmark's in ``base``; reported
+    only (docs/results/h200.md, facts the code relies on: module host time)."""
     host = (getattr(cap, "meta", None) or {}).get("module_host_us") or {}
     if not costs or not host:
         return None
@@ -160,10 +157,8 @@ def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: st
 def transform(trace: StepTrace, cap: Any, ratio: dict[int, float], deltas: dict[str, dict[str, float]],
               scale: float = 1.0, other: float = 1.0) -> StepTrace:
     """``trace`` with GEMMs at ``ratio`` of their time, other kernels at ``other`` of theirs, and each
-    module's pass differences (``deltas`` x ``scale``) added before the pass's first GEMM launch (a
-    pass begins where a module's GEMMs turn between forward and backward). A saving is taken off the
-    host gaps back to the last GEMM launch, then those after it; a GPU saving likewise off the
-    quantization kernels of the GEMM's stream."""
+    module's pass differences (``deltas`` x ``scale``) before the pass's first GEMM launch; a saving
+    is taken off the host gaps (or quantization kernels) around the last GEMM launch."""
     side_of: dict[str, str] = {}  # module -> the pass its last GEMM belonged to
     calls: list[Call] = []
     host_debt = 0.0  # host µs still to take off the gaps that follow
@@ -266,10 +261,9 @@ def job_trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[s
 def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms: float | None,
                    costs: dict[str, Any] | None = None, *, source: Any = None, other: float = 1.0,
                    host_speed: float = 1.0, traced: Any = None) -> dict[str, RecipeReplay]:
-    """The replay's step per recipe; {} without a host trace. For another GPU
-    (:mod:`te_gemm_callback.projection`): ``bench`` the projected cells, ``source`` the bench they
-    came from, ``other`` the non-GEMM kernel factor, ``host_speed`` the other host's speed.
-    ``traced``: :func:`job_trace` of ``cap`` where the caller has it."""
+    """The replay's step per recipe; {} without a host trace. For another GPU: ``bench`` the projected
+    cells, ``source`` the bench they came from, ``other`` the non-GEMM kernel factor, ``host_speed``
+    the other host's speed. ``traced``: :func:`job_trace` of ``cap`` where the caller has it."""
     got = (traced or job_trace(cap, costs)) if bench is not None else None
     if got is None:
         return {}
