@@ -97,8 +97,7 @@ def _recipe_holds(a: Any, runs: dict[str, Any], by: dict[str, GemmCapture], over
         hold(r, ("observed_step_speedup", "observed_ci", "verdict"),
              f"steps not comparable: BF16's step time comes from {kb} steps ({ATTACHED[kb]}), {r}'s from {kr} "
              f"steps ({ATTACHED[kr]})")
-    noisy = _too_noisy(a, run, base, by[r], by["BF16"], tol)
-    if noisy:
+    if noisy := _too_noisy(a, run, base, by[r], by["BF16"], tol):
         hold(r, ("verdict",), noisy)
 
 
@@ -142,13 +141,10 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
         warnings.append(f"{job}: its {spread['steps']} {spread['kind']} steps vary ±{spread['spread_pct']:.0f}%: "
                         "its step time, and every share and speedup made from it, carries that noise")
     jc = shares.get(job) or {"share": None, "why": "GEMMs not timed"}
-    out: dict[str, Any] = {"job_precision": job_precision, "baseline_ran": baseline_ran, "gemm_share": jc["share"],
-                           "gemm_shares": shares, "warnings": warnings, "withheld": withheld}
-    if jc["share"] is None:
-        out["gemm_share_na"] = jc["why"]
-    else:
-        out.update(gemm_share_basis=jc["basis"], gemm_share_of_ms=jc["of_ms"])
-    return out
+    basis = ({"gemm_share_na": jc["why"]} if jc["share"] is None
+             else {"gemm_share_basis": jc["basis"], "gemm_share_of_ms": jc["of_ms"]})
+    return {"job_precision": job_precision, "baseline_ran": baseline_ran, "gemm_share": jc["share"],
+            "gemm_shares": shares, "warnings": warnings, "withheld": withheld, **basis}
 
 
 def _high_precision(job: str, runs: dict[str, Any], recipes: list[Any], bench: BenchResults | None,

@@ -139,11 +139,9 @@ def instrument_note(cap: GemmCapture) -> str | None:
         parts.append(f"the kernel-records session: {session.get('start', 0.0):.0f} ms to start, "
                      f"{session['stop']:.0f} ms to stop and read{waited} (once, between steps)")
     text = f"step times from clean steps ({cost['clean_ms']:.2f} ms, nothing attached); " + ", ".join(parts)
-    problem = instrument_problem(cap)
-    if problem:
+    if problem := instrument_problem(cap):
         text += f"; {problem}"
-    busy = _gpu_busy(cap, cost)
-    if busy is not None:
+    if (busy := _gpu_busy(cap, cost)) is not None:
         text += f"; the GPU ran kernels for {100 * busy:.0f}% of a clean step"
     if host_bound(cap):
         text += (": the job is host-bound (the host's Python and launch time, not the GPU, sets the step), so every "

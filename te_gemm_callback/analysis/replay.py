@@ -87,11 +87,10 @@ def replay(trace: StepTrace, copies: int = 4) -> ReplayResult:
         busy = 0.0
         for c in trace.calls:
             host += c.gap
-            gpu_done = max(stream_free.values(), default=0.0)
-            if c.kind == "sync_device":
-                host = max(host, gpu_done)
+            if c.kind == "sync_device" or (c.kind == "sync_stream" and c.stream not in stream_free):
+                host = max(host, max(stream_free.values(), default=0.0))
             elif c.kind == "sync_stream":
-                host = max(host, stream_free.get(c.stream, gpu_done))
+                host = max(host, stream_free[c.stream])
             elif c.ops:
                 ready = host + trace.latency
                 for op in c.ops:

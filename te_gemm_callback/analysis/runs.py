@@ -86,26 +86,23 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job),
                   replay_from=replay_from)
     # The step note speaks of the run whose step time the table shows; the job's own is beside it.
-    job_note = instrument_note(job) if sweep and main else None
+    with_job = bool(sweep and main)
+    job_note = instrument_note(job) if with_job else None
     observed = {a.recipe: a.observed_step_speedup for a in rep.recipes if a.observed_step_speedup}
-    fw_note = framework_note(job, base, observed) if sweep and main else None
-    for key, note in (("step_note", instrument_note(base)),
-                      ("job_step_note", job_note and f"training job: {job_note}"),
-                      ("framework_note", fw_note),
-                      ("clock_note", clock_note(job, bench)), ("duty_note", duty_note(rep.gemm_share, bench))):
-        if note:
-            rep.meta[key] = note
+    notes = {"step_note": instrument_note(base), "job_step_note": job_note and f"training job: {job_note}",
+             "framework_note": framework_note(job, base, observed) if with_job else None,
+             "clock_note": clock_note(job, bench), "duty_note": duty_note(rep.gemm_share, bench)}
+    rep.meta.update({key: note for key, note in notes.items() if note})
     alerts = [key for key, cap in (("step_note", base), ("job_step_note", job if job_note else None))
               if cap is not None and key in rep.meta and host_bound(cap)]
+    warnings = rep.meta.setdefault("warnings", [])
     if stale:  # said where the report's readers look first, with the files to remove
-        rep.meta.setdefault("warnings", []).append(
-            f"sweep captures of another run ignored ({', '.join(str(p.relative_to(root)) for p in stale)}): "
-            "their run id is not the job capture's; remove them or run the sweep again")
+        warnings.append(f"sweep captures of another run ignored ({', '.join(str(p.relative_to(root)) for p in stale)}"
+                        "): their run id is not the job capture's; remove them or run the sweep again")
     # A cost the notes refuse to state is a finding of the checks too: report.json carries it.
-    for who, cap in ((f"{capture_recipe(base)} run", base), ("training job", job if sweep and main else None)):
-        problem = instrument_problem(cap) if cap is not None else None
-        if problem:
-            rep.meta.setdefault("warnings", []).append(f"{who}: {problem}")
+    for who, cap in ((f"{capture_recipe(base)} run", base), ("training job", job if with_job else None)):
+        if cap is not None and (problem := instrument_problem(cap)):
+            warnings.append(f"{who}: {problem}")
     items = measured_items(bench, items_from_capture(job)) if bench is not None else items_from_capture(job)
     rank_files = sorted((root / "ranks").glob("rank*.json"),
                         key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)

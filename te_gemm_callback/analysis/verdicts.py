@@ -266,8 +266,7 @@ def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed
 def _set_speedup(a: RecipeAnalysis, run: Observed, bf16: Observed) -> None:
     """The observed speedup over BF16, with its interval over the rounds."""
     a.observed_step_speedup = observed_speedup(bf16, run)
-    est = observed_estimate(bf16, run)
-    if est is not None:
+    if (est := observed_estimate(bf16, run)) is not None:
         a.observed_rounds = est.rounds
         a.observed_ci = cast("tuple[float, float]", (est.low, est.high)) if est.low is not None else None
         a.observed_rerun = est.rerun
