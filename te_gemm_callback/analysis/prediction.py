@@ -85,7 +85,3 @@ def short_error(err: str) -> str:
     if "Assertion failed:" in err:
         err = err.split("Assertion failed:", 1)[1].split(". ")[0].strip()
     return err[:120]
-
-
-def in_job_gemm_speedup(run: Observed, bf16: Observed) -> float | None:
-    return bf16.gemm_ms / run.gemm_ms if run.gemm_ms and bf16.gemm_ms else None

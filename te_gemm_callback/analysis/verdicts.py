@@ -23,7 +23,6 @@ from te_gemm_callback.analysis.prediction import (
     Observed,
     amdahl,
     capture_recipe,
-    in_job_gemm_speedup,
     observe,
     observed_estimate,
     observed_speedup,
@@ -150,7 +149,7 @@ def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None
         return
     _set_speedup(a, run, bf)
     if a.predicted_step_speedup is None and a.gemm_speedup is None:
-        a.gemm_speedup = in_job_gemm_speedup(run, bf)
+        a.gemm_speedup = bf.gemm_ms / run.gemm_ms if run.gemm_ms and bf.gemm_ms else None
         if a.gemm_speedup and bf.gemm_ms is not None:
             # GEMM time read on instrumented steps (host clock on CPU) can exceed a clean step.
             a.predicted_step_speedup = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
