@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["GEMM_BOUND_TOL", "NO_GAIN", "Evidence", "Observed", "RecipeAnalysis", "Report", "RunReport", "Verdict",
            "amdahl", "analyze", "analyze_run", "capture_recipe", "judge", "observe", "observed_estimate",
            "observed_speedup", "round_speedups", "verdict"]
-# The module each name comes from; the rest of __all__ from verdicts.
 _FROM = {"Evidence": "findings", "Verdict": "findings", "RunReport": "runs", "analyze_run": "runs"}
 
 

@@ -36,8 +36,7 @@ def share_check(cap: GemmCapture, step_ms: float, gemm_ms: float | None) -> dict
         return {"share": None, "clock": clock, "why": "GEMMs not timed"}
     raw = gemm_ms / step_ms
     if clock == "host_clock":
-        # Host-clock times of two steps are not comparable: the share is taken within the timed steps
-        # (which carry the instruments' cost, so it reads low rather than impossible).
+        # Host-clock times of two steps are not comparable: the share is taken within the timed steps.
         own = cap.gemm_share_in_timed_steps()
         if own is None or own[0] > 1:
             return {"share": None, "clock": clock,

@@ -45,9 +45,7 @@ def fp8_shape_ok(it: WorkItem) -> bool:
     return f.k % 16 == 0 and f.n % 16 == 0 and (it.m_splits is not None or f.m % 16 == 0)
 
 
-# A mixed plan must beat the best single recipe by this share of the predicted step (of the GEMM
-# time without one), else the plan is that recipe: below it, a gain is within the measurements' noise.
-MIN_GAIN = 0.005
+MIN_GAIN = 0.005  # a mixed plan's least gain over the best single recipe (share of the step): below it, noise
 
 
 def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] | None = None,
@@ -75,8 +73,7 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
         raise ValueError("the capture holds no weight GEMM that runs in a step (no fprop records, or all "
                          "with 0 calls per step): nothing to plan")
     plans = {}
-    # A module with a GEMM TE cannot run in FP8 stays BF16 whatever its bench cell says (only GEMMs
-    # a recipe runs count: an attention bmm runs BF16 under every recipe).
+    # A module with a GEMM TE cannot run in FP8 stays BF16 (an attention bmm runs BF16 in every recipe).
     unsafe = {owner.get(it.name, it.name) for it in items if it.runs_recipe and not fp8_shape_ok(it)}
     # In a TE job a plain torch layer (an nn.Linear lm_head) runs high precision under every recipe.
     te = {r.module for r in capture.records if getattr(r, "source", "te") == "te"}
@@ -94,8 +91,7 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     base = observed or capture
     step, gemm, job = base.step_ms(), base.gemm_ms_per_step(), capture_recipe(base)
     single = min(totals, key=totals.__getitem__)
-    # The step gain is the GEMM gain scaled by the job's GEMM share; as in checks.report_checks, no
-    # step is predicted from a GEMM time above its step (the plan then ranks by GEMM time alone).
+    # As in checks.report_checks, no step is predicted from a GEMM time above its step.
     withheld = None if step and gemm is not None and gemm <= step else (
         "GEMMs not timed" if gemm is None or not step else
         f"the job's GEMM time ({gemm:.2f} ms) exceeds the step it is set against ({step:.2f} ms)")

@@ -20,9 +20,7 @@ from te_gemm_callback.capture.kernels import classify_kernel
 # A recipe this GPU cannot run borrows the host side of the nearest one that runs.
 NEAREST = {"MXFP8BlockScaling": "Float8BlockScaling", "NVFP4BlockScaling": "Float8BlockScaling"}
 MODULE_BAND = 0.5  # module differences at (1 - x) and (1 + x) for the band
-# FP8 GEMMs' ratio to BF16 differs between the job and the microbenchmark (another clock and power:
-# docs/results/h200.md, facts the code relies on: GEMM ratio band).
-GEMM_RATIO_BAND = 0.05
+GEMM_RATIO_BAND = 0.05  # job vs bench GEMM ratios (docs/results/h200.md, facts the code relies on: GEMM ratio band)
 CALIBRATE_BEYOND = 0.03  # the own replay's miss of the clean step that calibrates the host
 BACKLOG_GAP_US = 3.0  # a gap between two kernels of one stream shorter than this: the GPU's own
 MIN_GAPS = 20
