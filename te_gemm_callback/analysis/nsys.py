@@ -98,8 +98,8 @@ def _check_ours(csv_file: Path, sqlite_file: Path) -> None:
 
 
 def _run_nsys(cmd: list[str]) -> None:
-    """Run nsys with its output to a file (it can print gigabytes: the tail is kept) in a session of
-    its own, whose whole process group is killed on the timeout. Raises as subprocess.run."""
+    """Run nsys with its output to a file (it can print gigabytes: the tail is kept) in a process
+    group of its own, killed whole on the timeout. Raises as subprocess.run."""
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -1,7 +1,7 @@
-"""A what-if replay of one training step: the step as the host issues it and the GPU runs it.
+"""A what-if replay of one training step: the step as the host launches it and the GPU runs it.
 
 The trace is the capture's kernels step: the host's CUDA runtime calls in order, each with the
-kernels it launched (stream, duration). The replay issues the calls again, each after the host
+kernels it launched (stream, duration). The replay makes the calls again, each after the host
 work before it; a kernel starts once its launch reached the GPU and its stream is free; a sync
 returns when the work it waits for is done (trace-driven what-if simulation: Zhu et al.,
 "Daydream", USENIX ATC 2020). Copies of the step run back to back, since the host runs ahead into
