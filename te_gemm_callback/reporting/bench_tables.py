@@ -1,5 +1,4 @@
-"""Benchmark tables in the sections of TE's benchmarks/gemm/benchmark_gemm.py: per pass, per item totals,
-full model, speedups."""
+"""Benchmark tables in the sections of TE's benchmarks/gemm/benchmark_gemm.py: per pass, per item, per step."""
 
 from __future__ import annotations
 
@@ -13,13 +12,13 @@ from te_gemm_callback.microbench.items import WorkItem, passes_of
 from te_gemm_callback.microbench.results import BenchResults, item_ms, step_ms
 from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import safe
+from te_gemm_callback.reporting.console import make_table
 from te_gemm_callback.shapes import GemmOp, gemm_passes
 
 PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad",
                GemmOp.DGRAD_A: "Dgrad (left input, no weight)", GemmOp.DGRAD_B: "Dgrad (right input, no weight)"}
 
-# Marks after a time: where it came from and whether to trust it; each table that shows one
-# explains it in its caption (FOOTNOTES).
+# Marks after a time: where it came from and whether to trust it, explained in the caption of a table showing one.
 CACHED_MARK = "*"
 NOISY_MARK = "!"
 FOOTNOTES = {
@@ -28,49 +27,41 @@ FOOTNOTES = {
                 "the time may be far off",
 }
 
-
-def _fmt(ms: float | None, base: float | None, measured: bool = True, marks: str = "") -> str:
+def _fmt(ms: float | None, base: float | None, cells: list[BenchResult | None]) -> str:
+    """A time made of ``cells``, its speedup over ``base`` and its marks; "not measured" where no cell is."""
     if ms is None:
-        return "failed" if measured else "[dim]not measured[/dim]"
+        return "failed" if any(c is not None for c in cells) else "[dim]not measured[/dim]"
     sp = f" ({base / ms:.2f}x)" if base and ms else ""
-    return f"{ms:.3f}{sp}{_styled(marks)}"
-
+    return f"{ms:.3f}{sp}{_styled(_marks(cells))}"
 
 def _marks(cells: Iterable[BenchResult | None]) -> str:
-    """The marks of a time made of ``cells`` (one cell, or a layer's or a step's passes): any of
-    them cached or noisy marks the total too, since it carries that cell's time."""
+    """The marks of a time made of ``cells``: a cached or noisy one marks the total too."""
     ok = [r for r in cells if r is not None and r.ok]
     return (CACHED_MARK if any(r.cached for r in ok) else "") + (NOISY_MARK if any(r.noisy for r in ok) else "")
-
 
 def _styled(marks: str) -> str:
     out = f"[dim]{CACHED_MARK}[/dim]" if CACHED_MARK in marks else ""
     return out + (f"[bold red]{NOISY_MARK}[/bold red]" if NOISY_MARK in marks else "")
 
-
 def _caption(marks: str, *lines: str) -> str | None:
-    """A table's footnotes: each mark it shows, explained, then ``lines``."""
+    """A table's footnotes: each mark in ``marks`` explained, then ``lines``."""
     notes = [f"{m} {FOOTNOTES[m]}" for m in (CACHED_MARK, NOISY_MARK) if m in marks] + [ln for ln in lines if ln]
     # Each note made safe on its own: safe() shows a line break as "?", which glued them together.
     return "\n".join(safe(n) for n in notes) if notes else None
 
-
 def _item_cells(res: BenchResults, it: WorkItem, precision: str, mode: str) -> list[BenchResult | None]:
     return [res.get(s, precision, mode, it.m_splits) for s in passes_of(it)]
 
-
 def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) -> Table:
     precs = res.precisions
-    t = Table(title=f"{PASS_TITLES[op]} GEMMs ({safe(mode)}): ms per call, speedup over BF16")
-    t.add_column("GEMM")
-    t.add_column("M x K x N", no_wrap=True)
-    for p in precs:  # precision and module names from a bench file or the user's model: escaped
-        t.add_column(safe(p), justify="right", no_wrap=True)
-    t.add_column("spread (IQR/median)", justify="right")
+    # Precision and module names from a bench file or the user's model: escaped.
+    t = make_table(f"{PASS_TITLES[op]} GEMMs ({safe(mode)}): ms per call, speedup over BF16",
+                   ["GEMM", "M x K x N", *map(safe, precs), "spread (IQR/median)"], left=("GEMM", "M x K x N"),
+                   wrap=("GEMM", "spread (IQR/median)"))
     seen, shown = set(), ""
     for it in items:
         s = next((s for s in passes_of(it) if s.op is op), None)
-        if s is None or (s, it.m_splits) in seen:  # a pass this item's GEMM did not run in the job
+        if s is None or (s, it.m_splits) in seen:
             continue
         seen.add((s, it.m_splits))
         cells, spread = [], 0.0
@@ -78,9 +69,8 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
         base_ms = base.median_ms if base is not None and base.ok else None
         for p in precs:
             r = res.get(s, p, mode, it.m_splits)
-            marks = _marks([r])
-            shown += marks
-            cells.append(_fmt(r.median_ms if r is not None and r.ok else None, base_ms, r is not None, marks))
+            shown += _marks([r])
+            cells.append(_fmt(r.median_ms if r is not None and r.ok else None, base_ms, [r]))
             if r is not None and r.spread is not None:
                 spread = max(spread, r.spread)
         label = s.mkn + (f" [{len(it.m_splits)} groups]" if it.m_splits else "")
@@ -89,52 +79,31 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
     t.caption, t.caption_justify = _caption(shown), "left"
     return t
 
-
 def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
-    """Per work item (fprop+dgrad+wgrad), then the whole step and the estimated GEMM speedup."""
+    """Per work item (fprop+dgrad+wgrad), then the whole step, with speedups over BF16."""
     precs = res.precisions
-    t = Table(title=f"GEMM time per item and per step ({safe(mode)}), ms")
-    t.add_column("GEMM")
-    t.add_column("calls/step", justify="right")
-    for p in precs:
-        t.add_column(safe(p), justify="right", no_wrap=True)
+    t = make_table(f"GEMM time per item and per step ({safe(mode)}), ms", ["GEMM", "calls/step", *map(safe, precs)],
+                   left=("GEMM",), wrap=("GEMM", "calls/step"))
     shown = ""
     for it in items:
         base = item_ms(res, it, "BF16", mode)
-        row = []
-        for p in precs:
-            marks = _marks(_item_cells(res, it, p, mode))
-            shown += marks
-            row.append(_fmt(item_ms(res, it, p, mode), base, _measured(res, it, p, mode), marks))
-        t.add_row(safe(it.name), f"{it.count:g}", *row)
+        cells = {p: _item_cells(res, it, p, mode) for p in precs}
+        shown += "".join(_marks(c) for c in cells.values())
+        t.add_row(safe(it.name), f"{it.count:g}", *[_fmt(item_ms(res, it, p, mode), base, cells[p]) for p in precs])
     t.add_section()
     base = step_ms(res, items, "BF16", mode)
     t.add_row("[b]full step[/b]", "", *[_fmt(step_ms(res, items, p, mode), base,
-                                             any(_measured(res, it, p, mode) for it in items),
-                                             _marks(r for it in items for r in _item_cells(res, it, p, mode)))
+                                             [r for it in items for r in _item_cells(res, it, p, mode)])
                                         for p in precs])
-    skipped = "; ".join(skipped_lines(res.skipped))  # one line per cause, not one per recipe
-    t.caption, t.caption_justify = _caption(shown, skipped), "left"
+    t.caption, t.caption_justify = _caption(shown, "; ".join(skipped_lines(res.skipped))), "left"
     return t
-
-
-def _measured(res: BenchResults, it: WorkItem, precision: str, mode: str) -> bool:
-    """Whether the bench holds any cell of this item (a bench of other shapes holds none)."""
-    return any(res.get(s, precision, mode, it.m_splits) is not None for s in passes_of(it))
-
 
 def speedup_summary(res: BenchResults, items: list[WorkItem], mode: str) -> dict[str, float | None]:
     base = step_ms(res, items, "BF16", mode)
-    out = {}
-    for p in res.precisions:
-        ms = step_ms(res, items, p, mode)
-        out[p] = base / ms if base and ms else None
-    return out
-
+    return {p: base / ms if base and (ms := step_ms(res, items, p, mode)) else None for p in res.precisions}
 
 def swapped_items(items: list[WorkItem]) -> list[WorkItem]:
-    """What TE's benchmark_gemm.py times for dgrad and wgrad: a forward GEMM with the pass's
-    written sizes (M x N x K for dgrad, K x M x N for wgrad)."""
+    """What TE's benchmark_gemm.py times for dgrad and wgrad: a forward GEMM of the pass's written sizes."""
     out = []
     for it in items:
         if it.m_splits or not it.runs_recipe:  # TE's tool times linear layers' passes only
@@ -144,12 +113,10 @@ def swapped_items(items: list[WorkItem]) -> list[WorkItem]:
                 WorkItem(f"{it.name} wgrad-as-fprop", w.__class__(w.m, w.k, w.n))]
     return out
 
-
 def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkItem], mode: str) -> Table:
     """Real backward GEMMs against the swapped-forward stand-in, per shape and precision."""
-    t = Table(title=f"Real dgrad/wgrad vs. a forward GEMM with swapped sizes ({safe(mode)}), ms")
-    for c in ("GEMM", "pass", "M x K x N", "precision", "real", "swapped fwd", "swapped/real"):
-        t.add_column(c, justify="right" if c in ("real", "swapped fwd", "swapped/real") else "left", no_wrap=True)
+    cols = ("GEMM", "pass", "M x K x N", "precision", "real", "swapped fwd", "swapped/real")
+    t = make_table(f"Real dgrad/wgrad vs. a forward GEMM with swapped sizes ({safe(mode)}), ms", cols, left=cols[:4])
     for it in items:
         if it.m_splits:
             continue
@@ -163,11 +130,9 @@ def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkIte
                           f"{cast(float, b.median_ms) / cast(float, a.median_ms):.3f}")  # ok: both timed
     return t
 
-
 def run_summary(res: BenchResults) -> str:
-    """One line: how many cells, where, how long, and at what SM clock (the number a reader needs
-    to compare runs: at the power limit the clock, and with it every time, moves; docs/results/h200.md,
-    facts the code relies on: SM clock)."""
+    """One line: how many cells, where, how long, and at what SM clock (at the power limit the clock,
+    and with it every time, moves)."""
     m = res.meta
     line = f"{len(res.results)} cells on {safe(m.get('device'))}, measured in {m.get('wall_s', 0):.1f} s"
     if len(m.get("visits_per_device") or []) > 1:
@@ -195,10 +160,8 @@ def run_summary(res: BenchResults) -> str:
                  f"({heat['idle_holds']} of {heat['holds']} holds found the GPU idle)")
     return line + _quality(res)
 
-
 def _quality(res: BenchResults) -> str:
-    """Where the cells came from and which to doubt: reused from the cache, measured again,
-    noisy, cached ones refused as too noisy (the marks the tables show)."""
+    """Where the cells came from and which to doubt (the marks the tables show)."""
     ok = [r for r in res.results if r.ok]
     cached = sum(r.cached for r in ok)
     again = sum(r.attempts > 1 and not (r.cached or r.noisy) for r in ok)

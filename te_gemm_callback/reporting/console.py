@@ -1,17 +1,12 @@
-"""Where the tables go: the rich console (stdout, or stderr while a command writes JSON to
-stdout), and printing a table to it."""
+"""Where the tables go (stdout, or stderr while a command writes JSON to stdout), and how one is built."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Container, Iterable, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-if TYPE_CHECKING:
-    pass
-
-
 
 _STDERR = False  # a command prints JSON on standard output (`--json -`): its tables go to stderr
 
@@ -29,7 +24,6 @@ class _FileConsole(Console):
             super().print(*objects, **kw)
             return
         from rich.measure import Measurement
-
         need = max(Measurement.get(self, self.options.update(width=100_000), t).maximum for t in tables)
         # print(width=) cannot go past the console's own width: widen the console for this print.
         width = self.width
@@ -40,11 +34,19 @@ class _FileConsole(Console):
             self.width = width
 
 def console() -> Console:
-    """A console for the terminal, or for a file or a pipe one whose tables take the width they need
-    (rich cuts them to 80 columns there); on standard error where standard output carries a
-    command's JSON."""
+    """The terminal's console, else one for a file or pipe whose tables are not cut to 80 columns."""
     c = Console(stderr=_STDERR)
     return c if c.is_terminal else _FileConsole(width=120, stderr=_STDERR)
 
 def print_table(table: Table, out: Console | None = None) -> None:
     (out or console()).print(table)
+
+def make_table(title: str, columns: Iterable[str], left: Container[str] = (), wrap: Container[str] = (),
+               rows: Iterable[Sequence[str]] = (), caption: str | None = None) -> Table:
+    """A table whose ``left`` columns are left-aligned (the rest right) and only ``wrap`` columns wrap."""
+    t = Table(title=title, caption=caption)
+    for c in columns:
+        t.add_column(c, justify="left" if c in left else "right", no_wrap=c not in wrap)
+    for row in rows:
+        t.add_row(*row)
+    return t

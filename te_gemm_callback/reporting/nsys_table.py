@@ -1,5 +1,5 @@
-"""The capture beside Nsight Systems' projection of its GEMM ranges, drawn (te_gemm_callback.analysis.nsys
-computes it; docs/nsight-systems.md)."""
+"""The capture beside Nsight Systems' projection of its GEMM ranges (analysis.nsys computes it;
+docs/nsight-systems.md)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,15 @@ from typing import Any
 from rich.table import Table
 
 from te_gemm_callback.printable import safe
+from te_gemm_callback.reporting.console import make_table
 
 COLUMNS = ("GEMM range", "nsys ms (median)", "nsys instances", "capture ms (median)", "capture vs nsys")
 
-
 def nsys_rows(cmp: Any, limit: int | None = None) -> list[list[str]]:
-    rows = cmp.rows if limit is None else cmp.rows[:limit]
-    return [[safe(r["gemm"]),
-             "-" if r["nsys_proj_ms"] is None else f"{r['nsys_proj_ms']:.4f}", str(r["instances"]),
+    return [[safe(r["gemm"]), "-" if r["nsys_proj_ms"] is None else f"{r['nsys_proj_ms']:.4f}", str(r["instances"]),
              f"{r['capture_ms']:.4f}",
              "no projection" if r["capture_vs_nsys"] is None else f"{100 * r['capture_vs_nsys']:+.2f}%"]
-            for r in rows]
-
+            for r in cmp.rows[:limit]]
 
 def nsys_summary(cmp: Any) -> str:
     """One line: how close, and what was left out."""
@@ -38,16 +35,7 @@ def nsys_summary(cmp: Any) -> str:
         text += f"; {cmp.outside_steps} GEMM range(s) in no step range, left out"
     return text
 
-
 def nsys_table(cmp: Any, limit: int | None = None) -> Table:
-    t = Table(title="GEMM times: the capture (CUDA events) beside nsys's projection of each range (its kernel "
-                    "records), medians over the same steps")
-    for c in COLUMNS:
-        t.add_column(c, justify="left" if c == "GEMM range" else "right", no_wrap=c != "GEMM range")
-    for row in nsys_rows(cmp, limit):
-        t.add_row(*row)
-    t.caption = safe(nsys_summary(cmp))
-    return t
-
-
-__all__ = ["nsys_rows", "nsys_summary", "nsys_table"]
+    return make_table("GEMM times: the capture (CUDA events) beside nsys's projection of each range (its kernel "
+                      "records), medians over the same steps", COLUMNS, left=COLUMNS[:1], wrap=COLUMNS[:1],
+                      rows=nsys_rows(cmp, limit), caption=safe(nsys_summary(cmp)))

@@ -1,5 +1,5 @@
-"""A run projected onto another GPU, drawn: the terminal table, the rows report.md's section
-shows, and the summary report.json keeps (te_gemm_callback.projection computes it; docs/projection.md)."""
+"""A run projected onto another GPU, drawn: the terminal table, report.md's rows and report.json's
+summary (te_gemm_callback.projection computes it; docs/projection.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from te_gemm_callback.printable import safe
+from te_gemm_callback.reporting.console import make_table
 
 log = logging.getLogger("te_gemm_callback")
 # Speedups over BF16 on the target, on the source (its bench, and a sweep's observed one), then the
@@ -18,47 +19,33 @@ log = logging.getLogger("te_gemm_callback")
 COLUMNS = ("recipe", "GEMM ms/step (band)", "step ms (band)", "vs BF16", "bound", "GEMMs alone", "source: bench",
            "source: observed", "source step ms", "target gain")
 
-
-def _x(v: float | None, fmt: str) -> str:
+def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
     return fmt.format(v) if v is not None else "-"
-
 
 def rows(rp: Any) -> list[list[str]]:
     return [[s.recipe, f"{s.gemm_ms:.2f} ({s.gemm_low_ms:.1f}-{s.gemm_high_ms:.1f})",
              f"{s.step_ms:.2f} ({s.step_low_ms:.1f}-{s.step_high_ms:.1f})" if s.step_ms is not None else "-",
-             _x(s.speedup, "{:.2f}x"), s.bound or "-", _x(s.gemms_alone_speedup, "{:.2f}x"),
-             _x(s.source_speedup, "{:.2f}x"), _x(s.observed_speedup, "{:.2f}x"),
-             _x(s.source_step_ms, "{:.2f}"), _x(s.vs_source, "{:.2f}x")]
+             _x(s.speedup), s.bound or "-", _x(s.gemms_alone_speedup), _x(s.source_speedup),
+             _x(s.observed_speedup), _x(s.source_step_ms, "{:.2f}"), _x(s.vs_source)]
             for s in rp.steps]
 
-
 def title(rp: Any) -> str:
-    label = "measured" if rp.measured else "projection"
-    return (f"{label}: {rp.source.name} -> {rp.target.name}: GEMM time per step ({rp.mode}) and the step predicted "
-            "from it, with bands; speedups over BF16 on each GPU; the same recipe's step on both")
-
+    return (f"{'measured' if rp.measured else 'projection'}: {rp.source.name} -> {rp.target.name}: GEMM time per "
+            f"step ({rp.mode}) and the step predicted from it, with bands; speedups over BF16 on each GPU; the same "
+            "recipe's step on both")
 
 def projection_table(rp: Any) -> Table:
-    t = Table(title=safe(title(rp)))
-    for c in COLUMNS:
-        t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=c == "recipe")
-    for row in rows(rp):
-        t.add_row(*row)
-    t.caption = safe("; ".join(rp.notes))
-    return t
-
+    return make_table(safe(title(rp)), COLUMNS, left=COLUMNS[:1], wrap=COLUMNS[1:], rows=rows(rp),
+                      caption=safe("; ".join(rp.notes)))
 
 def summary(rp: Any) -> dict[str, Any]:
     """What report.json keeps of a projection (the cells stay in projection-GPU.json)."""
     d = rp.to_dict()
     return {k: d[k] for k in ("label", "target", "source", "mode", "job_recipe", "non_gemm_ms", "steps", "notes")}
 
-
 def project_runs(run_dir: str | Path, gpus: Sequence[str]) -> list[Any]:
-    """One projection per GPU asked for; one that cannot be made (no pre-quantized cells in the
-    bench, an unknown device) is said in one line and left out: the report stands without it."""
+    """One projection per GPU; one that cannot be made is said in one line and left out."""
     from te_gemm_callback.projection import project_run
-
     out = []
     for g in gpus:
         try:
@@ -66,6 +53,3 @@ def project_runs(run_dir: str | Path, gpus: Sequence[str]) -> list[Any]:
         except ValueError as err:
             log.warning("te-gemm: no projection onto %s: %s", g, err)
     return out
-
-
-__all__ = ["COLUMNS", "projection_table", "project_runs", "rows", "summary", "title"]
