@@ -1,17 +1,6 @@
-"""report.md: the report of an analysed run as GitHub-flavoured Markdown, where users already look
-(a pull request, a wiki, the run folder on GitHub): the checks, the verdicts with their evidence,
-the speedup table, the capture's top GEMMs, the figures and the kernel timeline as relative links,
-the notes behind the numbers, and the commands that make it again.
-
-Nothing is computed here: every number is one the terminal report prints, from the same text
-(:func:`te_gemm_callback.reporting.report_tables.speedup_rows`). Every string that comes from a file or
-the user's model (module, recipe and device names, reasons, notes, paths) is escaped
-(:func:`md_escape`), so a module named ``a|b`` or ``<img src=x>`` is text, never markup.
-
-The file starts with :data:`MD_MARKER`; an existing report.md is replaced only when it starts with
-it (:data:`MD_KIND`), as figures carry their PNG marker and the plan's YAML its first line: a
-report.md of the user's own is refused, never overwritten.
-"""
+"""report.md: an analysed run's report as GitHub-flavoured Markdown, from the same text as the terminal
+report (nothing is computed here). Every string from a file or the user's model is escaped (:func:`md_escape`).
+The file starts with :data:`MD_MARKER`: an existing report.md without it is the user's, never overwritten."""
 
 from __future__ import annotations
 
@@ -26,44 +15,41 @@ from urllib.parse import quote
 from te_gemm_callback.files.jsonio import text_kind, write_text
 from te_gemm_callback.printable import plain
 from te_gemm_callback.reporting.capture_tables import capture_share, top_gemm_rows
-from te_gemm_callback.reporting.report_tables import plan_line, replay_own_line, share_text, speedup_rows
+from te_gemm_callback.reporting.report_tables import (
+    plan_line,
+    replay_own_line,
+    share_text,
+    speedup_rows,
+    withheld_reasons,
+)
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
 
-# The first line of every report.md we write; what marks one as ours to replace. An HTML comment:
-# GitHub and other renderers show nothing of it.
+# The first line of every report.md we write, an HTML comment (renderers show nothing of it).
 MD_MARKER_PREFIX = "<!-- te-gemm-callback report.md"
 MD_MARKER = (f"{MD_MARKER_PREFIX}: written from this run folder (the callback's report, te-gemm report or "
              "te_gemm_callback.report); every report replaces it, so edits here are lost -->")
 MD_KIND = text_kind("te-gemm report.md", MD_MARKER_PREFIX.encode())
 
-# Characters with a meaning anywhere in a line of GFM: escapes, code spans, emphasis, links and
-# images, HTML and autolinks (opened by "<": a lone ">" is text), table cells, strikethrough,
-# entities, math.
+# Characters with a meaning anywhere in a line of GFM (a lone ">" is text), then at the start of one.
 _INLINE = re.compile(r"([\\`*_\[\]<|~&$])")
-# Characters with a meaning at the start of a line: headings, lists, setext underlines, quotes.
 _LEADING = re.compile(r"^(?:([#+=>-])|(\d+)([.)]))")
 # How the figures a report draws are titled in report.md (gemm_<mode>: one per bench mode).
 FIGURE_TITLES = {"speedups": "Predicted vs observed step speedup", "step_split": "Step time split",
                  "ranks": "Per-rank step: GEMM, exposed communication, rest"}
 TOP_GEMMS = 10
 
-
 def md_escape(text: Any, line_start: bool = False) -> str:
-    """``text`` as Markdown shows it literally, on one line: runs of whitespace (newlines included)
-    become one space, control characters "?", every character with a meaning in GFM escaped
-    (pipes included: safe in a table cell); with ``line_start``, also what would open a heading
-    or a list at the start of a line."""
-    s = plain(" ".join(str(text).split()))
-    s = _INLINE.sub(r"\\\1", s)
+    """``text`` shown literally on one line (safe in a table cell); with ``line_start``, also what would
+    open a heading or a list."""
+    s = _INLINE.sub(r"\\\1", plain(" ".join(str(text).split())))
     if line_start:
         s = _LEADING.sub(lambda m: "\\" + m.group(1) if m.group(1) else m.group(2) + "\\" + m.group(3), s)
     return s
 
-
 def md_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Iterable[int] = ()) -> list[str]:
-    """A GFM table, every cell escaped (:func:`md_escape`); ``right``: the columns aligned right."""
+    """A GFM table, every cell escaped; ``right``: the columns aligned right."""
     right = set(right)
     out = ["| " + " | ".join(md_escape(c) for c in columns) + " |",
            "| " + " | ".join("---:" if i in right else ":---" for i in range(len(columns))) + " |"]
@@ -72,35 +58,23 @@ def md_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Itera
         out.append("| " + " | ".join(cells[:len(columns)]) + " |")
     return out
 
-
 def code_block(lines: Iterable[str], lang: str = "") -> list[str]:
-    """A fenced code block of ``lines``, its fence longer than any run of backticks in them (so no
-    line can close it), control characters shown as "?"."""
+    """A fenced code block, its fence longer than any run of backticks in ``lines``."""
     body = [plain(ln) for ln in lines]
     runs = [len(r) for ln in body for r in re.findall(r"`+", ln)]
     fence = "`" * max(3, max(runs, default=0) + 1)
     return [fence + lang, *body, fence]
 
-
 def link_target(path: Path, root: Path) -> str:
-    """``path`` as a link from a file in ``root``: relative, forward slashes, percent-encoded (a
-    space or a parenthesis in a name would end the link)."""
+    """``path`` as a relative, percent-encoded link from a file in ``root``."""
     try:
         rel = os.path.relpath(path, root)
     except ValueError:  # another drive (Windows): the name, since our files lie in root
         rel = Path(path).name
     return quote(Path(rel).as_posix())
 
-
-def _figure_title(key: str) -> str:
-    if key.startswith("gemm_"):
-        return f"GEMM time per step by precision ({key[5:]} microbenchmarks)"
-    return FIGURE_TITLES.get(key, key)
-
-
 def _verdicts(rr: RunReport) -> list[str]:
-    rep = rr.report
-    out = ["## Verdicts", ""]
+    rep, out = rr.report, ["## Verdicts", ""]
     if (own := replay_own_line(rep)) is not None:
         out += [md_escape(own, line_start=True), ""]
     for a in rep.recipes:
@@ -117,23 +91,18 @@ def _verdicts(rr: RunReport) -> list[str]:
         out += ["", md_escape(plan_line(rr.plan), line_start=True)]
     return out
 
-
 def _speedups(rr: RunReport) -> list[str]:
-    rep, s = rr.report, speedup_rows(rr.report)
-    verdicts = [a.verdict for a in rep.recipes]
-    rows = [[*row, v] for row, v in zip(s.rows, verdicts)]
+    s = speedup_rows(rr.report)
+    rows = [[*row, a.verdict] for row, a in zip(s.rows, rr.report.recipes)]
     rows += [[r, "not run", *[""] * (len(s.columns) - 2), "not available here"] for r in s.skipped]
-    cols = [*s.columns, "verdict"]
     return ["## Speedups", "", md_escape(s.title, line_start=True), "",
-            *md_table(cols, rows, right=range(1, len(s.columns))), "",
+            *md_table([*s.columns, "verdict"], rows, right=range(1, len(s.columns))), "",
             md_escape(s.explained + ".", line_start=True)]
-
 
 def _capture(rr: RunReport) -> list[str]:
     cap = rr.job
     cols, rows, more = top_gemm_rows(cap, TOP_GEMMS)
-    what = (f"{cap.meta.get('device', '?')}: {len(cap.records)} GEMM records over {len(cap.steps)} captured "
-            f"step(s)")
+    what = f"{cap.meta.get('device', '?')}: {len(cap.records)} GEMM records over {len(cap.steps)} captured step(s)"
     share = capture_share(cap)
     out = ["## Capture: top GEMMs by time", "", md_escape(what + (f"; {share}" if share else ""), line_start=True),
            ""]
@@ -143,10 +112,8 @@ def _capture(rr: RunReport) -> list[str]:
         out += ["Not timed (no per-call GEMM times): the GEMMs with the most FLOPs per step.", ""]
     return out + md_table(cols, rows, right=(4, 5)) + _capture_conditions(cap)
 
-
 def _capture_conditions(cap: Any) -> list[str]:
-    """What about the capture's steps a reader of its numbers should know: a compiled model, steady
-    state, another profiler that held CUPTI, a window training ended inside."""
+    """What a reader of the capture's numbers should know about its steps."""
     m = cap.meta
     lines = []
     if m.get("compiled"):
@@ -165,9 +132,8 @@ def _capture_conditions(cap: Any) -> list[str]:
                      "it was too short; the step time includes the capture's instruments")
     return ["", *[f"- {md_escape(x)}" for x in lines]] if lines else []
 
-
 def _event_pair_notes(pairs: Mapping[str, Any]) -> list[str]:
-    """What a reader of event-timed GEMMs should know (capture/results.py ``meta.event_pairs``)."""
+    """What a reader of event-timed GEMMs should know (``meta.event_pairs``)."""
     out = []
     if only := pairs.get("dispatch_steps_only"):
         shown = ", ".join(only[:6]) + (f" and {len(only) - 6} more" if len(only) > 6 else "")
@@ -184,77 +150,57 @@ def _event_pair_notes(pairs: Mapping[str, Any]) -> list[str]:
         out.append(f"{pairs['below_floor']} GEMM call(s) shorter than the event pairs' floor (~1 us): not timed")
     return out
 
-
 def _figures(files: Mapping[str, Path], root: Path) -> list[str]:
-    figs = [(k, p) for k, p in files.items() if Path(p).suffix.lower() == ".png"]
-    if not figs:
-        return []
-    out = ["## Figures"]
-    for key, path in figs:
-        title = md_escape(_figure_title(key))
-        out += ["", f"**{title}**", "", f"![{title}]({link_target(path, root)})"]
-    return out
-
+    out = []
+    for key, path in files.items():
+        if Path(path).suffix.lower() == ".png":
+            title = md_escape(f"GEMM time per step by precision ({key[5:]} microbenchmarks)" if key.startswith("gemm_")
+                              else FIGURE_TITLES.get(key, key))
+            out += ["", f"**{title}**", "", f"![{title}]({link_target(path, root)})"]
+    return ["## Figures", *out] if out else []
 
 def _trace(files: Mapping[str, Path], root: Path) -> list[str]:
     if "trace" not in files:
         return []
-    target = link_target(files["trace"], root)
     return ["## Kernel timeline", "",
-            f"[{md_escape(Path(files['trace']).name)}]({target}): the capture's kernels on a timeline; open "
-            "it in <https://ui.perfetto.dev> or chrome://tracing (load the file there)."]
-
+            f"[{md_escape(Path(files['trace']).name)}]({link_target(files['trace'], root)}): the capture's kernels on "
+            "a timeline; open it in <https://ui.perfetto.dev> or chrome://tracing (load the file there)."]
 
 def _checks(rr: RunReport) -> list[str]:
     rep = rr.report
     lines = [f"- check: {md_escape(w)}" for w in rep.warnings]
     lines += [f"- warning: {md_escape(rep.meta[k])}" for k in rr.host_bound_notes if rep.meta.get(k)]
-    if not lines:
-        return []
     return ["## Checks and warnings", "",
             "What the report's checks found and will not state as a result; read it before any figure it touches.",
-            "", *lines]
-
+            "", *lines] if lines else []
 
 def _notes(rr: RunReport) -> list[str]:
     from rich.text import Text
-
     rep, meta = rr.report, rr.report.meta
-    labelled = [("Instrument cost", meta.get("step_note")), ("Instrument cost", meta.get("job_step_note")),
-                ("Framework", meta.get("framework_note")), ("Clock", meta.get("clock_note")),
-                ("GEMM duty", meta.get("duty_note")), ("Timing", meta.get("timing")),
-                ("Prediction", meta.get("prediction"))]
-    # Notes that make a run host-bound are already among the warnings (:func:`_checks`).
-    shown = {meta.get(k) for k in rr.host_bound_notes}
-    lines = [f"- {label}: {md_escape(text)}" for label, text in labelled if text and text not in shown]
-    held = sorted({why for r in (meta.get("withheld") or {}) for f, why in rep.withheld(r).items()
-                   if f not in ("verdict", "evidence")})
-    lines += [f"- n/a: {md_escape(why)}" for why in held]
+    labelled = (("Instrument cost", "step_note"), ("Instrument cost", "job_step_note"), ("Framework", "framework_note"),
+                ("Clock", "clock_note"), ("GEMM duty", "duty_note"), ("Timing", "timing"), ("Prediction", "prediction"))
+    shown = {meta.get(k) for k in rr.host_bound_notes}  # already among the warnings (_checks)
+    lines = [f"- {label}: {md_escape(meta[k])}" for label, k in labelled if meta.get(k) and meta[k] not in shown]
+    lines += [f"- n/a: {md_escape(why)}" for why in withheld_reasons(rep)]
     if rr.bench is not None:
         from te_gemm_callback.reporting.bench_tables import run_summary
-
-        # run_summary is rich markup for the terminal; its plain text here.
         lines.append(f"- Microbenchmark: {md_escape(Text.from_markup(run_summary(rr.bench)).plain)}")
     return ["## Notes", "", *lines] if lines else []
 
-
 def _job_capture(root: Path) -> Path:
-    """The capture the report's job was read from (as :func:`~te_gemm_callback.analysis.runs.analyze_run`
-    picks it: the first outside sweep/, else the first)."""
+    """The capture the report's job was read from, as analyze_run picks it: the first outside sweep/."""
     paths = sorted(root.rglob("gemm_capture.json"))
     main = [p for p in paths if "sweep" not in p.relative_to(root).parts]
     return (main or paths or [root / "gemm_capture.json"])[0]
 
-
 def _bench_commands(rr: RunReport, root: Path) -> list[str]:
     q = shlex.quote
-    capture = _job_capture(root)
-    bench_json = root / "bench.json"
+    capture, bench_json = q(str(_job_capture(root))), q(str(root / "bench.json"))
+    again = f"te-gemm report {q(str(root))}"
     if rr.bench is None:
         return ["No bench.json here: microbenchmark the job's shapes (on the machine the job ran on) for predictions "
                 "and GEMM speedups, then report again:", "",
-                *code_block([f"te-gemm bench --capture {q(str(capture))} --json {q(str(bench_json))}",
-                             f"te-gemm report {q(str(root))}"], "sh")]
+                *code_block([f"te-gemm bench --capture {capture} --json {bench_json}", again], "sh")]
     m = rr.bench.meta
     # The recipes asked for: those measured and those this host could not run (a GPU host may).
     ran = m["precisions"] if isinstance(m.get("precisions"), list) else rr.bench.precisions
@@ -269,18 +215,15 @@ def _bench_commands(rr: RunReport, root: Path) -> list[str]:
         opts.append("--flush-l2")
     if len(m.get("visits_per_device") or []) > 1:
         opts.append(f"--devices {len(m['visits_per_device'])}")
-    # --modes always, even for one: the bench file --json replaces would otherwise pick the modes.
-    # --no-cache: measured again, not read back from the cache that made this bench.json.
-    cmd = " ".join(["te-gemm bench --capture", q(str(capture)), *opts, "--modes", q(",".join(modes)),
-                    "--no-cache", "--json", q(str(bench_json))])
+    # --modes always: the bench file --json replaces would otherwise pick them; --no-cache: measured again.
+    cmd = " ".join(["te-gemm bench --capture", capture, *opts, "--modes", q(",".join(modes)), "--no-cache",
+                    "--json", bench_json])
     return ["Measure the microbenchmarks again (on the machine the job ran on), then make the report again:", "",
-            *code_block([cmd, f"te-gemm report {q(str(root))}"], "sh")]
-
+            *code_block([cmd, again], "sh")]
 
 # Capture meta fields that say where a capture came from, in the order shown.
 PROVENANCE = ("command", "argv", "cwd", "host", "created", "model", "device", "compute_capability", "torch",
               "cuda", "transformer_engine", "python", "adapters", "git_commit", "run_id")
-
 
 def _provenance(meta: Mapping[str, Any]) -> list[str]:
     fields = dict(prov) if isinstance(prov := meta.get("provenance"), Mapping) else {}
@@ -301,47 +244,40 @@ def _provenance(meta: Mapping[str, Any]) -> list[str]:
         lines += ["- command:", "", *["  " + ln for ln in code_block(text.splitlines() or [""], "sh")]]
     return lines
 
-
 def _commands(rr: RunReport, root: Path) -> list[str]:
     out = ["## Commands", "", "Make this report again from the run folder (no GPU needed):", "",
            *code_block([f"te-gemm report {shlex.quote(str(root))}"], "sh"), "",
            f"or from Python: `te_gemm_callback.report({_py_str(root)})`.", "", *_bench_commands(rr, root)]
     prov = _provenance(rr.job.meta)
     if prov:
-        capture = link_target(_job_capture(root), root)
-        out += ["", f"The job's capture ([{md_escape(_job_capture(root).name)}]({capture})) records:", "", *prov]
+        capture = _job_capture(root)
+        link = f"[{md_escape(capture.name)}]({link_target(capture, root)})"
+        out += ["", f"The job's capture ({link}) records:", "", *prov]
     return out
-
 
 def _py_str(root: Path) -> str:
     """A Python string literal of the path, fit for a code span (no backtick can end it early)."""
     return plain(repr(str(root))).replace("`", "\\x60")
 
-
 def _projections(rr: RunReport, files: Mapping[str, Path]) -> list[list[str]]:
-    """A section per GPU the run was projected onto (docs/projection.md), labelled as such."""
+    """A section per GPU the run was projected onto, labelled as such."""
     from te_gemm_callback.reporting.projection_tables import COLUMNS, rows, title
-
     out = []
     for rp in rr.projections:
         head = f"## {'Measured on' if rp.measured else 'Projected onto'} {md_escape(rp.target.name)}"
         what = "." if rp.measured else (". Not measured: public peaks and bandwidths, this run's bench and a "
                                         "quantization traffic model (method and validation: docs/projection.md).")
         lines = [head, "", md_escape(title(rp) + what, line_start=True), "",
-                 "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in rows(rp)]
-        lines += ["", *[f"- {md_escape(n)}" for n in rp.notes]]
+                 *md_table(COLUMNS, rows(rp), right=range(1, len(COLUMNS))), "",
+                 *[f"- {md_escape(n)}" for n in rp.notes]]
         written = files.get(f"projection_{rp.target.key}")
         if written is not None:
             lines.append(f"- every cell, its band and its basis: [{md_escape(written.name)}]({quote(written.name)})")
         out.append(lines)
     return out
 
-
 def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) -> str:
-    """The text of report.md (without :data:`MD_MARKER`) for an analysed run whose files, written
-    into ``root``, are ``files`` (what :func:`~te_gemm_callback.reporting.speedups.write_run` wrote:
-    the figures and trace among them are linked, nothing else)."""
+    """report.md's text (no :data:`MD_MARKER`), linking the figures and trace among ``files`` written into ``root``."""
     root = Path(root)
     rep = rr.report
     job = rep.meta.get("job_precision") or rep.current_recipe
@@ -353,13 +289,6 @@ def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) 
                 _figures(files, root), _trace(files, root), _notes(rr), _commands(rr, root)]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
 
-
-def write_markdown(path: str | Path, text: str) -> Path:
-    """Write ``text`` as a report.md of ours (:data:`MD_MARKER` first), atomically; an existing
-    file only if it is one of ours (:data:`MD_KIND`: one-line ValueError otherwise)."""
-    return write_text(path, f"{MD_MARKER}\n\n{text}", MD_KIND)
-
-
 def write_report_md(rr: RunReport, path: str | Path, files: Mapping[str, Path], root: str | Path) -> Path:
-    """:func:`report_markdown` written to ``path`` (:func:`write_markdown`)."""
-    return write_markdown(path, report_markdown(rr, files, root))
+    """Write report.md atomically, over an existing file only if it is ours (:data:`MD_KIND`, else ValueError)."""
+    return write_text(path, f"{MD_MARKER}\n\n{report_markdown(rr, files, root)}", MD_KIND)

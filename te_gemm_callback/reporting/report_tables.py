@@ -1,6 +1,5 @@
-"""The report's speedup table as plain text (:func:`speedup_rows`), which the terminal table and
-report.md each render in their own escaping, with its captions and cells; and the precision
-plan's table."""
+"""The report's speedup table as plain text (:func:`speedup_rows`), which the terminal and report.md each
+escape their own way; and the precision plan's table."""
 
 from __future__ import annotations
 
@@ -11,20 +10,19 @@ from rich.table import Table
 
 from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.capture_tables import ms_text
+from te_gemm_callback.reporting.console import make_table
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.verdicts import Report
 
-
-
 def plan_table(plan: Any, limit: int | None = 40) -> Table:
-    """A precision plan: per module its GEMM time in BF16 and in the plan's recipe, and the choice;
-    the caption sets the plan's predicted step against BF16 and every single recipe."""
+    """Per module its GEMM time in BF16 and in the plan's recipe, and the choice; the caption sets the
+    plan's predicted step against BF16 and every single recipe."""
     title = (f"Precision plan: {plan.same_as} everywhere" if plan.same_as else
              f"Precision plan: {plan.recipe}, {len(plan.keep_bf16)} module(s) kept in BF16")
-    t = Table(title=safe(title))  # a plan file's names are the user's (or anyone's who edited it)
-    for c in ("module", "BF16 ms/step", f"{safe(plan.recipe)} ms/step", "FP8 - BF16", "runs in"):
-        t.add_column(c, justify="left" if c in ("module", "runs in") else "right", no_wrap=c != "module")
+    # A plan file's names are the user's (or anyone's who edited it): escaped.
+    t = make_table(safe(title), ("module", "BF16 ms/step", f"{safe(plan.recipe)} ms/step", "FP8 - BF16", "runs in"),
+                   left=("module", "runs in"), wrap=("module",))
     rows = sorted(plan.modules, key=lambda m: -(m.fp8_loss_ms if m.fp8_loss_ms is not None else float("inf")))
     for m in rows[:limit] if limit else rows:
         loss = m.fp8_loss_ms
@@ -34,14 +32,10 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
     if limit and len(rows) > limit:
         t.add_row(f"... {len(rows) - limit} more", "", "", "", "")
     if plan.predicted_step_ms:
+        from te_gemm_callback.analysis.plan import MIN_GAIN  # here: it loads torch, the CLI's start must not
         parts = [f"{k} {v:.2f} ms ({plan.predicted_speedup[k]:.2f}x)" for k, v in plan.predicted_step_ms.items()]
-        from te_gemm_callback.analysis.plan import (
-            MIN_GAIN,  # here: the plan module loads torch, the CLI's start must not
-        )
-
-        same = plan.same_as
-        verdict = (f"The plan is {same} everywhere, the best single recipe: no mixed plan gains "
-                   f"{100 * MIN_GAIN:g}% of the step." if same else
+        verdict = (f"The plan is {plan.same_as} everywhere, the best single recipe: no mixed plan gains "
+                   f"{100 * MIN_GAIN:g}% of the step." if plan.same_as else
                    f"Best single recipe: {plan.best_single}; the mixed plan keeps {len(plan.keep_bf16)} module(s) "
                    "in BF16.")
         t.caption = safe("predicted step (Amdahl over the job's GEMM share, autocast-mode microbenchmarks): "
@@ -49,7 +43,7 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
     return t
 
 def plan_line(plan: Any) -> str:
-    """One line for the report: the plan, its predicted step speedup, where to find it."""
+    """The plan, its predicted step speedup and where to find it, in one line."""
     pred = plan.predicted_speedup
     what = (f"{plan.same_as} everywhere (no mixed plan gains enough)" if plan.same_as else
             f"{plan.recipe} with {len(plan.keep_bf16)} module(s) kept in BF16")
@@ -67,9 +61,13 @@ def _cell(rep: Report, a: Any, name: str, fmt: str = "{:.2f}x") -> str:
     # "n/a" for a refused figure (its why is in the caption), "-" for one never measured.
     return "n/a" if name in rep.withheld(a.recipe) else _x(getattr(a, name), fmt)
 
+def withheld_reasons(rep: Report) -> list[str]:
+    """Why the report's checks refused figures of its rows (verdicts and evidence aside), once each."""
+    return sorted({why for r in (rep.meta.get("withheld") or {}) for f, why in rep.withheld(r).items()
+                   if f not in ("verdict", "evidence")})
+
 def share_text(rep: Report) -> str:
-    """The GEMM share as the report may state it: of the step shown, of the steps the GEMMs were
-    timed in (host clock), or "n/a (why)"; never a share above 100%."""
+    """The GEMM share of the step shown, or of the steps the GEMMs were timed in, or "n/a (why)"."""
     share, basis = rep.gemm_share, rep.meta.get("gemm_share_basis", "step")
     if rep.gemm_ms is None:
         return "GEMMs not timed"
@@ -78,35 +76,28 @@ def share_text(rep: Report) -> str:
         return f"GEMMs {rep.gemm_ms:.2f} ms, GEMM share n/a ({why.split(': ')[0]})"
     if basis == "timed steps":
         of = rep.meta.get("gemm_share_of_ms")
-        # A lower bound where that step ran slower than the step shown: it also ran the instruments.
         low = "; a lower bound: that step also ran the capture instruments" if of and of > rep.step_ms else ""
         return (f"GEMMs {100 * share:.1f}% of the instrumented step they were timed in"
                 + (f" ({share * of:.2f} of {of:.2f} ms, host clock{low})" if of else " (host clock)"))
     return f"GEMMs {rep.gemm_ms:.2f} ms ({100 * share:.1f}% of the step)"
 
 def rerun_text(a: Any) -> str:
-    """Where a rerun's median should fall (the CI widened by sqrt(2), stats.Estimate.rerun): the range
-    to hold a user's own timing loop against, since their loop has an error of its own."""
+    """Where a rerun's median should fall (the CI widened by sqrt(2)): what a user's own loop is held to."""
     r = getattr(a, "observed_rerun", None)
     return f"{r[0]:.2f}-{r[1]:.2f}x" if a.recipe != "BF16" and r else ""
 
 def interval_text(a: Any) -> str:
-    """The observed speedup's 95% interval, or why there is none (the baseline has none: 1.00x by
-    definition)."""
+    """The observed speedup's 95% interval, or why there is none (BF16 is 1.00x by definition)."""
     if a.recipe == "BF16":
         return ""
     if a.observed_ci:
         return f"{a.observed_ci[0]:.2f}-{a.observed_ci[1]:.2f}x"
-    if a.observed_rounds:
-        return f"({a.observed_rounds} rounds: too few)"
-    return ""
+    return f"({a.observed_rounds} rounds: too few)" if a.observed_rounds else ""
 
 @dataclass
 class SpeedupRows:
-    """The speedup table as plain, unescaped text: ``rows`` one per ``Report.recipes`` (in order),
-    ``skipped`` the recipes not run; ``explained`` says what the columns are, ``notes`` what the
-    report adds about this run (instrument cost, clocks, timing, why a figure is n/a)."""
-
+    """The speedup table as unescaped text: a row per ``Report.recipes``, the recipes not run, what the
+    columns are and the notes the report adds about this run."""
     title: str
     columns: list[str]
     rows: list[list[str]]
@@ -115,9 +106,8 @@ class SpeedupRows:
     notes: list[str] = field(default_factory=list)
 
 def recipe_label(rep: Report, recipe: str, sep: str = " ") -> str:
-    """One name per run in every table and figure: the BF16 run (FP8 off) of an FP32 model says
-    what it ran; a BF16 row that only the microbenchmark has, beside a job of another precision
-    with no BF16 run, says so; the job's own row of such a precision says it is the job."""
+    """One name per run in every table and figure: what a BF16 run (FP8 off) ran, a BF16 row only the
+    microbenchmark has, the job's own row where no BF16 run was observed."""
     ran = rep.meta.get("baseline_ran")
     if recipe == "BF16" and ran:
         return f"BF16{sep}(ran {ran})"
@@ -130,8 +120,7 @@ def recipe_label(rep: Report, recipe: str, sep: str = " ") -> str:
     return recipe
 
 def replay_own_line(rep: Report) -> str | None:
-    """How the replay of the job's own step compares with its clean step (the replay's check on
-    itself), or None where no replay was made."""
+    """The replay of the job's own step against its clean step (its check on itself), or None."""
     own = rep.meta.get("replay_own")
     if not own or not own.get("clean_ms"):
         return None
@@ -147,11 +136,10 @@ def replay_own_line(rep: Report) -> str | None:
             f"cost per call and per op taken off){scaled}{te_host}")
 
 def band_text(a: Any) -> str:
-    """The replay's band on a recipe's predicted step speedup, or "-"."""
     return f"{a.predicted_band[0]:.2f}-{a.predicted_band[1]:.2f}x" if a.predicted_band else "-"
 
 def speedup_rows(rep: Report) -> SpeedupRows:
-    """The GEMM vs step speedup table of a report, as text (:class:`SpeedupRows`)."""
+    """The GEMM vs step speedup table of a report, as text."""
     # The job's precision is what its GEMMs ran (FP32 on an fp32 model), not the key its run is joined on.
     job = rep.meta.get("job_precision") or rep.current_recipe
     title = f"GEMM vs step speedup — job ran {job}: step {rep.step_ms:.2f} ms, {share_text(rep)}"
@@ -164,32 +152,25 @@ def speedup_rows(rep: Report) -> SpeedupRows:
             + (["predicted step", "band", "bound", "GEMMs alone"] if replayed else ["predicted step"])
             + (["pred. unfused"] if unfused else [])
             + ["observed step", "95% CI", "a rerun", "observed ms"])
-    rows = []
-    for a in rep.recipes:
-        name = recipe_label(rep, a.recipe)
-        rows.append([name, _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")]
-                    + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
-                    + [_cell(rep, a, "predicted_step_speedup")]
-                    + ([band_text(a), a.predicted_bound or "-", _cell(rep, a, "predicted_gemms_alone")]
-                       if replayed else [])
-                    + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
-                    + [_cell(rep, a, "observed_step_speedup"), interval_text(a), rerun_text(a),
-                       _x(a.observed_step_ms, "{:.2f}")])
+    rows = [[recipe_label(rep, a.recipe), _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")]
+            + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
+            + [_cell(rep, a, "predicted_step_speedup")]
+            + ([band_text(a), a.predicted_bound or "-", _cell(rep, a, "predicted_gemms_alone")] if replayed else [])
+            + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
+            + [_cell(rep, a, "observed_step_speedup"), interval_text(a), rerun_text(a),
+               _x(a.observed_step_ms, "{:.2f}")] for a in rep.recipes]
     notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
         [rep.meta[k] for k in ("job_step_note", "framework_note", "clock_note", "duty_note") if rep.meta.get(k)]
     if rep.meta.get("timing"):
         notes.append(f"Timing: {rep.meta['timing']}")
-    held = {why for r in (rep.meta.get("withheld") or {}) for f, why in rep.withheld(r).items()
-            if f not in ("verdict", "evidence")}
-    notes += [f"n/a: {why}" for why in sorted(held)]
+    notes += [f"n/a: {why}" for why in withheld_reasons(rep)]
     over = f"the BF16 run, which ran {ran}" if ran else "BF16"
     # The rounds the sweep ran (the caption said "from 6 rounds" whatever sweep_rounds was).
     rounds = sorted({a.observed_rounds for a in rep.recipes if a.observed_rounds})
     rounds_text = (f"from {rounds[0]} rounds" if len(rounds) == 1 else
                    f"from {rounds[0]}-{rounds[-1]} rounds" if rounds else "")
     benched = any(a.gemm_ms_bench is not None for a in rep.recipes)
-    # Said only for what the table holds: runs compared without a bench or a sweep (te-gemm
-    # compare) were captioned with microbenchmarks, an unfused column and rounds they had not.
+    # Said only for what the table holds (te-gemm compare: no bench, no sweep).
     gemm_text = (f"{rep.meta.get('mode', 'autocast')} microbenchmarks of the captured shapes" if benched else
                  "the runs' own GEMM times (no microbenchmark)")
     unfused_text = ("; pred. unfused: each GEMM plus a standalone quantization of its inputs (autocast mode)"

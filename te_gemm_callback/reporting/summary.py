@@ -1,6 +1,5 @@
-"""The report in a few lines for the job's log: per recipe the GEMM speedup, the predicted and the
-observed step speedup with their ranges, and the verdict; then where the full report is. Read from
-report.json, so the lines say what the report says."""
+"""The report in a few lines for the job's log, read from report.json: per recipe the GEMM, predicted and
+observed step speedups and the verdict; then where the full report is."""
 
 from __future__ import annotations
 
@@ -13,28 +12,21 @@ from te_gemm_callback.printable import plain
 MAX_CHECKS = 3  # the report's checks said in the log; report.md has them all
 MAX_LINES = 25  # what a training log takes of ours by default
 
-
 def _x(v: Any) -> str:
     return f"{v:.2f}x" if isinstance(v, (int, float)) else "-"
-
 
 def _range(r: Any) -> str:
     return f" ({r[0]:.2f}-{r[1]:.2f})" if isinstance(r, (list, tuple)) and len(r) == 2 else ""
 
-
 def _job_figures(path: Path) -> tuple[float | None, float | None, str | None] | None:
-    """(step ms, GEMM share, its basis) of the job's own capture: the logger's own figures
-    (reporting.capture_tables.summary_metrics, whose GEMM time is named gemm_ms_per_step only where the
-    share is of the step itself); None where the capture cannot be read."""
+    """(step ms, GEMM share, its basis) of the job's own capture, as the logger has them; None if unreadable."""
     try:
         from te_gemm_callback.capture.capture_file import GemmCapture
         from te_gemm_callback.reporting.capture_tables import summary_metrics
-
         m = summary_metrics(GemmCapture.load(path), prefix="")
         return m.get("step_ms"), m.get("gemm_share"), "step" if "gemm_ms_per_step" in m else "timed steps"
-    except Exception:  # a summary never fails for a capture it cannot read: the report's figures stand
+    except Exception:  # the report's figures stand
         return None
-
 
 def summary_lines(report_json: str | Path, report_md: str | Path | None = None) -> list[str]:
     """At most MAX_LINES lines, none over about 120 characters: the decision, not the tables."""
@@ -45,12 +37,11 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None) 
     job = plain(rep.get("current_recipe", "?"))
     ran = meta.get("job_precision")
     base = meta.get("baseline_ran")
-    # The job's own precision first (an FP32 model's job is an FP32 job, whatever its run is keyed).
+    # The job's own precision (an FP32 model's job is an FP32 job, whatever its run is keyed).
     head = f"te-gemm: {plain(ran) if ran else job} job"
     own = _job_figures(Path(report_json).with_name("gemm_capture.json"))
     if own is not None:
-        # The job's own step and share, as te_gemm/step_ms and te_gemm/gemm_share log them; the
-        # report's speedups are over its BF16 run, which a sweep times apart.
+        # As te_gemm/step_ms and te_gemm/gemm_share log them; the speedups are over the BF16 run.
         step, share, basis = own
     else:
         basis = meta.get("gemm_share_basis")
@@ -68,7 +59,7 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None) 
         lines.append(f"  ({run}, FP8 off, ran {plain(base)}: every speedup here is over {plain(base)})")
     elif swept:
         lines.append(f"  (every speedup here is over {run})")
-    # The report's checks (a noisy step, a missing baseline), but the one line 2 already says.
+    # The report's checks, but the one line 2 already says.
     checks = [plain(str(w)) for w in meta.get("warnings") or []
               if not str(w).startswith("the BF16 run (FP8 off) ran")][:MAX_CHECKS]
     room = MAX_LINES - 6 - len(checks)
@@ -84,7 +75,7 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None) 
         lines.append(f"  ... {len(recipes) - room} more recipe(s) in the report")
     lines += [f"  check: {w if len(w) <= 110 else w[:107] + '...'}" for w in checks]
     mfu = meta.get("mfu") or {}
-    if mfu:  # each GEMM at its own format's peak (projection/mfu.py)
+    if mfu:
         lines.append("  precision-aware MFU: " + ", ".join(f"{plain(r)} {100 * v:.0f}%" for r, v in mfu.items()))
     skipped = rep.get("skipped") or {}
     if skipped:
