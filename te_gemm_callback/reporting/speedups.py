@@ -1,12 +1,9 @@
-"""The speedup report of an analysed run: terminal table and verdict panel, figures, JSON, report.md
-and the kernel timeline (trace.json), written as :func:`te_gemm_callback.analysis.runs.analyze_run`
-hands them over (:func:`write_run`)."""
+"""The speedup report of an analysed run, drawn and written (:func:`write_run`): terminal table and verdict
+panel, figures, report.json, report.md and the kernel timeline."""
 
 from __future__ import annotations
 
 import logging
-import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -15,13 +12,26 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
-from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
-from te_gemm_callback.files.png import FIGURE_MARKER, PNG_KIND, plain_name, png_software
+from te_gemm_callback.files.jsonio import KindCheck, check_target, json_kind, write_json
+from te_gemm_callback.files.png import PNG_KIND, plain_name
 from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import plain, safe
-from te_gemm_callback.reporting.figures import speedup_figure, step_split_figure, step_split_title
+from te_gemm_callback.projection import PROJECTION_SCHEMA
+from te_gemm_callback.reporting.bench_tables import totals_table
+from te_gemm_callback.reporting.capture_tables import ranks_table
+from te_gemm_callback.reporting.console import make_table
+from te_gemm_callback.reporting.figures import (
+    ranks_figure,
+    speedup_figure,
+    stacked_gemm_figure,
+    step_split_figure,
+    step_split_title,
+)
 from te_gemm_callback.reporting.markdown import MD_KIND, write_report_md
+from te_gemm_callback.reporting.projection_tables import projection_table
 from te_gemm_callback.reporting.report_tables import plan_line, replay_own_line, share_text, speedup_rows
+from te_gemm_callback.sweep.plan import SCHEMA as PLAN_SCHEMA
+from te_gemm_callback.sweep.plan import YAML_KIND, write_plan
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
@@ -29,33 +39,26 @@ if TYPE_CHECKING:
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.microbench.results import BenchResults
 
-# The figures' names (and plan_line, share_text: now in reporting.report_tables), importable from here as before.
+# Also importable from here: the figures' names, plan_line and share_text.
 __all__ = ["REPORT_FIGURES", "REPORT_SCHEMA", "bench_modes", "plan_line", "remove_stale_figures",
            "report_table", "report_targets", "share_text", "speedup_figure", "step_split_figure",
            "step_split_title", "verdict_panel", "write_report_json", "write_run"]
 
 log = logging.getLogger("te_gemm_callback")
 REPORT_SCHEMA = "te-gemm-report/1"
-# Every figure a report may draw into its run folder (gemm_<mode>.png: one per mode bench.json may
-# hold, files/specs.py BENCH_FILE). Only these are ever removed as stale: a figure of ours under
-# another name (te-gemm bench -o) was asked for by the user, not by a report.
+# Every figure a report may draw (gemm_<mode>.png: one per bench mode); only these are ever removed as
+# stale: a figure of ours under another name (te-gemm bench -o) was asked for by the user.
 REPORT_FIGURES = ("speedups.png", "step_split.png", "gemm_autocast.png", "gemm_prequantized.png", "ranks.png")
 
-
 def report_table(rep: Report) -> Table:
-    """The speedup table for the terminal (:func:`~te_gemm_callback.reporting.report_tables.speedup_rows`)."""
+    """The speedup table for the terminal."""
     s = speedup_rows(rep)
-    # Recipe and precision names, notes and reasons come from files: escaped (printable.safe).
-    t = Table(title=safe(s.title))
-    for c in s.columns:
-        t.add_column(safe(c), justify="left" if c == "recipe" else "right", no_wrap=True)
-    for row in s.rows:
-        t.add_row(*map(safe, row))
+    # Recipe and precision names, notes and reasons come from files: escaped.
+    t = make_table(safe(s.title), map(safe, s.columns), left=("recipe",), rows=[[*map(safe, row)] for row in s.rows],
+                   caption=safe(s.explained + "".join(f". {n}" for n in s.notes)))
     for r in s.skipped:  # why each was skipped: the verdict panel says
         t.add_row(safe(r), "not run", *[""] * (len(s.columns) - 2), style="dim")
-    t.caption = safe(s.explained + "".join(f". {n}" for n in s.notes))
     return t
-
 
 def verdict_panel(rep: Report) -> Panel:
     # What the checks refused to state comes first: a reader sees it before any figure it touches.
@@ -73,70 +76,52 @@ def verdict_panel(rep: Report) -> Panel:
         lines.append("only BF16 was measured")
     return Panel(Group(*lines), title="verdicts")
 
-
 def write_report_json(rep: Report, path: str | Path) -> Path:
     return write_json(path, rep.to_dict(), schema=REPORT_SCHEMA)
 
-
-
 def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, Path]:
-    """Draw and write an analysed run into ``run_dir``: report.json, the figures, the precision
-    plan it holds, the kernel timeline (trace.json, where the capture has one) and report.md,
-    which links them; print the tables and verdicts to ``out`` if given. Nothing is computed here.
-    Every target is checked before anything is written (:func:`report_targets`: a link, a user's
-    own PNG, JSON or report.md there is refused in one line); the precision plan and the trace,
-    extras, are skipped with a warning naming the file where they cannot be written. Figures an
-    earlier report drew here that this one did not (a mode the new bench.json lacks) are removed
-    (:func:`remove_stale_figures`). Returns the files written, by name ("report_md"; "trace" only
-    where written)."""
-    from te_gemm_callback.reporting.figures import ranks_figure, stacked_gemm_figure
-
+    """Draw and write an analysed run into ``run_dir`` (report.json, figures, precision plan, projections,
+    trace.json, then report.md linking them) and print it to ``out`` if given. Every target is checked
+    before anything is written; the extras (plan, projections, trace) are skipped with a warning where
+    they cannot be written; figures and extras of an earlier report that this one did not write are
+    removed. Returns the files written, by name."""
     root = Path(run_dir)
-    rep, bench, items, ranks, plan = rr.report, rr.bench, rr.items, rr.ranks, rr.plan
+    rep, bench, ranks, plan = rr.report, rr.bench, rr.ranks, rr.plan
     modes = bench_modes(bench) if bench is not None else []
     targets = report_targets(root, modes, bool(ranks))  # all refused before any is written
     files = {"report": write_report_json(rep, targets["report"]),
              "speedups": speedup_figure(rep, targets["speedups"]),
              "step_split": step_split_figure(rep, targets["step_split"], rr.kernels)}
     for mode in modes:  # none without a bench
-        files[f"gemm_{mode}"] = stacked_gemm_figure(cast("BenchResults", bench), items, mode, targets[f"gemm_{mode}"])
+        files[f"gemm_{mode}"] = stacked_gemm_figure(cast("BenchResults", bench), rr.items, mode,
+                                                    targets[f"gemm_{mode}"])
     if ranks:
         files["ranks"] = ranks_figure(ranks, targets["ranks"])
     # Only once this report's figures are all written: a report that fails halfway removes nothing.
     removed = remove_stale_figures(root, files.values())
     if plan is not None:
-        from te_gemm_callback.sweep.plan import write_plan
-
         try:
             files["plan"], files["plan_nvdlfw"] = write_plan(plan, root / "precision_plan.json",
                                                              root / "precision_plan_nvdlfw.yaml")
         except ValueError as err:  # a file of the user's where the plan goes: the report itself stands
             log.warning("te-gemm: precision plan not written: %s", err)
     for rp in rr.projections:
-        from te_gemm_callback.files.jsonio import write_json
-        from te_gemm_callback.projection import PROJECTION_SCHEMA
-
         try:
             files[f"projection_{rp.target.key}"] = write_json(root / f"projection-{rp.target.key}.json", rp.to_dict(),
                                                               schema=PROJECTION_SCHEMA, root=root)
         except ValueError as err:  # a file of the user's under that name: the report stands
             log.warning("te-gemm: projection-%s.json not written: %s", rp.target.key, err)
-    trace = _write_trace(rr.job, root / "trace.json")
-    if trace is not None:
+    if (trace := _write_trace(rr.job, root / "trace.json")) is not None:
         files["trace"] = trace
     removed += remove_stale_extras(root, files.values())
-    # Last: it links what was written above, and nothing else.
-    files["report_md"] = write_report_md(rr, targets["report_md"], files, root)
+    files["report_md"] = write_report_md(rr, targets["report_md"], files, root)  # last: it links the above
     if out is not None:
         _print_run(rr, modes, files, out, removed)
     return files
 
-
 def _write_trace(cap: GemmCapture, path: Path) -> Path | None:
-    """The capture's kernel timeline as a Chrome/Perfetto trace
-    (:func:`te_gemm_callback.reporting.trace.write_trace`), or None: where the capture has no
-    timeline, where this install has no trace writer, or where writing failed (said once, in the
-    log: the trace is an extra, the report stands without it)."""
+    """The capture's kernel timeline as a Chrome trace, or None: no timeline, no trace writer in this
+    install, or writing failed (said once in the log: the report stands without it)."""
     try:
         from te_gemm_callback.reporting.trace import write_trace
     except ImportError as err:
@@ -150,90 +135,63 @@ def _write_trace(cap: GemmCapture, path: Path) -> Path | None:
         log.warning("te-gemm: trace.json not written: %s", plain(err))
         return None
 
-
-def remove_stale_figures(root: Path, written: Any = ()) -> list[Path]:
-    """Remove the report figures (:data:`REPORT_FIGURES`) in ``root`` that this report did not
-    write (``written``): a gemm_prequantized.png an earlier report drew would sit beside the new
-    report as if it were of this bench. Only a regular file carrying our PNG marker
-    (:func:`~te_gemm_callback.files.png.png_software`) is removed; a PNG of the user's, a link or
-    anything else under one of these names is left as it is. Returns the files removed."""
+def _remove_ours(root: Path, kinds: Sequence[tuple[str, KindCheck]], written: Any) -> list[Path]:
+    """The regular files named in ``kinds`` that this report did not write and whose content its kind
+    check takes as ours, removed; a user's file, a link or anything else under one of these names is left."""
     keep = {Path(p).name for p in written}
     gone = []
-    for name in REPORT_FIGURES:
-        if name in keep:
-            continue
+    for name, kind in kinds:
         p = root / name
-        try:
-            st = os.lstat(p)
-        except OSError:  # absent (or unreadable: then not ours to judge)
-            continue
-        if not stat.S_ISREG(st.st_mode) or png_software(p) != FIGURE_MARKER:
+        if name in keep or p.is_symlink() or not p.is_file():
             continue
         try:
+            kind(p)  # raises ValueError unless the file is one of ours
             p.unlink()
+        except ValueError:
+            continue
         except OSError as err:  # a read-only folder: the report itself stands
-            log.warning("te-gemm: could not remove the stale figure %s: %s", plain(p), err.strerror or err)
+            log.warning("te-gemm: could not remove the stale %s: %s", plain(p), err.strerror or err)
             continue
         gone.append(p)
+    return gone
+
+def remove_stale_figures(root: Path, written: Any = ()) -> list[Path]:
+    """Remove the report figures (:data:`REPORT_FIGURES`) of ours in ``root`` that this report did not
+    write: an earlier report's gemm_prequantized.png would pass for one of this bench. Returns them."""
+    gone = _remove_ours(root, [(name, PNG_KIND) for name in REPORT_FIGURES], written)
     if gone:
         log.warning("te-gemm: removed %s: figure(s) of an earlier report that this report's inputs no longer "
                     "produce", ", ".join(plain(p) for p in gone))
     return gone
 
-
 def remove_stale_extras(root: Path, written: Any = ()) -> list[Path]:
-    """The trace and precision plan an earlier report wrote into ``root`` and this one did not (its
-    capture has no kernel timeline, its bench no plan): removed, each only where its content says
-    it is ours (:func:`~te_gemm_callback.files.jsonio.json_kind`). Projections an earlier report or
-    ``te-gemm project`` wrote are the user's request: named in one line, left. Returns the removed."""
-    from te_gemm_callback.sweep.plan import SCHEMA as PLAN_SCHEMA
-    from te_gemm_callback.sweep.plan import YAML_KIND
-
+    """Remove the trace and precision plan of ours an earlier report wrote into ``root`` and this one did
+    not; projections were the user's request: named in one line, left. Returns the removed."""
     extras = [("precision_plan.json", json_kind(PLAN_SCHEMA)), ("precision_plan_nvdlfw.yaml", YAML_KIND)]
     try:
         from te_gemm_callback.reporting.trace import TRACE_SCHEMA
-
         extras.append(("trace.json", json_kind(TRACE_SCHEMA)))
     except ImportError:  # no trace writer in this install (_write_trace): its files are not judged
         pass
+    gone = _remove_ours(root, extras, written)
     keep = {Path(p).name for p in written}
-    gone = []
-    for name, kind in extras:
-        p = root / name
-        if name in keep or not p.is_file() or p.is_symlink():
-            continue
-        try:
-            kind(p)  # raises unless the file is one of ours
-            p.unlink()
-        except (ValueError, OSError):  # the user's file under our name, or a read-only folder: left
-            continue
-        gone.append(p)
     older = sorted(p.name for p in root.glob("projection-*.json") if p.name not in keep)
     if older:
         log.warning("te-gemm: %s in %s: made before this report (te-gemm project RUN_DIR --gpu GPU makes it again)",
                     ", ".join(older), plain(root))
     return gone
 
-
 def _print_run(rr: RunReport, modes: list[str], files: dict[str, Path], out: Any,
                removed: Sequence[Path] = ()) -> None:
     rep, bench = rr.report, rr.bench
     if rr.ranks:
-        from te_gemm_callback.reporting.capture_tables import ranks_table
-
         out.print(ranks_table(rr.ranks))
-    if bench is not None:  # TE's benchmark_gemm.py per-GEMM table, on the job's real shapes
-        from te_gemm_callback.reporting.bench_tables import totals_table
-
-        for mode in modes:
-            out.print(totals_table(bench, rr.items, mode))
+    for mode in modes:  # TE's benchmark_gemm.py per-GEMM table, on the job's real shapes (none without a bench)
+        out.print(totals_table(cast("BenchResults", bench), rr.items, mode))
     out.print(report_table(rep))
     out.print(verdict_panel(rep))
-    if rr.projections:
-        from te_gemm_callback.reporting.projection_tables import projection_table
-
-        for rp in rr.projections:
-            out.print(projection_table(rp))
+    for rp in rr.projections:
+        out.print(projection_table(rp))
     if rr.plan is not None:
         out.print(safe(plan_line(rr.plan)))
     for key in rr.host_bound_notes:
@@ -243,19 +201,16 @@ def _print_run(rr: RunReport, modes: list[str], files: dict[str, Path], out: Any
     for path in removed:
         out.print(f"removed {safe(path)}: a figure of an earlier report that these inputs no longer produce")
 
-
 def bench_modes(bench: Any) -> list[str]:
-    """The bench's modes: a list of names (each names a figure, ``gemm_<mode>.png``); a string
-    would be drawn letter by letter, one figure each."""
+    """The bench's modes, each naming a figure ``gemm_<mode>.png`` (a string would be drawn letter by letter)."""
     modes = bench.meta.get("modes", ["autocast"])
     if not isinstance(modes, list) or not all(isinstance(m, str) for m in modes):
         raise ValueError(f"bench.json: meta.modes must be a list of mode names, got {modes!r}")
     return modes  # each checked as a file name by report_targets
 
-
 def report_targets(root: Path, modes: Sequence[str] = (), ranks: bool = False) -> dict[str, Path]:
-    """The files a report writes into ``root``, each checked as :func:`report` writes it (not a
-    symbolic link, not a file this tool did not write: one-line ValueError), none written yet."""
+    """The files a report writes into ``root``, each checked as it will be written (not a link, not a file
+    this tool did not write: one-line ValueError), none written yet."""
     names = {"report": "report.json", "report_md": "report.md", "speedups": "speedups.png",
              "step_split": "step_split.png", **{f"gemm_{m}": f"gemm_{m}.png" for m in modes},
              **({"ranks": "ranks.png"} if ranks else {})}
