@@ -1,8 +1,5 @@
-"""Reporting: draws and writes what :mod:`te_gemm_callback.analysis` hands it (rich tables, the
-verdict panel, figures, report.json, report.md: :mod:`~te_gemm_callback.reporting.markdown`); it
-computes no result of its own. Figures are drawn on their own Agg canvases
-(:mod:`~te_gemm_callback.reporting.figures`): importing or drawing here leaves the user's
-matplotlib backend as they chose it."""
+"""Reporting: draws and writes what :mod:`te_gemm_callback.analysis` hands it (tables, figures, report.json,
+report.md); it computes no result of its own, and leaves the user's matplotlib backend as they chose it."""
 
 from te_gemm_callback.reporting.capture_tables import capture_table, human_flops, shapes_table, summary_metrics
 from te_gemm_callback.reporting.console import print_table

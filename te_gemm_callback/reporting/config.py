@@ -1,6 +1,4 @@
-"""Where and how a run is published (:class:`ReportConfig`): the run folder, the capture's file
-name, the report after the capture, the GPUs it is projected onto, and how much goes to the log;
-each option defined once (:mod:`te_gemm_callback.options`)."""
+"""Where and how a run is published (:class:`ReportConfig`)."""
 
 from __future__ import annotations
 
@@ -15,43 +13,37 @@ from te_gemm_callback.printable import plain
 
 
 def _output_dir(v: Any, name: str) -> Path:
-    # Else the capture was lost at the end of training (None: Path(None) raised naming no argument).
+    # Checked up front: a bad folder lost the capture at the end of training.
     if not isinstance(v, (str, os.PathLike)) or not str(v).strip():
         raise ValueError(f"{name} must be a folder path (default 'te_gemm'), got {v!r}")
-    if "\x00" in str(v):  # no folder can be made with it: the write failed after training
+    if "\x00" in str(v):
         raise ValueError(f"{name} must not hold a NUL character, got {v!r}")
     if os.path.exists(v) and not os.path.isdir(v):
         raise ValueError(f"{name} {plain(v)} exists and is not a folder: give a folder path")
     return Path(v)
 
-
 def _filename(v: Any, name: str) -> str:
-    # "." and ".." pass the name test but name a folder: the capture was lost at the end of training.
+    # "." and ".." pass the name test but name a folder.
     if not isinstance(v, str) or not v.strip() or Path(v).name != v or v in (".", "..") or not v.isprintable():
         raise ValueError(f"{name} must be a plain file name such as 'gemm_capture.json', got {v!r}")
     if len(os.fsencode(v)) > 200:  # the folder's limit is 255 bytes, and ".name.xxxx.tmp" goes beside it
         raise ValueError(f"{name} must be at most 200 bytes, got {len(os.fsencode(v))}")
     return v
 
-
 def _project(v: Any, name: str) -> tuple[str, ...]:
-    """The GPUs to project onto, by their keys; one line naming the known ones."""
     from te_gemm_callback.projection import gpu
-
     if isinstance(v, str):
         v = (v,)
     if not isinstance(v, (list, tuple)):
         raise ValueError(f"{name} must be a list of GPU names such as ('B300',), got {v!r}")
     try:
         return tuple(gpu(str(g)).key for g in v)
-    except ValueError as err:  # "unknown GPU 'FOO'" named no argument
+    except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
-
 
 @dataclass(frozen=True)
 class ReportConfig(Options):
     """The run folder and the report the schedule writes into it."""
-
     output_dir: Path = option("te_gemm", "where filename is written (rank zero; every rank's under ranks/), "
                                                "and the report beside it.", _output_dir)
     filename: str = option("gemm_capture.json", "the capture's file name in output_dir.", _filename)

@@ -1,5 +1,4 @@
-"""Matplotlib figures, drawn headless: each on its own Agg canvas, never through pyplot, so that
-importing or drawing here leaves the user's matplotlib backend as they chose it."""
+"""Matplotlib figures, each on its own Agg canvas, never through pyplot: the user's backend stays as they chose it."""
 
 from __future__ import annotations
 
@@ -25,76 +24,53 @@ if TYPE_CHECKING:
 
     from te_gemm_callback.analysis.verdicts import RecipeAnalysis, Report
 
-
 def new_figure(figsize: tuple[float, float]) -> tuple[Figure, Axes]:
-    """A figure with one axes on an Agg canvas of its own: no pyplot, no global backend. Nothing
-    holds it but the caller (pyplot's figures stay open until closed), so it is freed with them."""
+    """A figure with one axes on an Agg canvas of its own, freed with the caller (no pyplot registry)."""
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     return fig, fig.subplots()
 
-
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write a figure as PNG (parent folders created) through
-    :func:`~te_gemm_callback.files.png.write_figure_atomic`: atomic, marked as ours, never through a
-    symbolic link nor over a PNG this tool did not write (one-line ValueError or OSError naming it)."""
+    """Write a figure as PNG, atomically and marked as ours (files.png.write_figure_atomic)."""
     plain_labels(fig)
     fig.tight_layout()
     return write_figure_atomic(fig, path, dpi=120, bbox_inches="tight")
 
-
 def plain_labels(fig: Figure) -> None:
-    """Every text of ``fig`` (titles, tick labels, legend entries, notes) with its control characters
-    shown as "?", its line breaks kept. Module names, devices and reasons come from the job or a file:
-    an ESC in one reached matplotlib's "Glyph 27 missing" warning raw, and drove the terminal."""
+    """Every text of ``fig`` with its control characters shown as "?", line breaks kept: an ESC in a module
+    name reached matplotlib's "Glyph 27 missing" warning raw, and drove the terminal."""
     from matplotlib.text import Text
-
     for t in fig.findobj(Text):
         text = t.get_text()
         shown = "\n".join(plain(line) for line in text.split("\n"))
         if shown != text:
             t.set_text(shown)
 
-
 FOOTNOTE_FONTSIZE = 7
 FOOTNOTE_LINES = 3  # per note: a long reason (a TE error) is shortened, at a word boundary, past this
 
-
 def footnote_lines(text: str, width: int, max_lines: int = FOOTNOTE_LINES) -> list[str]:
-    """``text`` wrapped on word boundaries into lines of at most ``width`` characters (a single
-    word longer than that stays whole, on a line of its own), continuation lines indented; past
-    ``max_lines`` lines it ends, after a whole word, in "...". Never cuts a word. Dollar signs are
-    escaped: matplotlib would read text between two of them as math."""
-    words = " ".join(str(text).split())
-    lines = textwrap.wrap(words, width=max(width, 20), subsequent_indent="  ", break_long_words=False,
-                          break_on_hyphens=False, max_lines=max_lines, placeholder=" ...")
+    """``text`` wrapped on word boundaries (never cutting a word), continuation lines indented, ending
+    in "..." past ``max_lines``; dollar signs escaped (matplotlib reads text between two as math)."""
+    lines = textwrap.wrap(" ".join(str(text).split()), width=max(width, 20), subsequent_indent="  ",
+                          break_long_words=False, break_on_hyphens=False, max_lines=max_lines, placeholder=" ...")
     return [ln.replace("$", r"\$") for ln in lines]
 
-
-def footnote_width(fig: Figure, fontsize: float = FOOTNOTE_FONTSIZE) -> int:
-    """About how many characters of ``fontsize`` points fit across ``fig`` (an average glyph is
-    about 0.6 of the font size wide)."""
-    return int(fig.get_figwidth() * 72 / (0.6 * fontsize))
-
-
 def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
-    """Items that differ only in their layer index (blocks.0.fc1, blocks.1.fc1, ... with one
-    shape) as one group, labelled blocks.*.fc1 (x4): the per-layer view TE's benchmark_gemm.py gives of a deep model.
-    Items of one grouped GEMM that differ only in their m_splits stay one layer."""
+    """Items that differ only in their layer index (blocks.0.fc1, blocks.1.fc1 of one shape) as one group,
+    labelled blocks.*.fc1 (x2); items of one grouped GEMM that differ only in their m_splits stay one layer."""
     groups: dict[tuple, list[WorkItem]] = {}
     for it in items:
         groups.setdefault((re.sub(r"\.\d+(?=\.|$)", ".*", it.name), it.key[:4]), []).append(it)
     return [(name if len(layers) == 1 else f"{name} (x{len(layers)})", g)
             for (name, _), g in groups.items() for layers in [{it.name for it in g}]]
 
-
 def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, path: str | Path,
                         title: str | None = None) -> Path:
-    """One bar per precision; per work item a Fprop+Dgrad segment and a Wgrad segment, weighted
-    by calls per step, repeated layers stacked as one group; speedup over BF16 above each bar (the
-    figure of TE's benchmark_gemm.py, on real shapes). A GEMM a recipe cannot run is drawn at its BF16 time,
-    hatched (the job keeps it in BF16)."""
-    precs = [p for p in res.precisions]
+    """One bar per precision, a Fprop+Dgrad and a Wgrad segment per layer group, speedup over BF16 above
+    each (TE's benchmark_gemm.py figure, on real shapes). A GEMM a recipe cannot run is drawn hatched at
+    its BF16 time (the job keeps it in BF16)."""
+    precs = list(res.precisions)
     cmap = colormaps["tab20"]
     fig, ax = new_figure((max(6, 1.6 * len(precs) + 3), 5.5))
     totals = {}
@@ -120,33 +96,27 @@ def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, pat
             ax.text(j, totals[p], f"{base / totals[p]:.2f}x", ha="center", va="bottom", fontsize=10, weight="bold")
     ax.set_xticks(range(len(precs)), precs, rotation=15)
     ax.set_ylabel("GEMM time (ms)")
-    device = res.meta.get("device", "")
-    ax.set_title(title or f"GEMM time per step by precision ({mode}) — {device}")
+    ax.set_title(title or f"GEMM time per step by precision ({mode}) — {res.meta.get('device', '')}")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if res.skipped:
-        width = footnote_width(fig)
+        width = int(fig.get_figwidth() * 72 / (0.6 * FOOTNOTE_FONTSIZE))  # an average glyph: 0.6 of the font size
         lines = [ln for text in skipped_lines(res.skipped) for ln in footnote_lines(text, width)]
         fig.text(0.01, -0.02 * len(lines), "\n".join(lines), fontsize=FOOTNOTE_FONTSIZE, va="bottom")
     return save_figure(fig, path)
 
-
 def ranks_figure(rows: list[dict], path: str | Path) -> Path:
-    """Per rank: step time split into GEMM, communication no compute overlapped, and the rest;
-    grouped-GEMM rows above each bar for MoE (token imbalance), errors in the label."""
+    """Per rank: GEMM, communication no compute overlapped and the rest; grouped-GEMM rows (MoE) above."""
     fig, ax = new_figure((max(5, 0.9 * len(rows) + 3), 4.2))
     for i, r in enumerate(rows):
         step, gemm, exposed = r.get("step_ms") or 0.0, r.get("gemm_ms") or 0.0, r.get("comm_exposed_ms") or 0.0
         exposed = min(exposed, max(step - gemm, 0.0))  # a warm-up wait can exceed one step: clip to it
-        parts = (("GEMM", gemm, "#3182bd"), ("NCCL not overlapped", exposed, "#fd8d3c"),
-                 ("rest of the step", max(step - gemm - exposed, 0.0), "#bdbdbd"))
         bottom = 0.0
-        for label, v, color in parts:
+        for label, v, color in (("GEMM", gemm, "#3182bd"), ("NCCL not overlapped", exposed, "#fd8d3c"),
+                                ("rest of the step", max(step - gemm - exposed, 0.0), "#bdbdbd")):
             ax.bar(i, v, bottom=bottom, color=color, label=label if i == 0 else None)
             bottom += v
-        top = f"{step:.1f} ms"
-        if r.get("grouped_rows_per_step"):
-            top += f"\n{r['grouped_rows_per_step']:.0f} rows"
-        ax.text(i, bottom, top, ha="center", va="bottom", fontsize=8)
+        rows_text = f"\n{r['grouped_rows_per_step']:.0f} rows" if r.get("grouped_rows_per_step") else ""
+        ax.text(i, bottom, f"{step:.1f} ms{rows_text}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(rows)), [f"rank {r['rank']}" + (" (error)" if r.get("error") else "") for r in rows])
     ax.set_ylim(0, 1.2 * max((r.get("step_ms") or 0.0 for r in rows), default=1.0) or 1.0)
     ax.set_ylabel("ms per step")
@@ -155,7 +125,6 @@ def ranks_figure(rows: list[dict], path: str | Path) -> Path:
                  + (f"\n(GEMM and step: captured steps; NCCL: {window})" if window else ""), fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
-
 
 def speedup_figure(rep: Report, path: str | Path) -> Path:
     """Predicted (GEMMs alone) against observed step speedup per recipe, GEMM speedup beside them."""
@@ -167,58 +136,47 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
                                    (0, "predicted_step_speedup", "predicted step speedup", "#3182bd"),
                                    (w, "observed_step_speedup", "observed step speedup", "#e6550d")):
         vals = [getattr(a, key) or 0 for a in recs]
-        # The observed bars carry their 95% interval (the sweep's rounds), where there is one.
-        err = None
+        err = None  # the observed bars carry their 95% interval, where there is one
         if key == "observed_step_speedup" and any(a.observed_ci for a in recs):
             err = [[v - a.observed_ci[0] if a.observed_ci and v else 0 for a, v in zip(recs, vals)],
                    [a.observed_ci[1] - v if a.observed_ci and v else 0 for a, v in zip(recs, vals)]]
         bars = ax.bar([i + off for i in x], vals, w, label=label, color=color, yerr=err, capsize=3 if err else 0)
         for a, b, v in zip(recs, bars, vals):
+            mid = b.get_x() + b.get_width() / 2
             if v:
-                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+                ax.text(mid, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
             elif key in rep.withheld(a.recipe):  # refused by the report's checks: said, not left blank
-                ax.text(b.get_x() + b.get_width() / 2, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+                ax.text(mid, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
     ax.axhline(1.0, color="grey", lw=0.8)
     ran = rep.meta.get("baseline_ran")
-    ax.set_xticks(list(x), [recipe_label(rep, a.recipe, "\n") for a in recs],
-                  rotation=15)
+    ax.set_xticks(list(x), [recipe_label(rep, a.recipe, "\n") for a in recs], rotation=15)
     ax.set_ylabel(f"speedup over BF16 (ran {ran})" if ran else "speedup over BF16")
     ax.set_title(f"Predicted vs observed speedup — {rep.meta.get('device', '')}")
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
-
 def _run_share(rep: Report, a: RecipeAnalysis) -> tuple[float | None, str]:
-    """(GEMM share of this run's step, its basis) as the report's checks gave it; for a Report made
-    without them, the plain ratio where it is one (never above 1)."""
+    """(GEMM share of this run's step, its basis) as the report's checks gave it, else the plain ratio (<= 1)."""
     chk = (rep.meta.get("gemm_shares") or {}).get(a.recipe)
     if chk is not None:
         return chk.get("share"), chk.get("basis") or ""
     g, step = a.observed_gemm_ms, cast(float, a.observed_step_ms)  # the figure draws runs with a step time only
     return (g / step, "step") if g is not None and g <= step else (None, "")
 
-
 # The GEMM part of a bar drawn from the share of another step (host clock): an estimate, hatched.
 _TIMED_SHARE = "gemm (share of its timed step)"
 
-
 def step_split_title(rep: Report, kernels: dict[str, dict[str, float]] | None = None) -> str:
-    """The step-split figure's title: its clocks named for what they were on this device (the host
-    clock on a CPU, kernel records or CUDA events on a GPU)."""
+    """The step-split figure's title, its clocks named for what they were on this device."""
     from te_gemm_callback.analysis.notes import GEMM_CLOCK_SHORT
-
     rest = "kernel time by category" if any((kernels or {}).values()) else "the step minus GEMM"
     clock = GEMM_CLOCK_SHORT.get(rep.meta["gemm_clock"]) if "gemm_clock" in rep.meta else "in-job timing"
     return f"Step time split (GEMM: {clock}; the rest: {rest})"
 
-
 def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str, float]] | None = None) -> Path:
-    """Observed step time per recipe: GEMM and the rest, and, where the sweep profiled kernels,
-    the rest split into attention, quantization/cast, norm, communication, optimizer and other.
-    A run whose GEMM share the checks refused is drawn whole, unsplit, and says so; one whose share
-    comes from the steps its GEMMs were timed in (host clock) is split by that share."""
+    """Observed step time per recipe: GEMM and the rest, split by kernel category where the sweep profiled
+    kernels; a run whose GEMM share was refused is drawn whole, and says so."""
     from te_gemm_callback.capture.kernels import CATEGORIES
-
     recs = [a for a in rep.recipes if a.observed_step_ms]
     steps = [cast(float, a.observed_step_ms) for a in recs]  # each set: recs are the runs with a step time
     colors = dict(zip(CATEGORIES, ("#3182bd", "#9e9ac8", "#e6550d", "#74c476", "#fd8d3c", "#fdd0a2", "#bdbdbd")))
@@ -242,7 +200,6 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
 
-
 def _split_bar(a: RecipeAnalysis, share: float | None, basis: str,
                split: dict[str, float] | None) -> tuple[list[tuple[str, float]], str]:
     """One run's bar in the step-split figure: its (part, ms) segments, bottom up, and its label."""
@@ -259,6 +216,5 @@ def _split_bar(a: RecipeAnalysis, share: float | None, basis: str,
         parts += rest + [("no kernel (host-bound gaps)", max(step - covered, 0.0))]
     else:
         parts.append(("other", step - g))
-    label = (f"{step:.1f} ms\n{100 * share:.0f}% GEMM"
-             + ("\n(of its timed step)" if basis == "timed steps" else ""))
-    return parts, label
+    timed = "\n(of its timed step)" if basis == "timed steps" else ""
+    return parts, f"{step:.1f} ms\n{100 * share:.0f}% GEMM{timed}"

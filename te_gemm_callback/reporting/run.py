@@ -1,10 +1,5 @@
-"""A run folder and everything made from it, in one place (:class:`Run`): the job's own publish
-step, every ``te-gemm`` subcommand on a run folder and the Python API go through it.
-
-A run folder is what the callback (or ``te-gemm run``) writes: ``gemm_capture.json`` of the job,
-``sweep/<recipe>/gemm_capture.json`` of the in-job sweep, ``bench.json`` of the microbenchmarks,
-``ranks/rank<N>.json`` of a multi-process job; the report's files go beside them.
-"""
+"""A run folder and everything made from it (:class:`Run`): ``gemm_capture.json`` of the job,
+``sweep/<recipe>/gemm_capture.json``, ``bench.json``, ``ranks/rank<N>.json``, and the report beside them."""
 
 from __future__ import annotations
 
@@ -22,16 +17,9 @@ if TYPE_CHECKING:
 
 MODES = ("autocast", "prequantized")
 
-
 class Run:
-    """A run folder: :meth:`bench` its captured shapes, :meth:`analysis` (no GPU, no drawing),
-    :meth:`report` (drawn and written into the folder), :meth:`plan` (which modules to keep in BF16),
-    :meth:`project` (onto another GPU). The analysis is made once and kept until a new bench.
-
-    Example:
-        >>> run = Run("runs/demo")                       # doctest: +SKIP
-        >>> run.report().report.recipes[1].verdict      # doctest: +SKIP
-    """
+    """A run folder: :meth:`bench` its shapes, :meth:`analysis`, :meth:`report`, :meth:`plan`, :meth:`project`.
+    The analysis is made once and kept until a new bench."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -39,15 +27,12 @@ class Run:
 
     def bench(self, recipes: Sequence[str], modes: Sequence[str] = MODES, *, capture: str | Path | None = None,
               cache: ResultCache | None = None, console: Any = None) -> BenchResults:
-        """Microbenchmark the job capture's GEMMs (``capture``, default the folder's) in every recipe
-        and mode, and each captured TE module's host and non-GEMM cost (the replay's input); writes
-        bench.json. No console: no progress bar either (inside a quiet fit its end wrote a line
-        break to the job's stdout)."""
+        """Microbenchmark the capture's GEMMs in every recipe and mode, and each TE module's host and non-GEMM
+        cost; writes bench.json. No console, no progress bar (its end wrote a line break into a quiet fit)."""
         from te_gemm_callback.capture import GemmCapture
         from te_gemm_callback.microbench.cache import ResultCache
         from te_gemm_callback.microbench.engine import run_bench
         from te_gemm_callback.microbench.items import items_from_capture
-
         cap = GemmCapture.load(capture or self.path / "gemm_capture.json")
         cache = cache or ResultCache()
         res = run_bench(items_from_capture(cap), recipes, modes, cache=cache, console=console,
@@ -61,31 +46,24 @@ class Run:
         return res
 
     def analysis(self) -> RunReport:
-        """The run analysed (:func:`~te_gemm_callback.analysis.runs.analyze_run`), made once."""
         from te_gemm_callback.analysis.runs import analyze_run
-
         if self._analysis is None:
             self._analysis = analyze_run(self.path)
         return self._analysis
 
     def report(self, out: Any = None, project: Sequence[str] = ()) -> RunReport:
-        """Write report.json, the figures, the precision plan and report.md into the folder and print
-        the tables and verdicts to ``out`` (a rich Console) if given
-        (:func:`~te_gemm_callback.reporting.speedups.write_run`). ``project``: GPUs (``"B300"``) to
-        project the run onto as well: a section of report.md each, their summary in report.json,
-        every cell in projection-GPU.json."""
+        """Write the report into the folder and print it to ``out`` (a rich Console) if given; ``project``: GPUs
+        ("B300") to project the run onto too (a report.md section each, every cell in projection-GPU.json)."""
         from te_gemm_callback.analysis.prediction import capture_recipe
         from te_gemm_callback.projection.mfu import precision_mfu
         from te_gemm_callback.reporting.speedups import write_run
-
         rr = self.analysis()
-        # Per observed run (the sweep's, else each capture): its GEMMs at their own formats' peaks.
+        # Per observed run: its GEMMs at their own formats' peaks.
         mfu = {capture_recipe(c): v for c in rr.captures if (v := precision_mfu(c)) is not None}
         if mfu:
             rr.report.meta["mfu"] = mfu
         if project:
             from te_gemm_callback.reporting.projection_tables import project_runs, summary
-
             rr.projections = project_runs(self.path, project)
             if rr.projections:  # report.json says what was projected, beside what was measured
                 rr.report.meta["projections"] = [summary(rp) for rp in rr.projections]
@@ -93,9 +71,8 @@ class Run:
         return rr
 
     def plan(self) -> PrecisionPlan:
-        """Which modules to keep in BF16 under an FP8 recipe (:func:`~te_gemm_callback.analysis.plan.plan_for_run`)."""
+        """Which modules to keep in BF16 under an FP8 recipe."""
         from te_gemm_callback.analysis.plan import plan_for_run
-
         rr = self.analysis()
         if rr.bench is None:
             raise ValueError(f"{self.path} has no bench.json: te-gemm bench --capture {self.path}/gemm_capture.json "
@@ -103,35 +80,22 @@ class Run:
         return plan_for_run(rr)
 
     def project(self, target: str, source: str | None = None, host_speed: float = 1.0) -> RunProjection:
-        """The run on another GPU (:func:`~te_gemm_callback.projection.project_run`)."""
+        """The run on another GPU."""
         from te_gemm_callback.projection import project_run
-
         return project_run(self.path, target, source, host_speed=host_speed)
 
-
 def render_run(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> dict[str, Path]:
-    """:func:`report`'s files."""
     return report(run_dir, out, project).files
 
-
 def report(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> RunReport:
-    """Analyse a run folder, write its report into it and print it to ``out`` if given
-    (:meth:`Run.report`).
-
-    Example:
-        >>> rr = report("runs/demo")                              # doctest: +SKIP
-        >>> rr.files["speedups"], rr.report.recipes[1].verdict    # doctest: +SKIP
-    """
+    """Analyse a run folder, write its report into it and print it to ``out`` if given."""
     return Run(run_dir).report(out, project)
-
 
 def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Sequence[str], console: Any = None,
                      modes: Sequence[str] = MODES, cache: ResultCache | None = None,
                      project: Sequence[str] = ()) -> dict[str, Path]:
-    """After a captured run (the job's publish step, ``te-gemm run``, the training recipes): its
-    shapes benchmarked in every recipe, then the report; the files written, by name."""
+    """A captured run's shapes benchmarked in every recipe, then its report; the files written, by name."""
     from te_gemm_callback.microbench.cache import ResultCache
-
     cache = cache or ResultCache()
     run = Run(run_dir)
     run.bench(recipes, modes, capture=capture_path, cache=cache, console=console)
@@ -140,24 +104,19 @@ def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Seq
         console.print(f"[yellow]warning: {cache.save_error}")
     return files
 
-
 def module_costs(cap: GemmCapture, recipes: Sequence[str], console: Any = None, cache: ResultCache | None = None,
                  cond: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """Each captured TE module's host and non-GEMM GPU cost per recipe that ran (the replay's
-    input: microbench/module_cost.py), or None where none can be measured (no TE module captured,
-    no kernel timeline to replay, no CUDA or TE here). Rows are kept in ``cache`` beside the GEMM
-    cells, keyed on ``cond``'s GPU and versions and this host's CPU."""
+    """Each captured TE module's host and non-GEMM GPU cost per recipe (the replay's input), or None where
+    none can be measured; rows cached beside the GEMM cells, keyed on ``cond``'s GPU, versions and this CPU."""
     import torch
 
     from te_gemm_callback.precisions import te_available
-
     specs = cap.meta.get("te_modules") or {}
     tl = cap.kernel_timeline
     if not specs or tl is None or not tl.calls or not torch.cuda.is_available() or not te_available()[0]:
         return None
     from te_gemm_callback.microbench.module_cost import CostCache, measure_module_costs
     from te_gemm_callback.microbench.timing import cpu_model
-
     cond = cond or {}
     where = f"{cond.get('device', '?')}|{cpu_model()}|torch {cond.get('torch')}, TE {cond.get('transformer_engine')}"
     costs = measure_module_costs(specs, list(recipes), CostCache(cache, where))

@@ -1,22 +1,12 @@
-"""The capture's kernels step as a Chrome trace-event file (``trace.json``): what Perfetto
-(ui.perfetto.dev) and chrome://tracing open, where users already look at their jobs' kernels.
-
-Each GEMM kernel is named after the GEMM it ran (module, pass, precision: ``layers.0.fc1 wgrad
-Float8CurrentScaling``) with its shape, FLOPs and step kind in its args, beside the step's other
-kernels (attention, quantization/cast, norm, optimizer, communication, other:
-:func:`~te_gemm_callback.capture.kernels.classify_kernel`), one track per CUDA stream where the
-records name it, and the step's span on a track of its own. Times are the GPU's, in µs from the
-step's start. It is drawn from ``GemmCapture.kernel_timeline``; a capture without one (a CPU job, a
-kernels step whose GEMMs did not join) has no trace, and :func:`no_trace_reason` says why.
-
-Example:
-    >>> from te_gemm_callback import GemmCapture                              # doctest: +SKIP
-    >>> write_trace(GemmCapture.load("gemm_capture.json"), "trace.json")       # doctest: +SKIP
-"""
+"""The capture's kernels step as a Chrome trace-event file (``trace.json``) for Perfetto (ui.perfetto.dev)
+and chrome://tracing: each GEMM kernel named after its GEMM (``layers.0.fc1 wgrad Float8CurrentScaling``)
+beside the step's other kernels, one track per CUDA stream, the step's span above; GPU times in µs from
+the step's start. A capture without a ``kernel_timeline`` has no trace (:func:`no_trace_reason`)."""
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +16,10 @@ from te_gemm_callback.files.jsonio import write_json
 
 log = logging.getLogger("te_gemm_callback")
 
-# Marks the file as ours: an existing trace.json is replaced only if it carries it (a trace of the
-# user's own, e.g. from torch.profiler, is never overwritten). Trace viewers ignore top-level keys
-# they do not know, as they do torch.profiler's own "schemaVersion".
+# Marks the file as ours: a trace.json without it (torch.profiler's) is never overwritten; viewers ignore the key.
 TRACE_SCHEMA = "te-gemm-trace/1"
 PID = 1  # one process: the GPU that ran the kernels step
 STEP_TID = 0  # the step's span, above the kernel tracks
-
 
 def no_trace_reason(cap: GemmCapture) -> str | None:
     """Why ``cap`` has no trace, in one line; None when it has one."""
@@ -51,17 +38,12 @@ def no_trace_reason(cap: GemmCapture) -> str | None:
         return f"the kernels step's GEMM kernels were not joined to the captured GEMMs ({join})"
     return "the capture holds no kernel timeline (no GEMM captured to name its kernels by, or an older capture file)"
 
-
 def gemm_name(r: GemmRecord) -> str:
-    """A GEMM kernel's name in the trace: its module (and sub-GEMM), pass and precision."""
     return f"{r.name} {r.op} {r.precision}" + (" recompute" if r.recompute else "")
 
-
 def _lanes(rows: list[list[Any]]) -> list[tuple[Any, int]]:
-    """Each kernel's track: (stream, lane). Kernels of one stream run one after another, so a
-    stream is one lane; where they overlap (the stream was not recorded, so all kernels share one
-    track; or records of one stream that overlap), the later kernel goes to the first lane free by
-    then: a viewer draws the events of one track as nested or disjoint, never half-overlapping."""
+    """Each kernel's track: (stream, lane). Where kernels of one track overlap (no stream recorded), the
+    later goes to the first lane free by then: a viewer draws a track's events nested or disjoint only."""
     ends: dict[Any, list[float]] = {}
     out = []
     for _, start, dur, stream, _, _ in rows:
@@ -73,19 +55,15 @@ def _lanes(rows: list[list[Any]]) -> list[tuple[Any, int]]:
         out.append((stream, lane))
     return out
 
-
 def _track_name(stream: Any, lane: int) -> str:
     base = f"stream {stream}" if stream is not None else "kernels (stream not recorded)"
     return base if lane == 0 else f"{base} (overlapping, {lane + 1})"
 
-
 def _meta_event(name: str, tid: int, args: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "ph": "M", "ts": 0, "pid": PID, "tid": tid, "args": args}
 
-
 def trace_events(cap: GemmCapture) -> list[dict[str, Any]]:
-    """The trace's events (metadata first, then the step span, then the kernels in start order);
-    an empty list where ``cap`` has no kernel timeline."""
+    """The trace's events: metadata, the step span, then the kernels in start order ([] without a timeline)."""
     tl = cap.kernel_timeline
     if tl is None:
         return []
@@ -96,12 +74,10 @@ def trace_events(cap: GemmCapture) -> list[dict[str, Any]]:
     order = sorted(set(lanes), key=lambda t: (t[0] is None, t[0] if t[0] is not None else 0, t[1]))
     tid = {t: j + 1 for j, t in enumerate(order)}
     device = cap.meta.get("device") or "GPU"
-    events = [_meta_event("process_name", STEP_TID, {"name": f"{device}: kernels step {tl.step}"}),
-              _meta_event("thread_name", STEP_TID, {"name": "step"}),
-              _meta_event("thread_sort_index", STEP_TID, {"sort_index": STEP_TID})]
-    for t in order:
-        events += [_meta_event("thread_name", tid[t], {"name": _track_name(*t)}),
-                   _meta_event("thread_sort_index", tid[t], {"sort_index": tid[t]})]
+    events = [_meta_event("process_name", STEP_TID, {"name": f"{device}: kernels step {tl.step}"})]
+    for n, label in [(STEP_TID, "step"), *((tid[t], _track_name(*t)) for t in order)]:
+        events += [_meta_event("thread_name", n, {"name": label}),
+                   _meta_event("thread_sort_index", n, {"sort_index": n})]
     step_args: dict[str, Any] = {"step": tl.step, "step_kind": kind, "kernels": tl.total,
                                  "kernels_shown": len(tl.kernels)}
     if st is not None:
@@ -110,14 +86,10 @@ def trace_events(cap: GemmCapture) -> list[dict[str, Any]]:
         step_args["cut"] = cap.meta["kernel_timeline_cut"]
     events.append({"name": f"step {tl.step} ({kind})", "cat": "step", "ph": "X", "ts": 0, "dur": tl.span_us,
                    "pid": PID, "tid": STEP_TID, "args": step_args})
-    # A call that launched several GEMM kernels (a split-K tail, one per expert of a grouped GEMM):
-    # its first kernel carries the GEMM's name, the others say which part they are, so a GEMM's name
-    # appears once per call.
-    parts: dict[int, int] = {}
-    for row in tl.kernels:
-        if row[4] is not None and row[5] is not None:
-            parts[row[5]] = parts.get(row[5], 0) + 1
-    seen: dict[int, int] = {}
+    # A call that launched several GEMM kernels (split-K, a grouped GEMM): the first carries the GEMM's
+    # name, the others say which part they are.
+    parts = Counter(row[5] for row in tl.kernels if row[4] is not None and row[5] is not None)
+    seen: Counter[int] = Counter()
     for row, track in zip(tl.kernels, lanes):
         at, start, dur, stream, record, call = row
         kernel = tl.names[at]
@@ -125,12 +97,11 @@ def trace_events(cap: GemmCapture) -> list[dict[str, Any]]:
         if record is not None:
             r = cap.records[record]
             name, cat = gemm_name(r), "gemm"
-            args.update(kernel=kernel, module=r.module or "<top>", gemm=r.gemm)
-            args["pass"] = r.op
-            args.update(precision=r.precision, shape=f"{r.m} x {r.k} x {r.n}", batch=r.batch, flops=r.flops,
-                        source=r.source, call=call, record=record)
-            if parts.get(call, 1) > 1:
-                seen[call] = seen.get(call, 0) + 1
+            args.update({"kernel": kernel, "module": r.module or "<top>", "gemm": r.gemm, "pass": r.op,
+                         "precision": r.precision, "shape": f"{r.m} x {r.k} x {r.n}", "batch": r.batch,
+                         "flops": r.flops, "source": r.source, "call": call, "record": record})
+            if parts[call] > 1:
+                seen[call] += 1
                 args["part"] = f"{seen[call]}/{parts[call]}"
                 if seen[call] > 1:
                     name += f" (kernel {seen[call]} of {parts[call]})"
@@ -144,9 +115,8 @@ def trace_events(cap: GemmCapture) -> list[dict[str, Any]]:
                        "tid": tid[track], "args": args})
     return events
 
-
 def trace(cap: GemmCapture) -> dict[str, Any] | None:
-    """The whole trace document (JSON object format), or None where ``cap`` has no kernel timeline."""
+    """The whole trace document (JSON object format), or None without a kernel timeline."""
     tl = cap.kernel_timeline
     if tl is None:
         return None
@@ -157,18 +127,12 @@ def trace(cap: GemmCapture) -> dict[str, Any] | None:
     return {"schema": TRACE_SCHEMA, "traceEvents": trace_events(cap), "displayTimeUnit": "ms",
             "otherData": {k: v for k, v in other.items() if v is not None}}
 
-
 def write_trace(cap: GemmCapture, path: str | Path, root: str | Path | None = None) -> Path | None:
-    """Write ``cap``'s kernels step to ``path`` as a Chrome trace (atomically; an existing file is
-    replaced only if it is a trace this tool wrote; ``root``: see
-    :func:`~te_gemm_callback.files.jsonio.check_target`). Returns the path, or None, with the reason
-    logged in one line, where the capture holds no kernel timeline."""
+    """Write ``cap``'s kernels step to ``path`` atomically, over a trace of ours only; None (reason logged)
+    without a kernel timeline."""
     doc = trace(cap)
     if doc is None:
         log.info("te-gemm: no kernel trace: %s", no_trace_reason(cap))
         return None
     # Compact: a step of thousands of kernels, each event a dozen fields.
     return write_json(path, doc, indent=None, schema=TRACE_SCHEMA, root=root)
-
-
-__all__ = ["TRACE_SCHEMA", "gemm_name", "no_trace_reason", "trace", "trace_events", "write_trace"]
