@@ -31,17 +31,14 @@ def _fmt(ms: float | None, base: float | None, cells: list[BenchResult | None]) 
     """A time made of ``cells``, its speedup over ``base`` and its marks; "not measured" where no cell is."""
     if ms is None:
         return "failed" if any(c is not None for c in cells) else "[dim]not measured[/dim]"
-    sp = f" ({base / ms:.2f}x)" if base and ms else ""
-    return f"{ms:.3f}{sp}{_styled(_marks(cells))}"
+    sp, marks = f" ({base / ms:.2f}x)" if base and ms else "", _marks(cells)
+    return (f"{ms:.3f}{sp}" + (f"[dim]{CACHED_MARK}[/dim]" if CACHED_MARK in marks else "")
+            + (f"[bold red]{NOISY_MARK}[/bold red]" if NOISY_MARK in marks else ""))
 
 def _marks(cells: Iterable[BenchResult | None]) -> str:
     """The marks of a time made of ``cells``: a cached or noisy one marks the total too."""
     ok = [r for r in cells if r is not None and r.ok]
     return (CACHED_MARK if any(r.cached for r in ok) else "") + (NOISY_MARK if any(r.noisy for r in ok) else "")
-
-def _styled(marks: str) -> str:
-    out = f"[dim]{CACHED_MARK}[/dim]" if CACHED_MARK in marks else ""
-    return out + (f"[bold red]{NOISY_MARK}[/bold red]" if NOISY_MARK in marks else "")
 
 def _caption(marks: str, *lines: str) -> str | None:
     """A table's footnotes: each mark in ``marks`` explained, then ``lines``."""

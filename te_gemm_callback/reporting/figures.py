@@ -31,20 +31,16 @@ def new_figure(figsize: tuple[float, float]) -> tuple[Figure, Axes]:
     return fig, fig.subplots()
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write a figure as PNG, atomically and marked as ours (files.png.write_figure_atomic)."""
-    plain_labels(fig)
-    fig.tight_layout()
-    return write_figure_atomic(fig, path, dpi=120, bbox_inches="tight")
-
-def plain_labels(fig: Figure) -> None:
-    """Every text of ``fig`` with its control characters shown as "?", line breaks kept: an ESC in a module
-    name reached matplotlib's "Glyph 27 missing" warning raw, and drove the terminal."""
+    """Write a figure as PNG, atomically and marked as ours (files.png.write_figure_atomic), its texts'
+    control characters shown as "?" (an ESC in a module name reached matplotlib's warnings raw)."""
     from matplotlib.text import Text
     for t in fig.findobj(Text):
         text = t.get_text()
         shown = "\n".join(plain(line) for line in text.split("\n"))
         if shown != text:
             t.set_text(shown)
+    fig.tight_layout()
+    return write_figure_atomic(fig, path, dpi=120, bbox_inches="tight")
 
 FOOTNOTE_FONTSIZE = 7
 FOOTNOTE_LINES = 3  # per note: a long reason (a TE error) is shortened, at a word boundary, past this

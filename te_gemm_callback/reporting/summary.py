@@ -31,26 +31,18 @@ def _job_figures(path: Path) -> tuple[float | None, float | None, str | None] | 
 def summary_lines(report_json: str | Path, report_md: str | Path | None = None) -> list[str]:
     """At most MAX_LINES lines, none over about 120 characters: the decision, not the tables."""
     rep = read_json(report_json, "report.json")
-    step = rep.get("step_ms")
-    share = rep.get("gemm_share")
     meta = rep.get("meta") or {}
-    job = plain(rep.get("current_recipe", "?"))
-    ran = meta.get("job_precision")
-    base = meta.get("baseline_ran")
+    base, base_ms = meta.get("baseline_ran"), rep.get("step_ms")
     # The job's own precision (an FP32 model's job is an FP32 job, whatever its run is keyed).
-    head = f"te-gemm: {plain(ran) if ran else job} job"
+    head = f"te-gemm: {plain(meta.get('job_precision') or rep.get('current_recipe', '?'))} job"
+    # The job's own step and share as te_gemm/step_ms and te_gemm/gemm_share log them, else the report's.
     own = _job_figures(Path(report_json).with_name("gemm_capture.json"))
-    if own is not None:
-        # As te_gemm/step_ms and te_gemm/gemm_share log them; the speedups are over the BF16 run.
-        step, share, basis = own
-    else:
-        basis = meta.get("gemm_share_basis")
+    step, share, basis = own or (base_ms, rep.get("gemm_share"), meta.get("gemm_share_basis"))
     if isinstance(step, (int, float)):
         head += f", step {step:.1f} ms"
     if isinstance(share, (int, float)):
         # Timed on another step than the clean ones (a CPU's instrumented step): a lower bound.
         head += f", GEMMs {'' if basis in (None, 'step') else 'at least '}{100 * share:.0f}% of it"
-    base_ms = rep.get("step_ms")
     swept = own is not None and isinstance(base_ms, (int, float)) and isinstance(step, (int, float)) \
         and abs(base_ms - step) > 0.005 * step
     lines = [head + "; speedups over BF16: GEMMs / predicted step / observed step: verdict"]
@@ -74,11 +66,9 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None) 
     if len(recipes) > room:
         lines.append(f"  ... {len(recipes) - room} more recipe(s) in the report")
     lines += [f"  check: {w if len(w) <= 110 else w[:107] + '...'}" for w in checks]
-    mfu = meta.get("mfu") or {}
-    if mfu:
+    if mfu := meta.get("mfu"):
         lines.append("  precision-aware MFU: " + ", ".join(f"{plain(r)} {100 * v:.0f}%" for r, v in mfu.items()))
-    skipped = rep.get("skipped") or {}
-    if skipped:
+    if skipped := rep.get("skipped"):
         lines.append(f"  not run here: {', '.join(plain(k) for k in sorted(skipped))} (the report says why)")
     if str(meta.get("device", "")).startswith("CPU"):
         lines.append("  on a CPU: these timings exercise the tool, they say nothing of FP8 on a GPU")
