@@ -1,12 +1,8 @@
 """TE adapter: intercept ``general_gemm`` / ``general_grouped_gemm`` where TE's modules call them.
 
-Each TE module file imports the function name itself (``module/linear.py``, ``layernorm_linear``,
-``layernorm_mlp``, ``grouped_linear``, ``ops/basic/basic_linear``, ...), so we replace the name in
-every loaded ``transformer_engine.pytorch`` module that holds the original, and put it back on
-uninstall. The operands' types tell the precision the GEMM really ran in.
-
-Operand conventions (TE 2.x; see docs/design.md; verified: docs/results/h200.md, facts the code
-relies on: operands):
+Each TE module file imports the function by name, so the name is replaced in every loaded
+``transformer_engine.pytorch`` module that holds the original. The operands' types tell the precision.
+Operand conventions (TE 2.x; docs/design.md, docs/results/h200.md: operands):
     fprop  "TN": general_gemm(weight (N, K), input (..., K))        -> M x K x N
     dgrad  "NN": general_gemm(weight (N, K), grad_out (..., N))     -> M x N x K
     wgrad  "NT": general_gemm(input (..., K), grad_out (..., N))    -> K x M x N
@@ -70,8 +66,7 @@ def operand_format(x: Any) -> tuple[str, str]:
 
 def precision_of(*operands: Any) -> tuple[str, tuple[str, ...]]:
     fams, details = zip(*(operand_format(x) for x in operands))
-    uniq = list(dict.fromkeys(fams))
-    return ("+".join(uniq), tuple(details))
+    return "+".join(dict.fromkeys(fams)), tuple(details)
 
 
 def _size(x: Any) -> tuple[int, ...]:
@@ -79,9 +74,8 @@ def _size(x: Any) -> tuple[int, ...]:
         return x.shape
     cw = getattr(x, "_columnwise_data", None)
     if hasattr(x, "_fp4_dtype") and cw is not None and getattr(x, "_rowwise_data", None) is None:
-        # An NVFP4 tensor holding only its columnwise copy (te.Linear keeps only that of its input
-        # for wgrad): TE's size() warns on every call there (tensor/storage/nvfp4_tensor_storage.py:
-        # 245-256). The copy is stored transposed, two values a byte; this is the shape size() reads.
+        # NVFP4 holding only its columnwise copy (te.Linear's input for wgrad): TE's size() warns on
+        # every call there. The copy is stored transposed, two values a byte; this is what size() reads.
         s = cw.shape
         return (*s[1:-1], s[-1] * 2, s[0])
     return tuple(x.size()) if hasattr(x, "size") else tuple(x.shape)
@@ -123,11 +117,8 @@ def weight_label(module: torch.nn.Module | None, n: int, k: int) -> str:
 
 
 def patch_te_gemms(make_wrapper: Callable[[Callable, bool], Callable]) -> list[tuple[Any, str, Callable]]:
-    """Replace TE's GEMM entry points wherever a loaded TE module holds them by name.
-
-    ``make_wrapper(orig, grouped)`` builds the replacement. Returns what :func:`unpatch` restores.
-    Does nothing when TE was never imported (a model without TE layers never loads it here).
-    """
+    """Replace TE's GEMM functions, built by ``make_wrapper(orig, grouped)``, wherever a loaded TE
+    module holds them; returns what :func:`unpatch` restores (nothing where TE was never imported)."""
     gemm_mod = sys.modules.get("transformer_engine.pytorch.cpp_extensions.gemm")
     if "transformer_engine.pytorch" not in sys.modules or gemm_mod is None:
         return []
@@ -145,13 +136,12 @@ def patch_te_gemms(make_wrapper: Callable[[Callable, bool], Callable]) -> list[t
         for name, mod in list(sys.modules.items()):
             if name.startswith("transformer_engine.pytorch") and getattr(mod, fname, None) is orig:
                 setattr(mod, fname, wrapper)
-                patched.append((mod, fname, cast(Callable, orig)))  # not None (checked above)
+                patched.append((mod, fname, cast(Callable, orig)))
     return patched
 
 
 def arg_reader(fn: Callable) -> Callable[[tuple, dict, str, Any], Any]:
-    """``arg(args, kwargs, name, default)``: one argument of a call to ``fn``, positional or not
-    (TE passes ``layout`` and ``m_splits`` either way)."""
+    """``arg(args, kwargs, name, default)``: one argument of a call to ``fn``, positional or not."""
     pos = {p: i for i, p in enumerate(inspect.signature(fn).parameters)}
 
     def arg(args: tuple, kwargs: dict, name: str, default: Any) -> Any:
@@ -182,8 +172,7 @@ class TEInterceptor:
         self._patched: list[tuple[Any, str, Callable]] = []
         self._precisions: dict[tuple, tuple[str, tuple[str, ...]]] = {}
         self._sites: dict[tuple, Any] = {}
-        # (owner, layout, operand keys) -> (site, is fprop): one look-up per GEMM once a call site
-        # was seen; the shape arithmetic and precision reading run once per site.
+        # (owner, layout, operand keys) -> (site, is fprop): shape and precision are read once per site.
         self._calls: dict[tuple, tuple[Any, bool]] = {}
         self.owners = LaunchOwners()
 
@@ -197,7 +186,7 @@ class TEInterceptor:
 
     def install(self) -> int:
         """Wrap every reference to TE's GEMM functions; returns how many names were wrapped."""
-        self._patched = patch_te_gemms(lambda orig, grouped: self._wrap(orig, grouped))
+        self._patched = patch_te_gemms(self._wrap)
         return len(self._patched)
 
     def uninstall(self) -> None:
@@ -206,21 +195,16 @@ class TEInterceptor:
 
     def _wrap(self, orig: Callable, grouped: bool) -> Callable:
         arg = arg_reader(orig)
+        if not grouped and not self.recorder.scope.ops_owners:
+            return self._wrap_plain(orig, arg)
         rec = self.recorder
-        if grouped or rec.scope.ops_owners:
-            return self._wrap_general(orig, arg, grouped)
-        return self._wrap_plain(orig, arg)
-
-    def _wrap_general(self, orig: Callable, arg: Callable, grouped: bool) -> Callable:
-        rec = self.recorder
-        before = self._before_grouped if grouped else self._before_one
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not rec.active:
                 return orig(*args, **kwargs)
             token = None
             try:
-                token = before(args, kwargs, arg, grouped)
+                token = self._before(args, kwargs, arg, grouped)
             except Exception as err:  # never break the job: report once, stop capturing
                 rec.fail(err)
             out = orig(*args, **kwargs)
@@ -231,12 +215,9 @@ class TEInterceptor:
         return wrapper
 
     def _wrap_plain(self, orig: Callable, arg: Callable) -> Callable:
-        """The hot path: a plain GEMM of a model without te.ops. Every statement runs once per GEMM
-        of an instrumented step in the job's own thread, and in a host-bound job is step time, so
-        it is one frame: the operands' key, then (hooked step) owner and one look-up, or (by launch
-        order) the reference entry at this position, and the recorder's tuple (what
-        ``_before_one``, ``Recorder.begin`` and ``Recorder.end`` do, without their calls). Costs
-        measured by benchmarks/instrument_cost.py parts and benchmarks/paired_steps.py."""
+        """The hot path: a plain GEMM of a model without te.ops, in one frame (what ``_before``,
+        ``Recorder.begin`` and ``Recorder.end`` do, inlined): in a host-bound job every statement
+        is step time (benchmarks/instrument_cost.py parts, benchmarks/paired_steps.py)."""
         rec, calls, local, owners = self.recorder, self._calls, self.recorder.scope._local, self.owners
         timer, nvtx, raw = rec.timer, rec.nvtx, rec.raw
         current_node, task_id = torch._C._current_autograd_node, torch._C._current_graph_task_id
@@ -255,9 +236,7 @@ class TEInterceptor:
                 ka = (a.shape, a.dtype) if type(a) is torch.Tensor else _call_key(a)
                 kb = (b.shape, b.dtype) if type(b) is torch.Tensor else _call_key(b)
                 ckey = (layout, ka, kb)
-                # No hooks this step: the site and recompute flag of the hooked step's call at this
-                # launch position, once its key matches (no owner look-up, no site key, no
-                # autograd query: the fewest steps per GEMM, measured by benchmarks/paired_steps.py).
+                # No hooks this step: the hooked step's site at this launch position, once its key matches.
                 entry = owners.next_entry(ckey) if owners.by_order else None
                 if entry is not None and entry[2] is not None:
                     site, recompute = entry[2]
@@ -303,19 +282,27 @@ class TEInterceptor:
 
         return wrapper
 
-    def _before_one(self, args: tuple, kwargs: dict, arg: Callable, grouped: bool) -> Any:
-        """A plain GEMM where the owner needs more than the scope (te.ops)."""
+    def _before(self, args: tuple, kwargs: dict, arg: Callable, grouped: bool) -> Any:
+        """A grouped GEMM, or a plain one whose owner needs more than the scope (te.ops)."""
         rec = self.recorder
         a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
         layout = arg(args, kwargs, "layout", "TN")
-        ckey = (layout, _call_key(a), _call_key(b))
-        owner = self._owner(ckey)
-        key = (owner, *ckey)
-        hit = self._calls.get(key)
-        if hit is None:
-            hit = self._calls[key] = self._site(owner, layout, a, b, False)
-        site, fprop = hit
-        return rec.begin(site, fprop and rec.in_backward(), None)
+        if not grouped:
+            ckey = (layout, _call_key(a), _call_key(b))
+            owner = self._owner(ckey)
+            key = (owner, *ckey)
+            hit = self._calls.get(key)
+            if hit is None:
+                hit = self._calls[key] = self._site(owner, layout, a, b, False)
+            return rec.begin(hit[0], hit[1] and rec.in_backward(), None)
+        m_splits = arg(args, kwargs, "m_splits", None)
+        if m_splits is None:  # derive from the token-major operand of each expert
+            m_splits = [_rows(_size(t)) for t in (a if layout == "NT" else b)]
+        m_splits = tuple(int(x) for x in m_splits)
+        # Token counts change from step to step: the launch position checks layout and expert count.
+        mkn = grouped_mkn(layout, _size(a[0]), _size(b[0]), sum(m_splits))
+        site, fprop = self._site(self._owner((layout, "grouped", len(m_splits))), layout, a[0], b[0], True, mkn)
+        return rec.begin(site, fprop and rec.in_backward(), m_splits)
 
     def _owner(self, ckey: tuple) -> str | None:
         if self.owners.by_order:
@@ -327,27 +314,9 @@ class TEInterceptor:
         self.owners.trace.append((ckey, module_name, None))
         return module_name
 
-    def _before_grouped(self, args: tuple, kwargs: dict, arg: Callable, grouped: bool) -> Any:
-        rec = self.recorder
-        a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
-        layout = arg(args, kwargs, "layout", "TN")
-        m_splits = arg(args, kwargs, "m_splits", None)
-        if m_splits is None:  # derive from the token-major operand of each expert
-            src = a if layout == "NT" else b
-            m_splits = [_rows(_size(t)) for t in src]
-        m_splits = tuple(int(x) for x in m_splits)
-        # Token counts change from step to step; the launch position is checked on the layout and
-        # the number of experts.
-        ckey = (layout, "grouped", len(m_splits))
-        a, b = a[0], b[0]
-        mkn = grouped_mkn(layout, _size(a), _size(b), sum(m_splits))
-        site, fprop = self._site(self._owner(ckey), layout, a, b, True, mkn)
-        return rec.begin(site, fprop and rec.in_backward(), m_splits)
-
     def _site(self, module_name: str | None, layout: str, a: Any, b: Any, grouped: bool,
               mkn: tuple[int, int, int] | None = None) -> tuple[Any, bool]:
         """The site of a GEMM call (built once per distinct site) and whether it is an fprop."""
-        rec = self.recorder
         m, k, n = mkn or gemm_mkn(layout, _size(a), _size(b))
         pkey = (_operand_key(a), _operand_key(b))
         prec = self._precisions.get(pkey)
@@ -357,10 +326,10 @@ class TEInterceptor:
         skey = (module_name, op, m, k, n, prec, grouped)
         site = self._sites.get(skey)
         if site is None:
-            module = rec.scope.module(module_name)
+            module = self.recorder.scope.module(module_name)
             # The weight is (N, K) of the forward GEMM: read it back from each pass's written shape.
             wn, wk = {GemmOp.FPROP: (n, k), GemmOp.DGRAD: (k, n), GemmOp.WGRAD: (n, m)}[op]
-            site = self._sites[skey] = rec.site(
+            site = self._sites[skey] = self.recorder.site(
                 module=module_name or "", gemm=weight_label(module, wn, wk), op=op, m=m, k=k, n=n,
                 precision=prec[0], operands=prec[1], source="te",
                 kernel="general_grouped_gemm" if grouped else "general_gemm",
@@ -369,8 +338,7 @@ class TEInterceptor:
 
 
 def _call_key(x: Any) -> tuple:
-    # A plain tensor: its shape and dtype say all (the common BF16 case, two attribute reads).
-    if type(x) is torch.Tensor:
+    if type(x) is torch.Tensor:  # a plain tensor: shape and dtype say all
         return x.shape, x.dtype
     return _size(x), _operand_key(x)
 

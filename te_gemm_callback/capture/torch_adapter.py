@@ -1,26 +1,15 @@
-"""Torch adapter: a TorchDispatchMode that sees every aten GEMM, whoever calls it.
+"""Torch adapter: a TorchDispatchMode that sees every aten GEMM (nn.Linear, F.linear, HF's Conv1D,
+einsum's bmm, ``torch._grouped_mm``, ``F.multi_head_attention_forward``), whoever calls it. It costs
+Python dispatch on every aten op, so it runs only on the shape-discovery steps (docs/step-plan.md).
 
-nn.Linear, F.linear, HF's Conv1D (addmm with a (in, out) weight), einsum layers (bmm), Mixtral's
-3-D expert weights (mm on a slice, or ``torch._grouped_mm``) and ``F.multi_head_attention_forward``
-all end in the ops below. The mode costs Python dispatch on every aten op of the step, so the
-profiler runs it only on the steps chosen for shape discovery (what it costs: docs/step-plan.md).
+A backward GEMM runs inside the autograd node its forward GEMM made (numbered just before the GEMM
+reached this mode): that gives owner and pass. The operand it reuses says which gradient it computes
+(``dC B^T`` reads B, computes A's): dgrad/wgrad with a weight, dgrad_a/dgrad_b without (shapes.py).
+Where the node is unknown, sizes decide against the module's forward GEMMs.
 
-Pass and owner of a backward GEMM: each forward GEMM made an autograd node (its sequence number is
-the one autograd handed out just before the GEMM reached this mode), and the backward GEMMs run
-inside that node, so the forward GEMM they belong to is known exactly: its owner, its shape, and
-its operands. The operand a backward GEMM reuses says which gradient it computes: ``dC B^T`` reads
-B and computes A's gradient, ``A^T dC`` reads A and computes B's. For a linear layer (B is the
-weight) these are dgrad and wgrad; for a GEMM with no weight (attention's ``Q K^T`` and ``P V``,
-an einsum of two activations) dgrad_a and dgrad_b (shapes.py): no weight, no "wgrad". Where the
-node is unknown (a custom Function's backward) or reused storages cannot tell, sizes decide
-against the forward GEMMs the module ran (gradient of A = M x N x K, of B = K x M x N).
-
-A weight is recognised by its storage: a parameter, a view of one, or a cast of one
-(torch.autocast copies the weight once per forward). Whose GEMM it is: the module running, except
-where a module hands a submodule's weight to a functional call (``nn.MultiheadAttention`` gives
-``out_proj.weight`` to ``F.multi_head_attention_forward``): that submodule owns it. Inside
-MultiheadAttention the input projection is named by its weight (``attn.in_proj``, or
-``q_proj``/``k_proj``/``v_proj`` with separate weights).
+A weight is recognised by its storage: a parameter, a view of one, or a cast of one (autocast). Its
+owner is the module running, except where a module hands a submodule's weight to a functional call
+(MultiheadAttention's ``out_proj``); its input projection is named by its weight (``in_proj``...).
 """
 
 from __future__ import annotations
@@ -54,8 +43,7 @@ _INFERENCE_COMPOSITES = {op for op in (_op("linear"), _op("matmul"), _op("einsum
 _WATCHED = _CASTS | _INFERENCE_COMPOSITES
 # The GEMMs autograd makes a node for (a derivative formula of their own); _scaled_mm has none.
 _DIFFERENTIABLE = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm"}
-# nn.MultiheadAttention's input-projection weights (packed, or separate when kdim/vdim differ) ->
-# the sub-GEMM they name.
+# nn.MultiheadAttention's input-projection weights (packed, or separate) -> the sub-GEMM they name.
 _MHA_PROJ = {"in_proj_weight": "in_proj", "q_proj_weight": "q_proj", "k_proj_weight": "k_proj",
              "v_proj_weight": "v_proj"}
 
@@ -85,19 +73,18 @@ def _storage_key(t: Any) -> int | None:
         return None
 
 
+def _operands(name: str, args: tuple) -> tuple[Any, Any]:
+    return (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+
+
 def dispatch_mkn(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, int, Any]:
     """(m, k, n, batch, offs) of an aten GEMM call. ``offs`` marks a grouped GEMM's splits."""
-    if name in ("addmm", "baddbmm"):
-        a, b = args[1], args[2]
-    else:
-        a, b = args[0], args[1]
+    a, b = _operands(name, args)
     offs = kwargs.get("offs", args[2] if name == "_grouped_mm" and len(args) > 2 else None)
     if name == "_scaled_grouped_mm":
         offs = kwargs.get("offs", args[4] if len(args) > 4 else None)
-    if a.dim() == 2 and b.dim() == 2:
-        if offs is not None:  # wgrad of a grouped GEMM: (K, total) @ (total, N), split along total
-            return a.shape[0], a.shape[1], b.shape[1], 1, offs
-        return a.shape[0], a.shape[1], b.shape[1], 1, None
+    if a.dim() == 2 and b.dim() == 2:  # with offs: a grouped GEMM's wgrad, (K, total) @ (total, N)
+        return a.shape[0], a.shape[1], b.shape[1], 1, offs
     if a.dim() == 2 and b.dim() == 3:  # grouped: tokens (total, K) x experts (G, K, N)
         return a.shape[0], a.shape[1], b.shape[2], 1, offs
     if a.dim() == 3 and b.dim() == 2:
@@ -114,10 +101,9 @@ class GemmDispatchMode(TorchDispatchMode):
         self.param_storages: dict[int, str] = {}
         self.casts: dict[int | None, tuple[weakref.ref, str]] = {}
         self.refresh_params()
-        # Forward GEMMs of each module this step (by the module running), for backward GEMMs whose
-        # node is unknown: fprop shape -> its ForwardGemm.
+        # This step's forward GEMMs by module (fprop shape -> ForwardGemm), for backward GEMMs of unknown node.
         self.forward_shapes: dict[str | None, dict[GemmShape, ForwardGemm]] = {}
-        # Forward GEMMs of this step by the sequence number of the autograd node each made.
+        # This step's forward GEMMs by the sequence number of the autograd node each made.
         self.nodes: dict[int, ForwardGemm] = {}
         self._nodes_step = -1
         # Without the sequence-number getter (older torch) nodes are not known: sizes decide.
@@ -126,11 +112,9 @@ class GemmDispatchMode(TorchDispatchMode):
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
-        # Compiled modules inside the model run eagerly on the instrumented steps (steady.py), but
-        # a compiled frame outside it (a compiled loss or step function) may still be entered under
-        # this mode. Without this, dynamo skips such a frame and can mark its code skipped for good
-        # (steady.py): the job would run eagerly from then on. With it (torch >= 2.9; older
-        # versions never ask), dynamo compiles with the mode off and runs the compiled code under it.
+        # A compiled frame outside the model (a compiled loss) may be entered under this mode: without
+        # this dynamo skips it, maybe for good (steady.py). With it (torch >= 2.9) dynamo compiles with
+        # the mode off and runs the compiled code under it.
         return True
 
     def refresh_params(self) -> None:
@@ -161,19 +145,29 @@ class GemmDispatchMode(TorchDispatchMode):
         return out
 
     def _track_cast(self, args: tuple, out: Any) -> None:
-        # A cast of a weight (autocast's bf16 copy) is still that weight for dgrad detection. The
-        # copy is freed after backward and its memory reused, so it is held by a weak reference
-        # and only counts while alive (a reused address must not make an activation a "weight").
+        # A cast of a weight (autocast's copy) is still that weight. The copy is freed after backward
+        # and its memory reused: held by a weak reference, it counts only while alive.
         src = _storage_key(args[0]) if args else None
         if not isinstance(out, torch.Tensor) or src is None:
             return
-        name = self.param_storages.get(src) or (self.casts[src][1] if self._live_cast(src) else None)
+        name = self._known(src)
         if name is None and isinstance(args[0], nn.Parameter):
-            # A parameter the model did not hold at start: FSDP2's all-gathered weight, whose
-            # bf16 autocast copy dgrad uses. Only parameters pay this lookup, never activations.
+            # A parameter the model did not hold at start (FSDP2's all-gathered weight).
             name = self._param_name(args[0])
         if name is not None:
             self.casts[_storage_key(out)] = (weakref.ref(out), name)
+
+    def _known(self, key: int | None) -> str | None:
+        """The name of the parameter with storage ``key``, or of the live cast of one there."""
+        name = self.param_storages.get(key)  # type: ignore[arg-type]
+        if name:
+            return name
+        entry = self.casts.get(key)
+        t = entry[0]() if entry is not None else None
+        if entry is not None and t is not None and _storage_key(t) == key:
+            return entry[1]
+        self.casts.pop(key, None)  # dead, or its memory reused
+        return None
 
     def _param_name(self, p: torch.Tensor) -> str | None:
         module_name, _ = self.recorder.scope.current()
@@ -184,51 +178,32 @@ class GemmDispatchMode(TorchDispatchMode):
         return None
 
     def _current_params(self, module_name: str | None) -> set[int]:
-        """Storages of the parameters the module holds right now. FSDP2 swaps each sharded
-        parameter for a freshly all-gathered one around the module's forward and backward, so
-        the storages recorded at start do not match the weights its GEMMs use."""
+        """Storages of the module's parameters now: FSDP2 swaps in freshly all-gathered ones."""
         module = self.recorder.scope.module(module_name)
         if module is None:
             return set()
-        # A leaf module's own parameter dict is all of module.parameters(), without the generator
-        # machinery of named_members (most of this lookup's cost, once per activation operand).
+        # A leaf's own parameter dict spares named_members' generators (once per activation operand).
         params = module._parameters.values() if not module._modules else module.parameters()
         return {k for p in params if p is not None and (k := _storage_key(p)) is not None}
 
-    def _live_cast(self, key: int | None) -> bool:
-        entry = self.casts.get(key)
-        if entry is None:
-            return False
-        t = entry[0]()
-        if t is None or _storage_key(t) != key:
-            del self.casts[key]
-            return False
-        return True
-
-    def is_weight(self, t: Any, module_name: str | None = None) -> bool:
-        return self.weight_name(t, module_name) is not None
-
     def weight_name(self, t: Any, module_name: str | None = None) -> str | None:
-        """The (shown) name of the parameter ``t`` is, a view of, or a cast of; "" for a parameter
-        the module holds now under no name we know (FSDP2's all-gathered weight); None for an
-        activation."""
+        """The shown name of the parameter ``t`` is, a view of, or a cast of; "" for one the module
+        holds now under no name we know (FSDP2's all-gathered weight); None for an activation."""
         key = _storage_key(t)
         if key is None:
             return None
-        name = self.param_storages.get(key) or (self.casts[key][1] if self._live_cast(key) else None)
+        name = self._known(key)
         if name is not None:
             self.recorder.scope.weights_used.add(name.rpartition(".")[0])
             return name
         return "" if key in self._current_params(module_name) else None
 
     def _owner(self, module_name: str | None, weight: str | None) -> tuple[str | None, str]:
-        """(owner, sub-GEMM) of a forward GEMM run while ``module_name``'s forward runs with weight
-        ``weight``: a submodule whose weight its parent hands to a functional call owns the GEMM
-        (MultiheadAttention's out_proj); MultiheadAttention's input projection is its ``in_proj``."""
+        """(owner, sub-GEMM) of a forward GEMM in ``module_name``'s forward with weight ``weight``."""
         if not weight or module_name is None:
             return module_name, ""
         holder, _, attr = weight.rpartition(".")
-        if _under(holder, module_name):
+        if _under(holder, module_name):  # a submodule's weight handed to a functional call: its GEMM
             return holder, ""
         if holder == module_name and attr in _MHA_PROJ and \
                 isinstance(self.recorder.scope.module(module_name), nn.MultiheadAttention):
@@ -246,24 +221,19 @@ class GemmDispatchMode(TorchDispatchMode):
             rec.skip()  # inside a TE module: the TE adapter counts it (or nobody: unfused attention)
             return None
         if module_name is None and not in_fwd and self._from_te(m, k, n, batch):
-            # An untagged backward node (TE's unfused attention bmm: docs/results/h200.md, facts the
-            # code relies on: node metadata) whose GEMM is the backward of one that ran inside a TE
-            # module: it belongs to TE too.
+            # An untagged backward node (TE's unfused attention bmm: docs/results/h200.md, node
+            # metadata) running the backward of a GEMM inside a TE module: TE's too.
             rec.skip()
             return None
         m_splits: tuple[int, ...] | torch.Tensor | None = None
-        if offs is not None:
-            if offs.device.type == "cpu":
-                m_splits = splits_from_offs(offs)
-            else:  # reading device memory now would sync inside the step: resolve later
-                m_splits = rec.defer_copy(offs)
-        a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+        if offs is not None:  # on the GPU, reading it now would sync inside the step: resolved later
+            m_splits = splits_from_offs(offs) if offs.device.type == "cpu" else rec.defer_copy(offs)
+        a, b = _operands(name, args)
         operands = [x for x in (a, b) if isinstance(x, torch.Tensor)]
         weights = [self.weight_name(x, module_name) for x in operands]
         has_weight = any(w is not None for w in weights)
-        backward = not in_fwd and rec.in_backward()
         shape = GemmShape(m, k, n, batch=batch)
-        if backward:
+        if not in_fwd and rec.in_backward():
             owner, gemm, op, (m, k, n) = self._backward(module_name, shape, operands, has_weight)
         else:
             owner, gemm = self._owner(module_name, next((w for w in weights if w), None))
@@ -289,19 +259,14 @@ class GemmDispatchMode(TorchDispatchMode):
         return rec.begin(site, in_fwd and rec.in_backward(), m_splits)
 
     def _from_te(self, m: int, k: int, n: int, batch: int) -> bool:
-        for fm, fk, fn, fb in self.te_forward:
-            if fb == batch and (m, k, n) in ((fm, fn, fk), (fk, fn, fm), (fk, fm, fn), (fn, fm, fk)):
-                return True
-        return False
+        return any(fb == batch and (m, k, n) in ((fm, fn, fk), (fk, fn, fm), (fk, fm, fn), (fn, fm, fk))
+                   for fm, fk, fn, fb in self.te_forward)
 
     def _backward(self, module_name: str | None, raw: GemmShape, operands: list[torch.Tensor],
                   has_weight: bool) -> tuple[str | None, str, GemmOp, tuple[int, int, int]]:
-        """(owner, sub-GEMM, pass, shape in the package convention) of a backward GEMM.
-
-        The forward GEMM whose node runs it gives owner and pass; failing that (no node known), the
-        forward GEMMs the owning module ran, by sizes. Autograd may compute a 2-D gradient
-        transposed (dW^T = X^T dY for ``mm(X, W.t())``, dW for addmm): FLOPs are the same, so the
-        shape is written the canonical way (shapes.py)."""
+        """(owner, sub-GEMM, pass, shape in the package convention) of a backward GEMM: from the
+        forward GEMM whose node runs it, else by sizes against the module's forward GEMMs. A 2-D
+        gradient computed transposed is written the canonical way (shapes.py)."""
         node = torch._C._current_autograd_node() if self.nodes else None
         fwd = self.nodes.get(node._sequence_nr()) if node is not None else None
         if fwd is not None and fwd.shape.batch == raw.batch:
@@ -315,8 +280,7 @@ class GemmDispatchMode(TorchDispatchMode):
         for fwd in self.forward_shapes.get(module_name, {}).values():
             if fwd.shape.batch == raw.batch and (found := _pass(raw, fwd, has_weight, None)) is not None:
                 return (fwd.module, fwd.gemm, *found)
-        # Nothing to match: a GEMM with a weight computes an input's gradient, one without most
-        # likely a linear layer's weight gradient (a custom Function's backward).
+        # Nothing matches: with a weight, an input's gradient; without, most likely a weight gradient.
         return module_name, "", GemmOp.DGRAD if has_weight else GemmOp.WGRAD, (raw.m, raw.k, raw.n)
 
 
