@@ -1,14 +1,8 @@
-"""What a capture holds, and its JSON file (schema ``te-gemm-capture/1``, see docs/capture-format.md).
-
-A :class:`GemmEvent` is one GEMM call; a :class:`GemmRecord` groups identical calls (same module,
-pass, shape, precision) across the captured steps (both in :mod:`.capture_items`, re-exported
-here); :class:`GemmCapture` holds records, per-step times and the conditions of the run (device,
-versions), and reads and writes the file.
-"""
+"""A capture: GEMM records (:mod:`.capture_items`, re-exported here), step times and the run's
+conditions, and its JSON file (schema ``te-gemm-capture/1``, docs/capture-format.md)."""
 
 from __future__ import annotations
 
-import logging
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -29,8 +23,6 @@ from te_gemm_callback.shapes import PASS_NAMES, GemmShape
 
 SCHEMA = "te-gemm-capture/1"
 
-log = logging.getLogger("te_gemm_callback")
-
 
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
@@ -38,19 +30,13 @@ def _median(xs: list[float]) -> float | None:
 
 @dataclass
 class GemmCapture:
-    """Every GEMM recorded inside a profiled region, grouped into records.
-
-    Example:
-        >>> cap = GemmCapture.load("gemm_capture.json")       # doctest: +SKIP
-        >>> sum(r.flops_per_step for r in cap.records)         # doctest: +SKIP
-    """
+    """Every GEMM recorded inside a profiled region, grouped into records."""
 
     records: list[GemmRecord]
     steps: list[StepTime]
     meta: dict[str, Any] = field(default_factory=dict)
     coverage: dict[str, Any] = field(default_factory=dict)
-    # The kernels step's kernels (a joined kernels step on a GPU), else None: CPU jobs, a join that
-    # failed, captures written before the field existed.
+    # The kernels step's kernels (a joined kernels step on a GPU), else None.
     kernel_timeline: KernelTimeline | None = None
 
     @property
@@ -76,9 +62,8 @@ class GemmCapture:
         return full or steps
 
     def gemm_ms_per_step(self) -> float | None:
-        """GEMM GPU time per step: kernel records where kernels steps ran (the GPU's own time per
-        kernel), else the instrumented steps' event pairs; a partial step's scaled to a full step
-        (the same GEMMs run once per micro-batch)."""
+        """GEMM GPU time per step: kernels steps' records, else instrumented steps' event pairs;
+        a partial step's scaled to a full step."""
         full = self.full_micro_batches
         for kind in ("kernels", "instrumented"):
             times = [s.gemm_ms * full / s.micro_batches for s in self.steps_of(kind) if s.gemm_ms is not None]
@@ -87,52 +72,41 @@ class GemmCapture:
         return None
 
     def step_ms(self) -> float | None:
-        """Median step time of the clean steps (nothing attached); without any, of the settle steps
-        (nothing attached, right after the kernel records' sync), then of the kernels steps, and
-        only failing all of the instrumented ones (see ``meta["step_time"]``). Partial steps (fewer
-        micro-batches: tagged "partial" when planned clean) never give the step time."""
-        for kind in ("clean", "settle", "kernels", "instrumented"):
-            times = [s.ms for s in self.full_steps_of(kind)]
-            if times:
-                return statistics.median(times)
-        return None
+        """Median time of the full clean steps; without any, of the settle, kernels, then
+        instrumented ones (``meta["step_time"]``)."""
+        kind = self.step_kind()
+        return statistics.median(s.ms for s in self.full_steps_of(kind)) if kind is not None else None
 
     def instrument_cost(self) -> dict[str, float] | None:
-        """Instrumented against clean step time (medians): what the capture instruments cost this
-        job. The dispatch-mode steps are given apart: they cost more and are fewer."""
-        # Full steps only: a partial instrumented step against full clean ones is no instrument cost.
+        """Instrumented against clean step time (medians, full steps); dispatch-mode steps apart."""
         full = [s for s in self.steps if s.micro_batches >= self.full_micro_batches]
         clean = _median([s.ms for s in full if s.kind == "clean"])
-        instr = _median([s.ms for s in full if s.kind == "instrumented" and not s.dispatch])
-        disp = _median([s.ms for s in full if s.kind == "instrumented" and s.dispatch])
-        if not clean or (instr is None and disp is None):
+        parts = {"instrumented": _median([s.ms for s in full if s.kind == "instrumented" and not s.dispatch]),
+                 "dispatch": _median([s.ms for s in full if s.kind == "instrumented" and s.dispatch]),
+                 # CUPTI's per-launch cost: shown, though no step time comes from it
+                 "kernels": _median([s.ms for s in full if s.kind == "kernels"])}
+        if not clean or (parts["instrumented"] is None and parts["dispatch"] is None):
             return None
         out = {"clean_ms": clean}
-        if instr is not None:
-            out.update(instrumented_ms=instr, instrumented_pct=100 * (instr / clean - 1))
-        if disp is not None:
-            out.update(dispatch_ms=disp, dispatch_pct=100 * (disp / clean - 1))
-        kern = _median([s.ms for s in full if s.kind == "kernels"])
-        if kern is not None:  # CUPTI's per-launch cost: shown, though no step time comes from it
-            out.update(kernels_ms=kern, kernels_pct=100 * (kern / clean - 1))
+        for kind, ms in parts.items():
+            if ms is not None:
+                out.update({f"{kind}_ms": ms, f"{kind}_pct": 100 * (ms / clean - 1)})
         return out
 
     def step_kind(self) -> str | None:
-        """The kind of step :meth:`step_ms` draws from (clean, settle, kernels, instrumented)."""
+        """The kind of step :meth:`step_ms` draws from."""
         return next((k for k in ("clean", "settle", "kernels", "instrumented") if self.steps_of(k)), None)
 
     def step_clock(self) -> str | None:
-        """The clock behind :meth:`step_ms`: "cuda_events" where those steps carry a GPU time
-        (``StepTime.ms`` prefers it), else "host_clock" (time.perf_counter at the boundaries)."""
+        """The clock behind :meth:`step_ms`: "cuda_events" where those steps carry a GPU time, else "host_clock"."""
         kind = self.step_kind()
         if kind is None:
             return None
         return "cuda_events" if any(s.gpu_ms is not None for s in self.steps_of(kind)) else "host_clock"
 
     def step_spread(self) -> dict[str, Any] | None:
-        """How far the steps :meth:`step_ms` draws from agree: their count and half their range as a
-        percent of their median (None with fewer than two): the noise any figure made from the
-        step time carries."""
+        """The count of the steps :meth:`step_ms` draws from and half their range in % of their
+        median (None with fewer than two): the noise of any figure made from the step time."""
         kind = self.step_kind()
         if kind is None:
             return None
@@ -142,10 +116,8 @@ class GemmCapture:
         return {"kind": kind, "steps": len(times), "spread_pct": spread}
 
     def gemm_clock(self) -> str | None:
-        """The clock behind :meth:`gemm_ms_per_step`: "kernel_records", "cuda_events", "host_clock",
-        or None when no GEMM was timed. Read from the capture's own record of it, else inferred
-        (older files lack ``gemm_time_source``): a CPU device, or steps without GPU times, mean the
-        host clock; "CUDA events" is never assumed."""
+        """The clock behind :meth:`gemm_ms_per_step` ("kernel_records", "cuda_events", "host_clock"),
+        None when no GEMM was timed; inferred for older files, never assuming CUDA events."""
         if not any(s.gemm_ms is not None for s in self.steps):
             return None
         if any(s.kind == "kernels" and s.gemm_ms is not None for s in self.steps):
@@ -159,10 +131,8 @@ class GemmCapture:
         return "cuda_events" if any(s.gpu_ms is not None for s in self.steps) else "host_clock"
 
     def gemm_share_in_timed_steps(self) -> tuple[float, float] | None:
-        """(GEMM share, step ms) within the very steps whose GEMMs were timed: each step's GEMM time
-        over that step's own time, on one clock (medians). On the CPU the clean steps carry no GEMM
-        time, and host-clock times of two different steps are not comparable (first calls, caches,
-        the host's other load), so this is the share a host-clock capture can state."""
+        """(GEMM share, step ms), medians over the steps whose GEMMs were timed, each against its own
+        time: host-clock times of two different steps are not comparable."""
         for kind in ("kernels", "instrumented"):
             timed = [(s.gemm_ms, s.ms) for s in self.full_steps_of(kind) if s.gemm_ms is not None and s.ms > 0]
             if timed:
@@ -193,13 +163,11 @@ class GemmCapture:
             "steps": [asdict(s) for s in self.steps],
             "records": [asdict(r) for r in self.records],
             "coverage": self.coverage,
-            # Left out when absent: the file stays what older versions wrote.
             **({"kernel_timeline": asdict(self.kernel_timeline)} if self.kernel_timeline is not None else {}),
         }
 
     def save(self, path: str | Path, root: str | Path | None = None) -> Path:
-        """Write atomically; an existing file at ``path`` that is not a capture is never replaced;
-        ``root``: a folder between it and ``path`` that is a link is refused."""
+        """Write atomically; never over a file that is not a capture, nor through a linked folder below ``root``."""
         return write_json(path, self.to_dict(), schema=SCHEMA, root=root)
 
     @classmethod
@@ -214,20 +182,15 @@ class GemmCapture:
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"malformed te-gemm capture: {type(err).__name__}: {err}") from None
         cap.validate()
-        # After the records: a timeline is read against them, and dropped alone where it does not fit.
         cap.kernel_timeline = KernelTimeline.read(d.get("kernel_timeline"), len(cap.records), len(cap.steps))
         return cap
 
     def validate(self) -> None:
-        """Raise ValueError on a record no GEMM can have (negative or zero dims, negative counts,
-        non-finite or negative times): such a file is damaged, and its numbers would print as garbage."""
+        """Raise ValueError where the file is damaged: a record or step no run can have."""
         def bad(x: Any, least: float) -> bool:
             return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < least
 
-        from te_gemm_callback.files.jsonio import (  # field types first: a hand-edited file may hold anything
-            CAPTURE_FILE,
-            check,
-        )
+        from te_gemm_callback.files.jsonio import CAPTURE_FILE, check  # field types first
 
         tl = self.kernel_timeline
         check({"records": [vars(r) for r in self.records], "steps": [vars(s) for s in self.steps],
@@ -247,7 +210,7 @@ class GemmCapture:
             if r.flops != 2 * r.batch * r.m * r.k * r.n:  # what the tables and TFLOP/s are computed from
                 raise ValueError(f"GEMM {r.name} {r.op} has {r.flops} FLOPs per call, but its shape "
                                  f"{r.batch}x{r.m}x{r.k}x{r.n} has {2 * r.batch * r.m * r.k * r.n}")
-            # A grouped GEMM's token rows are its experts' rows: m, or k for wgrad (contracted over the rows).
+            # A grouped GEMM's token rows are its experts' rows: m, or k for wgrad.
             rows = r.k if r.op == "wgrad" else r.m
             if any(sum(sp) != rows for sp in r.m_splits):
                 raise ValueError(f"GEMM {r.name} {r.op} has m_splits that do not add up to its "
@@ -255,7 +218,6 @@ class GemmCapture:
             if any(bad(t, 0) for t in r.times_ms):
                 raise ValueError(f"GEMM {r.name} {r.op} has negative or non-finite times")
         for s in self.steps:
-            # Checked on load, so te-gemm show refuses what te-gemm report does ("zzz" was shown as a step).
             if s.kind not in STEP_KINDS:
                 raise ValueError(f"step {s.index} has an unknown kind {s.kind!r}: expected one of "
                                  f"{', '.join(STEP_KINDS)}; the file is damaged")

@@ -1,8 +1,5 @@
-"""The pieces a capture is made of: one GEMM call (:class:`GemmEvent`), identical calls grouped
-(:class:`GemmRecord`, by :func:`aggregate`), one step's times (:class:`StepTime`) and the kernels
-step's timeline (:class:`KernelTimeline`). :mod:`.capture_file` holds them in a
-:class:`~.capture_file.GemmCapture` and reads and writes its JSON file.
-"""
+"""A capture's parts: GEMM calls, their records (identical calls grouped), step times, and the
+kernels step's timeline; :mod:`.capture_file` holds them."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from te_gemm_callback.shapes import GemmOp, GemmShape
 
 log = logging.getLogger("te_gemm_callback")
 
-# Calls of one GEMM over the captured steps: far above any job (a million layers x a thousand
-# micro-batches), low enough that FLOPs per step stay finite.
+# Calls of one GEMM over the captured steps: far above any job, low enough for finite FLOPs per step.
 MAX_CALLS = 10**12
 
 
@@ -94,7 +90,7 @@ class GemmRecord:
 
     @property
     def ms_per_step(self) -> float | None:
-        median = self.median_ms  # None without times
+        median = self.median_ms
         return median * self.calls_per_step if median is not None else None
 
     @property
@@ -109,14 +105,12 @@ class StepTime:
     gpu_ms: float | None = None  # CUDA events between step boundaries (stream time, gaps included)
     gemm_ms: float | None = None  # GEMM time in this step: kernel records, or the sum of event pairs
     micro_batches: int = 1
-    # "instrumented" (hooks, interception: shapes), "kernels" (kernel records only: per-GEMM GPU
-    # time) or "clean" (nothing attached: the step time); see capture.step_plan.StepPlan.
-    # Never clean (capture.steady): "compile" (before the plan, while dynamo compiles), and planned
-    # clean steps found "recompile", "graph-capture" or "outlier"; no step time is drawn from them.
+    # A kind of capture.step_plan (instrumented, kernels, clean, ...); "compile", "recompile",
+    # "graph-capture" or "outlier" (capture.steady) give no step time.
     kind: str = "instrumented"
     dispatch: bool = False  # instrumented step that also ran the torch dispatch mode
     round: int | None = None  # a sweep's alternating round this clean step was timed in
-    # A sweep step's forward+backward part (GPU ms on CUDA, else host ms), before its optimizer step.
+    # A sweep step's forward+backward part (GPU ms on CUDA, else host ms).
     fwd_bwd_ms: float | None = None
 
     @property
@@ -126,17 +120,12 @@ class StepTime:
 
 @dataclass
 class KernelTimeline:
-    """Every kernel of one kernels step, GEMMs and the rest, as the GPU ran them: what a trace
-    viewer shows (:mod:`te_gemm_callback.reporting.trace`).
+    """Every kernel of one kernels step as the GPU ran them (:mod:`te_gemm_callback.reporting.trace`).
 
-    ``kernels`` holds one row per kernel, in start order: ``[name, start_us, dur_us, stream, record,
-    call]``: ``name`` an index into ``names`` (each distinct kernel name once: a name is a C++
-    template signature, often hundreds of characters, and a step runs the same few kernels many
-    times), ``start_us`` from the step's start (its marker on the GPU), ``stream`` the CUDA stream
-    or None, and for a GEMM kernel ``call`` (its GEMM call's position in the step's launch order)
-    and ``record`` (the index in the capture's records of the GEMM it joined; None for a GEMM that
-    another adapter counts, and for every kernel that is no GEMM). ``total``: the kernels the step
-    ran; more than the rows where the timeline was cut (``meta.kernel_timeline_cut`` says so).
+    ``kernels``: one row per kernel in start order, ``ROW``: ``name`` indexes ``names`` (each long
+    template name once), ``start_us`` from the step's start, ``stream`` or None; for a GEMM kernel,
+    ``call`` (its launch position) and ``record`` (the index of the record it joined). ``total``:
+    the kernels the step ran, more than the rows where the timeline was cut.
     """
 
     step: int  # index in the capture's steps
@@ -144,9 +133,8 @@ class KernelTimeline:
     names: list[str]
     kernels: list[list[Any]]
     total: int
-    # The host side of the same step (kernel_profile.host_rows), for the replay: one row per CUDA
-    # runtime call, ``[gap_us, cost_us, kind, [kernel rows]]``, and the launch latency (µs). None
-    # where the records had no host calls (older captures, another torch, a cut timeline).
+    # The same step's host side (kernel_profile.host_rows): per CUDA runtime call ``[gap_us, cost_us,
+    # kind, [kernel rows]]``, and the launch latency (µs); None without host calls.
     calls: list[list[Any]] | None = None
     latency_us: float | None = None
 
@@ -154,8 +142,7 @@ class KernelTimeline:
     CALL_KINDS = ("launch", "sync_device", "sync_stream", "other")
 
     def problem(self, records: int, steps: int) -> str | None:
-        """What makes this timeline not fit a capture of ``records`` records and ``steps`` steps
-        (an index out of range, a row of another length, a negative or non-finite time), or None."""
+        """What makes this timeline not fit a capture of ``records`` records and ``steps`` steps, or None."""
         def num(x: Any) -> bool:
             return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
@@ -193,8 +180,7 @@ class KernelTimeline:
 
     @classmethod
     def read(cls, d: Any, records: int, steps: int) -> KernelTimeline | None:
-        """The timeline a capture file holds, or None: none there, or one that does not fit the
-        capture, which is dropped with a warning; the capture's own numbers never depend on it."""
+        """The timeline a capture file holds, or None; one that does not fit is dropped with a warning."""
         if d is None:
             return None
         try:
@@ -209,12 +195,8 @@ class KernelTimeline:
 
 
 def aggregate(events: list[GemmEvent], num_steps: dict[str, float]) -> list[GemmRecord]:
-    """Group events into records, in first-seen order.
-
-    ``num_steps`` maps each source to the steps it recorded on, in full steps (the dispatch adapter
-    may run on fewer steps than the TE adapter; a partial step counts its share of a full one's
-    micro-batches), so ``calls_per_step`` is right for both.
-    """
+    """Group events into records, in first-seen order. ``num_steps``: the full steps each source
+    recorded on (the dispatch adapter may run on fewer)."""
     groups: dict[tuple, list[GemmEvent]] = {}
     for e in events:
         groups.setdefault(e.key(), []).append(e)

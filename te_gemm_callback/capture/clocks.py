@@ -1,9 +1,6 @@
-"""SM clock and board power while something runs, sampled through NVML on a background thread.
-
-Why: a GPU at its power limit lowers its SM clock under sustained dense GEMMs (docs/results/h200.md,
-facts the code relies on: SM clock); isolated microbenchmark cells and long training steps can then
-run at different clocks. Recording both says whether a bench-vs-job difference is the clock.
-"""
+"""SM clock and board power while something runs, sampled through NVML on a background thread: a
+power-capped GPU clocks sustained GEMMs lower (docs/results/h200.md: SM clock), so a bench-vs-job
+difference may be the clock."""
 
 from __future__ import annotations
 
@@ -67,7 +64,6 @@ class ClockSampler:
 
     @property
     def running(self) -> bool:
-        """Whether the sampling thread was started and not yet told to stop."""
         return self._thread is not None and not self._stop.is_set()
 
     def __exit__(self, *exc: Any) -> None:
@@ -76,8 +72,7 @@ class ClockSampler:
             self._thread.join(timeout=1.0)
 
     def summary(self, since: float | None = None, until: float | None = None) -> dict[str, float] | None:
-        """Median and extremes of the samples taken between ``since`` and ``until``
-        (``time.perf_counter()`` values; default: all)."""
+        """Median and extremes of the samples between ``since`` and ``until`` (perf_counter; default all)."""
         picked = [r for r, t in zip(self.samples, self.times)
                   if (since is None or t >= since) and (until is None or t <= until)]
         if not picked:

@@ -1,8 +1,5 @@
-"""The capture's options, each defined once (:mod:`te_gemm_callback.options`).
-
-:class:`ProfilerConfig` sets the step plan, instruments and time sources. :class:`CaptureConfig`
-sets the window over the job's optimizer steps; the profiler options it passes on are
-ProfilerConfig's own fields."""
+"""The capture's options (:mod:`te_gemm_callback.options`): :class:`ProfilerConfig` (step plan,
+instruments, time sources) and :class:`CaptureConfig` (the window over the job's optimizer steps)."""
 
 from __future__ import annotations
 
@@ -28,8 +25,7 @@ def _nvtx(v: Any, name: str) -> Any:
 
 
 def _count(allow_all: bool = False, allow_none: bool = False) -> Check:
-    """A step count as the step plan takes it (:func:`~.step_plan.count_arg`); None where the
-    profiler picks the default itself."""
+    """A step count as :func:`~.step_plan.count_arg` takes it; None where the profiler picks it."""
     def check(v: Any, name: str) -> Any:
         return v if v is None and allow_none else count_arg(name, v, allow_all)
     return check

@@ -15,22 +15,16 @@ log = logging.getLogger("te_gemm_callback")
 
 
 def _names(ns: list[str]) -> str:
-    # Control characters shown as "?": a module name must not drive the terminal (ANSI, OSC links).
-    # The root module's name is "": said as what it is, not as nothing.
+    # plain(): a module name must not drive the terminal. The root's name is "".
     return plain(", ".join(n or "(the model itself)" for n in ns[:8])) + (" ..." if len(ns) > 8 else "")
 
 
 def coverage(model: nn.Module, seen: Iterable[str], *, te_watched: bool, torch_watched: bool,
              warn: bool) -> dict[str, Any]:
-    """``gemm_modules`` (count), ``never_ran`` and ``not_watched`` (names).
-
-    A module is watched where an adapter could see its GEMMs: TE modules by the TE adapter
-    (``te_watched``), the others only on dispatch-mode steps (``torch_watched``). A watched module
-    not in ``seen`` ran no GEMM while capturing; an unwatched one may have run, but nobody looked:
-    a plain ``nn.Linear`` without a dispatch step is not "never ran". ``warn``: one warning each.
-    """
+    """``gemm_modules`` (count), ``never_ran`` and ``not_watched`` (names): TE modules are watched
+    with ``te_watched``, the others with ``torch_watched`` (dispatch steps); a watched module not in
+    ``seen`` never ran a GEMM. ``warn``: one warning each."""
     seen = set(seen)
-    # Names as the capture shows them (wrapper attributes dropped: scope.display_names).
     shown = display_names(model)
     gemm = {shown[n]: is_te_module(m) for n, m in model.named_modules()
             if bears_gemm(m) and wrapper_attr(m) is None}

@@ -1,26 +1,12 @@
 """Whether another profiler owns CUPTI's activity records in this process.
 
-Kernel records (:mod:`.kernel_profile`) are CUPTI activity records read through ``torch.profiler``.
-CUPTI gives them to one subscriber: under Nsight Systems, Kineto's start fails
-(``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``) and the session returns no kernel at all
-(docs/results/h200.md, facts the code relies on: CUPTI owner). So the owner is found before a
-kernels step is planned, from what each tool leaves in the process:
-
-- Nsight Systems (``nsys profile``, ``nsys launch``) sets ``NSYS_PROFILING_SESSION_ID`` and loads
-  its injection library through ``CUDA_INJECTION64_PATH`` (``.../libToolsInjection64.so``);
-- Nsight Compute (``ncu``) sets ``NV_COMPUTE_PROFILER_PERFWORKS_DIR`` and ``NV_TPS_LAUNCH_TOKEN``
-  (and no ``CUDA_INJECTION64_PATH``);
-- any other CUPTI tool is loaded through ``CUDA_INJECTION64_PATH``;
-- a ``torch.profiler`` session of the job's own is running in this process.
-
-(The variables are those each tool set for the process it launched: docs/results/h200.md, facts
-the code relies on: CUPTI owner.)
-
-What the capture does then: under Nsight Systems, another injection or the job's torch.profiler,
-each GEMM is timed by a CUDA-event pair on the instrumented steps (the steps that would have run
-with kernel records, and the settle steps after them, run instrumented instead); under Nsight
-Compute nothing is timed, since it replays and serializes the kernels it profiles, and only shapes
-and precisions are kept.
+Kernel records (:mod:`.kernel_profile`) come from CUPTI through ``torch.profiler``, and CUPTI serves
+one subscriber: under Nsight Systems Kineto's start fails and no kernel comes back
+(docs/results/h200.md: CUPTI owner). The owner is read from what each tool leaves in the process:
+``NSYS_PROFILING_SESSION_ID`` (Nsight Systems), ``NV_COMPUTE_PROFILER_PERFWORKS_DIR`` or
+``NV_TPS_LAUNCH_TOKEN`` (Nsight Compute), ``CUDA_INJECTION64_PATH`` (any CUPTI tool), or a running
+``torch.profiler`` session of the job's own. Under Nsight Compute, which replays kernels, no GEMM is
+timed; under the others GEMMs are timed by CUDA-event pairs on instrumented steps instead.
 """
 
 from __future__ import annotations
@@ -43,7 +29,6 @@ class CuptiOwner:
     note: str = ""  # what else the user should know of this profiler's session (nsys_cpu_collectors)
 
     def line(self) -> str:
-        """The one line the capture logs, naming the profiler and what it changes."""
         if self.timing == NONE:
             text = (f"te-gemm: {self.name} is profiling this process ({self.evidence}): it replays the kernels it "
                     "profiles, so GPU times taken inside it are not the job's; the capture keeps GEMM shapes and "
@@ -55,7 +40,6 @@ class CuptiOwner:
         return f"{text}; {self.note}" if self.note else text
 
     def meta(self) -> str:
-        """What the capture file keeps of it (``meta.cupti_owner``)."""
         return f"{self.name} ({self.evidence})"
 
 
@@ -67,13 +51,8 @@ def _injection_name(path: str) -> str:
 
 
 def nsys_cpu_collectors(environ: Mapping[str, str]) -> str:
-    """A note where nsys samples CPUs or traces context switches for this process, else "".
-
-    With either collector on, nsys copies the process's shared libraries into the recording (large
-    with torch's CUDA build, and the job held while it does), whatever the capture range. nsys says
-    so nowhere in the process's environment; its session folder holds a ``linuxperf`` entry where one
-    of the two is on (docs/results/h200.md, facts the code relies on: nsys CPU collectors).
-    """
+    """A note where nsys samples CPUs or traces context switches (its session folder holds
+    ``linuxperf``: docs/results/h200.md, nsys CPU collectors), else ""."""
     folder = environ.get("NSYS_SESSION_TEMP_DIR", "")
     if not folder or not os.path.exists(os.path.join(folder, "linuxperf")):
         return ""
@@ -83,8 +62,7 @@ def nsys_cpu_collectors(environ: Mapping[str, str]) -> str:
 
 
 def torch_profiler_running() -> bool:
-    """Whether a torch.profiler (or autograd profiler) session records in this process now. A
-    scheduled session in its wait phase is not recording yet, and reads False."""
+    """Whether a torch.profiler (or autograd profiler) session records in this process now."""
     try:
         import torch
 
@@ -97,11 +75,10 @@ def cupti_owner(environ: Mapping[str, str] | None = None,
                 profiler_running: Callable[[], bool] = torch_profiler_running) -> CuptiOwner | None:
     """The profiler that owns CUPTI's activity records in this process, or None when none does.
 
-    Example:
-        >>> cupti_owner({"NSYS_PROFILING_SESSION_ID": "10558"}, lambda: False).name
-        'Nsight Systems'
-        >>> cupti_owner({}, lambda: False) is None
-        True
+    >>> cupti_owner({"NSYS_PROFILING_SESSION_ID": "10558"}, lambda: False).name
+    'Nsight Systems'
+    >>> cupti_owner({}, lambda: False) is None
+    True
     """
     env = os.environ if environ is None else environ
     if env.get("NSYS_PROFILING_SESSION_ID"):

@@ -1,10 +1,5 @@
-"""Multi-process jobs: every rank captures its own GEMMs; rank 0 gathers them.
-
-Works with any torch.distributed backend and world size (Lightning DDP/FSDP strategies set the
-process group up; we ride it). Tensor parallelism shows in the captures themselves: column-parallel
-layers have N / TP, row-parallel ones K / TP; expert parallelism shows as each rank's own experts
-and token counts.
-"""
+"""Multi-process jobs: every rank captures its own GEMMs (tensor and expert parallelism show in
+their shapes); rank 0 gathers them, over any torch.distributed process group."""
 
 from __future__ import annotations
 
@@ -25,9 +20,8 @@ def world() -> tuple[int, int]:
 
 
 def gather_captures(cap: GemmCapture) -> list[GemmCapture] | None:
-    """Collective: every rank must call it, also one whose capture failed or is empty (it sends
-    what it has, with its error), so no rank waits forever. Rank 0 gets all captures in rank order,
-    the others None; a single process gets ``[cap]``."""
+    """Collective: every rank calls it, also one whose capture failed (it sends its error). Rank 0
+    gets all captures in rank order, the others None; a single process gets ``[cap]``."""
     rank, size = world()
     cap.meta.update(rank=rank, world_size=size)
     if size == 1:
@@ -38,9 +32,8 @@ def gather_captures(cap: GemmCapture) -> list[GemmCapture] | None:
 
 
 def rank_summary(caps: list[GemmCapture]) -> list[dict[str, Any]]:
-    """Per-rank step time, GEMM time and FLOPs, communication kernel time (total and not overlapped
-    by compute, from the step the callback profiles after the active ones), grouped-GEMM rows (MoE load), and
-    how far each rank is from the median (stragglers, MoE imbalance)."""
+    """Per-rank step time, GEMM time and FLOPs, communication time (total and exposed), grouped-GEMM
+    rows (MoE load), and each rank's step time against the median (stragglers)."""
     rows = []
     for i, c in enumerate(caps):
         grouped = [r for r in c.records if r.m_splits and r.op == "fprop"]

@@ -1,27 +1,15 @@
 """A gate that holds the GPU ahead of a timed GEMM until the host has launched it.
 
-A CUDA-event pair brackets a GEMM's GPU time only if the GPU reaches the start event once the GEMM
-is already queued behind it. Where the host is slower than the GPU (Python dispatch on every aten op,
-a profiler's API trace, a small GEMM) the GPU runs dry between the two, stamps the start event early,
-and the pair holds the host's time to launch the GEMM. A spin kernel ahead of the start event covers
-a host gap only as long as the spin (docs/results/h200.md, facts the code relies on: GPU gate), and
-a longer spin is idle time that lets a power-capped GPU clock its big GEMMs faster than in the job.
+A CUDA-event pair brackets a GEMM's GPU time only if the GEMM is queued when the GPU reaches the
+start event; a host slower than the GPU makes the pair hold its launch time. A spin covers only its
+own length, and idles a power-capped GPU (docs/results/h200.md: GPU gate). The gate waits exactly as
+long as the host: a one-program Triton kernel ahead of the start event polls a slot in pinned host
+memory until the host writes the gate's number there, once GEMM and end event are launched. Each gate
+has its own slot, so gates on two threads never open each other.
 
-The gate waits exactly as long as the host: a one-program Triton kernel goes ahead of the start
-event and polls a slot in pinned host memory until it holds the gate's number, which the host
-writes once the GEMM and the end event are launched (:meth:`HostGate.open`). Each gate has its own
-slot (its number modulo ``FLAG_SLOTS``), so gates closed on two threads (autograd's backward thread
-and the main one) never open each other. Behind the gate a pair reads its GEMM's kernel time
-whatever the host does before the launch; bare, it does not (docs/results/h200.md, facts the code
-relies on: GPU gate).
-
-Never a deadlock: the gate gives up after ``TIMEOUT_NS`` of the GPU's global timer (a host that
-synchronizes inside the bracket, say a cudaFree under memory pressure or a lazily loaded kernel,
-waits that long once), and writes whether it opened on the host's word, so the pair of a gate that
-gave up is dropped (:meth:`HostGate.held`). No gate without Triton (a CPU build of torch, a host
-where it cannot build its launcher; the event timer's spin stands in) or under
-``CUDA_LAUNCH_BLOCKING=1`` (each launch returns once its kernel is done: the host could never open
-a gate before the gate gives up, and the start event cannot run ahead of the launch anyway).
+Never a deadlock: the gate gives up after ``TIMEOUT_NS`` on the GPU's timer and records that, and that
+pair is dropped (:meth:`HostGate.held`). No gate without Triton (the event timer's spin stands in) or
+under ``CUDA_LAUNCH_BLOCKING=1`` (the host could never open it in time).
 """
 
 from __future__ import annotations
@@ -42,8 +30,7 @@ SEEN_SLOTS = 1 << 18  # what gate n saw, at n % SEEN_SLOTS (1 MiB): read once pe
 
 
 class _HostPointer:
-    """Pinned host memory as Triton takes a pointer argument: with unified addressing the host
-    address is the device address."""
+    """Pinned host memory as a Triton pointer argument (with unified addressing, the same address)."""
 
     dtype = torch.int32
 
@@ -55,13 +42,10 @@ class _HostPointer:
 
 
 class HostGate:
-    """Holds the current stream until the host says the GEMM is queued: ``close()`` before the start
-    event, ``open(n)`` after the end event; ``held(n)``, after a synchronize, whether gate ``n``
-    opened on the host's word (its pair is the GEMM's) rather than by giving up.
-
-    ``kernel(flag, flag_slot, want, seen, seen_slot, timeout_ns)`` launches the gate (default: the
-    Triton kernel of :mod:`.gate_kernel`); ``pinned``/``device``: where the slots live (tests run
-    the host side on a CPU with a stand-in kernel)."""
+    """Holds the current stream: ``close()`` before the start event, ``open(n)`` after the end event;
+    ``held(n)``, after a synchronize, whether gate ``n`` opened on the host's word, not by giving up.
+    ``kernel(flag, flag_slot, want, seen, seen_slot, timeout_ns)``: the gate launch (default
+    :mod:`.gate_kernel`'s); ``pinned``/``device``: where the slots live (tests: on a CPU)."""
 
     def __init__(self, device: int | str = "cuda", kernel: Callable[..., None] | None = None,
                  pinned: bool = True) -> None:
@@ -95,8 +79,8 @@ class HostGate:
         self._slots[n % FLAG_SLOTS] = n
 
     def held(self, n: int) -> bool:
-        """Whether gate ``n`` opened on the host's word. Call after a synchronize. False too where a
-        later gate took its slot (more than SEEN_SLOTS gates before the read): dropped, not guessed."""
+        """Whether gate ``n`` opened on the host's word (after a synchronize); False where a later gate
+        took its slot."""
         if self._seen_host is None:
             self._seen_host = self.seen.cpu()
         return int(self._seen_host[n % SEEN_SLOTS]) == n
@@ -106,8 +90,8 @@ _GATES: dict[int, HostGate | None] = {}  # one per device and process: the kerne
 
 
 def host_gate(device: int) -> HostGate | None:
-    """Device ``device``'s gate, built on first use; None where none can be built (no Triton, no
-    compiler for its launcher: said once) or none is wanted (blocking launches)."""
+    """Device ``device``'s gate, built on first use; None where none can be built (said once) or with
+    blocking launches."""
     if os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
         return None
     if device not in _GATES:

@@ -13,12 +13,11 @@ def _now():
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
-# No specialization on the integer arguments: Triton would compile another kernel the first time one
-# of them is 1 or a multiple of 16, inside a timed bracket.
+# No specialization on the integers: a value of 1 or a multiple of 16 would compile another kernel
+# inside a timed bracket.
 @triton.jit(do_not_specialize=["flag_slot", "want", "seen_slot", "timeout_ns"])
 def gate(flag_ptr, flag_slot, want, seen_ptr, seen_slot, timeout_ns):
-    # One program: poll the host's slot in pinned memory (volatile: every read reaches host memory)
-    # until it holds this gate's number, or give up after timeout_ns.
+    # Poll the host's slot (volatile: every read reaches host memory) for this gate's number, or time out.
     start = _now()
     v = tl.load(flag_ptr + flag_slot, volatile=True)
     while (v < want) & (_now() - start < timeout_ns):

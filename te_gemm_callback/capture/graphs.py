@@ -1,15 +1,7 @@
-"""CUDA graphs: modules whose forward ``make_graphed_callables`` replaced with a graph replay.
-
-A replay launches the captured kernels without running any Python of the module, so no hook and
-no ``general_gemm`` interception sees its GEMMs. Both ``te.make_graphed_callables`` and
-``torch.cuda.make_graphed_callables`` (when given modules) set ``module.forward`` to a closure
-``new_fwd`` that replays the graph when the module's training mode is the one it was captured in
-and otherwise calls the original forward, which the closure keeps as ``orig_fwd``.
-
-The profiler's instrumented steps run those modules' original forward (eagerly, the same
-parameters, FP8 state and autograd): shapes, owners and precisions come from there. Kernels and
-clean steps replay the graphs as the job does; the kernels step's GEMM kernels (graph kernels are
-in CUPTI's records like any other) join the eager step's GEMMs by launch order.
+"""CUDA graphs: modules whose forward ``make_graphed_callables`` replaced with a graph replay, which
+no hook or interception sees. TE's and torch's both set ``module.forward`` to a closure ``new_fwd``
+that keeps the original as ``orig_fwd``: instrumented steps run that eagerly; kernels and clean
+steps replay the graphs, whose GEMM kernels join the eager step's GEMMs by launch order.
 """
 
 from __future__ import annotations

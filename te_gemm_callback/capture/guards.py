@@ -1,16 +1,11 @@
 """What the profiler puts on the user's model, made safe to leave behind.
 
-- :class:`ForwardGuard`: the root module's forward, wrapped for the capture window, so that an
-  exception going through it takes every instrument off at once. Training frameworks without an
-  exception hook (``transformers.Trainer``'s callbacks) would otherwise leave the hooks and the
-  dispatch mode on the model for the rest of the process. An instance attribute, not a hook: while
-  an exception unwinds, torch iterates the root's forward-hook dict itself, so a hook could not
-  take the root's hooks off. Copies of the root (deepcopy, pickle, ``nn.DataParallel``'s replicas)
-  get the module's own forward, never the guard.
-- :class:`HookFn`: the base of our hook callables. A ``copy.deepcopy`` or a pickle of a hooked
-  model carries its hook dicts along; ours then become :class:`Inert`, which does nothing, pickles,
-  and takes itself off at its first call. (A plain closure is shared by ``deepcopy`` and cannot be
-  pickled: the copy recorded into our capture for good, and ``pickle.dumps`` of it failed.)
+- :class:`ForwardGuard`: the root's forward for the capture window: an exception going through it
+  takes every instrument off (frameworks without an exception hook would leave them on). An instance
+  attribute, not a hook: while an exception unwinds, torch iterates the root's hook dict itself.
+  Copies of the root (deepcopy, pickle, DataParallel replicas) get the module's own forward.
+- :class:`HookFn`: our hook callables; in a deepcopy or pickle of the model they become
+  :class:`Inert`, which does nothing and takes itself off at its first call.
 """
 
 from __future__ import annotations
@@ -38,18 +33,13 @@ class Inert:
         self.kind, self.hook_id = kind, hook_id
 
     def __call__(self, module: nn.Module, *args: Any) -> None:
-        # Pre-hooks, and forward hooks outside an exception, are iterated over a copy of the dict:
-        # removing ourselves there is safe. While an exception unwinds, torch iterates the dict
-        # itself: stay (a no-op) until a later call.
+        # Safe to remove ourselves except while an exception unwinds: torch then iterates the dict itself.
         if self.hook_id is None or (self.kind == POST and sys.exc_info()[0] is not None):
             return None
-        if self.kind == PRE:
-            module._forward_pre_hooks.pop(self.hook_id, None)
-            module._forward_pre_hooks_with_kwargs.pop(self.hook_id, None)
-        else:
-            module._forward_hooks.pop(self.hook_id, None)
-            module._forward_hooks_with_kwargs.pop(self.hook_id, None)
-            module._forward_hooks_always_called.pop(self.hook_id, None)
+        names = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs") if self.kind == PRE else \
+            ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+        for name in names:
+            getattr(module, name).pop(self.hook_id, None)
         return None
 
     def __reduce__(self) -> tuple:
@@ -57,22 +47,18 @@ class Inert:
 
 
 class HookFn:
-    """Base of a hook callable of ours (``kind``: PRE or POST): copies and pickles are :class:`Inert`."""
+    """Base of a hook callable of ours (``kind``: PRE or POST): deep copies and pickles are :class:`Inert`."""
 
     __slots__ = ("hook_id",)
     kind = POST
     hook_id: int  # set by register()
-
-    def __deepcopy__(self, memo: dict) -> Inert:
-        return Inert(self.kind, getattr(self, "hook_id", None))
 
     def __reduce__(self) -> tuple:
         return Inert, (self.kind, getattr(self, "hook_id", None))
 
 
 def register(module: nn.Module, hook: HookFn, **kwargs: Any) -> Any:
-    """Register ``hook`` (forward pre- or post-hook by its kind) and remember its id, which a copy's
-    :class:`Inert` uses to take itself off."""
+    """Register ``hook`` (pre- or post-hook by its kind) and keep its id, for a copy's :class:`Inert`."""
     add = module.register_forward_pre_hook if hook.kind == PRE else module.register_forward_hook
     handle = add(cast(Callable[..., Any], hook), **kwargs)  # every HookFn subclass defines __call__
     hook.hook_id = handle.id
@@ -93,13 +79,13 @@ class StandIn:
 
     @property
     def __wrapped__(self) -> Any:
-        # inspect.signature() follows it: the Trainer picks a dataset's columns by forward's signature.
+        # inspect.signature() follows it: the Trainer picks columns by forward's signature.
         return self.fn
 
     def __getattr__(self, name: str) -> Any:
         if name == "fn":  # not set yet: no recursion
             raise AttributeError(name)
-        return getattr(self.fn, name)  # __self__, __func__, __name__, __doc__ of the method we stand for
+        return getattr(self.fn, name)  # __self__, __name__, ... of the method we stand for
 
 
 class ForwardGuard(StandIn):
@@ -128,9 +114,7 @@ class ForwardGuard(StandIn):
 
     @classmethod
     def install(cls, model: nn.Module, on_raise: Callable[[BaseException], None]) -> ForwardGuard | None:
-        """The guard on ``model``, or None where wrapping its forward could change what runs: a
-        ``torch.compile``d root (dynamo guards on its forward; an instrumented step's eager swap
-        writes the same attribute)."""
+        """The guard on ``model``, or None for a ``torch.compile``d root (dynamo guards on its forward)."""
         if type(model).__name__ == "OptimizedModule" or model.__dict__.get("_compiled_call_impl") is not None:
             return None
         guard = cls(model, on_raise)
@@ -139,8 +123,7 @@ class ForwardGuard(StandIn):
         return guard
 
     def remove(self) -> None:
-        """Put back what was there; under a later profiler's guard, leave that guard's chain; under
-        anything else someone set since, ours only calls through."""
+        """Put back what was there, or take ours out of a later guard's chain."""
         self.live = False
         d = self.model.__dict__
         if d.get("forward") is not self:
@@ -149,9 +132,8 @@ class ForwardGuard(StandIn):
 
 
 def _unlink(top: Any, guard: ForwardGuard) -> None:
-    """Take ``guard`` out of a chain of guards (profilers on one model stopped out of order): the
-    guard above it calls, and on removal puts back, what ``guard`` had; else the chain kept ours
-    as the module's forward for good."""
+    """Take ``guard`` out of a chain of guards (profilers stopped out of order): the one above it
+    takes over what ``guard`` called and would put back."""
     cur = top
     while isinstance(cur, ForwardGuard):
         if cur.fn is guard:
@@ -163,7 +145,7 @@ def _unlink(top: Any, guard: ForwardGuard) -> None:
 
 
 def _restore(d: dict, guard: ForwardGuard) -> None:
-    """A module's ``__dict__`` without the guard's two attributes (what was there before, if any)."""
+    """Put back in a module's ``__dict__`` what the guard's two attributes replaced."""
     if d.get("forward") is guard:
         if guard.had is None:
             del d["forward"]
@@ -178,8 +160,7 @@ def _restore(d: dict, guard: ForwardGuard) -> None:
 
 
 class _Replicate(StandIn):
-    """``nn.DataParallel`` copies the root's ``__dict__`` into each replica: without this, a
-    replica's forward would be our guard, bound to the original module (its parameters, its device)."""
+    """``nn.DataParallel`` copies the root's ``__dict__`` into each replica: this takes our guards off it."""
 
     __slots__ = ("guard",)
 

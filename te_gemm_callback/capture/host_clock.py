@@ -1,15 +1,9 @@
 """The host's time in each TE module's forward and backward, inside the job's own step.
 
-The replay (:mod:`te_gemm_callback.analysis.whatif`) changes each module's host time by what the
-module benchmark measures between recipes, on one module run in a loop. This clock reads the
-job's own time per module in its own recipe, once, and the report sets the sum beside the
-benchmark's (:func:`~te_gemm_callback.analysis.whatif.module_host`): how much of a host-bound
-step is TE's modules, and how far the benchmark's absolute times are from the job's.
-
-It runs on the settle step, the one step after the kernel records that is never timed: a clock
-read at each module's forward pre-hook and forward hook, and for the backward a hook before the
-module's output's autograd node and one after the module's own node. The hooks change no value;
-they are removed when the step ends.
+The replay (:mod:`te_gemm_callback.analysis.whatif`) sets the sum beside the module benchmark's
+(:func:`~te_gemm_callback.analysis.whatif.module_host`). Read on the settle step, the untimed step
+after the kernel records, at each module's forward pre-hook and hook, and for the backward before
+the output's autograd node and after the module's own node. The hooks change no value.
 """
 
 from __future__ import annotations
@@ -26,18 +20,13 @@ log = logging.getLogger("te_gemm_callback")
 
 
 def _first_tensor(x: Any) -> torch.Tensor | None:
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (tuple, list)):
-        return next((t for t in x if isinstance(t, torch.Tensor)), None)
-    return None
+    xs = x if isinstance(x, (tuple, list)) else (x,)
+    return next((t for t in xs if isinstance(t, torch.Tensor)), None)
 
 
 def _module_node(node: Any, depth: int = 2) -> Any:
-    """The autograd node of the module's own function behind its output's ``node``: TE's modules
-    run one autograd Function (``_LinearBackward``, ``_LayerNormMLPBackward``), which a view or
-    a bias add may sit in front of; else ``node`` itself. Its end is the module's backward's end,
-    whoever else shares the module's input (q, k and v projections do)."""
+    """The node of the module's own autograd Function (``_LinearBackward``...) behind its output's
+    ``node``, past a view or bias add; else ``node``. Its end is the module's backward's end."""
     frontier = [node]
     for _ in range(depth):
         for n in frontier:
@@ -48,9 +37,8 @@ def _module_node(node: Any, depth: int = 2) -> Any:
 
 
 class ModuleHostClock:
-    """Host µs per forward and per backward of each module in ``modules`` ({name: module}) while
-    attached; :meth:`detach` gives {name: {"fwd": µs, "bwd": µs}}, the median over its calls (a
-    module called once per micro-batch is called several times a step)."""
+    """Host µs per forward and backward of each of ``modules`` ({name: module}) while attached;
+    :meth:`detach` gives {name: {"fwd": µs, "bwd": µs}}, medians over its calls."""
 
     def __init__(self, modules: dict[str, Any], clock: Callable[[], float] = time.perf_counter) -> None:
         self.modules, self.clock = modules, clock

@@ -1,5 +1,4 @@
-"""Owners of TE GEMMs by launch position: the reference a hooked step leaves for the
-instrumented steps after it, which then run with no module hooks."""
+"""Owners of TE GEMMs by launch position, for instrumented steps without module hooks."""
 
 from __future__ import annotations
 
@@ -8,17 +7,13 @@ from typing import Any
 
 class LaunchOwners:
     """Owners of TE GEMMs by launch position, so that instrumented steps after the first need no
-    module hooks (the largest part of an instrumented step's host cost: docs/results/h200.md, facts
-    the code relies on: launch order).
+    module hooks (most of their host cost: docs/results/h200.md, launch order).
 
-    A hooked step appends each TE GEMM call's key (layout, operand shapes and types), its owner,
-    and, where the plain wrapper resolved them, its (site, recompute) to ``trace``;
-    :meth:`begin_step` makes the last complete trace the reference. In a step run ``by_order`` the
-    n-th call takes the n-th reference entry when its key matches; any mismatch (another call
-    order, other shapes) marks the step ``failed``: the profiler then drops that step's TE GEMMs
-    and hooks the next instrumented steps again.
+    A hooked step appends each call's key (layout, operand shapes and types), owner and, where
+    resolved, (site, recompute) to ``trace``, the next step's reference. In a step run ``by_order``
+    the n-th call takes the n-th reference entry if its key matches; a mismatch marks it ``failed``
+    (its TE GEMMs are dropped, and the next steps hooked again).
 
-    Example:
         >>> o = LaunchOwners(); o.trace.append((("TN", 1, 2), "fc1", None)); o.begin_step(by_order=True)
         >>> o.at(("TN", 1, 2)), o.failed, o.at(("NN", 1, 2)), o.failed
         ('fc1', False, None, True)
@@ -28,12 +23,11 @@ class LaunchOwners:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every trace (a new capture): the wrappers keep this object, so it is reset in place."""
+        """Forget every trace (a new capture), in place: the wrappers keep this object."""
         self.reference: list[tuple[tuple, str | None, Any]] = []
         self.trace: list[tuple[tuple, str | None, Any]] = []
         self.by_order = False
-        self.failed = False
-        self._pos = 0
+        self.begin_step(by_order=False)
 
     def begin_step(self, by_order: bool) -> None:
         """Open a step: hooked (``by_order`` False: record a trace) or by launch order."""
@@ -45,8 +39,7 @@ class LaunchOwners:
         self._pos = 0
 
     def next_entry(self, ckey: tuple) -> tuple | None:
-        """The reference entry (key, owner, (site, recompute) or None) at this launch position, or
-        None on a mismatch (the step failed)."""
+        """The reference entry (key, owner, (site, recompute) or None) here, or None on a mismatch."""
         i = self._pos
         self._pos = i + 1
         ref = self.reference
@@ -56,7 +49,7 @@ class LaunchOwners:
         return None
 
     def at(self, ckey: tuple) -> str | None:
-        """The owner of the call at this launch position (None, and the step failed, on a mismatch)."""
+        """The owner of the call at this launch position (None on a mismatch)."""
         entry = self.next_entry(ckey)
         return entry[1] if entry is not None else None
 

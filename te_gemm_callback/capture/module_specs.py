@@ -1,12 +1,10 @@
-"""What the host-cost microbenchmark needs to rebuild each captured TE module: its class, the
-features that change what it launches (normalization, activation, bias), and its GEMMs' forward
-shapes as captured (te_gemm_callback.microbench.module_cost)."""
+"""What the host-cost microbenchmark (te_gemm_callback.microbench.module_cost) needs to rebuild each
+captured TE module: its class, the features that change what it launches, its forward GEMM shapes."""
 
 from __future__ import annotations
 
 from typing import Any
 
-# TE modules whose host side the microbenchmark can rebuild from a class name and GEMM shapes.
 TE_CLASSES = ("Linear", "LayerNormLinear", "LayerNormMLP")
 FEATURES = ("normalization", "activation", "use_bias", "zero_centered_gamma")
 
