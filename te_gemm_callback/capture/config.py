@@ -18,12 +18,6 @@ def _adapters(v: Any, name: str) -> tuple[str, ...]:
     return tuple(v)
 
 
-def _nvtx(v: Any, name: str) -> Any:
-    if not isinstance(v, bool) and v != "auto":
-        raise ValueError(f"{name} must be True, False or 'auto', got {v!r}")
-    return v
-
-
 def _count(allow_all: bool = False, allow_none: bool = False) -> Check:
     """A step count as :func:`~.step_plan.count_arg` takes it; None where the profiler picks it."""
     def check(v: Any, name: str) -> Any:
@@ -65,7 +59,7 @@ class ProfilerConfig(Options):
                                 switch)
     nvtx: bool | str = option("auto", "NVTX ranges per GEMM (domain te_gemm) and per step: True, False, or 'auto': "
                                       "on when an NVTX tool listens (nsys sets NVTX_INJECTION64_PATH), with "
-                                      "nsys_capture, or with an nvtx_backend.", _nvtx)
+                                      "nsys_capture, or with an nvtx_backend.", one_of(True, False, "auto"))
     timing: bool | str = option("auto", "per-GEMM time source. 'auto' (True): kernel records if kernel steps run, else "
                                         "CUDA-event pairs on instrumented steps (host clock on CPU); 'events': event "
                                         "pairs on instrumented steps too; 'none' (False): no per-GEMM time.", _timing)

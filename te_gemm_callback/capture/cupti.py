@@ -43,13 +43,6 @@ class CuptiOwner:
         return f"{self.name} ({self.evidence})"
 
 
-def _injection_name(path: str) -> str:
-    base = os.path.basename(path)
-    if "ToolsInjection" in base:  # Nsight Systems' injection library, also bundled with Nsight Compute
-        return "Nsight Systems"
-    return f"a CUPTI tool ({base})"
-
-
 def nsys_cpu_collectors(environ: Mapping[str, str]) -> str:
     """A note where nsys samples CPUs or traces context switches (its session folder holds
     ``linuxperf``: docs/results/h200.md, nsys CPU collectors), else ""."""
@@ -89,7 +82,9 @@ def cupti_owner(environ: Mapping[str, str] | None = None,
             return CuptiOwner("Nsight Compute", f"{var} set", NONE)
     for var in ("CUDA_INJECTION64_PATH", "CUDA_INJECTION32_PATH"):
         if env.get(var):
-            return CuptiOwner(_injection_name(env[var]), f"{var}={env[var]}", EVENTS)
+            base = os.path.basename(env[var])  # ToolsInjection: Nsight Systems' (also bundled with ncu)
+            name = "Nsight Systems" if "ToolsInjection" in base else f"a CUPTI tool ({base})"
+            return CuptiOwner(name, f"{var}={env[var]}", EVENTS)
     if profiler_running():
         return CuptiOwner("torch.profiler", "a session of the job's own is recording", EVENTS)
     return None

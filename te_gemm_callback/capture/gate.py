@@ -79,8 +79,7 @@ class HostGate:
         self._slots[n % FLAG_SLOTS] = n
 
     def held(self, n: int) -> bool:
-        """Whether gate ``n`` opened on the host's word (after a synchronize); False where a later gate
-        took its slot."""
+        """Whether gate ``n`` opened on the host's word (after a synchronize; False once its slot is reused)."""
         if self._seen_host is None:
             self._seen_host = self.seen.cpu()
         return int(self._seen_host[n % SEEN_SLOTS]) == n

@@ -31,12 +31,8 @@ LAYOUT_OP = {"TN": GemmOp.FPROP, "NN": GemmOp.DGRAD, "NT": GemmOp.WGRAD}  # TE l
 _WRAPPED = "__te_gemm_wrapped__"
 
 # TE storage class -> precision family. Per-tensor FP8 is refined by its quantizer below.
-_FAMILIES = (
-    ("NVFP4TensorStorage", "nvfp4"),
-    ("MXFP8TensorStorage", "mxfp8"),
-    ("Float8BlockwiseQTensorStorage", "fp8_block"),
-    ("Float8TensorStorage", "fp8"),
-)
+_FAMILIES = {"NVFP4TensorStorage": "nvfp4", "MXFP8TensorStorage": "mxfp8",
+             "Float8BlockwiseQTensorStorage": "fp8_block", "Float8TensorStorage": "fp8"}
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -49,7 +45,7 @@ def operand_format(x: Any) -> tuple[str, str]:
         data = getattr(x, "_hp_data", None)
         dtype: Any = data.dtype if isinstance(data, torch.Tensor) else getattr(x, "_dtype", None)
         return _DTYPES.get(dtype, str(dtype).replace("torch.", "")), f"{type(x).__name__}[{dtype}]"
-    for cls_name, family in _FAMILIES:
+    for cls_name, family in _FAMILIES.items():
         if cls_name in mro:
             detail = type(x).__name__
             fp8_dtype = getattr(x, "_fp8_dtype", None)
