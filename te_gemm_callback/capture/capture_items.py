@@ -110,8 +110,7 @@ class StepTime:
     kind: str = "instrumented"
     dispatch: bool = False  # instrumented step that also ran the torch dispatch mode
     round: int | None = None  # a sweep's alternating round this clean step was timed in
-    # A sweep step's forward+backward part (GPU ms on CUDA, else host ms).
-    fwd_bwd_ms: float | None = None
+    fwd_bwd_ms: float | None = None  # a sweep step's forward+backward part (GPU ms on CUDA, else host ms)
 
     @property
     def ms(self) -> float:

@@ -1,12 +1,9 @@
 """Whether another profiler owns CUPTI's activity records in this process.
 
-Kernel records (:mod:`.kernel_profile`) come from CUPTI through ``torch.profiler``, and CUPTI serves
-one subscriber: under Nsight Systems Kineto's start fails and no kernel comes back
-(docs/results/h200.md: CUPTI owner). The owner is read from what each tool leaves in the process:
-``NSYS_PROFILING_SESSION_ID`` (Nsight Systems), ``NV_COMPUTE_PROFILER_PERFWORKS_DIR`` or
-``NV_TPS_LAUNCH_TOKEN`` (Nsight Compute), ``CUDA_INJECTION64_PATH`` (any CUPTI tool), or a running
-``torch.profiler`` session of the job's own. Under Nsight Compute, which replays kernels, no GEMM is
-timed; under the others GEMMs are timed by CUDA-event pairs on instrumented steps instead.
+CUPTI serves one subscriber: under another, kernel records (:mod:`.kernel_profile`) come back empty
+(docs/results/h200.md: CUPTI owner). The owner is told by the variables each tool sets, or a running
+torch.profiler. Under Nsight Compute, which replays kernels, no GEMM is timed; under the others,
+CUDA-event pairs on instrumented steps time them.
 """
 
 from __future__ import annotations
@@ -88,6 +85,3 @@ def cupti_owner(environ: Mapping[str, str] | None = None,
     if profiler_running():
         return CuptiOwner("torch.profiler", "a session of the job's own is recording", EVENTS)
     return None
-
-
-__all__ = ["CuptiOwner", "cupti_owner", "nsys_cpu_collectors", "torch_profiler_running", "EVENTS", "NONE"]

@@ -1,11 +1,9 @@
 """A gate that holds the GPU ahead of a timed GEMM until the host has launched it.
 
-A CUDA-event pair brackets a GEMM's GPU time only if the GEMM is queued when the GPU reaches the
-start event; a host slower than the GPU makes the pair hold its launch time. A spin covers only its
-own length, and idles a power-capped GPU (docs/results/h200.md: GPU gate). The gate waits exactly as
-long as the host: a one-program Triton kernel ahead of the start event polls a slot in pinned host
-memory until the host writes the gate's number there, once GEMM and end event are launched. Each gate
-has its own slot, so gates on two threads never open each other.
+A CUDA-event pair holds a GEMM's GPU time only if the GEMM is queued when the GPU reaches the start
+event; a spin covers only its own length (docs/results/h200.md: GPU gate). A one-program Triton kernel
+ahead of the start event polls a pinned host slot until the host writes the gate's number there, once
+GEMM and end event are launched. Each gate has its own slot: gates on two threads never open each other.
 
 Never a deadlock: the gate gives up after ``TIMEOUT_NS`` on the GPU's timer and records that, and that
 pair is dropped (:meth:`HostGate.held`). No gate without Triton (the event timer's spin stands in) or
@@ -104,7 +102,3 @@ def host_gate(device: int) -> HostGate | None:
                         "(pip install triton) and a C compiler for its launcher",
                         type(err).__name__, str(err).splitlines()[0] if str(err) else "")
     return _GATES[device]
-
-
-__all__ = ["HostGate", "host_gate", "TIMEOUT_NS", "FLAG_SLOTS", "SEEN_SLOTS"]
-

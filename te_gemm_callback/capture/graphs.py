@@ -38,10 +38,6 @@ class EagerForwards:
         self.graphed = graphed
         self._saved: list[tuple[nn.Module, Any]] = []
 
-    @property
-    def active(self) -> bool:
-        return bool(self._saved)
-
     def enter(self) -> None:
         if self._saved:
             return
@@ -58,6 +54,3 @@ class EagerForwards:
 def in_graphed(name: str, graphed: list[str]) -> bool:
     """Whether module ``name`` is, or sits inside, one of the ``graphed`` modules."""
     return any(g == "" or name == g or name.startswith(g + ".") for g in graphed)
-
-
-__all__ = ["graphed_modules", "EagerForwards", "in_graphed"]

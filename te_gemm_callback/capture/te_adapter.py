@@ -149,12 +149,6 @@ def arg_reader(fn: Callable) -> Callable[[tuple, dict, str, Any], Any]:
     return arg
 
 
-def arg_position(fn: Callable, name: str) -> int:
-    """Position of parameter ``name`` of ``fn`` (a large number where it has none)."""
-    params = list(inspect.signature(fn).parameters)
-    return params.index(name) if name in params else 1 << 30
-
-
 def unpatch(patched: list[tuple[Any, str, Callable]]) -> None:
     for mod, fname, orig in reversed(patched):
         setattr(mod, fname, orig)
@@ -217,7 +211,8 @@ class TEInterceptor:
         rec, calls, local, owners = self.recorder, self._calls, self.recorder.scope._local, self.owners
         timer, nvtx, raw = rec.timer, rec.nvtx, rec.raw
         current_node, task_id = torch._C._current_autograd_node, torch._C._current_graph_task_id
-        i_layout = arg_position(orig, "layout")
+        params = list(inspect.signature(orig).parameters)
+        i_layout = params.index("layout") if "layout" in params else 1 << 30  # past any call's arguments
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not rec.active:

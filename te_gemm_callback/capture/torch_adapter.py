@@ -98,9 +98,10 @@ class GemmDispatchMode(TorchDispatchMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
-        self.param_storages: dict[int, str] = {}
+        scope = recorder.scope
+        self.param_storages = {k: scope.param_name(n) for n, p in scope.model.named_parameters()
+                               if (k := _storage_key(p)) is not None}
         self.casts: dict[int | None, tuple[weakref.ref, str]] = {}
-        self.refresh_params()
         # This step's forward GEMMs by module (fprop shape -> ForwardGemm), for backward GEMMs of unknown node.
         self.forward_shapes: dict[str | None, dict[GemmShape, ForwardGemm]] = {}
         # This step's forward GEMMs by the sequence number of the autograd node each made.
@@ -116,11 +117,6 @@ class GemmDispatchMode(TorchDispatchMode):
         # this dynamo skips it, maybe for good (steady.py). With it (torch >= 2.9) dynamo compiles with
         # the mode off and runs the compiled code under it.
         return True
-
-    def refresh_params(self) -> None:
-        scope = self.recorder.scope
-        self.param_storages = {k: scope.param_name(n) for n, p in scope.model.named_parameters()
-                               if (k := _storage_key(p)) is not None}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
