@@ -1,9 +1,5 @@
 """Hugging Face ``transformers.Trainer`` adapter: the Trainer's events mapped onto
-:class:`~te_gemm_callback.schedule.GemmSchedule`.
-
-Only adapts: the schedule, the capture and the sweep live in the framework-free core.
-``transformers`` stays an optional dependency: this module is the only one that imports it.
-"""
+:class:`~te_gemm_callback.schedule.GemmSchedule` (the only module that imports ``transformers``)."""
 
 from __future__ import annotations
 
@@ -28,16 +24,10 @@ except ImportError as err:  # pragma: no cover - exercised where transformers is
 class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
     """Capture the GEMMs of a ``transformers.Trainer`` job.
 
-    The window, the step plan inside it and every argument are
-    :class:`~te_gemm_callback.schedule.GemmSchedule`'s, in optimizer steps (all micro-batches of
-    gradient accumulation are one step). ``output_dir/gemm_capture.json`` is written on the main
-    process (every rank's under ``ranks/`` in a multi-process job), then benchmarked and reported
-    there (``report``); metrics, figures and the verdict table go to the integrations in the job's
-    ``report_to`` (TensorBoard, W&B, MLflow). With ``sweep``, each recipe is timed on the job's model
-    once training ends: whole steps on a batch of its training data
-    (forward, backward, clipping to ``max_grad_norm``, the optimizer's step; model, optimizer and
-    TE state, gradients and RNG put back), written to ``output_dir/sweep/<recipe>/``, so
-    ``te-gemm report output_dir`` gives the verdicts. Nothing here can stop training.
+    The window and every argument are :class:`~te_gemm_callback.schedule.GemmSchedule`'s, in
+    optimizer steps. Metrics, figures and the verdict table go to the job's ``report_to``
+    integrations. With ``sweep``, each recipe is timed once training ends: whole steps on a batch of
+    the training data (clipping to ``max_grad_norm``, the optimizer's step; all state put back).
 
     Example:
         >>> trainer = Trainer(model, args, train_dataset=ds,                    # doctest: +SKIP
@@ -46,7 +36,7 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
 
     def __init__(self, **schedule: Any) -> None:
         self.schedule = GemmSchedule(name=type(self).__name__, **schedule)
-        self._logging_dir: str | None = None  # the Trainer's TensorBoard run, found when training begins
+        self._logging_dir: str | None = None  # the Trainer's TensorBoard run
 
     __init__.__signature__ = schedule_signature()  # type: ignore[attr-defined]  # help() and IDEs show the schedule's arguments
 
@@ -56,33 +46,28 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
         from te_gemm_callback.reporting.loggers import hf_logging_dir
 
         self.schedule.fit_start(state.max_steps if state.max_steps > 0 else None)
-        # The Trainer's TensorBoard run for this job: its callback made it just now, before ours.
+        # The Trainer's TensorBoard callback made its run just now, before ours.
         self._logging_dir = hf_logging_dir(args, since=time.time() - 60)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.schedule.step_begin(model)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.schedule.micro_batch_begin()  # another micro-batch of the same optimizer step
+        self.schedule.micro_batch_begin()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.schedule.step_end(self._job(args, state, kwargs, sweep=False, logging_dir=self._logdir(args)))
+        self.schedule.step_end(self._job(args, state, kwargs, sweep=False))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        # The sweep waits for the end of training: the Trainer hands its callbacks the model, the
-        # optimizer and the training data at every event, and none of it is the job's any more.
-        self.schedule.train_end(self._job(args, state, kwargs, sweep=True, logging_dir=self._logdir(args)))
+        # The sweep waits for the end of training, when the model, optimizer and data are no longer the job's.
+        self.schedule.train_end(self._job(args, state, kwargs, sweep=True))
 
-    def _logdir(self, args: Any) -> str:
-        from te_gemm_callback.reporting.loggers import hf_logging_dir
+    def _job(self, args: Any, state: Any, kwargs: dict, sweep: bool) -> JobStep:
+        from te_gemm_callback.reporting.loggers import hf_logging_dir, to_report_to
 
         if self._logging_dir is None:  # events before on_train_begin
             self._logging_dir = hf_logging_dir(args)
-        return self._logging_dir
-
-    @staticmethod
-    def _job(args: Any, state: Any, kwargs: dict, sweep: bool, logging_dir: str) -> JobStep:
-        from te_gemm_callback.reporting.loggers import to_report_to
+        logging_dir = self._logging_dir
 
         def log(metrics: dict, files: dict) -> None:  # to every integration in the job's report_to
             to_report_to(args.report_to, logging_dir, metrics, files, int(state.global_step))
@@ -102,10 +87,9 @@ def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
     model, loader = kwargs.get("model"), kwargs.get("train_dataloader")
     if model is None or loader is None:
         raise ValueError("the Trainer passed no model or train_dataloader to its callbacks")
-    # A batch of the job's own data; a fresh iterator draws from the RNGs (torch's, a sampler's own
-    # generator), which are put back.
     from te_gemm_callback.sweep.host_state import HostState
 
+    # A batch of the job's own data; a fresh iterator draws from the RNGs, which are put back.
     drawn = HostState(torch.nn.Module(), [loader, getattr(loader, "sampler", None)])
     batch = next(iter(loader))
     drawn.restore()
@@ -117,14 +101,12 @@ def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
     optimizers = [getattr(opt, "optimizer", opt)] if opt is not None else []  # accelerate wraps it
 
     def optimizer_step() -> None:
-        # What the Trainer runs after backward: clipping to args.max_grad_norm, then the optimizer's
-        # step (the scheduler is not stepped: the sweep's steps are not the job's).
+        # What the Trainer runs after backward; not the scheduler: the sweep's steps are not the job's.
         if args.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizers[0].step()
 
     model.train()
-    # A whole step holds as many micro-batches as the job's (one batch of its data, each time).
     step = accumulated(lambda: model(**batch), max(int(args.gradient_accumulation_steps), 1))
     return SweepJob(model, step, optimizers, optimizer_step if optimizers else None, context,
                     rng_objects=[loader, getattr(loader, "sampler", None)])

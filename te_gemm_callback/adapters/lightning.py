@@ -1,7 +1,4 @@
-"""Lightning adapter: Lightning's hooks mapped onto :class:`~te_gemm_callback.schedule.GemmSchedule`.
-
-Only adapts: the schedule, the capture and the sweep live in the framework-free core.
-"""
+"""Lightning adapter: Lightning's hooks mapped onto :class:`~te_gemm_callback.schedule.GemmSchedule`."""
 
 from __future__ import annotations
 
@@ -9,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from pytorch_lightning.callbacks import Callback
+from typing_extensions import override
 
 from te_gemm_callback.precisions import warn_once
 from te_gemm_callback.schedule import (
@@ -21,12 +19,6 @@ from te_gemm_callback.schedule import (
     schedule_signature,
 )
 
-try:
-    from typing_extensions import override
-except ImportError:  # pragma: no cover
-    def override(f):  # type: ignore[no-redef,misc]
-        return f
-
 if TYPE_CHECKING:
     from pytorch_lightning import LightningModule, Trainer
 
@@ -36,13 +28,10 @@ log = logging.getLogger("te_gemm_callback")
 class GemmProfilerCallback(ScheduleResults, Callback):
     """Capture the GEMMs of a Lightning training job (``trainer.fit``).
 
-    Steps are optimizer steps (all micro-batches of gradient accumulation count as one); the window,
-    the step plan inside it and every argument are :class:`~te_gemm_callback.schedule.GemmSchedule`'s.
-    Validation is never captured. The sweep's whole steps run the module's ``training_step`` on
-    the last batch, its ``configure_gradient_clipping`` with the Trainer's settings and every
-    optimizer's step (a manual-optimization module gets no sweep, said once: its training_step
-    steps the optimizer itself); ``set_recipe`` defaults to
-    setting ``module.recipe`` where the module has that attribute. Metrics go to the Trainer's loggers.
+    The window and every argument are :class:`~te_gemm_callback.schedule.GemmSchedule`'s, in
+    optimizer steps; validation is never captured. The sweep's whole steps run ``training_step`` on
+    the last batch, ``configure_gradient_clipping`` and every optimizer's step (no sweep for a
+    manual-optimization module); ``set_recipe`` defaults to setting ``module.recipe`` where it exists.
 
     Example:
         >>> trainer = pl.Trainer(callbacks=[GemmProfilerCallback(active=6)])   # doctest: +SKIP
@@ -51,15 +40,13 @@ class GemmProfilerCallback(ScheduleResults, Callback):
     def __init__(self, **schedule: Any) -> None:
         self.schedule = GemmSchedule(name=type(self).__name__, **schedule)
         self._last_batch: Any = None
-        self.rank = 0  # this process's global rank, known once the trainer is set up
+        self.rank = 0  # this process's global rank, set in setup
 
     __init__.__signature__ = schedule_signature()  # type: ignore[attr-defined]  # help() and IDEs show the schedule's arguments
 
     @property
     def state_key(self) -> str:
-        # One per output file: two callbacks writing different captures coexist in one Trainer (and
-        # in its checkpoints); two writing the same file are refused by Lightning at Trainer(...).
-        # A resumed fit finds its state by the same output path.
+        # One per output file: callbacks writing different captures coexist in a Trainer and its checkpoints.
         cfg = self.schedule.report_config
         return self._generate_state_key(output=str(cfg.output_dir / cfg.filename))
 
@@ -83,8 +70,7 @@ class GemmProfilerCallback(ScheduleResults, Callback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._last_batch = (batch, batch_idx)
-        if self._micro(trainer, batch_idx)[0]:
-            # Attached here, not in setup: the precision plugin has already swapped in TE layers.
+        if self._micro(trainer, batch_idx)[0]:  # not in setup: the precision plugin swaps in TE layers first
             self.schedule.step_begin(pl_module)
         else:
             self.schedule.micro_batch_begin()
@@ -130,9 +116,7 @@ class GemmProfilerCallback(ScheduleResults, Callback):
     def _sweep_job(self, trainer: Trainer) -> SweepJob:
         module = trainer.lightning_module
         if not module.automatic_optimization:
-            # Its training_step steps the optimizers (and schedulers) itself, through Lightning's
-            # wrappers that advance the fit's counters: a sweep step would train the job one step
-            # more, and nothing here could put that back.
+            # Its training_step steps the optimizers through wrappers that advance the fit's counters.
             raise ValueError("not run for a manual-optimization module: its training_step steps the optimizer "
                              "itself; time each recipe in a run of its own and compare them (te-gemm compare)")
         batch, batch_idx = self._last_batch
@@ -144,8 +128,7 @@ class GemmProfilerCallback(ScheduleResults, Callback):
                 m.recipe = original if r is None else r
 
         def step() -> Any:
-            # Sweep steps are not training steps: they log nothing, through self.log or straight to
-            # a logger (self.logger.log_metrics in a training_step).
+            # Sweep steps log nothing, through self.log or a logger's log_metrics.
             had = [(o, n, n in o.__dict__, o.__dict__.get(n)) for o, n in
                    [(module, "log"), *((lg, "log_metrics") for lg in trainer.loggers)]]
             for o, n, _, _ in had:
@@ -162,16 +145,14 @@ class GemmProfilerCallback(ScheduleResults, Callback):
         optimizers = list(trainer.optimizers)
 
         def optimizer_step() -> None:
-            # What Lightning's automatic optimization runs after backward: the module's clipping hook
-            # with the Trainer's settings, then each optimizer's step. Not through LightningOptimizer,
-            # whose step hooks advance the fit's step counters.
+            # Automatic optimization's clipping and step; not through LightningOptimizer, whose hooks
+            # advance the fit's step counters.
             for opt in optimizers:
                 module.configure_gradient_clipping(opt, gradient_clip_val=trainer.gradient_clip_val,
                                                    gradient_clip_algorithm=trainer.gradient_clip_algorithm)
                 opt.step()
 
         plugin = getattr(trainer.strategy, "precision_plugin", None)
-        # A whole step holds as many micro-batches as the job's (its last batch, each time).
         step = accumulated(step, max(int(trainer.accumulate_grad_batches), 1) if optimizers else 1)
         loaders = [getattr(trainer, "train_dataloader", None), getattr(trainer, "datamodule", None)]
         return SweepJob(module, step, optimizers, optimizer_step if optimizers else None,
@@ -183,7 +164,7 @@ def _each(logger: Any, what: str, send: Any) -> None:
     """Hand one logger its part; a logger that raises is said once per kind and skipped."""
     try:
         send()
-    except Exception as err:  # the job's own logger: its failure is said, never raised into the fit
+    except Exception as err:
         warn_once(f"te-gemm: {type(logger).__name__} could not take the te_gemm {what} "
                   f"({type(err).__name__}: {err}); the other loggers still get them", log)
 

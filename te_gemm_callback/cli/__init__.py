@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,7 +24,9 @@ from te_gemm_callback.cli.args import (
     add_config_args,
     check_run_dir,
     config_from_args,
+    more_rows_hint,
     parse_precisions,
+    where,
 )
 from te_gemm_callback.cli.bench import cmd_bench
 from te_gemm_callback.printable import plain, safe
@@ -84,12 +86,6 @@ def cmd_show(a: argparse.Namespace) -> int:
     return 0
 
 
-def more_rows_hint(out, total: int, limit: int | None) -> None:
-    """Under a table cut at ``limit`` rows: how many were left out and the flag that shows them."""
-    if limit is not None and total > limit:
-        out.print(f"[dim]{total - limit} more row(s) not shown: --limit 0 shows every row[/dim]")
-
-
 def cmd_run(a: argparse.Namespace) -> int:
     """The bundled job end to end: capture, recipe sweep, microbenchmarks, report."""
     from te_gemm_callback.precisions import RECIPES
@@ -113,8 +109,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def check_run_folder(out: Path) -> None:
-    """Refuse, before training, every file of the user's that the run would replace in ``out`` (their
-    own speedups.png, a link, a JSON of another kind): one line, nothing trained or written."""
+    """Refuse, before training, every file of the user's the run would replace in ``out``."""
     from te_gemm_callback.capture.capture_file import SCHEMA as CAPTURE_SCHEMA
     from te_gemm_callback.files.jsonio import check_target, json_kind
     from te_gemm_callback.microbench.cells import BENCH_SCHEMA
@@ -125,19 +120,13 @@ def check_run_folder(out: Path) -> None:
     report_targets(out, ("autocast", "prequantized"))
 
 
-def _print_report(rep, out) -> None:
-    from te_gemm_callback.reporting.speedups import report_table, verdict_panel
-
-    out.print(report_table(rep))
-    out.print(verdict_panel(rep))
-
-
 def cmd_compare(a: argparse.Namespace) -> int:
+    from te_gemm_callback.analysis.runs import weight_gemms
     from te_gemm_callback.analysis.verdicts import analyze
     from te_gemm_callback.capture import GemmCapture
+    from te_gemm_callback.reporting.speedups import report_table, verdict_panel, write_report_json
 
     caps = [GemmCapture.load(p) for p in a.captures]
-    from te_gemm_callback.analysis.runs import weight_gemms
 
     base = weight_gemms(caps[0])
     for path, cap in zip(a.captures, caps):  # named here: the analysis below cannot say which file
@@ -148,42 +137,33 @@ def cmd_compare(a: argparse.Namespace) -> int:
             raise ValueError(f"{path} is a capture of another model than {a.captures[0]} (its GEMM shapes differ): "
                              "compare runs of the same model in different recipes")
     rep = analyze(caps[0], None, caps[1:])
-    _print_report(rep, console())
+    console().print(report_table(rep))
+    console().print(verdict_panel(rep))
     if a.json:
-        from te_gemm_callback.reporting.speedups import write_report_json
-
         write_report_json(rep, a.json)
     return 0
 
 
 def _gpus(text: str) -> list[str]:
-    from te_gemm_callback.projection import gpu
+    from te_gemm_callback.cli.project import _gpu
 
-    try:
-        return [gpu(g).key for g in text.split(",") if g.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    return [_gpu(g) for g in text.split(",") if g.strip()]
 
 
 def cmd_report(a: argparse.Namespace) -> int:
     check_run_dir(a.run_dir)  # before the report searches every folder below it (and before its imports)
+    from te_gemm_callback.files.jsonio import check_target, json_kind, read_json, write_json
     from te_gemm_callback.reporting.run import Run
     from te_gemm_callback.reporting.speedups import REPORT_SCHEMA
-
-    if a.json and a.json != "-":  # refused before the run folder's files are written, not after
-        from te_gemm_callback.files.jsonio import check_target, json_kind
-
-        check_target(a.json, json_kind(REPORT_SCHEMA))
-
-    out = console()
-    files = Run(a.run_dir).report(out, a.project or ()).files
     from te_gemm_callback.reporting.summary import summary_lines
 
+    if a.json and a.json != "-":  # refused before the run folder's files are written, not after
+        check_target(a.json, json_kind(REPORT_SCHEMA))
+    out = console()
+    files = Run(a.run_dir).report(out, a.project or ()).files
     for line in summary_lines(files["report"], files.get("report_md")):  # what a fit's log gets, last
         out.print(safe(line), highlight=False)
     if a.json:
-        from te_gemm_callback.files.jsonio import read_json, write_json
-
         write_json(a.json, read_json(files["report"], "report.json"))
     return 0
 
@@ -205,8 +185,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     out.print(plan_table(plan, limit=a.limit))
     more_rows_hint(out, len(plan.modules), a.limit)
     js, yaml = write_plan(plan, json_path, yaml_path)
-    where, tewhere = ("standard output" if str(p) == "-" else safe(p) for p in (js, yaml))
-    out.print(f"plan: {where} (apply_precision_plan(model, path)); TE debug config: {tewhere}")
+    out.print(f"plan: {where(js)} (apply_precision_plan(model, path)); TE debug config: {where(yaml)}")
     return 0
 
 
@@ -220,17 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=summary, description=description, epilog=EXIT_CODES)
+    def command(name: str, fn: Callable, summary: str, description: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=summary, description=description, epilog=EXIT_CODES)
+        s.set_defaults(fn=fn)
+        return s
 
-    s = command("shapes", "GEMM shapes derived from a model config",
+    s = command("shapes", cmd_shapes, "GEMM shapes derived from a model config",
                 "List the Fprop, Dgrad and Wgrad GEMMs of a transformer config, per layer and for the whole model, "
                 "with their FLOPs. Nothing is measured; no GPU needed.")
     add_config_args(s)
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    s.set_defaults(fn=cmd_shapes)
 
-    s = command("bench", "microbenchmark GEMMs (from a config, --shapes or --capture) in every precision",
+    s = command("bench", cmd_bench, "microbenchmark GEMMs (from a config, --shapes or --capture) in every precision",
                 "Time the Fprop, Dgrad and Wgrad GEMMs of a model config, --shapes or a capture in each TE recipe "
                 "this machine runs, and print per-pass and per-step tables. Measured cells are cached (te-gemm "
                 "cache). Method: docs/benchmark-methodology.md; several GPUs: docs/multi-gpu.md.")
@@ -260,17 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-cache", action="store_true", help="neither read nor write the cache: measure everything again")
     s.add_argument("--devices", type=_devices, default=1,
                    help="local GPUs to spread the visits over, one process each ('all': every visible one)")
-    s.set_defaults(fn=cmd_bench)
 
-    s = command("compare", "compare captures of separate runs (one per recipe): GEMM vs step speedup",
+    s = command("compare", cmd_compare, "compare captures of separate runs (one per recipe): GEMM vs step speedup",
                 "Set captures of separate runs of one model (one per recipe) side by side: each recipe's GEMM "
                 "speedup against its step speedup over the BF16 run, with a verdict.")
     s.add_argument("captures", nargs="+", type=_file_path,
                    help="gemm_capture.json files, the job's first; speedups are over the BF16 one")
     s.add_argument("--json", type=_file_path, help="write the report as JSON")
-    s.set_defaults(fn=cmd_compare)
 
-    s = command("report", "re-render tables, figures and report.json from a run folder (no GPU needed)",
+    s = command("report", cmd_report, "re-render tables, figures and report.json from a run folder (no GPU needed)",
                 "Write a run folder's tables, verdicts, report.json and figures again from its captures and "
                 "bench.json. Nothing is measured; no GPU needed.")
     s.add_argument("run_dir", type=_dir_path, help="the run folder (the callback's output_dir, te-gemm run --out)")
@@ -279,15 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", type=_file_path, default=None, metavar="PATH",
                    help="also write a copy of report.json to PATH ('-': stdout, tables to stderr) "
                         "(default: only RUN_DIR/report.json)")
-    s.set_defaults(fn=cmd_report)
 
     from te_gemm_callback.cli.nsys import add_nsys_parser
     from te_gemm_callback.cli.project import add_project_parser
 
-    add_project_parser(command, _dir_path, _file_path)
-    add_nsys_parser(command, _file_path, _limit)
+    add_project_parser(command)
+    add_nsys_parser(command)
 
-    s = command("plan", "which modules to keep in BF16 under an FP8 recipe, from a run folder with bench.json",
+    s = command("plan", cmd_plan,
+                "which modules to keep in BF16 under an FP8 recipe, from a run folder with bench.json",
                 "Pick BF16 or the best FP8 recipe per module from the run folder's microbenchmarks, print the "
                 "plan, and write it (for apply_precision_plan) with TE's debug-API config. "
                 "Method: docs/benchmark-methodology.md.")
@@ -296,25 +274,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--yaml", type=_file_path,
                    help="where to write TE's debug-API config (default: RUN_DIR/precision_plan_nvdlfw.yaml)")
     s.add_argument("--limit", type=_limit, default=40, help="modules to print, 0 for all")
-    s.set_defaults(fn=cmd_plan)
 
-    s = command("show", "print a capture file as a table",
+    s = command("show", cmd_show, "print a capture file as a table",
                 "Print a capture's GEMMs (module, pass, shape, precision, calls, time per step) and the "
                 "GEMM-bearing modules that never ran or were not watched.")
     s.add_argument("capture", type=_file_path, help="a gemm_capture.json, or a run folder (its gemm_capture.json)")
     s.add_argument("--limit", type=_limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
     s.add_argument("--json", type=_file_path, nargs="?", const="-", default=None, metavar="PATH",
                    help="also write the capture as JSON to PATH ('-' or no PATH: stdout, table to stderr)")
-    s.set_defaults(fn=cmd_show)
 
-    s = command("run", "profile the bundled demo model (BF16 on CPU; every supported recipe on GPU)",
+    s = command("run", cmd_run, "profile the bundled demo model (BF16 on CPU; every supported recipe on GPU)",
                 "Train the bundled model a few steps with the callback (a tiny BF16 config on CPU; a 4-layer stack "
                 "on a GPU with TE), sweep the recipes, benchmark the captured shapes and write the report to --out.")
     s.add_argument("--out", type=_dir_path, default="runs/demo", help="the run folder to write")
     s.add_argument("--steps", type=_run_steps, default=8, help="training steps (at least 3)")
     s.add_argument("--precisions",
                    help="comma-separated TE recipes; BF16 always added (default: all; unsupported ones skipped)")
-    s.set_defaults(fn=cmd_run)
     add_cache_parser(sub)
     return p
 

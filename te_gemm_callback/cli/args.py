@@ -1,19 +1,20 @@
-"""The command line's argument types and up-front output checks (split from cli.py): each
-refusal is one line, argparse's or a ValueError, given before anything is measured or trained."""
+"""The command line's argument types and up-front checks: each refusal is one line, argparse's or
+a ValueError, given before anything is measured or trained."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
+from te_gemm_callback.printable import safe
 from te_gemm_callback.shapes import ModelConfig
 
 
 class UsageError(ValueError):
-    """A command line that cannot work as given (flags that contradict each other, a value no run
-    could use): exit 2, as argparse's own refusals. Any other ValueError or OSError is a failure of
-    the run or its inputs (a bad run folder, a file of another kind): exit 1."""
+    """A command line that cannot work as given: exit 2, as argparse's own refusals. Any other
+    ValueError or OSError is a failure of the run or its inputs: exit 1."""
 
 
 EXIT_CODES = """exit codes:
@@ -26,9 +27,7 @@ written
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Every option's help says its default: ``(default: X)`` from the parser unless the help
-    already says it, ``(required)`` for a required option, on/off for a flag. Descriptions and
-    epilogs keep their lines (the exit codes are a list), each wrapped to the terminal."""
+    """Every option's help says its default; descriptions and epilogs keep their lines, each wrapped."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -57,7 +56,7 @@ class HelpFormatter(argparse.HelpFormatter):
         return "\n".join(lines)
 
 
-def _int(text: str, least: int, what: str) -> int:
+def _int(text: str, least: int, what: str, most: int | None = None, unit: str = "") -> int:
     # ASCII digits only: int() takes other scripts' digits but not, say, superscripts ("²").
     t = text.strip()
     if not (t.lstrip("+-").isascii() and t.lstrip("+-").isdigit()) or len(t) > 30:  # int() refuses 4300+ digits
@@ -65,6 +64,8 @@ def _int(text: str, least: int, what: str) -> int:
     v = int(t)
     if v < least:
         raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+    if most is not None and v > most:
+        raise argparse.ArgumentTypeError(f"expected at most {most} {unit}, got {v}")
     return v
 
 
@@ -76,24 +77,19 @@ def _non_negative(text: str) -> int:
     return _int(text, 0, "a non-negative integer")
 
 
+MAX_RUN_STEPS = 100_000  # a demo run: more only trains longer (a huge count failed in Lightning)
+
+
 def _run_steps(text: str) -> int:
-    # 1 untouched step, 1 warm-up, then at least one captured: fewer would capture nothing.
-    v = _int(text, 3, "at least 3 steps (1 untouched, 1 warm-up, 1 captured)")
-    if v > MAX_RUN_STEPS:  # a demo run: more only trains longer (a huge count failed in Lightning with a traceback)
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_RUN_STEPS} steps, got {v}")
-    return v
-
-
-MAX_RUN_STEPS = 100_000
+    # 1 untouched step, 1 warm-up, then at least one captured.
+    return _int(text, 3, "at least 3 steps (1 untouched, 1 warm-up, 1 captured)", MAX_RUN_STEPS, "steps")
 
 
 def _visits(text: str) -> int:
     from te_gemm_callback.microbench.cells import MAX_VISITS
 
-    v = _positive(text)
-    if v > MAX_VISITS:  # every visit times every cell again: far more only fills memory
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_VISITS} visits, got {v}")
-    return v
+    # every visit times every cell again: far more only fills memory
+    return _int(text, 1, "a positive integer", MAX_VISITS, "visits")
 
 
 def _file_path(text: str) -> str:
@@ -111,33 +107,22 @@ def _dir_path(text: str) -> str:
 
 
 # Where a run folder's captures lie: its own and its sweep's, or those of the separate runs in its
-# subfolders (one per recipe; a parent of several runs of a job is refused naming them).
+# subfolders (one per recipe).
 RUN_CAPTURES = ("gemm_capture.json", "sweep/*/gemm_capture.json", "*/gemm_capture.json",
                 "*/sweep/*/gemm_capture.json")
 
 
 def check_run_dir(run_dir: str) -> None:
     """Refuse at once a folder none of whose :data:`RUN_CAPTURES` exist: the report searches every
-    folder below the one it is given, and `te-gemm report /` walked the whole filesystem before
-    refusing it."""
+    folder below it (`te-gemm report /` walked the whole filesystem)."""
     root = Path(run_dir)
     if root.is_dir() and not any(next(root.glob(p), None) for p in RUN_CAPTURES):  # not a folder: the report's line
         raise ValueError(f"{run_dir} holds no gemm_capture.json, nor do its subfolders or sweep/: point at the "
                          "callback's output folder")
 
 
-def _check_writable_folder(flag: str, path: str) -> None:
-    """Refuse now an output whose folder cannot be written (else refused after the measuring)."""
-    d = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(d) and os.path.dirname(d) != d:  # the folders still to be made: the first that exists
-        d = os.path.dirname(d)
-    if not os.path.isdir(d) or not os.access(d, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path}: cannot write in {d} (not a writable folder)")
-
-
 def parse_precisions(text: str | None) -> list[str] | None:
-    """``--precisions`` of bench and run, checked the one way before anything is read or measured:
-    a usage error (exit 2) for an empty entry, an unknown name, or "FP8" alone; None: not given."""
+    """``--precisions`` of bench and run (None: not given); a bad one is a usage error."""
     if text is None:
         return None
     from te_gemm_callback.precisions import parse_recipes  # torch-free
@@ -152,10 +137,20 @@ def _modes(text: str) -> list[str]:
     from te_gemm_callback.microbench.cells import MODES
 
     modes = [m.strip() for m in text.split(",")]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
+    if any(m not in MODES for m in modes):
         raise argparse.ArgumentTypeError(f"expected comma-separated modes among {', '.join(MODES)}, got {text!r}")
     return [m for m in MODES if m in modes]  # the order the tables and figures use
+
+
+def more_rows_hint(out, total: int, limit: int | None) -> None:
+    """Under a table cut at ``limit`` rows: how many were left out and the flag that shows them."""
+    if limit is not None and total > limit:
+        out.print(f"[dim]{total - limit} more row(s) not shown: --limit 0 shows every row[/dim]")
+
+
+def where(path: object) -> str:
+    """An output path as the closing line names it."""
+    return "standard output" if str(path) == "-" else safe(path)
 
 
 def _limit(text: str) -> int | None:
@@ -168,29 +163,34 @@ def _devices(text: str) -> int | str:
 
 
 def _duty(text: str) -> float:
+    from te_gemm_callback.microbench.cells import MIN_GEMM_DUTY
+
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number from 0.05 to 1, got {text!r}") from None
-    from te_gemm_callback.microbench.cells import MIN_GEMM_DUTY
-
     if not MIN_GEMM_DUTY <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number from {MIN_GEMM_DUTY:g} to 1, got {v:g}")
     return v
 
 
 def check_bench_outputs(a: argparse.Namespace) -> None:
-    """`te-gemm bench`'s outputs, checked before measuring: two flags naming one file, and an
-    output whose folder cannot be written (both were refused only after minutes of measuring)."""
+    """`te-gemm bench`'s outputs, checked before measuring (else refused after minutes of it): two
+    flags naming one file, and an output whose folder cannot be written."""
     outs = [(f, p) for f, p in (("--json", a.json), ("-o", a.output), ("--cache", None if a.no_cache else a.cache))
             if p]
     for i, (flag, path) in enumerate(outs):
         other = next((f for f, q in outs[:i] if os.path.abspath(os.path.expanduser(q)) ==
                       os.path.abspath(os.path.expanduser(path))), None)
-        if other:  # one would overwrite the other after minutes of measuring
+        if other:
             raise UsageError(f"{flag} and {other} name the same file {path}: give two paths")
-        if flag != "--cache":
-            _check_writable_folder(flag, path)
+        if flag == "--cache":
+            continue
+        d = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(d) and os.path.dirname(d) != d:  # the first of its folders that exists
+            d = os.path.dirname(d)
+        if not os.path.isdir(d) or not os.access(d, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {path}: cannot write in {d} (not a writable folder)")
 
 
 def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -220,17 +220,6 @@ def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 def config_from_args(a: argparse.Namespace) -> ModelConfig:
     """The model config the flags give; flags that contradict each other are a usage error."""
     try:
-        return _config(a)
+        return ModelConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ModelConfig)})
     except ValueError as err:
         raise UsageError(str(err)) from None
-
-
-def _config(a: argparse.Namespace) -> ModelConfig:
-    return ModelConfig(
-        hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
-        num_attention_heads=a.num_attention_heads, num_key_value_heads=a.num_key_value_heads,
-        head_dim=a.head_dim, gated_mlp=a.gated_mlp, fused_gate_up=a.fused_gate_up,
-        fused_qkv=a.fused_qkv, num_experts=a.num_experts, top_k=a.top_k,
-        tensor_parallel=a.tensor_parallel, vocab_size=a.vocab_size,
-        num_hidden_layers=a.num_hidden_layers, micro_batch_size=a.micro_batch_size,
-        sequence_length=a.sequence_length)

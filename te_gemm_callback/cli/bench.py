@@ -1,5 +1,4 @@
-"""``te-gemm bench``: microbenchmark shapes, a model config or a capture in every recipe (split
-from the command line's main module so each stays readable in one sitting)."""
+"""``te-gemm bench``: microbenchmark shapes, a model config or a capture in every recipe."""
 
 from __future__ import annotations
 
@@ -9,12 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from te_gemm_callback.cli.args import (
-    UsageError,
-    check_bench_outputs,
-    config_from_args,
-    parse_precisions,
-)
+from te_gemm_callback.cli.args import UsageError, check_bench_outputs, config_from_args, parse_precisions
 from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.console import console
 
@@ -24,8 +18,8 @@ LONG_CPU_S = 60.0
 
 
 def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, out: Any) -> float | None:
-    """On a host without CUDA (BF16 alone, on the CPU), one line before a bench that will run for
-    minutes: how long, about, and how to make it shorter. The seconds estimated, or None on a GPU."""
+    """Without CUDA, one line before a bench that runs for minutes: about how long, and how to make
+    it shorter. The seconds estimated, or None on a GPU."""
     import torch
 
     from te_gemm_callback.microbench.items import passes_of
@@ -33,8 +27,7 @@ def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, 
     if torch.cuda.is_available():
         return None
     flops = sum(s.flops for it in items for s in passes_of(it)) * len(modes) * (visits or 1)
-    # Each cell is called a few times (warm-up, then the timed calls): about 10 calls per visit.
-    seconds = 10 * flops / (CPU_GFLOPS * 1e9)
+    seconds = 10 * flops / (CPU_GFLOPS * 1e9)  # warm-up, then the timed calls: about 10 calls per visit
     if seconds > LONG_CPU_S:
         out.print(f"te-gemm bench: on this CPU (no CUDA) these shapes take about {seconds / 60:.0f} minutes "
                   f"({flops / 1e12:.1f} TFLOP a visit of every cell, at about {CPU_GFLOPS:g} GFLOP/s); CPU timings "
@@ -75,9 +68,8 @@ def _devices(a: argparse.Namespace) -> int:
 
     if a.devices == "all":
         return local_gpu_count()
-    # Before launch: one torch process per device (5000 filled the memory); on a host without GPUs
-    # 2 ran two CPU processes while 3 was refused. (run_bench_parallel still takes 2 there: the
-    # workers' split and pooling are tested on CPU; the command's tests set CUDA_VISIBLE_DEVICES.)
+    # One torch process per device (5000 filled the memory). run_bench_parallel still takes 2 on a
+    # host without GPUs: its tests run there.
     if a.devices > local_gpu_count():
         raise UsageError(f"--devices {a.devices}, but this host has {local_gpu_count()} visible GPU(s) "
                          "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L; a host without GPUs counts 1): pass at most that")
@@ -90,36 +82,33 @@ def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> Non
     from te_gemm_callback.reporting.bench_tables import pass_table, speedup_summary, totals_table
     from te_gemm_callback.shapes import GemmOp
 
-    # The recipes that did not run are said once below, one line per cause: not in every table's caption,
-    # where a host without CUDA repeated "no CUDA device; transformer-engine not installed" per recipe.
+    # The recipes that did not run are said once below, one line per cause, not in every caption.
     quiet = dataclasses.replace(res, skipped={})
+    ops = [op for op in GemmOp if any(s.op is op for it in items for s in passes_of(it))]  # the passes the job ran
+    label = {m: f" ({m})" if len(modes) > 1 else "" for m in modes}
     for mode in modes:
-        for op in GemmOp:  # a table per pass the job ran (dgrad_a/dgrad_b: GEMMs with no weight)
-            if any(s.op is op for it in items for s in passes_of(it)):
-                out.print(pass_table(res, items, op, mode))
+        for op in ops:
+            out.print(pass_table(res, items, op, mode))
         out.print(totals_table(quiet, items, mode))
         for p, sp in speedup_summary(res, items, mode).items():
-            if p == "BF16":
-                continue
-            label = f" ({mode})" if len(modes) > 1 else ""
-            out.print(f"estimated GEMM speedup over BF16{label}, {p}: " + ("n/a" if sp is None else f"{sp:.2f}x"))
+            if p != "BF16":
+                out.print(f"estimated GEMM speedup over BF16{label[mode]}, {p}: "
+                          + ("n/a" if sp is None else f"{sp:.2f}x"))
     for line in skipped_lines(res.skipped):
         out.print(f"[yellow]{safe(line)}")
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
     # Nothing here imports torch or TE before run_bench_parallel has started its workers.
+    from te_gemm_callback.files.jsonio import check_target, json_kind
+    from te_gemm_callback.files.png import PNG_KIND
     from te_gemm_callback.microbench.cache import ResultCache
+    from te_gemm_callback.microbench.cells import BENCH_SCHEMA
     from te_gemm_callback.precisions import RECIPES
 
     precisions = parse_precisions(a.precisions) or list(RECIPES)
     items = _bench_items(a)
-    # Outputs that would be refused are refused now, not after minutes of measuring.
-    from te_gemm_callback.files.jsonio import check_target, json_kind
-    from te_gemm_callback.files.png import PNG_KIND
-    from te_gemm_callback.microbench.cells import BENCH_SCHEMA
-
-    if a.json:
+    if a.json:  # outputs that would be refused are refused now, not after minutes of measuring
         check_target(a.json, json_kind(BENCH_SCHEMA))
     if a.output:
         check_target(a.output, PNG_KIND)
@@ -167,11 +156,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def bench_modes(a: argparse.Namespace) -> tuple[list[str], bool]:
-    """The modes to measure, and whether they are those of the bench file ``--json`` replaces.
-
-    ``--modes``, or ``--pre-quantize``, say; else a bench file already at ``--json`` (a run folder's
-    bench.json holds both modes) keeps its modes, so re-benchmarking a run never drops the mode its
-    report and figures were drawn from; else autocast."""
+    """The modes to measure, and whether they are those of the bench file ``--json`` replaces: so
+    re-benchmarking a run never drops the mode its report and figures were drawn from."""
     if a.modes:
         return a.modes, False
     if a.pre_quantize:

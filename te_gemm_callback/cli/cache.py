@@ -1,10 +1,6 @@
 """``te-gemm cache list|clear``: what the microbenchmark result cache holds, and its removal.
-
-The cache is the file :class:`~te_gemm_callback.microbench.cache.ResultCache` reads and writes
-(``--cache``, else ``$TE_GEMM_CACHE``, else ``~/.cache/te_gemm_callback/bench.json``). Both commands
-decide by the file's content that it is a cache, as the cache itself does: a file of another kind
-is named and left untouched. Nothing here imports torch.
-"""
+Both decide by the file's content that it is a cache, as the cache does: a file of another kind is
+named and left untouched. Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -29,7 +25,8 @@ def cache_path(path: str | None) -> Path:
 
 
 def _aside(path: Path) -> list[Path]:
-    """Corrupt caches the cache moved aside (``<name>.corrupt-<time>``): ours, regular files only."""
+    """Corrupt caches the cache moved aside (``<name>.corrupt-<time>``): regular files that open as
+    ours (an earlier version moved other files aside under that name too, not ours to delete)."""
     from te_gemm_callback.microbench.cache import _looks_like_cache
 
     pattern = re.compile(re.escape(path.name) + r"\.corrupt-\d+")
@@ -38,22 +35,19 @@ def _aside(path: Path) -> list[Path]:
                        if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink())
     except OSError:
         return []
-    return [p for p in named if _opens_as_ours(p, _looks_like_cache)]
-
-
-def _opens_as_ours(p: Path, looks_like_cache: Any) -> bool:
-    """Whether a file named like a cache moved aside opens as one of ours: an earlier version
-    moved other files aside under that name too (a results.json), and those are not ours to delete."""
-    try:
-        with open(p, "rb") as f:
-            return looks_like_cache(f.read(64))
-    except OSError:
-        return False
+    ours = []
+    for p in named:
+        try:
+            with open(p, "rb") as f:
+                if _looks_like_cache(f.read(64)):
+                    ours.append(p)
+        except OSError:
+            pass
+    return ours
 
 
 def _read_cache(path: Path) -> tuple[dict[str, Any] | None, int]:
-    """The cache's content (None for a cache torn mid-write: still ours) and its size in bytes.
-    ValueError, naming the file, for anything that is not a cache (a link, a folder, another file)."""
+    """The cache's content (None: torn mid-write, still ours) and size; ValueError for anything else."""
     from te_gemm_callback.files.jsonio import parse_json, read_bytes_bounded, schema_of
     from te_gemm_callback.microbench.cache import _is_cache, _looks_like_cache
 
@@ -65,16 +59,14 @@ def _read_cache(path: Path) -> tuple[dict[str, Any] | None, int]:
     raw = read_bytes_bounded(path)
     try:
         data = parse_json(raw)
+        why = None if _is_cache(data) else f"it holds {schema_of(data) or type(data).__name__}"
     except ValueError as err:
-        if _looks_like_cache(raw):
-            return None, st.st_size
-        raise ValueError(f"{path} is not a te-gemm cache ({err}); nothing was changed") from None
-    if not _is_cache(data):
-        if _looks_like_cache(raw):
-            return None, st.st_size
-        raise ValueError(f"{path} is not a te-gemm cache (it holds {schema_of(data) or type(data).__name__}); "
-                         "nothing was changed")
-    return data, st.st_size
+        why = str(err)
+    if why is None:
+        return data, st.st_size
+    if _looks_like_cache(raw):
+        return None, st.st_size
+    raise ValueError(f"{path} is not a te-gemm cache ({why}); nothing was changed")
 
 
 def _size(n: int) -> str:
@@ -84,9 +76,8 @@ def _size(n: int) -> str:
 
 
 def cell_counts(results: dict[str, Any]) -> Counter:
-    """Cells per (device, versions, recipe), from the cache keys (microbench.cells.result_key:
-    ``device|versions|pass:MxKxN|splits|recipe|mode|l2[|duty]``); an entry whose key does not split
-    so is counted under its own fields."""
+    """Cells per (device, versions, recipe), from the keys of microbench.cells.result_key
+    (``device|versions|pass:MxKxN|splits|recipe|mode|l2[|duty]``), else the entry's own fields."""
     counts: Counter = Counter()
     for key, entry in results.items():
         parts = str(key).split("|")
@@ -103,7 +94,7 @@ def cell_counts(results: dict[str, Any]) -> Counter:
 def cmd_cache_list(a: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from te_gemm_callback.microbench.cache import TIMING_VERSION
+    from te_gemm_callback.microbench.cache import TIMING_VERSION, ResultCache
     from te_gemm_callback.reporting.console import console
 
     out = console()
@@ -122,8 +113,6 @@ def cmd_cache_list(a: argparse.Namespace) -> int:
             version = data.get("timing_version")
             out.print(f"size: {_size(size)}, {len(results)} cell(s), timing version {safe(version)}")
             if version != TIMING_VERSION:
-                from te_gemm_callback.microbench.cache import ResultCache
-
                 mine = ResultCache(a.cache, enabled=False).version_path()
                 out.print(f"[yellow]written by another timing version (this one measures with {TIMING_VERSION}): "
                           f"kept as it is; this version keeps its cells in {safe(mine)}[/yellow]")
@@ -179,7 +168,6 @@ def cmd_cache_clear(a: argparse.Namespace) -> int:
 
 
 def add_cache_parser(sub: Any) -> None:
-    """The ``cache`` subcommand and its ``list`` / ``clear`` commands."""
     from te_gemm_callback.cli.args import EXIT_CODES, _file_path
 
     where = "the result cache file (default: $TE_GEMM_CACHE, else ~/.cache/te_gemm_callback/bench.json)"

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
+from te_gemm_callback.cli.args import UsageError, _file_path, _limit, more_rows_hint
 from te_gemm_callback.printable import safe
 
 
 def cmd_nsys(a: argparse.Namespace) -> int:
     from te_gemm_callback.analysis import nsys as ns
     from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.cli.args import UsageError
     from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
     from te_gemm_callback.reporting.console import console
     from te_gemm_callback.reporting.nsys_table import nsys_table
@@ -36,13 +37,11 @@ def cmd_nsys(a: argparse.Namespace) -> int:
     except ns.UsageError as err:
         raise UsageError(str(err)) from None
     out = console()
-    owner = cap.meta.get("cupti_owner") or ""
-    if not owner.startswith("Nsight Systems"):
+    if not (cap.meta.get("cupti_owner") or "").startswith("Nsight Systems"):
         out.print(f"[yellow]this capture was not taken under nsys (its GEMM times: "
                   f"{safe(cap.meta.get('gemm_time_source', '?'))}): they come from another run than the report's")
     out.print(nsys_table(cmp, limit=a.limit))
-    if a.limit is not None and len(cmp.rows) > a.limit:
-        out.print(f"[dim]{len(cmp.rows) - a.limit} more row(s) not shown: --limit 0 shows every row[/dim]")
+    more_rows_hint(out, len(cmp.rows), a.limit)
     if a.json:
         write_json(a.json, cmp.to_dict(), schema=ns.NSYS_SCHEMA)
         out.print(f"comparison: {safe(a.json)}")
@@ -56,21 +55,19 @@ def _pid(text: str) -> str:
     return text.strip()
 
 
-def add_nsys_parser(command, file_path, limit) -> None:
-    s = command("nsys", "set a capture's GEMM times beside nsys's own for the same run (needs nsys)",
+def add_nsys_parser(command: Any) -> None:
+    s = command("nsys", cmd_nsys, "set a capture's GEMM times beside nsys's own for the same run (needs nsys)",
                 "Print each GEMM's time in a capture beside nsys's kernel time for its NVTX range, medians over the "
                 "same steps, for a job run under nsys profile -t cuda,nvtx. Needs nsys, no GPU. "
                 "How: docs/nsight-systems.md.")
-    s.add_argument("capture", type=file_path, help="the job's gemm_capture.json")
-    s.add_argument("report", type=file_path, help="the .nsys-rep nsys wrote for that job")
-    s.add_argument("--nsys", type=file_path, help="the nsys binary (default: PATH, then /opt/nvidia)")
+    s.add_argument("capture", type=_file_path, help="the job's gemm_capture.json")
+    s.add_argument("report", type=_file_path, help="the .nsys-rep nsys wrote for that job")
+    s.add_argument("--nsys", type=_file_path, help="the nsys binary (default: PATH, then /opt/nvidia)")
     s.add_argument("--pid", type=_pid,
                    help="the process that wrote CAPTURE, if REPORT holds several (one per rank) "
                         "(default: the only one)")
-    s.add_argument("--json", type=file_path,
-                   help="also write the rows as JSON (capture_vs_nsys as a fraction)")
-    s.add_argument("--limit", type=limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
-    s.set_defaults(fn=cmd_nsys)
+    s.add_argument("--json", type=_file_path, help="also write the rows as JSON (capture_vs_nsys as a fraction)")
+    s.add_argument("--limit", type=_limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
 
 
 __all__ = ["add_nsys_parser", "cmd_nsys"]

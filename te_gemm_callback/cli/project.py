@@ -6,8 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from te_gemm_callback.cli.args import UsageError
-from te_gemm_callback.printable import safe
+from te_gemm_callback.cli.args import UsageError, _dir_path, _file_path, where
 
 
 def cmd_project(a: argparse.Namespace) -> int:
@@ -27,11 +26,9 @@ def cmd_project(a: argparse.Namespace) -> int:
     if cpu is not None:
         return _shape_only(a, cpu, path, root)
     rp = Run(a.run_dir).project(a.gpu, a.source_gpu, host_speed=a.host_speed)
-    out = console()
-    out.print(projection_table(rp))
+    console().print(projection_table(rp))
     write_json(path, rp.to_dict(), schema=PROJECTION_SCHEMA, root=root)
-    where = "standard output" if str(path) == "-" else safe(path)
-    out.print(f"projection: {where} (per-cell times, bands and their basis; method: docs/projection.md)")
+    console().print(f"projection: {where(path)} (per-cell times, bands and their basis; method: docs/projection.md)")
     return 0
 
 
@@ -66,11 +63,9 @@ def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -
                  "bandwidth, whichever is longer. A lower bound on GEMM time, not a prediction: real kernels "
                  "stay below the peak (small ones far below), quantization and the rest of the step are not in "
                  "it. Run on a GPU for measured cells and the step.")
-    out = console()
-    out.print(t)
+    console().print(t)
     write_json(path, {"schema": PROJECTION_SCHEMA, **est.to_dict()}, schema=PROJECTION_SCHEMA, root=root)
-    where = "standard output" if str(path) == "-" else safe(path)
-    out.print(f"projection: {where} ({LABEL})")
+    console().print(f"projection: {where(path)} ({LABEL})")
     return 0
 
 
@@ -93,24 +88,24 @@ def _gpu(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def add_project_parser(command, dir_path, file_path) -> None:
+def add_project_parser(command: Any) -> None:
     from te_gemm_callback.projection import GPUS
 
-    s = command("project", "project a run folder's GEMMs and step onto another GPU (e.g. Hopper -> Blackwell)",
+    s = command("project", cmd_project,
+                "project a run folder's GEMMs and step onto another GPU (e.g. Hopper -> Blackwell)",
                 "Scale a run's measured GEMMs and step to another GPU by its public peaks and bandwidth, print the "
                 "projected times and speedups, and write RUN_DIR/projection-GPU.json: a projection, not a "
                 "measurement. Method and validation: docs/projection.md. No GPU needed.")
-    s.add_argument("run_dir", type=dir_path, help="a run folder with gemm_capture.json and bench.json (both modes)")
+    s.add_argument("run_dir", type=_dir_path, help="a run folder with gemm_capture.json and bench.json (both modes)")
     s.add_argument("--gpu", required=True, type=_gpu, metavar="GPU",
                    help=f"the GPU to project onto: {', '.join(GPUS)} (any case)")
     s.add_argument("--source-gpu", type=_gpu, metavar="GPU",
                    help="the GPU the bench ran on, if bench.json's device name is not recognised "
                         "(default: read from bench.json)")
-    s.add_argument("--json", type=file_path,
+    s.add_argument("--json", type=_file_path,
                    help="where to write the projection (default: RUN_DIR/projection-GPU.json)")
     s.add_argument("--host-speed", type=_positive, default=1.0, metavar="X",
                    help="the target host's speed (CPU, driver) relative to the measuring host's")
-    s.set_defaults(fn=cmd_project)
 
 
 __all__ = ["cmd_project", "add_project_parser"]

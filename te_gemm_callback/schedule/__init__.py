@@ -1,15 +1,9 @@
 """The capture's schedule over a training job's optimizer steps, which every adapter drives.
 
-A framework adapter (Lightning's callback, Hugging Face's TrainerCallback) or a plain loop only
-tells :class:`GemmSchedule` where the job is: an optimizer step begins, another micro-batch of it
-begins, the job leaves our code (validation, logging), the step ends, training ends or raised. The
-schedule does the rest, in one place: the window (``wait`` untouched, ``warmup`` instrumented and
-discarded, ``active`` captured, as ``torch.profiler.schedule``), the step plan inside the active
-steps (docs/step-plan.md), finishing and publishing the capture (gathered from every rank, written
-on rank zero, printed, logged), and the recipe sweep. Nothing here imports a training framework;
-nothing the schedule does can stop the job (:func:`guard`).
-
-A plain loop::
+An adapter (Lightning's callback, Hugging Face's TrainerCallback) or a plain loop tells
+:class:`GemmSchedule` where the job is; the schedule runs the window (``wait`` untouched, ``warmup``
+discarded, ``active`` captured, as ``torch.profiler.schedule``), the step plan (docs/step-plan.md),
+publishing and the recipe sweep. Nothing it does can stop the job (:func:`guard`). A plain loop::
 
     sched = GemmSchedule(output_dir="te_gemm", sweep=["BF16", "Float8CurrentScaling"])
     for i, batch in enumerate(loader):
@@ -23,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +25,7 @@ from typing import Any
 
 from te_gemm_callback.capture import GemmCapture, GemmProfiler
 from te_gemm_callback.capture.config import CaptureConfig
+from te_gemm_callback.capture.distributed import world
 from te_gemm_callback.options import refuse_unknown
 from te_gemm_callback.printable import plain
 from te_gemm_callback.reporting.config import ReportConfig
@@ -46,8 +42,9 @@ log = logging.getLogger("te_gemm_callback")
 @dataclass
 class SweepJob:
     """What the recipe sweep needs from the job (:func:`~te_gemm_callback.sweep.run_sweep`):
-    ``step`` runs one forward on the job's batch and returns the loss; ``optimizer_step`` is what
-    the job runs after backward (clipping, every optimizer's step), default: step ``optimizers``."""
+    ``step`` runs one forward on the job's batch and returns the loss; ``optimizer_step`` runs after
+    backward (default: step ``optimizers``); ``rng_objects`` hold generators the job draws from
+    beyond the module's (its DataLoader, sampler), put back after the sweep."""
 
     module: Any
     step: Callable[[], Any]
@@ -55,16 +52,13 @@ class SweepJob:
     optimizer_step: Callable[[], Any] | None = None
     context: Callable[[], Any] | None = None  # an outer context per step (Lightning's precision plugin)
     set_recipe: Callable[[Any, Any], Any] | None = None
-    # Objects holding torch.Generators the job draws from beyond the module's (its DataLoader,
-    # sampler, datamodule): put back after the sweep with every other RNG (sweep/host_state.py).
     rng_objects: Sequence[Any] = ()
 
 
 def accumulated(step: Callable[[], Any], micro_batches: int) -> Callable[[], Any]:
-    """A sweep step of ``micro_batches`` micro-batches, as the job's optimizer step has under gradient
-    accumulation: forward and backward of the first ``micro_batches - 1`` here (their gradients add
-    up), the last one's loss returned for the sweep's own backward and optimizer step. Each loss is
-    divided by ``micro_batches``, as Lightning and the HF Trainer divide it."""
+    """A sweep step of ``micro_batches`` micro-batches, as under gradient accumulation: the first
+    ones' forward and backward here, the last one's loss returned; each loss divided by
+    ``micro_batches``, as Lightning and the HF Trainer do."""
     if micro_batches <= 1:
         return step
 
@@ -83,10 +77,10 @@ class JobStep:
     """Where the job is when a step ends, in the adapter's words."""
 
     global_step: int = 0
-    accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    accumulate: int = 1  # micro-batches per optimizer step
     writes: bool = True  # this process writes the run folder (rank zero)
-    log_metrics: Callable[[dict[str, float]], Any] | None = None  # the job's own logger
-    log_artifacts: Callable[[dict[str, Path]], Any] | None = None  # the report's files to the job's logger
+    log_metrics: Callable[[dict[str, float]], Any] | None = None
+    log_artifacts: Callable[[dict[str, Path]], Any] | None = None
     sweep: Callable[[], SweepJob] | None = None  # None: the sweep waits for a later step or train_end
 
 
@@ -95,14 +89,12 @@ CONFIGS = (CaptureConfig, SweepConfig, ReportConfig)
 
 
 def schedule_doc(adapter_doc: str) -> str:
-    """A docstring followed by the schedule's arguments, from the configs' fields, so ``help()`` on
-    the schedule or a callback lists every argument where its signature shows them."""
+    """``adapter_doc`` followed by the schedule's arguments, from the configs' fields."""
     return adapter_doc.rstrip() + "\n\n    Args:\n" + "\n".join(c.doc() for c in CONFIGS) + "\n"
 
 
 def schedule_signature() -> inspect.Signature:
-    """The schedule's keyword arguments (the configs' fields), for ``__init__(**options)``: ``help()``
-    and IDEs show them."""
+    """The schedule's keyword arguments (the configs' fields), for ``help()`` and IDEs."""
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     params += [inspect.Parameter(kw, inspect.Parameter.KEYWORD_ONLY, default=default)
                for c in CONFIGS for kw, default in c.defaults().items()]
@@ -110,8 +102,7 @@ def schedule_signature() -> inspect.Signature:
 
 
 def configs(name: str, options: dict[str, Any]) -> tuple[CaptureConfig, SweepConfig, ReportConfig]:
-    """The three configs from the keyword arguments ``options``; a keyword none of them takes is
-    refused in one line, with the nearest one it may have meant."""
+    """The three configs from ``options``; an unknown keyword is refused with the nearest known one."""
     refuse_unknown(name, options, [kw for c in CONFIGS for kw in c.keywords()])
     given = dict(options)
     return CaptureConfig.take(given), SweepConfig.take(given), ReportConfig.take(given)
@@ -123,16 +114,12 @@ def phase(step: int, wait: int, warmup: int, active: int) -> str:
         return "wait"
     if step < wait + warmup:
         return "warmup"
-    if step < wait + warmup + active:
-        return "active"
-    return "done"
+    return "active" if step < wait + warmup + active else "done"
 
 
 def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int]:
     """GemmProfiler's kernel arguments for an active window (docs/step-plan.md): the kernels step,
-    then the settle step and a warm-up before them where the window keeps room for a clean step.
-    A short window keeps the kernels step and one clean step; the settle step goes before the
-    warm-up (it biases the step time, the warm-up only the GEMM times' clock)."""
+    then a settle step and a kernel warm-up where the window has room beside one clean step."""
     if not kernels or active <= instrumented:
         return {"kernel_steps": 0}
     room = active - instrumented - 2  # after the kernels step and one clean step
@@ -142,66 +129,64 @@ def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int
 class GemmSchedule(Publishing):
     """Capture the GEMMs of a training job over a window of its optimizer steps (module docstring).
 
-    Its arguments are the fields of :class:`~te_gemm_callback.capture.config.CaptureConfig` (the
-    window and the instruments), :class:`~te_gemm_callback.sweep.config.SweepConfig` (the recipe
-    sweep) and :class:`~te_gemm_callback.reporting.config.ReportConfig` (the run folder and the
-    report), each defined and checked once there; they are listed below.
+    Its arguments are the fields of :class:`~te_gemm_callback.capture.config.CaptureConfig`,
+    :class:`~te_gemm_callback.sweep.config.SweepConfig` and
+    :class:`~te_gemm_callback.reporting.config.ReportConfig`, listed below.
     """
 
     def __init__(self, name: str = "GemmSchedule", **options: Any) -> None:
         self.capture_config, self.sweep_config, self.report_config = configs(name, options)
         self.name = name
-        # Where the window begins: the capture config's wait, moved on by a resume inside the window.
-        self.wait = self.capture_config.wait
+        self.wait = self.capture_config.wait  # moved on by a resume inside the window
         self.kernel_recorder: Callable[[], Any] | None = None  # a KernelProfile factory (default: the profiler's)
         self.steps_seen = 0  # optimizer steps completed while this schedule watched
         self.done = False
         self.resumed = False
         self.capture: GemmCapture | None = None
         self.path: Path | None = None
-        self.run_id: str | None = None  # meta["run_id"] of this run's capture and of its sweep's
+        self.run_id: str | None = None
         self.rank_summary: list[dict] | None = None
         self.sweep_result: Any = None
         self.metrics: dict[str, float] = {}
-        self._logged_metrics: dict[str, float] = {}  # what the job's logger already has (each scalar once)
+        self._logged_metrics: dict[str, float] = {}
         self._swept = False
         self._reported = False
         self.report_files: dict[str, Path] = {}
         self._prof: GemmProfiler | None = None
         self._phase: str | None = None
         self._micro_batches = 0
-        self._in_step = False  # between step_begin and step_end: a loop that calls one without the other is told
-        self._job_refused = False  # a JobStep the publishing could not read was said (_job_ok)
+        self._in_step = False  # between step_begin and step_end
+        self._job_refused = False
 
     def __getstate__(self) -> dict[str, Any]:
-        # A copy or pickle leaves the live capture behind (thread-local state, hooks and a dispatch
-        # mode that belong to the running job): a copy made inside the window has no capture open.
+        # The live capture (thread-local state, hooks, a dispatch mode) belongs to the running job.
         return {**self.__dict__, "_prof": None, "_phase": None}
 
     def phase(self, step: int) -> str:
         return phase(step, self.wait, self.capture_config.warmup, self.capture_config.active)
 
-    # --- what the adapters call -------------------------------------------------------------
+    def _window(self) -> tuple[int, int]:
+        """The steps before the first active one, and before the first after the window."""
+        first = self.wait + self.capture_config.warmup
+        return first, first + self.capture_config.active
+
     def fit_start(self, max_steps: int | None = None) -> None:
         """Training starts (again): say what this run will capture."""
-        end = self.wait + self.capture_config.warmup + self.capture_config.active
         if self._prof is not None:
-            # An earlier run that raised inside the window without telling us (the HF Trainer has no
-            # exception hook): its instruments came off with the exception; drop its capture and
-            # start the window again from here, warm-up first.
+            # An earlier run raised inside the window without telling us (the HF Trainer has no
+            # exception hook): its instruments came off with the exception.
             log.warning("te-gemm: an earlier run ended inside the capture window: its capture is dropped, "
                         "capturing again from step %d (warm-up first)", self.steps_seen + 1)
             self._drop()
             self.wait = self.steps_seen
+        first, end = self._window()
         if self.done and not self.resumed:
             log.warning("te-gemm: this %s already captured a run (%s): it captures nothing in this one; give each "
                         "run its own", self.name, self.path or "its capture")
         elif max_steps is not None and 0 <= max_steps < end:
             log.warning("te-gemm: max_steps=%d ends before the capture window (steps %d-%d): %s", max_steps,
-                        self.wait + self.capture_config.warmup + 1, end,
-                        "nothing will be captured" if max_steps <= self.wait + self.capture_config.warmup else
-                        f"only {max_steps - self.wait - self.capture_config.warmup} of "
-                        f"{self.capture_config.active} active step(s) will be captured")
+                        first + 1, end, "nothing will be captured" if max_steps <= first else
+                        f"only {max_steps - first} of {self.capture_config.active} active step(s) will be captured")
 
     def step_begin(self, model: Any) -> None:
         """An optimizer step's first micro-batch begins; ``model`` is the module the job trains."""
@@ -213,25 +198,21 @@ class GemmSchedule(Publishing):
         ph = self.phase(self.steps_seen)
         if ph in ("warmup", "active") and (self._prof is None or ph != self._phase):
             self._finish(JobStep(), keep=False)
-            # guard() gives False on a failure: no profiler then, not a False one.
             self._prof = guard(lambda: self._new_profiler(model, ph), "could not start capturing") or None
             self._phase = ph if self._prof is not None else None
-            # Reported once: capture turns itself off rather than retry (and warn) every step.
-            self.done = self._prof is None
-        elif self._prof is not None:
-            self._resume()
+            self.done = self._prof is None  # said once: capture turns itself off rather than retry every step
+        else:
+            self._guarded("resume")
         self._micro_batches = 1
 
     def micro_batch_begin(self) -> None:
         """Another micro-batch of the same optimizer step begins (gradient accumulation)."""
-        if self._prof is not None:
-            self._resume()
+        self._guarded("resume")
         self._micro_batches += 1
 
     def pause(self) -> None:
         """The job leaves its training step (validation, logging): what runs now is not ours."""
-        if self._prof is not None and guard(self._prof.pause, "capture stopped") is False:
-            self._drop()
+        self._guarded("pause")
 
     def step_end(self, job: JobStep | None = None) -> None:
         """The optimizer step ended."""
@@ -243,11 +224,9 @@ class GemmSchedule(Publishing):
         self.steps_seen += 1
         if self._prof is None:
             return
-        if getattr(getattr(self._prof, "recorder", None), "error", None) is not None and not _other_ranks():
-            # An error inside a hook (said once, by the recorder): capture is off for the rest of
-            # the run, no half capture written and no new window opened to fail again. Not in a
-            # multi-process job: there every rank goes on to the gather at the window's end (its
-            # capture says the error), or the other ranks would wait for this one there.
+        if getattr(getattr(self._prof, "recorder", None), "error", None) is not None and world()[1] == 1:
+            # An error inside a hook (said once, by the recorder): capture is off for the rest of the
+            # run. Not in a multi-process job, whose other ranks would wait for this one at the gather.
             self._drop()
             self.done = True
             return
@@ -272,10 +251,9 @@ class GemmSchedule(Publishing):
             return
         job = job or JobStep()
         if self._prof is None and not self.done and self.capture is None:
-            first = self.wait + self.capture_config.warmup
+            first, end = self._window()
             log.warning("te-gemm: training ended after %d step(s), before the capture window (steps %d-%d): nothing "
-                        "was captured; lower wait/warmup or train longer", self.steps_seen, first + 1,
-                        first + self.capture_config.active)
+                        "was captured; lower wait/warmup or train longer", self.steps_seen, first + 1, end)
         self._finish(job, keep=self._phase == "active")
         if self.capture is not None:
             self._sweep_and_log(job)
@@ -289,9 +267,8 @@ class GemmSchedule(Publishing):
         self._finish(JobStep(), keep=False)
 
     def _job_ok(self, job: Any, hook: str) -> bool:
-        """Whether ``job`` is a JobStep the publishing can read. A bad one (``global_step="x"``) is
-        said once and the capture turns itself off (nothing of it is left on the model): it raised
-        into the job's loop when the window ended."""
+        """Whether ``job`` is a JobStep the publishing can read; a bad one is said once and the
+        capture turns itself off (it raised into the job's loop when the window ended)."""
         try:
             why = _bad_job(job)
         except Exception as err:  # a field that cannot even be compared (an array for writes)
@@ -314,9 +291,7 @@ class GemmSchedule(Publishing):
         return {"steps_seen": self.steps_seen, "done": self.done, "path": str(self.path) if self.path else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The state a checkpoint saved (:meth:`state_dict`). A damaged one (a field of another
-        type, a negative step count) is said in one line and the capture starts afresh: a
-        checkpoint's extra never stops the job's resume."""
+        """The state :meth:`state_dict` saved; a damaged one is said and the capture starts afresh."""
         steps, done, path = (state.get(k) for k in ("steps_seen", "done", "path")) if isinstance(state, dict) \
             else (None, None, None)
         if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 and isinstance(done, bool)
@@ -327,40 +302,38 @@ class GemmSchedule(Publishing):
         self.steps_seen, self.done = steps, done
         self.path = Path(path) if path else None
         self.resumed = True
-        end = self.wait + self.capture_config.warmup + self.capture_config.active
+        first, end = self._window()
         if self.done or self.steps_seen >= end:
-            # Else a resumed fit into the same output_dir captured nothing without a word.
-            where = f", written to {plain(str(self.path))}" if self.path else ""
             # steps_seen stops counting once the capture is done: it is not the step resumed at.
+            where = f", written to {plain(str(self.path))}" if self.path else ""
             log.info("te-gemm: resumed after the capture window (steps %d-%d): the capture was taken before the "
                      "checkpoint%s; nothing is captured again (another output_dir captures afresh)",
-                     self.wait + self.capture_config.warmup + 1, end, where)
-            return
-        if self.wait <= self.steps_seen < end:
-            # Resumed inside the window: the new process has neither warmed up nor captured the
-            # window's first steps. Start the window again from here, warm-up first.
+                     first + 1, end, where)
+        elif self.wait <= self.steps_seen:
+            # The new process has neither warmed up nor captured the window's first steps.
             log.warning("te-gemm: resumed at step %d, inside the capture window: capturing again from here "
                         "(warm-up first)", self.steps_seen)
             self.wait = self.steps_seen
 
-    # --- the capture -----------------------------------------------------------------------
     def _new_profiler(self, model: Any, ph: str) -> GemmProfiler:
+        cfg = self.capture_config
         active = ph == "active"
-        kernels = active and self.capture_config.kernel_breakdown and self._kernels_possible(model)
+        kernels = active and cfg.kernel_breakdown and self._kernels_possible(model)
         recorder = self.kernel_recorder() if kernels and self.kernel_recorder is not None else None
-        # "held": the range ends once the capture file is written (_publish), not at stop().
-        return GemmProfiler(model, nsys_capture="held" if self.capture_config.nsys_capture and active else False,
-                            instrumented_steps=self.capture_config.instrumented_steps if active else "all",
-                            **kernel_steps(kernels, self.capture_config.active, self.capture_config.instrumented_steps),
-                            kernel_profile=recorder, **self.capture_config.handed_to("profiler")).start()
+        # "held": the nsys range ends once the capture file is written (_publish), not at stop().
+        return GemmProfiler(model, nsys_capture="held" if cfg.nsys_capture and active else False,
+                            instrumented_steps=cfg.instrumented_steps if active else "all",
+                            **kernel_steps(kernels, cfg.active, cfg.instrumented_steps),
+                            kernel_profile=recorder, **cfg.handed_to("profiler")).start()
 
     @staticmethod
     def _kernels_possible(model: Any) -> bool:
         # The model's device, not the host's: a CPU job on a machine with a GPU has no kernels.
         return next((p.device.type for p in model.parameters()), "cpu") == "cuda"
 
-    def _resume(self) -> None:
-        if self._prof is not None and guard(self._prof.resume, "capture stopped") is False:
+    def _guarded(self, method: str) -> None:
+        """Resume or pause the open capture; a failure drops it."""
+        if self._prof is not None and guard(getattr(self._prof, method), "capture stopped") is False:
             self._drop()
 
     def _drop(self) -> None:
@@ -395,13 +368,11 @@ class GemmSchedule(Publishing):
                             ", ".join(s.kind for s in cap.steps))
             self._publish(job, cap, prof)
             self.done = True
-        guard(prof.end_nsys_range, "nsys capture range not ended")  # a window not kept: nothing to save first
+        guard(prof.end_nsys_range, "nsys capture range not ended")
 
 
 def _bad_job(job: Any) -> str | None:
     """What is wrong with an adapter's ``job`` (None: nothing; None is JobStep())."""
-    import operator
-
     if job is None:
         return None
     if not isinstance(job, JobStep):
@@ -426,13 +397,6 @@ def _bad_job(job: Any) -> str | None:
 def _short_repr(x: Any) -> str:
     text = repr(x)
     return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _other_ranks() -> bool:
-    """Whether this process is one rank of several (torch.distributed initialised, world > 1)."""
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 GemmSchedule.__doc__ = schedule_doc(GemmSchedule.__doc__ or "")

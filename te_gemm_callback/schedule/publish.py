@@ -1,6 +1,6 @@
 """What the schedule does once its window is over: publish the capture (gathered from every rank,
-written on rank zero, printed, logged), run the recipe sweep when the job can give what it needs,
-then benchmark and report into the run folder and hand the report to the job's logger."""
+written on rank zero, printed, logged), run the recipe sweep, then benchmark and report into the
+run folder and hand the report to the job's logger."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_gemm_callback.capture.distributed import world
 from te_gemm_callback.schedule.results import sweep_metrics
 
 if TYPE_CHECKING:
@@ -24,8 +25,7 @@ log = logging.getLogger("te_gemm_callback")
 
 
 def guard(fn: Callable[[], Any], what: str) -> Any:
-    """Run one piece of our own work; a failure is logged once and never reaches the training job
-    (returns False then)."""
+    """Run one piece of our own work; a failure is logged and never reaches the job (returns False)."""
     try:
         return fn()
     except Exception as err:
@@ -34,8 +34,7 @@ def guard(fn: Callable[[], Any], what: str) -> Any:
 
 
 class Publishing:
-    """The publishing half of :class:`~te_gemm_callback.schedule.GemmSchedule` (its attributes,
-    set there)."""
+    """The publishing half of :class:`~te_gemm_callback.schedule.GemmSchedule` (which sets these)."""
 
     capture_config: CaptureConfig
     sweep_config: SweepConfig
@@ -53,8 +52,7 @@ class Publishing:
     _reported: bool
 
     def _publish(self, job: JobStep, cap: GemmCapture, prof: Any = None) -> None:
-        """Gather (collective), save, print, sweep and log the active steps' capture. ``prof``: the
-        profiler whose nsys capture range ends once the capture is on disk."""
+        """Gather (collective), save, print, sweep and log the capture; then end ``prof``'s nsys range."""
         from te_gemm_callback.capture.distributed import gather_captures
         from te_gemm_callback.reporting import summary_metrics
         from te_gemm_callback.schedule.run_folder import new_run_id
@@ -70,8 +68,8 @@ class Publishing:
         if job.writes:
             guard(lambda: self._save(cap, gathered or None), f"capture not written to {self.report_config.output_dir}")
         if prof is not None:
-            # cudaProfilerStop with the capture on disk: under nsys's default
-            # --capture-range-end=stop-shutdown nsys ends the job here (docs/nsight-systems.md).
+            # With the capture on disk: under nsys's default --capture-range-end=stop-shutdown nsys
+            # ends the job here (docs/nsight-systems.md).
             guard(prof.end_nsys_range, "nsys capture range not ended")
         self.metrics.update(guard(lambda: summary_metrics(cap), "no summary metrics") or {})
         self._sweep_and_log(job, fresh=True)
@@ -89,16 +87,15 @@ class Publishing:
             self.rank_summary = write_ranks(gathered, out)
         log.info("te-gemm: capture written to %s", self.path)
         if not self.report_config.report and (out / "report.json").is_file():
-            # report=False writes no report: one already here is an earlier run's, not this capture's.
             log.warning("te-gemm: %s holds an earlier run's report (report.json, report.md, figures), not this "
                         "capture's: te-gemm bench and te-gemm report remake it", out)
         if not self.resumed:  # a resumed job's folder keeps the first process's run beside this one
-            run_id = self.run_id or ""  # set by _publish before it saves
+            run_id = self.run_id or ""
             guard(lambda: clear_stale_sweep(out, run_id), "stale sweep captures not removed")
         if self.report_config.verbose:
             def show() -> None:
                 print_table(capture_table(cap, limit=40))
-                if len(cap.records) > 40:  # the table stops at 40 rows: say where the rest is
+                if len(cap.records) > 40:
                     log.info("te-gemm: %d more GEMM row(s) in the capture: te-gemm show %s --limit 0",
                              len(cap.records) - 40, self.path)
                 if self.rank_summary is not None:
@@ -107,14 +104,12 @@ class Publishing:
             guard(show, "capture table not printed")
 
     def _sweep_and_log(self, job: JobStep, fresh: bool = False) -> None:
-        """Run the sweep once, when the job can give what it needs; then hand the metrics to its logger."""
+        """Run the sweep once, when the job can give what it needs; then log the new metrics."""
         swept = False
         if self.sweep_config.recipes and not self._swept and job.sweep is not None:
             self._swept = swept = True
             self.metrics.update(guard(lambda: self._run_sweep(job), "recipe sweep failed and was skipped") or {})
-        # Each scalar once: the capture's were logged when it was published; after a sweep at the
-        # end of training only the sweep's are new (logging all again wrote every scalar twice).
-        new = {k: v for k, v in self.metrics.items() if self._logged_metrics.get(k, object()) != v}
+        new = {k: v for k, v in self.metrics.items() if self._logged_metrics.get(k, object()) != v}  # each once
         log_metrics = job.log_metrics
         if log_metrics is not None and (fresh or swept) and new:
             self._logged_metrics.update(new)
@@ -122,13 +117,14 @@ class Publishing:
 
     def _report(self, job: JobStep, at_end: bool) -> None:
         """Benchmark the captured shapes and write the report into the run folder (rank zero), once."""
-        if not self.report_config.report or self._reported or self.path is None or not job.writes:
+        cfg = self.report_config
+        if not cfg.report or self._reported or self.path is None or not job.writes:
             return
-        if (self.report_config.report == "end" or (self.sweep_config.recipes and not self._swept)) and not at_end:
+        if (cfg.report == "end" or (self.sweep_config.recipes and not self._swept)) and not at_end:
             return  # asked for at the end, or the sweep it sets beside the prediction has not run yet
-        if not at_end and self._world_size() > 1:
-            # Rank zero benchmarks alone: mid-training the other ranks would wait for it at their
-            # next collective, and a bench longer than the process group's timeout kills the job.
+        if not at_end and world()[1] > 1:
+            # Mid-training the other ranks would wait for rank zero at their next collective, and a
+            # bench longer than the process group's timeout kills the job.
             log.info("te-gemm: a multi-process job: the benchmarks and report run on rank 0 when training ends, "
                      "so that no rank waits for them mid-training")
             return
@@ -138,10 +134,10 @@ class Publishing:
         if not files:
             return
         self.report_files = files
-        moves = "" if self.report_config.report == "end" else "report='end' moves this to the end of training, "
+        moves = "" if cfg.report == "end" else "report='end' moves this to the end of training, "
         log.info("te-gemm: benchmarked the captured shapes and wrote the report to %s in %.1f s (%sreport=False "
-                 "leaves it to te-gemm bench/report)", self.report_config.output_dir, time.perf_counter() - t0, moves)
-        if not self.report_config.verbose:  # the decision in a few lines; verbose printed the full tables above
+                 "leaves it to te-gemm bench/report)", cfg.output_dir, time.perf_counter() - t0, moves)
+        if not cfg.verbose:  # verbose printed the full tables
             from te_gemm_callback.reporting.summary import summary_lines
 
             for line in guard(lambda: summary_lines(files["report"], files.get("report_md")),
@@ -157,33 +153,22 @@ class Publishing:
         if log_artifacts is not None:
             guard(lambda: log_artifacts(files), "report not handed to the logger")
 
-    @staticmethod
-    def _world_size() -> int:
-        from te_gemm_callback.capture.distributed import world
-
-        return world()[1]
-
     def _bench_and_report(self) -> dict[str, Path]:
-        from te_gemm_callback.microbench.cache import ResultCache
-        from te_gemm_callback.precisions import RECIPES
-        from te_gemm_callback.reporting.run import bench_and_report
-
-        console = None
-        if self.report_config.verbose:
-            from te_gemm_callback.reporting.console import console as make_console
-
-            console = make_console()  # a log file's tables take the width they need
         import torch
 
-        # The microbenchmarks draw their inputs from the global RNGs; inside a fit those streams are
-        # the job's (dropout, sampling), so they are put back as they were: training goes on as if
-        # nothing ran.
+        from te_gemm_callback.microbench.cache import ResultCache
+        from te_gemm_callback.precisions import RECIPES
+        from te_gemm_callback.reporting.console import console
+        from te_gemm_callback.reporting.run import bench_and_report
+
+        # The microbenchmarks draw from the global RNGs, the job's inside a fit: put back after.
         cpu = torch.get_rng_state()
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         try:
-            # Inside fit(): a cache another process holds locked is not waited for (lock_timeout_s=0).
             assert self.path is not None  # _report returns first without a written capture
-            return bench_and_report(self.report_config.output_dir, self.path, RECIPES, console=console,
+            # Inside fit(): a cache another process holds locked is not waited for (lock_timeout_s=0).
+            return bench_and_report(self.report_config.output_dir, self.path, RECIPES,
+                                    console=console() if self.report_config.verbose else None,
                                     project=self.report_config.project, cache=ResultCache(lock_timeout_s=0))
         finally:
             torch.set_rng_state(cpu)

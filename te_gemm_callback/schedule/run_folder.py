@@ -1,6 +1,5 @@
-"""What a training job's capture writes into its run folder: the capture, every rank's, and the
-removal of an earlier run's sweep captures that this run's report would otherwise take for its own.
-"""
+"""What a job's capture writes into its run folder: the capture, every rank's, and the removal of
+an earlier run's sweep captures that this run's report would otherwise take for its own."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ def new_run_id() -> str:
 
 
 def clear_stale_sweep(output_dir: Path, run_id: str) -> list[Path]:
-    """Remove the sweep captures an earlier run left in ``output_dir/sweep/`` (captures of ours
-    whose run id is not ``run_id``), then the folders that leaves empty: a report would take them
-    for this run's baseline. Files that are not our captures, and links, are left alone."""
+    """Remove our captures in ``output_dir/sweep/`` whose run id is not ``run_id``, then the folders
+    that leaves empty. Files that are not our captures, and links, are left alone."""
     from te_gemm_callback.capture.capture_file import SCHEMA
 
     sweep, gone = output_dir / "sweep", list[Path]()
@@ -32,10 +30,8 @@ def clear_stale_sweep(output_dir: Path, run_id: str) -> list[Path]:
         return gone
     root = output_dir.resolve()
     for p in sorted(sweep.glob("*/gemm_capture.json")):
-        # glob follows a linked subfolder (sweep/old -> elsewhere): never delete through a link, and
-        # only a regular file that really lies inside output_dir.
-        if p.parent.is_symlink() or p.is_symlink() or not p.is_file() or \
-                not p.resolve().is_relative_to(root):
+        # glob follows a linked subfolder: never delete through a link, nor outside output_dir.
+        if p.parent.is_symlink() or p.is_symlink() or not p.is_file() or not p.resolve().is_relative_to(root):
             continue
         try:
             data = read_json(p)
@@ -57,8 +53,8 @@ def clear_stale_sweep(output_dir: Path, run_id: str) -> list[Path]:
 
 
 def save_capture(cap: GemmCapture, output_dir: Path, filename: str, *, keep_existing: bool = False) -> Path:
-    """Write the capture; with ``keep_existing`` (a resumed job), a capture already at the path
-    stays as it was and this one goes beside it, named after its last step."""
+    """Write the capture; with ``keep_existing`` (a resumed job), one already at the path stays and
+    this one goes beside it, named after its last step."""
     path = output_dir / filename
     if keep_existing and path.exists():
         path = path.with_name(f"{path.stem}.step{cap.meta.get('global_step_end', 'resumed')}{path.suffix}")
