@@ -44,7 +44,6 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
         import time
 
         from te_gemm_callback.reporting.loggers import hf_logging_dir
-
         self.schedule.fit_start(state.max_steps if state.max_steps > 0 else None)
         # The Trainer's TensorBoard callback made its run just now, before ours.
         self._logging_dir = hf_logging_dir(args, since=time.time() - 60)
@@ -64,7 +63,6 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
 
     def _job(self, args: Any, state: Any, kwargs: dict, sweep: bool) -> JobStep:
         from te_gemm_callback.reporting.loggers import hf_logging_dir, to_report_to
-
         if self._logging_dir is None:  # events before on_train_begin
             self._logging_dir = hf_logging_dir(args)
         logging_dir = self._logging_dir

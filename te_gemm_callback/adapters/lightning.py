@@ -105,7 +105,6 @@ class GemmProfilerCallback(ScheduleResults, Callback):
 
         def log_artifacts(files: dict) -> None:
             from te_gemm_callback.reporting.loggers import to_lightning_logger
-
             for logger in trainer.loggers:
                 _each(logger, "report files", lambda lg=logger: to_lightning_logger(lg, files, trainer.global_step))
 

@@ -45,7 +45,6 @@ class _Parser(argparse.ArgumentParser):
 
 def cmd_shapes(a: argparse.Namespace) -> int:
     from te_gemm_callback.reporting import shapes_table
-
     cfg = config_from_args(a)
     gemms = config_gemms(cfg)
     if a.json:
@@ -63,7 +62,6 @@ def cmd_shapes(a: argparse.Namespace) -> int:
 def cmd_show(a: argparse.Namespace) -> int:
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.reporting import capture_table
-
     path = Path(a.capture)
     if path.is_dir():  # a run folder, as report, plan and project take: its job's capture
         path = path / "gemm_capture.json"
@@ -73,7 +71,6 @@ def cmd_show(a: argparse.Namespace) -> int:
     out = console()
     if a.json:
         from te_gemm_callback.files.jsonio import write_json
-
         write_json(a.json, cap.to_dict())
     out.print(capture_table(cap, limit=a.limit))
     more_rows_hint(out, len(cap.records), a.limit)
@@ -89,7 +86,6 @@ def cmd_show(a: argparse.Namespace) -> int:
 def cmd_run(a: argparse.Namespace) -> int:
     """The bundled job end to end: capture, recipe sweep, microbenchmarks, report."""
     from te_gemm_callback.precisions import RECIPES
-
     # As bench checks them, before Lightning and torch load: a bad name costs nothing.
     recipes = parse_precisions(a.precisions) or list(RECIPES)
     if "BF16" not in recipes:  # every speedup in the report is over BF16: without it there is none
@@ -97,7 +93,6 @@ def cmd_run(a: argparse.Namespace) -> int:
     from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.recipes.demo import run_demo
     from te_gemm_callback.reporting.run import bench_and_report
-
     cache = ResultCache()  # checked before training: a file that is not a cache stops us here, not after
     check_run_folder(Path(a.out))
     path = run_demo(a.out, steps=a.steps, recipes=recipes)
@@ -114,7 +109,6 @@ def check_run_folder(out: Path) -> None:
     from te_gemm_callback.files.jsonio import check_target, json_kind
     from te_gemm_callback.microbench.cells import BENCH_SCHEMA
     from te_gemm_callback.reporting.speedups import report_targets
-
     check_target(out / "gemm_capture.json", json_kind(CAPTURE_SCHEMA))
     check_target(out / "bench.json", json_kind(BENCH_SCHEMA))
     report_targets(out, ("autocast", "prequantized"))
@@ -125,9 +119,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from te_gemm_callback.analysis.verdicts import analyze
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.reporting.speedups import report_table, verdict_panel, write_report_json
-
     caps = [GemmCapture.load(p) for p in a.captures]
-
     base = weight_gemms(caps[0])
     for path, cap in zip(a.captures, caps):  # named here: the analysis below cannot say which file
         if cap.step_ms() is None:
@@ -146,7 +138,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 def _gpus(text: str) -> list[str]:
     from te_gemm_callback.cli.project import _gpu
-
     return [_gpu(g) for g in text.split(",") if g.strip()]
 
 
@@ -156,7 +147,6 @@ def cmd_report(a: argparse.Namespace) -> int:
     from te_gemm_callback.reporting.run import Run
     from te_gemm_callback.reporting.speedups import REPORT_SCHEMA
     from te_gemm_callback.reporting.summary import summary_lines
-
     if a.json and a.json != "-":  # refused before the run folder's files are written, not after
         check_target(a.json, json_kind(REPORT_SCHEMA))
     out = console()
@@ -179,7 +169,6 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from te_gemm_callback.reporting.report_tables import plan_table
     from te_gemm_callback.reporting.run import Run
     from te_gemm_callback.sweep.plan import write_plan
-
     plan = Run(a.run_dir).plan()
     out = console()
     out.print(plan_table(plan, limit=a.limit))
@@ -303,7 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(args)
     cmd = " ".join(x for x in (a.cmd, getattr(a, "cache_cmd", None)) if x)
     from te_gemm_callback.reporting.console import tables_to_stderr
-
     tables_to_stderr("-" in (getattr(a, "json", None), getattr(a, "yaml", None)))  # stdout: the JSON alone
     try:
         return a.fn(a)

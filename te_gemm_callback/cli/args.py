@@ -45,7 +45,6 @@ class HelpFormatter(argparse.HelpFormatter):
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         import re
         import textwrap
-
         lines = []
         for line in text.splitlines():
             item = re.match(r"\s+\S+\s+", line)  # an indented list item ("  1    what"): wrap under its text
@@ -87,7 +86,6 @@ def _run_steps(text: str) -> int:
 
 def _visits(text: str) -> int:
     from te_gemm_callback.microbench.cells import MAX_VISITS
-
     # every visit times every cell again: far more only fills memory
     return _int(text, 1, "a positive integer", MAX_VISITS, "visits")
 
@@ -126,7 +124,6 @@ def parse_precisions(text: str | None) -> list[str] | None:
     if text is None:
         return None
     from te_gemm_callback.precisions import parse_recipes  # torch-free
-
     try:
         return parse_recipes(text)
     except ValueError as err:
@@ -135,7 +132,6 @@ def parse_precisions(text: str | None) -> list[str] | None:
 
 def _modes(text: str) -> list[str]:
     from te_gemm_callback.microbench.cells import MODES
-
     modes = [m.strip() for m in text.split(",")]
     if any(m not in MODES for m in modes):
         raise argparse.ArgumentTypeError(f"expected comma-separated modes among {', '.join(MODES)}, got {text!r}")
@@ -164,7 +160,6 @@ def _devices(text: str) -> int | str:
 
 def _duty(text: str) -> float:
     from te_gemm_callback.microbench.cells import MIN_GEMM_DUTY
-
     try:
         v = float(text)
     except ValueError:

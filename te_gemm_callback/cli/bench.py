@@ -23,7 +23,6 @@ def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, 
     import torch
 
     from te_gemm_callback.microbench.items import passes_of
-
     if torch.cuda.is_available():
         return None
     flops = sum(s.flops for it in items for s in passes_of(it)) * len(modes) * (visits or 1)
@@ -40,7 +39,6 @@ def _bench_items(a: argparse.Namespace) -> list[Any]:
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.microbench.items import items_from_capture, items_from_config, items_from_shapes
     from te_gemm_callback.shapes import parse_shapes
-
     sources = [a.shapes is not None, a.capture is not None, a.hidden_size is not None]
     if sum(sources) != 1:
         raise UsageError("give exactly one of: the model-config flags, --shapes MxKxN,..., or --capture FILE")
@@ -65,7 +63,6 @@ def _bench_items(a: argparse.Namespace) -> list[Any]:
 
 def _devices(a: argparse.Namespace) -> int:
     from te_gemm_callback.microbench.parallel import local_gpu_count  # torch-free
-
     if a.devices == "all":
         return local_gpu_count()
     # One torch process per device (5000 filled the memory). run_bench_parallel still takes 2 on a
@@ -81,7 +78,6 @@ def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> Non
     from te_gemm_callback.precisions import skipped_lines
     from te_gemm_callback.reporting.bench_tables import pass_table, speedup_summary, totals_table
     from te_gemm_callback.shapes import GemmOp
-
     # The recipes that did not run are said once below, one line per cause, not in every caption.
     quiet = dataclasses.replace(res, skipped={})
     ops = [op for op in GemmOp if any(s.op is op for it in items for s in passes_of(it))]  # the passes the job ran
@@ -172,7 +168,6 @@ def _bench_file_modes(path: str) -> list[str] | None:
     """The modes of the bench file at ``path`` (None: absent, or no modes to read). Torch-free."""
     from te_gemm_callback.files.jsonio import read_json
     from te_gemm_callback.microbench.cells import MODES
-
     if not Path(path).is_file():
         return None
     try:

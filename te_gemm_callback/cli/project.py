@@ -15,7 +15,6 @@ def cmd_project(a: argparse.Namespace) -> int:
     from te_gemm_callback.reporting.console import console
     from te_gemm_callback.reporting.projection_tables import projection_table
     from te_gemm_callback.reporting.run import Run
-
     path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
     root = a.run_dir if a.json is None else None
     check_target(path, json_kind(PROJECTION_SCHEMA), root)  # refused before anything is printed
@@ -35,7 +34,6 @@ def cmd_project(a: argparse.Namespace) -> int:
 def _cpu_capture(run_dir: str) -> Any:
     """The capture of a run that ran on a CPU (no GPU measurement to project from), else None."""
     from te_gemm_callback.capture import GemmCapture
-
     path = Path(run_dir) / "gemm_capture.json"
     cap = GemmCapture.load(path) if path.is_file() else None
     return cap if cap is not None and str(cap.meta.get("device", "")).startswith("CPU") else None
@@ -49,7 +47,6 @@ def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -
     from te_gemm_callback.projection import PROJECTION_SCHEMA, gpu
     from te_gemm_callback.projection.shape_only import LABEL, shape_only
     from te_gemm_callback.reporting.console import console
-
     est = shape_only(cap, gpu(a.gpu))
     t = Table(title=f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})")
     for c in ("recipe", "GEMM ms/step (bound)", "vs BF16"):
@@ -81,7 +78,6 @@ def _positive(text: str) -> float:
 
 def _gpu(text: str) -> str:
     from te_gemm_callback.projection import gpu
-
     try:
         return gpu(text).key
     except ValueError as err:
@@ -90,7 +86,6 @@ def _gpu(text: str) -> str:
 
 def add_project_parser(command: Any) -> None:
     from te_gemm_callback.projection import GPUS
-
     s = command("project", cmd_project,
                 "project a run folder's GEMMs and step onto another GPU (e.g. Hopper -> Blackwell)",
                 "Scale a run's measured GEMMs and step to another GPU by its public peaks and bandwidth, print the "

@@ -1,17 +1,6 @@
-"""The capture's schedule over a training job's optimizer steps, which every adapter drives.
-
-An adapter (Lightning's callback, Hugging Face's TrainerCallback) or a plain loop tells
-:class:`GemmSchedule` where the job is; the schedule runs the window (``wait`` untouched, ``warmup``
-discarded, ``active`` captured, as ``torch.profiler.schedule``), the step plan (docs/step-plan.md),
-publishing and the recipe sweep. Nothing it does can stop the job (:func:`guard`). A plain loop::
-
-    sched = GemmSchedule(output_dir="te_gemm", sweep=["BF16", "Float8CurrentScaling"])
-    for i, batch in enumerate(loader):
-        sched.step_begin(model)
-        loss = model(batch).loss; loss.backward(); opt.step(); opt.zero_grad()
-        sched.step_end(JobStep(global_step=i + 1, sweep=lambda: SweepJob(model, lambda: model(batch).loss, [opt])))
-    sched.train_end()
-"""
+"""The capture's schedule over a training job's optimizer steps, which every adapter (or a plain
+loop, README.md) drives: the window (``wait`` untouched, ``warmup`` discarded, ``active`` captured),
+the step plan (docs/step-plan.md), publishing and the recipe sweep. Nothing it does can stop the job."""
 
 from __future__ import annotations
 
@@ -64,7 +53,6 @@ def accumulated(step: Callable[[], Any], micro_batches: int) -> Callable[[], Any
 
     def run() -> Any:
         from te_gemm_callback.sweep.engine import step_loss
-
         for _ in range(micro_batches - 1):
             (step_loss(step()) / micro_batches).backward()
         return step_loss(step()) / micro_batches
@@ -127,12 +115,8 @@ def kernel_steps(kernels: bool, active: int, instrumented: int) -> dict[str, int
 
 
 class GemmSchedule(Publishing):
-    """Capture the GEMMs of a training job over a window of its optimizer steps (module docstring).
-
-    Its arguments are the fields of :class:`~te_gemm_callback.capture.config.CaptureConfig`,
-    :class:`~te_gemm_callback.sweep.config.SweepConfig` and
-    :class:`~te_gemm_callback.reporting.config.ReportConfig`, listed below.
-    """
+    """Capture the GEMMs of a training job over a window of its optimizer steps; the arguments are
+    the fields of CaptureConfig, SweepConfig and ReportConfig."""
 
     def __init__(self, name: str = "GemmSchedule", **options: Any) -> None:
         self.capture_config, self.sweep_config, self.report_config = configs(name, options)
@@ -141,16 +125,8 @@ class GemmSchedule(Publishing):
         self.kernel_recorder: Callable[[], Any] | None = None  # a KernelProfile factory (default: the profiler's)
         self.steps_seen = 0  # optimizer steps completed while this schedule watched
         self.done = False
-        self.resumed = False
-        self.capture: GemmCapture | None = None
-        self.path: Path | None = None
-        self.run_id: str | None = None
-        self.rank_summary: list[dict] | None = None
-        self.sweep_result: Any = None
         self.metrics: dict[str, float] = {}
         self._logged_metrics: dict[str, float] = {}
-        self._swept = False
-        self._reported = False
         self.report_files: dict[str, Path] = {}
         self._prof: GemmProfiler | None = None
         self._phase: str | None = None
@@ -284,7 +260,6 @@ class GemmSchedule(Publishing):
 
     def _misuse(self, what: str) -> None:
         from te_gemm_callback.precisions import warn_once
-
         warn_once(f"te-gemm: {self.name}: {what}")
 
     def state_dict(self) -> dict[str, Any]:

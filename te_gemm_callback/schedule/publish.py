@@ -34,29 +34,28 @@ def guard(fn: Callable[[], Any], what: str) -> Any:
 
 
 class Publishing:
-    """The publishing half of :class:`~te_gemm_callback.schedule.GemmSchedule` (which sets these)."""
+    """The publishing half of :class:`~te_gemm_callback.schedule.GemmSchedule` (which sets the rest)."""
 
     capture_config: CaptureConfig
     sweep_config: SweepConfig
     report_config: ReportConfig
-    capture: GemmCapture | None
-    path: Path | None
-    run_id: str | None
-    rank_summary: list[dict[str, Any]] | None
-    sweep_result: Any
     metrics: dict[str, float]
     report_files: dict[str, Path]
-    resumed: bool
     _logged_metrics: dict[str, float]
-    _swept: bool
-    _reported: bool
+    capture: GemmCapture | None = None
+    path: Path | None = None
+    run_id: str | None = None  # meta["run_id"] of the capture and of its sweep's
+    rank_summary: list[dict[str, Any]] | None = None
+    sweep_result: Any = None
+    resumed = False
+    _swept = False
+    _reported = False
 
     def _publish(self, job: JobStep, cap: GemmCapture, prof: Any = None) -> None:
         """Gather (collective), save, print, sweep and log the capture; then end ``prof``'s nsys range."""
         from te_gemm_callback.capture.distributed import gather_captures
         from te_gemm_callback.reporting import summary_metrics
         from te_gemm_callback.schedule.run_folder import new_run_id
-
         cap.meta["accumulate_grad_batches"] = int(job.accumulate)
         cap.meta["global_step_end"] = int(job.global_step)
         cap.meta["run_id"] = self.run_id = new_run_id()
@@ -160,7 +159,6 @@ class Publishing:
         from te_gemm_callback.precisions import RECIPES
         from te_gemm_callback.reporting.console import console
         from te_gemm_callback.reporting.run import bench_and_report
-
         # The microbenchmarks draw from the global RNGs, the job's inside a fit: put back after.
         cpu = torch.get_rng_state()
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -178,7 +176,6 @@ class Publishing:
     def _run_sweep(self, job: JobStep) -> dict[str, float]:
         from te_gemm_callback.analysis.verdicts import capture_recipe
         from te_gemm_callback.sweep.engine import run_sweep
-
         assert job.sweep is not None  # _sweep_and_log runs the sweep only for a job that gives one
         sj = job.sweep()
         out_dir = self.report_config.output_dir / "sweep" if job.writes else None

@@ -33,7 +33,6 @@ def sweep_metrics(res: Any) -> dict[str, float]:
     time and speedup per recipe."""
     from te_gemm_callback.analysis.verdicts import analyze
     from te_gemm_callback.precisions import skipped_lines, warn_once
-
     for line in skipped_lines(res.skipped):  # one line per cause, once per process
         warn_once(f"te-gemm: sweep: {line}")
     caps = list(res.captures.values())
