@@ -81,12 +81,10 @@ GemmProfilerTrainerCallback.__doc__ = schedule_doc(GemmProfilerTrainerCallback._
 
 def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
     import torch
-
     model, loader = kwargs.get("model"), kwargs.get("train_dataloader")
     if model is None or loader is None:
         raise ValueError("the Trainer passed no model or train_dataloader to its callbacks")
     from te_gemm_callback.sweep.host_state import HostState
-
     # A batch of the job's own data; a fresh iterator draws from the RNGs, which are put back.
     drawn = HostState(torch.nn.Module(), [loader, getattr(loader, "sampler", None)])
     batch = next(iter(loader))

@@ -206,22 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(s, required=False)
     s.add_argument("--shapes", help="fprop shapes MxKxN,MxKxN (dgrad and wgrad derived)")
     s.add_argument("--capture", type=_file_path, help="a gemm_capture.json from GemmProfiler or the callback")
-    s.add_argument("--precisions",
-                   help="comma-separated TE recipes, e.g. BF16,Float8CurrentScaling (default: all; unsupported "
-                        "ones skipped)")
+    s.add_argument("--precisions", help="comma-separated TE recipes, e.g. BF16,Float8CurrentScaling "
+                                        "(default: all; unsupported ones skipped)")
     s.add_argument("--modes", type=_modes,
                    help="autocast (GEMM + input quantization), prequantized (kernel only), or both "
                         "(default: autocast, or those of the bench file --json replaces)")
     s.add_argument("--pre-quantize", action="store_true", help="same as --modes prequantized")
     s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
-    s.add_argument("--visits", type=_visits, default=None,
-                   help="times each cell is measured, spread over the run, samples pooled "
-                        "(default: 16 on a GPU, 1 on a CPU)")
-    s.add_argument("--gemm-duty", type=_duty, default=None,
-                   help="share of GPU time the timed GEMMs get (1: back to back): pass your job's GEMM share "
-                        "(default: 0.75)")
-    s.add_argument("--compare-swapped", action="store_true",
-                   help="also time dgrad/wgrad as swapped-size forward GEMMs")
+    s.add_argument("--visits", type=_visits, default=None, help="times each cell is measured, spread over the run, "
+                                                                "samples pooled (default: 16 on a GPU, 1 on a CPU)")
+    s.add_argument("--gemm-duty", type=_duty, default=None, help="share of GPU time the timed GEMMs get (1: back to "
+                                                                "back): pass your job's GEMM share (default: 0.75)")
+    s.add_argument("--compare-swapped", action="store_true", help="also time dgrad/wgrad as swapped-size forward GEMMs")
     s.add_argument("-o", "--output", type=_file_path, help="write the stacked per-GEMM figure (PNG)")
     s.add_argument("--json", type=_file_path, help="write all results (with device, clocks, versions) as JSON")
     s.add_argument("--cache", type=_file_path,

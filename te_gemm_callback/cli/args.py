@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from functools import partial
 from pathlib import Path
 
 from te_gemm_callback.printable import safe
@@ -68,20 +69,11 @@ def _int(text: str, least: int, what: str, most: int | None = None, unit: str = 
     return v
 
 
-def _positive(text: str) -> int:
-    return _int(text, 1, "a positive integer")
-
-
-def _non_negative(text: str) -> int:
-    return _int(text, 0, "a non-negative integer")
-
-
+_positive = partial(_int, least=1, what="a positive integer")
+_non_negative = partial(_int, least=0, what="a non-negative integer")
 MAX_RUN_STEPS = 100_000  # a demo run: more only trains longer (a huge count failed in Lightning)
-
-
-def _run_steps(text: str) -> int:
-    # 1 untouched step, 1 warm-up, then at least one captured.
-    return _int(text, 3, "at least 3 steps (1 untouched, 1 warm-up, 1 captured)", MAX_RUN_STEPS, "steps")
+_run_steps = partial(_int, least=3, what="at least 3 steps (1 untouched, 1 warm-up, 1 captured)", most=MAX_RUN_STEPS,
+                     unit="steps")
 
 
 def _visits(text: str) -> int:

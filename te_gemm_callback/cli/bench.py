@@ -101,7 +101,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.microbench.cells import BENCH_SCHEMA
     from te_gemm_callback.precisions import RECIPES
-
     precisions = parse_precisions(a.precisions) or list(RECIPES)
     items = _bench_items(a)
     if a.json:  # outputs that would be refused are refused now, not after minutes of measuring
@@ -118,13 +117,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     a.devices = _devices(a)
     if a.devices > 1:
         from te_gemm_callback.microbench.parallel import run_bench_parallel
-
         res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
                                  visits=a.visits, gemm_duty=a.gemm_duty, progress=True, console=out)
     from te_gemm_callback.microbench.engine import run_bench
     from te_gemm_callback.reporting.bench_tables import run_summary, swapped_items, swapped_table
     from te_gemm_callback.reporting.figures import stacked_gemm_figure
-
     if a.devices == 1:
         warn_long_cpu_bench(items, modes, a.visits, out)
         res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits,
@@ -181,5 +178,4 @@ def _bench_file_modes(path: str) -> list[str] | None:
     if not isinstance(named, list):  # an older file: the modes its cells were measured in
         results = rows if isinstance(rows := data.get("results"), list) else []
         named = [r.get("mode") for r in results if isinstance(r, dict)]
-    modes = [m for m in MODES if m in {x for x in named if isinstance(x, str)}]
-    return modes or None
+    return [m for m in MODES if m in named] or None

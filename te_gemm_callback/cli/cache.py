@@ -93,7 +93,6 @@ def cmd_cache_list(a: argparse.Namespace) -> int:
 
     from te_gemm_callback.microbench.cache import TIMING_VERSION, ResultCache
     from te_gemm_callback.reporting.console import console
-
     out = console()
     path = cache_path(a.cache)
     aside = _aside(path)
@@ -131,7 +130,6 @@ def cmd_cache_list(a: argparse.Namespace) -> int:
 
 def cmd_cache_clear(a: argparse.Namespace) -> int:
     from filelock import FileLock, Timeout
-
     path = cache_path(a.cache)
     aside = _aside(path)
     exists = os.path.lexists(path)

@@ -17,7 +17,6 @@ def cmd_nsys(a: argparse.Namespace) -> int:
     from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
     from te_gemm_callback.reporting.console import console
     from te_gemm_callback.reporting.nsys_table import nsys_table
-
     if a.json:
         check_target(a.json, json_kind(ns.NSYS_SCHEMA))  # refused before nsys runs
     if a.nsys is not None and not Path(a.nsys).is_file():

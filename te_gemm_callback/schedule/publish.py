@@ -78,7 +78,6 @@ class Publishing:
         from te_gemm_callback.reporting import capture_table, print_table
         from te_gemm_callback.reporting.capture_tables import ranks_table
         from te_gemm_callback.schedule.run_folder import clear_stale_sweep, save_capture, write_ranks
-
         # Written before anything is printed: a table that cannot be printed never costs the capture.
         out = self.report_config.output_dir
         self.path = save_capture(cap, out, self.report_config.filename, keep_existing=self.resumed)
@@ -138,12 +137,10 @@ class Publishing:
                  "leaves it to te-gemm bench/report)", cfg.output_dir, time.perf_counter() - t0, moves)
         if not cfg.verbose:  # verbose printed the full tables
             from te_gemm_callback.reporting.summary import summary_lines
-
             for line in guard(lambda: summary_lines(files["report"], files.get("report_md")),
                               "report summary not logged") or []:
                 log.info("%s", line)
         from te_gemm_callback.reporting.loggers import report_metrics
-
         metrics = guard(lambda: report_metrics(files), "no report metrics") or {}
         self.metrics.update(metrics)
         log_metrics, log_artifacts = job.log_metrics, job.log_artifacts

@@ -29,8 +29,7 @@ class ScheduleResults:
 
 
 def sweep_metrics(res: Any) -> dict[str, float]:
-    """Logger scalars from a :class:`~te_gemm_callback.sweep.engine.SweepResult`: observed step
-    time and speedup per recipe."""
+    """Logger scalars from a sweep's result: observed step time and speedup per recipe."""
     from te_gemm_callback.analysis.verdicts import analyze
     from te_gemm_callback.precisions import skipped_lines, warn_once
     for line in skipped_lines(res.skipped):  # one line per cause, once per process
@@ -42,10 +41,6 @@ def sweep_metrics(res: Any) -> dict[str, float]:
         rep = analyze(caps[0], None, caps[1:])
     except ValueError:
         return {}
-    out = {}
-    for a in rep.recipes:
-        if a.observed_step_speedup is not None:
-            out[f"te_gemm/observed_step_speedup/{a.recipe}"] = a.observed_step_speedup
-        if a.observed_step_ms is not None:
-            out[f"te_gemm/sweep_step_ms/{a.recipe}"] = a.observed_step_ms
-    return out
+    return {f"te_gemm/{name}/{a.recipe}": v for a in rep.recipes
+            for name, v in (("observed_step_speedup", a.observed_step_speedup), ("sweep_step_ms", a.observed_step_ms))
+            if v is not None}

@@ -24,7 +24,6 @@ def clear_stale_sweep(output_dir: Path, run_id: str) -> list[Path]:
     """Remove our captures in ``output_dir/sweep/`` whose run id is not ``run_id``, then the folders
     that leaves empty. Files that are not our captures, and links, are left alone."""
     from te_gemm_callback.capture.capture_file import SCHEMA
-
     sweep, gone = output_dir / "sweep", list[Path]()
     if not sweep.is_dir() or sweep.is_symlink():
         return gone
