@@ -89,13 +89,6 @@ def schedule_signature() -> inspect.Signature:
     return inspect.Signature(params, return_annotation=None)
 
 
-def configs(name: str, options: dict[str, Any]) -> tuple[CaptureConfig, SweepConfig, ReportConfig]:
-    """The three configs from ``options``; an unknown keyword is refused with the nearest known one."""
-    refuse_unknown(name, options, [kw for c in CONFIGS for kw in c.keywords()])
-    given = dict(options)
-    return CaptureConfig.take(given), SweepConfig.take(given), ReportConfig.take(given)
-
-
 def phase(step: int, wait: int, warmup: int, active: int) -> str:
     """The schedule of ``torch.profiler.schedule``: untouched, warm-up (discarded), active, done."""
     if step < wait:
@@ -119,7 +112,10 @@ class GemmSchedule(Publishing):
     the fields of CaptureConfig, SweepConfig and ReportConfig."""
 
     def __init__(self, name: str = "GemmSchedule", **options: Any) -> None:
-        self.capture_config, self.sweep_config, self.report_config = configs(name, options)
+        refuse_unknown(name, options, [kw for c in CONFIGS for kw in c.keywords()])  # with the nearest known one
+        self.capture_config = CaptureConfig.take(options)  # each takes its keywords out of options
+        self.sweep_config = SweepConfig.take(options)
+        self.report_config = ReportConfig.take(options)
         self.name = name
         self.wait = self.capture_config.wait  # moved on by a resume inside the window
         self.kernel_recorder: Callable[[], Any] | None = None  # a KernelProfile factory (default: the profiler's)
