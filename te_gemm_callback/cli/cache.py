@@ -171,14 +171,12 @@ def add_cache_parser(sub: Any) -> None:
     cs = c.add_subparsers(dest="cache_cmd", required=True, metavar="{list,clear}")
     s = cs.add_parser("list", help="where the cache is, its size, and its cells per device and recipe",
                       description="Show where the cache is, its size, and its cells per device (with torch/TE "
-                                  "versions) and recipe. Changes nothing.",
-                      epilog=EXIT_CODES)
+                                  "versions) and recipe. Changes nothing.", epilog=EXIT_CODES)
     s.add_argument("--cache", type=_file_path, help=where)
     s.set_defaults(fn=cmd_cache_list)
     s = cs.add_parser("clear", help="remove the cache (every cell is measured again next time)",
                       description="Remove the cache file and the damaged copies it moved aside, under its lock. "
-                                  "A file that is not a te-gemm cache is refused and left as it is.",
-                      epilog=EXIT_CODES)
+                                  "A file that is not a te-gemm cache is refused and left as it is.", epilog=EXIT_CODES)
     s.add_argument("--cache", type=_file_path, help=where)
     s.add_argument("-y", "--yes", action="store_true", help="remove without asking (needed when not on a terminal)")
     s.set_defaults(fn=cmd_cache_clear)
