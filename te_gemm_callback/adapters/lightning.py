@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from pytorch_lightning.callbacks import Callback
@@ -21,8 +20,6 @@ from te_gemm_callback.schedule import (
 
 if TYPE_CHECKING:
     from pytorch_lightning import LightningModule, Trainer
-
-log = logging.getLogger("te_gemm_callback")
 
 
 class GemmProfilerCallback(ScheduleResults, Callback):
@@ -165,7 +162,7 @@ def _each(logger: Any, what: str, send: Any) -> None:
         send()
     except Exception as err:
         warn_once(f"te-gemm: {type(logger).__name__} could not take the te_gemm {what} "
-                  f"({type(err).__name__}: {err}); the other loggers still get them", log)
+                  f"({type(err).__name__}: {err}); the other loggers still get them")
 
 
 GemmProfilerCallback.__doc__ = schedule_doc(GemmProfilerCallback.__doc__ or "")

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from te_gemm_callback.schedule import GemmSchedule
-
-log = logging.getLogger("te_gemm_callback")
 
 
 class ScheduleResults:
