@@ -137,5 +137,6 @@ def main() -> None:
     a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                   "raw_pairs": True, "fill_floor_us": floors, "rows": rows}, indent=1))
 
+
 if __name__ == "__main__":
     main()

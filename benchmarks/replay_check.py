@@ -115,5 +115,6 @@ def summarize(out: Path, family: str, size: str, json_path: str | None) -> int:
         Path(json_path).write_text(json.dumps(res, indent=1, default=str))
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,6 +19,7 @@ from te_gemm_callback import torch_cuda
 
 NVTX_DOMAIN = "te_gemm"
 
+
 class MidMark:
     """A mark that ``step`` calls once inside each step :func:`boundary_times` times (the sweep marks
     the end of backward); ``part_ms`` then holds (host ms, GPU ms or None) from each step's start to it."""
@@ -34,6 +35,7 @@ class MidMark:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
         self.marks.append((time.perf_counter(), ev))
+
 
 def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
                    mid: MidMark | None = None) -> list[tuple[float, float | None]]:
@@ -58,11 +60,13 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
     return [((b - a) * 1e3, e0.elapsed_time(e1) if cuda else None)
             for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
 
+
 # Cycles of the spin kernel that stands in for the gate where Triton is missing: ~50 us on H100/H200/
 # B200 clocks, more than a host takes to launch the GEMM, and no longer: a spin is GPU idle time in the
 # step (docs/results/h200.md, facts the code relies on: spin lead).
 LEAD_CYCLES = 100_000
 FLOOR_PAIRS = 20  # pairs around a fill kernel that measure the pairs' floor (calibrate)
+
 
 class Timer:
     """A per-GEMM pair timer (:func:`gemm_timer`): the recorder opens a pair before each GEMM
@@ -102,9 +106,11 @@ class Timer:
     def calibrate(self) -> None:
         """Measure the pairs' floor, after the steps."""
 
+
 def gemm_timer(enabled: bool) -> Timer:
     """CUDA-event pairs where CUDA is, else host-clock pairs."""
     return EventTimer(enabled) if torch.cuda.is_available() else HostClockTimer(enabled)
+
 
 class HostClockTimer(Timer):
     """Host-clock pairs on a CPU-only machine: CPU kernels run synchronously. No lead, no floor."""
@@ -119,6 +125,7 @@ class HostClockTimer(Timer):
 
     def read(self, pair: Any) -> tuple[float | None, str | None]:
         return (None, None) if pair is None else ((pair[1] - pair[0]) * 1e3, None)
+
 
 class EventTimer(Timer):
     """CUDA-event pairs around GEMMs.
@@ -209,8 +216,10 @@ class EventTimer(Timer):
                 torch.cuda.synchronize()
                 self.floors[dev] = statistics.median(float(a.elapsed_time(b)) for a, b in pairs)
 
+
 def _fill_target() -> torch.Tensor:
     return torch.zeros(1, device=torch.device("cuda", torch_cuda.current_device()))
+
 
 def _record() -> Any:
     """A timing event on the current stream, given explicitly: ``record()`` without one looks it up
@@ -218,6 +227,7 @@ def _record() -> Any:
     ev = torch.cuda.Event(enable_timing=True)
     ev.record(torch_cuda.current_stream())
     return ev
+
 
 class Nvtx:
     """NVTX ranges in the ``te_gemm`` domain, for Nsight Systems: the ``nvtx`` package, else
@@ -245,10 +255,12 @@ class Nvtx:
         if self.enabled:
             self.backend.pop()
 
+
 def tool_attached() -> bool:
     """Whether an NVTX tool (Nsight Systems, a CUPTI injection) is listening: without one, ranges
     are host time per GEMM that nothing reads."""
     return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_PATH"))
+
 
 class _NvtxPackage:
     def __init__(self, nvtx: Any) -> None:
@@ -271,6 +283,7 @@ class _NvtxPackage:
     def pop(self) -> None:
         self.domain.pop_range()
 
+
 class _TorchNvtx:
     def start(self, name: str) -> Any:
         return torch.cuda.nvtx.range_start(f"{NVTX_DOMAIN}: {name}")
@@ -283,6 +296,7 @@ class _TorchNvtx:
 
     def pop(self) -> None:
         torch.cuda.nvtx.range_pop()
+
 
 class ProfilerRanges:
     """An ``nvtx_backend`` that opens a torch.profiler range per GEMM (``"te_gemm: <range name>"``),
@@ -302,11 +316,13 @@ class ProfilerRanges:
     def pop(self) -> None:
         pass
 
+
 def _default_backend() -> Any:
     try:
         return _NvtxPackage(importlib.import_module("nvtx"))
     except Exception:  # not installed, or an old version without domains
         return _TorchNvtx() if torch.cuda.is_available() else None
+
 
 def range_name(module: str, gemm: str, op: str, mkn: str, precision: str, recompute: bool) -> str:
     """What a person reading the timeline sees: module, pass, shape, precision."""

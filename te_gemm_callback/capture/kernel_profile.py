@@ -28,6 +28,7 @@ from te_gemm_callback.capture.kernels import (
 
 log = logging.getLogger("te_gemm_callback")
 
+
 @dataclass
 class KernelStep:
     """Kernels of one profiled step, in start order: (name, start µs, end µs), each one's stream,
@@ -70,13 +71,16 @@ class KernelStep:
             out[n] = out.get(n, 0.0) + (e - s)
         return out
 
+
 # Step marker: ATen's spin kernel with 0 cycles, a name no model kernel has. Launched on the current
 # stream at a kernels step's start, it runs after all earlier kernels: the step's kernels follow it.
 MARKER = "spin_kernel"
 
+
 def _split_k_tail(name: str) -> bool:
     low = name.lower()
     return "split_k_kernel" in low or "splitkreduce" in low
+
 
 class KernelProfile:
     """``torch.profiler`` with CUDA kernel activity only, over one or more steps.
@@ -172,12 +176,14 @@ class KernelProfile:
             except Exception:  # already broken: nothing of it is used
                 pass
 
+
 def _raw_events(prof: Any) -> Iterator[tuple[Any, float, float]]:
     """(event, start µs, end µs) of Kineto's raw records; AttributeError on a torch without them."""
     results = prof.profiler.kineto_results
     t0 = results.trace_start_ns()
     for e in results.events():
         yield e, (e.start_ns() - t0) / 1e3, (e.start_ns() - t0 + e.duration_ns()) / 1e3
+
 
 def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, float, int | None, int | None]]:
     """(name, start µs, end µs, stream, correlation id) of every ``device`` kernel of a finished
@@ -189,6 +195,7 @@ def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, fl
                 if device in str(e.device_type()) and not getattr(e, "is_hidden_event", lambda: False)()]
     except AttributeError:  # another torch: the parsed events, streams unknown
         return [(n, s, e, None, None) for n, s, e in kernel_intervals(prof, device)]
+
 
 def host_calls(prof: Any) -> list[tuple[str, float, float, int]]:
     """(name, start µs, end µs, correlation id) of every CUDA runtime and driver call of a finished
@@ -205,6 +212,7 @@ def host_calls(prof: Any) -> list[tuple[str, float, float, int]]:
         if not out or c[1] >= out[-1][2]:  # else nested in the call before it (or on another thread)
             out.append(c)
     return out
+
 
 def split_at_marks(kernels: list[tuple[str, float, float]], marks: int,
                    streams: list[int | None] | None = None, corrs: list[int | None] | None = None,
@@ -234,6 +242,7 @@ def split_at_marks(kernels: list[tuple[str, float, float]], marks: int,
                 steps[k].calls = calls[w + 1:nxt]
     return steps
 
+
 def join_by_order(sequence: list[Any], step: KernelStep,
                   kernels_per_call: list[tuple[int, ...]] | None = None) -> list[tuple[Any, float]] | None:
     """Pair each captured GEMM call of a step (``sequence``, launch order; None: an aten GEMM counted
@@ -253,6 +262,7 @@ def join_by_order(sequence: list[Any], step: KernelStep,
             out.append((call, (max(e for _, _, e in group) - min(s for _, s, _ in group)) / 1e3 if group else 0.0))
     return out
 
+
 def _call_groups(sequence: list[Any], gemms: int, kernels_per_call: list[tuple[int, ...]] | None) -> list[range] | None:
     """Per call, the range of the step's GEMMs it launched: the first choice of counts whose total is
     ``gemms``, or None."""
@@ -266,6 +276,7 @@ def _call_groups(sequence: list[Any], gemms: int, kernels_per_call: list[tuple[i
         if sum(counts) == gemms:
             return [range(end - n, end) for n, end in zip(counts, itertools.accumulate(counts))]
     return None
+
 
 def kernel_calls(sequence: list[Any], step: KernelStep,
                  kernels_per_call: list[tuple[int, ...]] | None = None) -> list[int | None] | None:
@@ -282,9 +293,11 @@ def kernel_calls(sequence: list[Any], step: KernelStep,
                 out[i] = call
     return out
 
+
 # A large MoE step runs a few thousand kernels; at ~70 bytes each, a full timeline adds under 1.5 MB.
 MAX_TIMELINE_KERNELS = 20_000
 MAX_KERNEL_NAME = 500  # kernel names are C++ template signatures; the start names the kernel
+
 
 def kernel_timeline(index: int, step: KernelStep, calls: list[int | None], sequence: list[Any],
                     record_of: dict[Any, int], limit: int = MAX_TIMELINE_KERNELS) -> KernelTimeline:
@@ -307,6 +320,7 @@ def kernel_timeline(index: int, step: KernelStep, calls: list[int | None], seque
     host = host_rows(step) if len(ks) <= limit else None
     return KernelTimeline(step=index, span_us=round(span, 3), names=list(names), kernels=rows, total=len(ks),
                           calls=host[0] if host else None, latency_us=host[1] if host else None)
+
 
 def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
     """The host side of a kernels step, for :mod:`te_gemm_callback.analysis.replay`: one row per
@@ -339,6 +353,7 @@ def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
     lags = sorted(x for x in lags if x >= 0)
     return rows, round(lags[len(lags) // 2], 3) if lags else 5.0
 
+
 def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
     """The capture meta of the kernels steps: kernel time per category, top kernels, communication overlap."""
     n = len(steps)
@@ -351,6 +366,7 @@ def breakdown_meta(steps: list[KernelStep]) -> dict[str, Any]:
     return {"kernel_breakdown_ms": breakdown_ms(us, n), "kernel_top_ms": top_kernels_ms(us, n),
             "kernel_breakdown_steps": n, "kernel_breakdown_window": "the capture's kernels steps",
             **comm_overlap_ms(intervals, n)}
+
 
 def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...]] | None,
                  kernel_steps: dict[int, KernelStep], source: str) -> dict[str, Any]:
@@ -376,6 +392,7 @@ def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...
         log.warning("te-gemm: per-GEMM kernel times not joined (%s): per-GEMM times left to %s",
                     out["kernel_join"], source)
     return out
+
 
 __all__ = ["KernelProfile", "KernelStep", "join_by_order", "join_records", "breakdown_meta", "split_at_marks",
            "kernel_calls", "kernel_records", "kernel_timeline", "MARKER", "MAX_TIMELINE_KERNELS"]

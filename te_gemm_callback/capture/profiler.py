@@ -34,6 +34,7 @@ from te_gemm_callback.precisions import warn_once
 
 log = logging.getLogger("te_gemm_callback")
 
+
 class GemmProfiler:
     """Record every GEMM a model runs: shapes, pass, precision, GPU time and owning module.
 
@@ -421,10 +422,12 @@ class GemmProfiler:
             return None
         return self.recorder.step - self._wait.lead
 
+
 def _check_micro_batches(v: Any) -> None:
     """Refuse a count the capture cannot save and load back (0, 1.5, True, 10**30)."""
     if type(v) is not int or not 1 <= v <= MAX_INT:
         raise ValueError(f"micro_batches must be a whole number >= 1 (the micro-batches of the step), got {v!r}")
+
 
 GemmProfiler.__doc__ = (GemmProfiler.__doc__ or "").replace(
     "    Example:", "    Args:\n" + ProfilerConfig.doc() + "\n\n    Example:", 1)

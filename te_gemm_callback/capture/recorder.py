@@ -18,6 +18,7 @@ from te_gemm_callback.shapes import GemmOp, GemmShape
 
 log = logging.getLogger("te_gemm_callback")
 
+
 class Recorder:
     """Shared state of one capture: events, instruments, and the failure switch. Per GEMM, ``begin``
     and ``end`` build no dataclass and format no string: raw tuples become events in :meth:`resolve`."""
@@ -132,10 +133,12 @@ class Recorder:
             counts.append(grouped_kernel_counts(ev.m_splits) if site.kernel == "general_grouped_gemm" else (1,))
         self.raw.clear()
 
+
 def splits_from_offs(offs: torch.Tensor) -> tuple[int, ...]:
     """Group sizes from ``_grouped_mm``'s cumulative offsets."""
     ends = [int(x) for x in offs.tolist()]
     return tuple(e - s for s, e in zip([0] + ends[:-1], ends))
+
 
 def apply_splits(ev: GemmEvent) -> None:
     """The token dimension of a grouped GEMM is the sum of its splits (k for wgrad, else m)."""
@@ -145,10 +148,12 @@ def apply_splits(ev: GemmEvent) -> None:
     else:
         ev.m = total
 
+
 def grouped_kernel_counts(m_splits: Any) -> tuple[int, ...]:
     """The GEMM kernels a TE grouped GEMM may launch: one per expert, or one per expert with rows."""
     splits = list(m_splits or [])
     return (len(splits), sum(1 for x in splits if x)) if splits else (1,)
+
 
 @dataclass(frozen=True)
 class GemmSite:

@@ -28,6 +28,7 @@ from te_gemm_callback.precisions import te_version
 
 log = logging.getLogger("te_gemm_callback")
 
+
 def build_capture(prof: Any) -> GemmCapture:
     rec = prof.recorder
     steps = []
@@ -92,6 +93,7 @@ def build_capture(prof: Any) -> GemmCapture:
     return GemmCapture(records=records, steps=steps, meta=meta, coverage=_coverage(prof, records),
                        kernel_timeline=timeline)
 
+
 def _join_ref(prof: Any) -> tuple[list, list[tuple[int, ...]] | None]:
     """The reference step's GEMM calls in launch order (the last dispatch step: it saw every GEMM),
     and the kernel counts each may have launched."""
@@ -100,6 +102,7 @@ def _join_ref(prof: Any) -> tuple[list, list[tuple[int, ...]] | None]:
     if not ref_ids:
         return [], None
     return prof.recorder.sequences.get(ref_ids[-1], []), prof.recorder.kernel_counts.get(ref_ids[-1])
+
 
 def _timeline(prof: Any, records: list) -> KernelTimeline | None:
     """The first kernels step whose kernels joined the captured GEMMs, as a timeline, or None."""
@@ -112,6 +115,7 @@ def _timeline(prof: Any, records: list) -> KernelTimeline | None:
         if calls is not None:
             return kernel_timeline(i, ks, calls, ref, record_of, MAX_TIMELINE_KERNELS)
     return None
+
 
 def _join_kernels(prof: Any, records: list) -> dict[str, Any]:
     """Per-GEMM kernel times from the kernels steps, joined by launch order to the reference step."""
@@ -137,6 +141,7 @@ def _join_kernels(prof: Any, records: list) -> dict[str, Any]:
     out.update(join_records(records, ref, counts, kernel_steps, source))
     return out
 
+
 def _coverage(prof: Any, records: list) -> dict[str, Any]:
     warn = prof.recorder.error is None and any(s.kind == INSTRUMENTED for s in prof._steps)
     dispatch = prof._step_ids(lambda s: s.dispatch)
@@ -148,6 +153,7 @@ def _coverage(prof: Any, records: list) -> dict[str, Any]:
         "step_kinds": [s.kind for s in prof._steps],
         "error": prof.recorder.error,
     }
+
 
 def _meta(prof: Any) -> dict[str, Any]:
     cuda = torch.cuda.is_available() and not prof.on_meta
@@ -175,6 +181,7 @@ def _meta(prof: Any) -> dict[str, Any]:
         "cupti_owner": prof.cupti.meta() if prof.cupti is not None else None,
     }
 
+
 def _event_pairs(rec: Any, dispatch_only: list[str]) -> dict[str, Any] | None:
     """What led the event pairs, their floor (us, by device), how many were dropped (gate gave up) and below floor."""
     if rec.timer.kind != "cuda_events":
@@ -183,6 +190,7 @@ def _event_pairs(rec: Any, dispatch_only: list[str]) -> dict[str, Any] | None:
             "floor_us": {str(d): round(ms * 1e3, 2) for d, ms in sorted(rec.timer.floors.items())},
             "dropped": sum(rec.dropped.values()), "below_floor": rec.below_floor,
             "dispatch_steps_only": dispatch_only}
+
 
 def _prefer_light_steps(events: list, dispatch_steps: set[int]) -> list[str]:
     """Drop dispatch-mode times of GEMMs lighter steps timed too (that mode's Python cost per aten op

@@ -28,8 +28,10 @@ log = logging.getLogger("te_gemm_callback")
 
 TAG = "te_gemm_module"
 
+
 def is_te_module(module: nn.Module) -> bool:
     return type(module).__module__.startswith("transformer_engine")
+
 
 def bears_gemm(m: nn.Module) -> bool:
     """Whether a module holds a weight that its own forward runs a GEMM with."""
@@ -37,10 +39,12 @@ def bears_gemm(m: nn.Module) -> bool:
         return True
     return any(p.dim() >= (2 if is_te_module(m) else 3) for _, p in m.named_parameters(recurse=False))
 
+
 # Wrapper class (of that name, defined in torch, or a subclass) -> the attribute holding the wrapped
 # module. ActivationWrapper is the base of CheckpointWrapper and OffloadWrapper.
 _WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module", "DataParallel": "module",
              "FullyShardedDataParallel": "_fsdp_wrapped_module", "ActivationWrapper": "_checkpoint_wrapped_module"}
+
 
 def wrapper_attr(module: nn.Module) -> str | None:
     """The attribute under which ``module`` wraps another, if it is one of torch's wrappers."""
@@ -49,6 +53,7 @@ def wrapper_attr(module: nn.Module) -> str | None:
         if attr is not None and cls.__module__.startswith("torch.") and attr in module._modules:
             return attr
     return None
+
 
 def display_names(model: nn.Module) -> dict[str, str]:
     """Qualified name -> the name shown, wrapper attributes dropped (``"_orig_mod.fc1"`` -> ``"fc1"``)."""
@@ -65,6 +70,7 @@ def display_names(model: nn.Module) -> dict[str, str]:
             shown[raw] = f"{shown[parent]}.{attr}" if shown[parent] else attr
     return shown
 
+
 def te_ops_owners(modules: dict[str, nn.Module]) -> dict[int, tuple[str, str]]:
     """id of each GEMM-bearing te.ops op -> (owner shown, its own name): a ``BasicLinear`` inside a
     ``te.ops.Linear`` is shown as that Linear."""
@@ -77,9 +83,11 @@ def te_ops_owners(modules: dict[str, nn.Module]) -> dict[int, tuple[str, str]]:
         out[id(m)] = (shown, name)
     return out
 
+
 def in_backward() -> bool:
     """True while the autograd engine runs a backward graph task on this thread."""
     return torch._C._current_graph_task_id() != -1
+
 
 def _grad_nodes(output: Any) -> list[Any]:
     if isinstance(output, torch.Tensor):  # most modules: no pytree walk (µs per hooked call)
@@ -87,11 +95,13 @@ def _grad_nodes(output: Any) -> list[Any]:
     return [leaf.grad_fn for leaf in tree_leaves(output)
             if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None]
 
+
 def _probe_next_seq(probe: torch.Tensor) -> int:
     # A view of a leaf that requires grad creates one node and takes the number; the next gets the one after.
     with torch.enable_grad():
         node = cast("torch.autograd.graph.Node", probe.view(()).grad_fn)
         return node._sequence_nr() + 1
+
 
 def next_seq_reader() -> Callable[[], int]:
     """The autograd sequence number the next node made on this thread will get: torch's getter, else
@@ -106,6 +116,7 @@ def next_seq_reader() -> Callable[[], int]:
     probe = torch.zeros((), requires_grad=True)
     return lambda: _probe_next_seq(probe)
 
+
 class _DeleteAttr:
     """A handle whose ``remove()`` takes an instance attribute off again (the class's shows)."""
 
@@ -114,6 +125,7 @@ class _DeleteAttr:
 
     def remove(self) -> None:
         self.obj.__dict__.pop(self.name, None)
+
 
 class ModuleScope:
     """Forward/backward module attribution for one model."""
@@ -261,6 +273,7 @@ class ModuleScope:
             f = f.f_back
         return None
 
+
 class _Pre(HookFn):
     """Forward pre-hook: push the module on this thread's stack (attributes bound once: it runs a lot)."""
 
@@ -282,6 +295,7 @@ class _Pre(HookFn):
                     scope.note_other_thread()
             st.append(self.name)
             seqs.append(self.peek() if self.grad_on() else -1)
+
 
 class _Post(HookFn):
     """Forward hook: pop the module, tag the autograd nodes its forward made."""
@@ -308,6 +322,7 @@ class _Post(HookFn):
                 scope._tag(output, name, start)
         except Exception as err:  # never break the job: report and stop capturing
             scope._on_error(err)
+
 
 class _BackwardDw(StandIn):
     """TE's ``delay_wgrad_compute``: wgrad GEMMs run in the job's ``backward_dw()`` call, outside any

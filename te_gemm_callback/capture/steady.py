@@ -35,24 +35,29 @@ _COMPILE_COUNTERS = (("frames", "total"), ("stats", "unique_graphs"), ("aot_auto
                      ("inductor", "fxgraph_cache_bypass"), ("compiled_autograd", "captures"),
                      ("compiled_autograd", "compiles"))
 
+
 def _counter(cat: str, name: str) -> int:
     du = sys.modules.get("torch._dynamo.utils")  # not imported: nothing was ever compiled
     c = getattr(du, "counters", None)
     # .get: reading must not add empty categories to the job's counters.
     return (c.get(cat) or {}).get(name, 0) if c is not None else 0
 
+
 def compile_activity() -> int:
     """A number that grows whenever dynamo, AOT autograd or inductor compiles something."""
     return sum(_counter(cat, name) for cat, name in _COMPILE_COUNTERS)
 
+
 def graphs_compiled() -> int:
     return _counter("stats", "unique_graphs")
+
 
 def compiled_modules(model: nn.Module) -> dict[str, nn.Module]:
     """The modules of ``model`` that run compiled code: OptimizedModules and ``module.compile()``d ones."""
     return {name: m for name, m in model.named_modules()
             if (type(m).__name__ == "OptimizedModule" and "_orig_mod" in m._modules)
             or m.__dict__.get("_compiled_call_impl") is not None}
+
 
 class EagerCompiled:
     """Compiled modules run their eager forward between ``enter`` and ``exit``: dynamo never sees
@@ -79,6 +84,7 @@ class EagerCompiled:
         saved, self._saved = self._saved, []
         for m, name, v in reversed(saved):
             m.__dict__[name] = v
+
 
 class GraphCaptures:
     """Counts CUDA graph captures (``CUDAGraph.capture_begin``, which torch.cuda.graph, inductor and
@@ -122,12 +128,15 @@ class GraphCaptures:
         else:
             delattr(graph_cls, "capture_begin")  # it was inherited: inherit it again
 
+
 def _graph_class() -> Any:
     return getattr(sys.modules.get("torch.cuda"), "CUDAGraph", None)
+
 
 def activity() -> tuple[int, int]:
     """(compile activity, CUDA graph captures) now; the difference over a step says what it did."""
     return compile_activity(), GraphCaptures.count
+
 
 @dataclass
 class SteadyWait:
@@ -146,6 +155,7 @@ class SteadyWait:
             self.waiting, self.lead = False, i + 1
             self.ran_out = moved
 
+
 def outlier_ref(times: list[float]) -> float | None:
     """The median of the faster half of the clean steps (robust while up to half are slow, which a
     plain median is not); None below ``MIN_FOR_OUTLIERS``."""
@@ -153,10 +163,12 @@ def outlier_ref(times: list[float]) -> float | None:
         return None
     return statistics.median(sorted(times)[: (len(times) + 1) // 2])
 
+
 def outliers(times: list[float], factor: float = OUTLIER_FACTOR) -> list[int]:
     """Indices of the times more than ``factor`` times :func:`outlier_ref`."""
     ref = outlier_ref(times)
     return [i for i, t in enumerate(times) if ref and t > factor * ref]
+
 
 @dataclass
 class Steadiness:
@@ -166,6 +178,7 @@ class Steadiness:
     verdict: str
     reached: bool | None  # None: not checkable (fewer than 2 clean steps planned, nothing unsteady)
     unsteady: dict[str, list[int]] = field(default_factory=dict)
+
 
 def assess(kinds: list[str], moved: list[tuple[int, int]], ms: list[float], wait: SteadyWait) -> Steadiness:
     """Retag clean and settle steps that compiled or captured a graph, then slow clean steps as

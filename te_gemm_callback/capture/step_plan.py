@@ -13,6 +13,7 @@ PARTIAL = "partial"
 # Every kind a capture's step can have: a file naming another is damaged (GemmCapture.validate).
 STEP_KINDS = (INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN, COMPILE, RECOMPILE, GRAPH_CAPTURE, OUTLIER, PARTIAL)
 
+
 @dataclass(frozen=True)
 class StepPlan:
     """Which instrument a profiled step runs under, by its index (docs/step-plan.md).
@@ -54,6 +55,7 @@ class StepPlan:
 
     def dispatches(self, i: int) -> bool:
         return self.kind(i) == INSTRUMENTED and (self.dispatch == "all" or i < self.dispatch)
+
 
 @overload
 def count_arg(name: str, v: Any, allow_all: Literal[False] = False) -> int: ...

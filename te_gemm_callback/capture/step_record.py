@@ -9,6 +9,7 @@ from te_gemm_callback.capture.kernel_profile import KernelStep
 
 Boundary = tuple[float, Any]  # (host clock in s, CUDA event or None) at a step boundary
 
+
 @dataclass
 class StepRecord:
     """One step: opened with it, completed when it closes, dropped whole if it never ran."""

@@ -27,6 +27,7 @@ from te_gemm_callback.capture.step_plan import (
 __all__ = ["capture_steps", "StepPlan", "count_arg", "INSTRUMENTED", "WARMUP", "KERNELS", "SETTLE", "CLEAN",
            "COMPILE", "RECOMPILE", "GRAPH_CAPTURE", "OUTLIER", "PARTIAL"]
 
+
 def capture_steps(model: Any, step_fn: Callable[[], Any], clean_steps: int = 1, **profiler_kwargs: Any) -> GemmCapture:
     """Run ``step_fn`` (one training step) under a :class:`~te_gemm_callback.GemmProfiler` for its
     profiled steps and ``clean_steps`` more, after any compile steps; returns the capture.

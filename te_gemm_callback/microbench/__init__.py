@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
 
+
 def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str] = ("autocast", "prequantized"), *,
           devices: int = 1, cache: str | Path | bool = True, visits: int | None = None,
           gemm_duty: float | None = None, flush_l2: bool = False, progress: bool = False,
@@ -71,5 +72,6 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
     from te_gemm_callback.microbench.engine import run_bench
     return run_bench(items, recipes, list(modes), flush_l2=flush_l2, cache=rc, visits=visits, gemm_duty=gemm_duty,
                      progress=progress, console=console)
+
 
 __all__ = ["bench"]

@@ -33,6 +33,7 @@ CACHE_SCHEMA = "te-gemm-cache/1"
 
 _ELSEWHERE = "give --cache a new path or set TE_GEMM_CACHE to one"
 
+
 class ResultCache:
     """JSON cache of results and per-device peaks. Saving merges this run's cells into the file
     under a lock (``<cache>.lock``). A file that is not a cache is refused, a corrupt one moved
@@ -178,8 +179,10 @@ class ResultCache:
             log.warning("te-gemm: %s", self.save_error)
         return self.save_error
 
+
 def _too_noisy(r: BenchResult) -> bool:
     return r.noisy or r.above_spread_limit
+
 
 def _usable(d: dict[str, Any]) -> bool:
     """A stored entry that is well-formed and quiet enough to reuse."""
@@ -189,10 +192,12 @@ def _usable(d: dict[str, Any]) -> bool:
         return False
     return not _too_noisy(from_fields(BenchResult, d))
 
+
 def _looks_like_cache(raw: bytes) -> bool:
     """A torn or damaged cache still opens with our schema, the first field we write. Nothing else
     counts: an lm-eval results.json opens with '{"results"' too, and it is not ours to move."""
     return raw[:64].lstrip().startswith(b'{"schema": "' + CACHE_SCHEMA.split("/")[0].encode())
+
 
 def _is_cache(data: Any) -> bool:
     return isinstance(data, dict) and (data.get("schema") == CACHE_SCHEMA or (

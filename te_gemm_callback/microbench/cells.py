@@ -27,6 +27,7 @@ FP8_FAMILY = {r.name for r in RECIPE_TABLE if r.low_precision_peak}  # timed aga
 # median then depends on which calls the host disturbed (docs/benchmark-methodology.md).
 SPREAD_LIMIT = 0.5
 
+
 @dataclass
 class BenchResult:
     """One (shape, pass, precision, mode) timing, with the conditions it was measured under."""
@@ -80,11 +81,13 @@ class BenchResult:
         return (self.m, self.k, self.n, self.op, tuple(self.m_splits) if self.m_splits else None, self.precision,
                 self.mode, self.batch)
 
+
 def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int, ...] | None,
                precision: str, mode: str, flush_l2: bool, gemm_duty: float = 1.0) -> str:
     splits = ",".join(map(str, m_splits)) if m_splits else "-"
     return "|".join([device, versions, f"{shape.op}:{shape.mkn}", splits, precision, mode,
                      "flush" if flush_l2 else "warm-l2"] + ([f"duty {gemm_duty:g}"] if gemm_duty != 1.0 else []))
+
 
 def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | None, precision: str,
              mode: str) -> str:

@@ -46,12 +46,14 @@ Samples = tuple[list[float], list[float]]  # a measured cell's samples (ms) and 
 # shared device is quiet again within seconds; noisy after three tries, the cell is marked noisy.
 REMEASURES = 2
 
+
 class BenchStopped(RuntimeError, ValueError):
     """A run stopped by a lost CUDA context, with the cells ``results`` before it (a ValueError: one line)."""
 
     def __init__(self, message: str, results: BenchResults) -> None:
         super().__init__(message)
         self.results = results
+
 
 def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), modes: Iterable[str] = ("autocast",),
               *, flush_l2: bool = False, cache: ResultCache | None = None, progress: bool = True,
@@ -65,9 +67,11 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
                    visits_of=visits_of)
     return run.execute(items, progress, console)
 
+
 def default_visits(cuda: bool) -> int:
     """16 on a GPU: enough power-limiter swings for cold runs to agree (docs/benchmark-methodology.md)."""
     return 16 if cuda else 1
+
 
 class BenchRun:
     """One :func:`run_bench` call: its settings, device conditions (``cond``) and ``timeline``."""
@@ -244,6 +248,7 @@ class BenchRun:
                     results.append(r)
         return results, samples
 
+
 def _runnable(precisions: Iterable[str], use_te: bool) -> tuple[list[str], dict[str, str]]:
     """The recipes this machine runs, in the order asked, and each other one with why it does not."""
     wanted, skipped = [], {}
@@ -257,11 +262,13 @@ def _runnable(precisions: Iterable[str], use_te: bool) -> tuple[list[str], dict[
             wanted.append(p)
     return wanted, skipped
 
+
 def _warn_noisy(results: list[BenchResult]) -> None:
     if noisy := [r for r in results if r.noisy]:
         log.warning("te-gemm: %d cell(s) kept a spread (IQR/median) above %.0f%% after %d measurements, e.g. %s %s "
                     "%s: marked noisy, not cached", len(noisy), 100 * SPREAD_LIMIT, REMEASURES + 1, noisy[0].precision,
                     noisy[0].op, noisy[0].shape.mkn)
+
 
 def _progress(enabled: bool, console: Any) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

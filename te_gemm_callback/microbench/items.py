@@ -51,10 +51,12 @@ class WorkItem:
             return 1.0
         return next((n for o, n in self.passes if o is op), 0.0)
 
+
 def passes_of(item: WorkItem) -> tuple[GemmShape, ...]:
     """The shapes of the passes the item runs, in GemmOp order."""
     ops = set(item.ops)
     return tuple(s for s in item.all_passes if s.op in ops)
+
 
 def merged(a: WorkItem, b: WorkItem) -> WorkItem:
     """One job's item for two items of one key: every pass either runs."""
@@ -63,11 +65,14 @@ def merged(a: WorkItem, b: WorkItem) -> WorkItem:
     ops = dict(a.passes) | dict(b.passes)
     return replace(a, passes=tuple((op, ops[op]) for op in GemmOp if op in ops))
 
+
 def items_from_config(cfg: ModelConfig) -> list[WorkItem]:
     return [WorkItem(g.name, g.fprop, float(g.count(cfg)), g.m_splits) for g in config_gemms(cfg)]
 
+
 def items_from_shapes(shapes: Iterable[GemmShape]) -> list[WorkItem]:
     return [WorkItem(s.mkn, fprop_of(s)) for s in shapes]
+
 
 def representative_splits(calls: list[list[int]], k: int = 3) -> list[tuple[tuple[int, ...], float]]:
     """The m_splits to time for a grouped GEMM whose routing changed between calls, each with its
@@ -81,6 +86,7 @@ def representative_splits(calls: list[list[int]], k: int = 3) -> list[tuple[tupl
     ranked = sorted((tuple(s) for s in calls), key=lambda s: max(s) * len(s) / max(sum(s), 1))
     picks = [ranked[round(i * (len(ranked) - 1) / (k - 1))] for i in range(k)]
     return [(s, 1.0 / k) for s in picks]
+
 
 def items_from_capture(cap: GemmCapture) -> list[WorkItem]:
     """One item per captured GEMM (name, forward shape) with the passes the job ran at their calls

@@ -26,12 +26,14 @@ _JOBS_QUEUED = 1
 # Jobs are built (and kept for all their visits) until they hold this share of the GPU's memory.
 _MEMORY_SHARE = 0.5
 
+
 class MeasuredCell(NamedTuple):
     """A cell as one measurement of its job left it."""
 
     result: BenchResult
     samples: list[float] | None  # every sample (ms), pooled over the visits; None if none was read
     clocks: list[float]  # the SM clock (MHz) over each visit of the job
+
 
 @dataclass(eq=False)
 class PlannedJob:
@@ -57,6 +59,7 @@ class PlannedJob:
     def noisy(self) -> bool:
         return any(c.result.noisy for c in self.measured.values())
 
+
 @dataclass(eq=False)
 class JobVisits:
     """One measurement of a job: the job built once (``runner``), then what each of its visits gathered."""
@@ -67,6 +70,7 @@ class JobVisits:
     clocks: list[float] = field(default_factory=list)  # the SM clock (MHz) over each visit; none without NVML
     error: str | None = None  # why it could not be built, queued or read back: its later visits are skipped
 
+
 class _Queued(NamedTuple):
     """A visit queued on the GPU, read back after the one synchronize."""
 
@@ -75,6 +79,7 @@ class _Queued(NamedTuple):
     collect: Collect | None  # reads its samples (None: queueing it failed)
     start: Any  # StreamClock marks around it
     end: Any
+
 
 class JobQueue:
     """Builds jobs in batches that fit in memory and queues every visit of a batch, waiting once."""
@@ -196,13 +201,16 @@ class JobQueue:
                 v.clocks.append(ck["sm_clock_mhz_median"])
         return [q.entry for q in queued]
 
+
 # TE's C++ errors open with "<file>:<line> in function <f>: Assertion failed: <expr>. " (common/util/logging.h).
 _TE_WHERE = re.compile(r"^\S+:\d+ in function \S+: (Assertion failed: .*?\. )?")
+
 
 def context_lost(reason: str) -> bool:
     """Whether an error leaves the CUDA context unusable: a device fault is sticky, out of memory not."""
     text = reason.lower()
     return "cuda error" in text and "out of memory" not in text
+
 
 def _reason(err: Exception) -> str:
     text = str(err).splitlines()[0] if str(err) else ""

@@ -41,6 +41,7 @@ from te_gemm_callback.shapes import GemmOp
 Times = dict[tuple[GemmOp, str], list[float]]  # (pass, mode) -> per-call milliseconds
 Collect = Callable[[], Times]  # reads a job's times once the GPU has run it (after a synchronize)
 
+
 class _GemmTap:
     """Sits on TE's GEMM entry points during a job: records event pairs, or repeats each call."""
 
@@ -91,6 +92,7 @@ class _GemmTap:
             self.events.append((layout, s, e))
             return out
         return orig(*args, **kwargs)
+
 
 class TeJob:
     """A work item's ``te.Linear`` / ``te.GroupedLinear`` in one recipe, built once, visited often."""
@@ -198,6 +200,7 @@ class TeJob:
 
         return collect
 
+
 class TorchJob:
     """BF16 torch matmuls (no TE, or a GEMM no recipe runs): both modes time the same products."""
 
@@ -246,7 +249,9 @@ class TorchJob:
                 timed[op] = functools.partial(list, time_cpu(fn, n))
         return lambda: {(op, mode): read() for op, read in timed.items() for mode in self.modes}
 
+
 Job = TeJob | TorchJob
+
 
 def grouped_linear_options(cls: Callable) -> dict[str, Any]:
     """Keyword arguments for ``te.GroupedLinear`` beyond the sizes: the per-expert GEMMs where TE
@@ -257,6 +262,7 @@ def grouped_linear_options(cls: Callable) -> dict[str, Any]:
     except (TypeError, ValueError):
         return {}
     return {"use_grouped_tensor": False} if "use_grouped_tensor" in params else {}
+
 
 @contextlib.contextmanager
 def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share: float,
@@ -271,6 +277,7 @@ def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share
         yield lambda item, precision: (TeJob(item, precision, modes, flush, tap, share, gemm_duty) if item.runs_recipe
                                        else TorchJob(item, modes, share, gemm_duty))
 
+
 def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush | None,
            share: float = 1.0, gemm_duty: float = 1.0) -> Times:
     """One job built, measured once and read back (benchmarks/bench_vs_job.py), calls back to back."""
@@ -278,6 +285,7 @@ def te_job(item: WorkItem, precision: str, modes: Iterable[str], flush: L2Flush 
         collect = make(item, precision).queue()
     torch.cuda.synchronize()
     return collect()
+
 
 @dataclass(frozen=True)
 class JobPlan:
@@ -302,12 +310,14 @@ class JobPlan:
         return (self.autocast_s * ("autocast" in self.modes)
                 + self.passes * self.repeat_burst_s * ("prequantized" in self.modes))
 
+
 def plan_job(item: WorkItem, precision: str, modes: Iterable[str], share: float = 1.0) -> JobPlan:
     gemm_ms = 1e3 * gemm_seconds(item.fprop.flops, precision)
     passes = len(passes_of(item))
     return JobPlan(gemm_ms, iters=_share_iters(passes * gemm_ms, share, target_ms=60.0, lo=10, hi=30),
                    repeats=_share_iters(gemm_ms, share, target_ms=30.0, lo=10, hi=50), modes=frozenset(modes),
                    passes=passes)
+
 
 def _share_iters(estimate_ms: float, share: float, *, target_ms: float, lo: int, hi: int) -> int:
     return adaptive_iters(estimate_ms, target_ms * share, math.ceil(lo * share), math.ceil(hi * share))

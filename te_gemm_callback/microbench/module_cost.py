@@ -25,6 +25,7 @@ KEEP_GPU_BUSY = True  # host rounds timed behind a sleeping kernel (False: onto 
 BUSY_SHARE = 0.9
 _CYCLES_PER_S: list[float] = []  # torch.cuda._sleep's cycles per second on this GPU, once measured
 
+
 def _build(spec: dict[str, Any], te: Any, dtype: Any) -> tuple[Any, int, int]:
     """The TE module of ``spec`` on the GPU, and its input's (tokens, features)."""
     cls, g = spec["class"], spec["gemms"]
@@ -42,9 +43,11 @@ def _build(spec: dict[str, Any], te: Any, dtype: Any) -> tuple[Any, int, int]:
     (m, k, n), = g.values()
     return getattr(te, cls)(k, n, **kw), m, k
 
+
 def _error(err: Exception) -> dict[str, str]:
     """A row that could not be measured, and why (one line, bounded)."""
     return {"error": f"{type(err).__name__}: {str(err)[:200]}"}
+
 
 class _Run:
     """One module, its inputs (host-timed, captured) and output gradients, run in one recipe."""
@@ -71,6 +74,7 @@ class _Run:
                 bwd.append((t2 - t1) * 1e6)
         return fwd, bwd
 
+
 def _cycles_per_s(torch: Any) -> float:
     """Cycles of ``torch.cuda._sleep`` per second on this GPU, from one timed sleep, once per process."""
     if not _CYCLES_PER_S:
@@ -82,6 +86,7 @@ def _cycles_per_s(torch: Any) -> float:
         end.synchronize()
         _CYCLES_PER_S.append(cycles / max(start.elapsed_time(end) / 1e3, 1e-6))
     return _CYCLES_PER_S[0]
+
 
 def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
     """Median host µs of one forward and one backward per run, over rounds that visit every run."""
@@ -106,6 +111,7 @@ def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
     return [{"host_fwd_us": round(statistics.median(f), 2), "host_bwd_us": round(statistics.median(b), 2)}
             for f, b in times]
 
+
 def _segments(records: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
     """Each run's measured kernels in a profile laid out by _gpu_rows: a marker (the first kernel),
     then per run its warm-up, a marker, its measured passes, a marker."""
@@ -115,6 +121,7 @@ def _segments(records: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
     marker = recs[0][0]
     cuts = [i for i, r in enumerate(recs) if r[0] == marker]
     return [recs[cuts[i] + 1:cuts[i + 1]] for i in range(1, len(cuts) - 1, 2)]
+
 
 def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
     """(GEMM kernel µs, other kernel µs, kernels) per forward+backward on the captured input, per run."""
@@ -140,6 +147,7 @@ def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
     if len(rows) != len(runs):
         raise RuntimeError(f"{len(rows)} marked kernel segments for {len(runs)} recipes")
     return rows
+
 
 def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
               phases: dict[str, float] | None = None) -> dict[str, Any]:
@@ -177,6 +185,7 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
                 row.update(_kind_row(spec, [run.recipe], te, torch, phases))
     return {r: row[r] for r in recipes}
 
+
 def recording_tax_us(torch: Any, calls: int = 1000) -> tuple[float, float]:
     """Host µs more that a bare CUDA launch and a one-kernel ATen op cost while torch.profiler records
     CUDA activity than without: medians over alternations of ``calls`` of each, the recorded ones
@@ -208,6 +217,7 @@ def recording_tax_us(torch: Any, calls: int = 1000) -> tuple[float, float]:
     call_tax, op_tax = (statistics.median(rec[i]) - statistics.median(bare[i]) for i in range(2))
     return call_tax, op_tax
 
+
 class CostCache:
     """Measured rows kept between runs in the bench's ResultCache, keyed on the GPU, CPU, torch, TE."""
 
@@ -226,6 +236,7 @@ class CostCache:
 
     def _key(self, parts: tuple[Any, ...]) -> str:
         return "|".join([self.where, f"module-cost {MODULE_COST_SCHEMA}", *map(str, parts)])
+
 
 def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
                          cache: CostCache | None = None) -> dict[str, Any]:

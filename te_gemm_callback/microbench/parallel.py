@@ -33,6 +33,7 @@ from te_gemm_callback.shapes import GemmOp, GemmShape
 if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
 
+
 def local_gpu_count() -> int:
     """Visible GPUs without importing torch: CUDA_VISIBLE_DEVICES, else ``nvidia-smi -L``, else 1."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -44,19 +45,23 @@ def local_gpu_count() -> int:
         return 1
     return max(1, sum(line.startswith("GPU ") for line in out.splitlines()))
 
+
 def visit_shares(visits: int, devices: int) -> list[int]:
     """Visits per device, as even as they go (the first take the remainder); none: not used."""
     return [s for d in range(devices) if (s := visits // devices + (d < visits % devices))]
+
 
 def _item_to_json(it: WorkItem) -> list:
     s = it.fprop
     return [it.name, s.m, s.k, s.n, str(s.op), s.batch, it.count, list(it.m_splits) if it.m_splits else None,
             it.weight, [[str(op), calls] for op, calls in it.passes]]
 
+
 def _item_from_json(row: list) -> WorkItem:
     name, m, k, n, op, batch, count, splits, weight, passes = row
     return WorkItem(name, GemmShape(m, k, n, GemmOp(op), batch), count, tuple(splits) if splits else None, weight,
                     tuple((GemmOp(o), c) for o, c in passes))
+
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
@@ -91,7 +96,9 @@ def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
     if got:  # the handler's KeyboardInterrupt was swallowed ("Exception ignored" in a callback)
         raise KeyboardInterrupt(f"signal {got[0]}")
 
+
 _TMP_PREFIX = "te_gemm_bench_"
+
 
 def _remove_stale_folders() -> None:
     """Remove this user's ``te_gemm_bench_<pid>_*`` folders of earlier runs on this host (their
@@ -118,6 +125,7 @@ def _remove_stale_folders() -> None:
         if pid != os.getpid() and not _alive(pid):
             shutil.rmtree(folder, ignore_errors=True)
 
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -126,6 +134,7 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process holds the pid now
         return True
     return True
+
 
 def _die_with_parent(parent: int, folder: Path) -> None:
     """In a worker: die when the caller dies, SIGKILL included. Linux: PR_SET_PDEATHSIG (it fires
@@ -149,6 +158,7 @@ def _die_with_parent(parent: int, folder: Path) -> None:
         watch()
     threading.Thread(target=watch, name="te-gemm-parent-watch", daemon=True).start()
 
+
 def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
     spec_path, out_path, log_path = tmp / f"spec{device}.json", tmp / f"out{device}.json", tmp / f"log{device}.txt"
     spec_path.write_text(json.dumps(dict(spec, device=device)))
@@ -160,6 +170,7 @@ def _launch(device: int, spec: dict[str, Any], tmp: Path) -> tuple[subprocess.Po
                                  str(out_path), str(os.getpid())], stdout=log, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path))
     return proc, out_path, log_path
+
 
 def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list[str], devices: int, *,
                        flush_l2: bool = False, cache: ResultCache | None = None,
@@ -210,6 +221,7 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
             raise
     return _pooled(parts, own, cache, failed, t0)
 
+
 def _check_parallel(devices: int, visits: int | None, gemm_duty: float | None) -> None:
     """The arguments, checked before any worker starts (two processes allowed on a CPU host)."""
     if devices < 1:
@@ -221,6 +233,7 @@ def _check_parallel(devices: int, visits: int | None, gemm_duty: float | None) -
         raise ValueError(f"visits must be an integer from 1 to {MAX_VISITS}, got {visits!r}")
     if gemm_duty is not None and not MIN_GEMM_DUTY <= gemm_duty <= 1.0:  # before the workers start, not in them
         raise ValueError(f"gemm_duty must be in [{MIN_GEMM_DUTY:g}, 1], got {gemm_duty}")
+
 
 def _pooled(parts: list[Any], own: Any, cache: ResultCache, failed: dict[int, str], t0: float) -> BenchResults:
     """Every device's samples pooled per cell, the measured cells cached, and meta per device."""
@@ -246,6 +259,7 @@ def _pooled(parts: list[Any], own: Any, cache: ResultCache, failed: dict[int, st
         meta["mixed_devices"] = "the GPUs differ; each cell pools samples from all of them"
     return BenchResults(results, own.skipped, meta)
 
+
 def _own_share(items: list[WorkItem], spec: dict[str, Any], progress: bool, console: Any) -> BenchResults:
     """Device 0's share, in this process, once the workers have started."""
     import torch
@@ -256,6 +270,7 @@ def _own_share(items: list[WorkItem], spec: dict[str, Any], progress: bool, cons
     own = _run_share(items, dict(spec, device=0), progress, console)
     assert own is not None  # device 0 always has a visit (visit_shares)
     return own
+
 
 def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = False,
                console: Any = None) -> BenchResults | None:
@@ -274,10 +289,12 @@ def _run_share(items: list[WorkItem], spec: dict[str, Any], progress: bool = Fal
     res.meta["device_index"] = spec["device"]
     return res
 
+
 def _part_from_json(d: dict[str, Any]) -> BenchResults:
     from te_gemm_callback.microbench.results import BenchResults
     samples = {tuple(tuple(x) if isinstance(x, list) else x for x in cell): (ts, cs) for cell, ts, cs in d["samples"]}
     return BenchResults([BenchResult(**r) for r in d["results"]], d["skipped"], d["meta"], samples)
+
 
 def _worker_main(spec_path: str, out_path: str, parent: str | None = None) -> int:
     if parent is not None:
@@ -293,6 +310,7 @@ def _worker_main(spec_path: str, out_path: str, parent: str | None = None) -> in
     samples = [[list(cell), ts, cs] for cell, (ts, cs) in res.samples.items()]
     Path(out_path).write_text(json.dumps(dict(res.to_dict(), samples=samples)))
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(_worker_main(*sys.argv[1:4]))

@@ -21,6 +21,7 @@ SAME_GPU = 0.05
 
 _RATES: dict[str, float] = {}
 
+
 def _scale(peaks: Mapping[str, float], kind: str) -> float:
     """This GPU's measured peak over the H200's, 1.0 within SAME_GPU of it or where none was measured."""
     p = peaks.get(kind)
@@ -28,6 +29,7 @@ def _scale(peaks: Mapping[str, float], kind: str) -> float:
         return 1.0
     r = p / H200_PEAKS_TFLOPS[kind]
     return 1.0 if abs(r - 1.0) <= SAME_GPU else r
+
 
 def set_rate_model(peaks: Mapping[str, float] | None) -> dict[str, float]:
     """Rescale the model to this GPU's peaks (TFLOP/s of "bf16" and maybe "fp8"); None or {} restores
@@ -38,10 +40,12 @@ def set_rate_model(peaks: Mapping[str, float] | None) -> dict[str, float]:
     _RATES.update(bf16=bf16, fp8=fp8, nvfp4=bf16 * NVFP4_OVER_BF16)
     return {k: v / 1e12 for k, v in _RATES.items()}
 
+
 def gemm_seconds(flops: float, precision: str) -> float:
     """Model estimate of one GEMM's time (seconds)."""
     if precision == "NVFP4BlockScaling":
         return flops / _RATES["nvfp4"]
     return flops / _RATES["fp8" if precision in FP8_FAMILY else "bf16"]
+
 
 set_rate_model(None)

@@ -49,6 +49,7 @@ class BenchResults:
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: malformed te-gemm bench result: {type(err).__name__}: {err}") from None
 
+
 def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[float], peaks: dict) -> BenchResult:
     r.median_ms, r.q1_ms, r.q3_ms = stats(times)
     r.iters = len(times)
@@ -59,6 +60,7 @@ def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[flo
     r.sm_clock_mhz = statistics.median(clocks) if clocks else None
     r.noisy = r.above_spread_limit  # cleared if a later attempt is quieter (engine.BenchRun._remeasure)
     return r
+
 
 def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
     """One run's results from a multi-GPU run's parts: each cell summarised over the samples of every
@@ -77,6 +79,7 @@ def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
         out.append(r)
     return out
 
+
 def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
             ops: tuple[GemmOp, ...] | None = None) -> float | None:
     """GEMM time of one call of a work item, each pass at its calls per call (only those in ``ops``,
@@ -90,6 +93,7 @@ def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
             return None
         total += (r.median_ms or 0.0) * item.calls_of(s.op)  # set on an ok cell
     return total
+
 
 def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
     """Items as this run measured them: m_splits it timed carry the calls of those it did not."""
@@ -114,6 +118,7 @@ def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
         out += [replace(it, count=it.count * scale) for it in kept]
     return out
 
+
 def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
             fallback: str | None = None) -> float | None:
     """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config).
@@ -128,6 +133,7 @@ def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
             return None
         total += it.count * t
     return total
+
 
 def fallback_items(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
                    fallback: str = "BF16") -> list[tuple[WorkItem, str]]:

@@ -28,12 +28,14 @@ HEAT_PER_BURST = 4.0
 # GPU seconds queued to spend the boost (heat_s) and to cover the host's queuing (hold_s), for the timeline.
 HEAT_LOG = {"heat_s": 0.0, "hold_s": 0.0, "idle_holds": 0, "holds": 0}
 
+
 def heat_seconds(hold_s: float, idle: bool, burst_s: float | None = None) -> float:
     """Seconds to load the GPU before a burst: the hold, and on an idle GPU enough to spend the boost."""
     if not idle:
         return hold_s
     heat = HEAT_MAX_S if burst_s is None else min(HEAT_MAX_S, HEAT_PER_BURST * burst_s)
     return max(hold_s, heat)
+
 
 class _Heater:
     """Dense BF16 GEMMs (n x n times n x n/4) that keep the GPU at sustained load (one per device)."""
@@ -58,6 +60,7 @@ class _Heater:
         for _ in range(max(1, math.ceil(seconds / self.call_s))):
             self.mm()
 
+
 class _Spin:
     """A spin kernel where no heater fits in GPU memory (no gaps, but maybe the boost clock)."""
 
@@ -69,7 +72,9 @@ class _Spin:
     def load(self, seconds: float) -> None:
         torch.cuda._sleep(int(seconds * 2e9))
 
+
 _HEATERS: dict[int, _Heater | _Spin] = {}
+
 
 def _heater() -> _Heater | _Spin:
     dev = torch.cuda.current_device()
@@ -86,6 +91,7 @@ def _heater() -> _Heater | _Spin:
             _HEATERS[dev] = _Spin()
     return _HEATERS[dev]
 
+
 def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
     """Queue dense GEMMs ahead of the caller's next launches, without waiting (:func:`heat_seconds`)."""
     idle = torch.cuda.current_stream().query()  # True when nothing is queued
@@ -96,6 +102,7 @@ def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
     HEAT_LOG["hold_s"] += hold_s
     if seconds > 0:  # a busy GPU and nothing to hold: queue nothing
         _heater().load(seconds)
+
 
 class StreamClock:
     """When the GPU reached points of the stream, in host time, read after one synchronize against
@@ -132,12 +139,14 @@ class StreamClock:
         """Host time at which the GPU reached ``mark`` (after :meth:`wait`)."""
         return mark if not self.cuda else self.t0 + self.anchor.elapsed_time(mark) / 1e3
 
+
 # The timed GEMMs' default share of GPU time: in a training step other kernels draw less power, so
 # under the power limit GEMMs clock higher than back to back. At 0.75, within BF16 and FP8 steps'
 # GEMM shares, cells agree with the same GEMMs timed in training (docs/benchmark-methodology.md).
 GEMM_DUTY = 0.75
 # Spin-kernel cycles per second at a power-limited GPU's sustained clock: about right is enough.
 _SPIN_HZ = 1.5e9
+
 
 def between_calls(flush: Callable[[], None] | None, gemm_duty: float,
                   call_s: float) -> Callable[[], None] | None:
@@ -153,12 +162,14 @@ def between_calls(flush: Callable[[], None] | None, gemm_duty: float,
         return lambda: torch.cuda._sleep(cycles)
     return lambda: (flush(), torch.cuda._sleep(cycles))[0]
 
+
 def stats(times: list[float]) -> tuple[float, float, float]:
     """(median, first quartile, third quartile)."""
     if len(times) == 1:
         return times[0], times[0], times[0]
     q = statistics.quantiles(times, n=4, method="inclusive")
     return statistics.median(times), q[0], q[2]
+
 
 class L2Flush:
     """Overwrite a buffer twice the L2 size between timed calls (outside the event pair)."""
@@ -171,7 +182,9 @@ class L2Flush:
     def __call__(self) -> None:
         self.buf.zero_()
 
+
 Pairs = list[tuple[Any, Any]]  # (start, end) CUDA events of one call each
+
 
 def launch_timed(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None,
                  burst_s: float | None = None) -> Pairs:
@@ -190,9 +203,11 @@ def launch_timed(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None
         end.record()
     return pairs
 
+
 def elapsed(pairs: Pairs) -> list[float]:
     """Per-call GPU times (ms) of event pairs whose work has completed."""
     return [s.elapsed_time(e) for s, e in pairs]
+
 
 def time_cuda(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None,
               burst_s: float | None = None) -> list[float]:
@@ -200,6 +215,7 @@ def time_cuda(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = 
     pairs = launch_timed(fn, n, flush, burst_s)
     torch.cuda.synchronize()  # read back after the last call: nothing timed waits on the host
     return elapsed(pairs)
+
 
 def time_cpu(fn: Callable[[], Any], n: int) -> list[float]:
     out = []
@@ -209,23 +225,28 @@ def time_cpu(fn: Callable[[], Any], n: int) -> list[float]:
         out.append((time.perf_counter() - t) * 1e3)
     return out
 
+
 def adaptive_iters(estimate_ms: float, target_ms: float = 40.0, lo: int = 7, hi: int = 60) -> int:
     """Enough calls for ~target_ms of measurement, within [lo, hi]."""
     if estimate_ms <= 0:
         return hi
     return int(min(hi, max(lo, target_ms / estimate_ms)))
 
+
 WARM_UP_S = 0.3
+
 
 def spend_boost(seconds: float = WARM_UP_S) -> None:
     """Queue ``seconds`` of dense load without waiting, so the timed calls find the clock settled."""
     HEAT_LOG["heat_s"] += seconds
     _heater().load(seconds)
 
+
 def warm_up_gpu(seconds: float = WARM_UP_S) -> None:
     """Load the GPU for ``seconds`` before the first cell (initialisation, idle boost spent) and wait."""
     _heater().load(seconds)
     torch.cuda.synchronize()
+
 
 def device_conditions() -> dict[str, Any]:
     """Device name, clocks and versions: every result carries them."""
@@ -250,6 +271,7 @@ def device_conditions() -> dict[str, Any]:
             pass
     return out
 
+
 def cpu_model() -> str:
     """/proc/cpuinfo's "model name" (Linux x86), else what the platform module says."""
     import platform
@@ -261,6 +283,7 @@ def cpu_model() -> str:
     except OSError:  # not Linux, or /proc hidden: the fallback names the architecture at least
         pass
     return platform.processor() or platform.machine() or "unknown CPU model"
+
 
 def measure_peaks(cache: dict[str, Any], device: str) -> dict[str, float]:
     """Dense 8192^3 GEMM ceilings of this device (TFLOP/s) in BF16 and FP8 E4M3, cached per device."""

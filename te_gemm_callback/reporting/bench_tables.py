@@ -27,6 +27,7 @@ FOOTNOTES = {
                 "the time may be far off",
 }
 
+
 def _fmt(ms: float | None, base: float | None, cells: list[BenchResult | None]) -> str:
     """A time made of ``cells``, its speedup over ``base`` and its marks; "not measured" where no cell is."""
     if ms is None:
@@ -35,10 +36,12 @@ def _fmt(ms: float | None, base: float | None, cells: list[BenchResult | None]) 
     return (f"{ms:.3f}{sp}" + (f"[dim]{CACHED_MARK}[/dim]" if CACHED_MARK in marks else "")
             + (f"[bold red]{NOISY_MARK}[/bold red]" if NOISY_MARK in marks else ""))
 
+
 def _marks(cells: Iterable[BenchResult | None]) -> str:
     """The marks of a time made of ``cells``: a cached or noisy one marks the total too."""
     ok = [r for r in cells if r is not None and r.ok]
     return (CACHED_MARK if any(r.cached for r in ok) else "") + (NOISY_MARK if any(r.noisy for r in ok) else "")
+
 
 def _caption(marks: str, *lines: str) -> str | None:
     """A table's footnotes: each mark in ``marks`` explained, then ``lines``."""
@@ -46,8 +49,10 @@ def _caption(marks: str, *lines: str) -> str | None:
     # Each note made safe on its own: safe() shows a line break as "?", which glued them together.
     return "\n".join(safe(n) for n in notes) if notes else None
 
+
 def _item_cells(res: BenchResults, it: WorkItem, precision: str, mode: str) -> list[BenchResult | None]:
     return [res.get(s, precision, mode, it.m_splits) for s in passes_of(it)]
+
 
 def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) -> Table:
     precs = res.precisions
@@ -76,6 +81,7 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
     t.caption, t.caption_justify = _caption(shown), "left"
     return t
 
+
 def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
     """Per work item (fprop+dgrad+wgrad), then the whole step, with speedups over BF16."""
     precs = res.precisions
@@ -95,9 +101,11 @@ def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
     t.caption, t.caption_justify = _caption(shown, "; ".join(skipped_lines(res.skipped))), "left"
     return t
 
+
 def speedup_summary(res: BenchResults, items: list[WorkItem], mode: str) -> dict[str, float | None]:
     base = step_ms(res, items, "BF16", mode)
     return {p: base / ms if base and (ms := step_ms(res, items, p, mode)) else None for p in res.precisions}
+
 
 def swapped_items(items: list[WorkItem]) -> list[WorkItem]:
     """What TE's benchmark_gemm.py times for dgrad and wgrad: a forward GEMM of the pass's written sizes."""
@@ -109,6 +117,7 @@ def swapped_items(items: list[WorkItem]) -> list[WorkItem]:
         out += [WorkItem(f"{it.name} dgrad-as-fprop", d.__class__(d.m, d.k, d.n)),
                 WorkItem(f"{it.name} wgrad-as-fprop", w.__class__(w.m, w.k, w.n))]
     return out
+
 
 def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkItem], mode: str) -> Table:
     """Real backward GEMMs against the swapped-forward stand-in, per shape and precision."""
@@ -126,6 +135,7 @@ def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkIte
                 t.add_row(safe(it.name), str(s.op), s.mkn, safe(p), f"{a.median_ms:.3f}", f"{b.median_ms:.3f}",
                           f"{cast(float, b.median_ms) / cast(float, a.median_ms):.3f}")  # ok: both timed
     return t
+
 
 def run_summary(res: BenchResults) -> str:
     """One line: how many cells, where, how long, and at what SM clock (at the power limit the clock,
@@ -156,6 +166,7 @@ def run_summary(res: BenchResults) -> str:
         line += (f"; {heat['heat_s']:.1f} s of dense load to keep every burst at the sustained clock "
                  f"({heat['idle_holds']} of {heat['holds']} holds found the GPU idle)")
     return line + _quality(res)
+
 
 def _quality(res: BenchResults) -> str:
     """Where the cells came from and which to doubt (the marks the tables show)."""

@@ -17,14 +17,17 @@ SLOW_FACTOR = 10.0  # a GEMM this many times slower per FLOP than its neighbours
 NEIGHBOUR_FLOPS = 4.0  # neighbours: GEMMs within this factor of its FLOPs
 MIN_NEIGHBOURS = 3
 
+
 def human_flops(x: float) -> str:
     for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.2f} {unit}"
     return f"{x:.0f} "
 
+
 def ms_text(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
 
 def shapes_table(cfg: ModelConfig, gemms: list[ConfigGemm]) -> Table:
     """Per-layer GEMMs of a config (fprop, dgrad, wgrad), with FLOPs per layer and per model."""
@@ -49,10 +52,12 @@ def shapes_table(cfg: ModelConfig, gemms: list[ConfigGemm]) -> Table:
                  f"{' + lm_head' if cfg.vocab_size else ''}) {human_flops(model_total)}FLOP per micro-batch")
     return t
 
+
 def _op_shape(r: GemmRecord, graphed: list[str]) -> tuple[str, str]:
     """A record's pass (recomputed, graphed) and shape (its groups) as the tables show them."""
     op = r.op + (" (recompute)" if r.recompute else "") + (" (graphed)" if in_graphed(r.module, graphed) else "")
     return op, r.shape.mkn + (f" [{len(r.m_splits[0])} groups]" if r.m_splits else "")
+
 
 def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
     """One row per captured GEMM record."""
@@ -80,6 +85,7 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
                      + (f". {note}" if note else ""))
     return t
 
+
 def capture_share(cap: GemmCapture) -> str | None:
     """The capture's GEMM time and share in words, on the clocks it was measured with, never a share
     above 100% (:func:`te_gemm_callback.analysis.checks.share_check`)."""
@@ -98,6 +104,7 @@ def capture_share(cap: GemmCapture) -> str | None:
                 f"a {step_ms:.2f} ms clean step; {clocks})")
     return f"GEMM time {gemm_ms:.2f} ms of a {step_ms:.2f} ms step ({100 * chk['share']:.1f}%, {clocks})"
 
+
 def summary_metrics(cap: GemmCapture, prefix: str = "te_gemm/") -> dict[str, Any]:
     """Scalars for a logger (TensorBoard, CSV): what a training dashboard should show."""
     gemm_ms, step_ms = cap.gemm_ms_per_step(), cap.step_ms()
@@ -114,6 +121,7 @@ def summary_metrics(cap: GemmCapture, prefix: str = "te_gemm/") -> dict[str, Any
     elif gemm_ms is not None:
         out["gemm_ms_timed_steps"] = gemm_ms
     return {prefix + k: v for k, v in out.items() if v is not None}
+
 
 def ranks_table(rows: list[dict[str, Any]]) -> Table:
     """Per-rank step and GEMM time, communication (total and exposed), FLOPs, grouped-GEMM rows, errors."""
@@ -132,6 +140,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> Table:
                   safe(r["error"] or ""))
     return t
 
+
 def slower_than_neighbours(rec: Any, records: list[Any]) -> float | None:
     """How many times slower per FLOP ``rec`` ran than the median of GEMMs within NEIGHBOUR_FLOPS of its
     FLOPs, where above SLOW_FACTOR (a CPU's noise, a first call); None otherwise or with too few neighbours."""
@@ -143,6 +152,7 @@ def slower_than_neighbours(rec: Any, records: list[Any]) -> float | None:
         return None
     k = (rec.median_ms / rec.flops) / per[len(per) // 2]
     return k if k > SLOW_FACTOR else None
+
 
 def top_gemm_rows(cap: GemmCapture, limit: int = 10) -> tuple[list[str], list[list[str]], int]:
     """The GEMMs that took the most time per step, as text: (columns, rows, how many more). The share is

@@ -22,6 +22,7 @@ def _output_dir(v: Any, name: str) -> Path:
         raise ValueError(f"{name} {plain(v)} exists and is not a folder: give a folder path")
     return Path(v)
 
+
 def _filename(v: Any, name: str) -> str:
     # "." and ".." pass the name test but name a folder.
     if not isinstance(v, str) or not v.strip() or Path(v).name != v or v in (".", "..") or not v.isprintable():
@@ -29,6 +30,7 @@ def _filename(v: Any, name: str) -> str:
     if len(os.fsencode(v)) > 200:  # the folder's limit is 255 bytes, and ".name.xxxx.tmp" goes beside it
         raise ValueError(f"{name} must be at most 200 bytes, got {len(os.fsencode(v))}")
     return v
+
 
 def _project(v: Any, name: str) -> tuple[str, ...]:
     from te_gemm_callback.projection import gpu
@@ -40,6 +42,7 @@ def _project(v: Any, name: str) -> tuple[str, ...]:
         return tuple(gpu(str(g)).key for g in v)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
+
 
 @dataclass(frozen=True)
 class ReportConfig(Options):

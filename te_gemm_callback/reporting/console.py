@@ -10,9 +10,11 @@ from rich.table import Table
 
 _STDERR = False  # a command prints JSON on standard output (`--json -`): its tables go to stderr
 
+
 def tables_to_stderr(on: bool = True) -> None:
     global _STDERR
     _STDERR = on
+
 
 class _FileConsole(Console):
     """A console for a file or a pipe (a job's log): a table takes the width it needs, so that no
@@ -33,13 +35,16 @@ class _FileConsole(Console):
         finally:
             self.width = width
 
+
 def console() -> Console:
     """The terminal's console, else one for a file or pipe whose tables are not cut to 80 columns."""
     c = Console(stderr=_STDERR)
     return c if c.is_terminal else _FileConsole(width=120, stderr=_STDERR)
 
+
 def print_table(table: Table, out: Console | None = None) -> None:
     (out or console()).print(table)
+
 
 def make_table(title: str, columns: Iterable[str], left: Container[str] = (), wrap: Container[str] = (),
                rows: Iterable[Sequence[str]] = (), caption: str | None = None) -> Table:

@@ -24,11 +24,13 @@ if TYPE_CHECKING:
 
     from te_gemm_callback.analysis.verdicts import RecipeAnalysis, Report
 
+
 def new_figure(figsize: tuple[float, float]) -> tuple[Figure, Axes]:
     """A figure with one axes on an Agg canvas of its own, freed with the caller (no pyplot registry)."""
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     return fig, fig.subplots()
+
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Write a figure as PNG, atomically and marked as ours (files.png.write_figure_atomic), its texts'
@@ -42,8 +44,10 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     fig.tight_layout()
     return write_figure_atomic(fig, path, dpi=120, bbox_inches="tight")
 
+
 FOOTNOTE_FONTSIZE = 7
 FOOTNOTE_LINES = 3  # per note: a long reason (a TE error) is shortened, at a word boundary, past this
+
 
 def footnote_lines(text: str, width: int, max_lines: int = FOOTNOTE_LINES) -> list[str]:
     """``text`` wrapped on word boundaries (never cutting a word), continuation lines indented, ending
@@ -51,6 +55,7 @@ def footnote_lines(text: str, width: int, max_lines: int = FOOTNOTE_LINES) -> li
     lines = textwrap.wrap(" ".join(str(text).split()), width=max(width, 20), subsequent_indent="  ",
                           break_long_words=False, break_on_hyphens=False, max_lines=max_lines, placeholder=" ...")
     return [ln.replace("$", r"\$") for ln in lines]
+
 
 def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
     """Items that differ only in their layer index (blocks.0.fc1, blocks.1.fc1 of one shape) as one group,
@@ -60,6 +65,7 @@ def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
         groups.setdefault((re.sub(r"\.\d+(?=\.|$)", ".*", it.name), it.key[:4]), []).append(it)
     return [(name if len(layers) == 1 else f"{name} (x{len(layers)})", g)
             for (name, _), g in groups.items() for layers in [{it.name for it in g}]]
+
 
 def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, path: str | Path,
                         title: str | None = None) -> Path:
@@ -100,6 +106,7 @@ def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, pat
         fig.text(0.01, -0.02 * len(lines), "\n".join(lines), fontsize=FOOTNOTE_FONTSIZE, va="bottom")
     return save_figure(fig, path)
 
+
 def ranks_figure(rows: list[dict], path: str | Path) -> Path:
     """Per rank: GEMM, communication no compute overlapped and the rest; grouped-GEMM rows (MoE) above."""
     fig, ax = new_figure((max(5, 0.9 * len(rows) + 3), 4.2))
@@ -121,6 +128,7 @@ def ranks_figure(rows: list[dict], path: str | Path) -> Path:
                  + (f"\n(GEMM and step: captured steps; NCCL: {window})" if window else ""), fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
+
 
 def speedup_figure(rep: Report, path: str | Path) -> Path:
     """Predicted (GEMMs alone) against observed step speedup per recipe, GEMM speedup beside them."""
@@ -151,6 +159,7 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
+
 def _run_share(rep: Report, a: RecipeAnalysis) -> tuple[float | None, str]:
     """(GEMM share of this run's step, its basis) as the report's checks gave it, else the plain ratio (<= 1)."""
     chk = (rep.meta.get("gemm_shares") or {}).get(a.recipe)
@@ -159,8 +168,10 @@ def _run_share(rep: Report, a: RecipeAnalysis) -> tuple[float | None, str]:
     g, step = a.observed_gemm_ms, cast(float, a.observed_step_ms)  # the figure draws runs with a step time only
     return (g / step, "step") if g is not None and g <= step else (None, "")
 
+
 # The GEMM part of a bar drawn from the share of another step (host clock): an estimate, hatched.
 _TIMED_SHARE = "gemm (share of its timed step)"
+
 
 def step_split_title(rep: Report, kernels: dict[str, dict[str, float]] | None = None) -> str:
     """The step-split figure's title, its clocks named for what they were on this device."""
@@ -168,6 +179,7 @@ def step_split_title(rep: Report, kernels: dict[str, dict[str, float]] | None = 
     rest = "kernel time by category" if any((kernels or {}).values()) else "the step minus GEMM"
     clock = GEMM_CLOCK_SHORT.get(rep.meta["gemm_clock"]) if "gemm_clock" in rep.meta else "in-job timing"
     return f"Step time split (GEMM: {clock}; the rest: {rest})"
+
 
 def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str, float]] | None = None) -> Path:
     """Observed step time per recipe: GEMM and the rest, split by kernel category where the sweep profiled
@@ -195,6 +207,7 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
     ax.set_title(step_split_title(rep, kernels))
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
+
 
 def _split_bar(a: RecipeAnalysis, share: float | None, basis: str,
                split: dict[str, float] | None) -> tuple[list[tuple[str, float]], str]:

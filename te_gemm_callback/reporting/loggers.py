@@ -17,6 +17,7 @@ log = logging.getLogger("te_gemm_callback")
 
 FIGURES = ("speedups", "step_split", "gemm_autocast", "gemm_prequantized")  # write_run's keys for PNGs
 
+
 def report_metrics(files: dict[str, Path]) -> dict[str, float]:
     """Scalars from the report: precision-aware MFU, and per recipe the GEMM and predicted step speedups
     (no GEMM share: te_gemm/gemm_share, the capture's, is the one a dashboard shows)."""
@@ -31,16 +32,20 @@ def report_metrics(files: dict[str, Path]) -> dict[str, float]:
                 out[f"te_gemm/report/{key}/{r['recipe']}"] = float(r[key])
     return out
 
+
 def verdict_markdown(files: dict[str, Path]) -> str:
     """The verdicts and tables as Markdown: the report.md the report wrote."""
     md = files.get("report_md")
     return Path(md).read_text() if md is not None and Path(md).is_file() else ""
 
+
 def _figures(files: dict[str, Path]) -> list[tuple[str, Path]]:
     return [(f"te_gemm/{k}", Path(files[k])) for k in FIGURES if k in files and Path(files[k]).is_file()]
 
+
 def _files(files: dict[str, Path]) -> list[str]:
     return [str(p) for p in files.values() if Path(p).is_file()]
+
 
 def _image(path: Path) -> Any:
     """A PNG as an HxWxC uint8 array (TensorBoard's add_image)."""
@@ -48,11 +53,13 @@ def _image(path: Path) -> Any:
     img = matplotlib.image.imread(str(path))
     return (img[..., :3] * 255).astype("uint8") if img.dtype != "uint8" else img[..., :3]
 
+
 def to_tensorboard(writer: Any, files: dict[str, Path], step: int) -> None:
     for tag, path in _figures(files):
         writer.add_image(tag, _image(path), step, dataformats="HWC")
     writer.add_text("te_gemm/report", verdict_markdown(files), step)
     writer.flush()
+
 
 def to_lightning_logger(logger: Any, files: dict[str, Path], step: int) -> None:
     """Figures and the verdict table to one Lightning logger, by its kind (metrics went through log_metrics)."""
@@ -68,6 +75,7 @@ def to_lightning_logger(logger: Any, files: dict[str, Path], step: int) -> None:
     elif kind == "MLFlowLogger":
         for path in _files(files):
             logger.experiment.log_artifact(logger.run_id, path, artifact_path="te_gemm")
+
 
 def hf_logging_dir(args: Any, since: float | None = None) -> str:
     """Where the Trainer's TensorBoard integration writes: ``TENSORBOARD_LOGGING_DIR``, ``args.logging_dir``,
@@ -85,6 +93,7 @@ def hf_logging_dir(args: Any, since: float | None = None) -> str:
     import socket
     from datetime import datetime
     return str(runs / f"{datetime.now().strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}_te_gemm")
+
 
 def to_report_to(report_to: Any, logging_dir: str | None, metrics: dict[str, float], files: dict[str, Path],
                  step: int) -> list[str]:

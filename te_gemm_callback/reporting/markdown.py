@@ -40,6 +40,7 @@ FIGURE_TITLES = {"speedups": "Predicted vs observed step speedup", "step_split":
                  "ranks": "Per-rank step: GEMM, exposed communication, rest"}
 TOP_GEMMS = 10
 
+
 def md_escape(text: Any, line_start: bool = False) -> str:
     """``text`` shown literally on one line (safe in a table cell); with ``line_start``, also what would
     open a heading or a list."""
@@ -47,6 +48,7 @@ def md_escape(text: Any, line_start: bool = False) -> str:
     if line_start:
         s = _LEADING.sub(lambda m: "\\" + m.group(1) if m.group(1) else m.group(2) + "\\" + m.group(3), s)
     return s
+
 
 def md_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Iterable[int] = ()) -> list[str]:
     """A GFM table, every cell escaped; ``right``: the columns aligned right."""
@@ -58,12 +60,14 @@ def md_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], right: Itera
         out.append("| " + " | ".join(cells[:len(columns)]) + " |")
     return out
 
+
 def code_block(lines: Iterable[str], lang: str = "") -> list[str]:
     """A fenced code block, its fence longer than any run of backticks in ``lines``."""
     body = [plain(ln) for ln in lines]
     runs = [len(r) for ln in body for r in re.findall(r"`+", ln)]
     fence = "`" * max(3, max(runs, default=0) + 1)
     return [fence + lang, *body, fence]
+
 
 def link_target(path: Path, root: Path) -> str:
     """``path`` as a relative, percent-encoded link from a file in ``root``."""
@@ -72,6 +76,7 @@ def link_target(path: Path, root: Path) -> str:
     except ValueError:  # another drive (Windows): the name, since our files lie in root
         rel = Path(path).name
     return quote(Path(rel).as_posix())
+
 
 def _verdicts(rr: RunReport) -> list[str]:
     rep, out = rr.report, ["## Verdicts", ""]
@@ -91,6 +96,7 @@ def _verdicts(rr: RunReport) -> list[str]:
         out += ["", md_escape(plan_line(rr.plan), line_start=True)]
     return out
 
+
 def _speedups(rr: RunReport) -> list[str]:
     s = speedup_rows(rr.report)
     rows = [[*row, a.verdict] for row, a in zip(s.rows, rr.report.recipes)]
@@ -98,6 +104,7 @@ def _speedups(rr: RunReport) -> list[str]:
     return ["## Speedups", "", md_escape(s.title, line_start=True), "",
             *md_table([*s.columns, "verdict"], rows, right=range(1, len(s.columns))), "",
             md_escape(s.explained + ".", line_start=True)]
+
 
 def _capture(rr: RunReport) -> list[str]:
     cap = rr.job
@@ -111,6 +118,7 @@ def _capture(rr: RunReport) -> list[str]:
     if not any(r.times_ms for r in cap.records):
         out += ["Not timed (no per-call GEMM times): the GEMMs with the most FLOPs per step.", ""]
     return out + md_table(cols, rows, right=(4, 5)) + _capture_conditions(cap)
+
 
 def _capture_conditions(cap: Any) -> list[str]:
     """What a reader of the capture's numbers should know about its steps."""
@@ -132,6 +140,7 @@ def _capture_conditions(cap: Any) -> list[str]:
                      "it was too short; the step time includes the capture's instruments")
     return ["", *[f"- {md_escape(x)}" for x in lines]] if lines else []
 
+
 def _event_pair_notes(pairs: Mapping[str, Any]) -> list[str]:
     """What a reader of event-timed GEMMs should know (``meta.event_pairs``)."""
     out = []
@@ -150,6 +159,7 @@ def _event_pair_notes(pairs: Mapping[str, Any]) -> list[str]:
         out.append(f"{pairs['below_floor']} GEMM call(s) shorter than the event pairs' floor (~1 us): not timed")
     return out
 
+
 def _figures(files: Mapping[str, Path], root: Path) -> list[str]:
     out = []
     for key, path in files.items():
@@ -159,12 +169,14 @@ def _figures(files: Mapping[str, Path], root: Path) -> list[str]:
             out += ["", f"**{title}**", "", f"![{title}]({link_target(path, root)})"]
     return ["## Figures", *out] if out else []
 
+
 def _trace(files: Mapping[str, Path], root: Path) -> list[str]:
     if "trace" not in files:
         return []
     return ["## Kernel timeline", "",
             f"[{md_escape(Path(files['trace']).name)}]({link_target(files['trace'], root)}): the capture's kernels on "
             "a timeline; open it in <https://ui.perfetto.dev> or chrome://tracing (load the file there)."]
+
 
 def _checks(rr: RunReport) -> list[str]:
     rep = rr.report
@@ -173,6 +185,7 @@ def _checks(rr: RunReport) -> list[str]:
     return ["## Checks and warnings", "",
             "What the report's checks found and will not state as a result; read it before any figure it touches.",
             "", *lines] if lines else []
+
 
 def _notes(rr: RunReport) -> list[str]:
     from rich.text import Text
@@ -187,11 +200,13 @@ def _notes(rr: RunReport) -> list[str]:
         lines.append(f"- Microbenchmark: {md_escape(Text.from_markup(run_summary(rr.bench)).plain)}")
     return ["## Notes", "", *lines] if lines else []
 
+
 def _job_capture(root: Path) -> Path:
     """The capture the report's job was read from, as analyze_run picks it: the first outside sweep/."""
     paths = sorted(root.rglob("gemm_capture.json"))
     main = [p for p in paths if "sweep" not in p.relative_to(root).parts]
     return (main or paths or [root / "gemm_capture.json"])[0]
+
 
 def _bench_commands(rr: RunReport, root: Path) -> list[str]:
     q = shlex.quote
@@ -221,9 +236,11 @@ def _bench_commands(rr: RunReport, root: Path) -> list[str]:
     return ["Measure the microbenchmarks again (on the machine the job ran on), then make the report again:", "",
             *code_block([cmd, again], "sh")]
 
+
 # Capture meta fields that say where a capture came from, in the order shown.
 PROVENANCE = ("command", "argv", "cwd", "host", "created", "model", "device", "compute_capability", "torch",
               "cuda", "transformer_engine", "python", "adapters", "git_commit", "run_id")
+
 
 def _provenance(meta: Mapping[str, Any]) -> list[str]:
     fields = dict(prov) if isinstance(prov := meta.get("provenance"), Mapping) else {}
@@ -244,6 +261,7 @@ def _provenance(meta: Mapping[str, Any]) -> list[str]:
         lines += ["- command:", "", *["  " + ln for ln in code_block(text.splitlines() or [""], "sh")]]
     return lines
 
+
 def _commands(rr: RunReport, root: Path) -> list[str]:
     out = ["## Commands", "", "Make this report again from the run folder (no GPU needed):", "",
            *code_block([f"te-gemm report {shlex.quote(str(root))}"], "sh"), "",
@@ -255,9 +273,11 @@ def _commands(rr: RunReport, root: Path) -> list[str]:
         out += ["", f"The job's capture ({link}) records:", "", *prov]
     return out
 
+
 def _py_str(root: Path) -> str:
     """A Python string literal of the path, fit for a code span (no backtick can end it early)."""
     return plain(repr(str(root))).replace("`", "\\x60")
+
 
 def _projections(rr: RunReport, files: Mapping[str, Path]) -> list[list[str]]:
     """A section per GPU the run was projected onto, labelled as such."""
@@ -276,6 +296,7 @@ def _projections(rr: RunReport, files: Mapping[str, Path]) -> list[list[str]]:
         out.append(lines)
     return out
 
+
 def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) -> str:
     """report.md's text (no :data:`MD_MARKER`), linking the figures and trace among ``files`` written into ``root``."""
     root = Path(root)
@@ -288,6 +309,7 @@ def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) 
     sections = [head, _checks(rr), _verdicts(rr), _speedups(rr), *_projections(rr, files), _capture(rr),
                 _figures(files, root), _trace(files, root), _notes(rr), _commands(rr, root)]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
+
 
 def write_report_md(rr: RunReport, path: str | Path, files: Mapping[str, Path], root: str | Path) -> Path:
     """Write report.md atomically, over an existing file only if it is ours (:data:`MD_KIND`, else ValueError)."""

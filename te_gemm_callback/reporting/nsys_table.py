@@ -13,11 +13,13 @@ from te_gemm_callback.reporting.console import make_table
 
 COLUMNS = ("GEMM range", "nsys ms (median)", "nsys instances", "capture ms (median)", "capture vs nsys")
 
+
 def nsys_rows(cmp: Any, limit: int | None = None) -> list[list[str]]:
     return [[safe(r["gemm"]), "-" if r["nsys_proj_ms"] is None else f"{r['nsys_proj_ms']:.4f}", str(r["instances"]),
              f"{r['capture_ms']:.4f}",
              "no projection" if r["capture_vs_nsys"] is None else f"{100 * r['capture_vs_nsys']:+.2f}%"]
             for r in cmp.rows[:limit]]
+
 
 def nsys_summary(cmp: Any) -> str:
     """One line: how close, and what was left out."""
@@ -34,6 +36,7 @@ def nsys_summary(cmp: Any) -> str:
     if cmp.outside_steps:
         text += f"; {cmp.outside_steps} GEMM range(s) in no step range, left out"
     return text
+
 
 def nsys_table(cmp: Any, limit: int | None = None) -> Table:
     return make_table("GEMM times: the capture (CUDA events) beside nsys's projection of each range (its kernel "

@@ -19,8 +19,10 @@ log = logging.getLogger("te_gemm_callback")
 COLUMNS = ("recipe", "GEMM ms/step (band)", "step ms (band)", "vs BF16", "bound", "GEMMs alone", "source: bench",
            "source: observed", "source step ms", "target gain")
 
+
 def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
     return fmt.format(v) if v is not None else "-"
+
 
 def rows(rp: Any) -> list[list[str]]:
     return [[s.recipe, f"{s.gemm_ms:.2f} ({s.gemm_low_ms:.1f}-{s.gemm_high_ms:.1f})",
@@ -29,19 +31,23 @@ def rows(rp: Any) -> list[list[str]]:
              _x(s.observed_speedup), _x(s.source_step_ms, "{:.2f}"), _x(s.vs_source)]
             for s in rp.steps]
 
+
 def title(rp: Any) -> str:
     return (f"{'measured' if rp.measured else 'projection'}: {rp.source.name} -> {rp.target.name}: GEMM time per "
             f"step ({rp.mode}) and the step predicted from it, with bands; speedups over BF16 on each GPU; the same "
             "recipe's step on both")
 
+
 def projection_table(rp: Any) -> Table:
     return make_table(safe(title(rp)), COLUMNS, left=COLUMNS[:1], wrap=COLUMNS[1:], rows=rows(rp),
                       caption=safe("; ".join(rp.notes)))
+
 
 def summary(rp: Any) -> dict[str, Any]:
     """What report.json keeps of a projection (the cells stay in projection-GPU.json)."""
     d = rp.to_dict()
     return {k: d[k] for k in ("label", "target", "source", "mode", "job_recipe", "non_gemm_ms", "steps", "notes")}
+
 
 def project_runs(run_dir: str | Path, gpus: Sequence[str]) -> list[Any]:
     """One projection per GPU; one that cannot be made is said in one line and left out."""

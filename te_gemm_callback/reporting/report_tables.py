@@ -15,6 +15,7 @@ from te_gemm_callback.reporting.console import make_table
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.verdicts import Report
 
+
 def plan_table(plan: Any, limit: int | None = 40) -> Table:
     """Per module its GEMM time in BF16 and in the plan's recipe, and the choice; the caption sets the
     plan's predicted step against BF16 and every single recipe."""
@@ -42,6 +43,7 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
                          + ", ".join(parts) + f". {verdict}")
     return t
 
+
 def plan_line(plan: Any) -> str:
     """The plan, its predicted step speedup and where to find it, in one line."""
     pred = plan.predicted_speedup
@@ -54,17 +56,21 @@ def plan_line(plan: Any) -> str:
             f", predicted speedup {plan.meta.get('prediction', 'n/a')}")  # says why none is given
     return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
 
+
 def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
     return "-" if v is None else fmt.format(v)
+
 
 def _cell(rep: Report, a: Any, name: str, fmt: str = "{:.2f}x") -> str:
     # "n/a" for a refused figure (its why is in the caption), "-" for one never measured.
     return "n/a" if name in rep.withheld(a.recipe) else _x(getattr(a, name), fmt)
 
+
 def withheld_reasons(rep: Report) -> list[str]:
     """Why the report's checks refused figures of its rows (verdicts and evidence aside), once each."""
     return sorted({why for r in (rep.meta.get("withheld") or {}) for f, why in rep.withheld(r).items()
                    if f not in ("verdict", "evidence")})
+
 
 def share_text(rep: Report) -> str:
     """The GEMM share of the step shown, or of the steps the GEMMs were timed in, or "n/a (why)"."""
@@ -81,10 +87,12 @@ def share_text(rep: Report) -> str:
                 + (f" ({share * of:.2f} of {of:.2f} ms, host clock{low})" if of else " (host clock)"))
     return f"GEMMs {rep.gemm_ms:.2f} ms ({100 * share:.1f}% of the step)"
 
+
 def rerun_text(a: Any) -> str:
     """Where a rerun's median should fall (the CI widened by sqrt(2)): what a user's own loop is held to."""
     r = getattr(a, "observed_rerun", None)
     return f"{r[0]:.2f}-{r[1]:.2f}x" if a.recipe != "BF16" and r else ""
+
 
 def interval_text(a: Any) -> str:
     """The observed speedup's 95% interval, or why there is none (BF16 is 1.00x by definition)."""
@@ -93,6 +101,7 @@ def interval_text(a: Any) -> str:
     if a.observed_ci:
         return f"{a.observed_ci[0]:.2f}-{a.observed_ci[1]:.2f}x"
     return f"({a.observed_rounds} rounds: too few)" if a.observed_rounds else ""
+
 
 @dataclass
 class SpeedupRows:
@@ -104,6 +113,7 @@ class SpeedupRows:
     skipped: list[str] = field(default_factory=list)
     explained: str = ""
     notes: list[str] = field(default_factory=list)
+
 
 def recipe_label(rep: Report, recipe: str, sep: str = " ") -> str:
     """One name per run in every table and figure: what a BF16 run (FP8 off) ran, a BF16 row only the
@@ -118,6 +128,7 @@ def recipe_label(rep: Report, recipe: str, sep: str = " ") -> str:
     if recipe == job and job != "BF16" and "BF16" not in observed:
         return f"{recipe}{sep}(the job)"
     return recipe
+
 
 def replay_own_line(rep: Report) -> str | None:
     """The replay of the job's own step against its clean step (its check on itself), or None."""
@@ -135,8 +146,10 @@ def replay_own_line(rep: Report) -> str | None:
             f"({100 * (own['replay_ms'] / own['clean_ms'] - 1):+.1f}%, {own['bound']}-bound; the recording's measured "
             f"cost per call and per op taken off){scaled}{te_host}")
 
+
 def band_text(a: Any) -> str:
     return f"{a.predicted_band[0]:.2f}-{a.predicted_band[1]:.2f}x" if a.predicted_band else "-"
+
 
 def speedup_rows(rep: Report) -> SpeedupRows:
     """The GEMM vs step speedup table of a report, as text."""

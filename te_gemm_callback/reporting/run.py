@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 MODES = ("autocast", "prequantized")
 
+
 class Run:
     """A run folder: :meth:`bench` its shapes, :meth:`analysis`, :meth:`report`, :meth:`plan`, :meth:`project`.
     The analysis is made once and kept until a new bench."""
@@ -84,12 +85,15 @@ class Run:
         from te_gemm_callback.projection import project_run
         return project_run(self.path, target, source, host_speed=host_speed)
 
+
 def render_run(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> dict[str, Path]:
     return report(run_dir, out, project).files
+
 
 def report(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> RunReport:
     """Analyse a run folder, write its report into it and print it to ``out`` if given."""
     return Run(run_dir).report(out, project)
+
 
 def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Sequence[str], console: Any = None,
                      modes: Sequence[str] = MODES, cache: ResultCache | None = None,
@@ -103,6 +107,7 @@ def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Seq
     if cache.save_error and console is not None:  # after the report: nothing shown is lost
         console.print(f"[yellow]warning: {cache.save_error}")
     return files
+
 
 def module_costs(cap: GemmCapture, recipes: Sequence[str], console: Any = None, cache: ResultCache | None = None,
                  cond: dict[str, Any] | None = None) -> dict[str, Any] | None:

@@ -50,6 +50,7 @@ REPORT_SCHEMA = "te-gemm-report/1"
 # stale: a figure of ours under another name (te-gemm bench -o) was asked for by the user.
 REPORT_FIGURES = ("speedups.png", "step_split.png", "gemm_autocast.png", "gemm_prequantized.png", "ranks.png")
 
+
 def report_table(rep: Report) -> Table:
     """The speedup table for the terminal."""
     s = speedup_rows(rep)
@@ -59,6 +60,7 @@ def report_table(rep: Report) -> Table:
     for r in s.skipped:  # why each was skipped: the verdict panel says
         t.add_row(safe(r), "not run", *[""] * (len(s.columns) - 2), style="dim")
     return t
+
 
 def verdict_panel(rep: Report) -> Panel:
     # What the checks refused to state comes first: a reader sees it before any figure it touches.
@@ -76,8 +78,10 @@ def verdict_panel(rep: Report) -> Panel:
         lines.append("only BF16 was measured")
     return Panel(Group(*lines), title="verdicts")
 
+
 def write_report_json(rep: Report, path: str | Path) -> Path:
     return write_json(path, rep.to_dict(), schema=REPORT_SCHEMA)
+
 
 def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, Path]:
     """Draw and write an analysed run into ``run_dir`` (report.json, figures, precision plan, projections,
@@ -119,6 +123,7 @@ def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, 
         _print_run(rr, modes, files, out, removed)
     return files
 
+
 def _write_trace(cap: GemmCapture, path: Path) -> Path | None:
     """The capture's kernel timeline as a Chrome trace, or None: no timeline, no trace writer in this
     install, or writing failed (said once in the log: the report stands without it)."""
@@ -134,6 +139,7 @@ def _write_trace(cap: GemmCapture, path: Path) -> Path | None:
     except Exception as err:  # any failure of an extra: logged, never fatal to the report
         log.warning("te-gemm: trace.json not written: %s", plain(err))
         return None
+
 
 def _remove_ours(root: Path, kinds: Sequence[tuple[str, KindCheck]], written: Any) -> list[Path]:
     """The regular files named in ``kinds`` that this report did not write and whose content its kind
@@ -155,6 +161,7 @@ def _remove_ours(root: Path, kinds: Sequence[tuple[str, KindCheck]], written: An
         gone.append(p)
     return gone
 
+
 def remove_stale_figures(root: Path, written: Any = ()) -> list[Path]:
     """Remove the report figures (:data:`REPORT_FIGURES`) of ours in ``root`` that this report did not
     write: an earlier report's gemm_prequantized.png would pass for one of this bench. Returns them."""
@@ -163,6 +170,7 @@ def remove_stale_figures(root: Path, written: Any = ()) -> list[Path]:
         log.warning("te-gemm: removed %s: figure(s) of an earlier report that this report's inputs no longer "
                     "produce", ", ".join(plain(p) for p in gone))
     return gone
+
 
 def remove_stale_extras(root: Path, written: Any = ()) -> list[Path]:
     """Remove the trace and precision plan of ours an earlier report wrote into ``root`` and this one did
@@ -180,6 +188,7 @@ def remove_stale_extras(root: Path, written: Any = ()) -> list[Path]:
         log.warning("te-gemm: %s in %s: made before this report (te-gemm project RUN_DIR --gpu GPU makes it again)",
                     ", ".join(older), plain(root))
     return gone
+
 
 def _print_run(rr: RunReport, modes: list[str], files: dict[str, Path], out: Any,
                removed: Sequence[Path] = ()) -> None:
@@ -201,12 +210,14 @@ def _print_run(rr: RunReport, modes: list[str], files: dict[str, Path], out: Any
     for path in removed:
         out.print(f"removed {safe(path)}: a figure of an earlier report that these inputs no longer produce")
 
+
 def bench_modes(bench: Any) -> list[str]:
     """The bench's modes, each naming a figure ``gemm_<mode>.png`` (a string would be drawn letter by letter)."""
     modes = bench.meta.get("modes", ["autocast"])
     if not isinstance(modes, list) or not all(isinstance(m, str) for m in modes):
         raise ValueError(f"bench.json: meta.modes must be a list of mode names, got {modes!r}")
     return modes  # each checked as a file name by report_targets
+
 
 def report_targets(root: Path, modes: Sequence[str] = (), ranks: bool = False) -> dict[str, Path]:
     """The files a report writes into ``root``, each checked as it will be written (not a link, not a file

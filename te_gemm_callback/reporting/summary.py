@@ -12,11 +12,14 @@ from te_gemm_callback.printable import plain
 MAX_CHECKS = 3  # the report's checks said in the log; report.md has them all
 MAX_LINES = 25  # what a training log takes of ours by default
 
+
 def _x(v: Any) -> str:
     return f"{v:.2f}x" if isinstance(v, (int, float)) else "-"
 
+
 def _range(r: Any) -> str:
     return f" ({r[0]:.2f}-{r[1]:.2f})" if isinstance(r, (list, tuple)) and len(r) == 2 else ""
+
 
 def _job_figures(path: Path) -> tuple[float | None, float | None, str | None] | None:
     """(step ms, GEMM share, its basis) of the job's own capture, as the logger has them; None if unreadable."""
@@ -27,6 +30,7 @@ def _job_figures(path: Path) -> tuple[float | None, float | None, str | None] | 
         return m.get("step_ms"), m.get("gemm_share"), "step" if "gemm_ms_per_step" in m else "timed steps"
     except Exception:  # the report's figures stand
         return None
+
 
 def summary_lines(report_json: str | Path, report_md: str | Path | None = None) -> list[str]:
     """At most MAX_LINES lines, none over about 120 characters: the decision, not the tables."""

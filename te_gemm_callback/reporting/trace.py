@@ -21,6 +21,7 @@ TRACE_SCHEMA = "te-gemm-trace/1"
 PID = 1  # one process: the GPU that ran the kernels step
 STEP_TID = 0  # the step's span, above the kernel tracks
 
+
 def no_trace_reason(cap: GemmCapture) -> str | None:
     """Why ``cap`` has no trace, in one line; None when it has one."""
     if cap.kernel_timeline is not None:
@@ -38,8 +39,10 @@ def no_trace_reason(cap: GemmCapture) -> str | None:
         return f"the kernels step's GEMM kernels were not joined to the captured GEMMs ({join})"
     return "the capture holds no kernel timeline (no GEMM captured to name its kernels by, or an older capture file)"
 
+
 def gemm_name(r: GemmRecord) -> str:
     return f"{r.name} {r.op} {r.precision}" + (" recompute" if r.recompute else "")
+
 
 def _lanes(rows: list[list[Any]]) -> list[tuple[Any, int]]:
     """Each kernel's track: (stream, lane). Where kernels of one track overlap (no stream recorded), the
@@ -55,12 +58,15 @@ def _lanes(rows: list[list[Any]]) -> list[tuple[Any, int]]:
         out.append((stream, lane))
     return out
 
+
 def _track_name(stream: Any, lane: int) -> str:
     base = f"stream {stream}" if stream is not None else "kernels (stream not recorded)"
     return base if lane == 0 else f"{base} (overlapping, {lane + 1})"
 
+
 def _meta_event(name: str, tid: int, args: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "ph": "M", "ts": 0, "pid": PID, "tid": tid, "args": args}
+
 
 def trace_events(cap: GemmCapture) -> list[dict[str, Any]]:
     """The trace's events: metadata, the step span, then the kernels in start order ([] without a timeline)."""
@@ -115,6 +121,7 @@ def trace_events(cap: GemmCapture) -> list[dict[str, Any]]:
                        "tid": tid[track], "args": args})
     return events
 
+
 def trace(cap: GemmCapture) -> dict[str, Any] | None:
     """The whole trace document (JSON object format), or None without a kernel timeline."""
     tl = cap.kernel_timeline
@@ -126,6 +133,7 @@ def trace(cap: GemmCapture) -> dict[str, Any] | None:
              "times": "GPU kernel records (CUPTI), µs from the step's start"}
     return {"schema": TRACE_SCHEMA, "traceEvents": trace_events(cap), "displayTimeUnit": "ms",
             "otherData": {k: v for k, v in other.items() if v is not None}}
+
 
 def write_trace(cap: GemmCapture, path: str | Path, root: str | Path | None = None) -> Path | None:
     """Write ``cap``'s kernels step to ``path`` atomically, over a trace of ours only; None (reason logged)

@@ -226,7 +226,6 @@ def test_a_gpu_bound_job_gains_what_its_gemms_gain(tmp_path):
     assert cs.predicted_step_speedup == pytest.approx(2.0, rel=0.02)  # 2 ms GEMMs at 1 ms, the host hidden
 
 
-
 def test_a_cheaper_recipe_takes_its_whole_difference_off_the_host_and_the_casts():
     # Module a's forward in the job's recipe: a cast launched 100 us after the last GEMM, its GEMM
     # 20 us later, then 50 us of its own work and a cast before module b's GEMM. The replayed
