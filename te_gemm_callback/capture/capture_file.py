@@ -30,7 +30,12 @@ def _median(xs: list[float]) -> float | None:
 
 @dataclass
 class GemmCapture:
-    """Every GEMM recorded inside a profiled region, grouped into records."""
+    """Every GEMM recorded inside a profiled region, grouped into records.
+
+    Example:
+        >>> cap = GemmCapture.load("gemm_capture.json")       # doctest: +SKIP
+        >>> sum(r.flops_per_step for r in cap.records)         # doctest: +SKIP
+    """
 
     records: list[GemmRecord]
     steps: list[StepTime]

@@ -20,7 +20,12 @@ MODES = ("autocast", "prequantized")
 
 class Run:
     """A run folder: :meth:`bench` its shapes, :meth:`analysis`, :meth:`report`, :meth:`plan`, :meth:`project`.
-    The analysis is made once and kept until a new bench."""
+    The analysis is made once and kept until a new bench.
+
+    Example:
+        >>> run = Run("runs/demo")                       # doctest: +SKIP
+        >>> run.report().report.recipes[1].verdict      # doctest: +SKIP
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -91,7 +96,12 @@ def render_run(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()
 
 
 def report(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> RunReport:
-    """Analyse a run folder, write its report into it and print it to ``out`` if given."""
+    """Analyse a run folder, write its report into it and print it to ``out`` if given.
+
+    Example:
+        >>> rr = report("runs/demo")                              # doctest: +SKIP
+        >>> rr.files["speedups"], rr.report.recipes[1].verdict    # doctest: +SKIP
+    """
     return Run(run_dir).report(out, project)
 
 
