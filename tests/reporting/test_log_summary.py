@@ -8,6 +8,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import pytest
 import pytorch_lightning as pl
 import torch
 from helpers.lightning import DemoTransformer
@@ -88,3 +89,23 @@ def test_the_logs_step_and_share_are_the_logged_metrics(tmp_path):
     assert f"step {m['te_gemm/step_ms']:.1f} ms, GEMMs {100 * m['te_gemm/gemm_share']:.0f}% of it" in lines[0], lines
     rep = json.loads((run / "report.json").read_text())
     assert f"over the sweep's BF16 run, step {rep['step_ms']:.1f} ms" in lines[1], lines
+
+
+@pytest.mark.parametrize("damage", ["missing", "not json", "another schema"])
+def test_summary_falls_back_to_the_report_when_the_capture_is_unreadable(tmp_path, damage):
+    """The log's head takes the job's own capture when it reads; a missing or damaged capture leaves the
+    report's own step, never an exception in the job's last hook."""
+    from te_gemm_callback.reporting.run import report
+    from te_gemm_callback.reporting.summary import summary_lines
+
+    run = tmp_path / "run"
+    shutil.copytree(MAIN, run)
+    report(run, Console(file=io.StringIO(), width=200))
+    cap = run / "gemm_capture.json"
+    if damage == "missing":
+        cap.unlink()
+    else:
+        cap.write_text("{" if damage == "not json" else json.dumps({"schema": "something-else/1"}))
+    rep = json.loads((run / "report.json").read_text())
+    lines = summary_lines(run / "report.json")
+    assert f"step {rep['step_ms']:.1f} ms" in lines[0], lines
