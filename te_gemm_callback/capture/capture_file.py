@@ -19,7 +19,7 @@ from te_gemm_callback.capture.capture_items import (  # noqa: F401  (re-exported
 )
 from te_gemm_callback.capture.step_plan import STEP_KINDS
 from te_gemm_callback.files.jsonio import from_fields, read_schema, write_json
-from te_gemm_callback.shapes import PASS_NAMES
+from te_gemm_callback.shapes import PASS_NAMES, GemmShape
 
 SCHEMA = "te-gemm-capture/1"
 
@@ -43,6 +43,10 @@ class GemmCapture:
     coverage: dict[str, Any] = field(default_factory=dict)
     # The kernels step's kernels (a joined kernels step on a GPU), else None.
     kernel_timeline: KernelTimeline | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return max(len(self.steps), 1)
 
     @property
     def flops_per_step(self) -> float:
@@ -146,6 +150,9 @@ class GemmCapture:
         for r in self.records:
             out.setdefault(r.module, []).append(r)
         return out
+
+    def shapes(self) -> list[GemmShape]:
+        return [r.shape for r in self.records]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -58,6 +58,8 @@ def test_steps_calls_and_roundtrip(tmp_path):
     back = GemmCapture.load(path)
     assert back.records == cap.records and back.steps == cap.steps
     assert back.flops_per_step == cap.flops_per_step
+    # Public members a user's script reads (GemmCapture is exported).
+    assert back.num_steps == 3 and back.shapes() == [r.shape for r in cap.records] != []
     assert hooks_left(model) == 0
     assert not torch._C._is_torch_function_mode_enabled()
     with pytest.raises(ValueError, match="not a te-gemm capture"):
