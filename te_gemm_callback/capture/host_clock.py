@@ -20,8 +20,11 @@ log = logging.getLogger("te_gemm_callback")
 
 
 def _first_tensor(x: Any) -> torch.Tensor | None:
-    xs = x if isinstance(x, (tuple, list)) else (x,)
-    return next((t for t in xs if isinstance(t, torch.Tensor)), None)
+    if isinstance(x, torch.Tensor):  # the common case, in every timed module's hook: no generator
+        return x
+    if isinstance(x, (tuple, list)):
+        return next((t for t in x if isinstance(t, torch.Tensor)), None)
+    return None
 
 
 def _module_node(node: Any, depth: int = 2) -> Any:
