@@ -4,12 +4,16 @@ into one that comes after it. The graph is read from the source (no module is im
 statement, at module level, inside functions and under ``if TYPE_CHECKING:`` alike, since a cycle
 that only a function-level import closes still ties the two modules together.
 
+A function-level import is kept where deferring is the point: the last test checks that
+``import te_gemm_callback.cli`` loads no torch, matplotlib or training framework.
+
 ``python tests/test_import_graph.py`` prints the cycles.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -209,6 +213,20 @@ def test_no_import_cycle_in_the_package():
     graph = import_graph()
     groups = cycles(graph)
     assert not groups, _report(groups, graph)
+
+
+# What `import te_gemm_callback` and the CLI must start without: the commands import what loads these
+# inside themselves, so that a wrong flag or `te-gemm cache list` costs no torch start-up.
+HEAVY = ("torch", "matplotlib", "transformers", "pytorch_lightning")
+
+
+def test_the_package_and_the_cli_import_without_torch():
+    code = ("import sys, te_gemm_callback, te_gemm_callback.cli; "
+            f"print(','.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "", f"`import te_gemm_callback.cli` loaded {proc.stdout.strip()}"
 
 
 if __name__ == "__main__":
