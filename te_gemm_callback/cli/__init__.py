@@ -9,6 +9,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from te_gemm_callback import __version__
+from te_gemm_callback.capture import GemmCapture
+from te_gemm_callback.capture.capture_file import SCHEMA as CAPTURE_SCHEMA
 from te_gemm_callback.cli.args import (
     EXIT_CODES,
     HelpFormatter,
@@ -29,9 +32,24 @@ from te_gemm_callback.cli.args import (
     where,
 )
 from te_gemm_callback.cli.bench import cmd_bench
+from te_gemm_callback.cli.cache import add_cache_parser
+from te_gemm_callback.cli.nsys import add_nsys_parser
+from te_gemm_callback.cli.project import _gpu, add_project_parser
+from te_gemm_callback.files.jsonio import check_target, json_kind, read_json, write_json
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import BENCH_SCHEMA
+from te_gemm_callback.precisions import RECIPES
 from te_gemm_callback.printable import plain, safe
-from te_gemm_callback.reporting.console import console
+from te_gemm_callback.reporting import capture_table, shapes_table
+from te_gemm_callback.reporting.console import console, tables_to_stderr
+from te_gemm_callback.reporting.report_tables import plan_table
+from te_gemm_callback.reporting.run import Run, bench_and_report
+from te_gemm_callback.reporting.summary import summary_lines
 from te_gemm_callback.shapes import config_gemms, gemm_passes
+
+# What loads torch, matplotlib or Lightning (the analysis, the speedup report, the plan writer, the demo
+# job) is imported inside the command that runs it: `import te_gemm_callback.cli` starts without them
+# (tests/test_import_graph.py checks it).
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,7 +62,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_shapes(a: argparse.Namespace) -> int:
-    from te_gemm_callback.reporting import shapes_table
     cfg = config_from_args(a)
     gemms = config_gemms(cfg)
     if a.json:
@@ -60,8 +77,6 @@ def cmd_shapes(a: argparse.Namespace) -> int:
 
 
 def cmd_show(a: argparse.Namespace) -> int:
-    from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.reporting import capture_table
     path = Path(a.capture)
     if path.is_dir():  # a run folder, as report, plan and project take: its job's capture
         path = path / "gemm_capture.json"
@@ -70,7 +85,6 @@ def cmd_show(a: argparse.Namespace) -> int:
     cap = GemmCapture.load(path)
     out = console()
     if a.json:
-        from te_gemm_callback.files.jsonio import write_json
         write_json(a.json, cap.to_dict())
     out.print(capture_table(cap, limit=a.limit))
     more_rows_hint(out, len(cap.records), a.limit)
@@ -85,14 +99,11 @@ def cmd_show(a: argparse.Namespace) -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     """The bundled job end to end: capture, recipe sweep, microbenchmarks, report."""
-    from te_gemm_callback.precisions import RECIPES
     # As bench checks them, before Lightning and torch load: a bad name costs nothing.
     recipes = parse_precisions(a.precisions) or list(RECIPES)
     if "BF16" not in recipes:  # every speedup in the report is over BF16: without it there is none
         recipes.insert(0, "BF16")
-    from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.recipes.demo import run_demo
-    from te_gemm_callback.reporting.run import bench_and_report
     cache = ResultCache()  # checked before training: a file that is not a cache stops us here, not after
     check_run_folder(Path(a.out))
     path = run_demo(a.out, steps=a.steps, recipes=recipes)
@@ -105,9 +116,6 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def check_run_folder(out: Path) -> None:
     """Refuse, before training, every file of the user's the run would replace in ``out``."""
-    from te_gemm_callback.capture.capture_file import SCHEMA as CAPTURE_SCHEMA
-    from te_gemm_callback.files.jsonio import check_target, json_kind
-    from te_gemm_callback.microbench.cells import BENCH_SCHEMA
     from te_gemm_callback.reporting.speedups import report_targets
     check_target(out / "gemm_capture.json", json_kind(CAPTURE_SCHEMA))
     check_target(out / "bench.json", json_kind(BENCH_SCHEMA))
@@ -117,7 +125,6 @@ def check_run_folder(out: Path) -> None:
 def cmd_compare(a: argparse.Namespace) -> int:
     from te_gemm_callback.analysis.runs import weight_gemms
     from te_gemm_callback.analysis.verdicts import analyze
-    from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.reporting.speedups import report_table, verdict_panel, write_report_json
     caps = [GemmCapture.load(p) for p in a.captures]
     base = weight_gemms(caps[0])
@@ -137,16 +144,12 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 
 def _gpus(text: str) -> list[str]:
-    from te_gemm_callback.cli.project import _gpu
     return [_gpu(g) for g in text.split(",") if g.strip()]
 
 
 def cmd_report(a: argparse.Namespace) -> int:
     check_run_dir(a.run_dir)  # before the report searches every folder below it (and before its imports)
-    from te_gemm_callback.files.jsonio import check_target, json_kind, read_json, write_json
-    from te_gemm_callback.reporting.run import Run
     from te_gemm_callback.reporting.speedups import REPORT_SCHEMA
-    from te_gemm_callback.reporting.summary import summary_lines
     if a.json and a.json != "-":  # refused before the run folder's files are written, not after
         check_target(a.json, json_kind(REPORT_SCHEMA))
     out = console()
@@ -166,8 +169,6 @@ def cmd_plan(a: argparse.Namespace) -> int:
         raise UsageError(f"--json and --yaml name the same {'output' if json_path == '-' else 'file'} "
                          f"({json_path}): give each its own")
     check_run_dir(a.run_dir)
-    from te_gemm_callback.reporting.report_tables import plan_table
-    from te_gemm_callback.reporting.run import Run
     from te_gemm_callback.sweep.plan import write_plan
     plan = Run(a.run_dir).plan()
     out = console()
@@ -179,9 +180,6 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from te_gemm_callback import __version__
-    from te_gemm_callback.cli.cache import add_cache_parser
-
     p = _Parser(prog="te-gemm", epilog=EXIT_CODES,
                 description="The GEMMs your training job runs and what each TE recipe does to them: shapes, captures, "
                             "microbenchmarks, reports and plans. te-gemm COMMAND --help says more; details: README.md.")
@@ -243,9 +241,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write a copy of report.json to PATH ('-': stdout, tables to stderr) "
                         "(default: only RUN_DIR/report.json)")
 
-    from te_gemm_callback.cli.nsys import add_nsys_parser
-    from te_gemm_callback.cli.project import add_project_parser
-
     add_project_parser(command)
     add_nsys_parser(command)
 
@@ -287,7 +282,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized argument {args[0]}: the command comes first (te-gemm COMMAND --help)")
     a = parser.parse_args(args)
     cmd = " ".join(x for x in (a.cmd, getattr(a, "cache_cmd", None)) if x)
-    from te_gemm_callback.reporting.console import tables_to_stderr
     tables_to_stderr("-" in (getattr(a, "json", None), getattr(a, "yaml", None)))  # stdout: the JSON alone
     try:
         return a.fn(a)

@@ -9,6 +9,8 @@ import os
 from functools import partial
 from pathlib import Path
 
+from te_gemm_callback.microbench.cells import MAX_VISITS, MIN_GEMM_DUTY, MODES
+from te_gemm_callback.precisions import parse_recipes
 from te_gemm_callback.printable import safe
 from te_gemm_callback.shapes import ModelConfig
 
@@ -77,7 +79,6 @@ _run_steps = partial(_int, least=3, what="at least 3 steps (1 untouched, 1 warm-
 
 
 def _visits(text: str) -> int:
-    from te_gemm_callback.microbench.cells import MAX_VISITS
     # every visit times every cell again: far more only fills memory
     return _int(text, 1, "a positive integer", MAX_VISITS, "visits")
 
@@ -115,7 +116,6 @@ def parse_precisions(text: str | None) -> list[str] | None:
     """``--precisions`` of bench and run (None: not given); a bad one is a usage error."""
     if text is None:
         return None
-    from te_gemm_callback.precisions import parse_recipes  # torch-free
     try:
         return parse_recipes(text)
     except ValueError as err:
@@ -123,7 +123,6 @@ def parse_precisions(text: str | None) -> list[str] | None:
 
 
 def _modes(text: str) -> list[str]:
-    from te_gemm_callback.microbench.cells import MODES
     modes = [m.strip() for m in text.split(",")]
     if any(m not in MODES for m in modes):
         raise argparse.ArgumentTypeError(f"expected comma-separated modes among {', '.join(MODES)}, got {text!r}")
@@ -151,7 +150,6 @@ def _devices(text: str) -> int | str:
 
 
 def _duty(text: str) -> float:
-    from te_gemm_callback.microbench.cells import MIN_GEMM_DUTY
     try:
         v = float(text)
     except ValueError:

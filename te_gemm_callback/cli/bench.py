@@ -8,9 +8,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from te_gemm_callback.capture import GemmCapture
 from te_gemm_callback.cli.args import UsageError, check_bench_outputs, config_from_args, parse_precisions
+from te_gemm_callback.files.jsonio import check_target, json_kind, read_json
+from te_gemm_callback.files.png import PNG_KIND
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import BENCH_SCHEMA, MODES
+from te_gemm_callback.microbench.items import items_from_capture, items_from_config, items_from_shapes, passes_of
+from te_gemm_callback.microbench.parallel import local_gpu_count, run_bench_parallel
+from te_gemm_callback.precisions import RECIPES, skipped_lines
 from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.console import console
+from te_gemm_callback.shapes import GemmOp, parse_shapes
+
+# The engine, its tables and the figure load torch (and matplotlib): imported inside the functions,
+# after run_bench_parallel has started its GPU workers, and never by `import te_gemm_callback.cli`.
 
 # A rough BF16 GEMM rate for a CPU: it only sizes the warning below, never a reported figure.
 CPU_GFLOPS = 50.0
@@ -22,7 +34,6 @@ def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, 
     it shorter. The seconds estimated, or None on a GPU."""
     import torch
 
-    from te_gemm_callback.microbench.items import passes_of
     if torch.cuda.is_available():
         return None
     flops = sum(s.flops for it in items for s in passes_of(it)) * len(modes) * (visits or 1)
@@ -36,9 +47,6 @@ def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, 
 
 def _bench_items(a: argparse.Namespace) -> list[Any]:
     """The work items of exactly one source: --shapes, --capture or the model-config flags."""
-    from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.microbench.items import items_from_capture, items_from_config, items_from_shapes
-    from te_gemm_callback.shapes import parse_shapes
     sources = [a.shapes is not None, a.capture is not None, a.hidden_size is not None]
     if sum(sources) != 1:
         raise UsageError("give exactly one of: the model-config flags, --shapes MxKxN,..., or --capture FILE")
@@ -62,7 +70,6 @@ def _bench_items(a: argparse.Namespace) -> list[Any]:
 
 
 def _devices(a: argparse.Namespace) -> int:
-    from te_gemm_callback.microbench.parallel import local_gpu_count  # torch-free
     if a.devices == "all":
         return local_gpu_count()
     # One torch process per device (5000 filled the memory). run_bench_parallel still takes 2 on a
@@ -74,10 +81,7 @@ def _devices(a: argparse.Namespace) -> int:
 
 
 def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> None:
-    from te_gemm_callback.microbench.items import passes_of
-    from te_gemm_callback.precisions import skipped_lines
     from te_gemm_callback.reporting.bench_tables import pass_table, speedup_summary, totals_table
-    from te_gemm_callback.shapes import GemmOp
     # The recipes that did not run are said once below, one line per cause, not in every caption.
     quiet = dataclasses.replace(res, skipped={})
     ops = [op for op in GemmOp if any(s.op is op for it in items for s in passes_of(it))]  # the passes the job ran
@@ -96,11 +100,6 @@ def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> Non
 
 def cmd_bench(a: argparse.Namespace) -> int:
     # Nothing here imports torch or TE before run_bench_parallel has started its workers.
-    from te_gemm_callback.files.jsonio import check_target, json_kind
-    from te_gemm_callback.files.png import PNG_KIND
-    from te_gemm_callback.microbench.cache import ResultCache
-    from te_gemm_callback.microbench.cells import BENCH_SCHEMA
-    from te_gemm_callback.precisions import RECIPES
     precisions = parse_precisions(a.precisions) or list(RECIPES)
     items = _bench_items(a)
     if a.json:  # outputs that would be refused are refused now, not after minutes of measuring
@@ -116,7 +115,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
                   "(--modes to choose others)")
     a.devices = _devices(a)
     if a.devices > 1:
-        from te_gemm_callback.microbench.parallel import run_bench_parallel
         res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
                                  visits=a.visits, gemm_duty=a.gemm_duty, progress=True, console=out)
     from te_gemm_callback.microbench.engine import run_bench
@@ -163,8 +161,6 @@ def bench_modes(a: argparse.Namespace) -> tuple[list[str], bool]:
 
 def _bench_file_modes(path: str) -> list[str] | None:
     """The modes of the bench file at ``path`` (None: absent, or no modes to read). Torch-free."""
-    from te_gemm_callback.files.jsonio import read_json
-    from te_gemm_callback.microbench.cells import MODES
     if not Path(path).is_file():
         return None
     try:

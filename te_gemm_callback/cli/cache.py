@@ -14,19 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.cli.args import EXIT_CODES, UsageError, _file_path
+from te_gemm_callback.files.jsonio import parse_json, read_bytes_bounded, schema_of
+from te_gemm_callback.microbench.cache import TIMING_VERSION, ResultCache, _is_cache, _looks_like_cache
 from te_gemm_callback.printable import safe
+from te_gemm_callback.reporting.console import console
 
 
 def cache_path(path: str | None) -> Path:
     """The file a bench with ``--cache path`` would use (the same default and ``~`` expansion)."""
-    from te_gemm_callback.microbench.cache import ResultCache
     return ResultCache(path, enabled=False).path  # disabled: only the path, the file is not read
 
 
 def _aside(path: Path) -> list[Path]:
     """Corrupt caches the cache moved aside (``<name>.corrupt-<time>``): regular files that open as
     ours (an earlier version moved other files aside under that name too, not ours to delete)."""
-    from te_gemm_callback.microbench.cache import _looks_like_cache
     pattern = re.compile(re.escape(path.name) + r"\.corrupt-\d+")
     try:
         named = sorted(p for p in path.parent.iterdir()
@@ -46,8 +47,6 @@ def _aside(path: Path) -> list[Path]:
 
 def _read_cache(path: Path) -> tuple[dict[str, Any] | None, int]:
     """The cache's content (None: torn mid-write, still ours) and size; ValueError for anything else."""
-    from te_gemm_callback.files.jsonio import parse_json, read_bytes_bounded, schema_of
-    from te_gemm_callback.microbench.cache import _is_cache, _looks_like_cache
     if path.is_symlink():  # the cache never writes through a link; its removal must not either
         raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}), not a te-gemm cache: give the real path")
     st = path.stat()
@@ -91,8 +90,6 @@ def cell_counts(results: dict[str, Any]) -> Counter:
 def cmd_cache_list(a: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from te_gemm_callback.microbench.cache import TIMING_VERSION, ResultCache
-    from te_gemm_callback.reporting.console import console
     out = console()
     path = cache_path(a.cache)
     aside = _aside(path)

@@ -7,16 +7,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from te_gemm_callback.capture import GemmCapture
 from te_gemm_callback.cli.args import UsageError, _file_path, _limit, more_rows_hint
+from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
 from te_gemm_callback.printable import safe
+from te_gemm_callback.reporting.console import console
+from te_gemm_callback.reporting.nsys_table import nsys_table
+
+# analysis.nsys loads torch: imported inside cmd_nsys, so that `import te_gemm_callback.cli` does not.
 
 
 def cmd_nsys(a: argparse.Namespace) -> int:
     from te_gemm_callback.analysis import nsys as ns
-    from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
-    from te_gemm_callback.reporting.console import console
-    from te_gemm_callback.reporting.nsys_table import nsys_table
     if a.json:
         check_target(a.json, json_kind(ns.NSYS_SCHEMA))  # refused before nsys runs
     if a.nsys is not None and not Path(a.nsys).is_file():

@@ -6,15 +6,19 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from te_gemm_callback.capture import GemmCapture
 from te_gemm_callback.cli.args import UsageError, _dir_path, _file_path, where
+from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
+from te_gemm_callback.reporting.console import console
+from te_gemm_callback.reporting.projection_tables import projection_table
+from te_gemm_callback.reporting.run import Run
+
+# The projection package loads torch: imported inside the functions, so that
+# `import te_gemm_callback.cli` does not.
 
 
 def cmd_project(a: argparse.Namespace) -> int:
-    from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
     from te_gemm_callback.projection import PROJECTION_SCHEMA, check_run_folder, gpu
-    from te_gemm_callback.reporting.console import console
-    from te_gemm_callback.reporting.projection_tables import projection_table
-    from te_gemm_callback.reporting.run import Run
     path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
     root = a.run_dir if a.json is None else None
     check_target(path, json_kind(PROJECTION_SCHEMA), root)  # refused before anything is printed
@@ -33,7 +37,6 @@ def cmd_project(a: argparse.Namespace) -> int:
 
 def _cpu_capture(run_dir: str) -> Any:
     """The capture of a run that ran on a CPU (no GPU measurement to project from), else None."""
-    from te_gemm_callback.capture import GemmCapture
     path = Path(run_dir) / "gemm_capture.json"
     cap = GemmCapture.load(path) if path.is_file() else None
     return cap if cap is not None and str(cap.meta.get("device", "")).startswith("CPU") else None
@@ -43,10 +46,8 @@ def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -
     """A CPU run's first estimate for the GPU: the captured GEMMs at its public peaks (no step)."""
     from rich.table import Table
 
-    from te_gemm_callback.files.jsonio import write_json
     from te_gemm_callback.projection import PROJECTION_SCHEMA, gpu
     from te_gemm_callback.projection.shape_only import LABEL, shape_only
-    from te_gemm_callback.reporting.console import console
     est = shape_only(cap, gpu(a.gpu))
     t = Table(title=f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})")
     for c in ("recipe", "GEMM ms/step (bound)", "vs BF16"):
