@@ -7,10 +7,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_gemm_callback.capture import GemmCapture
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.items import items_from_capture
+from te_gemm_callback.microbench.module_cost import CostCache, measure_module_costs
+from te_gemm_callback.precisions import te_available
+from te_gemm_callback.reporting.projection_tables import project_runs, summary
+
+# The engine, the analysis, the projection and the figures load torch (and matplotlib): imported in
+# the methods that use them, so that `import te_gemm_callback.cli` does not (tests/test_import_graph.py).
+
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
-    from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.microbench.results import BenchResults
     from te_gemm_callback.projection import RunProjection
     from te_gemm_callback.sweep.plan import PrecisionPlan
@@ -35,10 +43,7 @@ class Run:
               cache: ResultCache | None = None, console: Any = None) -> BenchResults:
         """Microbenchmark the capture's GEMMs in every recipe and mode, and each TE module's host and non-GEMM
         cost; writes bench.json. No console, no progress bar (its end wrote a line break into a quiet fit)."""
-        from te_gemm_callback.capture import GemmCapture
-        from te_gemm_callback.microbench.cache import ResultCache
         from te_gemm_callback.microbench.engine import run_bench
-        from te_gemm_callback.microbench.items import items_from_capture
         cap = GemmCapture.load(capture or self.path / "gemm_capture.json")
         cache = cache or ResultCache()
         res = run_bench(items_from_capture(cap), recipes, modes, cache=cache, console=console,
@@ -69,7 +74,6 @@ class Run:
         if mfu:
             rr.report.meta["mfu"] = mfu
         if project:
-            from te_gemm_callback.reporting.projection_tables import project_runs, summary
             rr.projections = project_runs(self.path, project)
             if rr.projections:  # report.json says what was projected, beside what was measured
                 rr.report.meta["projections"] = [summary(rp) for rp in rr.projections]
@@ -109,7 +113,6 @@ def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Seq
                      modes: Sequence[str] = MODES, cache: ResultCache | None = None,
                      project: Sequence[str] = ()) -> dict[str, Path]:
     """A captured run's shapes benchmarked in every recipe, then its report; the files written, by name."""
-    from te_gemm_callback.microbench.cache import ResultCache
     cache = cache or ResultCache()
     run = Run(run_dir)
     run.bench(recipes, modes, capture=capture_path, cache=cache, console=console)
@@ -125,12 +128,10 @@ def module_costs(cap: GemmCapture, recipes: Sequence[str], console: Any = None, 
     none can be measured; rows cached beside the GEMM cells, keyed on ``cond``'s GPU, versions and this CPU."""
     import torch
 
-    from te_gemm_callback.precisions import te_available
     specs = cap.meta.get("te_modules") or {}
     tl = cap.kernel_timeline
     if not specs or tl is None or not tl.calls or not torch.cuda.is_available() or not te_available()[0]:
         return None
-    from te_gemm_callback.microbench.module_cost import CostCache, measure_module_costs
     from te_gemm_callback.microbench.timing import cpu_model
     cond = cond or {}
     where = f"{cond.get('device', '?')}|{cpu_model()}|torch {cond.get('torch')}, TE {cond.get('transformer_engine')}"

@@ -11,8 +11,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_gemm_callback.capture.distributed import world
+from te_gemm_callback.analysis.verdicts import capture_recipe
+from te_gemm_callback.capture.distributed import gather_captures, world
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.precisions import RECIPES
+from te_gemm_callback.reporting import capture_table, print_table, summary_metrics
+from te_gemm_callback.reporting.capture_tables import ranks_table
+from te_gemm_callback.reporting.console import console
+from te_gemm_callback.reporting.loggers import report_metrics
+from te_gemm_callback.reporting.summary import summary_lines
 from te_gemm_callback.schedule.results import sweep_metrics
+from te_gemm_callback.schedule.run_folder import clear_stale_sweep, new_run_id, save_capture, write_ranks
+
+# bench_and_report and run_sweep are imported where they are called: looked up at call time, so that a
+# test's stand-in in reporting.run or sweep.engine is the one the schedule runs.
 
 if TYPE_CHECKING:
     from te_gemm_callback.capture import GemmCapture
@@ -53,9 +65,6 @@ class Publishing:
 
     def _publish(self, job: JobStep, cap: GemmCapture, prof: Any = None) -> None:
         """Gather (collective), save, print, sweep and log the capture; then end ``prof``'s nsys range."""
-        from te_gemm_callback.capture.distributed import gather_captures
-        from te_gemm_callback.reporting import summary_metrics
-        from te_gemm_callback.schedule.run_folder import new_run_id
         cap.meta["accumulate_grad_batches"] = int(job.accumulate)
         cap.meta["global_step_end"] = int(job.global_step)
         cap.meta["run_id"] = self.run_id = new_run_id()
@@ -75,9 +84,6 @@ class Publishing:
         self._report(job, at_end=False)
 
     def _save(self, cap: GemmCapture, gathered: list[GemmCapture] | None) -> None:
-        from te_gemm_callback.reporting import capture_table, print_table
-        from te_gemm_callback.reporting.capture_tables import ranks_table
-        from te_gemm_callback.schedule.run_folder import clear_stale_sweep, save_capture, write_ranks
         # Written before anything is printed: a table that cannot be printed never costs the capture.
         out = self.report_config.output_dir
         self.path = save_capture(cap, out, self.report_config.filename, keep_existing=self.resumed)
@@ -136,11 +142,9 @@ class Publishing:
         log.info("te-gemm: benchmarked the captured shapes and wrote the report to %s in %.1f s (%sreport=False "
                  "leaves it to te-gemm bench/report)", cfg.output_dir, time.perf_counter() - t0, moves)
         if not cfg.verbose:  # verbose printed the full tables
-            from te_gemm_callback.reporting.summary import summary_lines
             for line in guard(lambda: summary_lines(files["report"], files.get("report_md")),
                               "report summary not logged") or []:
                 log.info("%s", line)
-        from te_gemm_callback.reporting.loggers import report_metrics
         metrics = guard(lambda: report_metrics(files), "no report metrics") or {}
         self.metrics.update(metrics)
         log_metrics, log_artifacts = job.log_metrics, job.log_artifacts
@@ -152,9 +156,6 @@ class Publishing:
     def _bench_and_report(self) -> dict[str, Path]:
         import torch
 
-        from te_gemm_callback.microbench.cache import ResultCache
-        from te_gemm_callback.precisions import RECIPES
-        from te_gemm_callback.reporting.console import console
         from te_gemm_callback.reporting.run import bench_and_report
         # The microbenchmarks draw from the global RNGs, the job's inside a fit: put back after.
         cpu = torch.get_rng_state()
@@ -171,7 +172,6 @@ class Publishing:
                 torch.cuda.set_rng_state_all(cuda)
 
     def _run_sweep(self, job: JobStep) -> dict[str, float]:
-        from te_gemm_callback.analysis.verdicts import capture_recipe
         from te_gemm_callback.sweep.engine import run_sweep
         assert job.sweep is not None  # _sweep_and_log runs the sweep only for a job that gives one
         sj = job.sweep()
