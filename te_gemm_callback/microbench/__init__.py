@@ -11,6 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_gemm_callback.capture import GemmCapture
+from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.items import WorkItem, items_from_capture, items_from_config, items_from_shapes
+from te_gemm_callback.precisions import RECIPES
+from te_gemm_callback.shapes import GemmShape, ModelConfig, parse_shapes
+
+# bench() imports parallel and the engine itself: the engine loads torch, and parallel runs as
+# `python -m te_gemm_callback.microbench.parallel`, which must not find it imported by this package.
+
 if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
 
@@ -40,12 +49,6 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
         >>> sorted({r.op for r in res.results})
         ['dgrad', 'fprop', 'wgrad']
     """
-    from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.microbench.cache import ResultCache
-    from te_gemm_callback.microbench.items import WorkItem, items_from_capture, items_from_config, items_from_shapes
-    from te_gemm_callback.precisions import RECIPES
-    from te_gemm_callback.shapes import GemmShape, ModelConfig, parse_shapes
-
     if isinstance(source, (str, Path)) and Path(source).suffix == ".json":
         source = GemmCapture.load(source)
     seq = isinstance(source, Sequence) and bool(source)

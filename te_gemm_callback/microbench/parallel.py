@@ -28,7 +28,11 @@ from te_gemm_callback.files.jsonio import read_json
 from te_gemm_callback.microbench.cache import ResultCache
 from te_gemm_callback.microbench.cells import MAX_VISITS, MIN_GEMM_DUTY, MODES, BenchResult, cell_key
 from te_gemm_callback.microbench.items import WorkItem
+from te_gemm_callback.precisions import canonical
 from te_gemm_callback.shapes import GemmOp, GemmShape
+
+# results and the engine load torch: imported inside the functions, once the workers have started (in
+# a worker, once its device is set).
 
 if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
@@ -181,7 +185,6 @@ def run_bench_parallel(items: list[WorkItem], precisions: list[str], modes: list
     _remove_stale_folders()
     if visits is not None:  # fewer visits than devices: the extra devices would have nothing to do
         devices = min(devices, visits)
-    from te_gemm_callback.precisions import canonical  # torch-free
     t0 = time.perf_counter()
     precisions = list(dict.fromkeys(canonical(p) for p in precisions))
     modes = [m for m in MODES if m in set(modes)]

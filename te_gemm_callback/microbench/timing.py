@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from te_gemm_callback.microbench.rates import gemm_seconds
+from te_gemm_callback.precisions import te_version
 
 # Hold the GPU while the CPU queues the timed launches, so launch latency never shows between two
 # GEMMs (as triton's do_bench does).
@@ -250,7 +251,6 @@ def warm_up_gpu(seconds: float = WARM_UP_S) -> None:
 
 def device_conditions() -> dict[str, Any]:
     """Device name, clocks and versions: every result carries them."""
-    from te_gemm_callback.precisions import te_version
     out: dict[str, Any] = {"torch": torch.__version__, "transformer_engine": te_version()}
     if not torch.cuda.is_available():
         import platform
