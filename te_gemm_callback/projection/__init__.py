@@ -8,6 +8,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from te_gemm_callback.analysis.prediction import capture_recipe
+from te_gemm_callback.analysis.whatif import job_trace, replay_recipes
+from te_gemm_callback.capture import GemmCapture
+from te_gemm_callback.microbench.items import items_from_capture
+from te_gemm_callback.microbench.results import BenchResults, item_ms, measured_items, step_ms
 from te_gemm_callback.projection.gpus import GPUS, GpuSpec, gpu
 from te_gemm_callback.projection.model import RECIPES, Projected, Projection
 
@@ -72,10 +77,6 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
     job stays bound; always also "GEMMs alone": non-GEMM time by bandwidth plus the projected GEMM time."""
     if not host_speed > 0:
         raise ValueError(f"host_speed must be a positive factor, got {host_speed}")
-    from te_gemm_callback.analysis.prediction import capture_recipe
-    from te_gemm_callback.capture import GemmCapture
-    from te_gemm_callback.microbench.items import items_from_capture
-    from te_gemm_callback.microbench.results import BenchResults, item_ms, measured_items, step_ms
     root = check_run_folder(run_dir)
     bench_cmd = (f"te-gemm bench --capture {root}/gemm_capture.json --modes autocast,prequantized "
                  f"--json {root}/bench.json")
@@ -151,7 +152,6 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
 def _replayed(out: RunProjection, cap: Any, bench: Any, projected: Any, bw: float, host_speed: float,
               observed: dict[str, float]) -> None:
     """Each step the replay gives in place of the GEMMs-alone one (kept beside it); the notes say how."""
-    from te_gemm_callback.analysis.whatif import job_trace, replay_recipes
     job = out.job_recipe or "BF16"
     costs = bench.meta.get("module_costs")
     clean = cap.step_ms()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from te_gemm_callback.projection.gpus import gpu_of_device
+
 # A capture record's precision (the family it ran; "a+b" where operands differ) -> tensor format.
 FORMAT_OF = {"bf16": "bf16", "fp16": "bf16", "fp8_delayed": "fp8", "fp8_current": "fp8", "fp8_block": "fp8",
              "mxfp8": "fp8", "nvfp4": "fp4"}
@@ -23,7 +25,6 @@ def record_format(precision: str) -> str | None:
 def precision_mfu(cap: Any, device: str | None = None) -> float | None:
     """Precision-aware MFU of ``cap``'s clean step on ``device`` (default the capture's); None without a
     public peak for the GPU or a GEMM's format (FP32), or without a step time."""
-    from te_gemm_callback.projection.gpus import gpu_of_device
     spec = gpu_of_device(device or str(cap.meta.get("device", "")))
     step = cap.step_ms()
     if spec is None or not step or not cap.records:

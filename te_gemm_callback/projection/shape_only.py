@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from te_gemm_callback.microbench.items import items_from_capture, passes_of
 from te_gemm_callback.projection.gpus import FORMAT, GpuSpec
 from te_gemm_callback.projection.model import _rate
 
@@ -38,7 +39,6 @@ class ShapeOnly:
 
 def shape_only(cap: Any, target: GpuSpec) -> ShapeOnly:
     """The roofline bound of ``cap``'s GEMMs per step on ``target`` in every recipe it runs."""
-    from te_gemm_callback.microbench.items import items_from_capture, passes_of
     items = items_from_capture(cap)
     out = ShapeOnly(target, gemms=sum(len(passes_of(it)) for it in items))
     for recipe, fmt in FORMAT.items():
