@@ -13,6 +13,9 @@ from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.console import make_table
 from te_gemm_callback.shapes import ConfigGemm, ModelConfig, gemm_passes
 
+# The analysis (its notes, the share check) loads torch: imported inside the functions that use it, so
+# that `import te_gemm_callback.cli` does not (tests/test_import_graph.py).
+
 SLOW_FACTOR = 10.0  # a GEMM this many times slower per FLOP than its neighbours' median is flagged
 NEIGHBOUR_FLOPS = 4.0  # neighbours: GEMMs within this factor of its FLOPs
 MIN_NEIGHBOURS = 3

@@ -11,6 +11,8 @@ from typing import Any
 from te_gemm_callback.options import Options, one_of, option, switch
 from te_gemm_callback.printable import plain
 
+# The projection package loads torch: _project imports it, so that importing the options does not.
+
 
 def _output_dir(v: Any, name: str) -> Path:
     # Checked up front: a bad folder lost the capture at the end of training.

@@ -11,6 +11,8 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from te_gemm_callback.analysis.notes import GEMM_CLOCK_SHORT
+from te_gemm_callback.capture.kernels import CATEGORIES
 from te_gemm_callback.files.png import write_figure_atomic
 from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.microbench.results import BenchResults, item_ms
@@ -175,7 +177,6 @@ _TIMED_SHARE = "gemm (share of its timed step)"
 
 def step_split_title(rep: Report, kernels: dict[str, dict[str, float]] | None = None) -> str:
     """The step-split figure's title, its clocks named for what they were on this device."""
-    from te_gemm_callback.analysis.notes import GEMM_CLOCK_SHORT
     rest = "kernel time by category" if any((kernels or {}).values()) else "the step minus GEMM"
     clock = GEMM_CLOCK_SHORT.get(rep.meta["gemm_clock"]) if "gemm_clock" in rep.meta else "in-job timing"
     return f"Step time split (GEMM: {clock}; the rest: {rest})"
@@ -184,7 +185,6 @@ def step_split_title(rep: Report, kernels: dict[str, dict[str, float]] | None = 
 def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str, float]] | None = None) -> Path:
     """Observed step time per recipe: GEMM and the rest, split by kernel category where the sweep profiled
     kernels; a run whose GEMM share was refused is drawn whole, and says so."""
-    from te_gemm_callback.capture.kernels import CATEGORIES
     recs = [a for a in rep.recipes if a.observed_step_ms]
     steps = [cast(float, a.observed_step_ms) for a in recs]  # each set: recs are the runs with a step time
     colors = dict(zip(CATEGORIES, ("#3182bd", "#9e9ac8", "#e6550d", "#74c476", "#fd8d3c", "#fdd0a2", "#bdbdbd")))

@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from te_gemm_callback.files.jsonio import text_kind, write_text
 from te_gemm_callback.printable import plain
+from te_gemm_callback.reporting import projection_tables
 from te_gemm_callback.reporting.capture_tables import capture_share, top_gemm_rows
 from te_gemm_callback.reporting.report_tables import (
     plan_line,
@@ -25,6 +26,8 @@ from te_gemm_callback.reporting.report_tables import (
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
+
+# bench_tables loads torch: imported where a bench is summed up, so that importing this module does not.
 
 # The first line of every report.md we write, an HTML comment (renderers show nothing of it).
 MD_MARKER_PREFIX = "<!-- te-gemm-callback report.md"
@@ -281,14 +284,14 @@ def _py_str(root: Path) -> str:
 
 def _projections(rr: RunReport, files: Mapping[str, Path]) -> list[list[str]]:
     """A section per GPU the run was projected onto, labelled as such."""
-    from te_gemm_callback.reporting.projection_tables import COLUMNS, rows, title
     out = []
     for rp in rr.projections:
         head = f"## {'Measured on' if rp.measured else 'Projected onto'} {md_escape(rp.target.name)}"
         what = "." if rp.measured else (". Not measured: public peaks and bandwidths, this run's bench and a "
                                         "quantization traffic model (method and validation: docs/projection.md).")
-        lines = [head, "", md_escape(title(rp) + what, line_start=True), "",
-                 *md_table(COLUMNS, rows(rp), right=range(1, len(COLUMNS))), "",
+        lines = [head, "", md_escape(projection_tables.title(rp) + what, line_start=True), "",
+                 *md_table(projection_tables.COLUMNS, projection_tables.rows(rp),
+                           right=range(1, len(projection_tables.COLUMNS))), "",
                  *[f"- {md_escape(n)}" for n in rp.notes]]
         written = files.get(f"projection_{rp.target.key}")
         if written is not None:

@@ -13,6 +13,9 @@ from rich.table import Table
 from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.console import make_table
 
+# The projection package loads torch: project_runs imports it, so that the CLI's import of this
+# module does not.
+
 log = logging.getLogger("te_gemm_callback")
 # Speedups over BF16 on the target, on the source (its bench, and a sweep's observed one), then the
 # same recipe's step on the source and what moving to the target gains.

@@ -15,6 +15,8 @@ from te_gemm_callback.reporting.console import make_table
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.verdicts import Report
 
+# analysis.plan loads torch: plan_table imports it, so that the CLI's import of this module does not.
+
 
 def plan_table(plan: Any, limit: int | None = 40) -> Table:
     """Per module its GEMM time in BF16 and in the plan's recipe, and the choice; the caption sets the
@@ -33,7 +35,7 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
     if limit and len(rows) > limit:
         t.add_row(f"... {len(rows) - limit} more", "", "", "", "")
     if plan.predicted_step_ms:
-        from te_gemm_callback.analysis.plan import MIN_GAIN  # here: it loads torch, the CLI's start must not
+        from te_gemm_callback.analysis.plan import MIN_GAIN
         parts = [f"{k} {v:.2f} ms ({plan.predicted_speedup[k]:.2f}x)" for k, v in plan.predicted_step_ms.items()]
         verdict = (f"The plan is {plan.same_as} everywhere, the best single recipe: no mixed plan gains "
                    f"{100 * MIN_GAIN:g}% of the step." if plan.same_as else

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.microbench.results import BenchResults
 
+# reporting.trace may be missing from an install: imported where it is used, inside a try.
+
 # Also importable from here: the figures' names, plan_line and share_text.
 __all__ = ["REPORT_FIGURES", "REPORT_SCHEMA", "bench_modes", "plan_line", "remove_stale_figures",
            "report_table", "report_targets", "share_text", "speedup_figure", "step_split_figure",

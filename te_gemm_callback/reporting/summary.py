@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.files.jsonio import read_json
 from te_gemm_callback.printable import plain
+from te_gemm_callback.reporting.capture_tables import summary_metrics
 
 MAX_CHECKS = 3  # the report's checks said in the log; report.md has them all
 MAX_LINES = 25  # what a training log takes of ours by default
@@ -24,8 +26,6 @@ def _range(r: Any) -> str:
 def _job_figures(path: Path) -> tuple[float | None, float | None, str | None] | None:
     """(step ms, GEMM share, its basis) of the job's own capture, as the logger has them; None if unreadable."""
     try:
-        from te_gemm_callback.capture.capture_file import GemmCapture
-        from te_gemm_callback.reporting.capture_tables import summary_metrics
         m = summary_metrics(GemmCapture.load(path), prefix="")
         return m.get("step_ms"), m.get("gemm_share"), "step" if "gemm_ms_per_step" in m else "timed steps"
     except ValueError:  # load's every refusal of a missing or damaged file: the report's figures stand
