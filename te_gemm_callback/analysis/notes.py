@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import cast
 
+from te_gemm_callback.analysis.prediction import capture_recipe, observe
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.microbench.results import BenchResults
 
@@ -168,7 +169,6 @@ def host_bound(cap: GemmCapture) -> bool:
 def framework_note(job: GemmCapture, sweep_base: GemmCapture, speedups: dict[str, float]) -> str | None:
     """The job's own step against the sweep's whole training step in the same recipe, and the observed
     ``speedups`` (over BF16, per recipe) restated with the framework's time in every recipe's step."""
-    from te_gemm_callback.analysis.prediction import capture_recipe, observe
 
     if not str(sweep_base.meta.get("sweep_step", "")).startswith("whole") or not job.steps_of("clean"):
         return None

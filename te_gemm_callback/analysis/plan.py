@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from te_gemm_callback.analysis.prediction import capture_recipe
 from te_gemm_callback.capture.capture_file import GemmCapture
-from te_gemm_callback.microbench.items import WorkItem
+from te_gemm_callback.microbench.items import WorkItem, items_from_capture
 from te_gemm_callback.microbench.results import BenchResults, item_ms
 from te_gemm_callback.sweep.plan import (  # noqa: F401  (the plan's public names, where users import them)
     MODE,
@@ -53,8 +54,6 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     """The best plan among the FP8 recipes the bench ran, against BF16 and every single recipe.
     ``observed``: the run whose step and GEMM time anchor the prediction (default ``capture``);
     ``min_gain``: see :data:`MIN_GAIN`."""
-    from te_gemm_callback.analysis.prediction import capture_recipe
-    from te_gemm_callback.microbench.items import items_from_capture
 
     if MODE not in bench.meta.get("modes", [MODE]):
         raise ValueError("the plan needs autocast-mode microbenchmarks (GEMM + quantization): run te-gemm bench "

@@ -18,7 +18,7 @@ from te_gemm_callback.capture.capture_items import (  # noqa: F401  (re-exported
     aggregate,
 )
 from te_gemm_callback.capture.step_plan import STEP_KINDS
-from te_gemm_callback.files.jsonio import from_fields, read_schema, write_json
+from te_gemm_callback.files.jsonio import CAPTURE_FILE, check, from_fields, read_schema, write_json
 from te_gemm_callback.shapes import PASS_NAMES, GemmShape
 
 SCHEMA = "te-gemm-capture/1"
@@ -195,9 +195,8 @@ class GemmCapture:
         def bad(x: Any, least: float) -> bool:
             return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < least
 
-        from te_gemm_callback.files.jsonio import CAPTURE_FILE, check  # field types first
-
         tl = self.kernel_timeline
+        # field types first
         check({"records": [vars(r) for r in self.records], "steps": [vars(s) for s in self.steps],
                "meta": self.meta, "coverage": self.coverage,
                "kernel_timeline": vars(tl) if tl is not None else None}, CAPTURE_FILE)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from te_gemm_callback import torch_cuda
+from te_gemm_callback.capture.gate import host_gate
 
 NVTX_DOMAIN = "te_gemm"
 
@@ -151,7 +152,6 @@ class EventTimer(Timer):
         if not self.cuda:
             return
         self.blocking = os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")
-        from te_gemm_callback.capture.gate import host_gate
 
         for d in set(devices) or {torch_cuda.current_device()}:
             if d not in self.gates:

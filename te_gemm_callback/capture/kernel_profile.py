@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from te_gemm_callback.capture.capture_file import KernelTimeline
+from te_gemm_callback.capture.cupti import torch_profiler_running
 from te_gemm_callback.capture.kernels import (
     breakdown_ms,
     call_kind,
@@ -108,8 +109,6 @@ class KernelProfile:
 
     def start(self) -> bool:
         import torch
-
-        from te_gemm_callback.capture.cupti import torch_profiler_running
 
         if torch_profiler_running():  # CUPTI has one subscriber: the job's session keeps it
             self.error = "the job's own torch.profiler is recording: CUPTI's kernel records are its"
