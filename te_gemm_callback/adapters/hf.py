@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from te_gemm_callback.reporting.loggers import hf_logging_dir, to_report_to
 from te_gemm_callback.schedule import (
     GemmSchedule,
     JobStep,
@@ -14,6 +15,7 @@ from te_gemm_callback.schedule import (
     schedule_doc,
     schedule_signature,
 )
+from te_gemm_callback.sweep.host_state import HostState
 
 try:
     from transformers import TrainerCallback
@@ -43,7 +45,6 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         import time
 
-        from te_gemm_callback.reporting.loggers import hf_logging_dir
         self.schedule.fit_start(state.max_steps if state.max_steps > 0 else None)
         # The Trainer's TensorBoard callback made its run just now, before ours.
         self._logging_dir = hf_logging_dir(args, since=time.time() - 60)
@@ -62,7 +63,6 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
         self.schedule.train_end(self._job(args, state, kwargs, sweep=True))
 
     def _job(self, args: Any, state: Any, kwargs: dict, sweep: bool) -> JobStep:
-        from te_gemm_callback.reporting.loggers import hf_logging_dir, to_report_to
         if self._logging_dir is None:  # events before on_train_begin
             self._logging_dir = hf_logging_dir(args)
         logging_dir = self._logging_dir
@@ -84,7 +84,6 @@ def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
     model, loader = kwargs.get("model"), kwargs.get("train_dataloader")
     if model is None or loader is None:
         raise ValueError("the Trainer passed no model or train_dataloader to its callbacks")
-    from te_gemm_callback.sweep.host_state import HostState
     # A batch of the job's own data; a fresh iterator draws from the RNGs, which are put back.
     drawn = HostState(torch.nn.Module(), [loader, getattr(loader, "sampler", None)])
     batch = next(iter(loader))

@@ -8,6 +8,7 @@ from pytorch_lightning.callbacks import Callback
 from typing_extensions import override
 
 from te_gemm_callback.precisions import warn_once
+from te_gemm_callback.reporting.loggers import to_lightning_logger
 from te_gemm_callback.schedule import (
     GemmSchedule,
     JobStep,
@@ -101,7 +102,6 @@ class GemmProfilerCallback(ScheduleResults, Callback):
                 _each(logger, "metrics", lambda lg=logger: lg.log_metrics(metrics, step=trainer.global_step))
 
         def log_artifacts(files: dict) -> None:
-            from te_gemm_callback.reporting.loggers import to_lightning_logger
             for logger in trainer.loggers:
                 _each(logger, "report files", lambda lg=logger: to_lightning_logger(lg, files, trainer.global_step))
 

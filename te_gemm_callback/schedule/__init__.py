@@ -16,11 +16,13 @@ from te_gemm_callback.capture import GemmCapture, GemmProfiler
 from te_gemm_callback.capture.config import CaptureConfig
 from te_gemm_callback.capture.distributed import world
 from te_gemm_callback.options import refuse_unknown
+from te_gemm_callback.precisions import warn_once
 from te_gemm_callback.printable import plain
 from te_gemm_callback.reporting.config import ReportConfig
 from te_gemm_callback.schedule.publish import Publishing, guard
 from te_gemm_callback.schedule.results import ScheduleResults, sweep_metrics
 from te_gemm_callback.sweep.config import SweepConfig
+from te_gemm_callback.sweep.engine import step_loss
 
 __all__ = ["CONFIGS", "GemmSchedule", "JobStep", "ScheduleResults", "SweepJob", "guard", "kernel_steps", "phase",
            "schedule_signature", "sweep_metrics"]
@@ -52,7 +54,6 @@ def accumulated(step: Callable[[], Any], micro_batches: int) -> Callable[[], Any
         return step
 
     def run() -> Any:
-        from te_gemm_callback.sweep.engine import step_loss
         for _ in range(micro_batches - 1):
             (step_loss(step()) / micro_batches).backward()
         return step_loss(step()) / micro_batches
@@ -255,7 +256,6 @@ class GemmSchedule(Publishing):
         return False
 
     def _misuse(self, what: str) -> None:
-        from te_gemm_callback.precisions import warn_once
         warn_once(f"te-gemm: {self.name}: {what}")
 
     def state_dict(self) -> dict[str, Any]:

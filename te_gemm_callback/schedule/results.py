@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from te_gemm_callback.analysis.verdicts import analyze
+from te_gemm_callback.precisions import skipped_lines, warn_once
+
 if TYPE_CHECKING:
     from te_gemm_callback.schedule import GemmSchedule
 
@@ -27,8 +30,6 @@ class ScheduleResults:
 
 def sweep_metrics(res: Any) -> dict[str, float]:
     """Logger scalars from a sweep's result: observed step time and speedup per recipe."""
-    from te_gemm_callback.analysis.verdicts import analyze
-    from te_gemm_callback.precisions import skipped_lines, warn_once
     for line in skipped_lines(res.skipped):  # one line per cause, once per process
         warn_once(f"te-gemm: sweep: {line}")
     caps = list(res.captures.values())

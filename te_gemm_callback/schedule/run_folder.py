@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.capture import GemmCapture
+from te_gemm_callback.capture.capture_file import SCHEMA
 from te_gemm_callback.capture.distributed import RANKS_SCHEMA, rank_summary
 from te_gemm_callback.files.jsonio import read_json, write_json
 
@@ -23,7 +24,6 @@ def new_run_id() -> str:
 def clear_stale_sweep(output_dir: Path, run_id: str) -> list[Path]:
     """Remove our captures in ``output_dir/sweep/`` whose run id is not ``run_id``, then the folders
     that leaves empty. Files that are not our captures, and links, are left alone."""
-    from te_gemm_callback.capture.capture_file import SCHEMA
     sweep, gone = output_dir / "sweep", list[Path]()
     if not sweep.is_dir() or sweep.is_symlink():
         return gone

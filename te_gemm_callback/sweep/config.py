@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from te_gemm_callback.options import Options, function_or_none, integer, option, seconds
+from te_gemm_callback.precisions import user_recipe
+
+# sweep.plan loads torch: _plan imports it, so that importing the options does not.
 
 MIN_ROUNDS = 6  # the fewest rounds with a 95% interval (intervals.MIN_ROUNDS_FOR_INTERVAL)
 BUDGET_S = 20.0  # a 150 ms step, 4 recipes, 4 steps each: about 8 rounds
@@ -15,7 +18,6 @@ BUDGET_S = 20.0  # a 150 ms step, 4 recipes, 4 steps each: about 8 rounds
 
 def _recipes(v: Any, name: str) -> list[str] | None:
     """TE's names of the recipes; bad names fail here, not after training."""
-    from te_gemm_callback.precisions import user_recipe
     if v is None:
         return None
     if isinstance(v, str):

@@ -22,6 +22,10 @@ from te_gemm_callback.capture.instruments import MidMark, boundary_times
 from te_gemm_callback.capture.steps import CLEAN, capture_steps
 from te_gemm_callback.precisions import autocast, availability, canonical
 from te_gemm_callback.sweep.config import SweepConfig
+from te_gemm_callback.sweep.intervals import estimate
+from te_gemm_callback.sweep.native_plan import HOW, native_plan, native_support
+from te_gemm_callback.sweep.observed import observe, round_speedups
+from te_gemm_callback.sweep.plan import apply_precision_plan
 from te_gemm_callback.sweep.state import RecipeStates, TrainingSnapshot
 
 log = logging.getLogger("te_gemm_callback")
@@ -132,8 +136,6 @@ class Sweep:
     @contextlib.contextmanager
     def _entry(self, recipe: str, entry_plan: Any) -> Iterator[None]:
         """TE's objects for ``recipe`` back and the entry's plan applied; the plan removed on the way out."""
-        from te_gemm_callback.sweep.native_plan import HOW, native_plan, native_support
-        from te_gemm_callback.sweep.plan import apply_precision_plan
         handle: Any = None  # NativePlan or PlanHandle
         if entry_plan is not None and self.config.set_recipe is None and native_support(entry_plan.recipe) is None:
             # TE's per-module recipe: its quantizer state is not the plain recipe's, so it is kept apart.
@@ -210,8 +212,6 @@ class Sweep:
 
     def stop_reason(self, timed: Sequence[str], k: int) -> str | None:
         """Why the rounds stop after round ``k`` (0-based), or None to go on."""
-        from te_gemm_callback.sweep.intervals import estimate
-        from te_gemm_callback.sweep.observed import observe, round_speedups
         elapsed, cfg = self.elapsed(), self.config
         if k + 1 >= MAX_ROUNDS:
             return f"{MAX_ROUNDS} rounds (the most the sweep runs)"

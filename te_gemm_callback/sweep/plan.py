@@ -14,6 +14,9 @@ from torch import nn
 from te_gemm_callback.capture.guards import StandIn
 from te_gemm_callback.files import jsonio
 
+# The BF16 wrapper imports precisions.autocast where it calls it: looked up then, so that a test's
+# stand-in there is the one it runs.
+
 SCHEMA = "te-gemm-plan/1"
 MODE = "autocast"
 # The YAML's first line marks a file as ours to replace; files written before the marker start with the key.
