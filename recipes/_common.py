@@ -16,6 +16,8 @@ import torch
 
 from te_gemm_callback import GemmProfilerCallback
 from te_gemm_callback.precisions import RECIPES, canonical, te_available
+from te_gemm_callback.reporting.console import console
+from te_gemm_callback.reporting.run import bench_and_report
 
 
 def base_parser(description: str, te_layers: bool = True, strategies: tuple[str, ...] = ("ddp",)
@@ -116,9 +118,6 @@ def finish(a: argparse.Namespace, cb: GemmProfilerCallback, out: Path) -> int:
         print("no capture was written (fewer steps than the schedule?)", file=sys.stderr)
         return 1
     if not a.no_bench:
-        from te_gemm_callback.reporting.console import console
-        from te_gemm_callback.reporting.run import bench_and_report
-
         bench_and_report(out, cb.path, sweep_list(a.sweep) or [a.recipe], console())
     print(f"capture: {cb.path}")
     return 0

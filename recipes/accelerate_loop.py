@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from te_gemm_callback import GemmProfiler
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -31,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
         from accelerate import Accelerator
     except ImportError:
         p.exit(2, "accelerate_loop.py: error: needs transformers and accelerate (pip install 'te-gemm-callback[hf]')\n")
-    from te_gemm_callback import GemmProfiler
 
     size = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                 num_hidden_layers=2) if a.tiny else dict(hidden_size=2048, intermediate_size=8192,

@@ -30,10 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from te_gemm_callback import GemmProfiler
+from te_gemm_callback.precisions import autocast, availability, make_recipe, te_available
+from te_gemm_callback.reporting import capture_table, print_table
+
 
 def plain_step(model: nn.Module, x: torch.Tensor, recipe: str) -> Callable[[], None]:
-    from te_gemm_callback.precisions import autocast
-
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:
@@ -48,8 +50,6 @@ def plain_step(model: nn.Module, x: torch.Tensor, recipe: str) -> Callable[[], N
 
 def build_graphs(recipe: str) -> tuple[nn.Module, Callable[[], None]]:
     import transformer_engine.pytorch as te
-
-    from te_gemm_callback.precisions import make_recipe
 
     layers = [te.TransformerLayer(1024, 4096, 16, params_dtype=torch.bfloat16, hidden_dropout=0.0,
                                   attention_dropout=0.0, self_attn_mask_type="no_mask").cuda() for _ in range(2)]
@@ -97,9 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=6, help="profiled steps")
     p.add_argument("--out", default="runs/job_kinds")
     a = p.parse_args(argv)
-    from te_gemm_callback import GemmProfiler
-    from te_gemm_callback.precisions import availability, te_available
-    from te_gemm_callback.reporting import capture_table, print_table
 
     if a.job != "compile":
         ok, why = te_available()
