@@ -229,6 +229,25 @@ def test_the_package_and_the_cli_import_without_torch():
     assert proc.stdout.strip() == "", f"`import te_gemm_callback.cli` loaded {proc.stdout.strip()}"
 
 
+def test_every_help_prints_without_torch():
+    """`te-gemm --help` and each command's help build the whole parser (the project command's GPU
+    list among it): none of it may load torch (it did, through the projection's bench results)."""
+    code = ("import contextlib, io, sys\n"
+            "from te_gemm_callback.cli import build_parser, main\n"
+            "names = [''] + sorted(next(a for a in build_parser()._actions if a.dest == 'cmd').choices)\n"
+            "for name in names:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "        main([name, '--help'] if name else ['--help'])\n"
+            "print(len(names))\n"
+            f"print('loaded:', *sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    count, loaded = proc.stdout.splitlines()[-2:]
+    assert int(count) > 5, proc.stdout
+    assert loaded == "loaded:", f"a --help {loaded}"
+
+
 if __name__ == "__main__":
     g = import_graph()
     found = cycles(g)

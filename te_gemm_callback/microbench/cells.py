@@ -3,6 +3,7 @@ conditions), its keys, and the bench's limits."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,14 @@ FP8_FAMILY = {r.name for r in RECIPE_TABLE if r.low_precision_peak}  # timed aga
 # marked noisy and never cached. Quiet cells sit far below it, host-starved ones far above: the
 # median then depends on which calls the host disturbed (docs/benchmark-methodology.md).
 SPREAD_LIMIT = 0.5
+
+
+def stats(times: list[float]) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile)."""
+    if len(times) == 1:
+        return times[0], times[0], times[0]
+    q = statistics.quantiles(times, n=4, method="inclusive")
+    return statistics.median(times), q[0], q[2]
 
 
 @dataclass

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.files.jsonio import from_fields, read_schema, write_json
-from te_gemm_callback.microbench.cells import BENCH_SCHEMA, FP8_FAMILY, BenchResult
+from te_gemm_callback.microbench.cells import BENCH_SCHEMA, FP8_FAMILY, BenchResult, stats
 from te_gemm_callback.microbench.items import WorkItem, passes_of
-from te_gemm_callback.microbench.timing import stats
 from te_gemm_callback.shapes import GemmOp, GemmShape
 
 

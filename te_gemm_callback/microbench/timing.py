@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import statistics
 import subprocess
 import time
 import warnings
@@ -13,6 +12,7 @@ from typing import Any
 
 import torch
 
+from te_gemm_callback.microbench.cells import stats
 from te_gemm_callback.microbench.rates import gemm_seconds
 from te_gemm_callback.precisions import te_version
 
@@ -162,14 +162,6 @@ def between_calls(flush: Callable[[], None] | None, gemm_duty: float,
     if flush is None:
         return lambda: torch.cuda._sleep(cycles)
     return lambda: (flush(), torch.cuda._sleep(cycles))[0]
-
-
-def stats(times: list[float]) -> tuple[float, float, float]:
-    """(median, first quartile, third quartile)."""
-    if len(times) == 1:
-        return times[0], times[0], times[0]
-    q = statistics.quantiles(times, n=4, method="inclusive")
-    return statistics.median(times), q[0], q[2]
 
 
 class L2Flush:
