@@ -169,7 +169,6 @@ def host_bound(cap: GemmCapture) -> bool:
 def framework_note(job: GemmCapture, sweep_base: GemmCapture, speedups: dict[str, float]) -> str | None:
     """The job's own step against the sweep's whole training step in the same recipe, and the observed
     ``speedups`` (over BF16, per recipe) restated with the framework's time in every recipe's step."""
-
     if not str(sweep_base.meta.get("sweep_step", "")).startswith("whole") or not job.steps_of("clean"):
         return None
     job_ms, sweep_ms = cast(float, job.step_ms()), observe(sweep_base).step_ms  # a float: it has clean steps

@@ -54,7 +54,6 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     """The best plan among the FP8 recipes the bench ran, against BF16 and every single recipe.
     ``observed``: the run whose step and GEMM time anchor the prediction (default ``capture``);
     ``min_gain``: see :data:`MIN_GAIN`."""
-
     if MODE not in bench.meta.get("modes", [MODE]):
         raise ValueError("the plan needs autocast-mode microbenchmarks (GEMM + quantization): run te-gemm bench "
                          "without --pre-quantize")

@@ -196,7 +196,7 @@ class GemmCapture:
             return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < least
 
         tl = self.kernel_timeline
-        # field types first
+        # Field types first: the range checks below assume numbers where numbers belong.
         check({"records": [vars(r) for r in self.records], "steps": [vars(s) for s in self.steps],
                "meta": self.meta, "coverage": self.coverage,
                "kernel_timeline": vars(tl) if tl is not None else None}, CAPTURE_FILE)

@@ -17,7 +17,7 @@ from te_gemm_callback.cli.args import EXIT_CODES, UsageError, _file_path
 from te_gemm_callback.files.jsonio import parse_json, read_bytes_bounded, schema_of
 from te_gemm_callback.microbench.cache import TIMING_VERSION, ResultCache, _is_cache, _looks_like_cache
 from te_gemm_callback.printable import safe
-from te_gemm_callback.reporting.console import console
+from te_gemm_callback.reporting.console import console, make_table
 
 
 def cache_path(path: str | None) -> Path:
@@ -88,8 +88,6 @@ def cell_counts(results: dict[str, Any]) -> Counter:
 
 
 def cmd_cache_list(a: argparse.Namespace) -> int:
-    from rich.table import Table
-
     out = console()
     path = cache_path(a.cache)
     aside = _aside(path)
@@ -111,12 +109,9 @@ def cmd_cache_list(a: argparse.Namespace) -> int:
                           f"kept as it is; this version keeps its cells in {safe(mine)}[/yellow]")
             counts = cell_counts(results)
             if counts:
-                t = Table(title="cells per device and recipe")
-                for c in ("device", "versions", "recipe", "cells"):
-                    t.add_column(c, justify="right" if c == "cells" else "left")
-                for (device, versions, recipe), n in sorted(counts.items()):
-                    t.add_row(safe(device), safe(versions), safe(recipe), str(n))
-                out.print(t)
+                cols = ("device", "versions", "recipe", "cells")
+                rows = [[safe(d), safe(v), safe(r), str(n)] for (d, v, r), n in sorted(counts.items())]
+                out.print(make_table("cells per device and recipe", cols, left=cols[:3], wrap=cols, rows=rows))
             peaks = data.get("peaks") if isinstance(data.get("peaks"), dict) else {}
             if peaks:
                 out.print("peak TFLOP/s measured on: " + safe(", ".join(map(str, peaks))))

@@ -9,7 +9,7 @@ from typing import Any
 from te_gemm_callback.capture import GemmCapture
 from te_gemm_callback.cli.args import UsageError, _dir_path, _file_path, where
 from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
-from te_gemm_callback.reporting.console import console
+from te_gemm_callback.reporting.console import console, make_table
 from te_gemm_callback.reporting.projection_tables import projection_table
 from te_gemm_callback.reporting.run import Run
 
@@ -44,19 +44,13 @@ def _cpu_capture(run_dir: str) -> Any:
 
 def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -> int:
     """A CPU run's first estimate for the GPU: the captured GEMMs at its public peaks (no step)."""
-    from rich.table import Table
-
     from te_gemm_callback.projection import PROJECTION_SCHEMA, gpu
     from te_gemm_callback.projection.shape_only import LABEL, shape_only
     est = shape_only(cap, gpu(a.gpu))
-    t = Table(title=f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})")
-    for c in ("recipe", "GEMM ms/step (bound)", "vs BF16"):
-        t.add_column(c, justify="left" if c == "recipe" else "right", no_wrap=True)
-    for r, ms in est.gemm_ms.items():
-        sp = est.speedup(r)
-        t.add_row(r, f"{ms:.4g}", "-" if sp is None else f"{sp:.2f}x")
-    for r, why in est.skipped.items():
-        t.add_row(r, "-", why)
+    rows = [[r, f"{ms:.4g}", "-" if (sp := est.speedup(r)) is None else f"{sp:.2f}x"] for r, ms in est.gemm_ms.items()]
+    rows += [[r, "-", why] for r, why in est.skipped.items()]
+    t = make_table(f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})",
+                   ("recipe", "GEMM ms/step (bound)", "vs BF16"), left={"recipe"}, rows=rows)
     t.caption = ("a CPU run measured no GPU: each GEMM at the format's dense peak or its bytes at the HBM "
                  "bandwidth, whichever is longer. A lower bound on GEMM time, not a prediction: real kernels "
                  "stay below the peak (small ones far below), quantization and the rest of the step are not in "
