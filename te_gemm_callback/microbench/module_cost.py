@@ -1,7 +1,7 @@
 """The host's cost of each captured TE module in each recipe, and the GPU time it adds beside its
 GEMMs: what the replay (analysis.whatif) changes besides the GEMM kernels. Per module kind one
-module per recipe is rebuilt: host time on at most HOST_TOKENS tokens, in rounds over the recipes
-(a drift of the host's speed falls on all alike); GPU kernels on the captured input from CUPTI.
+module per recipe is rebuilt and run on the captured input: host time in rounds over the recipes
+(a drift of the host's speed falls on all alike), then GPU kernels from CUPTI.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from te_gemm_callback.capture.kernels import is_gemm_kernel
 from te_gemm_callback.capture.module_specs import spec_key
 from te_gemm_callback.precisions import autocast
 
-MODULE_COST_SCHEMA = 2
-HOST_TOKENS = 256  # the host-timed passes' tokens (a multiple of every FP8 recipe's block)
-HOST_ROUNDS = 4  # rounds over the recipes
-HOST_PASSES = 3  # timed forward+backward passes per recipe in a round
+MODULE_COST_SCHEMA = 3
+# None: the host-timed passes run on the captured input, whose first calls (TE's workspaces, its
+# torch.compile'd fusions) the job has already paid and the GPU rows then share; a number (a multiple of
+# every FP8 recipe's block) cuts them to that many tokens, each new shape then paying its own.
+HOST_TOKENS: int | None = None
+HOST_ROUNDS = 3  # rounds over the recipes
+HOST_PASSES = 2  # timed forward+backward passes per recipe in a round
 GPU_ITERS = 2  # profiled passes on the captured input: kernel times vary far less than the host's
 KEEP_GPU_BUSY = True  # host rounds timed behind a sleeping kernel (False: onto an idle GPU)
 # Each round's sleeping kernel lasts this share of the last round's host time: busy, never still asleep.
@@ -92,13 +95,16 @@ def _host_rows(runs: list[_Run], torch: Any) -> list[dict[str, float]]:
     """Median host µs of one forward and one backward per run, over rounds that visit every run."""
     for run in runs:
         run.passes(2)  # TE's first calls build workspaces and quantizers
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
     for run in runs:
         run.passes(1)
-    torch.cuda.synchronize()
-    round_s = (time.perf_counter() - t0) * HOST_PASSES  # the first round's host time, guessed
+    # The first round's host time, guessed before the sync: the GPU's share of the pass is not the host's.
+    round_s = (time.perf_counter() - t0) * HOST_PASSES
     times: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
     for _ in range(HOST_ROUNDS):
+        # An empty queue at each round's start: a round's launches never wait for room behind the last's.
+        torch.cuda.synchronize()
         if KEEP_GPU_BUSY:  # one kernel holds the GPU: only the host's side of the passes is timed
             torch.cuda._sleep(max(int(round_s * BUSY_SHARE * _cycles_per_s(torch)), 1))
         t0 = time.perf_counter()
@@ -130,7 +136,7 @@ def _gpu_rows(runs: list[_Run], torch: Any) -> list[tuple[float, float, int]]:
     try:
         torch.cuda._sleep(1)  # the marker: the first kernel of the profile
         for run in runs:
-            run.passes(1, "full")  # the captured input's first pass: its workspaces
+            run.passes(0 if run.x["host"] is run.x["full"] else 1, "full")  # the captured input's first pass
             torch.cuda.synchronize()
             torch.cuda._sleep(1)
             run.passes(GPU_ITERS, "full")
@@ -162,7 +168,8 @@ def _kind_row(spec: dict[str, Any], recipes: list[str], te: Any, torch: Any,
         try:
             mod, m, k = _build(spec, te, dtype)
             x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
-            runs.append(_Run(mod, recipe, x[:min(m, HOST_TOKENS)].detach().requires_grad_(), x))
+            x_host = x if HOST_TOKENS is None or m <= HOST_TOKENS else x[:HOST_TOKENS].detach().requires_grad_()
+            runs.append(_Run(mod, recipe, x_host, x))
         except Exception as err:  # one cell's failure is its row's, never the bench's
             row[recipe] = _error(err)
     if not runs:

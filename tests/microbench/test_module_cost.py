@@ -23,6 +23,9 @@ def test_one_session_is_cut_into_its_recipes_at_the_markers():
     segs = _segments(list(reversed(recs)))  # CUPTI's order is not promised: cut by start time
     assert [[r[0] for r in s] for s in segs] == [["gemm_a", "cast_a"], ["gemm_b"]]
     assert _segments([]) == []
+    # Host rounds on the captured input leave the GPU rows no first pass: nothing between two markers.
+    bare = [(m, 0, 1), (m, 2, 3), ("gemm_a", 4, 5), (m, 6, 7), (m, 8, 9), ("gemm_b", 10, 11), (m, 12, 13)]
+    assert [[r[0] for r in s] for s in _segments(bare)] == [["gemm_a"], ["gemm_b"]]
 
 
 def _filled(tmp_path, recipes):
