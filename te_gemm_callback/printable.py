@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
-from rich.markup import escape
+# rich.style draws once from Python's global random stream when first imported: a job that seeded
+# before importing us would draw differently after, so the stream is put back.
+_stream = random.getstate()
+from rich.markup import escape  # noqa: E402 (between the stream's save and its put-back)
+
+random.setstate(_stream)
 
 # C0 and C1 control characters (ESC opens ANSI and OSC sequences, CR and BS overwrite what was
 # printed) and the bidirectional overrides (they reorder what a reader sees).

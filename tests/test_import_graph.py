@@ -255,3 +255,16 @@ if __name__ == "__main__":
     against = against_the_map(g)
     print("\n".join(against) if against else "every import follows the stage map")
     sys.exit(1 if found or against else 0)
+
+
+def test_importing_the_package_draws_nothing_from_a_seeded_stream():
+    """A job that seeds Python's random stream and then imports us draws what it drew without us
+    (rich draws once at its import)."""
+    code = ("import random\n"
+            "random.seed(0)\n"
+            "import te_gemm_callback, te_gemm_callback.reporting.speedups, te_gemm_callback.schedule\n"
+            "print(random.random() == random.Random(0).random())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "True"
