@@ -22,6 +22,7 @@ OTHER_HIGH = ("FP32", "FP16")  # not BF16: the speedups' base, which every table
 
 PREDICTED = ("predicted_step_ms", "predicted_step_speedup", "predicted_step_speedup_unfused")
 BENCHED = ("gemm_ms_bench", "gemm_speedup", "gemm_speedup_vs_current", "high_precision")
+BENCH_OVER_STEP = 2.0  # the bench's GEMM time per step over this many whole steps: not this job's GEMMs
 STEP_NOISE_WARN_PCT = 10.0  # the job's steps spread wider than this: said, since every figure carries it
 # What was attached to the steps a step time came from: only steps alike are compared.
 ATTACHED = {"clean": "nothing attached", "settle": "nothing attached", "kernels": "kernel records on",
@@ -128,6 +129,16 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
         for a in recipes:
             if a.recipe != "plan" or bench is not None:  # without a bench, the plan's is its file's own
                 hold(a.recipe, PREDICTED, why)
+    # The bench's GEMMs of the job's own recipe far above the whole step: its cells are not this job's
+    # GEMMs (timed on a loaded machine, or another run's from the cache), and every prediction rests on them.
+    benched = next((a.gemm_ms_bench for a in recipes if a.recipe == job and a.gemm_ms_bench), None)
+    if benched and job in runs and benched > BENCH_OVER_STEP * runs[job].step_ms:
+        why = (f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, over {BENCH_OVER_STEP:g}x the "
+               f"whole observed step ({runs[job].step_ms:.2f} ms): its cells do not describe this job's GEMMs "
+               "(timed on a loaded machine, or cached from another run): te-gemm bench --no-cache measures again")
+        warnings.append(why)
+        for a in recipes:
+            hold(a.recipe, PREDICTED, why)
     baseline_ran = _baseline_ran(by, recipes, bench, hold, warnings)
     job_precision = baseline_ran if job == "BF16" and baseline_ran else job
     _high_precision(job, runs, recipes, bench, hold, warnings)

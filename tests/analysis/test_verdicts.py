@@ -70,6 +70,16 @@ def test_an_interval_across_the_line_is_undecided_with_the_interval_as_numbers()
     assert lines[-1].startswith("more rounds narrow it")
 
 
+def test_bench_cells_far_above_the_jobs_whole_step_hold_every_prediction():
+    # Cells timed on a loaded machine or cached from another run: 120 ms of GEMMs in a 10 ms step.
+    ok = analyze(capture(10, 6), bench({"BF16": 2.0, "DelayedScaling": 1.0}), [capture(8, 3, "fp8_delayed")])
+    assert ok.meta["warnings"] == [] and ok.recipes[1].predicted_step_speedup is not None
+    rep = analyze(capture(10, 6), bench({"BF16": 40.0, "DelayedScaling": 20.0}), [capture(8, 3, "fp8_delayed")])
+    assert [a.predicted_step_speedup for a in rep.recipes] == [None, None]
+    assert rep.recipes[1].verdict_kind is Verdict.WITHHELD
+    assert any("120.00 ms a step, over 2x the whole observed step (10.00 ms)" in w for w in rep.meta["warnings"])
+
+
 def test_a_withheld_verdict_is_a_kind_and_its_lines_are_cleared_by_field():
     # GEMM time above the step: the prediction, its verdict and the lines from the non-GEMM time refused.
     rep = analyze(capture(10, 12), bench({"BF16": 2.0, "DelayedScaling": 1.0}), [capture(8, 6, "fp8_delayed")])
