@@ -61,6 +61,8 @@ class Options:
     def given(cls: type[T], owner: str, config: T | None, options: dict[str, Any]) -> T:
         """``config``, or the config of the keywords ``options`` by field name (never both)."""
         if config is not None:
+            if not isinstance(config, cls):
+                raise TypeError(f"{owner}'s config must be a {cls.__name__}, got {type(config).__name__}")
             if options:
                 raise TypeError(f"{owner} takes its options either as config or as keywords, not both")
             return config

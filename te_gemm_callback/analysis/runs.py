@@ -6,6 +6,7 @@ and ``ranks/rank<N>.json``.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from te_gemm_callback.capture.distributed import rank_summary
 from te_gemm_callback.microbench.items import WorkItem, items_from_capture
 from te_gemm_callback.microbench.results import BenchResults, measured_items
 from te_gemm_callback.sweep.plan import PrecisionPlan
+
+log = logging.getLogger("te_gemm_callback")
 
 
 @dataclass
@@ -146,8 +149,12 @@ def _job_capture(root: Path, main: list[Path], sweep: list[Path]) -> Path:
     """The job's capture: ``gemm_capture.json``, or among a resumed job's ``gemm_capture.step<N>.json``
     the one of the sweep's run id, else the newest."""
     resumed = sorted(root.glob("gemm_capture.step*.json"))
-    if not resumed or not main:
-        return main[0] if main else sweep[0]
+    if not main:
+        log.warning("te-gemm: %s holds no capture of the job itself: the sweep's %s stands in for it (the job's "
+                    "step, GEMMs and share are that run's)", root, sweep[0].relative_to(root))
+        return sweep[0]
+    if not resumed:
+        return main[0]
     mine = [p for p in main if p.parent == root] + resumed
     caps = {p: GemmCapture.load(p) for p in mine}
     ids = {GemmCapture.load(p).meta.get("run_id") for p in sweep}

@@ -13,9 +13,15 @@ from te_gemm_callback.options import Check, Options, function_or_none, integer, 
 
 
 def _adapters(v: Any, name: str) -> tuple[str, ...]:
-    if isinstance(v, str) or not v or set(v) - {"te", "torch"}:
+    if not isinstance(v, (list, tuple, set, frozenset)) or not v or set(v) - {"te", "torch"}:
         raise ValueError(f"{name} must be a list of 'te' and/or 'torch', got {v!r}")
     return tuple(v)
+
+
+def _clock(v: Any, name: str) -> Callable[[], float]:
+    if not callable(v):
+        raise ValueError(f"{name} must be a function returning seconds, got {v!r}")
+    return v
 
 
 def _count(allow_all: bool = False, allow_none: bool = False) -> Check:
@@ -80,7 +86,8 @@ class ProfilerConfig(Options):
                                         "compiles, the plan runs anyway and the capture says steady state was not "
                                         "reached.", _count())
     kernel_profile: Any = option(None, "a stand-in for the kernel recorder (tests: kernel steps without CUDA).")
-    clock: Callable[[], float] = option(time.perf_counter, "a stand-in for the host clock (tests).")
+    clock: Callable[[], float] = option(time.perf_counter, "a stand-in for the host clock (tests).",
+                                        _clock)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from te_gemm_callback import __version__
 from te_gemm_callback.capture import GemmCapture
@@ -110,8 +110,15 @@ def cmd_run(a: argparse.Namespace) -> int:
     if path is None:
         print("te-gemm run: no capture was written", file=sys.stderr)
         return 1
-    bench_and_report(a.out, path, recipes, console(), cache=cache)
+    out = console()
+    print_summary(out, bench_and_report(a.out, path, recipes, out, cache=cache))
     return 0
+
+
+def print_summary(out: Any, files: dict[str, Path]) -> None:
+    """The lines a fit's log gets at the end of the capture, last (the tables are already shown)."""
+    for line in summary_lines(files["report"], files.get("report_md"), tables_shown=True):
+        out.print(safe(line), highlight=False)
 
 
 def check_run_folder(out: Path) -> None:
@@ -154,8 +161,7 @@ def cmd_report(a: argparse.Namespace) -> int:
         check_target(a.json, json_kind(REPORT_SCHEMA))
     out = console()
     files = Run(a.run_dir).report(out, a.project or ()).files
-    for line in summary_lines(files["report"], files.get("report_md")):  # what a fit's log gets, last
-        out.print(safe(line), highlight=False)
+    print_summary(out, files)
     if a.json:
         write_json(a.json, read_json(files["report"], "report.json"))
     return 0

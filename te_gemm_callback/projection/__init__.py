@@ -180,7 +180,8 @@ def _replayed(out: RunProjection, cap: Any, bench: Any, projected: Any, bw: floa
         out.notes += [f"{s.recipe}: {n}" for n in r.notes]
     speed = f" {host_speed:g}x faster" if host_speed != 1.0 else " as measured"
     out.notes.append(f"step: the job's kernels step replayed on the target (GEMMs projected, other kernels and "
-                     f"quantization x{bw:.2f} by bandwidth, the host{speed}); GEMMs alone: gemms_alone_*")
+                     f"quantization x{bw:.2f} by bandwidth, the host{speed}); GEMMs alone: Amdahl over the "
+                     "job's GEMM share with the projected GEMM speedups")
     if host_bound:
         out.notes.append(f"host-bound on the target in {', '.join(host_bound)}: the host issues the step more slowly "
                          "than the GPU runs it, so faster kernels gain nothing there")

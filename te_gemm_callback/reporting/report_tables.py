@@ -29,7 +29,8 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
     rows = sorted(plan.modules, key=lambda m: -(m.fp8_loss_ms if m.fp8_loss_ms is not None else float("inf")))
     for m in rows[:limit] if limit else rows:
         loss = m.fp8_loss_ms
-        t.add_row(safe(m.module), ms_text(m.bf16_ms), "cannot run" if m.fp8_ms is None else ms_text(m.fp8_ms),
+        # No FP8 time: a shape TE cannot run in FP8, or a plain torch layer of a TE job (high precision always).
+        t.add_row(safe(m.module), ms_text(m.bf16_ms), "stays BF16" if m.fp8_ms is None else ms_text(m.fp8_ms),
                   "-" if loss is None else f"{loss:+.3f}", "BF16" if m.keep_bf16 else safe(plan.recipe),
                   style="yellow" if m.keep_bf16 else None)
     if limit and len(rows) > limit:

@@ -32,7 +32,8 @@ def _job_figures(path: Path) -> tuple[float | None, float | None, str | None] | 
         return None
 
 
-def summary_lines(report_json: str | Path, report_md: str | Path | None = None) -> list[str]:
+def summary_lines(report_json: str | Path, report_md: str | Path | None = None,
+                  tables_shown: bool = False) -> list[str]:
     """At most MAX_LINES lines, none over about 120 characters: the decision, not the tables."""
     rep = read_json(report_json, "report.json")
     meta = rep.get("meta") or {}
@@ -77,5 +78,6 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None) 
     if str(meta.get("device", "")).startswith("CPU"):
         lines.append("  on a CPU: these timings exercise the tool, they say nothing of FP8 on a GPU")
     where = report_md or Path(report_json).with_name("report.md")
-    lines.append(f"te-gemm: the full report: {plain(where)} (verbose=True prints its tables here)")
+    hint = "" if tables_shown else " (verbose=True prints its tables here)"
+    lines.append(f"te-gemm: the full report: {plain(where)}{hint}")
     return lines[:MAX_LINES]

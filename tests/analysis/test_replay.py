@@ -302,3 +302,17 @@ def test_the_prediction_replays_the_jobs_capture_with_or_without_the_sweep(tmp_p
     assert cs.predicted_step_speedup == pytest.approx(without["Float8CurrentScaling"].predicted_step_speedup,
                                                       rel=1e-9)
     assert cs.predicted_step_speedup == pytest.approx(5004 / 5034, rel=2e-3)  # the job's host: 5 ms a layer
+
+
+def test_a_folder_without_the_jobs_capture_says_which_capture_stands_in(tmp_path, caplog):
+    import logging
+
+    from te_gemm_callback.analysis.runs import analyze_run
+
+    folder = run_folder(tmp_path, gap_us=20.0)
+    (folder / "sweep" / "BF16").mkdir(parents=True)
+    (folder / "gemm_capture.json").rename(folder / "sweep" / "BF16" / "gemm_capture.json")
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        analyze_run(folder)
+    said = [r.getMessage() for r in caplog.records if "stands in" in r.getMessage()]
+    assert len(said) == 1 and "sweep/BF16/gemm_capture.json stands in for it" in said[0], said

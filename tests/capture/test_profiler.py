@@ -161,6 +161,16 @@ def test_bad_arguments():
         GemmProfiler(Net(), adapters=("cuda",))
     with pytest.raises(RuntimeError, match="no capture yet"):
         _ = GemmProfiler(Net()).capture
+    # Refused where they are given, naming the option (not a TypeError deep inside on first use).
+    for bad in (5, "te", [], None):
+        with pytest.raises(ValueError, match="^adapters must be"):
+            GemmProfiler(Net(), adapters=bad)
+    assert GemmProfiler(Net(), adapters={"te"}).config.adapters == ("te",)
+    for bad in ("perf_counter", 5):
+        with pytest.raises(ValueError, match="^clock must be a function"):
+            GemmProfiler(Net(), clock=bad)
+    with pytest.raises(TypeError, match="config must be a ProfilerConfig, got str"):
+        GemmProfiler(Net(), config="x")
 
 
 def test_profiler_ranges_backend_opens_a_torch_profiler_range_per_gemm():

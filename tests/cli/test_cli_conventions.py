@@ -326,3 +326,12 @@ def test_show_takes_a_run_folder_as_report_plan_and_project_do(tmp_path, capsys)
     assert main(["show", str(run)]) == 1
     err = capsys.readouterr().err
     assert "is a folder with no gemm_capture.json" in err and err.count("\n") == 1
+
+
+def test_run_ends_with_the_lines_a_fits_log_gets(tmp_path, capsys):
+    """`te-gemm run` prints its tables, then, last, the summary the README quotes (no hint to print
+    the tables it has just printed)."""
+    assert main(["run", "--out", str(tmp_path / "out"), "--steps", "3"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert lines[-1].startswith("te-gemm: the full report: ") and "verbose=True" not in lines[-1], lines[-3:]
+    assert any(ln.startswith("te-gemm: BF16 job, step ") for ln in lines[-12:]), lines[-12:]
