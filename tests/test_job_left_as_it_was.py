@@ -88,6 +88,50 @@ def test_host_state_puts_containers_back_in_the_same_objects():
     assert m.training_step_outputs is outputs and outputs == [1] and m.calls == 0 and not hasattr(m, "added")
 
 
+def test_private_counters_and_a_torchmetrics_like_count_are_put_back():
+    class Counter(torch.nn.Module):  # as torchmetrics' Metric keeps _update_count
+        def __init__(self):
+            super().__init__()
+            self._update_count = 0
+
+    m = Job()
+    m.counter = Counter()
+    m._calls, m._seen = 0, [1]
+    seen = m._seen
+    state = HostState(m)
+    m._calls, m.counter._update_count = 3, 7
+    m._seen.append(2)
+    m._lazy_cache = {"made": "by a library during the sweep"}
+    assert sorted(state.restore()) == ["Counter._update_count", "Job._calls", "Job._seen"]
+    assert (m._calls, m.counter._update_count, m._seen) == (0, 0, [1]) and m._seen is seen
+    assert m._lazy_cache  # a private name the steps added may be a library's cache: left
+    assert m._parameters is not None and m._forward_hooks is not None  # torch's own, never touched
+
+
+class LoggingJob(Job):
+    def training_step(self, batch, i):
+        loss = super().training_step(batch, i)
+        self.log("loss", loss)
+        return loss
+
+
+def test_our_metrics_sit_in_step_order_among_the_jobs_own(tmp_path):
+    import csv
+
+    cb = GemmProfilerCallback(wait=1, warmup=1, active=3, output_dir=str(tmp_path / "te"), verbose=False,
+                              sweep=None, report=False)
+    tr = pl.Trainer(max_steps=8, accelerator="cpu", callbacks=[cb], logger=pl.loggers.CSVLogger(tmp_path, name="log"),
+                    log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False)
+    data = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    tr.fit(LoggingJob(), torch.utils.data.DataLoader(data, batch_size=None))
+    rows = list(csv.DictReader(open(tmp_path / "log" / "version_0" / "metrics.csv")))
+    steps = [int(r["step"]) for r in rows]
+    ours = {int(r["step"]) for r in rows if any(k.startswith("te_gemm/") and v for k, v in r.items())}
+    assert ours and steps == sorted(steps), steps  # Lightning logs the job's at _batches_that_stepped
+    assert ours <= {int(r["step"]) for r in rows if r.get("loss")}  # beside a step the job logged
+
+
 class RaisingLogger(pl.loggers.Logger):
     """A logger that fails on everything: listed first, it must not keep ours from the next one."""
 
@@ -388,3 +432,45 @@ def test_a_sweep_given_another_model_than_its_optimizer_steps_is_refused(tmp_pat
         run_sweep(other, lambda: real(x).square().mean(), ["BF16"], optimizers=[opt], profile_kernels=False,
                   rounds=0, budget_s=0)
     assert all(torch.equal(a, b) for a, b in zip(before, real.parameters()))
+
+
+def test_an_optimizer_stepped_inside_backward_and_not_given_refuses_the_sweep(caplog):
+    """The optimizer-in-backward pattern (one optimizer per parameter, stepped by a hook after its
+    gradient): given no optimizer, the sweep's backward passes would step them all and nothing could
+    put their state back; given them, it runs and puts everything back."""
+    import logging
+
+    from te_gemm_callback.sweep.engine import run_sweep
+
+    torch.manual_seed(0)
+    model, x = nn.Linear(4, 4), torch.randn(2, 4)
+    opts = {p: torch.optim.AdamW([p], lr=0.1) for p in model.parameters()}
+
+    def step_in_backward(p):
+        opts[p].step()
+        opts[p].zero_grad()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step_in_backward)
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"2 parameter\(s\) \(weight, bias\) run a hook after their gradient"):
+        run_sweep(model, lambda: model(x).square().mean(), ["BF16"], optimizers=[], profile_kernels=False,
+                  rounds=0, budget_s=0)
+    assert all(not o.state for o in opts.values())  # nothing stepped
+    run_sweep(model, lambda: model(x).square().mean(), ["BF16"], optimizers=list(opts.values()),
+              profile_kernels=False, rounds=0, budget_s=0, steps=2)
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+    assert all(not o.state for o in opts.values())  # the state the sweep created is dropped again
+    # An optimizer's step hook (an EMA of the weights) runs in the sweep's steps: said before it runs.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt.register_step_post_hook(lambda *a: None)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        run_sweep(nn.Linear(4, 4), lambda: model(x).sum(), ["BF16"], optimizers=[], profile_kernels=False,
+                  rounds=0, budget_s=0, steps=2)
+        assert not any("step hook" in r.getMessage() for r in caplog.records)
+        model2 = nn.Linear(4, 4)
+        opt2 = torch.optim.SGD(model2.parameters(), lr=0.1)
+        opt2.register_step_post_hook(lambda *a: None)
+        run_sweep(model2, lambda: model2(x).square().mean(), ["BF16"], optimizers=[opt2], profile_kernels=False,
+                  rounds=0, budget_s=0, steps=2)
+    assert any("run 1 step hook(s)" in r.getMessage() for r in caplog.records)

@@ -97,13 +97,19 @@ class GemmProfilerCallback(ScheduleResults, Callback):
         self.schedule.load_state_dict(state_dict)
 
     def _job(self, trainer: Trainer) -> JobStep:
+        def step() -> int:
+            # The step Lightning logs the job's own metrics at (_LoggerConnector.log_metrics), so that ours
+            # sit in step order among them: global_step runs one ahead at a batch's end.
+            loop = getattr(trainer.fit_loop, "epoch_loop", None)
+            return int(getattr(loop, "_batches_that_stepped", trainer.global_step))
+
         def log_metrics(metrics: dict[str, float]) -> None:
             for logger in trainer.loggers:  # each on its own: one that raises stops no other
-                _each(logger, "metrics", lambda lg=logger: lg.log_metrics(metrics, step=trainer.global_step))
+                _each(logger, "metrics", lambda lg=logger: lg.log_metrics(metrics, step=step()))
 
         def log_artifacts(files: dict) -> None:
             for logger in trainer.loggers:
-                _each(logger, "report files", lambda lg=logger: to_lightning_logger(lg, files, trainer.global_step))
+                _each(logger, "report files", lambda lg=logger: to_lightning_logger(lg, files, step()))
 
         return JobStep(global_step=int(trainer.global_step), accumulate=int(trainer.accumulate_grad_batches),
                        writes=trainer.is_global_zero, log_metrics=log_metrics, log_artifacts=log_artifacts,

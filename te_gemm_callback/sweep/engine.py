@@ -82,6 +82,21 @@ def _check_model(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) 
         if params and not any(id(p) in mine for p in params):
             raise ValueError(f"the sweep's optimizer {type(opt).__name__} steps none of the given model's parameters: "
                              "give the sweep the model the step function trains")
+    # An optimizer stepped from inside backward: the sweep's backward passes would step it, and only the
+    # optimizers it is given are put back.
+    given = {id(p) for opt in optimizers for g in getattr(opt, "param_groups", []) for p in g["params"]}
+    hooked = [n for n, p in model.named_parameters() if getattr(p, "_post_accumulate_grad_hooks", None)
+              and id(p) not in given]
+    if hooked:
+        raise ValueError(f"{len(hooked)} parameter(s) ({', '.join(hooked[:3])}) run a hook after their gradient "
+                         "(an optimizer stepped inside backward?) that no optimizer the sweep was given steps: the "
+                         "sweep's backward passes would change its state; give the sweep those optimizers")
+    hooks = [h for opt in optimizers for h in (*getattr(opt, "_optimizer_step_pre_hooks", {}).values(),
+                                               *getattr(opt, "_optimizer_step_post_hooks", {}).values())]
+    if hooks:  # said, not refused: what such a hook changes outside the model and optimizers is unknown
+        log.warning("te-gemm: the sweep's optimizer steps run %d step hook(s) of the job's optimizers (%s): what "
+                    "they change beyond the model and the optimizers (an EMA of the weights) is not put back",
+                    len(hooks), ", ".join(sorted({getattr(h, "__qualname__", type(h).__name__) for h in hooks})))
 
 
 class Sweep:

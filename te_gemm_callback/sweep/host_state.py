@@ -24,6 +24,8 @@ _STATE_DICTS = ("fp8_meta", "quantizers", "_fp8_workspaces")
 _STATE_OBJECTS = ("_fp8_metas", "_quantizers")
 _STATE_FLAGS = ("fp8_initialized", "fp8_meta_tensors_initialized", "fp8", "fp8_calibration", "fp8_parameters")
 _TE_STATE = frozenset(_STATE_DICTS + _STATE_OBJECTS + _STATE_FLAGS)  # RecipeStates puts these back
+# torch's own bookkeeping on every module (parameters, buffers, hooks): never copied or put back.
+_MODULE_OWN = frozenset(k for k in vars(nn.Module()) if k.startswith("_"))
 _SCALARS = (bool, int, float, str, type(None))
 _CONTAINERS = (list, dict, set, deque)
 MAX_NODES = 200_000  # container entries copied per attribute: beyond, it is named, not copied
@@ -145,8 +147,11 @@ class HostState:
             return
         saved: dict[str, Any] = {}
         self.attrs[id(obj)] = (obj, label, saved)
+        torch_own = type(obj).__module__.split(".")[0] == "torch"
         for k, v in list(vars(obj).items()):
-            if k.startswith("_") or k in _TE_STATE or isinstance(v, (nn.Module, nn.Parameter)):
+            # A private name is the job's too (a metric's _update_count), except on torch's own classes.
+            if k in _MODULE_OWN or k in _TE_STATE or (torch_own and k.startswith("_")) or \
+                    isinstance(v, (nn.Module, nn.Parameter)):
                 continue  # torch's own bookkeeping, submodules and parameters: not ours here
             if isinstance(v, _SCALARS):
                 saved[k] = v
@@ -164,9 +169,10 @@ class HostState:
         changed = []
         for obj, label, saved in self.attrs.values():
             now = vars(obj)
+            # A public name the sweep's steps added goes; a private one may be a library's lazy cache: it stays.
             for k in [k for k in now if not k.startswith("_") and k not in saved and k not in _TE_STATE
                       and isinstance(now[k], (*_SCALARS, *_CONTAINERS))]:
-                del now[k]  # added by the sweep's steps
+                del now[k]
                 changed.append(f"{label}.{k}")
             for k, v in saved.items():
                 if isinstance(v, tuple) and v and v[0] in ("c", "t"):

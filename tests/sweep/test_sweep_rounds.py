@@ -22,12 +22,12 @@ class Probe(nn.Linear):
 
     def __init__(self, fake, seen):
         super().__init__(8, 8)
-        # Private: the sweep puts the job's public containers back as they were (host_state.py),
-        # and this one records what the sweep's steps ran.
-        self.fake, self._seen = fake, seen
+        # A bound method, not a list: the sweep puts the job's containers back as they were
+        # (host_state.py), and this records what the sweep's steps ran.
+        self.fake, self.note = fake, seen.append
 
     def forward(self, x):
-        self._seen.append(self.fake.stack[-1])
+        self.note(self.fake.stack[-1])
         return super().forward(x)
 
 

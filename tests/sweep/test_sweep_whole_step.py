@@ -181,12 +181,13 @@ class _TEStyleLinear(nn.Linear):
         self.fake, self.registry = fake, registry
         self.fp8_meta, self.quantizers, self.fp8_initialized = {}, {"scaling_fwd": []}, False
         # The test's record of the scales each DelayedScaling step used, kept where the sweep's
-        # restore of the job's own containers (sweep/host_state.py) leaves it: a private attribute.
-        self._used_scales = []
+        # restore of the job's own containers (sweep/host_state.py) leaves it: behind a function.
+        scales: list[float] = []
+        self.record = lambda: scales
 
     @property
     def used_scales(self):
-        return self._used_scales
+        return self.record()
 
     def forward(self, x):
         recipe = self.fake.stack[-1] if self.fake.stack else "BF16"
