@@ -164,7 +164,9 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     replayed = any(a.predicted_by == "replay" for a in rep.recipes)
     # The job's own column only where some row has it (an FP32 job's has no FP32 microbenchmark).
     vs_cur = rep.current_recipe != "BF16" and any(a.gemm_speedup_vs_current is not None for a in rep.recipes)
-    cols = (["recipe", "GEMM ms (bench)", "GEMM speedup"] + ([f"vs {rep.current_recipe}"] if vs_cur else [])
+    benched = any(a.gemm_ms_bench is not None for a in rep.recipes)
+    cols = (["recipe", "GEMM ms (bench)" if benched else "GEMM ms", "GEMM speedup"]
+            + ([f"vs {rep.current_recipe}"] if vs_cur else [])
             + (["predicted step", "band", "bound", "GEMMs alone"] if replayed else ["predicted step"])
             + (["pred. unfused"] if unfused else [])
             + ["observed step", "95% CI", "a rerun", "observed ms"])
@@ -185,7 +187,6 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     rounds = sorted({a.observed_rounds for a in rep.recipes if a.observed_rounds})
     rounds_text = (f"from {rounds[0]} rounds" if len(rounds) == 1 else
                    f"from {rounds[0]}-{rounds[-1]} rounds" if rounds else "")
-    benched = any(a.gemm_ms_bench is not None for a in rep.recipes)
     # Said only for what the table holds (te-gemm compare: no bench, no sweep).
     gemm_text = (f"{rep.meta.get('mode', 'autocast')} microbenchmarks of the captured shapes" if benched else
                  "the runs' own GEMM times (no microbenchmark)")

@@ -72,7 +72,7 @@ def _cli_on_run(tmp_path, capsys, command, b=None):
 
 def test_plan_files_and_cli(tmp_path, capsys):
     run, out = _cli_on_run(tmp_path, capsys, "plan")
-    assert "Precision plan: Float8CurrentScaling, 2 module(s) kept in BF16" in out and "cannot run" in out
+    assert "Precision plan: Float8CurrentScaling, 2 module(s) kept in BF16" in out and "stays BF16" in out
     plan = PrecisionPlan.load(run / "precision_plan.json")
     assert sorted(plan.keep_bf16) == ["router", "small"]
     yaml = (run / "precision_plan_nvdlfw.yaml").read_text()
