@@ -474,3 +474,45 @@ def test_an_optimizer_stepped_inside_backward_and_not_given_refuses_the_sweep(ca
         run_sweep(model2, lambda: model2(x).square().mean(), ["BF16"], optimizers=[opt2], profile_kernels=False,
                   rounds=0, budget_s=0, steps=2)
     assert any("run 1 step hook(s)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_training_step_that_changes_its_batch_in_place_leaves_the_dataset_as_without_the_sweep(tmp_path):
+    """The sweep ran training_step on the job's own batch: a step that scales its batch in place, a
+    view into a pre-batched dataset, scaled the dataset again at every sweep step."""
+    from torch.utils.data import DataLoader, Dataset
+
+    class Views(Dataset):
+        def __init__(self):
+            self.x = torch.randn(6, 8, 16, generator=torch.Generator().manual_seed(1))
+
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return self.x[i]
+
+    class InPlace(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(16, 4)
+
+        def training_step(self, x, i):
+            x.mul_(0.9)
+            return self.net(x).square().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def run(callbacks):
+        torch.manual_seed(0)
+        data, module = Views(), InPlace()
+        pl.Trainer(max_steps=12, accelerator="cpu", logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False,
+                   callbacks=callbacks).fit(module, DataLoader(data, batch_size=None))
+        return data.x, [p.detach().clone() for p in module.parameters()]
+
+    plain = run([])
+    swept = run([GemmProfilerCallback(wait=1, warmup=1, active=2, output_dir=tmp_path, sweep=["BF16"], sweep_rounds=1,
+                                      report=False, verbose=False)])
+    assert torch.equal(plain[0], swept[0])
+    assert all(torch.equal(p, q) for p, q in zip(plain[1], swept[1]))

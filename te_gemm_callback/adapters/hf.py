@@ -12,6 +12,7 @@ from te_gemm_callback.schedule import (
     ScheduleResults,
     SweepJob,
     accumulated,
+    own_batch,
     schedule_doc,
     schedule_signature,
 )
@@ -89,7 +90,8 @@ def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
     batch = next(iter(loader))
     drawn.restore()
     device = next(model.parameters()).device
-    batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+    # Copied: .to() of a tensor already there is the tensor, and the sweep's steps may change it in place.
+    batch = own_batch({k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()})
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
     context = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else None
     opt = kwargs.get("optimizer")

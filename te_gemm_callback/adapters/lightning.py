@@ -15,6 +15,7 @@ from te_gemm_callback.schedule import (
     ScheduleResults,
     SweepJob,
     accumulated,
+    own_batch,
     schedule_doc,
     schedule_signature,
 )
@@ -122,6 +123,7 @@ class GemmProfilerCallback(ScheduleResults, Callback):
             raise ValueError("not run for a manual-optimization module: its training_step steps the optimizer "
                              "itself; time each recipe in a run of its own and compare them (te-gemm compare)")
         batch, batch_idx = self._last_batch
+        batch = own_batch(batch)  # the sweep's steps may change it in place: never the job's
         set_recipe = None
         if self.schedule.sweep_config.set_recipe is None and hasattr(module, "recipe"):
             original = module.recipe

@@ -290,7 +290,7 @@ class GemmProfiler:
         self._held = True
         # The only thing on the model for the whole window: a try/except around its forward. An
         # exception through it removes every instrument, whatever the training framework does.
-        self._guard = ForwardGuard.install(self.model, self._abandon)
+        self._guard = ForwardGuard.install(self.model, self.abandon)
         # A compiled model stays hooked: launch-order owners are checked on eager models only.
         self._order_off = bool(self.instruments.eager_compiled.modules)
         if self._range_api is not None:
@@ -364,14 +364,14 @@ class GemmProfiler:
             GraphCaptures.uninstall()
         self._stop_clocks()
 
-    def _abandon(self, err: BaseException) -> None:
-        """Turn capture off after the forward raised inside the window: everything of ours comes off,
+    def abandon(self, err: BaseException, where: str = "the model's forward") -> None:
+        """Turn capture off after ``where`` raised inside the window: everything of ours comes off,
         reported once; the job's exception propagates untouched."""
         if not self._started or self._abandoned:
             return
         self._abandoned = True
         if self.recorder.error is None:
-            self.recorder.error = f"the model's forward raised {type(err).__name__} inside the capture window"
+            self.recorder.error = f"{where} raised {type(err).__name__} inside the capture window"
             log.warning("te-gemm: capture turned off: %s (%s); its hooks and dispatch mode are off the model",
                         self.recorder.error, str(err).splitlines()[0][:200] if str(err) else "no message")
         self.recorder.active = False

@@ -288,13 +288,16 @@ class _Pre(HookFn):
         scope = self.scope
         if scope.enabled:
             try:
-                st, seqs = self.local.stack, self.local.seq
-            except AttributeError:  # first forward on this thread
-                st, seqs = scope.stack, scope.seq_stack
-                if scope.owner_thread is not None and threading.get_ident() != scope.owner_thread:
-                    scope.note_other_thread()
-            st.append(self.name)
-            seqs.append(self.peek() if self.grad_on() else -1)
+                try:
+                    st, seqs = self.local.stack, self.local.seq
+                except AttributeError:  # first forward on this thread
+                    st, seqs = scope.stack, scope.seq_stack
+                    if scope.owner_thread is not None and threading.get_ident() != scope.owner_thread:
+                        scope.note_other_thread()
+                st.append(self.name)
+                seqs.append(self.peek() if self.grad_on() else -1)
+            except Exception as err:  # never break the job: report and stop capturing
+                scope._on_error(err)
 
 
 class _Post(HookFn):

@@ -41,10 +41,16 @@ def capture_steps(model: Any, step_fn: Callable[[], Any], clean_steps: int = 1, 
     """
     prof = GemmProfiler(model, **profiler_kwargs).start()
     n = prof.plan.profiled + clean_steps
-    # Counts plan steps: compile steps come on top, and their wait is bounded (max_compile_steps).
-    while prof.plan_index is None or prof.plan_index < n:
-        step_fn()
-        if prof.plan_index is not None and prof.plan_index >= n - 1:
-            break
-        prof.step()
+    try:
+        # Counts plan steps: compile steps come on top, and their wait is bounded (max_compile_steps).
+        while prof.plan_index is None or prof.plan_index < n:
+            step_fn()
+            if prof.plan_index is not None and prof.plan_index >= n - 1:
+                break
+            prof.step()
+    except BaseException as err:
+        # A step that raised outside the model's forward (its loss, its optimizer, Ctrl-C): the
+        # forward's guard never saw it, and every hook and the dispatch mode would stay on.
+        prof.abandon(err, "the step")
+        raise
     return prof.stop()

@@ -125,19 +125,25 @@ class GemmDispatchMode(TorchDispatchMode):
         if name is None or not rec.active:
             out = func(*args, **kwargs)
             if func in _WATCHED and rec.active:
-                if func in _CASTS:
-                    self._track_cast(args, out)
-                elif torch.is_inference_mode_enabled():
-                    rec.note_inference()
+                try:
+                    if func in _CASTS:
+                        self._track_cast(args, out)
+                    elif torch.is_inference_mode_enabled():
+                        rec.note_inference()
+                except Exception as err:  # never break the job
+                    rec.fail(err)
             return out
         token = None
         try:
             token = self._before(name, args, kwargs)
         except Exception as err:  # never break the job
             rec.fail(err)
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs)  # the job's own op: its exception is the job's
         if token is not None:
-            rec.end(token)
+            try:
+                rec.end(token)
+            except Exception as err:
+                rec.fail(err)
         return out
 
     def _track_cast(self, args: tuple, out: Any) -> None:

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.utils._pytree import tree_map_only
+
 from te_gemm_callback.capture import GemmCapture, GemmProfiler
 from te_gemm_callback.capture.config import CaptureConfig
 from te_gemm_callback.capture.distributed import world
@@ -44,6 +47,12 @@ class SweepJob:
     context: Callable[[], Any] | None = None  # an outer context per step (Lightning's precision plugin)
     set_recipe: Callable[[Any, Any], Any] | None = None
     rng_objects: Sequence[Any] = ()
+
+
+def own_batch(batch: Any) -> Any:
+    """``batch`` with its tensors copied (in dicts, lists and tuples): a training step that changes its
+    batch in place (a view into the dataset) changes the sweep's copy, not the job's data."""
+    return tree_map_only(torch.Tensor, lambda t: t.detach().clone(), batch)
 
 
 def accumulated(step: Callable[[], Any], micro_batches: int) -> Callable[[], Any]:
@@ -212,11 +221,11 @@ class GemmSchedule(Publishing):
                 prof.pause()  # logging, evaluation and saving between steps are not ours
 
             if guard(advance, "capture stopped") is False:
-                self._drop()
+                self._turn_off()
             self._micro_batches = 0
         else:
             self._finish(job or JobStep(), keep=self._phase == "active")
-            self.done = self.phase(self.steps_seen) == "done"
+            self.done = self.done or self.phase(self.steps_seen) == "done"
 
     def train_end(self, job: JobStep | None = None) -> None:
         """Training ended: finish an open window, and run a sweep still owed."""
@@ -305,7 +314,15 @@ class GemmSchedule(Publishing):
     def _guarded(self, method: str) -> None:
         """Resume or pause the open capture; a failure drops it."""
         if self._prof is not None and guard(getattr(self._prof, method), "capture stopped") is False:
-            self._drop()
+            self._turn_off()
+
+    def _turn_off(self) -> None:
+        """After a failure of ours (said once, by guard): capture off for the rest of the run, not
+        started again at the next step. Not in a multi-process job, whose other ranks would wait for
+        this one at the gather."""
+        self._drop()
+        if world()[1] == 1:
+            self.done = True
 
     def _drop(self) -> None:
         """Take everything a failed profiler put on off; it is not used again."""
@@ -330,7 +347,7 @@ class GemmSchedule(Publishing):
         cap = guard(stop, "capture could not be finished")
         if cap is False:
             self._prof = prof
-            self._drop()
+            self._turn_off()
             return
         if keep and ph == "active":
             if len(cap.steps) < self.capture_config.active:

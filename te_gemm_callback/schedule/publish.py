@@ -173,6 +173,7 @@ class Publishing:
 
     def _run_sweep(self, job: JobStep) -> dict[str, float]:
         from te_gemm_callback.sweep.engine import run_sweep
+        from te_gemm_callback.sweep.state import RestoreError
         assert job.sweep is not None  # _sweep_and_log runs the sweep only for a job that gives one
         sj = job.sweep()
         out_dir = self.report_config.output_dir / "sweep" if job.writes else None
@@ -182,10 +183,14 @@ class Publishing:
         config = self.sweep_config
         if sj.set_recipe is not None:  # the job's own (Lightning's module.recipe) over the default
             config = dataclasses.replace(config, set_recipe=sj.set_recipe)
-        res = self.sweep_result = run_sweep(
-            sj.module, sj.step, config=config, profile_kernels=self.capture_config.kernel_breakdown,
-            context=sj.context, out_dir=out_dir,
-            job_recipe=capture_recipe(self.capture) if self.capture is not None else None,
-            nvtx=self.capture_config.nvtx, optimizers=list(sj.optimizers), optimizer_step=opt_step,
-            run_id=self.run_id, rng_objects=list(sj.rng_objects))
+        try:
+            res = self.sweep_result = run_sweep(
+                sj.module, sj.step, config=config, profile_kernels=self.capture_config.kernel_breakdown,
+                context=sj.context, out_dir=out_dir,
+                job_recipe=capture_recipe(self.capture) if self.capture is not None else None,
+                nvtx=self.capture_config.nvtx, optimizers=list(sj.optimizers), optimizer_step=opt_step,
+                run_id=self.run_id, rng_objects=list(sj.rng_objects))
+        except RestoreError as err:  # not "skipped": the job changed, said as an error
+            log.error("te-gemm: %s", err)
+            return {}
         return sweep_metrics(res)

@@ -26,7 +26,7 @@ from te_gemm_callback.sweep.intervals import estimate
 from te_gemm_callback.sweep.native_plan import HOW, native_plan, native_support
 from te_gemm_callback.sweep.observed import observe, round_speedups
 from te_gemm_callback.sweep.plan import apply_precision_plan
-from te_gemm_callback.sweep.state import RecipeStates, TrainingSnapshot
+from te_gemm_callback.sweep.state import RecipeStates, TrainingSnapshot, put_back
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -270,11 +270,11 @@ class Sweep:
             self.save(label)
 
     def restore(self) -> None:
-        """The job as it was: its recipe, TE's objects, then their values (which go into those objects)."""
-        if self.config.set_recipe is not None:
-            self.config.set_recipe(self.model, None)
-        self.states.restore_job()
-        self.snapshot.restore(self.model)
+        """The job as it was: its recipe, TE's objects, then their values (which go into those objects);
+        each part whatever another's failure (RestoreError after)."""
+        set_recipe = self.config.set_recipe
+        put_back([("the job's recipe", lambda: set_recipe(self.model, None) if set_recipe is not None else None),
+                  ("TE's recipe state objects", self.states.restore_job), *self.snapshot.parts(self.model)])
 
     def run(self) -> SweepResult:
         try:

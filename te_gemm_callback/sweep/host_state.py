@@ -1,18 +1,20 @@
 """The job's host-side state a sweep step can change, put back afterwards: every random stream (torch's CPU
-and CUDA, Python's, NumPy's, and each ``torch.Generator`` on the modules or the named objects, e.g. a
-DataLoader), and the Python state on the model's modules (a ``training_step`` that appends its loss to a
-list or counts its calls would carry the sweep's steps into the job's metrics). Containers get their
-contents back in the same objects (the job may hold a reference); attributes the sweep added are removed;
-what is too large to copy is named before the sweep runs. TE's modules are left to state.py.
+and CUDA, Python's, NumPy's, and each ``torch.Generator``, ``random.Random`` or NumPy generator on the
+modules or the named objects, e.g. a DataLoader), and the Python state on the model's modules (a
+``training_step`` that appends its loss to a list or counts its calls would carry the sweep's steps into
+the job's metrics). Containers get their contents back in the same objects (the job may hold a
+reference); attributes the sweep added are removed; what is too large to copy is named before the sweep
+runs. TE's modules are left to state.py.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import sys
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -98,19 +100,34 @@ def _differs(node: Any) -> bool:
     return len(obj) != len(children) or any(x is not c[1] or _differs(c) for x, c in zip(obj, children))
 
 
-def _generators(objs: Iterable[Any]) -> list[torch.Generator]:
-    """Every torch.Generator an attribute of ``objs`` holds (one level down: a loader's sampler)."""
-    out: dict[int, torch.Generator] = {}
+def _stream(obj: Any) -> tuple[Callable[[Any], Any], Any] | None:
+    """(how to put it back, its state) of a random stream object: a torch.Generator, a random.Random,
+    a NumPy Generator or RandomState; None for anything else."""
+    if isinstance(obj, torch.Generator):
+        return obj.set_state, obj.get_state()
+    if isinstance(obj, random.Random):
+        return obj.setstate, obj.getstate()
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.random.Generator):
+        bits = obj.bit_generator
+        return functools.partial(setattr, bits, "state"), bits.state
+    if np is not None and isinstance(obj, np.random.RandomState):
+        return obj.set_state, obj.get_state()
+    return None
+
+
+def _streams(objs: Iterable[Any]) -> list[tuple[Callable[[Any], Any], Any]]:
+    """Every random stream an attribute of ``objs`` holds (one level down: a loader's sampler)."""
+    out: dict[int, tuple[Callable[[Any], Any], Any]] = {}
     seen: set[int] = set()
 
     def visit(obj: Any, depth: int) -> None:
-        if isinstance(obj, torch.Generator):
-            out[id(obj)] = obj
+        if (got := _stream(obj)) is not None:
+            out.setdefault(id(obj), got)
         elif obj is not None and id(obj) not in seen and hasattr(obj, "__dict__"):  # not a builtin
             seen.add(id(obj))
             for v in list(vars(obj).values()):
-                if isinstance(v, torch.Generator) or (
-                        depth < 2 and not isinstance(v, (torch.Tensor, *_SCALARS, *_CONTAINERS))):
+                if depth < 2 and not isinstance(v, (torch.Tensor, *_SCALARS, *_CONTAINERS)):
                     visit(v, depth + 1)
 
     for o in objs:
@@ -130,7 +147,7 @@ class HostState:
         np = sys.modules.get("numpy")
         if np is not None:
             self.rngs.append((np.random.set_state, np.random.get_state()))
-        self.rngs += [(g.set_state, g.get_state()) for g in _generators([*model.modules(), *extra])]
+        self.rngs += _streams([*model.modules(), *extra])
         self.attrs: dict[int, tuple[Any, str, dict[str, Any]]] = {}
         self.not_copied: list[str] = []
         for m in model.modules():

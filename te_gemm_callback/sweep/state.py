@@ -15,7 +15,7 @@ import copy
 import itertools
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -124,39 +124,81 @@ class TrainingSnapshot:
                            for opt in optimizers]
 
     def restore(self, model: nn.Module) -> None:
-        with torch.no_grad():
-            for k, v in itertools.chain(model.named_parameters(), model.named_buffers()):
-                v.copy_(self.tensors[k])
-            for opt, state, groups in self.optimizers:
-                for p in [p for p in opt.state if p not in state]:
-                    del opt.state[p]  # first created by a sweep step
-                for p, st in state.items():
-                    live = opt.state[p]
-                    for k in [k for k in live if k not in st]:
-                        del live[k]
-                    for k, (v, device) in st.items():
-                        cur = live.get(k)
-                        if device is None:
-                            live[k] = copy.deepcopy(v)
-                        elif isinstance(cur, torch.Tensor) and cur.shape == v.shape and cur.dtype == v.dtype:
+        """Every part put back, each whatever another's failure (:func:`put_back`)."""
+        put_back(self.parts(model))
+
+    def parts(self, model: nn.Module) -> list[tuple[str, Callable[[], Any]]]:
+        """What :meth:`restore` puts back, part by part: (what, how)."""
+        return [("the parameters and buffers", lambda: self._tensors(model)),
+                ("the optimizer state", self._optimizers), ("the gradients", lambda: self._grads(model)),
+                ("the random streams and the modules' Python state", self._host),
+                ("the modules' extra state (TE's FP8 metadata)", lambda: self._extra(model))]
+
+    @torch.no_grad()
+    def _tensors(self, model: nn.Module) -> None:
+        for k, v in itertools.chain(model.named_parameters(), model.named_buffers()):
+            saved = self.tensors[k]
+            if v.shape == saved.shape and v.dtype == saved.dtype:
+                v.copy_(saved)
+            else:  # a buffer a step replaced by a grown one: its old values, in the tensor the module holds now
+                v.data = saved.to(v.device, copy=True)
+        for p, value, _ in self.outside:
+            p.copy_(value)
+
+    def _optimizers(self) -> None:
+        for opt, state, groups in self.optimizers:
+            for p in [p for p in opt.state if p not in state]:
+                del opt.state[p]  # first created by a sweep step
+            for p, st in state.items():
+                live = opt.state[p]
+                for k in [k for k in live if k not in st]:
+                    del live[k]
+                for k, (v, device) in st.items():
+                    cur = live.get(k)
+                    if device is None:
+                        live[k] = copy.deepcopy(v)
+                    elif isinstance(cur, torch.Tensor) and cur.shape == v.shape and cur.dtype == v.dtype:
+                        with torch.no_grad():
                             cur.copy_(v)  # in place: fused and foreach optimizers keep views of it
-                        else:
-                            live[k] = v.to(device, copy=True)
-                for g, saved in zip(opt.param_groups, groups):
-                    g.update(copy.deepcopy(saved))
-            for n, p in model.named_parameters():
-                p.grad = self.grads[n]
-            for p, value, grad in self.outside:
-                p.copy_(value)
-                p.grad = grad
+                    else:
+                        live[k] = v.to(device, copy=True)
+            for g, saved in zip(opt.param_groups, groups):
+                g.update(copy.deepcopy(saved))
+
+    def _grads(self, model: nn.Module) -> None:
+        for n, p in model.named_parameters():
+            p.grad = self.grads[n]
+        for p, _, grad in self.outside:
+            p.grad = grad
+
+    def _host(self) -> None:
         changed = self.host.restore()
         if changed:
             log.info("te-gemm: the sweep's steps changed %s; put back", ", ".join(sorted(set(changed))))
+
+    def _extra(self, model: nn.Module) -> None:
         modules = dict(model.named_modules())
         # TE refuses pickled FP8 metadata unless the source is trusted: this snapshot is our own, moments old.
         with _env("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1"):
             for n, state in self.extra.items():
                 modules[n].set_extra_state(state)
+
+
+class RestoreError(RuntimeError):
+    """Part of the job could not be put back after the sweep: the job goes on changed, and says so."""
+
+
+def put_back(parts: Iterable[tuple[str, Callable[[], Any]]]) -> None:
+    """Run every part; one that raises stops none of the others. Then RestoreError naming each that failed."""
+    failed = []
+    for what, fn in parts:
+        try:
+            fn()
+        except Exception as err:
+            failed.append(f"{what} ({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''})")
+    if failed:
+        raise RestoreError(f"the sweep could not put back {'; '.join(failed)}: the job goes on with what its steps "
+                           "left there, the rest put back")
 
 
 @contextlib.contextmanager
