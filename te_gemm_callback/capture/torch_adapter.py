@@ -14,6 +14,7 @@ owner is the module running, except where a module hands a submodule's weight to
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any, NamedTuple
 
@@ -92,11 +93,30 @@ def dispatch_mkn(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, i
     return a.shape[-2], a.shape[-1], b.shape[-1], a.shape[0], offs  # bmm / 3-D x 3-D
 
 
+def _without_dynamo_import(mode: type) -> Any:
+    """torch wraps each dispatch mode's ``__torch_dispatch__`` so that its first call imports torch._dynamo
+    (torch/_compile.py, ``_disable_dynamo``): a second inside the job's first captured GEMM, a cache folder
+    made under /tmp, TORCHINDUCTOR_CACHE_DIR set for the job's children, ``torch.manual_seed`` rewrapped.
+    A job that has not loaded dynamo cannot be tracing: while the mode is on, the wrapper's cache holds our
+    function itself. Returns that function (None where nothing was set), for :func:`_dynamo_import_back`."""
+    raw = getattr(mode.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
+    if "torch._dynamo" in sys.modules or raw is None or hasattr(raw, "__dynamo_disable"):
+        return None
+    setattr(raw, "__dynamo_disable", raw)
+    return raw
+
+
+def _dynamo_import_back(raw: Any) -> None:
+    if raw is not None and vars(raw).get("__dynamo_disable") is raw:
+        delattr(raw, "__dynamo_disable")
+
+
 class GemmDispatchMode(TorchDispatchMode):
     """Records aten GEMMs into a recorder; TE-owned calls are left to the TE adapter."""
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
+        self._raw: Any = None
         self.recorder = recorder
         scope = recorder.scope
         self.param_storages = {k: scope.param_name(n) for n, p in scope.model.named_parameters()
@@ -110,6 +130,17 @@ class GemmDispatchMode(TorchDispatchMode):
         # Without the sequence-number getter (older torch) nodes are not known: sizes decide.
         self._next_seq = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
         self.te_forward: set[tuple[int, int, int, int]] = set()  # aten GEMMs inside TE modules
+
+    def __enter__(self) -> GemmDispatchMode:
+        self._raw = _without_dynamo_import(type(self))
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            _dynamo_import_back(self._raw)
+            self._raw = None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:

@@ -1,4 +1,7 @@
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -186,3 +189,20 @@ def test_profiler_ranges_backend_opens_a_torch_profiler_range_per_gemm():
             model(torch.randn(4, 8, requires_grad=True)).sum().backward()  # input grad: a dgrad too
     names = [e.name for e in tp.events() if e.name.startswith("te_gemm: ")]
     assert len(names) == 3 and {n.split()[2] for n in names} == {"fprop", "dgrad", "wgrad"}
+
+
+def test_a_capture_of_an_eager_job_leaves_torch_dynamo_unloaded():
+    """torch's dispatch-mode wrapper imported torch._dynamo at the first captured GEMM: a second of the
+    job's step, /tmp/torchinductor_<user> made and TORCHINDUCTOR_CACHE_DIR set for its children."""
+    code = """if True:
+        import os, sys, torch
+        from te_gemm_callback import GemmProfiler
+        m = torch.nn.Linear(8, 8)
+        prof = GemmProfiler(m).start()
+        m(torch.randn(2, 8, requires_grad=True)).sum().backward()
+        ops = sorted(r.op for r in prof.stop().records)
+        print(ops, 'torch._dynamo' in sys.modules, os.environ.get('TORCHINDUCTOR_CACHE_DIR'))
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.stdout.split("\n")[-2] == "['dgrad', 'fprop', 'wgrad'] False None", out.stderr[-2000:]
