@@ -177,6 +177,8 @@ class ModelConfig:
             raise ValueError("--num-experts must be >= 0 (0: a dense MLP)")
         if self.num_experts and self.top_k > self.num_experts:
             raise ValueError("--top-k must be <= --num-experts")
+        if not self.num_experts and self.top_k != 1:
+            raise ValueError("--top-k is the experts each token goes to: give --num-experts too (0: a dense MLP)")
         tp = self.tensor_parallel
         if self.num_attention_heads % tp or self.intermediate_size % tp:
             raise ValueError("--tensor-parallel must divide the head count and intermediate size")

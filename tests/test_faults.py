@@ -250,13 +250,16 @@ def test_callback_arguments_checked_at_construction(kw, needle):
 # 8. One line, exit 1 for a file that cannot be read or written; files of a newer version still load.
 def test_cli_one_line_errors(tmp_path, capsys):
     cap = small_capture(tmp_path)
+    other = GemmCapture.load(cap)
+    other.meta["recipe"] = "DelayedScaling"  # compare takes one capture per recipe
+    other = other.save(tmp_path / "other.json")
     (tmp_path / "f").write_text("x")
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"schema": "te-gemm-ranks/1", "ranks": []}))
     for args in (["bench", "--shapes", "8x8x8", "--precisions", "BF16", "--no-cache",
                   "--json", str(tmp_path / "f" / "b.json")],
                  ["show", str(summary)],
-                 ["compare", str(cap), "--json", str(tmp_path / "f" / "r.json")]):
+                 ["compare", str(cap), str(other), "--json", str(tmp_path / "f" / "r.json")]):
         assert main(args) == 1, args
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error:" in err, (args, err)

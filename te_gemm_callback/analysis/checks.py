@@ -23,6 +23,7 @@ OTHER_HIGH = ("FP32", "FP16")  # not BF16: the speedups' base, which every table
 PREDICTED = ("predicted_step_ms", "predicted_step_speedup", "predicted_step_speedup_unfused")
 BENCHED = ("gemm_ms_bench", "gemm_speedup", "gemm_speedup_vs_current", "high_precision")
 BENCH_OVER_STEP = 2.0  # the bench's GEMM time per step over this many whole steps: not this job's GEMMs
+BENCH_VS_JOB = 3.0  # the bench's GEMM time this many times the job's own, or a third of it: said
 STEP_NOISE_WARN_PCT = 10.0  # the job's steps spread wider than this: said, since every figure carries it
 # What was attached to the steps a step time came from: only steps alike are compared.
 ATTACHED = {"clean": "nothing attached", "settle": "nothing attached", "kernels": "kernel records on",
@@ -129,16 +130,7 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
         for a in recipes:
             if a.recipe != "plan" or bench is not None:  # without a bench, the plan's is its file's own
                 hold(a.recipe, PREDICTED, why)
-    # The bench's GEMMs of the job's own recipe far above the whole step: its cells are not this job's
-    # GEMMs (timed on a loaded machine, or another run's from the cache), and every prediction rests on them.
-    benched = next((a.gemm_ms_bench for a in recipes if a.recipe == job and a.gemm_ms_bench), None)
-    if benched and job in runs and benched > BENCH_OVER_STEP * runs[job].step_ms:
-        why = (f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, over {BENCH_OVER_STEP:g}x the "
-               f"whole observed step ({runs[job].step_ms:.2f} ms): its cells do not describe this job's GEMMs "
-               "(timed on a loaded machine, or cached from another run): te-gemm bench --no-cache measures again")
-        warnings.append(why)
-        for a in recipes:
-            hold(a.recipe, PREDICTED, why)
+    far = _bench_fits(job, runs, recipes, hold, warnings)
     baseline_ran = _baseline_ran(by, recipes, bench, hold, warnings)
     job_precision = baseline_ran if job == "BF16" and baseline_ran else job
     _high_precision(job, runs, recipes, bench, hold, warnings)
@@ -150,11 +142,36 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
             and not runs[job].round_ms:
         warnings.append(f"{job}: its {spread['steps']} {spread['kind']} steps vary ±{spread['spread_pct']:.0f}%: "
                         "its step time, and every share and speedup made from it, carries that noise")
+    warnings += far  # after the checks that hold figures: the log shows the first few
     jc = shares.get(job) or {"share": None, "why": "GEMMs not timed"}
     basis = ({"gemm_share_na": jc["why"]} if jc["share"] is None
              else {"gemm_share_basis": jc["basis"], "gemm_share_of_ms": jc["of_ms"]})
     return {"job_precision": job_precision, "baseline_ran": baseline_ran, "gemm_share": jc["share"],
             "gemm_shares": shares, "warnings": warnings, "withheld": withheld, **basis}
+
+
+def _bench_fits(job: str, runs: dict[str, Any], recipes: list[Any], hold: Callable[..., None],
+                warnings: list[str]) -> list[str]:
+    """Whether the bench's cells describe this job's GEMMs: far over the whole step, every prediction is
+    withheld (in ``warnings``); far from the job's own GEMM time, said (returned)."""
+    # The bench's GEMMs of the job's own recipe far above the whole step: its cells are not this job's
+    # GEMMs (timed on a loaded machine, or another run's from the cache), and every prediction rests on them.
+    benched = next((a.gemm_ms_bench for a in recipes if a.recipe == job and a.gemm_ms_bench), None)
+    if benched and job in runs and benched > BENCH_OVER_STEP * runs[job].step_ms:
+        why = (f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, over {BENCH_OVER_STEP:g}x the "
+               f"whole observed step ({runs[job].step_ms:.2f} ms): its cells do not describe this job's GEMMs "
+               "(timed on a loaded machine, or cached from another run): te-gemm bench --no-cache measures again")
+        warnings.append(why)
+        for a in recipes:
+            hold(a.recipe, PREDICTED, why)
+    elif benched and job in runs and runs[job].gemm_ms:
+        # Said, not withheld: within a whole step the cells may still rank the recipes right.
+        ratio = benched / runs[job].gemm_ms
+        if not 1 / BENCH_VS_JOB <= ratio <= BENCH_VS_JOB:
+            return [f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, {ratio:.1f}x their time in "
+                    f"the job ({runs[job].gemm_ms:.2f} ms): its cells ran under other conditions (a loaded machine, "
+                    "CPU threads, another run's cache), and every prediction rests on them"]
+    return []
 
 
 def _high_precision(job: str, runs: dict[str, Any], recipes: list[Any], bench: BenchResults | None,

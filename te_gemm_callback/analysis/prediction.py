@@ -84,4 +84,6 @@ def short_error(err: str) -> str:
     """TE's assertion text without the source location ('ret.lda % 16 == 0')."""
     if "Assertion failed:" in err:
         err = err.split("Assertion failed:", 1)[1].split(". ")[0].strip()
-    return err[:120]
+    if len(err) <= 160:
+        return err
+    return err[:160].rsplit(" ", 1)[0].rstrip(",;:") + " ..."  # at a word, and said to go on

@@ -96,6 +96,8 @@ def analyze_run(run_dir: str | Path) -> RunReport:
              "framework_note": framework_note(job, base, observed) if with_job else None,
              "clock_note": clock_note(job, bench), "duty_note": duty_note(rep.gemm_share, bench)}
     rep.meta.update({key: note for key, note in notes.items() if note})
+    if with_job:  # the table's step is the sweep's run of the job's recipe, not the job's own steps
+        rep.meta["base_run"] = "sweep"
     alerts = [key for key, cap in (("step_note", base), ("job_step_note", job if job_note else None))
               if cap is not None and key in rep.meta and host_bound(cap)]
     warnings = rep.meta.setdefault("warnings", [])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -103,9 +105,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     recipes = parse_precisions(a.precisions) or list(RECIPES)
     if "BF16" not in recipes:  # every speedup in the report is over BF16: without it there is none
         recipes.insert(0, "BF16")
-    from te_gemm_callback.recipes.demo import run_demo
-    cache = ResultCache()  # checked before training: a file that is not a cache stops us here, not after
     check_run_folder(Path(a.out))
+    cache = ResultCache()  # checked before training: a file that is not a cache stops us here, not after
+    from te_gemm_callback.recipes.demo import run_demo
     path = run_demo(a.out, steps=a.steps, recipes=recipes)
     if path is None:
         print("te-gemm run: no capture was written", file=sys.stderr)
@@ -122,8 +124,17 @@ def print_summary(out: Any, files: dict[str, Path]) -> None:
 
 
 def check_run_folder(out: Path) -> None:
-    """Refuse, before training, every file of the user's the run would replace in ``out``."""
+    """Refuse, before training, a run folder that cannot be made or written, and every file of the
+    user's the run would replace in it (a bad --out was found only after training)."""
     from te_gemm_callback.reporting.speedups import report_targets
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder for the run")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise ValueError(f"--out {out}: cannot write the run folder there ({err.strerror or err})") from None
     check_target(out / "gemm_capture.json", json_kind(CAPTURE_SCHEMA))
     check_target(out / "bench.json", json_kind(BENCH_SCHEMA))
     report_targets(out, ("autocast", "prequantized"))
@@ -133,6 +144,15 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from te_gemm_callback.analysis.runs import weight_gemms
     from te_gemm_callback.analysis.verdicts import analyze
     from te_gemm_callback.reporting.speedups import report_table, verdict_panel, write_report_json
+    from te_gemm_callback.sweep.observed import capture_recipe
+    if len(a.captures) < 2:
+        raise UsageError("compare needs two captures or more, one per recipe (a BF16 one among them): a lone "
+                         "capture has nothing to compare with (te-gemm show prints one)")
+    seen: dict[str, str] = {}
+    for path in a.captures:
+        if (same := seen.get(os.path.realpath(path))) is not None:
+            raise UsageError(f"{path} is given twice (as {same}): give each run's capture once")
+        seen[os.path.realpath(path)] = path
     caps = [GemmCapture.load(p) for p in a.captures]
     base = weight_gemms(caps[0])
     for path, cap in zip(a.captures, caps):  # named here: the analysis below cannot say which file
@@ -142,6 +162,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if weight_gemms(cap) != base:
             raise ValueError(f"{path} is a capture of another model than {a.captures[0]} (its GEMM shapes differ): "
                              "compare runs of the same model in different recipes")
+    by_recipe: dict[str, str] = {}
+    for path, cap in zip(a.captures, caps):
+        if cap.records and (other := by_recipe.setdefault(capture_recipe(cap), path)) != path:
+            raise ValueError(f"{other} and {path} are both {capture_recipe(cap)} runs: give one capture per recipe "
+                             "(a run folder with a sweep: te-gemm report RUN_DIR)")
     rep = analyze(caps[0], None, caps[1:])
     console().print(report_table(rep))
     console().print(verdict_panel(rep))
@@ -151,7 +176,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 
 def _gpus(text: str) -> list[str]:
-    return [_gpu(g) for g in text.split(",") if g.strip()]
+    gpus = list(dict.fromkeys(_gpu(g) for g in text.split(",") if g.strip()))  # each once
+    if not gpus:
+        raise argparse.ArgumentTypeError(f"expected GPU names, e.g. B300,GB200, got {text!r}")
+    return gpus
 
 
 def cmd_report(a: argparse.Namespace) -> int:

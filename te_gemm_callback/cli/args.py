@@ -123,7 +123,7 @@ def parse_precisions(text: str | None) -> list[str] | None:
 
 
 def _modes(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",")]
+    modes = list(MODES) if text.strip() == "both" else [m.strip() for m in text.split(",")]
     if any(m not in MODES for m in modes):
         raise argparse.ArgumentTypeError(f"expected comma-separated modes among {', '.join(MODES)}, got {text!r}")
     return [m for m in MODES if m in modes]  # the order the tables and figures use

@@ -61,13 +61,18 @@ def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -
     return 0
 
 
-def _positive(text: str) -> float:
+HOST_SPEEDS = (0.01, 100.0)  # another host 100x slower or faster than the one measured: beyond, a typo
+
+
+def _host_speed(text: str) -> float:
+    lo, hi = HOST_SPEEDS
     try:
         x = float(text)
     except ValueError:
         x = float("nan")
-    if not x > 0 or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    if not lo <= x <= hi:
+        raise argparse.ArgumentTypeError(f"expected a factor from {lo:g} to {hi:g} (the target host's speed over "
+                                          f"the measuring one's), got {text!r}")
     return x
 
 
@@ -94,7 +99,7 @@ def add_project_parser(command: Any) -> None:
                         "(default: read from bench.json)")
     s.add_argument("--json", type=_file_path,
                    help="where to write the projection (default: RUN_DIR/projection-GPU.json)")
-    s.add_argument("--host-speed", type=_positive, default=1.0, metavar="X",
+    s.add_argument("--host-speed", type=_host_speed, default=1.0, metavar="X",
                    help="the target host's speed (CPU, driver) relative to the measuring host's")
 
 

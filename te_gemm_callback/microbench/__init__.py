@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from te_gemm_callback.capture import GemmCapture
 from te_gemm_callback.microbench.cache import ResultCache
+from te_gemm_callback.microbench.cells import MODES
 from te_gemm_callback.microbench.items import WorkItem, items_from_capture, items_from_config, items_from_shapes
-from te_gemm_callback.precisions import RECIPES
+from te_gemm_callback.precisions import RECIPES, parse_recipes, user_recipe
 from te_gemm_callback.shapes import GemmShape, ModelConfig, parse_shapes
 
 # bench() imports parallel and the engine itself: the engine loads torch, and parallel runs as
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
 
 
-def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str] = ("autocast", "prequantized"), *,
+def bench(source: Any, recipes: str | Sequence[str] | None = None,
+          modes: str | Sequence[str] = ("autocast", "prequantized"), *,
           devices: int = 1, cache: str | Path | bool = True, visits: int | None = None,
           gemm_duty: float | None = None, flush_l2: bool = False, progress: bool = False,
           console: Any = None) -> BenchResults:
@@ -33,8 +35,9 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
     Args:
         source: a ``GemmCapture`` or its ``gemm_capture.json`` path, a ``ModelConfig``, fprop shapes
             as ``"MxKxN,MxKxN"`` or a list of ``GemmShape`` (dgrad and wgrad derived), or ``WorkItem``\\ s.
-        recipes: TE recipe names (default: all of them).
-        modes: "autocast" (GEMM + quantization of its inputs) and/or "prequantized" (kernels only).
+        recipes: TE recipe names, a list or "A,B" as ``--precisions`` takes them (default: all of them).
+        modes: "autocast" (GEMM + quantization of its inputs) and/or "prequantized" (kernels only): a
+            list, or "autocast", "prequantized" or "both".
         devices: local GPUs to spread the visits over (one process each).
         cache: True (the default cache), False, or a cache file path.
         visits, gemm_duty, flush_l2: see ``te-gemm bench --help``.
@@ -67,7 +70,11 @@ def bench(source: Any, recipes: Sequence[str] | None = None, modes: Sequence[str
     if not items:
         raise ValueError("nothing to benchmark: the source holds no GEMMs")
     rc = ResultCache(enabled=False) if cache is False else ResultCache(None if cache is True else cache)
-    recipes = list(recipes or RECIPES)
+    # As the command line takes them: "FP8" alone is refused (it names four recipes), a string is a list.
+    recipes = (parse_recipes(recipes) if isinstance(recipes, str) else
+               list(dict.fromkeys(user_recipe(r) for r in recipes)) if recipes else list(RECIPES))
+    if isinstance(modes, str):
+        modes = list(MODES) if modes.strip() == "both" else [m.strip() for m in modes.split(",")]
     if devices > 1:
         from te_gemm_callback.microbench.parallel import run_bench_parallel
         return run_bench_parallel(items, recipes, list(modes), devices, flush_l2=flush_l2, cache=rc, visits=visits,

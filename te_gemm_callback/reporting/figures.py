@@ -133,7 +133,7 @@ def ranks_figure(rows: list[dict], path: str | Path) -> Path:
 
 
 def speedup_figure(rep: Report, path: str | Path) -> Path:
-    """Predicted (GEMMs alone) against observed step speedup per recipe, GEMM speedup beside them."""
+    """Predicted (the report's column) against observed step speedup per recipe, GEMM speedup beside them."""
     recs = list(rep.recipes)
     x = range(len(recs))
     fig, ax = new_figure((max(6, 1.8 * len(recs) + 2), 4.5))

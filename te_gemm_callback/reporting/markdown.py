@@ -17,9 +17,9 @@ from te_gemm_callback.printable import plain
 from te_gemm_callback.reporting import projection_tables
 from te_gemm_callback.reporting.capture_tables import capture_share, top_gemm_rows
 from te_gemm_callback.reporting.report_tables import (
+    job_head,
     plan_line,
     replay_own_line,
-    share_text,
     speedup_rows,
     withheld_reasons,
 )
@@ -304,11 +304,9 @@ def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) 
     """report.md's text (no :data:`MD_MARKER`), linking the figures and trace among ``files`` written into ``root``."""
     root = Path(root)
     rep = rr.report
-    job = rep.meta.get("job_precision") or rep.current_recipe
     name = root.resolve().name or str(root)
     head = [f"# GEMM report: {md_escape(name)}", "",
-            md_escape(f"{rep.meta.get('device') or 'unknown device'}; job ran {job}: step {rep.step_ms:.2f} ms, "
-                      f"{share_text(rep)}.", line_start=True)]
+            md_escape(f"{rep.meta.get('device') or 'unknown device'}; {job_head(rep)}.", line_start=True)]
     sections = [head, _checks(rr), _verdicts(rr), _speedups(rr), *_projections(rr, files), _capture(rr),
                 _figures(files, root), _trace(files, root), _notes(rr), _commands(rr, root)]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"

@@ -52,9 +52,10 @@ def plan_line(plan: Any) -> str:
     pred = plan.predicted_speedup
     what = (f"{plan.same_as} everywhere (no mixed plan gains enough)" if plan.same_as else
             f"{plan.recipe} with {len(plan.keep_bf16)} module(s) kept in BF16")
-    # The plan's figures are GEMMs alone (Amdahl over the GEMM share), not the replay's column.
+    # The plan's figures are Amdahl over the GEMM share with autocast-mode cells (the plan table's
+    # caption): neither the replay's column nor the table's pre-quantized "GEMMs alone".
     tail = (f", predicted {pred['plan']:.2f}x vs best single {plan.best_single} {pred[plan.best_single]:.2f}x "
-            "(GEMMs alone)"
+            "(Amdahl over the GEMM share, autocast-mode bench)"
             if pred.get("plan") and plan.best_single in pred else
             f", predicted speedup {plan.meta.get('prediction', 'n/a')}")  # says why none is given
     return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
@@ -154,11 +155,18 @@ def band_text(a: Any) -> str:
     return f"{a.predicted_band[0]:.2f}-{a.predicted_band[1]:.2f}x" if a.predicted_band else "-"
 
 
-def speedup_rows(rep: Report) -> SpeedupRows:
-    """The GEMM vs step speedup table of a report, as text."""
+def job_head(rep: Report) -> str:
+    """What the job ran, and the step and GEMM time of the run the table's speedups stand on: with a
+    sweep, the job's recipe's run in it (the job's own steps are in the capture's figures)."""
     # The job's precision is what its GEMMs ran (FP32 on an fp32 model), not the key its run is joined on.
     job = rep.meta.get("job_precision") or rep.current_recipe
-    title = f"GEMM vs step speedup — job ran {job}: step {rep.step_ms:.2f} ms, {share_text(rep)}"
+    where = "; its run in the sweep:" if rep.meta.get("base_run") == "sweep" else ":"
+    return f"job ran {job}{where} step {rep.step_ms:.2f} ms, {share_text(rep)}"
+
+
+def speedup_rows(rep: Report) -> SpeedupRows:
+    """The GEMM vs step speedup table of a report, as text."""
+    title = f"GEMM vs step speedup — {job_head(rep)}"
     ran = rep.meta.get("baseline_ran")
     unfused = any(a.predicted_step_speedup_unfused is not None for a in rep.recipes)
     replayed = any(a.predicted_by == "replay" for a in rep.recipes)
@@ -170,7 +178,9 @@ def speedup_rows(rep: Report) -> SpeedupRows:
             + (["predicted step", "band", "bound", "GEMMs alone"] if replayed else ["predicted step"])
             + (["pred. unfused"] if unfused else [])
             + ["observed step", "95% CI", "a rerun", "observed ms"])
-    rows = [[recipe_label(rep, a.recipe), _cell(rep, a, "gemm_ms_bench", "{:.2f}"), _cell(rep, a, "gemm_speedup")]
+    # No bench (te-gemm compare): the runs' own GEMM times.
+    rows = [[recipe_label(rep, a.recipe), _cell(rep, a, "gemm_ms_bench" if benched else "observed_gemm_ms", "{:.2f}"),
+             _cell(rep, a, "gemm_speedup")]
             + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
             + [_cell(rep, a, "predicted_step_speedup")]
             + ([band_text(a), a.predicted_bound or "-", _cell(rep, a, "predicted_gemms_alone")] if replayed else [])

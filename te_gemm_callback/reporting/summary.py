@@ -37,7 +37,10 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None,
     """At most MAX_LINES lines, none over about 120 characters: the decision, not the tables."""
     rep = read_json(report_json, "report.json")
     meta = rep.get("meta") or {}
-    base, base_ms = meta.get("baseline_ran"), rep.get("step_ms")
+    base = meta.get("baseline_ran")
+    # The speedups' base: the BF16 run's step (report.json's own step_ms is the job's recipe's run).
+    bf16: dict[str, Any] = next((r for r in rep.get("recipes", []) if r.get("recipe") == "BF16"), {})
+    base_ms = bf16.get("observed_step_ms") or (rep.get("step_ms") if rep.get("current_recipe") == "BF16" else None)
     # The job's own precision (an FP32 model's job is an FP32 job, whatever its run is keyed).
     head = f"te-gemm: {plain(meta.get('job_precision') or rep.get('current_recipe', '?'))} job"
     # The job's own step and share as te_gemm/step_ms and te_gemm/gemm_share log them, else the report's.

@@ -243,6 +243,7 @@ class GemmSchedule(Publishing):
 
     def exception(self) -> None:
         """The job raised: take everything off, publish nothing."""
+        self._in_step = False  # the step it raised in never ends: a next fit's first step is not "twice"
         if self._prof is not None and self._phase == "active":
             log.warning("te-gemm: the job raised inside the capture window: its capture is not written (nothing "
                         "of ours is left on the model); a later run captures from its own window")

@@ -192,6 +192,11 @@ def test_gemm_a_recipe_cannot_run_counts_at_bf16_time():
 
     assert short_error("RuntimeError: /TE/cublaslt_gemm.cu:161 in function X: Assertion failed: ret.lda % 16 == 0. "
                   "Leading dimension requirement") == "ret.lda % 16 == 0"
+    # A long reason is cut at a word and says so ("... and the last dimen" was cut mid-word).
+    long = ("ValueError: FP8 execution requires the product of all dimensions except the last to be divisible by 8 "
+            "and the last dimension to be divisible by 16, got a tensor of shape (48, 1, 1024)")
+    cut = short_error(long)
+    assert cut.endswith(" ...") and long.startswith(cut[:-4]) and long[len(cut) - 4] == " ", cut
     assert any("1 GEMM(s) cannot run in DelayedScaling, counted at BF16 time" in e for e in fp8.evidence)
 
 

@@ -80,6 +80,18 @@ def test_bench_cells_far_above_the_jobs_whole_step_hold_every_prediction():
     assert any("120.00 ms a step, over 2x the whole observed step (10.00 ms)" in w for w in rep.meta["warnings"])
 
 
+def test_bench_cells_far_from_the_jobs_own_gemm_time_are_said():
+    """On a loaded 2-core CPU the bench timed 168 ms of GEMMs a step where the job's own took 25.8 ms,
+    and the report said nothing: predictions were made from cells that were not the job's."""
+    for per_cell, said in ((0.7, None), (3.0, "4.5x their time in the job (2.00 ms)"),
+                           (0.1, "0.2x their time in the job (2.00 ms)")):
+        rep = analyze(capture(10, 2), bench({"BF16": per_cell, "DelayedScaling": per_cell / 2}),
+                      [capture(8, 1, "fp8_delayed")])
+        found = [w for w in rep.meta["warnings"] if "their time in the job" in w]
+        assert (found == []) if said is None else (len(found) == 1 and said in found[0]), found
+        assert rep.recipes[1].predicted_step_speedup is not None  # said, not withheld
+
+
 def test_a_withheld_verdict_is_a_kind_and_its_lines_are_cleared_by_field():
     # GEMM time above the step: the prediction, its verdict and the lines from the non-GEMM time refused.
     rep = analyze(capture(10, 12), bench({"BF16": 2.0, "DelayedScaling": 1.0}), [capture(8, 6, "fp8_delayed")])

@@ -78,7 +78,7 @@ def test_a_model_without_gemms_is_told_no_gemm_ran(tmp_path, capsys):
     cap = small_capture(nn.Sequential(nn.LayerNorm(8), nn.ReLU()))
     assert not cap.records
     path = cap.save(tmp_path / "gemm_capture.json")
-    assert main(["compare", str(path)]) == 1
+    assert main(["compare", str(path), str(cap.save(tmp_path / "again.json"))]) == 1
     err = one_line_error(capsys, "no GEMM ran in the captured steps")
     assert "CPU" not in err and "GPU" not in err
 
@@ -391,3 +391,67 @@ def test_report_refuses_a_json_target_before_writing_the_run_folder(tmp_path, ca
     assert main(["report", str(run), "--json", str(foreign)]) == 1
     one_line_error(capsys)
     assert foreign.read_text() == '{"acc": 0.9}' and not (run / "report.json").exists()
+
+
+def test_compare_refuses_what_it_cannot_compare_and_shows_the_runs_gemm_times(tmp_path, capsys):
+    """compare X X and a lone capture exited 0 ("only BF16 was measured"; a lone run's verdict
+    "predicted only"); two runs of one recipe dropped one without a word; the "GEMM ms" column was
+    "-" in every row though the runs' own GEMM times are what it compares."""
+    cap = small_capture()
+    a, b = cap.save(tmp_path / "a.json"), cap.save(tmp_path / "b.json")
+    assert main(["compare", str(a)]) == 2
+    one_line_error(capsys, "compare needs two captures or more")
+    assert main(["compare", str(a), str(tmp_path / "." / "a.json")]) == 2
+    one_line_error(capsys, "is given twice")
+    assert main(["compare", str(a), str(b)]) == 1
+    one_line_error(capsys, "are both FP32 runs: give one capture per recipe")
+    main_run = Path(__file__).resolve().parents[2] / "docs" / "results" / "h200" / "replay" / "main" / "sweep"
+    assert main(["compare", str(main_run / "BF16" / "gemm_capture.json"),
+                 str(main_run / "DelayedScaling" / "gemm_capture.json")]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "DelayedScaling" in line and "│" in line)
+    assert row.split("│")[2].strip() == "56.96", row
+
+
+@pytest.mark.parametrize("speed", ["1e308", "1e-300", "0", "-2", "inf", "nan", "x"])
+def test_project_refuses_a_host_speed_no_host_has(speed, capsys):
+    """1e-300 printed 300-digit step times in a table thousands of columns wide; 1e308 a host
+    "1e+308x faster"."""
+    run = Path(__file__).resolve().parents[2] / "docs" / "results" / "h200" / "replay" / "main"
+    with pytest.raises(SystemExit) as e:
+        main(["project", str(run), "--gpu", "B300", "--host-speed", speed])
+    assert e.value.code == 2
+    one_line_error(capsys, "--host-speed", "expected a factor from 0.01 to 100")
+
+
+@pytest.mark.parametrize("where", ["a file", "below a file"])
+def test_run_refuses_an_out_it_cannot_write_before_training(where, tmp_path, capsys, monkeypatch):
+    """--out naming a file, or a folder that cannot be made, was found only after training."""
+    import te_gemm_callback.recipes.demo as demo
+
+    def trains(*args, **kwargs):
+        raise AssertionError("trained before refusing --out")
+
+    monkeypatch.setattr(demo, "run_demo", trains)
+    (tmp_path / "afile").write_text("mine")
+    out = tmp_path / "afile" if where == "a file" else tmp_path / "afile" / "run"
+    assert main(["run", "--out", str(out), "--steps", "3"]) == 1
+    one_line_error(capsys, f"--out {out}")
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_small_flags_mean_what_their_help_says(capsys):
+    """--modes both (the help offers it) was refused; --project B300,B300 projected twice and
+    --project '' nothing without a word; --top-k 8 without experts was taken for a dense MLP."""
+    import argparse
+
+    from te_gemm_callback.cli import _gpus
+    from te_gemm_callback.cli.args import _modes
+
+    assert _modes("both") == ["autocast", "prequantized"] == _modes("prequantized,autocast")
+    assert _gpus("B300,b300, GB200") == ["B300", "GB200"]
+    with pytest.raises(argparse.ArgumentTypeError, match="expected GPU names"):
+        _gpus(" , ")
+    assert main(["shapes", "--hidden-size", "64", "--intermediate-size", "128", "--num-attention-heads", "4",
+                 "--num-hidden-layers", "1", "--micro-batch-size", "1", "--sequence-length", "64", "--top-k", "8"]) == 2
+    one_line_error(capsys, "--top-k", "--num-experts")

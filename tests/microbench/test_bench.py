@@ -682,3 +682,14 @@ def test_gemm_duty_rests_between_calls_and_keys_the_cache(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--shapes", "64x64x64", "--gemm-duty", "0"])
     assert exc.value.code == 2 and "expected a number from 0.05 to 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_takes_recipes_and_modes_as_the_command_line_does():
+    """bench("64x64x64", ["FP8"]) ran DelayedScaling as "FP8" where the command line and the callback
+    refuse the name; bench(..., "BF16", "autocast") said "modes must be among ('autocast', ...)"."""
+    from te_gemm_callback import bench
+
+    res = bench("64x64x64", "BF16", "autocast", cache=False)
+    assert {(r.precision, r.mode) for r in res.results} == {("BF16", "autocast")}
+    with pytest.raises(ValueError, match="'FP8' names 4 recipes"):
+        bench("64x64x64", ["FP8"], ["autocast"], cache=False)

@@ -91,6 +91,21 @@ def test_the_logs_step_and_share_are_the_logged_metrics(tmp_path):
     assert f"over the sweep's BF16 run, step {rep['step_ms']:.1f} ms" in lines[1], lines
 
 
+def test_a_delayed_scaling_jobs_summary_names_the_bf16_runs_step(tmp_path):
+    """A DelayedScaling job's log said "over the sweep's BF16 run, step 104.1 ms": report.json's own
+    step, the DelayedScaling run's; the BF16 run's is 80.9 ms."""
+    from te_gemm_callback.reporting.run import report
+
+    run = tmp_path / "run"
+    shutil.copytree(MAIN.with_name("phi3_host_2"), run)
+    report(run, Console(file=io.StringIO(), width=200))
+    rep = json.loads((run / "report.json").read_text())
+    bf16 = next(r["observed_step_ms"] for r in rep["recipes"] if r["recipe"] == "BF16")
+    assert rep["current_recipe"] == "DelayedScaling" and abs(bf16 / rep["step_ms"] - 1) > 0.1
+    lines = summary_lines(run / "report.json")
+    assert lines[0].startswith("te-gemm: DelayedScaling job") and f"BF16 run, step {bf16:.1f} ms" in lines[1], lines
+
+
 @pytest.mark.parametrize("damage", ["missing", "not json", "another schema"])
 def test_summary_falls_back_to_the_report_when_the_capture_is_unreadable(tmp_path, damage):
     """The log's head takes the job's own capture when it reads; a missing or damaged capture leaves the

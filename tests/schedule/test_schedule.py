@@ -128,3 +128,18 @@ def test_misuse_of_the_schedule_is_said_once(tmp_path, caplog):
             sched.step_end(JobStep(global_step=i + 1))
     said = [r.getMessage() for r in caplog.records if "step_end called without step_begin" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_a_step_the_job_raised_in_is_not_called_unended_at_the_next_fit(tmp_path, caplog):
+    """After the job raised inside a step (exception()), the next fit's first step_begin was said to
+    be "called twice without step_end"."""
+    import logging
+
+    model = torch.nn.Linear(4, 4)
+    sched = GemmSchedule(wait=0, warmup=1, active=2, output_dir=tmp_path, verbose=False, report=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        sched.step_begin(model)
+        sched.exception()  # the job's step raised: no step_end comes
+        sched.step_begin(model)
+        sched.step_end(JobStep(global_step=1))
+    assert not [r for r in caplog.records if "twice" in r.getMessage()]
