@@ -130,7 +130,10 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
         for a in recipes:
             if a.recipe != "plan" or bench is not None:  # without a bench, the plan's is its file's own
                 hold(a.recipe, PREDICTED, why)
-    far = _bench_fits(job, runs, recipes, hold, warnings)
+    # Only cells of the precision the job's GEMMs ran are set against its GEMM time: an FP32 job's
+    # stand-in BF16 cells are another precision's (and _high_precision says so).
+    own_cells = job in by and precision_ran(by[job]) == job and bench is not None and job in bench.precisions
+    far = _bench_fits(job, runs, recipes, hold, warnings, own_cells)
     baseline_ran = _baseline_ran(by, recipes, bench, hold, warnings)
     job_precision = baseline_ran if job == "BF16" and baseline_ran else job
     _high_precision(job, runs, recipes, bench, hold, warnings)
@@ -151,7 +154,7 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
 
 
 def _bench_fits(job: str, runs: dict[str, Any], recipes: list[Any], hold: Callable[..., None],
-                warnings: list[str]) -> list[str]:
+                warnings: list[str], own_cells: bool) -> list[str]:
     """Whether the bench's cells describe this job's GEMMs: far over the whole step, every prediction is
     withheld (in ``warnings``); far from the job's own GEMM time, said (returned)."""
     # The bench's GEMMs of the job's own recipe far above the whole step: its cells are not this job's
@@ -164,7 +167,7 @@ def _bench_fits(job: str, runs: dict[str, Any], recipes: list[Any], hold: Callab
         warnings.append(why)
         for a in recipes:
             hold(a.recipe, PREDICTED, why)
-    elif benched and job in runs and runs[job].gemm_ms:
+    elif own_cells and benched and job in runs and runs[job].gemm_ms:
         # Said, not withheld: within a whole step the cells may still rank the recipes right.
         ratio = benched / runs[job].gemm_ms
         if not 1 / BENCH_VS_JOB <= ratio <= BENCH_VS_JOB:

@@ -45,7 +45,8 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None,
     head = f"te-gemm: {plain(meta.get('job_precision') or rep.get('current_recipe', '?'))} job"
     # The job's own step and share as te_gemm/step_ms and te_gemm/gemm_share log them, else the report's.
     own = _job_figures(Path(report_json).with_name("gemm_capture.json"))
-    step, share, basis = own or (base_ms, rep.get("gemm_share"), meta.get("gemm_share_basis"))
+    # Without it, the report's own step and share: both of the job's recipe's run.
+    step, share, basis = own or (rep.get("step_ms"), rep.get("gemm_share"), meta.get("gemm_share_basis"))
     if isinstance(step, (int, float)):
         head += f", step {step:.1f} ms"
     if isinstance(share, (int, float)):

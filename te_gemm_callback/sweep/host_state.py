@@ -100,34 +100,46 @@ def _differs(node: Any) -> bool:
     return len(obj) != len(children) or any(x is not c[1] or _differs(c) for x, c in zip(obj, children))
 
 
+def _is_stream(obj: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return isinstance(obj, (torch.Generator, random.Random)) or (
+        np is not None and isinstance(obj, (np.random.Generator, np.random.RandomState)))
+
+
 def _stream(obj: Any) -> tuple[Callable[[Any], Any], Any] | None:
     """(how to put it back, its state) of a random stream object: a torch.Generator, a random.Random,
-    a NumPy Generator or RandomState; None for anything else."""
-    if isinstance(obj, torch.Generator):
-        return obj.set_state, obj.get_state()
-    if isinstance(obj, random.Random):
-        return obj.setstate, obj.getstate()
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(obj, np.random.Generator):
-        bits = obj.bit_generator
-        return functools.partial(setattr, bits, "state"), bits.state
-    if np is not None and isinstance(obj, np.random.RandomState):
-        return obj.set_state, obj.get_state()
+    a NumPy Generator or RandomState; None for anything else, or a stream without a state
+    (``random.SystemRandom`` reads the OS)."""
+    try:
+        if isinstance(obj, torch.Generator):
+            return obj.set_state, obj.get_state()
+        if isinstance(obj, random.Random):
+            return obj.setstate, obj.getstate()
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(obj, np.random.Generator):
+            bits = obj.bit_generator
+            return functools.partial(setattr, bits, "state"), bits.state
+        if np is not None and isinstance(obj, np.random.RandomState):
+            return obj.set_state, obj.get_state()
+    except NotImplementedError:
+        return None
     return None
 
 
 def _streams(objs: Iterable[Any]) -> list[tuple[Callable[[Any], Any], Any]]:
-    """Every random stream an attribute of ``objs`` holds (one level down: a loader's sampler)."""
+    """Every random stream an attribute of ``objs`` holds, down to an attribute of an attribute's
+    attribute (a loader's batch sampler's sampler's generator)."""
     out: dict[int, tuple[Callable[[Any], Any], Any]] = {}
     seen: set[int] = set()
 
     def visit(obj: Any, depth: int) -> None:
-        if (got := _stream(obj)) is not None:
-            out.setdefault(id(obj), got)
+        if _is_stream(obj):
+            if (got := _stream(obj)) is not None:
+                out.setdefault(id(obj), got)
         elif obj is not None and id(obj) not in seen and hasattr(obj, "__dict__"):  # not a builtin
             seen.add(id(obj))
             for v in list(vars(obj).values()):
-                if depth < 2 and not isinstance(v, (torch.Tensor, *_SCALARS, *_CONTAINERS)):
+                if _is_stream(v) or (depth < 2 and not isinstance(v, (torch.Tensor, *_SCALARS, *_CONTAINERS))):
                     visit(v, depth + 1)
 
     for o in objs:

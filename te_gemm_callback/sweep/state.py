@@ -137,7 +137,9 @@ class TrainingSnapshot:
     @torch.no_grad()
     def _tensors(self, model: nn.Module) -> None:
         for k, v in itertools.chain(model.named_parameters(), model.named_buffers()):
-            saved = self.tensors[k]
+            saved = self.tensors.get(k)
+            if saved is None:  # a buffer a sweep step added: left, as an attribute it adds is
+                continue
             if v.shape == saved.shape and v.dtype == saved.dtype:
                 v.copy_(saved)
             else:  # a buffer a step replaced by a grown one: its old values, in the tensor the module holds now

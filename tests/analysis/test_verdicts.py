@@ -90,6 +90,9 @@ def test_bench_cells_far_from_the_jobs_own_gemm_time_are_said():
         found = [w for w in rep.meta["warnings"] if "their time in the job" in w]
         assert (found == []) if said is None else (len(found) == 1 and said in found[0]), found
         assert rep.recipes[1].predicted_step_speedup is not None  # said, not withheld
+    # An FP32 job's BF16 cells stand in for a precision it did not run: not set against its own time.
+    fp32 = analyze(capture(10, 6, precision="fp32"), bench({"BF16": 0.2, "DelayedScaling": 0.1}), [])
+    assert not [w for w in fp32.meta["warnings"] if "their time in the job" in w], fp32.meta["warnings"]
 
 
 def test_a_withheld_verdict_is_a_kind_and_its_lines_are_cleared_by_field():

@@ -104,6 +104,10 @@ def test_a_delayed_scaling_jobs_summary_names_the_bf16_runs_step(tmp_path):
     assert rep["current_recipe"] == "DelayedScaling" and abs(bf16 / rep["step_ms"] - 1) > 0.1
     lines = summary_lines(run / "report.json")
     assert lines[0].startswith("te-gemm: DelayedScaling job") and f"BF16 run, step {bf16:.1f} ms" in lines[1], lines
+    # Without the job's capture, the head is the report's own run: its step beside its share.
+    (run / "gemm_capture.json").unlink()
+    head = summary_lines(run / "report.json")[0]
+    assert f"step {rep['step_ms']:.1f} ms, GEMMs {100 * rep['gemm_share']:.0f}% of it" in head, head
 
 
 @pytest.mark.parametrize("damage", ["missing", "not json", "another schema"])

@@ -130,10 +130,14 @@ def test_misuse_of_the_schedule_is_said_once(tmp_path, caplog):
     assert len(said) == 1
 
 
-def test_a_step_the_job_raised_in_is_not_called_unended_at_the_next_fit(tmp_path, caplog):
+def test_a_step_the_job_raised_in_is_not_called_unended_at_the_next_fit(tmp_path, caplog, monkeypatch):
     """After the job raised inside a step (exception()), the next fit's first step_begin was said to
     be "called twice without step_end"."""
     import logging
+
+    from te_gemm_callback import precisions
+
+    monkeypatch.setattr(precisions, "_WARNED", set())  # said once per process: not by an earlier test
 
     model = torch.nn.Linear(4, 4)
     sched = GemmSchedule(wait=0, warmup=1, active=2, output_dir=tmp_path, verbose=False, report=False)

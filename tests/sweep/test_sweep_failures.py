@@ -188,3 +188,42 @@ def test_a_failure_of_the_profiler_turns_capture_off_for_the_run(method, monkeyp
     assert calls[0] == 1
     assert sum("ours" in r.getMessage() for r in caplog.records) == 1
     assert sched.capture is None and _ours_on(model) == (0, 0, False)
+
+
+def test_a_generator_three_attributes_down_and_a_system_random_are_handled():
+    """A loader's batch sampler's sampler's generator was found before the NumPy and Python streams
+    were added, and then not; a random.SystemRandom (no state: it reads the OS) failed the sweep."""
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    data = list(range(32))
+    loader = DataLoader(data, batch_sampler=BatchSampler(
+        RandomSampler(data, generator=torch.Generator().manual_seed(0)), 4, False))
+    model = _mlp()
+    model.system = random.SystemRandom()
+    kept = HostState(model, [loader])
+    first = next(iter(loader)).tolist()
+    kept.restore()
+    assert next(iter(loader)).tolist() == first
+
+
+def test_a_buffer_a_sweep_step_adds_stops_nothing_else_from_going_back():
+    """A buffer first registered by a sweep step raised KeyError in the put-back and stopped the rest
+    of the parameters and buffers."""
+
+    class Lazy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            if not hasattr(self, "stats"):
+                self.register_buffer("stats", torch.zeros(8))
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    model, x = Lazy(), torch.randn(4, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    run_sweep(model, lambda: model(x).square().mean(), ["BF16"], steps=2, warmup=1, rounds=0,
+              profile_kernels=False, optimizers=[opt])
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
