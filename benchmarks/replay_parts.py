@@ -6,10 +6,15 @@ to every recipe cancels and what is left is the recipe's own difference. The rep
 time holds the GPU's gap between queued kernels for each kernel a recipe adds (the sweep's sum is
 kernel durations alone), so its "other - BF16" runs a little high by construction.
 
+Then, per pass (fprop, dgrad, wgrad) of the TE GEMMs, the bench's pre-quantized recipe / BF16 time
+ratio over the same ratio of the sweep's in-job GEMM records: above 1, the bench makes the recipe's
+GEMMs gain less than they did in the job.
+
     python benchmarks/replay_parts.py docs/results/h200/replay/main    # JSON to --json PATH
 """
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -23,9 +28,13 @@ RECIPES = ("BF16", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling
 
 
 def replayed(cap, bench, recipe, base):
-    """(GEMM ms, other kernel ms, host ms, step ms) of ``cap``'s kernels step replayed in ``recipe``."""
+    """(GEMM ms, other kernel ms, host ms, step ms) of ``cap``'s kernels step replayed in ``recipe``; None
+    without host calls."""
     costs = bench.meta.get("module_costs")
-    trace, _ = whatif.job_trace(cap, costs)
+    got = whatif.job_trace(cap, costs)
+    if got is None:  # a capture of a version that kept no host calls: no replay
+        return None
+    trace, _ = got
     tr = whatif.transform(trace, cap, whatif._gemm_ratio(cap, bench, recipe, base),
                           whatif._module_deltas(cap, costs, recipe, base))
     gemm = sum(op.dur for c in tr.calls for op in c.ops if op.gemm is not None or op.category == "gemm")
@@ -43,6 +52,22 @@ def measured(cap):
     return gemm, other, cap.step_ms(), clock
 
 
+def by_pass(bench, swept, bf16, recipe):
+    """{pass: bench ratio / in-job ratio} of the TE GEMMs, recipe over BF16, weighted by calls per step."""
+    sums = {}
+    for a, b in zip(swept.records, bf16.records):
+        if a.source != "te" or not a.times_ms or not b.times_ms:
+            continue
+        ca, cb = (bench.get(a.shape, r, "prequantized", None) for r in (recipe, "BF16"))
+        if ca is None or cb is None or not (ca.ok and cb.ok):
+            continue
+        t = sums.setdefault(a.op, [0.0, 0.0, 0.0, 0.0])
+        for i, v in enumerate((statistics.median(a.times_ms), statistics.median(b.times_ms),
+                               ca.median_ms, cb.median_ms)):
+            t[i] += v * a.calls_per_step
+    return {op: (t[2] / t[3]) / (t[0] / t[1]) for op, t in sorted(sums.items())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path)
@@ -56,17 +81,19 @@ def main() -> int:
         path = a.run / "sweep" / r / "gemm_capture.json"
         if not path.is_file() or r not in bench.precisions:
             continue
-        g, o, h, s = replayed(job, bench, r, base)
         mg, mo, ms, clock = measured(GemmCapture.load(path))
-        rows[r] = {"replay": {"gemm_ms": g, "other_ms": o, "host_ms": h, "step_ms": s},
-                   "sweep": {"gemm_ms": mg, "other_ms": mo, "step_ms": ms, "sm_clock_mhz": clock}}
+        rows[r] = {"sweep": {"gemm_ms": mg, "other_ms": mo, "step_ms": ms, "sm_clock_mhz": clock}}
+        if (got := replayed(job, bench, r, base)) is not None:
+            rows[r]["replay"] = dict(zip(("gemm_ms", "other_ms", "host_ms", "step_ms"), got))
     if "BF16" not in rows:
         print("no BF16 sweep capture to set the recipes against", file=sys.stderr)
         return 1
     b = rows["BF16"]
+    if "replay" not in b:
+        print("the job's capture holds no host calls (an older version's): no replay, the per-pass ratios only")
     print(f"{'recipe':22s} {'GEMM vs BF16: replay / sweep':>30s} {'other - BF16 ms: replay / sweep':>32s} "
           f"{'step vs BF16: replay / sweep':>30s} {'SM clock MHz':>13s}")
-    for r, x in rows.items():
+    for r, x in rows.items() if "replay" in b else ():
         p, m = x["replay"], x["sweep"]
         x["gemm_ratio"] = [p["gemm_ms"] / b["replay"]["gemm_ms"], m["gemm_ms"] / b["sweep"]["gemm_ms"]]
         x["other_extra_ms"] = [p["other_ms"] - b["replay"]["other_ms"], m["other_ms"] - b["sweep"]["other_ms"]]
@@ -74,6 +101,13 @@ def main() -> int:
         print(f"{r:22s} {x['gemm_ratio'][0]:14.3f} / {x['gemm_ratio'][1]:.3f}      "
               f"{x['other_extra_ms'][0]:14.2f} / {x['other_extra_ms'][1]:.2f}      "
               f"{x['step_ratio'][0]:14.3f} / {x['step_ratio'][1]:.3f}   {m['sm_clock_mhz'] or '-':>10}")
+    bf16 = GemmCapture.load(a.run / "sweep" / "BF16" / "gemm_capture.json")
+    print("\nbench / in-job GEMM ratio to BF16, pre-quantized cells, per pass (1.000: the bench gains as the job)")
+    for r in rows:
+        if r != "BF16":
+            x = rows[r]["bench_over_job"] = by_pass(bench, GemmCapture.load(a.run / "sweep" / r / "gemm_capture.json"),
+                                                    bf16, r)
+            print(f"{r:22s} " + "  ".join(f"{op} {v:.3f}" for op, v in x.items()))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -89,3 +89,19 @@ def test_the_nsys_check_compares_each_gemm_across_alternating_runs():
     assert a["plain_spread"] == pytest.approx(0.06) and a["ci95"][0] <= a["nsys_vs_plain"] <= a["ci95"][1]
     assert b["nsys_vs_plain"] == pytest.approx(0.059 / 0.050 - 1) and not b["within"] and b["ci95"][0] > 0.05
     assert [r["gemm"] for r in nc.compare(nsys, plain, 0.05)] == ["a", "b"]  # slowest first
+
+
+@pytest.mark.parametrize("run, block", [("replay/main", "Float8BlockScaling     dgrad 1.026  fprop 1.046  wgrad 1.017"),
+                                        ("dense", "Float8BlockScaling     dgrad 1.029  fprop 1.085  wgrad 1.064")])
+def test_replay_parts_gives_the_per_pass_ratios_the_results_page_quotes(run, block):
+    """docs/results/h200.md quotes these from the committed runs, offline."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "replay_parts.py"),
+                          str(root / "docs" / "results" / "h200" / run)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert block in out.stdout, out.stdout
+    page = (root / "docs" / "results" / "h200.md").read_text()
+    fprop, dgrad, wgrad = (block.split()[i] for i in (4, 2, 6))
+    assert f"{fprop} / {dgrad} /" in page.replace("\n  ", " ")
