@@ -149,14 +149,19 @@ def _devices(text: str) -> int | str:
     return "all" if text == "all" else _positive(text)
 
 
-def _duty(text: str) -> float:
+def float_in(text: str, lo: float, hi: float, what: str = "a number") -> float:
+    """``text`` as a number from ``lo`` to ``hi`` (NaN and infinities refused)."""
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number from 0.05 to 1, got {text!r}") from None
-    if not MIN_GEMM_DUTY <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number from {MIN_GEMM_DUTY:g} to 1, got {v:g}")
+        raise argparse.ArgumentTypeError(f"expected {what} from {lo:g} to {hi:g}, got {text!r}") from None
+    if not lo <= v <= hi:
+        raise argparse.ArgumentTypeError(f"expected {what} from {lo:g} to {hi:g}, got {v:g}")
     return v
+
+
+def _duty(text: str) -> float:
+    return float_in(text, MIN_GEMM_DUTY, 1.0)
 
 
 def check_bench_outputs(a: argparse.Namespace) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.capture import GemmCapture
-from te_gemm_callback.cli.args import UsageError, _dir_path, _file_path, where
+from te_gemm_callback.cli.args import UsageError, _dir_path, _file_path, float_in, where
 from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
 from te_gemm_callback.reporting.console import console, make_table
 from te_gemm_callback.reporting.projection_tables import projection_table
@@ -65,15 +65,7 @@ HOST_SPEEDS = (0.01, 100.0)  # another host 100x slower or faster than the one m
 
 
 def _host_speed(text: str) -> float:
-    lo, hi = HOST_SPEEDS
-    try:
-        x = float(text)
-    except ValueError:
-        x = float("nan")
-    if not lo <= x <= hi:
-        raise argparse.ArgumentTypeError(f"expected a factor from {lo:g} to {hi:g} (the target host's speed over "
-                                          f"the measuring one's), got {text!r}")
-    return x
+    return float_in(text, *HOST_SPEEDS, what="a factor")
 
 
 def _gpu(text: str) -> str:

@@ -273,8 +273,8 @@ class Sweep:
         """The job as it was: its recipe, TE's objects, then their values (which go into those objects);
         each part whatever another's failure (RestoreError after)."""
         set_recipe = self.config.set_recipe
-        put_back([("the job's recipe", lambda: set_recipe(self.model, None) if set_recipe is not None else None),
-                  ("TE's recipe state objects", self.states.restore_job), *self.snapshot.parts(self.model)])
+        recipe = [("the job's recipe", lambda: set_recipe(self.model, None))] if set_recipe is not None else []
+        put_back([*recipe, ("TE's recipe state objects", self.states.restore_job), *self.snapshot.parts(self.model)])
 
     def run(self) -> SweepResult:
         try:

@@ -147,6 +147,7 @@ class TrainingSnapshot:
         for p, value, _ in self.outside:
             p.copy_(value)
 
+    @torch.no_grad()
     def _optimizers(self) -> None:
         for opt, state, groups in self.optimizers:
             for p in [p for p in opt.state if p not in state]:
@@ -160,8 +161,7 @@ class TrainingSnapshot:
                     if device is None:
                         live[k] = copy.deepcopy(v)
                     elif isinstance(cur, torch.Tensor) and cur.shape == v.shape and cur.dtype == v.dtype:
-                        with torch.no_grad():
-                            cur.copy_(v)  # in place: fused and foreach optimizers keep views of it
+                        cur.copy_(v)  # in place: fused and foreach optimizers keep views of it
                     else:
                         live[k] = v.to(device, copy=True)
             for g, saved in zip(opt.param_groups, groups):
