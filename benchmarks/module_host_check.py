@@ -126,7 +126,7 @@ for cname, ctx in conds.items():
         spec = {"class": "Linear", "gemms": {"": [M, k, n]}, "use_bias": bias, "dtype": "bfloat16"}
         mc.KEEP_GPU_BUSY = cname.startswith("busy")
         with ctx():
-            row = mc._kind_row(spec, RECIPES, te, torch, ph)
+            row = mc._measure({"k": (spec, RECIPES)}, te, torch, ph)["k"]
         bench.setdefault(cname, {})[str((k, n, bias))] = row
     phase[cname] = ph
 out["phases"] = phase

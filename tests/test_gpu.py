@@ -450,10 +450,11 @@ def test_the_settle_step_reads_each_te_modules_own_host_time(recipe):
 
 
 @needs_te
-def test_module_costs_measure_every_hopper_recipe_one_session_per_kind():
-    """microbench/module_cost.py on two module kinds: every Hopper recipe has host and GPU times
-    (one profiler session per kind cut at its markers), the FP8 recipes launch quantization kernels
-    BF16 does not and cost the host more, and a second run with the cache measures nothing."""
+def test_module_costs_measure_every_hopper_recipe_in_one_session():
+    """microbench/module_cost.py on two module kinds: every Hopper recipe has host and GPU times (one
+    profiler session for every kind, cut at its markers, the recording taxes at its end), the FP8
+    recipes launch quantization kernels BF16 does not and cost the host more, and a second run with
+    the cache measures nothing."""
     from te_gemm_callback.microbench.cache import ResultCache
     from te_gemm_callback.microbench.module_cost import CostCache, measure_module_costs
 
