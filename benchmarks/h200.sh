@@ -3,12 +3,12 @@
 # one H200). Each section is one of the page's claims and runs alone:
 #   bash benchmarks/h200.sh OUT                     # every section (a few hours)
 #   bash benchmarks/h200.sh OUT clean,paired        # some of them
-# Sections: observed main clean interleaved fit paired cost kernels teardown capture recipes plan jobs
+# Sections: observed main replay clean interleaved fit paired cost kernels teardown capture recipes plan jobs
 #           bench swapped diagnose nsys nsys-size layer5b tests
 # observed needs transformers (offline: pip install --no-index --find-links WHEELS transformers).
 set -uo pipefail
 out=$(realpath -m "${1:?output folder}")
-only=${2:-observed,main,clean,interleaved,fit,paired,cost,kernels,teardown,capture,recipes,plan,jobs,bench,swapped,diagnose,nsys,nsys-size,layer5b,tests}
+only=${2:-observed,main,replay,clean,interleaved,fit,paired,cost,kernels,teardown,capture,recipes,plan,jobs,bench,swapped,diagnose,nsys,nsys-size,layer5b,tests}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 has() { [[ ",$only," == *",$1,"* ]]; }
@@ -33,6 +33,15 @@ if has main; then
     python -m te_gemm_callback.cli run --out "$out/demo" > "$out/demo.log" 2>&1  # te-gemm run
     echo "main command: $(echo "$(date +%s.%N) - $start" | bc) s"
     grep -E "rounds|Delayed|Float8|BF16" "$out/demo.log" | tail -25
+fi
+if has replay; then
+    echo "== the replay against the sweep, and the module benchmark's share of the bench (each with its own empty cache)"
+    TE_GEMM_CACHE="$out/replay-main-cache.json" python -m te_gemm_callback.cli run --out "$out/replay-main" \
+        > "$out/replay-main.log" 2>&1
+    TE_GEMM_CACHE="$out/replay-dense-cache.json" python recipes/dense.py --layers 16 --hidden-size 1024 \
+        --intermediate-size 4096 --heads 16 --seq-len 256 --micro-batch-size 2 --vocab-size 128 \
+        --out "$out/replay-dense_host" > "$out/replay-dense_host.log" 2>&1
+    python benchmarks/replay_summary.py "$out/replay-main" "$out/replay-dense_host" --json "$out/replay.json"
 fi
 if has clean; then
     echo "== clean steps against plain blocks, short windows (with, without a kernels session; two by-order steps)"

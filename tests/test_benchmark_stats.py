@@ -105,3 +105,24 @@ def test_replay_parts_gives_the_per_pass_ratios_the_results_page_quotes(run, blo
     page = (root / "docs" / "results" / "h200.md").read_text()
     fprop, dgrad, wgrad = (block.split()[i] for i in (4, 2, 6))
     assert f"{fprop} / {dgrad} /" in page.replace("\n  ", " ")
+
+
+@pytest.mark.parametrize("run, line", [
+    ("demo", "Float8BlockScaling     predicted 1.194 (band 1.104-1.305, GEMMs alone 1.307) observed 1.250 "
+             "(1.228-1.270) miss -4.5%, in interval False, band covers True, gpu-bound"),
+    ("dense_host", "DelayedScaling         predicted 0.899 (band 0.844-0.961, GEMMs alone 1.006) observed 0.866 "
+                   "(0.830-0.887) miss +3.8%, in interval False, band covers True, host-bound")])
+def test_replay_summary_gives_the_rows_the_h100_page_quotes(run, line):
+    """docs/results/h100.md's replay table and module-benchmark shares, from the committed runs, offline."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "replay_summary.py"),
+                          str(root / "docs" / "results" / "h100" / run)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert line in out.stdout, out.stdout
+    share = out.stdout.split("module benchmark ")[1].split("(")[1].split(")")[0]
+    page = (root / "docs" / "results" / "h100.md").read_text()
+    assert share in page, share
+    recipe, pred = line.split()[:3:2]
+    assert f"| {recipe} | {pred} (" in page, (recipe, pred)
