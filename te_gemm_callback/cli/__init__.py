@@ -79,6 +79,11 @@ def cmd_shapes(a: argparse.Namespace) -> int:
 
 
 def cmd_show(a: argparse.Namespace) -> int:
+    if a.capture is None:
+        if a.json not in (None, "-") and Path(a.json).exists():  # `show --json RUN`: the optional PATH took RUN
+            raise UsageError(f"--json took {a.json} as the file to write, leaving no capture to show: put the "
+                             f"capture first (te-gemm show {a.json} --json)")
+        raise UsageError("give a gemm_capture.json or a run folder to show")
     path = Path(a.capture)
     if path.is_dir():  # a run folder, as report, plan and project take: its job's capture
         path = path / "gemm_capture.json"
@@ -292,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("show", cmd_show, "print a capture file as a table",
                 "Print a capture's GEMMs (module, pass, shape, precision, calls, time per step) and the "
                 "GEMM-bearing modules that never ran or were not watched.")
-    s.add_argument("capture", type=_file_path, help="a gemm_capture.json, or a run folder (its gemm_capture.json)")
+    s.add_argument("capture", type=_file_path, nargs="?",
+                   help="a gemm_capture.json, or a run folder (its gemm_capture.json)")
     s.add_argument("--limit", type=_limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
     s.add_argument("--json", type=_file_path, nargs="?", const="-", default=None, metavar="PATH",
                    help="also write the capture as JSON to PATH ('-' or no PATH: stdout, table to stderr)")

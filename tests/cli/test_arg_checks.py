@@ -455,3 +455,17 @@ def test_small_flags_mean_what_their_help_says(capsys):
     assert main(["shapes", "--hidden-size", "64", "--intermediate-size", "128", "--num-attention-heads", "4",
                  "--num-hidden-layers", "1", "--micro-batch-size", "1", "--sequence-length", "64", "--top-k", "8"]) == 2
     one_line_error(capsys, "--top-k", "--num-experts")
+
+
+def test_show_json_before_the_run_folder_says_which_way_round(tmp_path, capsys):
+    """`--json` takes an optional PATH: `te-gemm show --json RUN` gave RUN to it and then asked for a
+    capture argument, leaving the user to guess why."""
+    small_capture().save(tmp_path / "run" / "gemm_capture.json")
+    run = str(tmp_path / "run")
+    assert main(["show", "--json", run]) == 2
+    one_line_error(capsys, f"--json took {run} as the file to write", f"te-gemm show {run} --json")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["gemm_capture.json"]
+    assert main(["show"]) == 2
+    one_line_error(capsys, "give a gemm_capture.json or a run folder")
+    assert main(["show", run, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schema"]
