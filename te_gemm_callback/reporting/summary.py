@@ -54,7 +54,9 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None,
         head += f", GEMMs {'' if basis in (None, 'step') else 'at least '}{100 * share:.0f}% of it"
     swept = own is not None and isinstance(base_ms, (int, float)) and isinstance(step, (int, float)) \
         and abs(base_ms - step) > 0.005 * step
-    lines = [head + "; speedups over BF16: GEMMs / predicted step / observed step: verdict"]
+    # An FP32 model's BF16 run ran FP32: the head names what the speedups are over, line 2 says why.
+    lines = [head + f"; speedups over {plain(base) if base else 'BF16'}: GEMMs / predicted step / observed step: "
+                    "verdict"]
     run = f"the sweep's BF16 run, step {base_ms:.1f} ms" if swept else "its BF16 run"
     if base:
         lines.append(f"  ({run}, FP8 off, ran {plain(base)}: every speedup here is over {plain(base)})")

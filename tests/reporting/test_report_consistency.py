@@ -303,6 +303,8 @@ def test_an_fp32_job_has_one_name_per_run_in_tables_figures_and_the_log(tmp_path
     assert ticks[:2] == [["BF16\n(ran FP32)"]] * 2, ticks
     head = summary_lines(run / "report.json")[:2]
     assert head[0].startswith("te-gemm: FP32 job,") and "ran FP32: every speedup here is over FP32" in head[1]
+    # The head line names the base too (it said "speedups over BF16" above line 2's "over FP32").
+    assert "; speedups over FP32:" in head[0] and "over BF16" not in head[0], head
     # No BF16 run: the bench's BF16 row and the job's FP32 row say which is which.
     (run / "sweep" / "BF16" / "gemm_capture.json").unlink()
     ticks.clear()
