@@ -1,8 +1,8 @@
 """The host's cost of each captured TE module in each recipe, and the GPU time it adds beside its
 GEMMs: what the replay (analysis.whatif) changes besides the GEMM kernels. Per module kind one
 module per recipe is rebuilt and run on the captured input: GPU kernels first, every module of every
-kind in one CUPTI session (with the recording taxes), then host time in rounds over all of them (a
-drift of the host's speed falls on all alike).
+kind in one CUPTI session (with the recording taxes), then host time per kind in rounds over its
+recipes (a drift of the host's speed falls on all alike).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ MODULE_COST_SCHEMA = 4
 # torch.compile'd fusions) the job has already paid and the GPU rows then share; a number (a multiple of
 # every FP8 recipe's block) cuts them to that many tokens, each new shape then paying its own.
 HOST_TOKENS: int | None = None
-HOST_ROUNDS = 3  # rounds over the modules
+HOST_ROUNDS = 3  # rounds over a kind's recipes
 HOST_PASSES = 2  # timed forward+backward passes per module in a round
 # A module whose kernels outlast its launches this many times over hides its host time behind the GPU
 # in a step: one pass per round times it, and its kernels (the bench's wall time) run a third as often.
@@ -68,15 +68,16 @@ class _Run:
     def passes(self, n: int, which: str = "host") -> tuple[list[float], list[float]]:
         """Host µs of ``n`` forwards and backwards, in one autocast as a step enters it once."""
         x = self.x[which]
+        key = "full" if x is self.x["full"] else which  # one gradient per input: made on its first pass, untimed
         fwd, bwd = [], []
         with self.autocast(self.recipe):
             for _ in range(n):
                 t0 = time.perf_counter()
                 y = self.mod(x)
                 t1 = time.perf_counter()
-                if which not in self.grad:
-                    self.grad[which] = y.detach().clone().normal_()
-                y.backward(self.grad[which])
+                if key not in self.grad:
+                    self.grad[key] = y.detach().clone().normal_()
+                y.backward(self.grad[key])
                 t2 = time.perf_counter()
                 fwd.append((t1 - t0) * 1e6)
                 bwd.append((t2 - t1) * 1e6)
@@ -119,16 +120,20 @@ def _host_rows(runs: list[_Run], torch: Any, round_s: float, passes: list[int]) 
             for f, b in times]
 
 
-def _segments(records: list[tuple[Any, ...]], runs: int) -> list[list[tuple[Any, ...]]]:
+def _segments(records: list[tuple[Any, ...]], runs: int, after: int = 0) -> list[list[tuple[Any, ...]]]:
     """Each run's measured kernels in a profile laid out by _gpu_rows: a marker (the first kernel),
-    then per run its warm-up, a marker, its measured passes, a marker; whatever follows the last
-    run's closing marker (the recording-tax calls) belongs to none."""
+    then per run its warm-up, a marker, its measured passes, a marker; then ``after`` more launches
+    of the marker's kernel (the recording-tax calls), in no run's segment. Any other count of
+    markers (a record lost, a stray launch) is refused: segments cut at the wrong markers would
+    give runs each other's kernels."""
     recs = sorted(records, key=lambda r: r[1])
     if not recs:
         return []
     marker = recs[0][0]
-    cuts = [i for i, r in enumerate(recs) if r[0] == marker][:2 * runs + 1]
-    return [recs[cuts[i] + 1:cuts[i + 1]] for i in range(1, len(cuts) - 1, 2)]
+    cuts = [i for i, r in enumerate(recs) if r[0] == marker]
+    if len(cuts) != 2 * runs + 1 + after:
+        raise RuntimeError(f"{len(cuts)} marker kernels in the profile for {runs} modules and {after} calls after")
+    return [recs[cuts[i] + 1:cuts[i + 1]] for i in range(1, 2 * runs, 2)]
 
 
 def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[tuple[float, float, int, float]]:
@@ -147,13 +152,16 @@ def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[tuple[floa
             host.append((sum(fwd) + sum(bwd)) / GPU_ITERS)
             torch.cuda.synchronize()
             torch.cuda._sleep(1)
+        after = 0
         if tax is not None:
+            before = tax.recorded_sleeps
             tax.sample(True, 3)
+            after = tax.recorded_sleeps - before  # the marker's kernel, launched by the tax's calls
         torch.cuda.synchronize()
     finally:
         prof.__exit__(None, None, None)
     rows = []
-    for seg, host_us in zip(_segments(kernel_records(prof), len(runs)), host):
+    for seg, host_us in zip(_segments(kernel_records(prof), len(runs), after), host):
         gemm = sum(e - s for name, s, e, *_ in seg if is_gemm_kernel(name))
         other = sum(e - s for name, s, e, *_ in seg if not is_gemm_kernel(name))
         rows.append((gemm / GPU_ITERS, other / GPU_ITERS, round(len(seg) / GPU_ITERS), host_us))
@@ -165,15 +173,11 @@ def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[tuple[floa
 Todo = dict[str, tuple[dict[str, Any], list[str]]]  # kind key: (its spec, recipes to measure)
 
 
-def _measure(todo: Todo, te: Any, torch: Any, phases: dict[str, float],
-             tax: _Tax | None = None) -> dict[str, dict[str, Any]]:
-    """{kind key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us, kernels} or {"error"}}}
-    for every (kind, recipe) of ``todo``, measured together; seconds spent building, profiling the
-    GPU and timing the host added to ``phases``. A failure inside measures each kind alone, then each
-    recipe alone, so the others keep their rows."""
-    t0 = time.perf_counter()
-    rows: dict[str, dict[str, Any]] = {key: {} for key in todo}
+def _build_runs(todo: Todo, te: Any, torch: Any) -> tuple[list[tuple[str, _Run]], dict[str, dict[str, Any]]]:
+    """The module of each (kind, recipe) of ``todo`` built on the GPU with its captured-size input;
+    the cells that failed to build, with their errors."""
     runs: list[tuple[str, _Run]] = []
+    failed: dict[str, dict[str, Any]] = {key: {} for key in todo}
     for key, (spec, recipes) in todo.items():
         dtype = getattr(torch, spec.get("dtype", "bfloat16"))
         for recipe in recipes:
@@ -183,39 +187,56 @@ def _measure(todo: Todo, te: Any, torch: Any, phases: dict[str, float],
                 x_host = x if HOST_TOKENS is None or m <= HOST_TOKENS else x[:HOST_TOKENS].detach().requires_grad_()
                 runs.append((key, _Run(mod, recipe, x_host, x)))
             except Exception as err:  # one cell's failure is its row's, never the bench's
-                rows[key][recipe] = _error(err)
-    if not runs:
-        return rows
+                failed[key][recipe] = _error(err)
+    return runs, failed
+
+
+def _measure(todo: Todo, te: Any, torch: Any, phases: dict[str, float],
+             tax: _Tax | None = None) -> dict[str, dict[str, Any]]:
+    """{kind key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us, kernels} or {"error"}}}
+    for every (kind, recipe) of ``todo``: the GPU rows of all of them in one profiler session, then
+    host rounds per kind over its recipes (a round's launches stay few: none waits for room in the
+    launch queue); seconds spent building, profiling the GPU and timing the host added to
+    ``phases``. A cell that fails to build or a failure inside measures each kind alone, then each
+    recipe alone (the others' modules freed first), so only the failing cell's row is an error."""
+    t0 = time.perf_counter()
+    runs, rows = _build_runs(todo, te, torch)
+    cells = sum(len(recipes) for _, recipes in todo.values())
     failed: dict[str, str] | None = None  # the error alone: its traceback would hold the modules
-    try:
-        t1 = time.perf_counter()
-        gpus = _gpu_rows([run for _, run in runs], torch, tax)
-        t2 = time.perf_counter()
-        passes = [1 if gemm + other > GPU_HEAVY * host else HOST_PASSES for gemm, other, _, host in gpus]
-        guess_s = sum(n * g[3] for n, g in zip(passes, gpus)) / 1e6  # recorded: a little over the bare time
-        hosts = _host_rows([run for _, run in runs], torch, guess_s, passes)
-        for name, dt in (("build_s", t1 - t0), ("gpu_s", t2 - t1), ("host_s", time.perf_counter() - t2)):
-            phases[name] = round(phases.get(name, 0.0) + dt, 3)
-        for (key, run), host_row, (gemm, other, n, _) in zip(runs, hosts, gpus):
-            rows[key][run.recipe] = {**host_row, "gpu_gemm_us": round(gemm, 2), "gpu_other_us": round(other, 2),
-                                     "kernels": n}
-    except Exception as err:
-        failed = _error(err)
-    if failed is not None:
-        if len(runs) == 1:
-            key, run = runs[0]
-            rows[key][run.recipe] = failed
-        else:
-            done = [(key, run.recipe) for key, run in runs]
-            runs.clear()  # the modules freed before they are built again apart
-            gc.collect()
-            torch.cuda.empty_cache()
-            parts: list[Todo] = ([{key: (spec, [r for k, r in done if k == key])} for key, (spec, _) in todo.items()]
-                                 if len(todo) > 1 else [{key: (todo[key][0], [r])} for key, r in done])
-            for part in parts:
-                for key, got in _measure(part, te, torch, phases).items():
-                    rows[key].update(got)
-    return {key: {r: rows[key][r] for r in recipes if r in rows[key]} for key, (_, recipes) in todo.items()}
+    if runs and (len(runs) == cells or cells == 1):
+        try:
+            t1 = time.perf_counter()
+            gpus = _gpu_rows([run for _, run in runs], torch, tax)
+            t2 = time.perf_counter()
+            for key in todo:
+                mine = [i for i, (k, _) in enumerate(runs) if k == key]
+                # A module whose kernels outlast its launches: one pass per round (GPU_HEAVY).
+                passes = [1 if gpus[i][0] + gpus[i][1] > GPU_HEAVY * gpus[i][3] else HOST_PASSES for i in mine]
+                guess_s = sum(n * gpus[i][3] for n, i in zip(passes, mine)) / 1e6  # recorded: over the bare time
+                hosts = _host_rows([runs[i][1] for i in mine], torch, guess_s, passes)
+                for i, host_row in zip(mine, hosts):
+                    gemm, other, n, _ = gpus[i]
+                    rows[key][runs[i][1].recipe] = {**host_row, "gpu_gemm_us": round(gemm, 2),
+                                                    "gpu_other_us": round(other, 2), "kernels": n}
+            for name, dt in (("build_s", t1 - t0), ("gpu_s", t2 - t1), ("host_s", time.perf_counter() - t2)):
+                phases[name] = round(phases.get(name, 0.0) + dt, 3)
+            return rows
+        except Exception as err:
+            failed = _error(err)
+    if cells == 1:  # nothing left to split: the cell's own error
+        if runs and failed is not None:
+            rows[runs[0][0]][runs[0][1].recipe] = failed
+        return rows
+    runs.clear()  # every module of this attempt freed before they are built again apart
+    gc.collect()
+    torch.cuda.empty_cache()
+    parts: list[Todo] = ([{key: part} for key, part in todo.items()] if len(todo) > 1 else
+                         [{key: (spec, [r])} for key, (spec, recipes) in todo.items() for r in recipes])
+    out: dict[str, dict[str, Any]] = {key: {} for key in todo}
+    for part in parts:
+        for key, got in _measure(part, te, torch, phases).items():
+            out[key].update(got)
+    return out
 
 
 def _per_call_us(fn: Any, calls: int, torch: Any) -> float:
@@ -240,11 +261,13 @@ class _Tax:
         self.fns = (lambda: torch.cuda._sleep(0), lambda: x.add_(1))
         self.bare: list[list[float]] = [[], []]
         self.rec: list[list[float]] = [[], []]
+        self.recorded_sleeps = 0  # torch.cuda._sleep launches made while recorded
 
     def sample(self, recorded: bool, times: int = 1) -> None:
         for _ in range(times):
             for i, fn in enumerate(self.fns):
                 (self.rec if recorded else self.bare)[i].append(_per_call_us(fn, self.calls, self.torch))
+            self.recorded_sleeps += self.calls if recorded else 0
 
     def result(self) -> dict[str, float] | None:
         if not all(self.rec) or not all(self.bare):

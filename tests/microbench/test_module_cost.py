@@ -25,7 +25,7 @@ def test_one_session_is_cut_into_its_recipes_at_the_markers():
     assert _segments([], 2) == []
     # The recording-tax calls after the last run's closing marker: the same kernel, in no run's segment.
     tax = [(m, 21 + i, 21.5 + i) for i in range(5)] + [("add", 30, 31)]
-    assert [[r[0] for r in s] for s in _segments(recs + tax, 2)] == [["gemm_a", "cast_a"], ["gemm_b"]]
+    assert [[r[0] for r in s] for s in _segments(recs + tax, 2, 5)] == [["gemm_a", "cast_a"], ["gemm_b"]]
     # Host rounds on the captured input leave the GPU rows no first pass: nothing between two markers.
     bare = [(m, 0, 1), (m, 2, 3), ("gemm_a", 4, 5), (m, 6, 7), (m, 8, 9), ("gemm_b", 10, 11), (m, 12, 13)]
     assert [[r[0] for r in s] for s in _segments(bare, 2)] == [["gemm_a"], ["gemm_b"]]
@@ -100,14 +100,64 @@ def test_a_failed_row_is_not_kept(tmp_path):
     assert cc.get("k", "BF16") is None and cc.get("k", "DelayedScaling") == ROW
 
 
-def test_one_failing_recipe_is_measured_apart_and_the_others_keep_their_rows(monkeypatch):
-    """Every kind and recipe measured in one session; when it fails, each kind alone, then each recipe
-    alone: only the failing cell's row is an error. GPU-heavy modules get one host pass per round.
-    The GPU parts are stood in for (no CUDA here); the splitting and the row assembly are real."""
+def _stand_ins(monkeypatch, gpu_rows, build=None):
+    """module_cost's GPU parts stood in for (no CUDA here): the splitting, the host rounds' grouping
+    and the row assembly are real. Returns the calls to _host_rows: (modules, round_s, passes)."""
     import types
 
     import torch
 
+    host_calls = []
+
+    def host_rows(runs, torch_, round_s, passes):
+        host_calls.append(([(run.mod, run.recipe) for run in runs], round_s, passes))
+        return [{"host_fwd_us": float(len(run.recipe)), "host_bwd_us": float(len(run.mod))} for run in runs]
+
+    monkeypatch.setattr(module_cost, "_build", build or (lambda spec, te, dtype: (spec["name"], 8, 4)))
+    monkeypatch.setattr(module_cost, "_gpu_rows", gpu_rows)
+    monkeypatch.setattr(module_cost, "_host_rows", host_rows)
+    fake_torch = types.SimpleNamespace(
+        bfloat16=torch.bfloat16, randn=lambda m, k, device, dtype, requires_grad: torch.randn(m, k),
+        cuda=types.SimpleNamespace(empty_cache=lambda: None))
+    return host_calls, fake_torch
+
+
+RECIPES = ["BF16", "DelayedScaling", "Float8BlockScaling"]
+TODO = {"lin": ({"name": "lin"}, RECIPES), "mlp": ({"name": "mlp"}, RECIPES)}
+
+
+def _gpu(run):
+    """(GEMM µs, other µs, kernels, host µs): the MLP's kernels outlast its launches 3 times over."""
+    return (250.0, 50.0, 9, 100.0) if run.mod == "mlp" else (20.0 + len(run.recipe), 5.0, 4, 100.0)
+
+
+def _row(key, recipe):
+    return {"host_fwd_us": float(len(recipe)), "host_bwd_us": float(len(key)),
+            "gpu_gemm_us": 250.0 if key == "mlp" else 20.0 + len(recipe), "gpu_other_us": 50.0 if key == "mlp" else 5.0,
+            "kernels": 9 if key == "mlp" else 4}
+
+
+def test_one_session_for_every_cell_host_rounds_per_kind(monkeypatch):
+    """Every kind and recipe in one GPU session; the host rounds one kind at a time (a round's
+    launches stay few); each row is its own cell's; the first round's sleep is the kind's recorded
+    host time for the passes it will run; GPU-heavy modules one pass per round."""
+    sessions = []
+
+    def gpu_rows(runs, torch_, tax):
+        sessions.append([(run.mod, run.recipe) for run in runs])
+        return [_gpu(run) for run in runs]
+
+    host_calls, fake_torch = _stand_ins(monkeypatch, gpu_rows)
+    got = module_cost._measure(TODO, None, fake_torch, {})
+    assert got == {key: {r: _row(key, r) for r in RECIPES} for key in TODO}
+    assert len(sessions) == 1 and len(sessions[0]) == 6
+    assert host_calls == [([("lin", r) for r in RECIPES], 3 * 2 * 100.0 / 1e6, [2, 2, 2]),
+                          ([("mlp", r) for r in RECIPES], 3 * 1 * 100.0 / 1e6, [1, 1, 1])]
+
+
+def test_one_failing_recipe_is_measured_apart_and_the_others_keep_their_rows(monkeypatch):
+    """When the one session fails, each kind alone, then each recipe alone: only the failing cell's
+    row is an error."""
     sessions = []
 
     def gpu_rows(runs, torch_, tax):
@@ -115,39 +165,99 @@ def test_one_failing_recipe_is_measured_apart_and_the_others_keep_their_rows(mon
         if len(runs) > 1 and any(run.recipe == "Float8BlockScaling" for run in runs) or (
                 runs[0].mod == "mlp" and runs[0].recipe == "Float8BlockScaling"):
             raise RuntimeError("no kernel image for this shape")
-        # (GEMM µs, other µs, kernels, host µs): the MLP's kernels outlast its launches 3 times over
-        return [(250.0, 50.0, 9, 100.0) if run.mod == "mlp" else (20.0, 5.0, 4, 100.0) for run in runs]
+        return [_gpu(run) for run in runs]
 
-    host_passes = []
-
-    def host_rows(runs, torch_, round_s, passes):
-        host_passes.append(dict(zip((run.mod for run in runs), passes)))
-        return [{"host_fwd_us": 40.0, "host_bwd_us": 60.0} for _ in runs]
-
-    monkeypatch.setattr(module_cost, "_build", lambda spec, te, dtype: (spec["name"], 8, 4))
-    monkeypatch.setattr(module_cost, "_gpu_rows", gpu_rows)
-    monkeypatch.setattr(module_cost, "_host_rows", host_rows)
-    fake_torch = types.SimpleNamespace(
-        bfloat16=torch.bfloat16, randn=lambda m, k, device, dtype, requires_grad: torch.randn(m, k),
-        cuda=types.SimpleNamespace(empty_cache=lambda: None))
-    recipes = ["BF16", "DelayedScaling", "Float8BlockScaling"]
-    todo = {"lin": ({"name": "lin"}, recipes), "mlp": ({"name": "mlp"}, recipes)}
-    got = module_cost._measure(todo, None, fake_torch, {})
-    assert got["mlp"]["Float8BlockScaling"] == {"error": "RuntimeError: no kernel image for this shape"}
-    for key in ("lin", "mlp"):
-        for r in recipes:
-            if (key, r) != ("mlp", "Float8BlockScaling"):
-                assert got[key][r] == {"host_fwd_us": 40.0, "host_bwd_us": 60.0,
-                                        "gpu_gemm_us": 250.0 if key == "mlp" else 20.0,
-                                        "gpu_other_us": 50.0 if key == "mlp" else 5.0,
-                                        "kernels": 9 if key == "mlp" else 4}, (key, r, got[key][r])
+    _, fake_torch = _stand_ins(monkeypatch, gpu_rows)
+    got = module_cost._measure(TODO, None, fake_torch, {})
+    want = {key: {r: _row(key, r) for r in RECIPES} for key in TODO}
+    want["mlp"]["Float8BlockScaling"] = {"error": "RuntimeError: no kernel image for this shape"}
+    assert got == want
 
     def one(key):
-        return [[(key, r)] for r in recipes]
+        return [[(key, r)] for r in RECIPES]
 
     # Every cell in one session; each kind alone; each of its recipes alone.
-    assert sessions == [sorted((k, r) for k in ("lin", "mlp") for r in recipes),
-                        sorted(("lin", r) for r in recipes), *one("lin"),
-                        sorted(("mlp", r) for r in recipes), *one("mlp")]
-    # The MLP (kernels 3x its launches) gets one host pass per round, the Linear two.
-    assert {"mlp": 1} in host_passes and {"lin": 2} in host_passes
+    assert sessions == [sorted((k, r) for k in ("lin", "mlp") for r in RECIPES),
+                        sorted(("lin", r) for r in RECIPES), *one("lin"),
+                        sorted(("mlp", r) for r in RECIPES), *one("mlp")]
+
+
+def test_a_cell_that_failed_to_build_beside_the_others_is_built_again_alone(monkeypatch):
+    """All modules are built at once for the one session: a cell that did not fit beside the others
+    (out of memory) is built again with the others freed, not left an error."""
+    sessions, built = [], []
+
+    def build(spec, te, dtype):
+        built.append(spec["name"])
+        if len(built) == 6:  # the sixth module of the first attempt: no room beside the other five
+            raise RuntimeError("CUDA out of memory")
+        return spec["name"], 8, 4
+
+    def gpu_rows(runs, torch_, tax):
+        sessions.append(sorted((run.mod, run.recipe) for run in runs))
+        return [_gpu(run) for run in runs]
+
+    _, fake_torch = _stand_ins(monkeypatch, gpu_rows, build)
+    got = module_cost._measure(TODO, None, fake_torch, {})
+    assert got == {key: {r: _row(key, r) for r in RECIPES} for key in TODO}
+    # No session with a cell missing: each kind alone, every cell in one of them.
+    assert sessions == [sorted(("lin", r) for r in RECIPES), sorted(("mlp", r) for r in RECIPES)]
+
+
+def test_a_cell_that_never_builds_is_its_rows_error(monkeypatch):
+    def build(spec, te, dtype):
+        if spec["name"] == "mlp" and build.recipe == "Float8BlockScaling":
+            raise ValueError("Float8BlockScaling needs dimensions divisible by 128")
+        return spec["name"], 8, 4
+
+    real_build_runs = module_cost._build_runs
+
+    def build_runs(todo, te, torch_):  # which recipe each build is for: _build is not told
+        runs, failed = [], {key: {} for key in todo}
+        for key, (spec, recipes) in todo.items():
+            for r in recipes:
+                build.recipe = r
+                got, bad = real_build_runs({key: (spec, [r])}, te, torch_)
+                runs += got
+                failed[key].update(bad[key])
+        return runs, failed
+
+    _, fake_torch = _stand_ins(monkeypatch, lambda runs, torch_, tax: [_gpu(run) for run in runs], build)
+    monkeypatch.setattr(module_cost, "_build_runs", build_runs)
+    got = module_cost._measure(TODO, None, fake_torch, {})
+    want = {key: {r: _row(key, r) for r in RECIPES} for key in TODO}
+    want["mlp"]["Float8BlockScaling"] = {"error": "ValueError: Float8BlockScaling needs dimensions divisible by 128"}
+    assert got == want
+
+
+def test_a_lost_or_stray_marker_is_refused_not_cut_at_the_wrong_place():
+    """The recording-tax calls launch the marker's own kernel after the last run: counted, so one
+    marker record missing cannot be made up by a tax call and hand a run another's kernels."""
+    m = "spin_kernel"
+    recs = [(m, 0, 1), ("warm", 2, 3), (m, 4, 5), ("gemm_a", 6, 8), (m, 10, 11),
+            ("warm", 12, 13), (m, 14, 15), ("gemm_b", 16, 18), (m, 19, 20)]
+    tax = [(m, 21 + i, 21.5 + i) for i in range(3)]
+    assert [[r[0] for r in s] for s in _segments(recs + tax, 2, 3)] == [["gemm_a"], ["gemm_b"]]
+    lost = [r for r in recs if r[1] != 10]  # run a's closing marker dropped
+    with pytest.raises(RuntimeError, match="7 marker kernels in the profile for 2 modules and 3 calls after"):
+        _segments(lost + tax, 2, 3)
+    with pytest.raises(RuntimeError, match="marker kernels"):
+        _segments(recs + tax, 2, 2)  # a stray launch of the marker's kernel
+
+
+def test_the_host_rounds_reuse_the_warm_up_gradient_on_the_captured_input():
+    """With the host timed on the captured input, the first timed backward made its output gradient
+    (two more launches in one of three samples): one gradient per input tensor, made untimed."""
+    import torch
+
+    x = torch.randn(8, 4, requires_grad=True)
+    run = module_cost._Run(torch.nn.Linear(4, 4), "BF16", x, x)
+    run.passes(1, "full")
+    made = run.grad["full"]
+    run.passes(2)
+    assert list(run.grad) == ["full"] and run.grad["full"] is made
+    half = x[:4].detach().requires_grad_()
+    cut = module_cost._Run(torch.nn.Linear(4, 4), "BF16", half, x)
+    cut.passes(1, "full")
+    cut.passes(1)
+    assert sorted(cut.grad) == ["full", "host"] and cut.grad["host"].shape == (4, 4)
