@@ -10,6 +10,10 @@ set -uo pipefail
 out=$(realpath -m "${1:?output folder}")
 only=${2:-observed,main,replay,clean,interleaved,fit,paired,cost,kernels,teardown,capture,recipes,plan,jobs,bench,swapped,diagnose,nsys,nsys-size,layer5b,tests}
 mkdir -p "$out"
+# The bundled jobs import as te_gemm_callback.recipes, a name the install maps onto recipes/: a
+# checkout on PYTHONPATH alone fails in te-gemm run and the GPU tests.
+python -c "import te_gemm_callback.recipes" 2>/dev/null || {
+    echo "te_gemm_callback.recipes does not import: install this checkout first (pip install --no-deps -e .)"; exit 2; }
 export PYTHONUNBUFFERED=1 TE_GEMM_CACHE="$out/cache.json"
 has() { [[ ",$only," == *",$1,"* ]]; }
 quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|litlogger|tpu|gpu available|cuda_visible|^ *$" || true; }

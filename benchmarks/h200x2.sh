@@ -11,6 +11,10 @@
 set -uo pipefail
 out=${1:-runs/h200x2}
 mkdir -p "$out"
+# The bundled jobs import as te_gemm_callback.recipes, a name the install maps onto recipes/: a
+# checkout on PYTHONPATH alone fails in te-gemm run and the GPU tests.
+python -c "import te_gemm_callback.recipes" 2>/dev/null || {
+    echo "te_gemm_callback.recipes does not import: install this checkout first (pip install --no-deps -e .)"; exit 2; }
 # NVLink multicast stays off on shared hosts (it can take the GPUs out of service).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 quiet() { grep -v -i -E "warn|flash-attn|pip install|git clone|cd flash|^ *$" || true; }
