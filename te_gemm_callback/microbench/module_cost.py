@@ -203,7 +203,7 @@ def _measure(todo: Todo, te: Any, torch: Any, phases: dict[str, float],
     runs, rows = _build_runs(todo, te, torch)
     cells = sum(len(recipes) for _, recipes in todo.values())
     failed: dict[str, str] | None = None  # the error alone: its traceback would hold the modules
-    if runs and (len(runs) == cells or cells == 1):
+    if runs and len(runs) == cells:
         try:
             t1 = time.perf_counter()
             gpus = _gpu_rows([run for _, run in runs], torch, tax)
@@ -263,6 +263,12 @@ class _Tax:
         self.rec: list[list[float]] = [[], []]
         self.recorded_sleeps = 0  # torch.cuda._sleep launches made while recorded
 
+    def start(self) -> None:
+        """First calls, then one bare sample: before a session records."""
+        for fn in self.fns:
+            _per_call_us(fn, self.calls, self.torch)
+        self.sample(False)
+
     def sample(self, recorded: bool, times: int = 1) -> None:
         for _ in range(times):
             for i, fn in enumerate(self.fns):
@@ -279,9 +285,7 @@ class _Tax:
 def recording_tax_us(torch: Any, calls: int = 1000) -> tuple[float, float]:
     """(launch, op) recording taxes in µs (:class:`_Tax`) from a profiler session of their own."""
     tax = _Tax(torch, calls)
-    for fn in tax.fns:
-        _per_call_us(fn, calls, torch)  # first calls
-    tax.sample(False)
+    tax.start()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
         tax.sample(True, 3)
     tax.sample(False, 2)
@@ -338,9 +342,7 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
         tax = None
         if tax_row is None:  # taken in the GPU rows' session: no profiler session of its own
             tax = _Tax(torch)
-            for fn in tax.fns:
-                _per_call_us(fn, tax.calls, torch)  # first calls
-            tax.sample(False)
+            tax.start()
         try:
             fresh = _measure(todo, te, torch, out["phases_s"], tax)
         except Exception as err:  # modules that cannot be rebuilt: their rows say why

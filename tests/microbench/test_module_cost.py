@@ -68,6 +68,9 @@ def test_cached_rows_belong_to_their_host_and_versions(tmp_path, monkeypatch):
         def __init__(self, torch):
             pass
 
+        def start(self):
+            pass
+
         def sample(self, recorded, times=1):
             pass
 
