@@ -139,6 +139,9 @@ class GemmSchedule(Publishing):
         self._micro_batches = 0
         self._in_step = False  # between step_begin and step_end
         self._job_refused = False
+        # A rank of a multi-process job owes the others its part of the gather at the window's end from
+        # its first captured step until it published, even when its own capture failed before.
+        self._owed = False
 
     def __getstate__(self) -> dict[str, Any]:
         # The live capture (thread-local state, hooks, a dispatch mode) belongs to the running job.
@@ -180,6 +183,7 @@ class GemmSchedule(Publishing):
         ph = self.phase(self.steps_seen)
         if ph in ("warmup", "active") and (self._prof is None or ph != self._phase):
             self._finish(JobStep(), keep=False)
+            self._owed = self._owed or world()[1] > 1
             self._prof = guard(lambda: self._new_profiler(model, ph), "could not start capturing") or None
             self._phase = ph if self._prof is not None else None
             self.done = self._prof is None  # said once: capture turns itself off rather than retry every step
@@ -201,6 +205,12 @@ class GemmSchedule(Publishing):
         if not self._in_step:
             self._misuse("step_end called without step_begin: call step_begin(model) when each optimizer step begins")
         self._in_step = False
+        if self._owed and self._prof is None:
+            # Our capture failed inside the window: this rank still meets the others at its end.
+            self.steps_seen += 1
+            if self.phase(self.steps_seen) == "done":
+                self._settle(job)
+            return
         if self.done or not self._job_ok(job, "step_end"):
             return
         self.steps_seen += 1
@@ -237,6 +247,7 @@ class GemmSchedule(Publishing):
             log.warning("te-gemm: training ended after %d step(s), before the capture window (steps %d-%d): nothing "
                         "was captured; lower wait/warmup or train longer", self.steps_seen, first + 1, end)
         self._finish(job, keep=self._phase == "active")
+        self._settle(job)
         if self.capture is not None:
             self._sweep_and_log(job)
             self._report(job, at_end=True)
@@ -244,6 +255,7 @@ class GemmSchedule(Publishing):
     def exception(self) -> None:
         """The job raised: take everything off, publish nothing."""
         self._in_step = False  # the step it raised in never ends: a next fit's first step is not "twice"
+        self._owed = False  # no collective after the job raised: the other ranks may be gone
         if self._prof is not None and self._phase == "active":
             log.warning("te-gemm: the job raised inside the capture window: its capture is not written (nothing "
                         "of ours is left on the model); a later run captures from its own window")
@@ -335,6 +347,18 @@ class GemmSchedule(Publishing):
             except Exception:  # already broken: nothing of it is used
                 pass
 
+    def _settle(self, job: Any) -> None:
+        """Take part in the gather this rank owes (:attr:`_owed`) with an empty capture that says why."""
+        if not self._owed:
+            return
+        try:
+            job = job if _bad_job(job) is None else JobStep()
+        except Exception:  # a field that cannot even be compared: said by _job_ok
+            job = JobStep()
+        cap = GemmCapture(records=[], steps=[], coverage={"error": "capture failed on this rank (see its log)"})
+        self._publish(job or JobStep(), cap)
+        self.done = True
+
     def _finish(self, job: JobStep, keep: bool) -> None:
         prof, ph = self._prof, self._phase
         if prof is None:
@@ -349,6 +373,8 @@ class GemmSchedule(Publishing):
         if cap is False:
             self._prof = prof
             self._turn_off()
+            if keep and ph == "active":
+                self._settle(job)
             return
         if keep and ph == "active":
             if len(cap.steps) < self.capture_config.active:

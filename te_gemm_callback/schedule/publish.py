@@ -62,15 +62,19 @@ class Publishing:
     resumed = False
     _swept = False
     _reported = False
+    _owed = False  # the gather this rank still owes the others (GemmSchedule)
 
     def _publish(self, job: JobStep, cap: GemmCapture, prof: Any = None) -> None:
         """Gather (collective), save, print, sweep and log the capture; then end ``prof``'s nsys range."""
         cap.meta["accumulate_grad_batches"] = int(job.accumulate)
         cap.meta["global_step_end"] = int(job.global_step)
         cap.meta["run_id"] = self.run_id = new_run_id()
+        self._owed = False
         # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.
         gathered = guard(lambda: gather_captures(cap), "captures of the other ranks not gathered")
         if not cap.steps:
+            if job.writes and gathered and len(gathered) > 1:  # this rank's failed: the others' still count
+                guard(lambda: write_ranks(gathered, self.report_config.output_dir), "ranks not written")
             return
         self.capture = cap
         if job.writes:

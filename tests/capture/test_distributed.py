@@ -144,3 +144,25 @@ def test_a_bench_longer_than_the_groups_timeout_does_not_kill_the_job(tmp_path):
     assert "rank 0 done after 8 steps" in proc.stdout and "rank 1 done after 8 steps" in proc.stdout, proc.stdout
     assert (tmp_path / "bench_ran").read_text() == "0"
     assert "the benchmarks and report run on rank 0 when training ends" in proc.stderr
+
+
+@pytest.mark.parametrize("mode, failing", [("stop", 1), ("pause", 1), ("start", 1), ("stop", 0)])
+def test_ddp_no_hang_when_one_rank_has_no_capture_at_the_window_end(tmp_path, mode, failing):
+    """One rank has no capture to send when the window ends (its stop() raised; its capture was
+    dropped inside the window's last step; it never started): it still takes part in the gather with
+    an empty capture that says so, so no rank is left waiting, and rank 0 writes every rank's (its
+    own run folder capture only where its own capture holds steps)."""
+    job = Path(__file__).resolve().parents[1] / "ddp_job.py"
+    port = {("stop", 1): 29551, ("pause", 1): 29552, ("start", 1): 29553, ("stop", 0): 29554}[mode, failing]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    proc = subprocess.run([sys.executable, str(job), str(tmp_path), "2", mode, str(failing)], capture_output=True,
+                          text=True, timeout=240, env=env, cwd=job.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    assert "RuntimeError: injected" in proc.stderr
+    ranks = [GemmCapture.load(tmp_path / "ranks" / f"rank{r}.json") for r in (0, 1)]
+    ok, bad = ranks[1 - failing], ranks[failing]
+    assert ok.records and ok.steps and ok.coverage["error"] is None
+    assert not bad.records and not bad.steps and "failed" in bad.coverage["error"]
+    assert [c.meta["global_step_end"] for c in ranks] == [3, 3]  # both at the window's end
+    assert (tmp_path / "gemm_capture.json").is_file() == (failing == 1)
