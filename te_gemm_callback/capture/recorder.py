@@ -14,6 +14,7 @@ import torch
 from te_gemm_callback.capture.capture_file import GemmEvent
 from te_gemm_callback.capture.instruments import Nvtx, Timer, range_name
 from te_gemm_callback.capture.scope import ModuleScope, in_backward
+from te_gemm_callback.precisions import warn_once
 from te_gemm_callback.shapes import GemmOp, GemmShape
 
 log = logging.getLogger("te_gemm_callback")
@@ -36,7 +37,6 @@ class Recorder:
         self.dropped: dict[int, int] = {}  # step -> its event pairs left out (Timer.read)
         self.below_floor = 0  # pairs no longer than their floor: no time
         self._sites: dict[tuple, GemmSite] = {}
-        self._inference_said = False
 
     in_backward = staticmethod(in_backward)
 
@@ -87,12 +87,11 @@ class Recorder:
         return host
 
     def note_inference(self) -> None:
-        """A linear or matmul ran under torch.inference_mode(): said once."""
-        if not self._inference_said:
-            self._inference_said = True
-            log.warning("te-gemm: the model runs under torch.inference_mode(), where linear and matmul reach the "
-                        "capture whole and are not recorded as GEMMs: profile training steps, or run inference "
-                        "under torch.no_grad() instead")
+        """A linear or matmul ran under torch.inference_mode(): said once a process (a fit starts
+        several captures)."""
+        warn_once("te-gemm: the model runs under torch.inference_mode(), where linear and matmul reach the capture "
+                  "whole and are not recorded as GEMMs: profile training steps, or run inference under "
+                  "torch.no_grad() instead", log)
 
     def fail(self, err: BaseException) -> None:
         """Report once, then capture turns itself off; the job goes on untouched."""
