@@ -1,5 +1,6 @@
 """The statistics the benchmark scripts publish (benchmarks/_timing.py)."""
 
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -126,3 +127,20 @@ def test_replay_summary_gives_the_rows_the_h100_page_quotes(run, line):
     assert share in page, share
     recipe, pred = line.split()[:3:2]
     assert f"| {recipe} | {pred} (" in page, (recipe, pred)
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "phi3"])
+@pytest.mark.parametrize("size", ["gpu", "host"])
+def test_h100_page_quotes_the_committed_replay_checks(family, size):
+    """docs/results/h100.md's external-model rows are the committed replay_check JSONs' figures."""
+    root = Path(__file__).resolve().parents[1]
+    res = json.loads((root / "docs" / "results" / "h100" / "replay" / f"{family}_{size}.json").read_text())
+    page = (root / "docs" / "results" / "h100.md").read_text()
+    for recipe, x in res["recipes"].items():
+        if recipe == "BF16":
+            continue
+        p, o, (lo, hi), (b0, b1) = x["predicted"], x["observed"], x["ci95"], x["band"]
+        row = (f"| {recipe} | {p:.3f} ({b0:.3f}-{b1:.3f}) | {x['gemms_alone']:.3f} | {o:.3f} ({lo:.3f}-{hi:.3f}) | "
+               f"{100 * (p / o - 1):+.1f}% | {'yes' if lo <= p <= hi else 'no'} | {'yes' if b0 <= o <= b1 else 'no'} |")
+        assert row in page, row
+        assert x["predicted_without_sweep"] == pytest.approx(p, rel=1e-9)  # the sweep read by no prediction
