@@ -380,7 +380,22 @@ def test_every_cell_failed_exits_nonzero(monkeypatch, capsys):
 
     monkeypatch.setattr(engine, "run_bench", all_fail)
     assert main(["bench", "--shapes", "8x8x8", "--precisions", "BF16", "--no-cache"]) == 1
-    assert "every cell failed (1): CUDA out of memory" in capsys.readouterr().err
+    assert "nothing was measured (1 cell(s) failed): CUDA out of memory" in capsys.readouterr().err
+
+
+def test_a_bench_that_measured_nothing_leaves_the_earlier_files(tmp_path, capsys):
+    """Every recipe asked for skipped (no TE here): exit 1, and the run folder's bench.json from an
+    earlier run is not replaced by an empty one."""
+    import shutil
+
+    bench = tmp_path / "bench.json"
+    shutil.copy(Path(__file__).resolve().parents[1] / "docs" / "results" / "h100" / "demo" / "bench.json", bench)
+    before = bench.read_bytes()
+    code = main(["bench", "--shapes", "8x8x8", "--precisions", "DelayedScaling", "--no-cache", "--json", str(bench)])
+    err = capsys.readouterr().err
+    assert code == 1 and "nothing was measured" in err and "DelayedScaling not run" in err, err
+    assert f"{bench} not written" in err and err.count("\n") == 1
+    assert bench.read_bytes() == before
 
 
 # 13. Smaller ones.

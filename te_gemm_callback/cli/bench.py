@@ -131,18 +131,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
         sw = run_bench(sw_items, res.precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out,
                        visits=a.visits, gemm_duty=a.gemm_duty)
         out.print(swapped_table(res, sw, items, mode))
+    if cache.save_error:  # after the results: a cache that could not be written loses nothing shown
+        out.print(f"[yellow]warning: {safe(cache.save_error)}")
+    if not any(r.ok for r in res.results):
+        # Nothing measured (every recipe skipped, or every cell failed): an earlier run's files stay.
+        failed = [r for r in res.results if not r.ok]
+        reasons = sorted({(r.error or "no time")[:160] for r in failed}) or skipped_lines(res.skipped)
+        kept = [f for f in (a.json, a.output) if f]
+        print(f"te-gemm bench: error: nothing was measured ({len(failed)} cell(s) failed): " + "; ".join(reasons[:3])
+              + (f"; {', '.join(kept)} not written" if kept else ""), file=sys.stderr)
+        return 1
     if a.json:
         res.save(a.json)
     if a.output:
         stacked_gemm_figure(res, items, mode, a.output)
     out.print(run_summary(res))
-    if cache.save_error:  # after the results: a cache that could not be written loses nothing shown
-        out.print(f"[yellow]warning: {safe(cache.save_error)}")
-    failed = [r for r in res.results if not r.ok]
-    if res.results and len(failed) == len(res.results):
-        reasons = sorted({(r.error or "no time")[:160] for r in failed})
-        print(f"te-gemm bench: error: every cell failed ({len(failed)}): " + "; ".join(reasons[:3]), file=sys.stderr)
-        return 1
     return 0
 
 
