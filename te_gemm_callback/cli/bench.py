@@ -137,9 +137,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         # Nothing measured (every recipe skipped, or every cell failed): an earlier run's files stay.
         failed = [r for r in res.results if not r.ok]
         reasons = sorted({(r.error or "no time")[:160] for r in failed}) or skipped_lines(res.skipped)
-        kept = [f for f in (a.json, a.output) if f]
+        outputs = [f for f in (a.json, a.output) if f]
         print(f"te-gemm bench: error: nothing was measured ({len(failed)} cell(s) failed): " + "; ".join(reasons[:3])
-              + (f"; {', '.join(kept)} not written" if kept else ""), file=sys.stderr)
+              + (f"; {', '.join(outputs)} not written" if outputs else ""), file=sys.stderr)
         return 1
     if a.json:
         res.save(a.json)
