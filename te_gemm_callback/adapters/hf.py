@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from te_gemm_callback.precisions import warn_once
 from te_gemm_callback.reporting.loggers import hf_logging_dir, to_report_to
 from te_gemm_callback.schedule import (
     GemmSchedule,
@@ -48,7 +49,7 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
 
         self.schedule.fit_start(state.max_steps if state.max_steps > 0 else None)
         # The Trainer's TensorBoard callback made its run just now, before ours.
-        self._logging_dir = hf_logging_dir(args, since=time.time() - 60)
+        self._logging_dir = _logging_dir(args, since=time.time() - 60)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.schedule.step_begin(model)
@@ -65,7 +66,7 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
 
     def _job(self, args: Any, state: Any, kwargs: dict, sweep: bool) -> JobStep:
         if self._logging_dir is None:  # events before on_train_begin
-            self._logging_dir = hf_logging_dir(args)
+            self._logging_dir = _logging_dir(args)
         logging_dir = self._logging_dir
 
         def log(metrics: dict, files: dict) -> None:  # to every integration in the job's report_to
@@ -80,6 +81,16 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
 GemmProfilerTrainerCallback.__doc__ = schedule_doc(GemmProfilerTrainerCallback.__doc__ or "")
 
 
+def _logging_dir(args: Any, since: float | None = None) -> str | None:
+    """The Trainer's TensorBoard run (:func:`hf_logging_dir`); None, said once, where it cannot be told."""
+    try:
+        return hf_logging_dir(args, since=since)
+    except Exception as err:  # at the hook boundary: the job's training goes on
+        warn_once(f"te-gemm: the Trainer's TensorBoard folder could not be found ({type(err).__name__}: {err}): "
+                  "metrics and figures go to its other integrations only")
+        return None
+
+
 def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
     import torch
     model, loader = kwargs.get("model"), kwargs.get("train_dataloader")
@@ -87,8 +98,14 @@ def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
         raise ValueError("the Trainer passed no model or train_dataloader to its callbacks")
     # A batch of the job's own data; a fresh iterator draws from the RNGs, which are put back.
     drawn = HostState(torch.nn.Module(), [loader, getattr(loader, "sampler", None)])
-    batch = next(iter(loader))
+    it = iter(loader)
+    batch = next(it)
     drawn.restore()
+    if callable(end := getattr(loader, "end", None)):
+        # accelerate's loader registered itself with the GradientState as it began; this iteration
+        # ends here, unfinished, so it never leaves on its own.
+        end()
+    del it
     device = next(model.parameters()).device
     # Copied: .to() of a tensor already there is the tensor, and the sweep's steps may change it in place.
     batch = own_batch({k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()})
@@ -103,7 +120,12 @@ def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizers[0].step()
 
-    model.train()
-    step = accumulated(lambda: model(**batch), max(int(args.gradient_accumulation_steps), 1))
+    one = accumulated(lambda: model(**batch), max(int(args.gradient_accumulation_steps), 1))
+
+    def step() -> Any:
+        # In train mode like the job's steps; the sweep puts back the mode the job left (eval after an evaluation).
+        model.train()
+        return one()
+
     return SweepJob(model, step, optimizers, optimizer_step if optimizers else None, context,
                     rng_objects=[loader, getattr(loader, "sampler", None)])

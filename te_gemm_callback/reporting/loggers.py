@@ -86,8 +86,14 @@ def hf_logging_dir(args: Any, since: float | None = None) -> str:
         return env
     runs = Path(args.output_dir) / "runs"
     if since is not None and runs.is_dir():
-        made = [(f.stat().st_mtime, f.parent) for d in runs.iterdir() if d.is_dir()
-                for f in d.glob("events.out.tfevents.*") if f.stat().st_mtime >= since]
+        made = []
+        for d in runs.iterdir():
+            for f in d.glob("events.out.tfevents.*") if d.is_dir() else ():
+                try:
+                    if (t := f.stat().st_mtime) >= since:
+                        made.append((t, f.parent))
+                except OSError:  # a dangling link, a file removed meanwhile: not the Trainer's new run
+                    pass
         if made:
             return str(max(made)[1])
     import socket

@@ -126,9 +126,12 @@ def _stream(obj: Any) -> tuple[Callable[[Any], Any], Any] | None:
     return None
 
 
+STREAM_DEPTH = 4  # attributes followed from a named object to its random streams
+
+
 def _streams(objs: Iterable[Any]) -> list[tuple[Callable[[Any], Any], Any]]:
-    """Every random stream an attribute of ``objs`` holds, down to an attribute of an attribute's
-    attribute (a loader's batch sampler's sampler's generator)."""
+    """Every random stream an attribute of ``objs`` holds, down to STREAM_DEPTH attributes deep (the
+    HF Trainer's loader's base loader's collate_fn's data collator's generator)."""
     out: dict[int, tuple[Callable[[Any], Any], Any]] = {}
     seen: set[int] = set()
 
@@ -139,7 +142,8 @@ def _streams(objs: Iterable[Any]) -> list[tuple[Callable[[Any], Any], Any]]:
         elif obj is not None and id(obj) not in seen and hasattr(obj, "__dict__"):  # not a builtin
             seen.add(id(obj))
             for v in list(vars(obj).values()):
-                if _is_stream(v) or (depth < 2 and not isinstance(v, (torch.Tensor, *_SCALARS, *_CONTAINERS))):
+                if _is_stream(v) or (depth < STREAM_DEPTH and not isinstance(v, (torch.Tensor, *_SCALARS,
+                                                                                     *_CONTAINERS))):
                     visit(v, depth + 1)
 
     for o in objs:

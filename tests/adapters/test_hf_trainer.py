@@ -101,3 +101,45 @@ def test_trainer_callback_arguments_checked_at_construction():
         GemmProfilerTrainerCallback(sweep="BF16")
     with pytest.raises(ValueError, match="active must be"):
         GemmProfilerTrainerCallback(active=0)
+
+
+class MaskingCollator:
+    """A collator that draws from its own generator (as a masking collator does), which the Trainer's
+    loader holds four attributes down (loader, base loader, collate_fn, data collator)."""
+
+    def __init__(self):
+        self.generator = torch.Generator().manual_seed(1)
+
+    def __call__(self, rows):
+        batch = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+        keep = torch.rand(batch["labels"].shape, generator=self.generator) > 0.1
+        batch["labels"] = torch.where(keep, batch["labels"], -100)
+        return batch
+
+
+def test_trainer_sweep_leaves_the_model_mode_and_the_collators_stream(tmp_path):
+    """With a sweep and an evaluation at the last step: the model stays in the eval mode the job left
+    it in, the collator's own generator and accelerate's registered loaders are as without the
+    callback, and a dangling link under output_dir/runs (an old TensorBoard run) breaks nothing."""
+    def run(folder, callbacks):
+        torch.manual_seed(0)
+        model = tiny_llama()
+        collate = MaskingCollator()
+        runs = folder / "hf" / "runs" / "old"
+        runs.mkdir(parents=True)
+        (runs / "events.out.tfevents.1.host").symlink_to(folder / "gone")
+        args = transformers.TrainingArguments(output_dir=str(folder / "hf"), max_steps=5, per_device_train_batch_size=2,
+                                              report_to=[], save_strategy="no", logging_steps=1000, use_cpu=True,
+                                              disable_tqdm=True, seed=0, eval_strategy="steps", eval_steps=5)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(32), eval_dataset=Tokens(4),
+                                       data_collator=collate, callbacks=callbacks)
+        trainer.train()
+        grad_state = trainer.accelerator.gradient_state
+        return model.training, collate.generator.get_state(), len(grad_state.dataloader_references)
+
+    plain = run(tmp_path / "plain", [])
+    cb = GemmProfilerTrainerCallback(wait=1, warmup=1, active=2, output_dir=tmp_path / "te_gemm", verbose=False,
+                                     sweep=["BF16"], sweep_steps=2)
+    ours = run(tmp_path / "ours", [cb])
+    assert cb.sweep_result is not None and not plain[0]  # the sweep ran; the job ended in eval mode
+    assert ours[0] == plain[0] and torch.equal(ours[1], plain[1]) and ours[2] == plain[2]
