@@ -27,3 +27,11 @@ def safe(text: Any) -> str:
     """``text`` as rich prints it literally: control characters as "?", markup escaped (a module
     named ``[/b]`` is text, never a tag). For every string a user or a file supplied."""
     return escape(plain(text))
+
+
+def error_text(err: BaseException) -> str:
+    """``"Type: message"`` of an exception, even one whose ``str()`` raises (it must never reach the job)."""
+    try:
+        return f"{type(err).__name__}: {err}"
+    except Exception:
+        return f"{type(err).__name__}: (its message could not be read)"

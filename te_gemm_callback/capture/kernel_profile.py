@@ -26,6 +26,7 @@ from te_gemm_callback.capture.kernels import (
     kernel_intervals,
     top_kernels_ms,
 )
+from te_gemm_callback.printable import error_text
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -163,7 +164,7 @@ class KernelProfile:
             return split_at_marks([k[:3] for k in records], self._marks, [k[3] for k in records],
                                   [k[4] for k in records], calls)
         except Exception as err:
-            self.error = f"{type(err).__name__}: {err}"
+            self.error = error_text(err)
             log.warning("te-gemm: kernel records unusable: %s", self.error)
             return None
 

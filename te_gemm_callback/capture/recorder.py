@@ -15,6 +15,7 @@ from te_gemm_callback.capture.capture_file import GemmEvent
 from te_gemm_callback.capture.instruments import Nvtx, Timer, range_name
 from te_gemm_callback.capture.scope import ModuleScope, in_backward
 from te_gemm_callback.precisions import warn_once
+from te_gemm_callback.printable import error_text
 from te_gemm_callback.shapes import GemmOp, GemmShape
 
 log = logging.getLogger("te_gemm_callback")
@@ -96,9 +97,12 @@ class Recorder:
     def fail(self, err: BaseException) -> None:
         """Report once, then capture turns itself off; the job goes on untouched."""
         if self.error is None:
-            self.error = f"{type(err).__name__}: {err}"
+            self.error = error_text(err)
             log.warning("te-gemm: capture turned off after an error inside a hook: %s", self.error)
-            log.debug("te-gemm: where: %s", "".join(traceback.format_exception(err)[-3:]))
+            try:
+                log.debug("te-gemm: where: %s", "".join(traceback.format_exception(err)[-3:]))
+            except Exception:  # an exception that cannot be formatted: its type and message were said
+                pass
         self.active = False
         self.scope.enabled = False
 

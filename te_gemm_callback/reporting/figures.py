@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -101,7 +101,7 @@ def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, pat
     ax.set_xticks(range(len(precs)), precs, rotation=15)
     ax.set_ylabel("GEMM time (ms)")
     ax.set_title(title or f"GEMM time per step by precision ({mode}) — {res.meta.get('device', '')}")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if res.skipped:
         width = int(fig.get_figwidth() * 72 / (0.6 * FOOTNOTE_FONTSIZE))  # an average glyph: 0.6 of the font size
         lines = [ln for text in skipped_lines(res.skipped) for ln in footnote_lines(text, width)]
@@ -128,7 +128,7 @@ def ranks_figure(rows: list[dict], path: str | Path) -> Path:
     window = next((r.get("comm_window") for r in rows if r.get("comm_window")), None)
     ax.set_title("Per-rank step: GEMM, exposed communication, rest"
                  + (f"\n(GEMM and step: captured steps; NCCL: {window})" if window else ""), fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
 
 
@@ -158,7 +158,7 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
     ax.set_xticks(list(x), [recipe_label(rep, a.recipe, "\n") for a in recs], rotation=15)
     ax.set_ylabel(f"speedup over BF16 (ran {ran})" if ran else "speedup over BF16")
     ax.set_title(f"Predicted vs observed speedup — {rep.meta.get('device', '')}")
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     return save_figure(fig, path)
 
 
@@ -205,7 +205,7 @@ def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str
     ax.set_ylim(0, 1.22 * max(steps, default=1.0))  # room for the labels
     ax.set_ylabel("ms per step")
     ax.set_title(step_split_title(rep, kernels))
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
 
 
@@ -227,3 +227,9 @@ def _split_bar(a: RecipeAnalysis, share: float | None, basis: str,
         parts.append(("other", step - g))
     timed = "\n(of its timed step)" if basis == "timed steps" else ""
     return parts, f"{step:.1f} ms\n{100 * share:.0f}% GEMM{timed}"
+
+
+def _legend(ax: Any, **kw: Any) -> None:
+    """The axes' legend, where something is labelled: matplotlib warns into the job's stderr otherwise."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)

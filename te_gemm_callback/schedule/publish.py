@@ -15,6 +15,7 @@ from te_gemm_callback.analysis.verdicts import capture_recipe
 from te_gemm_callback.capture.distributed import gather_captures, world
 from te_gemm_callback.microbench.cache import ResultCache
 from te_gemm_callback.precisions import RECIPES
+from te_gemm_callback.printable import error_text
 from te_gemm_callback.reporting import capture_table, print_table, summary_metrics
 from te_gemm_callback.reporting.capture_tables import ranks_table
 from te_gemm_callback.reporting.console import console
@@ -41,7 +42,7 @@ def guard(fn: Callable[[], Any], what: str) -> Any:
     try:
         return fn()
     except Exception as err:
-        log.warning("te-gemm: %s: %s: %s (training goes on)", what, type(err).__name__, err)
+        log.warning("te-gemm: %s: %s (training goes on)", what, error_text(err))
         return False
 
 

@@ -69,11 +69,20 @@ def test_steps_calls_and_roundtrip(tmp_path):
         GemmCapture.from_dict({"schema": "x"})
 
 
-def test_error_in_hook_never_breaks_the_step(monkeypatch, caplog):
+class Unprintable(RuntimeError):
+    def __str__(self):
+        raise ValueError("no message for you")
+
+
+@pytest.mark.parametrize("error", [RuntimeError("injected"), Unprintable()])
+def test_error_in_hook_never_breaks_the_step(monkeypatch, caplog, error):
+    """Also an exception whose str() raises: its message cannot be read, and that must not reach the job either."""
     model, x = Net(), torch.randn(4, 16, requires_grad=True)
+    said = "Unprintable: (its message could not be read)" if isinstance(error, Unprintable) else \
+        "RuntimeError: injected"
 
     def boom(*a, **k):
-        raise RuntimeError("injected")
+        raise error
 
     monkeypatch.setattr(torch_adapter.GemmDispatchMode, "_before", boom)
     expected = [p.grad for p in model.parameters()]
@@ -84,9 +93,9 @@ def test_error_in_hook_never_breaks_the_step(monkeypatch, caplog):
             step(model, x)  # must not raise
             prof.step()
         cap = prof.stop()
-    assert prof.error == "RuntimeError: injected"
+    assert prof.error == said
     assert sum("capture turned off" in r.message for r in caplog.records) == 1
-    assert cap.records == [] and cap.coverage["error"] == "RuntimeError: injected"
+    assert cap.records == [] and cap.coverage["error"] == said
     assert all(p.grad is not None for p in model.parameters()) and expected is not None
     assert hooks_left(model) == 0
 

@@ -61,3 +61,21 @@ def test_reporting_leaves_a_chosen_backend_chosen(tmp_path):
     res = _run(tmp_path, "svg")
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "svg"
+
+
+def test_a_figure_with_nothing_labelled_warns_nothing_into_the_job(tmp_path):
+    """Every recipe skipped: the figure is drawn without a legend, and matplotlib says nothing on the
+    job's stderr ("No artists with labels found")."""
+    import warnings
+
+    from te_gemm_callback.microbench.items import WorkItem
+    from te_gemm_callback.microbench.results import BenchResults
+    from te_gemm_callback.reporting.figures import stacked_gemm_figure
+    from te_gemm_callback.shapes import GemmShape
+
+    items = [WorkItem("fc1", GemmShape(8, 8, 8))]
+    res = BenchResults([], {"DelayedScaling": "no TE here"}, {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stacked_gemm_figure(res, items, "autocast", tmp_path / "g.png")
+    assert (tmp_path / "g.png").stat().st_size > 0
