@@ -10,17 +10,11 @@ Public API: capture (:class:`GemmSchedule` with :class:`JobStep` / :class:`Sweep
 """
 
 import importlib as _importlib
-import logging as _logging
 
+from te_gemm_callback.printable import stderr_until_configured
 from te_gemm_callback.shapes import GemmOp, GemmShape, ModelConfig, backward_shapes, config_gemms
 
-# What the tool says while a job runs is INFO: shown on stderr unless the application configured
-# logging itself, as Lightning does for its own logger.
-_log = _logging.getLogger(__name__)
-if not _logging.getLogger().hasHandlers() and not _log.handlers:
-    _log.setLevel(_logging.INFO)
-    _log.addHandler(_logging.StreamHandler())
-    _log.propagate = False
+stderr_until_configured()
 
 __version__ = "0.1.0"
 

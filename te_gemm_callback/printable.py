@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from typing import Any
@@ -35,3 +36,32 @@ def error_text(err: BaseException) -> str:
         return f"{type(err).__name__}: {err}"
     except Exception:
         return f"{type(err).__name__}: (its message could not be read)"
+
+
+# What the tool says while a job runs is INFO: shown on stderr unless the application configured
+# logging itself. Decided again when a capture is set up, since a job often imports us first and
+# configures logging in its main() after.
+_OURS = "_te_gemm_stderr"
+
+
+def stderr_until_configured() -> None:
+    """At import: our own stderr handler at INFO where the application has configured no logging."""
+    log = logging.getLogger("te_gemm_callback")
+    if not logging.getLogger().hasHandlers() and not log.handlers:
+        handler = logging.StreamHandler()
+        setattr(handler, _OURS, True)
+        log.setLevel(logging.INFO)
+        log.addHandler(handler)
+        log.propagate = False
+
+
+def follow_job_logging() -> None:
+    """Once the application has configured logging (root handlers), our lines go to it, at its level,
+    and our import-time stderr handler steps aside."""
+    log = logging.getLogger("te_gemm_callback")
+    ours = [h for h in log.handlers if getattr(h, _OURS, False)]
+    if ours and logging.getLogger().handlers:
+        for h in ours:
+            log.removeHandler(h)
+        log.setLevel(logging.NOTSET)
+        log.propagate = True

@@ -31,6 +31,7 @@ from te_gemm_callback.capture.step_record import Boundary, StepRecord
 from te_gemm_callback.capture.te_adapter import TEInterceptor
 from te_gemm_callback.files.jsonio import MAX_INT
 from te_gemm_callback.precisions import warn_once
+from te_gemm_callback.printable import follow_job_logging
 
 log = logging.getLogger("te_gemm_callback")
 
@@ -62,6 +63,7 @@ class GemmProfiler:
         if not isinstance(model, nn.Module):
             raise TypeError(f"GemmProfiler needs a torch.nn.Module, got {type(model).__name__}")
         self.config = c = ProfilerConfig.given("GemmProfiler", config, options)
+        follow_job_logging()
         timing, dispatch_steps, kernel_steps, nsys_capture = c.timing, c.dispatch_steps, c.kernel_steps, c.nsys_capture
         # A meta-device model runs nothing: host-clock pairs would time only the dispatch.
         self.on_meta = next((p.is_meta for p in model.parameters()), False)

@@ -20,7 +20,7 @@ from te_gemm_callback.capture.config import CaptureConfig
 from te_gemm_callback.capture.distributed import world
 from te_gemm_callback.options import refuse_unknown
 from te_gemm_callback.precisions import warn_once
-from te_gemm_callback.printable import plain
+from te_gemm_callback.printable import follow_job_logging, plain
 from te_gemm_callback.reporting.config import ReportConfig
 from te_gemm_callback.schedule.publish import Publishing, guard
 from te_gemm_callback.schedule.results import ScheduleResults, sweep_metrics
@@ -123,6 +123,7 @@ class GemmSchedule(Publishing):
 
     def __init__(self, name: str = "GemmSchedule", **options: Any) -> None:
         refuse_unknown(name, options, [kw for c in CONFIGS for kw in c.keywords()])  # with the nearest known one
+        follow_job_logging()
         self.capture_config = CaptureConfig.take(options)  # each takes its keywords out of options
         self.sweep_config = SweepConfig.take(options)
         self.report_config = ReportConfig.take(options)

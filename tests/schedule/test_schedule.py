@@ -6,6 +6,7 @@ import ast
 import inspect
 from pathlib import Path
 
+import pytest
 import torch
 
 from te_gemm_callback import GemmCapture, GemmSchedule, JobStep, SweepJob
@@ -147,3 +148,31 @@ def test_a_step_the_job_raised_in_is_not_called_unended_at_the_next_fit(tmp_path
         sched.step_begin(model)
         sched.step_end(JobStep(global_step=1))
     assert not [r for r in caplog.records if "twice" in r.getMessage()]
+
+
+@pytest.mark.parametrize("configured", [True, False])
+def test_our_lines_follow_logging_the_job_configures_after_importing_us(tmp_path, configured):
+    """A job that imports us first and configures logging in its main(): our warnings go to its log
+    file at its level (INFO below it stays out), none to stderr; a job that configures nothing sees
+    our INFO lines on stderr."""
+    import subprocess
+    import sys
+
+    log_file = tmp_path / "job.log"
+    script = (
+        "import logging, sys\n"
+        "import te_gemm_callback\n"
+        "from te_gemm_callback import GemmSchedule\n"
+        + (f"logging.basicConfig(filename={str(log_file)!r}, level=logging.WARNING)\n" if configured else "")
+        + "GemmSchedule()\n"
+        "log = logging.getLogger('te_gemm_callback.capture.recorder')\n"
+        "log.warning('te-gemm: a warning for the job')\n"
+        "log.info('te-gemm: an info line')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if configured:
+        text = log_file.read_text()
+        assert "a warning for the job" in text and "an info line" not in text
+        assert "te-gemm:" not in out.stderr
+    else:
+        assert "a warning for the job" in out.stderr and "an info line" in out.stderr
