@@ -47,9 +47,21 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         import time
 
+        if int(state.global_step) > 0 and not self.schedule.steps_seen:
+            self._resumed(int(state.global_step))
         self.schedule.fit_start(state.max_steps if state.max_steps > 0 else None)
         # The Trainer's TensorBoard callback made its run just now, before ours.
         self._logging_dir = _logging_dir(args, since=time.time() - 60)
+
+    def _resumed(self, step: int) -> None:
+        """A run resumed from a checkpoint at ``step``: the Trainer keeps no callback state by default, so
+        the window is placed against the job's step and an earlier capture in output_dir is kept."""
+        sched, cfg = self.schedule, self.schedule.report_config
+        earlier = cfg.output_dir / cfg.filename
+        if step >= sched._window()[1] and not earlier.is_file():
+            return  # past the window with no capture of it: this process's own window, as in a fresh run
+        sched.load_state_dict({"steps_seen": step, "done": step >= sched._window()[1],
+                               "path": str(earlier) if earlier.is_file() else None})
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.schedule.step_begin(model)

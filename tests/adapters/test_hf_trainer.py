@@ -143,3 +143,35 @@ def test_trainer_sweep_leaves_the_model_mode_and_the_collators_stream(tmp_path):
     ours = run(tmp_path / "ours", [cb])
     assert cb.sweep_result is not None and not plain[0]  # the sweep ran; the job ended in eval mode
     assert ours[0] == plain[0] and torch.equal(ours[1], plain[1]) and ours[2] == plain[2]
+
+
+def test_trainer_resumed_from_a_checkpoint_keeps_the_capture(tmp_path, caplog):
+    """resume_from_checkpoint: past the window, nothing is captured again and the earlier capture
+    stays as written; inside it, the new capture goes beside the earlier one (the Trainer keeps no
+    callback state by default, so the window is placed against the job's step)."""
+    import logging
+
+    out = tmp_path / "te_gemm"
+
+    def run(max_steps, resume=None):
+        torch.manual_seed(0)
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=max_steps,
+                                              per_device_train_batch_size=2, report_to=[], save_strategy="steps",
+                                              save_steps=2, logging_steps=1000, use_cpu=True, disable_tqdm=True,
+                                              seed=0)
+        cb = GemmProfilerTrainerCallback(wait=0, warmup=1, active=2, output_dir=out, verbose=False)
+        transformers.Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(64),
+                             callbacks=[cb]).train(resume_from_checkpoint=resume)
+        return cb
+
+    run(4)
+    first = (out / "gemm_capture.json").read_bytes()
+    assert GemmCapture.load(out / "gemm_capture.json").meta["global_step_end"] == 3
+    with caplog.at_level(logging.INFO, logger="te_gemm_callback"):
+        cb = run(6, str(tmp_path / "hf" / "checkpoint-4"))
+    assert cb.capture is None and (out / "gemm_capture.json").read_bytes() == first
+    assert not list(out.glob("gemm_capture.step*.json"))
+    assert any("nothing is captured again" in r.getMessage() for r in caplog.records)
+    run(6, str(tmp_path / "hf" / "checkpoint-2"))  # inside the window (steps 1-3): captured again, beside
+    assert (out / "gemm_capture.json").read_bytes() == first
+    assert len(list(out.glob("gemm_capture.step*.json"))) == 1
