@@ -193,11 +193,28 @@ def cmd_report(a: argparse.Namespace) -> int:
     if a.json and a.json != "-":  # refused before the run folder's files are written, not after
         check_target(a.json, json_kind(REPORT_SCHEMA))
     out = console()
+    lost = _observed_without_sweep(Path(a.run_dir))
     files = Run(a.run_dir).report(out, a.project or ()).files
     print_summary(out, files)
+    if lost:
+        print(f"te-gemm report: warning: {a.run_dir} has no sweep/ captures, so the observed speedups its earlier "
+              f"report.json held ({', '.join(lost)}) could not be made again and are not in the new one",
+              file=sys.stderr)
     if a.json:
         write_json(a.json, read_json(files["report"], "report.json"))
     return 0
+
+
+def _observed_without_sweep(run: Path) -> list[str]:
+    """The recipes whose observed speedup ``run``'s report.json holds while the folder has no sweep
+    captures to make it again from (a run folder copied without sweep/)."""
+    if any((run / "sweep").glob("*/gemm_capture.json")) or not (run / "report.json").is_file():
+        return []
+    try:
+        rows = read_json(run / "report.json", "report.json").get("recipes") or []
+        return [str(x["recipe"]) for x in rows if isinstance(x, dict) and x.get("observed_ci") is not None]
+    except Exception:  # a report.json that cannot be read is the report's to say
+        return []
 
 
 def cmd_plan(a: argparse.Namespace) -> int:

@@ -335,3 +335,20 @@ def test_run_ends_with_the_lines_a_fits_log_gets(tmp_path, capsys):
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
     assert lines[-1].startswith("te-gemm: the full report: ") and "verbose=True" not in lines[-1], lines[-3:]
     assert any(ln.startswith("te-gemm: BF16 job, step ") for ln in lines[-12:]), lines[-12:]
+
+
+def test_report_says_when_a_folder_without_sweep_loses_its_observed_speedups(tmp_path, capsys):
+    """A run folder copied without sweep/: its report.json's observed speedups cannot be made again;
+    te-gemm report says which are gone, and says nothing where sweep/ is there."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    run = tmp_path / "demo"
+    shutil.copytree(root / "docs" / "results" / "h100" / "demo", run)
+    assert main(["report", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "has no sweep/ captures" in err and "DelayedScaling" in err and err.count("te-gemm report: warning") == 1
+    kept = tmp_path / "main"
+    shutil.copytree(root / "docs" / "results" / "h200" / "replay" / "main", kept)
+    assert main(["report", str(kept)]) == 0 and main(["report", str(kept)]) == 0  # the second over a full report.json
+    assert "has no sweep/" not in capsys.readouterr().err
