@@ -98,6 +98,7 @@ class GemmProfiler:
         self.reuse_owners = c.reuse_owners
         self.kernel_profile = c.kernel_profile or KernelProfile()
         self._clock = c.clock
+        self._paused_at: float | None = None  # when the job last paused us
         self.instruments = Instruments(self.scope, self.recorder, self.te)
         self._reset()
         self._clock_reader = c.clock_reader
@@ -385,10 +386,15 @@ class GemmProfiler:
         """Stop recording without detaching (between training batches: validation, logging)."""
         if self._started:
             self.instruments.pause()
+            self._paused_at = self._clock()
 
     def resume(self) -> None:
         if self._started:
             self.instruments.resume()
+            if self._paused_at is not None and self._steps:
+                # The step's clock runs on: how long the job was away tells an evaluation from a step.
+                self._steps[-1].paused_s += self._clock() - self._paused_at
+            self._paused_at = None
 
     def __enter__(self) -> GemmProfiler:
         return self.start()

@@ -48,7 +48,8 @@ def build_capture(prof: Any) -> GemmCapture:
     # A step with fewer micro-batches than the fullest is never clean (tagged before the outlier test).
     full = max((s.micro_batches for s in prof._steps), default=1)
     kinds = [PARTIAL if s.kind in (CLEAN, SETTLE) and s.micro_batches < full else s.kind for s in prof._steps]
-    steady = assess(kinds, [s.moved for s in prof._steps], [t.ms for t in steps], prof._wait)
+    steady = assess(kinds, [s.moved for s in prof._steps], [t.ms for t in steps], prof._wait,
+                    [s.paused_s * 1e3 for s in prof._steps])
     for t, s, kind in zip(steps, prof._steps, steady.kinds):
         t.kind = s.kind = kind
     if steady.reached is False:

@@ -27,6 +27,10 @@ from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, GRAPH_CAPTURE, OU
 # code relies on: outliers).
 OUTLIER_FACTOR = 3.0
 MIN_FOR_OUTLIERS = 4  # fewer clean steps are never judged: a loaded host alone moves single steps that far
+# A clean step the job paused us in for this share of a median step more than it usually does held
+# something else (an evaluation, a checkpoint): an outlier whatever its time.
+AWAY_SHARE = 0.25
+AWAY_FLOOR_MS = 50.0  # and by this much: a loaded host's stall between two steps is no evaluation
 
 # Counters that move only when something compiles, never on a call of compiled code
 # (docs/results/h200.md, facts the code relies on: compile counters).
@@ -180,15 +184,29 @@ class Steadiness:
     unsteady: dict[str, list[int]] = field(default_factory=dict)
 
 
-def assess(kinds: list[str], moved: list[tuple[int, int]], ms: list[float], wait: SteadyWait) -> Steadiness:
-    """Retag clean and settle steps that compiled or captured a graph, then slow clean steps as
-    outliers, and say whether steady state was reached."""
+def away(ms: list[float], paused: list[float], share: float = AWAY_SHARE) -> list[int]:
+    """Indices of the steps the job was away from (paused us) longer than usual by ``share`` of a
+    median step and AWAY_FLOOR_MS: an evaluation or a checkpoint between two steps, not the step."""
+    if len(ms) < 2:
+        return []
+    typical, step = statistics.median(paused), statistics.median(ms)
+    return [i for i, p in enumerate(paused) if p - typical > max(share * step, AWAY_FLOOR_MS)]
+
+
+def assess(kinds: list[str], moved: list[tuple[int, int]], ms: list[float], wait: SteadyWait,
+           paused: list[float] | None = None) -> Steadiness:
+    """Retag clean and settle steps that compiled or captured a graph, then slow clean steps and
+    those the job was away from (``paused`` ms each) as outliers, and say whether steady state was
+    reached."""
     kinds = list(kinds)
     for i, (c, g) in enumerate(moved):
         if kinds[i] in (CLEAN, SETTLE) and (c or g):
             kinds[i] = RECOMPILE if c else GRAPH_CAPTURE
     clean = [i for i, k in enumerate(kinds) if k == CLEAN]
     slow = [clean[j] for j in outliers([ms[i] for i in clean])]
+    gone = [clean[j] for j in away([ms[i] for i in clean], [paused[i] for i in clean])] if paused else []
+    gone = [i for i in gone if i not in slow]
+    slow = sorted(slow + gone)
     for i in slow:
         kinds[i] = OUTLIER
     unsteady = {k: [i for i, x in enumerate(kinds) if x == k] for k in (COMPILE, RECOMPILE, GRAPH_CAPTURE, OUTLIER)}
@@ -198,7 +216,12 @@ def assess(kinds: list[str], moved: list[tuple[int, int]], ms: list[float], wait
                for k, v in unsteady.items() if k != COMPILE]
     if slow:  # the outliers come last in ``dropped``: say what they were judged against
         ref = outlier_ref([ms[i] for i in clean])
-        dropped[-1] += f" above {OUTLIER_FACTOR:g}x the faster half's median ({ref:.3g} ms)"
+        reasons = [f"above {OUTLIER_FACTOR:g}x the faster half's median ({ref:.3g} ms)"] \
+            if ref and len(gone) < len(slow) else []
+        if gone:
+            steps = ", ".join(map(str, gone))
+            reasons.append(f"with the job away between steps (an evaluation, a checkpoint: {steps})")
+        dropped[-1] += " " + "; ".join(reasons)
     lead = f" after {wait.lead} compile step{'s' if wait.lead > 1 else ''}" if wait.lead else ""
     out = f"; left out: {', '.join(dropped)}" if dropped else ""
     if wait.waiting:

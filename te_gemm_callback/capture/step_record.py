@@ -28,3 +28,4 @@ class StepRecord:
     kernels: KernelStep | None = None  # a kernels step's kernel records, once the session returned them
     host_clock: Any = None  # a settle step's ModuleHostClock while it runs
     module_host_us: dict[str, dict[str, float]] | None = None  # ... and what it read
+    paused_s: float = 0.0  # host time between the job's pause() and resume() (its evaluation, logging)

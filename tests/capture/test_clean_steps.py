@@ -314,3 +314,24 @@ def test_clock_sampling_covers_the_kernel_timed_steps_only():
     cap = run(kernel_steps=0, instrumented_steps=2)
     assert [s.kind for s in cap.steps] == ["instrumented", "instrumented", "clean", "clean", "clean", "clean"]
     assert set(kinds_at_read[1:]) == {"instrumented"}, kinds_at_read  # the first: at start(), no step yet
+
+
+@pytest.mark.parametrize("away_s, flagged", [(0.200, True), (0.004, False)])
+def test_a_clean_step_the_job_was_away_in_is_no_clean_step(away_s, flagged):
+    """The job pauses the capture between steps (evaluation, a checkpoint): the step's clock runs on,
+    so a clean step holding a 200 ms evaluation is an outlier, not a 211 ms step; the usual few ms
+    between steps (the next batch) are the step's own, and a stall under 50 ms is no evaluation."""
+    model, x, clock = MLP(), torch.randn(4, 16, requires_grad=True), Clock()
+    prof = GemmProfiler(model, instrumented_steps=1, clock=clock).start()
+    for i in range(4):  # 3 clean steps: too few for the outlier rule on times alone
+        model(x).sum().backward()
+        clock.t += 0.010
+        prof.step()
+        prof.pause()  # what the schedule does once a step ended
+        clock.t += 0.001 + (away_s if i == 1 else 0.0)  # the next batch; after step 1 an evaluation too
+        prof.resume()
+    cap = prof.stop()
+    kinds = [s.kind for s in cap.steps]
+    assert kinds == ["instrumented", "clean", "outlier" if flagged else "clean", "clean"]
+    assert cap.step_ms() == pytest.approx(11.0)  # not the mean with a 211 ms step
+    assert ("with the job away between steps (an evaluation, a checkpoint: 2)" in cap.meta["steady_state"]) == flagged
