@@ -39,6 +39,8 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
     """
 
     def __init__(self, **schedule: Any) -> None:
+        if "name" in schedule:  # the schedule's name is the callback's own
+            raise TypeError(f"{type(self).__name__}() takes no 'name': it names itself in what it logs")
         self.schedule = GemmSchedule(name=type(self).__name__, **schedule)
         self._logging_dir: str | None = None  # the Trainer's TensorBoard run
 

@@ -37,6 +37,8 @@ class GemmProfilerCallback(ScheduleResults, Callback):
     """
 
     def __init__(self, **schedule: Any) -> None:
+        if "name" in schedule:  # the schedule's name is the callback's own
+            raise TypeError(f"{type(self).__name__}() takes no 'name': it names itself in what it logs")
         self.schedule = GemmSchedule(name=type(self).__name__, **schedule)
         self._last_batch: Any = None
         self.rank = 0  # this process's global rank, set in setup

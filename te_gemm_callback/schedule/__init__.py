@@ -181,6 +181,12 @@ class GemmSchedule(Publishing):
         self._in_step = True
         if self.done:
             return
+        if not isinstance(model, torch.nn.Module):
+            self._misuse(f"step_begin(model) needs the torch.nn.Module the job trains, got {type(model).__name__}: "
+                         "capture turned off")
+            self._drop()
+            self.done = world()[1] == 1 or self.done  # a rank of a multi-process job still meets the others
+            return
         ph = self.phase(self.steps_seen)
         if ph in ("warmup", "active") and (self._prof is None or ph != self._phase):
             self._finish(JobStep(), keep=False)

@@ -25,9 +25,12 @@ def _recipes(v: Any, name: str) -> list[str] | None:
     if any(not isinstance(r, str) for r in v):  # canonical() needs names
         raise ValueError(f"{name} must be a list of recipe names such as ['BF16', 'Float8CurrentScaling'], got {v!r}")
     try:  # "FP8" alone refuses itself (four recipes)
-        return [user_recipe(r) for r in v]
+        names = [user_recipe(r) for r in v]
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
+    if twice := sorted({r for r in names if names.count(r) > 1}):
+        raise ValueError(f"{name} names {', '.join(twice)} more than once: give each recipe once")
+    return names
 
 
 def _plan(v: Any, name: str) -> Any:

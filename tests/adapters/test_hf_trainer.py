@@ -101,6 +101,10 @@ def test_trainer_callback_arguments_checked_at_construction():
         GemmProfilerTrainerCallback(sweep="BF16")
     with pytest.raises(ValueError, match="active must be"):
         GemmProfilerTrainerCallback(active=0)
+    with pytest.raises(ValueError, match="names BF16 more than once: give each recipe once"):
+        GemmProfilerTrainerCallback(sweep=["BF16", "Float8CurrentScaling", "bf16"])
+    with pytest.raises(TypeError, match=r"GemmProfilerTrainerCallback\(\) takes no 'name'"):
+        GemmProfilerTrainerCallback(name="x")
 
 
 class MaskingCollator:

@@ -176,3 +176,22 @@ def test_our_lines_follow_logging_the_job_configures_after_importing_us(tmp_path
         assert "te-gemm:" not in out.stderr
     else:
         assert "a warning for the job" in out.stderr and "an info line" in out.stderr
+
+
+def test_step_begin_without_a_model_says_what_it_needs(tmp_path, caplog, monkeypatch):
+    """step_begin(None) (a loop that passes the wrong thing): one line naming what it needs, capture
+    off, the loop untouched; not an AttributeError from inside the capture."""
+    import logging
+
+    from te_gemm_callback import precisions
+
+    monkeypatch.setattr(precisions, "_WARNED", set())  # said once per process: not by an earlier test
+    sched = GemmSchedule(wait=0, warmup=1, active=2, output_dir=tmp_path, verbose=False, report=False)
+    with caplog.at_level(logging.WARNING, logger="te_gemm_callback"):
+        for i in range(4):
+            sched.step_begin(None)
+            sched.step_end(JobStep(global_step=i + 1))
+        sched.train_end(JobStep(global_step=4))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "needs the torch.nn.Module the job trains, got NoneType" in said[0], said
+    assert sched.done and sched.capture is None and not list(tmp_path.iterdir())
