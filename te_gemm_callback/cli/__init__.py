@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -63,6 +62,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {plain(message)}\n")  # argv echoed: no control characters
 
 
+SHAPES_SCHEMA = "te-gemm-shapes/1"  # te-gemm shapes --json
+
+
 def cmd_shapes(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     gemms = config_gemms(cfg)
@@ -72,7 +74,10 @@ def cmd_shapes(a: argparse.Namespace) -> int:
                  "passes": [s.to_dict() | {"flops": s.flops} for s in gemm_passes(g.fprop)]}
                 for g in gemms]
         total = sum(s.flops * g.count(cfg) for g in gemms for s in gemm_passes(g.fprop))
-        print(json.dumps({"config": cfg.__dict__, "gemms": rows, "flops_per_micro_batch": total}, indent=1))
+        write_json(a.json, {"schema": SHAPES_SCHEMA, "config": cfg.__dict__, "gemms": rows,
+                            "flops_per_micro_batch": total})
+        if a.json != "-":
+            console().print(shapes_table(cfg, gemms))
     else:
         console().print(shapes_table(cfg, gemms))
     return 0
@@ -251,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "List the Fprop, Dgrad and Wgrad GEMMs of a transformer config, per layer and for the whole model, "
                 "with their FLOPs. Nothing is measured; no GPU needed.")
     add_config_args(s)
-    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.add_argument("--json", type=_file_path, nargs="?", const="-", default=None, metavar="PATH",
+                   help="also write the shapes as JSON to PATH ('-' or no PATH: stdout instead of the table)")
 
     s = command("bench", cmd_bench, "microbenchmark GEMMs (from a config, --shapes or --capture) in every precision",
                 "Time the Fprop, Dgrad and Wgrad GEMMs of a model config, --shapes or a capture in each TE recipe "

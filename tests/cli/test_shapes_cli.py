@@ -46,6 +46,22 @@ def run_json(capsys, args):
     return json.loads(capsys.readouterr().out)
 
 
+def test_shapes_json_to_stdout_or_a_file_as_other_commands(tmp_path, capsys):
+    """`--json -` (as the README says of every command), bare `--json`, or a file (table on stdout,
+    the file replaced by a second run, a file of another kind refused)."""
+    dash = run_json(capsys, LLAMA3_8B)
+    assert main(["shapes", *LLAMA3_8B, "--json", "-"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert bare == dash and dash["schema"] == "te-gemm-shapes/1"
+    out = tmp_path / "shapes.json"
+    for _ in range(2):
+        assert main(["shapes", *LLAMA3_8B, "--json", str(out)]) == 0
+        assert "GEMM" in capsys.readouterr().out and json.loads(out.read_text()) == dash
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    assert main(["shapes", *LLAMA3_8B, "--json", str(notes)]) == 1 and notes.read_text() == "mine\n"
+
+
 def test_llama3_8b_gqa_and_gated(capsys):
     out = run_json(capsys, LLAMA3_8B)
     by = {g["name"]: g["passes"][0] for g in out["gemms"]}
