@@ -351,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM during a multi-GPU bench: workers already stopped
         print(f"te-gemm {cmd}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (te-gemm ... | head): nothing to say, as other tools
+        # Output still buffered would fail again at exit: it goes nowhere instead.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool the pipe ended
     except (ValueError, OSError) as err:  # one line that says what to fix
         what = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
         # plain(): a path or name holding ESC sequences must not drive the user's terminal

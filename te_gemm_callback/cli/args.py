@@ -167,6 +167,8 @@ def _duty(text: str) -> float:
 def check_bench_outputs(a: argparse.Namespace) -> None:
     """`te-gemm bench`'s outputs, checked before measuring (else refused after minutes of it): two
     flags naming one file, and an output whose folder cannot be written."""
+    if a.no_cache and a.cache:
+        raise UsageError(f"--no-cache and --cache {a.cache} ask for no cache and for one: give one of them")
     outs = [(f, p) for f, p in (("--json", a.json), ("-o", a.output), ("--cache", None if a.no_cache else a.cache))
             if p]
     for i, (flag, path) in enumerate(outs):

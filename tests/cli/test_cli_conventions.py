@@ -352,3 +352,26 @@ def test_report_says_when_a_folder_without_sweep_loses_its_observed_speedups(tmp
     shutil.copytree(root / "docs" / "results" / "h200" / "replay" / "main", kept)
     assert main(["report", str(kept)]) == 0 and main(["report", str(kept)]) == 0  # the second over a full report.json
     assert "has no sweep/" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("json_out", [True, False])
+def test_a_reader_that_leaves_early_is_no_error(json_out):
+    """`te-gemm shapes ... | head`: the pipe closes before the output is out; no "error: Broken pipe"
+    line and no traceback at exit, a non-zero status (rich ends a table's with 1, the JSON's is 141,
+    as a shell gives a tool the pipe ended)."""
+    args = ["shapes", "--hidden-size", "64", "--intermediate-size", "128", "--num-attention-heads", "4",
+            "--num-hidden-layers", "2", "--micro-batch-size", "1", "--sequence-length", "8"]
+    args += ["--json", "-"] if json_out else []
+    script = ("import os, sys\n"
+              "r, w = os.pipe(); os.close(r); os.dup2(w, 1)  # a reader that already left\n"
+              "from te_gemm_callback.cli import main\n"
+              f"sys.exit(main({args!r}))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == (141 if json_out else 1) and out.stderr == "", (out.returncode, out.stderr)
+
+
+def test_no_cache_and_a_cache_path_together_is_a_usage_error(tmp_path, capsys):
+    assert main(["bench", "--shapes", "8x8x8", "--precisions", "BF16", "--no-cache", "--cache",
+                 str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--no-cache and --cache" in err and err.count("\n") == 1 and not (tmp_path / "c.json").exists()
