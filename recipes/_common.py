@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 import torch
 
 from te_gemm_callback import GemmProfilerCallback
-from te_gemm_callback.precisions import RECIPES, canonical, te_available
+from te_gemm_callback.precisions import RECIPES, TEUnavailable, canonical, te_available
 from te_gemm_callback.reporting.console import console
 from te_gemm_callback.reporting.run import bench_and_report
 
@@ -94,6 +94,9 @@ def fit(model: pl.LightningModule, loader: Any, a: argparse.Namespace, out: Path
                               nsys_capture=a.nsys_capture,
                               report=False)  # finish() benchmarks the recipes asked for (--sweep, --recipe)
     kw = {"precision": precision} if precision else {}
+    if not a.tiny and not torch.cuda.is_available():
+        print("note: no GPU here: the full-size default model trains on the CPU, which takes minutes; --tiny runs "
+              "in seconds", file=sys.stderr)
     if (st := strategy(a)) is not None:
         kw["strategy"] = st
     trainer = pl.Trainer(max_steps=a.steps, accelerator="gpu" if torch.cuda.is_available() else "cpu",
@@ -131,10 +134,16 @@ def run(main: Callable[[], int]) -> int:
     says what to fix, not a traceback."""
     try:
         rc = main()
-    except ValueError as err:
+    except (ValueError, TEUnavailable) as err:
         if os.environ.get("TE_GEMM_DEBUG"):
             raise
         print(f"error: {err}  (TE_GEMM_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:  # Lightning's TE precision plugin without TE
+        if os.environ.get("TE_GEMM_DEBUG") or "transformer_engine" not in str(err):
+            raise
+        print(f"error: this run needs transformer-engine on a CUDA host ({err})  (TE_GEMM_DEBUG=1 shows the "
+              "traceback)", file=sys.stderr)
         return 2
     if _DISTRIBUTED:
         # Every file is written and the process group destroyed, yet about one run in ten of the

@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
                        micro_batch_size=a.micro_batch_size, gated_mlp=a.gated,
                        normalization="RMSNorm" if a.gated else "LayerNorm")
     recipe = canonical(a.recipe)
+    if recipe != "BF16" and not use_te(a):  # said before training, not after it at the benchmark
+        p.error(f"--recipe {recipe} needs TE layers: transformer-engine on a CUDA host, without --no-te")
     out = Path(a.out or f"runs/dense-{recipe}")
     tp = a.devices > 1 and a.strategy == "tp"
     if tp and not use_te(a):

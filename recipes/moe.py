@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                        vocab_size=1024, sequence_length=a.seq_len, micro_batch_size=a.micro_batch_size)
         top_k = a.top_k
     recipe = canonical(a.recipe)
+    if recipe != "BF16" and not use_te(a):  # said before training, not after it at the benchmark
+        p.error(f"--recipe {recipe} needs TE layers: transformer-engine on a CUDA host, without --no-te")
     out = Path(a.out or f"runs/moe-{recipe}")
     model = MoELM(c, experts, top_k, use_te(a), recipe, expert_parallel=a.expert_parallel)
     loader = DataLoader(RandomTokens(c, c.micro_batch_size * a.steps * a.devices), batch_size=c.micro_batch_size)

@@ -112,3 +112,25 @@ def test_job_kinds_without_te_is_one_line(job, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs Transformer Engine on a GPU" in err[0], err
+
+
+@pytest.mark.parametrize("recipe, flags, says", [
+    ("dense.py", ["--tiny", "--recipe", "DelayedScaling"], "--recipe DelayedScaling needs TE layers"),
+    ("moe.py", ["--tiny", "--recipe", "Float8CurrentScaling"], "--recipe Float8CurrentScaling needs TE layers"),
+    ("hf.py", ["--tiny", "--precision", "transformer-engine"], "this run needs transformer-engine on a CUDA host")])
+def test_a_recipe_that_needs_te_says_so_in_one_line_here(tmp_path, recipe, flags, says):
+    """Without TE (CPU CI): an FP8 recipe or Lightning's TE plugin is refused in one line before
+    anything trains, not a traceback after it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from te_gemm_callback.precisions import te_available
+
+    if te_available()[0] and __import__("torch").cuda.is_available():
+        pytest.skip("TE runs here")
+    path = Path(__file__).resolve().parents[2] / "recipes" / recipe
+    proc = subprocess.run([sys.executable, str(path), "--no-bench", "--out", str(tmp_path / "run"), *flags],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "run" / "gemm_capture.json").exists()
