@@ -191,7 +191,7 @@ def skipped_lines(skipped: Mapping[str, str]) -> list[str]:
     """One line per cause (without CUDA or TE, every TE recipe's): ``"A, B not run: <why>"``."""
     by_reason: dict[str, list[str]] = {}
     for recipe, why in skipped.items():
-        by_reason.setdefault(str(why), []).append(str(recipe))
+        by_reason.setdefault(str(why).rstrip(". "), []).append(str(recipe))  # TE's own reasons end in "."
     return [f"{', '.join(recipes)} not run: {why}" for why, recipes in by_reason.items()]
 
 

@@ -171,7 +171,7 @@ def _bench_fits(job: str, runs: dict[str, Any], recipes: list[Any], hold: Callab
         # Said, not withheld: within a whole step the cells may still rank the recipes right.
         ratio = benched / runs[job].gemm_ms
         if not 1 / BENCH_VS_JOB <= ratio <= BENCH_VS_JOB:
-            return [f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, {ratio:.1f}x their time in "
+            return [f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, {ratio:.2g}x their time in "
                     f"the job ({runs[job].gemm_ms:.2f} ms): its cells ran under other conditions (a loaded machine, "
                     "CPU threads, another run's cache), and every prediction rests on them"]
     return []

@@ -154,9 +154,10 @@ def test_a_cpu_bench_says_why_the_fp8_recipes_did_not_run_once(tmp_path):
 
 def test_skipped_recipes_are_grouped_by_cause_and_warnings_said_once(caplog):
     lines = skipped_lines({"DelayedScaling": "no CUDA device", "Float8BlockScaling": "no CUDA device",
-                           "NVFP4BlockScaling": "compute capability 10.0 or higher required"})
+                           "NVFP4BlockScaling": "compute capability 10.0 or higher required for NVFP4 execution."})
+    # TE's own reasons end in a full stop, which the lines joined with "; " doubled ("execution.;").
     assert lines == ["DelayedScaling, Float8BlockScaling not run: no CUDA device",
-                     "NVFP4BlockScaling not run: compute capability 10.0 or higher required"]
+                     "NVFP4BlockScaling not run: compute capability 10.0 or higher required for NVFP4 execution"]
     with caplog.at_level("WARNING", logger="te_gemm_callback"):
         said = [warn_once("te-gemm: test cause said once") for _ in range(3)]
     assert said == [True, False, False]
