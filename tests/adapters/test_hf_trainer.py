@@ -17,13 +17,13 @@ from te_gemm_callback import GemmCapture  # noqa: E402
 from te_gemm_callback.adapters.hf import GemmProfilerTrainerCallback  # noqa: E402
 
 
-def train(tmp_path, callbacks, max_steps=6):
+def train(tmp_path, callbacks, max_steps=6, **more):
     torch.manual_seed(0)
     model = tiny_llama()
     args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=max_steps,
                                           per_device_train_batch_size=2, gradient_accumulation_steps=2,
                                           report_to=[], save_strategy="no", logging_steps=1000, use_cpu=True,
-                                          disable_tqdm=True, seed=0)
+                                          disable_tqdm=True, seed=0, **more)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(64), callbacks=callbacks)
     trainer.train()
     return model
@@ -179,3 +179,19 @@ def test_trainer_resumed_from_a_checkpoint_keeps_the_capture(tmp_path, caplog):
     run(6, str(tmp_path / "hf" / "checkpoint-2"))  # inside the window (steps 1-3): captured again, beside
     assert (out / "gemm_capture.json").read_bytes() == first
     assert len(list(out.glob("gemm_capture.step*.json"))) == 1
+
+
+def test_trainer_with_torch_compile_captures_what_the_compiled_model_runs(tmp_path):
+    # The Trainer runs a torch.compile wrapper its callbacks never see; the capture must find it, or the
+    # compiled GEMMs land under the whole model and the run is not marked compiled. The eager backend
+    # keeps dynamo's frames and wrapper without a C++ build.
+    def records(where, **more):
+        cb = GemmProfilerTrainerCallback(wait=1, warmup=1, active=3, output_dir=where, verbose=False, report=False)
+        train(tmp_path / where.name, [cb], **more)
+        cap = GemmCapture.load(where / "gemm_capture.json")
+        return cap, sorted((r.module, r.op, r.m, r.k, r.n, r.calls_per_step) for r in cap.records)
+
+    compiled, got = records(tmp_path / "compiled", torch_compile=True, torch_compile_backend="eager")
+    eager, want = records(tmp_path / "eager")
+    assert compiled.meta["compiled"] and not eager.meta["compiled"]
+    assert got == want and all(module for module, *_ in got)
