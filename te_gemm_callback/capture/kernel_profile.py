@@ -1,9 +1,8 @@
 """Per-GEMM GPU time from CUDA kernel activity records, with no Python instrument in the step.
 
-A *kernels* step runs with only ``torch.profiler`` collecting CUPTI kernel activity. Its GEMM
-kernels are joined by launch order to the GEMMs an instrumented step captured (a model launches its
-GEMMs in the same order every step, one kernel per captured call), only if the counts agree.
-Kernel durations are the GPU's own time, without the idle gaps of a host-bound step.
+A *kernels* step runs with only ``torch.profiler`` collecting CUPTI kernel activity. A model launches
+its GEMMs in the same order every step, so its GEMM kernels join an instrumented step's GEMMs by
+launch order, where the counts agree. Kernel durations are the GPU's own, without a host-bound step's gaps.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +22,7 @@ from te_gemm_callback.capture.kernels import (
     comm_overlap_ms,
     is_gemm_kernel,
     kernel_intervals,
+    raw_events,
     top_kernels_ms,
 )
 from te_gemm_callback.printable import error_text
@@ -33,24 +32,23 @@ log = logging.getLogger("te_gemm_callback")
 
 @dataclass
 class KernelStep:
-    """Kernels of one profiled step, in start order: (name, start µs, end µs), each one's stream,
-    the step marker's start on the same clock (None without a marker), the step's CUDA runtime calls
-    in host order (name, start µs, end µs, correlation id) and each kernel's correlation id."""
+    """The kernels of one profiled step, in start order, and the step's CUDA runtime calls in host order."""
 
-    kernels: list[tuple[str, float, float]] = field(default_factory=list)
-    streams: list[int | None] = field(default_factory=list)
-    start: float | None = None
-    calls: list[tuple[str, float, float, int]] = field(default_factory=list)
-    corrs: list[int | None] = field(default_factory=list)
+    kernels: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start µs, end µs)
+    streams: list[int | None] = field(default_factory=list)  # per kernel
+    start: float | None = None  # the step marker's start, on the kernels' clock; None without a marker
+    calls: list[tuple[str, float, float, int]] = field(default_factory=list)  # (name, start, end, correlation id)
+    corrs: list[int | None] = field(default_factory=list)  # per kernel, its launch's correlation id
 
     def gemm_units(self) -> list[list[int]]:
         """Each GEMM's kernel indices, in launch order. A cuBLAS split-K reduction kernel joins the
         GEMM before it (docs/results/h200.md, facts the code relies on: split-K)."""
         out: list[list[int]] = []
-        for i, k in enumerate(self.kernels):
-            if not is_gemm_kernel(k[0]):
+        for i, (name, _, _) in enumerate(self.kernels):
+            low = name.lower()
+            if not is_gemm_kernel(low):
                 continue
-            if out and _split_k_tail(k[0]):
+            if out and ("split_k_kernel" in low or "splitkreduce" in low):
                 out[-1].append(i)
             else:
                 out.append([i])
@@ -58,10 +56,10 @@ class KernelStep:
 
     def gemm_kernels(self) -> list[tuple[str, float, float]]:
         """One entry per GEMM (:meth:`gemm_units`), with any split-K tail's time added."""
-        out: list[tuple[str, float, float]] = []
-        for unit in self.gemm_units():
-            name, s, e = self.kernels[unit[0]]
-            out.append((name, s, e + sum(self.kernels[i][2] - self.kernels[i][1] for i in unit[1:])))
+        out = []
+        for first, *tail in self.gemm_units():
+            name, s, e = self.kernels[first]
+            out.append((name, s, e + sum(self.kernels[i][2] - self.kernels[i][1] for i in tail)))
         return out
 
     def gemm_ms(self) -> float:
@@ -79,22 +77,12 @@ class KernelStep:
 MARKER = "spin_kernel"
 
 
-def _split_k_tail(name: str) -> bool:
-    low = name.lower()
-    return "split_k_kernel" in low or "splitkreduce" in low
-
-
 class KernelProfile:
     """``torch.profiler`` with CUDA kernel activity only, over one or more steps.
 
-    ``start()`` a step early (warm-up), so the measured step does not follow CUPTI's start-up idle
-    gap (docs/step-plan.md, kernels-warmup); ``mark()`` opens each measured step; ``stop()`` returns
-    one :class:`KernelStep` per mark, or one without marks. A failed start sets ``error``.
-
-    Example:
-        >>> kp = KernelProfile()                                    # doctest: +SKIP
-        >>> kp.start(); train_step(); kp.mark(); train_step()       # doctest: +SKIP
-        >>> [step] = kp.stop(); step.gemm_ms()                      # doctest: +SKIP
+    ``start()`` a step early, so the measured step does not follow CUPTI's start-up idle gap
+    (docs/step-plan.md, kernels-warmup); ``mark()`` opens each measured step; ``stop()`` returns one
+    :class:`KernelStep` per mark, or one without marks. A failed start sets ``error``.
     """
 
     def __init__(self) -> None:
@@ -177,32 +165,23 @@ class KernelProfile:
                 pass
 
 
-def _raw_events(prof: Any) -> Iterator[tuple[Any, float, float]]:
-    """(event, start µs, end µs) of Kineto's raw records; AttributeError on a torch without them."""
-    results = prof.profiler.kineto_results
-    t0 = results.trace_start_ns()
-    for e in results.events():
-        yield e, (e.start_ns() - t0) / 1e3, (e.start_ns() - t0 + e.duration_ns()) / 1e3
-
-
 def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, float, int | None, int | None]]:
-    """(name, start µs, end µs, stream, correlation id) of every ``device`` kernel of a finished
-    session: :func:`~.kernels.kernel_intervals` with each kernel's stream and the id of its launch."""
+    """(name, start µs, end µs, stream, correlation id) of every ``device`` kernel of a finished session:
+    :func:`~.kernels.kernel_intervals` with each kernel's stream and the id of its launch."""
     try:
         return [(e.name(), s, t, e.device_resource_id() if hasattr(e, "device_resource_id") else None,
                  (e.correlation_id() if hasattr(e, "correlation_id") else None) or None)
-                for e, s, t in _raw_events(prof)
-                if device in str(e.device_type()) and not getattr(e, "is_hidden_event", lambda: False)()]
+                for e, s, t in raw_events(prof, device)]
     except AttributeError:  # another torch: the parsed events, streams unknown
         return [(n, s, e, None, None) for n, s, e in kernel_intervals(prof, device)]
 
 
 def host_calls(prof: Any) -> list[tuple[str, float, float, int]]:
     """(name, start µs, end µs, correlation id) of every CUDA runtime and driver call of a finished
-    session, in host order, on the kernels' clock (CUPTI records them with CUDA activity anyway). A
-    call nested in another is left out. Empty where the records cannot be read."""
+    session, in host order, on the kernels' clock. A call nested in another is left out. Empty where
+    the records cannot be read."""
     try:
-        raw = sorted(((e.name(), s, t, e.correlation_id()) for e, s, t in _raw_events(prof)
+        raw = sorted(((e.name(), s, t, e.correlation_id()) for e, s, t in raw_events(prof)
                       if "CPU" in str(e.device_type()) and e.name().startswith("cu") and e.correlation_id()),
                      key=lambda c: c[1])
     except AttributeError:  # another torch
@@ -247,10 +226,10 @@ def join_by_order(sequence: list[Any], step: KernelStep,
                   kernels_per_call: list[tuple[int, ...]] | None = None) -> list[tuple[Any, float]] | None:
     """Pair each captured GEMM call of a step (``sequence``, launch order; None: an aten GEMM counted
     elsewhere) with its GEMM kernel(s), in order; returns (call, ms) for the counted calls, or None.
+    A call's time is the GPU span of its kernels, as an event pair reads it.
 
-    ``kernels_per_call``: per call, the kernel counts to try in turn (TE's grouped GEMM launches one
-    per expert, or only per expert with rows: docs/results/h200.md, facts the code relies on: grouped
-    GEMM); default one each. A call's time is the GPU span of its kernels, as an event pair reads it."""
+    ``kernels_per_call``: per call, the kernel counts to try in turn, default one each (a grouped GEMM
+    launches one per expert: docs/results/h200.md, facts the code relies on: grouped GEMM)."""
     gemms = step.gemm_kernels()
     groups = _call_groups(sequence, len(gemms), kernels_per_call)
     if groups is None:
@@ -323,10 +302,10 @@ def kernel_timeline(index: int, step: KernelStep, calls: list[int | None], seque
 
 
 def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
-    """The host side of a kernels step, for :mod:`te_gemm_callback.analysis.replay`: one row per
-    runtime call up to the step's end boundary, ``[gap_us, cost_us, kind, [kernel indices]]``, and
-    the median µs from a launch to its kernel's start on an idle stream (the launch latency). None
-    without host calls or kernel ids."""
+    """The host side of a kernels step, for :mod:`te_gemm_callback.analysis.replay`: one row per runtime
+    call up to the step's end boundary, ``[gap_us, cost_us, kind, [kernel indices]]``, and the launch
+    latency (median µs from a launch to its kernel's start on an idle stream). None without host calls
+    or kernel ids."""
     if not step.calls or len(step.corrs) != len(step.kernels):
         return None
     # The step's host time ends at its end boundary, the last event record; the session's stop follows.
@@ -347,8 +326,7 @@ def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
             if free.get(stream, -1.0) <= start:  # its stream idle when the launch began
                 lags.append(step.kernels[i][1] - start)
             free[stream] = step.kernels[i][2]
-        rows.append([round(max(start - prev_end, 0.0), 3), round(max(end - start, 0.0), 3), call_kind(name),
-                     launched])
+        rows.append([round(max(start - prev_end, 0.0), 3), round(max(end - start, 0.0), 3), call_kind(name), launched])
         prev_end = end
     lags = sorted(x for x in lags if x >= 0)
     return rows, round(lags[len(lags) // 2], 3) if lags else 5.0
@@ -381,17 +359,13 @@ def join_records(records: list[Any], ref: list[Any], counts: list[tuple[int, ...
             continue
         for key, ms in pairs:
             times.setdefault(key, []).append(ms)
-    out: dict[str, Any] = {"gemm_time_source": source}
-    if times:
-        for r in records:
-            if r.key() in times:
-                r.times_ms = times[r.key()]
-        out["gemm_time_source"] = "kernel_records"
-    out["kernel_join"] = "; ".join(failed) if failed else "joined by launch order"
+    for r in records:
+        if r.key() in times:
+            r.times_ms = times[r.key()]
+    join = "; ".join(failed) if failed else "joined by launch order"
     if failed:
-        log.warning("te-gemm: per-GEMM kernel times not joined (%s): per-GEMM times left to %s",
-                    out["kernel_join"], source)
-    return out
+        log.warning("te-gemm: per-GEMM kernel times not joined (%s): per-GEMM times left to %s", join, source)
+    return {"gemm_time_source": "kernel_records" if times else source, "kernel_join": join}
 
 
 __all__ = ["KernelProfile", "KernelStep", "join_by_order", "join_records", "breakdown_meta", "split_at_marks",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 # cuBLAS(Lt) and CUTLASS GEMM kernels ("sm90_xmma_gemm_...", "nvjet_...", "cutlass3x_..._gemm..."),
 # and cuBLASLt's split-K reduction that finishes an nvjet GEMM (docs/results/h200.md: split-K).
 # Fused attention kernels are no GEMMs here (docs/design.md): they are matched first.
@@ -9,17 +12,12 @@ _ATTENTION = ("fmha", "flash", "sdpa", "attn", "attention")
 _GEMM = ("gemm", "nvjet", "xmma", "cutlass", "gemv", "splitkreduce")
 
 
-def is_attention_kernel(name: str) -> bool:
-    low = name.lower()
-    return any(s in low for s in _ATTENTION)
-
-
 def is_gemm_kernel(name: str) -> bool:
     low = name.lower()
-    return not is_attention_kernel(low) and any(s in low for s in _GEMM)
+    return not any(s in low for s in _ATTENTION) and any(s in low for s in _GEMM)
 
 
-def kernel_times_us(prof) -> dict[str, float]:
+def kernel_times_us(prof: Any) -> dict[str, float]:
     """Total device time per kernel name (µs) from a finished ``torch.profiler.profile``."""
     out: dict[str, float] = {}
     for evt in prof.key_averages():
@@ -67,16 +65,21 @@ def top_kernels_ms(kernel_us: dict[str, float], steps: int, n: int = 3) -> dict[
     return out
 
 
-def kernel_intervals(prof, device: str = "CUDA") -> list[tuple[str, float, float]]:
-    """(name, start µs, end µs) of every GPU kernel (``device`` activity) in a finished
-    ``torch.profiler.profile``, from the trace's start. Read from Kineto's raw events: ``prof.events()``
-    builds a Python object per record, several times slower (docs/results/h200.md: kernel intervals)."""
+def raw_events(prof: Any, device: str | None = None) -> Iterator[tuple[Any, float, float]]:
+    """(event, start µs, end µs) of a finished session's Kineto records (``device`` only: its visible ones),
+    read without building a Python object per record; AttributeError on a torch without them."""
+    results = prof.profiler.kineto_results
+    t0 = results.trace_start_ns()
+    for e in results.events():
+        if device is None or (device in str(e.device_type()) and not getattr(e, "is_hidden_event", lambda: False)()):
+            yield e, (e.start_ns() - t0) / 1e3, (e.start_ns() - t0 + e.duration_ns()) / 1e3
+
+
+def kernel_intervals(prof: Any, device: str = "CUDA") -> list[tuple[str, float, float]]:
+    """(name, start µs, end µs) of every ``device`` kernel of a finished ``torch.profiler.profile``, from the
+    trace's start; raw records, as ``prof.events()`` is slower (docs/results/h200.md: kernel intervals)."""
     try:
-        results = prof.profiler.kineto_results
-        t0 = results.trace_start_ns()
-        return [(e.name(), (e.start_ns() - t0) / 1e3, (e.start_ns() - t0 + e.duration_ns()) / 1e3)
-                for e in results.events() if device in str(e.device_type())
-                and not getattr(e, "is_hidden_event", lambda: False)()]
+        return [(e.name(), s, t) for e, s, t in raw_events(prof, device)]
     except AttributeError:  # another torch: the parsed events
         return [(evt.name, float(evt.time_range.start), float(evt.time_range.end)) for evt in prof.events()
                 if device in str(getattr(evt, "device_type", ""))]
