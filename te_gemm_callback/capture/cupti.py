@@ -1,9 +1,6 @@
-"""Whether another profiler owns CUPTI's activity records in this process.
-
-CUPTI serves one subscriber: under another, kernel records (:mod:`.kernel_profile`) come back empty
-(docs/results/h200.md: CUPTI owner). The owner is told by the variables each tool sets, or a running
-torch.profiler. Under Nsight Compute, which replays kernels, no GEMM is timed; under the others,
-CUDA-event pairs on instrumented steps time them.
+"""Whether another profiler owns CUPTI's activity records in this process, told by the variables
+each tool sets or a running torch.profiler. CUPTI serves one subscriber: under another, kernel records
+(:mod:`.kernel_profile`) come back empty (docs/results/h200.md: CUPTI owner).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ class CuptiOwner:
     name: str
     evidence: str
     timing: str  # EVENTS or NONE
-    note: str = ""  # what else the user should know of this profiler's session (nsys_cpu_collectors)
+    note: str = ""  # what else the user should know of this profiler's session
 
     def line(self) -> str:
         if self.timing == NONE:
@@ -41,8 +38,8 @@ class CuptiOwner:
 
 
 def nsys_cpu_collectors(environ: Mapping[str, str]) -> str:
-    """A note where nsys samples CPUs or traces context switches (its session folder holds
-    ``linuxperf``: docs/results/h200.md, nsys CPU collectors), else ""."""
+    """A note where nsys samples CPUs or traces context switches, else "" (docs/results/h200.md, nsys CPU
+    collectors)."""
     folder = environ.get("NSYS_SESSION_TEMP_DIR", "")
     if not folder or not os.path.exists(os.path.join(folder, "linuxperf")):
         return ""

@@ -1,9 +1,6 @@
-"""The host's time in each TE module's forward and backward, inside the job's own step.
-
-The replay (:mod:`te_gemm_callback.analysis.whatif`) sets the sum beside the module benchmark's
-(:func:`~te_gemm_callback.analysis.whatif.module_host`). Read on the settle step, the untimed step
-after the kernel records, at each module's forward pre-hook and hook, and for the backward before
-the output's autograd node and after the module's own node. The hooks change no value.
+"""The host's time in each TE module's forward and backward, inside the job's own step, for the
+replay to set beside the module benchmark's (:func:`~te_gemm_callback.analysis.whatif.module_host`).
+Read on the settle step by forward hooks and by hooks on the autograd nodes; they change no value.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""TE adapter: intercept ``general_gemm`` / ``general_grouped_gemm`` where TE's modules call them.
-
-Each TE module file imports the function by name, so the name is replaced in every loaded
-``transformer_engine.pytorch`` module that holds the original. The operands' types tell the precision.
-Operand conventions (TE 2.x; docs/design.md, docs/results/h200.md: operands):
+"""TE adapter: intercept ``general_gemm`` / ``general_grouped_gemm`` in every loaded TE module that
+imported them by name. The operands' types tell the precision. Operand conventions (TE 2.x;
+docs/design.md, docs/results/h200.md: operands):
     fprop  "TN": general_gemm(weight (N, K), input (..., K))        -> M x K x N
     dgrad  "NN": general_gemm(weight (N, K), grad_out (..., N))     -> M x N x K
     wgrad  "NT": general_gemm(input (..., K), grad_out (..., N))    -> K x M x N
@@ -205,9 +203,9 @@ class TEInterceptor:
         return wrapper
 
     def _wrap_plain(self, orig: Callable, arg: Callable) -> Callable:
-        """The hot path: a plain GEMM of a model without te.ops, in one frame (what ``_before``,
-        ``Recorder.begin`` and ``Recorder.end`` do, inlined): in a host-bound job every statement
-        is step time (benchmarks/instrument_cost.py parts, benchmarks/paired_steps.py)."""
+        """The hot path, a plain GEMM of a model without te.ops: ``_before``, ``Recorder.begin`` and
+        ``Recorder.end`` inlined, as in a host-bound job every statement is step time
+        (benchmarks/instrument_cost.py)."""
         rec, calls, local, owners = self.recorder, self._calls, self.recorder.scope._local, self.owners
         timer, nvtx, raw = rec.timer, rec.nvtx, rec.raw
         current_node, task_id = torch._C._current_autograd_node, torch._C._current_graph_task_id
@@ -219,10 +217,7 @@ class TEInterceptor:
                 return orig(*args, **kwargs)
             token = None
             try:
-                if len(args) > 1:
-                    a, b = args[0], args[1]
-                else:
-                    a, b = arg(args, kwargs, "A", None), arg(args, kwargs, "B", None)
+                a, b = args[:2] if len(args) > 1 else (arg(args, kwargs, "A", None), arg(args, kwargs, "B", None))
                 layout = kwargs.get("layout") or (args[i_layout] if len(args) > i_layout else "TN")
                 ka = (a.shape, a.dtype) if type(a) is torch.Tensor else _call_key(a)
                 kb = (b.shape, b.dtype) if type(b) is torch.Tensor else _call_key(b)
@@ -335,6 +330,5 @@ def _call_key(x: Any) -> tuple:
 
 
 def _operand_key(x: Any) -> tuple:
-    # What decides the precision label: the storage type, dtype, quantizer type and FP8 format.
-    return (type(x), getattr(x, "dtype", None), type(getattr(x, "_quantizer", None)),
-            getattr(x, "_fp8_dtype", None))
+    """What decides the precision label: the storage type, dtype, quantizer type and FP8 format."""
+    return (type(x), getattr(x, "dtype", None), type(getattr(x, "_quantizer", None)), getattr(x, "_fp8_dtype", None))

@@ -1,15 +1,11 @@
-"""Torch adapter: a TorchDispatchMode that sees every aten GEMM (nn.Linear, F.linear, HF's Conv1D,
-einsum's bmm, ``torch._grouped_mm``, ``F.multi_head_attention_forward``), whoever calls it. It costs
-Python dispatch on every aten op, so it runs only on the shape-discovery steps (docs/step-plan.md).
+"""Torch adapter: a TorchDispatchMode that sees every aten GEMM (nn.Linear, F.linear, einsum's bmm,
+``torch._grouped_mm``...), whoever calls it. It costs Python dispatch on every aten op, so it runs only
+on the shape-discovery steps (docs/step-plan.md).
 
-A backward GEMM runs inside the autograd node its forward GEMM made (numbered just before the GEMM
-reached this mode): that gives owner and pass. The operand it reuses says which gradient it computes
-(``dC B^T`` reads B, computes A's): dgrad/wgrad with a weight, dgrad_a/dgrad_b without (shapes.py).
-Where the node is unknown, sizes decide against the module's forward GEMMs.
-
-A weight is recognised by its storage: a parameter, a view of one, or a cast of one (autocast). Its
-owner is the module running, except where a module hands a submodule's weight to a functional call
-(MultiheadAttention's ``out_proj``); its input projection is named by its weight (``in_proj``...).
+A backward GEMM runs inside the autograd node its forward GEMM made: that gives owner and pass, and
+the operand it reuses says which gradient it computes (``dC B^T`` reads B, computes A's). Where the
+node is unknown, sizes decide. A weight is recognised by its storage: a parameter, or a view or cast
+(autocast) of one.
 """
 
 from __future__ import annotations
@@ -60,11 +56,6 @@ class ForwardGemm(NamedTuple):
     weighted: bool  # an operand was a weight: a linear layer's (dgrad, wgrad), else (dgrad_a, dgrad_b)
 
 
-def _under(name: str, parent: str) -> bool:
-    """Whether module ``name`` is strictly inside module ``parent``."""
-    return name != parent and (not parent or name.startswith(parent + "."))
-
-
 def _storage_key(t: Any) -> int | None:
     if not isinstance(t, torch.Tensor) or t.device.type == "meta":
         return None
@@ -93,24 +84,6 @@ def dispatch_mkn(name: str, args: tuple, kwargs: dict) -> tuple[int, int, int, i
     return a.shape[-2], a.shape[-1], b.shape[-1], a.shape[0], offs  # bmm / 3-D x 3-D
 
 
-def _without_dynamo_import(mode: type) -> Any:
-    """torch wraps each dispatch mode's ``__torch_dispatch__`` so that its first call imports torch._dynamo
-    (torch/_compile.py, ``_disable_dynamo``): a second inside the job's first captured GEMM, a cache folder
-    made under /tmp, TORCHINDUCTOR_CACHE_DIR set for the job's children, ``torch.manual_seed`` rewrapped.
-    A job that has not loaded dynamo cannot be tracing: while the mode is on, the wrapper's cache holds our
-    function itself. Returns that function (None where nothing was set), for :func:`_dynamo_import_back`."""
-    raw = getattr(mode.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
-    if "torch._dynamo" in sys.modules or raw is None or hasattr(raw, "__dynamo_disable"):
-        return None
-    setattr(raw, "__dynamo_disable", raw)
-    return raw
-
-
-def _dynamo_import_back(raw: Any) -> None:
-    if raw is not None and vars(raw).get("__dynamo_disable") is raw:
-        delattr(raw, "__dynamo_disable")
-
-
 class GemmDispatchMode(TorchDispatchMode):
     """Records aten GEMMs into a recorder; TE-owned calls are left to the TE adapter."""
 
@@ -132,21 +105,29 @@ class GemmDispatchMode(TorchDispatchMode):
         self.te_forward: set[tuple[int, int, int, int]] = set()  # aten GEMMs inside TE modules
 
     def __enter__(self) -> GemmDispatchMode:
-        self._raw = _without_dynamo_import(type(self))
+        # torch wraps __torch_dispatch__ so that its first call imports torch._dynamo (torch/_compile.py,
+        # _disable_dynamo): a second inside the job's first captured GEMM, a cache folder under /tmp, and
+        # the job's environment and torch.manual_seed changed. A job that has not loaded dynamo cannot be
+        # tracing: while the mode is on, the wrapper's cache holds our function itself.
+        raw = getattr(type(self).__dict__.get("__torch_dispatch__"), "__wrapped__", None)
+        self._raw = None
+        if "torch._dynamo" not in sys.modules and raw is not None and not hasattr(raw, "__dynamo_disable"):
+            setattr(raw, "__dynamo_disable", raw)
+            self._raw = raw
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         try:
             super().__exit__(*exc)
         finally:
-            _dynamo_import_back(self._raw)
-            self._raw = None
+            raw, self._raw = self._raw, None
+            if raw is not None and vars(raw).get("__dynamo_disable") is raw:
+                delattr(raw, "__dynamo_disable")
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
-        # A compiled frame outside the model (a compiled loss) may be entered under this mode: without
-        # this dynamo skips it, maybe for good (steady.py). With it (torch >= 2.9) dynamo compiles with
-        # the mode off and runs the compiled code under it.
+        # A compiled frame outside the model (a compiled loss) may run under this mode: without this dynamo
+        # skips it, maybe for good (steady.py); with it, dynamo compiles with the mode off.
         return True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -236,7 +217,8 @@ class GemmDispatchMode(TorchDispatchMode):
         if not weight or module_name is None:
             return module_name, ""
         holder, _, attr = weight.rpartition(".")
-        if _under(holder, module_name):  # a submodule's weight handed to a functional call: its GEMM
+        # A submodule's weight handed to a functional call: the submodule's GEMM.
+        if holder != module_name and (not module_name or holder.startswith(module_name + ".")):
             return holder, ""
         if holder == module_name and attr in _MHA_PROJ and \
                 isinstance(self.recorder.scope.module(module_name), nn.MultiheadAttention):
@@ -285,10 +267,9 @@ class GemmDispatchMode(TorchDispatchMode):
             k = sum(m_splits) if op is GemmOp.WGRAD else k
         dtypes = "+".join(dict.fromkeys(_DTYPES.get(x.dtype, str(x.dtype)) for x in operands))
         module = rec.scope.module(owner)
-        site = rec.site(
-            module=owner or "", gemm=gemm, op=op, m=m, k=k, n=n, batch=batch, precision=dtypes,
-            operands=tuple(f"Tensor[{x.dtype}]" for x in operands), source="torch",
-            kernel=f"aten.{name}", module_type=type(module).__name__ if module is not None else "")
+        site = rec.site(module=owner or "", gemm=gemm, op=op, m=m, k=k, n=n, batch=batch, precision=dtypes,
+                        operands=tuple(f"Tensor[{x.dtype}]" for x in operands), source="torch", kernel=f"aten.{name}",
+                        module_type=type(module).__name__ if module is not None else "")
         return rec.begin(site, in_fwd and rec.in_backward(), m_splits)
 
     def _from_te(self, m: int, k: int, n: int, batch: int) -> bool:
