@@ -105,9 +105,7 @@ def weight_label(module: torch.nn.Module | None, n: int, k: int) -> str:
         return ""
     names = [name for name, p in module.named_parameters(recurse=False)
              if "weight" in name and tuple(p.shape) == (n, k)]
-    if len(names) != 1 or names[0] == "weight":
-        return ""
-    return names[0].removesuffix("_weight").removesuffix("weight")
+    return "" if len(names) != 1 or names[0] == "weight" else names[0].removesuffix("_weight").removesuffix("weight")
 
 
 def patch_te_gemms(make_wrapper: Callable[[Callable, bool], Callable]) -> list[tuple[Any, str, Callable]]:
