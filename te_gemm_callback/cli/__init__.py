@@ -1,4 +1,7 @@
-"""``te-gemm`` command line: a thin adapter over shapes, capture and rendering."""
+"""``te-gemm`` command line: a thin adapter over shapes, capture and rendering.
+
+What loads torch, matplotlib or Lightning is imported inside the command that runs it: `import
+te_gemm_callback.cli` starts without them (tests/test_import_graph.py checks it)."""
 
 from __future__ import annotations
 
@@ -17,14 +20,10 @@ from te_gemm_callback.cli.args import (
     EXIT_CODES,
     HelpFormatter,
     UsageError,
-    _devices,
     _dir_path,
-    _duty,
     _file_path,
     _limit,
-    _modes,
     _run_steps,
-    _visits,
     add_config_args,
     check_run_dir,
     config_from_args,
@@ -32,10 +31,10 @@ from te_gemm_callback.cli.args import (
     parse_precisions,
     where,
 )
-from te_gemm_callback.cli.bench import cmd_bench
+from te_gemm_callback.cli.bench import add_bench_parser
 from te_gemm_callback.cli.cache import add_cache_parser
 from te_gemm_callback.cli.nsys import add_nsys_parser
-from te_gemm_callback.cli.project import _gpu, add_project_parser
+from te_gemm_callback.cli.project import _gpus, add_project_parser
 from te_gemm_callback.files.jsonio import check_target, json_kind, read_json, write_json
 from te_gemm_callback.microbench.cache import ResultCache
 from te_gemm_callback.microbench.cells import BENCH_SCHEMA
@@ -48,9 +47,7 @@ from te_gemm_callback.reporting.run import Run, bench_and_report
 from te_gemm_callback.reporting.summary import summary_lines
 from te_gemm_callback.shapes import config_gemms, gemm_passes
 
-# What loads torch, matplotlib or Lightning (the analysis, the speedup report, the plan writer, the demo
-# job) is imported inside the command that runs it: `import te_gemm_callback.cli` starts without them
-# (tests/test_import_graph.py checks it).
+SHAPES_SCHEMA = "te-gemm-shapes/1"  # te-gemm shapes --json
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,9 +57,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:  # one line saying what to fix, exit code 2
         self.exit(2, f"{self.prog}: error: {plain(message)}\n")  # argv echoed: no control characters
-
-
-SHAPES_SCHEMA = "te-gemm-shapes/1"  # te-gemm shapes --json
 
 
 def cmd_shapes(a: argparse.Namespace) -> int:
@@ -76,9 +70,7 @@ def cmd_shapes(a: argparse.Namespace) -> int:
         total = sum(s.flops * g.count(cfg) for g in gemms for s in gemm_passes(g.fprop))
         write_json(a.json, {"schema": SHAPES_SCHEMA, "config": cfg.__dict__, "gemms": rows,
                             "flops_per_micro_batch": total})
-        if a.json != "-":
-            console().print(shapes_table(cfg, gemms))
-    else:
+    if a.json != "-":
         console().print(shapes_table(cfg, gemms))
     return 0
 
@@ -128,14 +120,13 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def print_summary(out: Any, files: dict[str, Path]) -> None:
-    """The lines a fit's log gets at the end of the capture, last (the tables are already shown)."""
+    """The closing lines of a run's report (the tables are already shown)."""
     for line in summary_lines(files["report"], files.get("report_md"), tables_shown=True):
         out.print(safe(line), highlight=False)
 
 
 def check_run_folder(out: Path) -> None:
-    """Refuse, before training, a run folder that cannot be made or written, and every file of the
-    user's the run would replace in it (a bad --out was found only after training)."""
+    """Refuse, before training, a run folder that cannot be written and any user file the run would replace."""
     from te_gemm_callback.reporting.speedups import report_targets
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: give a folder for the run")
@@ -185,13 +176,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 0
 
 
-def _gpus(text: str) -> list[str]:
-    gpus = list(dict.fromkeys(_gpu(g) for g in text.split(",") if g.strip()))  # each once
-    if not gpus:
-        raise argparse.ArgumentTypeError(f"expected GPU names, e.g. B300,GB200, got {text!r}")
-    return gpus
-
-
 def cmd_report(a: argparse.Namespace) -> int:
     check_run_dir(a.run_dir)  # before the report searches every folder below it (and before its imports)
     from te_gemm_callback.reporting.speedups import REPORT_SCHEMA
@@ -211,8 +195,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def _observed_without_sweep(run: Path) -> list[str]:
-    """The recipes whose observed speedup ``run``'s report.json holds while the folder has no sweep
-    captures to make it again from (a run folder copied without sweep/)."""
+    """The recipes with an observed speedup in ``run``'s report.json but no sweep captures to remake it from."""
     if any((run / "sweep").glob("*/gemm_capture.json")) or not (run / "report.json").is_file():
         return []
     try:
@@ -259,32 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", type=_file_path, nargs="?", const="-", default=None, metavar="PATH",
                    help="also write the shapes as JSON to PATH ('-' or no PATH: stdout instead of the table)")
 
-    s = command("bench", cmd_bench, "microbenchmark GEMMs (from a config, --shapes or --capture) in every precision",
-                "Time the Fprop, Dgrad and Wgrad GEMMs of a model config, --shapes or a capture in each TE recipe "
-                "this machine runs, and print per-pass and per-step tables. Measured cells are cached (te-gemm "
-                "cache). Method: docs/benchmark-methodology.md; several GPUs: docs/multi-gpu.md.")
-    add_config_args(s, required=False)
-    s.add_argument("--shapes", help="fprop shapes MxKxN,MxKxN (dgrad and wgrad derived)")
-    s.add_argument("--capture", type=_file_path, help="a gemm_capture.json from GemmProfiler or the callback")
-    s.add_argument("--precisions", help="comma-separated TE recipes, e.g. BF16,Float8CurrentScaling "
-                                        "(default: all; unsupported ones skipped)")
-    s.add_argument("--modes", type=_modes,
-                   help="autocast (GEMM + input quantization), prequantized (kernel only), or both "
-                        "(default: autocast, or those of the bench file --json replaces)")
-    s.add_argument("--pre-quantize", action="store_true", help="same as --modes prequantized")
-    s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
-    s.add_argument("--visits", type=_visits, default=None, help="times each cell is measured, spread over the run, "
-                                                                "samples pooled (default: 16 on a GPU, 1 on a CPU)")
-    s.add_argument("--gemm-duty", type=_duty, default=None, help="share of GPU time the timed GEMMs get (1: back to "
-                                                                "back): pass your job's GEMM share (default: 0.75)")
-    s.add_argument("--compare-swapped", action="store_true", help="also time dgrad/wgrad as swapped-size forward GEMMs")
-    s.add_argument("-o", "--output", type=_file_path, help="write the stacked per-GEMM figure (PNG)")
-    s.add_argument("--json", type=_file_path, help="write all results (with device, clocks, versions) as JSON")
-    s.add_argument("--cache", type=_file_path,
-                   help="result cache file (default: $TE_GEMM_CACHE, else ~/.cache/te_gemm_callback/bench.json)")
-    s.add_argument("--no-cache", action="store_true", help="neither read nor write the cache: measure everything again")
-    s.add_argument("--devices", type=_devices, default=1,
-                   help="local GPUs to spread the visits over, one process each ('all': every visible one)")
+    add_bench_parser(command)
 
     s = command("compare", cmd_compare, "compare captures of separate runs (one per recipe): GEMM vs step speedup",
                 "Set captures of separate runs of one model (one per recipe) side by side: each recipe's GEMM "

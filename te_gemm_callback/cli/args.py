@@ -1,23 +1,22 @@
-"""The command line's argument types and up-front checks: each refusal is one line, argparse's or
-a ValueError, given before anything is measured or trained."""
+"""Argument types and up-front checks shared by the commands: each refusal is one line, given
+before anything is measured or trained."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
+import re
+import textwrap
 from functools import partial
 from pathlib import Path
 
-from te_gemm_callback.microbench.cells import MAX_VISITS, MIN_GEMM_DUTY, MODES
 from te_gemm_callback.precisions import parse_recipes
 from te_gemm_callback.printable import safe
 from te_gemm_callback.shapes import ModelConfig
 
 
 class UsageError(ValueError):
-    """A command line that cannot work as given: exit 2, as argparse's own refusals. Any other
-    ValueError or OSError is a failure of the run or its inputs: exit 1."""
+    """A command line that cannot work as given: exit 2, as argparse's own refusals (other errors: 1)."""
 
 
 EXIT_CODES = """exit codes:
@@ -27,6 +26,11 @@ another kind, every measurement failed
   2    a usage error: a bad flag, value or combination of flags (as argparse refuses them); nothing measured or \
 written
   130  interrupted: Ctrl-C, or SIGTERM during a multi-GPU bench"""
+
+# Where a run folder's captures lie: its own and its sweep's, or those of one run per recipe in its subfolders.
+RUN_CAPTURES = ("gemm_capture.json", "sweep/*/gemm_capture.json", "*/gemm_capture.json",
+                "*/sweep/*/gemm_capture.json")
+MAX_RUN_STEPS = 100_000  # a demo run: more only trains longer (a huge count failed in Lightning)
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -46,8 +50,6 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        import re
-        import textwrap
         lines = []
         for line in text.splitlines():
             item = re.match(r"\s+\S+\s+", line)  # an indented list item ("  1    what"): wrap under its text
@@ -71,82 +73,16 @@ def _int(text: str, least: int, what: str, most: int | None = None, unit: str = 
     return v
 
 
-_positive = partial(_int, least=1, what="a positive integer")
-_non_negative = partial(_int, least=0, what="a non-negative integer")
-MAX_RUN_STEPS = 100_000  # a demo run: more only trains longer (a huge count failed in Lightning)
-_run_steps = partial(_int, least=3, what="at least 3 steps (1 untouched, 1 warm-up, 1 captured)", most=MAX_RUN_STEPS,
-                     unit="steps")
-
-
-def _visits(text: str) -> int:
-    # every visit times every cell again: far more only fills memory
-    return _int(text, 1, "a positive integer", MAX_VISITS, "visits")
-
-
-def _file_path(text: str) -> str:
-    # An empty path was taken as "no file" and the run wrote nothing, exit 0.
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
-    return text
-
-
-def _dir_path(text: str) -> str:
-    # An empty folder is Path("") == ".": `--out ""` wrote a run into the current folder.
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a folder path, got an empty string")
-    return text
-
-
-# Where a run folder's captures lie: its own and its sweep's, or those of the separate runs in its
-# subfolders (one per recipe).
-RUN_CAPTURES = ("gemm_capture.json", "sweep/*/gemm_capture.json", "*/gemm_capture.json",
-                "*/sweep/*/gemm_capture.json")
-
-
-def check_run_dir(run_dir: str) -> None:
-    """Refuse at once a folder none of whose :data:`RUN_CAPTURES` exist: the report searches every
-    folder below it (`te-gemm report /` walked the whole filesystem)."""
-    root = Path(run_dir)
-    if root.is_dir() and not any(next(root.glob(p), None) for p in RUN_CAPTURES):  # not a folder: the report's line
-        raise ValueError(f"{run_dir} holds no gemm_capture.json, nor do its subfolders or sweep/: point at the "
-                         "callback's output folder")
-
-
-def parse_precisions(text: str | None) -> list[str] | None:
-    """``--precisions`` of bench and run (None: not given); a bad one is a usage error."""
-    if text is None:
-        return None
-    try:
-        return parse_recipes(text)
-    except ValueError as err:
-        raise UsageError(f"--precisions: {err}") from None
-
-
-def _modes(text: str) -> list[str]:
-    modes = list(MODES) if text.strip() == "both" else [m.strip() for m in text.split(",")]
-    if any(m not in MODES for m in modes):
-        raise argparse.ArgumentTypeError(f"expected comma-separated modes among {', '.join(MODES)}, got {text!r}")
-    return [m for m in MODES if m in modes]  # the order the tables and figures use
-
-
-def more_rows_hint(out, total: int, limit: int | None) -> None:
-    """Under a table cut at ``limit`` rows: how many were left out and the flag that shows them."""
-    if limit is not None and total > limit:
-        out.print(f"[dim]{total - limit} more row(s) not shown: --limit 0 shows every row[/dim]")
-
-
-def where(path: object) -> str:
-    """An output path as the closing line names it."""
-    return "standard output" if str(path) == "-" else safe(path)
-
-
 def _limit(text: str) -> int | None:
     """Rows to print: a positive count, or 0 for every row (None)."""
     return _int(text, 0, "a row count (0: every row)") or None
 
 
-def _devices(text: str) -> int | str:
-    return "all" if text == "all" else _positive(text)
+def _path(text: str, what: str = "file") -> str:
+    # An empty file path was taken as "no file" (nothing written, exit 0); an empty folder is ".".
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a {what} path, got an empty string")
+    return text
 
 
 def float_in(text: str, lo: float, hi: float, what: str = "a number") -> float:
@@ -160,29 +96,39 @@ def float_in(text: str, lo: float, hi: float, what: str = "a number") -> float:
     return v
 
 
-def _duty(text: str) -> float:
-    return float_in(text, MIN_GEMM_DUTY, 1.0)
+_positive = partial(_int, least=1, what="a positive integer")
+_non_negative = partial(_int, least=0, what="a non-negative integer")
+_run_steps = partial(_int, least=3, what="at least 3 steps (1 untouched, 1 warm-up, 1 captured)", most=MAX_RUN_STEPS,
+                     unit="steps")
+_file_path = _path
+_dir_path = partial(_path, what="folder")
 
 
-def check_bench_outputs(a: argparse.Namespace) -> None:
-    """`te-gemm bench`'s outputs, checked before measuring (else refused after minutes of it): two
-    flags naming one file, and an output whose folder cannot be written."""
-    if a.no_cache and a.cache:
-        raise UsageError(f"--no-cache and --cache {a.cache} ask for no cache and for one: give one of them")
-    outs = [(f, p) for f, p in (("--json", a.json), ("-o", a.output), ("--cache", None if a.no_cache else a.cache))
-            if p]
-    for i, (flag, path) in enumerate(outs):
-        other = next((f for f, q in outs[:i] if os.path.abspath(os.path.expanduser(q)) ==
-                      os.path.abspath(os.path.expanduser(path))), None)
-        if other:
-            raise UsageError(f"{flag} and {other} name the same file {path}: give two paths")
-        if flag == "--cache":
-            continue
-        d = os.path.dirname(os.path.abspath(path))
-        while not os.path.exists(d) and os.path.dirname(d) != d:  # the first of its folders that exists
-            d = os.path.dirname(d)
-        if not os.path.isdir(d) or not os.access(d, os.W_OK | os.X_OK):
-            raise ValueError(f"{flag} {path}: cannot write in {d} (not a writable folder)")
+def check_run_dir(run_dir: str) -> None:
+    """Refuse a folder none of whose :data:`RUN_CAPTURES` exist (`te-gemm report /` walked the whole filesystem)."""
+    root = Path(run_dir)
+    if root.is_dir() and not any(next(root.glob(p), None) for p in RUN_CAPTURES):  # not a folder: the report's line
+        raise ValueError(f"{run_dir} holds no gemm_capture.json, nor do its subfolders or sweep/: point at the "
+                         "callback's output folder")
+
+
+def parse_precisions(text: str | None) -> list[str] | None:
+    """``--precisions`` of bench and run (None: not given); a bad one is a usage error."""
+    try:
+        return None if text is None else parse_recipes(text)
+    except ValueError as err:
+        raise UsageError(f"--precisions: {err}") from None
+
+
+def more_rows_hint(out, total: int, limit: int | None) -> None:
+    """Under a table cut at ``limit`` rows: how many were left out and the flag that shows them."""
+    if limit is not None and total > limit:
+        out.print(f"[dim]{total - limit} more row(s) not shown: --limit 0 shows every row[/dim]")
+
+
+def where(path: object) -> str:
+    """An output path as the closing line names it."""
+    return "standard output" if str(path) == "-" else safe(path)
 
 
 def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from te_gemm_callback.capture import GemmCapture
-from te_gemm_callback.cli.args import UsageError, check_bench_outputs, config_from_args, parse_precisions
+from te_gemm_callback.cli.args import (
+    UsageError,
+    _file_path,
+    _int,
+    _positive,
+    add_config_args,
+    config_from_args,
+    float_in,
+    parse_precisions,
+)
 from te_gemm_callback.files.jsonio import check_target, json_kind, read_json
 from te_gemm_callback.files.png import PNG_KIND
 from te_gemm_callback.microbench.cache import ResultCache
-from te_gemm_callback.microbench.cells import BENCH_SCHEMA, MODES
+from te_gemm_callback.microbench.cells import BENCH_SCHEMA, MAX_VISITS, MIN_GEMM_DUTY, MODES
 from te_gemm_callback.microbench.items import items_from_capture, items_from_config, items_from_shapes, passes_of
 from te_gemm_callback.microbench.parallel import local_gpu_count, run_bench_parallel
 from te_gemm_callback.precisions import RECIPES, skipped_lines
@@ -30,8 +41,7 @@ LONG_CPU_S = 60.0
 
 
 def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, out: Any) -> float | None:
-    """Without CUDA, one line before a bench that runs for minutes: about how long, and how to make
-    it shorter. The seconds estimated, or None on a GPU."""
+    """Without CUDA, warn before a bench that runs for minutes; return the seconds estimated (None on a GPU)."""
     import torch
 
     if torch.cuda.is_available():
@@ -47,8 +57,7 @@ def warn_long_cpu_bench(items: list[Any], modes: list[str], visits: int | None, 
 
 def _bench_items(a: argparse.Namespace) -> list[Any]:
     """The work items of exactly one source: --shapes, --capture or the model-config flags."""
-    sources = [a.shapes is not None, a.capture is not None, a.hidden_size is not None]
-    if sum(sources) != 1:
+    if sum([a.shapes is not None, a.capture is not None, a.hidden_size is not None]) != 1:
         raise UsageError("give exactly one of: the model-config flags, --shapes MxKxN,..., or --capture FILE")
     if a.modes and a.pre_quantize:
         raise UsageError("give --modes or --pre-quantize (= --modes prequantized), not both")
@@ -69,7 +78,7 @@ def _bench_items(a: argparse.Namespace) -> list[Any]:
     return items_from_config(config_from_args(a))
 
 
-def _devices(a: argparse.Namespace) -> int:
+def _device_count(a: argparse.Namespace) -> int:
     if a.devices == "all":
         return local_gpu_count()
     # One torch process per device (5000 filled the memory). run_bench_parallel still takes 2 on a
@@ -78,6 +87,26 @@ def _devices(a: argparse.Namespace) -> int:
         raise UsageError(f"--devices {a.devices}, but this host has {local_gpu_count()} visible GPU(s) "
                          "(CUDA_VISIBLE_DEVICES, else nvidia-smi -L; a host without GPUs counts 1): pass at most that")
     return int(a.devices)
+
+
+def check_bench_outputs(a: argparse.Namespace) -> None:
+    """Refuse, before measuring, two flags naming one file and an output whose folder cannot be written."""
+    if a.no_cache and a.cache:
+        raise UsageError(f"--no-cache and --cache {a.cache} ask for no cache and for one: give one of them")
+    outs = [(f, p) for f, p in (("--json", a.json), ("-o", a.output), ("--cache", None if a.no_cache else a.cache))
+            if p]
+    for i, (flag, path) in enumerate(outs):
+        other = next((f for f, q in outs[:i] if os.path.abspath(os.path.expanduser(q)) ==
+                      os.path.abspath(os.path.expanduser(path))), None)
+        if other:
+            raise UsageError(f"{flag} and {other} name the same file {path}: give two paths")
+        if flag == "--cache":
+            continue
+        d = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(d) and os.path.dirname(d) != d:  # the first of its folders that exists
+            d = os.path.dirname(d)
+        if not os.path.isdir(d) or not os.access(d, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {path}: cannot write in {d} (not a writable folder)")
 
 
 def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> None:
@@ -113,24 +142,20 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if kept:
         out.print(f"modes {', '.join(modes)}: those of the existing {safe(a.json)}, which this run replaces "
                   "(--modes to choose others)")
-    a.devices = _devices(a)
+    a.devices = _device_count(a)
+    timing = {"flush_l2": a.flush_l2, "cache": cache, "console": out, "visits": a.visits, "gemm_duty": a.gemm_duty}
     if a.devices > 1:
-        res = run_bench_parallel(items, precisions, modes, a.devices, flush_l2=a.flush_l2, cache=cache,
-                                 visits=a.visits, gemm_duty=a.gemm_duty, progress=True, console=out)
+        res = run_bench_parallel(items, precisions, modes, a.devices, progress=True, **timing)
     from te_gemm_callback.microbench.engine import run_bench
     from te_gemm_callback.reporting.bench_tables import run_summary, swapped_items, swapped_table
     from te_gemm_callback.reporting.figures import stacked_gemm_figure
     if a.devices == 1:
         warn_long_cpu_bench(items, modes, a.visits, out)
-        res = run_bench(items, precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out, visits=a.visits,
-                        gemm_duty=a.gemm_duty)
+        res = run_bench(items, precisions, modes, **timing)
     _print_tables(res, items, modes, out)
     mode = modes[0]
     if a.compare_swapped:
-        sw_items = swapped_items(items)
-        sw = run_bench(sw_items, res.precisions, modes, flush_l2=a.flush_l2, cache=cache, console=out,
-                       visits=a.visits, gemm_duty=a.gemm_duty)
-        out.print(swapped_table(res, sw, items, mode))
+        out.print(swapped_table(res, run_bench(swapped_items(items), res.precisions, modes, **timing), items, mode))
     if cache.save_error:  # after the results: a cache that could not be written loses nothing shown
         out.print(f"[yellow]warning: {safe(cache.save_error)}")
     if not any(r.ok for r in res.results):
@@ -150,16 +175,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def bench_modes(a: argparse.Namespace) -> tuple[list[str], bool]:
-    """The modes to measure, and whether they are those of the bench file ``--json`` replaces: so
-    re-benchmarking a run never drops the mode its report and figures were drawn from."""
+    """The modes to measure, and whether they are those of the bench file ``--json`` replaces (so
+    re-benchmarking a run never drops the mode its report was drawn from)."""
     if a.modes:
         return a.modes, False
     if a.pre_quantize:
         return ["prequantized"], False
     old = _bench_file_modes(a.json) if a.json else None
-    if old and old != ["autocast"]:
-        return old, True
-    return ["autocast"], False
+    return (old, True) if old and old != ["autocast"] else (["autocast"], False)
 
 
 def _bench_file_modes(path: str) -> list[str] | None:
@@ -178,3 +201,48 @@ def _bench_file_modes(path: str) -> list[str] | None:
         results = rows if isinstance(rows := data.get("results"), list) else []
         named = [r.get("mode") for r in results if isinstance(r, dict)]
     return [m for m in MODES if m in named] or None
+
+
+def _modes(text: str) -> list[str]:
+    modes = list(MODES) if text.strip() == "both" else [m.strip() for m in text.split(",")]
+    if any(m not in MODES for m in modes):
+        raise argparse.ArgumentTypeError(f"expected comma-separated modes among {', '.join(MODES)}, got {text!r}")
+    return [m for m in MODES if m in modes]  # the order the tables and figures use
+
+
+def _devices(text: str) -> int | str:
+    return "all" if text == "all" else _positive(text)
+
+
+# Every visit times every cell again: far more only fills memory.
+_visits = partial(_int, least=1, what="a positive integer", most=MAX_VISITS, unit="visits")
+_duty = partial(float_in, lo=MIN_GEMM_DUTY, hi=1.0)
+
+
+def add_bench_parser(command: Any) -> None:
+    s = command("bench", cmd_bench, "microbenchmark GEMMs (from a config, --shapes or --capture) in every precision",
+                "Time the Fprop, Dgrad and Wgrad GEMMs of a model config, --shapes or a capture in each TE recipe "
+                "this machine runs, and print per-pass and per-step tables. Measured cells are cached (te-gemm "
+                "cache). Method: docs/benchmark-methodology.md; several GPUs: docs/multi-gpu.md.")
+    add_config_args(s, required=False)
+    s.add_argument("--shapes", help="fprop shapes MxKxN,MxKxN (dgrad and wgrad derived)")
+    s.add_argument("--capture", type=_file_path, help="a gemm_capture.json from GemmProfiler or the callback")
+    s.add_argument("--precisions", help="comma-separated TE recipes, e.g. BF16,Float8CurrentScaling "
+                                        "(default: all; unsupported ones skipped)")
+    s.add_argument("--modes", type=_modes,
+                   help="autocast (GEMM + input quantization), prequantized (kernel only), or both "
+                        "(default: autocast, or those of the bench file --json replaces)")
+    s.add_argument("--pre-quantize", action="store_true", help="same as --modes prequantized")
+    s.add_argument("--flush-l2", action="store_true", help="flush L2 between timed calls")
+    s.add_argument("--visits", type=_visits, default=None, help="times each cell is measured, spread over the run, "
+                                                                "samples pooled (default: 16 on a GPU, 1 on a CPU)")
+    s.add_argument("--gemm-duty", type=_duty, default=None, help="share of GPU time the timed GEMMs get (1: back to "
+                                                                "back): pass your job's GEMM share (default: 0.75)")
+    s.add_argument("--compare-swapped", action="store_true", help="also time dgrad/wgrad as swapped-size forward GEMMs")
+    s.add_argument("-o", "--output", type=_file_path, help="write the stacked per-GEMM figure (PNG)")
+    s.add_argument("--json", type=_file_path, help="write all results (with device, clocks, versions) as JSON")
+    s.add_argument("--cache", type=_file_path,
+                   help="result cache file (default: $TE_GEMM_CACHE, else ~/.cache/te_gemm_callback/bench.json)")
+    s.add_argument("--no-cache", action="store_true", help="neither read nor write the cache: measure everything again")
+    s.add_argument("--devices", type=_devices, default=1,
+                   help="local GPUs to spread the visits over, one process each ('all': every visible one)")

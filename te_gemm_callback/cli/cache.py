@@ -1,10 +1,11 @@
 """``te-gemm cache list|clear``: what the microbenchmark result cache holds, and its removal.
-Both decide by the file's content that it is a cache, as the cache does: a file of another kind is
-named and left untouched. Nothing here imports torch."""
+
+Both tell a cache by its content, as the cache does: a file of another kind is named and left untouched."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import stat
@@ -21,13 +22,13 @@ from te_gemm_callback.reporting.console import console, make_table
 
 
 def cache_path(path: str | None) -> Path:
-    """The file a bench with ``--cache path`` would use (the same default and ``~`` expansion)."""
-    return ResultCache(path, enabled=False).path  # disabled: only the path, the file is not read
+    """The file a bench with ``--cache path`` would use (disabled: the file is not read)."""
+    return ResultCache(path, enabled=False).path
 
 
 def _aside(path: Path) -> list[Path]:
-    """Corrupt caches the cache moved aside (``<name>.corrupt-<time>``): regular files that open as
-    ours (an earlier version moved other files aside under that name too, not ours to delete)."""
+    """The corrupt caches moved aside (``<name>.corrupt-<time>``) that open as ours (an earlier
+    version moved other files aside under that name too, not ours to delete)."""
     pattern = re.compile(re.escape(path.name) + r"\.corrupt-\d+")
     try:
         named = sorted(p for p in path.parent.iterdir()
@@ -36,12 +37,9 @@ def _aside(path: Path) -> list[Path]:
         return []
     ours = []
     for p in named:
-        try:
-            with open(p, "rb") as f:
-                if _looks_like_cache(f.read(64)):
-                    ours.append(p)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open(p, "rb") as f:
+            if _looks_like_cache(f.read(64)):
+                ours.append(p)
     return ours
 
 
@@ -72,8 +70,7 @@ def _size(n: int) -> str:
 
 
 def cell_counts(results: dict[str, Any]) -> Counter:
-    """Cells per (device, versions, recipe), from the keys of microbench.cells.result_key
-    (``device|versions|pass:MxKxN|splits|recipe|mode|l2[|duty]``), else the entry's own fields."""
+    """Cells per (device, versions, recipe), from microbench.cells.result_key's keys, else the entry's fields."""
     counts: Counter = Counter()
     for key, entry in results.items():
         parts = str(key).split("|")

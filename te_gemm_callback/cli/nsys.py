@@ -1,5 +1,6 @@
-"""``te-gemm nsys``: a capture's GEMM times beside Nsight Systems' own for the same run
-(te_gemm_callback.analysis.nsys; docs/nsight-systems.md)."""
+"""``te-gemm nsys``: a capture's GEMM times beside Nsight Systems' own for the same run (docs/nsight-systems.md).
+
+analysis.nsys loads torch: imported inside cmd_nsys, so that `import te_gemm_callback.cli` does not."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from te_gemm_callback.files.jsonio import check_target, json_kind, write_json
 from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.console import console
 from te_gemm_callback.reporting.nsys_table import nsys_table
-
-# analysis.nsys loads torch: imported inside cmd_nsys, so that `import te_gemm_callback.cli` does not.
 
 
 def cmd_nsys(a: argparse.Namespace) -> int:
@@ -64,11 +63,8 @@ def add_nsys_parser(command: Any) -> None:
     s.add_argument("capture", type=_file_path, help="the job's gemm_capture.json")
     s.add_argument("report", type=_file_path, help="the .nsys-rep nsys wrote for that job")
     s.add_argument("--nsys", type=_file_path, help="the nsys binary (default: PATH, then /opt/nvidia)")
-    s.add_argument("--pid", type=_pid,
-                   help="the process that wrote CAPTURE, if REPORT holds several (one per rank) "
-                        "(default: the only one)")
+    s.add_argument("--pid", type=_pid, help="the process that wrote CAPTURE, if REPORT holds several (one per rank) "
+                                            "(default: the only one)")
     s.add_argument("--json", type=_file_path, help="also write the rows as JSON (capture_vs_nsys as a fraction)")
     s.add_argument("--limit", type=_limit, default=None, help="rows to print, 0 for all (default: 0, every row)")
 
-
-__all__ = ["add_nsys_parser", "cmd_nsys"]

@@ -1,8 +1,11 @@
-"""``te-gemm project``: a run folder's GEMMs projected onto another GPU (docs/projection.md)."""
+"""``te-gemm project``: a run folder's GEMMs projected onto another GPU (docs/projection.md).
+
+The projection package loads torch: imported inside the functions, so that `import te_gemm_callback.cli` does not."""
 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +16,8 @@ from te_gemm_callback.reporting.console import console, make_table
 from te_gemm_callback.reporting.projection_tables import projection_table
 from te_gemm_callback.reporting.run import Run
 
-# The projection package loads torch: imported inside the functions, so that
-# `import te_gemm_callback.cli` does not.
+# Another host 100x slower or faster than the one measured: beyond, a typo.
+_host_speed = partial(float_in, lo=0.01, hi=100.0, what="a factor")
 
 
 def cmd_project(a: argparse.Namespace) -> int:
@@ -22,11 +25,10 @@ def cmd_project(a: argparse.Namespace) -> int:
     path = Path(a.json or check_run_folder(a.run_dir) / f"projection-{gpu(a.gpu).key}.json")
     root = a.run_dir if a.json is None else None
     check_target(path, json_kind(PROJECTION_SCHEMA), root)  # refused before anything is printed
-    cpu = _cpu_capture(a.run_dir)
-    if cpu is not None and a.source_gpu is not None:  # CPU times were projected as if the GPU's
-        raise UsageError(f"--source-gpu {a.source_gpu}: {a.run_dir} ran on a CPU, whose times are no GPU's; "
-                         "without --source-gpu te-gemm project gives a shape-only estimate")
-    if cpu is not None:
+    if (cpu := _cpu_capture(a.run_dir)) is not None:
+        if a.source_gpu is not None:  # CPU times were projected as if the GPU's
+            raise UsageError(f"--source-gpu {a.source_gpu}: {a.run_dir} ran on a CPU, whose times are no GPU's; "
+                             "without --source-gpu te-gemm project gives a shape-only estimate")
         return _shape_only(a, cpu, path, root)
     rp = Run(a.run_dir).project(a.gpu, a.source_gpu, host_speed=a.host_speed)
     console().print(projection_table(rp))
@@ -61,19 +63,19 @@ def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -
     return 0
 
 
-HOST_SPEEDS = (0.01, 100.0)  # another host 100x slower or faster than the one measured: beyond, a typo
-
-
-def _host_speed(text: str) -> float:
-    return float_in(text, *HOST_SPEEDS, what="a factor")
-
-
 def _gpu(text: str) -> str:
     from te_gemm_callback.projection import gpu
     try:
         return gpu(text).key
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _gpus(text: str) -> list[str]:
+    gpus = list(dict.fromkeys(_gpu(g) for g in text.split(",") if g.strip()))  # each once
+    if not gpus:
+        raise argparse.ArgumentTypeError(f"expected GPU names, e.g. B300,GB200, got {text!r}")
+    return gpus
 
 
 def add_project_parser(command: Any) -> None:
@@ -94,5 +96,3 @@ def add_project_parser(command: Any) -> None:
     s.add_argument("--host-speed", type=_host_speed, default=1.0, metavar="X",
                    help="the target host's speed (CPU, driver) relative to the measuring host's")
 
-
-__all__ = ["cmd_project", "add_project_parser"]

@@ -446,7 +446,7 @@ def test_small_flags_mean_what_their_help_says(capsys):
     import argparse
 
     from te_gemm_callback.cli import _gpus
-    from te_gemm_callback.cli.args import _modes
+    from te_gemm_callback.cli.bench import _modes
 
     assert _modes("both") == ["autocast", "prequantized"] == _modes("prequantized,autocast")
     assert _gpus("B300,b300, GB200") == ["B300", "GB200"]
