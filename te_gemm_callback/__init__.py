@@ -1,12 +1,7 @@
 """te-gemm-callback: the GEMMs your training job really runs, and what each precision does to them.
 
-Public API: capture (:class:`GemmSchedule` with :class:`JobStep` / :class:`SweepJob`,
-:class:`GemmProfilerCallback` for Lightning, :class:`GemmProfiler`, :class:`GemmCapture` /
-:class:`GemmRecord`, :class:`KernelProfile`, :func:`capture_steps`); measure (:func:`bench`,
-:func:`run_sweep`); a run folder (:class:`Run`, :func:`report`, :func:`analyze_run`,
-:func:`make_plan`, :func:`apply_precision_plan`, :func:`native_plan`, :func:`project_run`); shapes
-(:class:`GemmShape`, :class:`GemmOp`, :class:`ModelConfig`, :func:`backward_shapes`,
-:func:`config_gemms`). Everything else (``microbench.engine``, ``capture.scope``, ...) is internal.
+Public API: the names in ``__all__`` (capture, measure, a run folder, shapes); everything else
+(``microbench.engine``, ``capture.scope``, ...) is internal.
 """
 
 import importlib as _importlib
@@ -19,16 +14,19 @@ stderr_until_configured()
 __version__ = "0.1.0"
 
 __all__ = [
+    # capture
     "GemmProfiler", "GemmProfilerCallback", "GemmCapture", "GemmRecord", "KernelProfile",
     "capture_steps", "GemmSchedule", "JobStep", "SweepJob",
+    # measure
     "bench", "run_sweep",
+    # a run folder
     "Run", "report", "analyze_run", "make_plan", "apply_precision_plan", "native_plan", "project_run",
+    # shapes
     "GemmOp", "GemmShape", "ModelConfig", "backward_shapes", "config_gemms",
 ]
 
-# Imported on demand, by module: the Lightning adapter (the core never imports Lightning), and
-# everything that needs torch (`te-gemm bench --devices N` starts its GPU workers before this
-# process pays for it).
+# Imported on demand: the Lightning adapter (the core never imports Lightning), and everything that
+# needs torch (`te-gemm bench --devices N` starts its GPU workers before this process pays for it).
 _LAZY = {
     "adapters.lightning": ("GemmProfilerCallback",),
     "capture": ("GemmCapture", "GemmProfiler", "GemmRecord"),

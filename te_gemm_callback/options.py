@@ -1,7 +1,5 @@
-"""Options defined once: each is a field of a stage's config dataclass (CaptureConfig, SweepConfig,
-ReportConfig) with its default, its line of ``help()`` and its check (:func:`option`). The schedule
-and the callbacks take them as keywords; a bad value fails at construction in one line that names
-the keyword the user wrote."""
+"""Options defined once, as fields of a stage's config dataclass with their default, ``help()`` line
+and check: a bad value fails at construction in one line naming the keyword the user wrote."""
 
 from __future__ import annotations
 
@@ -15,11 +13,9 @@ Check = Callable[[Any, str], Any]  # (value, the keyword the user wrote) -> the 
 T = TypeVar("T", bound="Options")
 
 
-def option(default: Any, doc: str, check: Check | None = None, *, kw: str | None = None,
-           to: str | None = None) -> Any:
-    """A config field: ``doc`` its line in ``help()``; ``check`` refuses a bad value (ValueError) or
-    returns the value to keep; ``kw`` the keyword the schedule takes it by (default: the field's
-    name; "" for none); ``to`` the object the schedule hands it to ("profiler")."""
+def option(default: Any, doc: str, check: Check | None = None, *, kw: str | None = None, to: str | None = None) -> Any:
+    """A config field: ``doc`` its ``help()`` line; ``check`` returns the value to keep or raises
+    ValueError; ``kw`` the schedule's keyword for it ("" for none); ``to`` the object it is handed to."""
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "kw": kw, "to": to})
 
 
@@ -33,16 +29,14 @@ def refuse_unknown(owner: str, given: Iterable[str], known: Sequence[str]) -> No
 
 
 def same_as(config: type, name: str, **overrides: Any) -> Any:
-    """Another config's field ``name`` as a field of this one, with ``overrides`` of :func:`option`'s
-    keywords (``to``, ``kw``): one definition for an option two configs take."""
+    """Another config's field ``name`` as a field of this one, with :func:`option`'s ``overrides``."""
     f = {f.name: f for f in dataclasses.fields(config)}[name]
     return dataclasses.field(default=f.default, metadata={**f.metadata, **overrides})
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """A stage's options as a frozen dataclass of :func:`option` fields, each checked when built;
-    ``labels`` (field -> the keyword the user wrote) names them in the messages."""
+    """A stage's options, each checked when built; ``labels`` (field -> the keyword the user wrote) names them."""
 
     labels: dataclasses.InitVar[dict[str, str] | None] = dataclasses.field(default=None, kw_only=True)
 
@@ -55,11 +49,11 @@ class Options:
         self.check_together(labels)
 
     def check_together(self, labels: dict[str, str]) -> None:
-        """Checks across fields (``labels``: field -> the keyword the user wrote)."""
+        """Checks across fields."""
 
     @classmethod
     def given(cls: type[T], owner: str, config: T | None, options: dict[str, Any]) -> T:
-        """``config``, or the config of the keywords ``options`` by field name (never both)."""
+        """``config``, or the config of the keywords ``options`` (never both)."""
         if config is not None:
             if not isinstance(config, cls):
                 raise TypeError(f"{owner}'s config must be a {cls.__name__}, got {type(config).__name__}")
@@ -97,8 +91,7 @@ class Options:
 
     def handed_to(self, target: str) -> dict[str, Any]:
         """{field: value} of the fields handed to ``target`` by name."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.metadata.get("to") == target}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("to") == target}
 
 
 def refusing(ok: Callable[[Any], bool], want: str) -> Check:

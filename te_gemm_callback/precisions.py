@@ -1,8 +1,6 @@
 """The precisions we compare, named after TE's recipes, and whether this machine can run them.
 
-Transformer Engine is optional (it installs on CUDA hosts only); every import of it goes through
-:func:`import_te`, which says what to do about the two common failures.
-"""
+Transformer Engine is optional (CUDA hosts only): every import of it goes through :func:`import_te`."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ class RecipeInfo:
     name: str  # TE's recipe class name ("BF16": no FP8 autocast)
     family: str  # the precision label a capture gives GEMMs that ran in it
     check: str | None  # the TE function that says whether this machine runs it
-    # Rows per grouped-GEMM group must be a multiple of this (TE's get_align_size_for_quantization).
-    row_alignment: int
+    row_alignment: int  # rows per grouped-GEMM group (TE's get_align_size_for_quantization)
     low_precision_peak: bool  # its GEMMs run at the FP8 tensor-core peak rather than BF16's
 
 
@@ -45,16 +42,13 @@ RECIPES: tuple[str, ...] = tuple(r.name for r in RECIPE_TABLE)
 FP8_RECIPES: tuple[str, ...] = tuple(r.name for r in RECIPE_TABLE if r.family.startswith(("fp8", "mxfp8")))
 RECIPE_FAMILY = {r.name: r.family for r in RECIPE_TABLE}
 FAMILY_RECIPE = {r.family: r.name for r in RECIPE_TABLE}
-# Other names a user may give: each family, its scaling alone, and "fp8" (Python callers only).
-ALIASES = {**FAMILY_RECIPE, "fp8": "DelayedScaling", "delayed": "DelayedScaling",
-           "current": "Float8CurrentScaling", "block": "Float8BlockScaling"}
-_NAMES = {**ALIASES, **{r.lower(): r for r in RECIPES}}  # lower-case name or alias -> TE's class name
+# Lower-case name or alias (each family, its scaling alone, "fp8" for Python callers) -> TE's class name.
+_NAMES = {**FAMILY_RECIPE, "fp8": "DelayedScaling", "delayed": "DelayedScaling", "current": "Float8CurrentScaling",
+          "block": "Float8BlockScaling", **{r.lower(): r for r in RECIPES}}
 
-CUDNN_HINT = (
-    "transformer_engine failed to load cuDNN ({err}). torch and the system have different cuDNN "
-    "versions: put torch's cuDNN first, e.g. export LD_LIBRARY_PATH=$(python -c \"import "
-    "nvidia.cudnn, os; print(os.path.join(nvidia.cudnn.__path__[0], 'lib'))\"):$LD_LIBRARY_PATH"
-)
+CUDNN_HINT = ("transformer_engine failed to load cuDNN ({err}). torch and the system have different cuDNN "
+              "versions: put torch's cuDNN first, e.g. export LD_LIBRARY_PATH=$(python -c \"import "
+              "nvidia.cudnn, os; print(os.path.join(nvidia.cudnn.__path__[0], 'lib'))\"):$LD_LIBRARY_PATH")
 
 
 class TEUnavailable(RuntimeError):
@@ -67,9 +61,8 @@ def import_te() -> Any:
     try:
         return importlib.import_module("transformer_engine.pytorch")
     except ModuleNotFoundError as err:
-        raise TEUnavailable(
-            "transformer-engine not installed (pip install 'te-gemm-callback[te]' on a CUDA host)"
-        ) from err
+        why = "transformer-engine not installed (pip install 'te-gemm-callback[te]' on a CUDA host)"
+        raise TEUnavailable(why) from err
     except (ImportError, OSError) as err:
         if "cudnn" in str(err).lower():
             raise TEUnavailable(CUDNN_HINT.format(err=err)) from err
@@ -100,22 +93,16 @@ def canonical(name: str) -> str:
 
 
 def parse_recipes(text: str) -> list[str]:
-    """A comma-separated recipe list (``--precisions``) as TE class names, in the order given, each
-    once; ValueError, one line, for an empty entry or what :func:`user_recipe` refuses."""
-    out = []
-    for part in text.split(","):
-        name = part.strip()
-        if not name:
-            raise ValueError(f"empty recipe name in {text!r}: give comma-separated names, "
-                             "e.g. BF16,Float8CurrentScaling")
-        out.append(user_recipe(name))
-    return list(dict.fromkeys(out))
+    """A comma-separated recipe list (``--precisions``) as TE class names, in the order given, each once."""
+    names = [part.strip() for part in text.split(",")]
+    if not all(names):
+        raise ValueError(f"empty recipe name in {text!r}: give comma-separated names, e.g. BF16,Float8CurrentScaling")
+    return list(dict.fromkeys(user_recipe(name) for name in names))
 
 
 def user_recipe(name: str) -> str:
-    """One recipe name a user gave as TE's class name; ValueError for an unknown name or "FP8" alone:
-    it names four recipes that time differently, and taking one for it would pass that one's numbers
-    off as "FP8" (:func:`canonical` keeps the old alias for Python callers)."""
+    """One recipe name a user gave as TE's class name. "FP8" alone is refused: it names four recipes
+    that time differently (:func:`canonical` keeps the old alias for Python callers)."""
     if name.strip().lower() == "fp8":
         raise ValueError(f"{name!r} names {len(FP8_RECIPES)} recipes ({', '.join(FP8_RECIPES)}): "
                          "choose one or more of them")
@@ -148,14 +135,13 @@ def availability(recipe: str) -> Availability:
     ok, reason = fn(return_reason=True)
     if not ok:
         return Availability(recipe, False, str(reason))
-    major, minor = torch.cuda.get_device_capability()
-    refused = arch_refusal(recipe, (major, minor))
+    refused = arch_refusal(recipe, torch.cuda.get_device_capability())
     return Availability(recipe, refused is None, refused or "")
 
 
 def arch_refusal(recipe: str, capability: tuple[int, int]) -> str | None:
-    """Why a recipe TE reports as available is still not run on a GPU of this compute capability
-    (None: it is run): TE's checks are wider than what its recipes support for training."""
+    """Why a recipe TE reports as available is still not run on this compute capability (None: it is
+    run): TE's checks are wider than what its recipes support for training."""
     recipe = canonical(recipe)
     sm = f"SM {capability[0]}.{capability[1]}"
     # TE documents NVFP4 training on SM 10.0 and 10.3 only (nvfp4.rst); on SM 12.x its fused RHT
@@ -170,9 +156,8 @@ def arch_refusal(recipe: str, capability: tuple[int, int]) -> str | None:
 
 
 def shape_problem(recipe: str, m: int | None, k: int, n: int, grouped: bool = False) -> str | None:
-    """Why TE cannot run a te.Linear / te.GroupedLinear of fprop shape M x K x N under ``recipe``
-    (None: it can), so that the cell says it rather than TE's C++ assertion. ``m`` None: not
-    checked (a grouped GEMM's rows are padded per group)."""
+    """Why TE cannot run a te.Linear / te.GroupedLinear of fprop M x K x N under ``recipe`` (None: it
+    can), said by the cell rather than TE's C++ assertion. ``m`` None: not checked (padded per group)."""
     recipe = canonical(recipe)
     if recipe not in ("MXFP8BlockScaling", "NVFP4BlockScaling"):
         return None

@@ -25,8 +25,8 @@ def plain(text: Any) -> str:
 
 
 def safe(text: Any) -> str:
-    """``text`` as rich prints it literally: control characters as "?", markup escaped (a module
-    named ``[/b]`` is text, never a tag). For every string a user or a file supplied."""
+    """``text`` (any string a user or a file supplied) as rich prints it literally: control characters
+    as "?", markup escaped (a module named ``[/b]`` is text, never a tag)."""
     return escape(plain(text))
 
 
@@ -38,14 +38,12 @@ def error_text(err: BaseException) -> str:
         return f"{type(err).__name__}: (its message could not be read)"
 
 
-# What the tool says while a job runs is INFO: shown on stderr unless the application configured
-# logging itself. Decided again when a capture is set up, since a job often imports us first and
-# configures logging in its main() after.
-_OURS = "_te_gemm_stderr"
+_OURS = "_te_gemm_stderr"  # marks our own handler
 
 
 def stderr_until_configured() -> None:
-    """At import: our own stderr handler at INFO where the application has configured no logging."""
+    """At import: our own stderr handler at INFO where the application has configured no logging (a job
+    often imports us first and configures logging after: :func:`follow_job_logging` then steps aside)."""
     log = logging.getLogger("te_gemm_callback")
     if not logging.getLogger().hasHandlers() and not log.handlers:
         handler = logging.StreamHandler()
@@ -56,8 +54,7 @@ def stderr_until_configured() -> None:
 
 
 def follow_job_logging() -> None:
-    """Once the application has configured logging (root handlers), our lines go to it, at its level,
-    and our import-time stderr handler steps aside."""
+    """Once the application has configured logging, our lines go to it at its level, not to our stderr handler."""
     log = logging.getLogger("te_gemm_callback")
     ours = [h for h in log.handlers if getattr(h, _OURS, False)]
     if ours and logging.getLogger().handlers:

@@ -13,9 +13,8 @@ wgrad    dW = dY^T X     K x M x N             "NT", grad=True
 =======  ==============  ===================  =======================
 
 wgrad is written as TE's ``benchmarks/gemm/benchmark_gemm.py`` does, so printed shapes paste into
-its ``--shapes``. A GEMM with no weight (``C = A @ B``: attention's ``Q K^T``, an einsum) has the
-gradients of both inputs, dgrad_a (dA = dC B^T) and dgrad_b (dB = A^T dC), written as dgrad and
-wgrad are; captures from before these names label them dgrad and wgrad, and still load.
+its ``--shapes``. A GEMM with no weight (``C = A @ B``: attention's ``Q K^T``) has dgrad_a (dA = dC B^T)
+and dgrad_b (dB = A^T dC), written as dgrad and wgrad are (older captures label them so, and still load).
 """
 
 from __future__ import annotations
@@ -120,9 +119,9 @@ def parse_shapes(text: str) -> list[GemmShape]:
         if len(parts) != 3 or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
             raise ValueError(f"bad shape {item!r}: write M x K x N as positive integers in ASCII digits, "
                              "e.g. 4096x4096x4096")
-        if max(map(int, parts)) > MAX_DIM:  # no GPU runs it, and its FLOPs would overflow a float
-            raise ValueError(f"bad shape {item!r}: each dimension must be at most {MAX_DIM}")
         m, k, n = map(int, parts)
+        if max(m, k, n) > MAX_DIM:  # no GPU runs it, and its FLOPs would overflow a float
+            raise ValueError(f"bad shape {item!r}: each dimension must be at most {MAX_DIM}")
         shapes.append(GemmShape(m, k, n))
     if not shapes:
         raise ValueError("no shapes given: write them as MxKxN,MxKxN")
@@ -216,14 +215,13 @@ class ConfigGemm:
 
 
 def config_gemms(cfg: ModelConfig) -> list[ConfigGemm]:
-    """The weight GEMMs one micro-batch runs. Attention's QK^T and softmax x V are not listed: they
-    run inside fused attention kernels, and no GEMM recipe changes them."""
+    """The weight GEMMs one micro-batch runs (attention's QK^T and softmax x V run in fused kernels that
+    no GEMM recipe changes)."""
     tp = cfg.tensor_parallel
     m, h, hd = cfg.tokens, cfg.hidden_size, cfg.dim_head
     q_width, kv_width = cfg.num_attention_heads * hd, cfg.kv_heads * hd
     out: list[ConfigGemm] = []
-    # Column-parallel layers split N by TP, row-parallel ones split K (Megatron-LM, Shoeybi et al.
-    # 2019, section 3).
+    # Column-parallel layers split N by TP, row-parallel ones split K (Megatron-LM, Shoeybi et al. 2019, sec. 3).
     if cfg.fused_qkv:
         out.append(ConfigGemm("qkv", GemmShape(m, h, (q_width + 2 * kv_width) // tp),
                               notes=f"({cfg.num_attention_heads} + 2 x {cfg.kv_heads}) heads x {hd}"))

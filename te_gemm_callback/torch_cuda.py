@@ -1,9 +1,5 @@
-"""The private torch CUDA entry points the package touches, each behind one function.
-
-A CPU build of torch lacks ``torch._C._cuda_*`` (AttributeError); a CUDA build on a machine without
-a GPU has them, and they raise RuntimeError. Either way the private fast path is not there: take
-the public one. Tests that stand in for CUDA stub these functions, not ``torch._C``.
-"""
+"""The private torch CUDA entry points the package touches, each behind one function that falls back
+to the public path where they are missing or fail. Tests that stand in for CUDA stub these functions."""
 
 from __future__ import annotations
 
@@ -16,8 +12,7 @@ UNAVAILABLE = (AttributeError, RuntimeError, TypeError, ValueError)
 
 
 def current_device() -> int:
-    """The current CUDA device, without ``torch.cuda.current_device()``'s lazy-init check (this is
-    on a hot path: once per timed GEMM)."""
+    """The current CUDA device, without ``torch.cuda.current_device()``'s lazy-init check (once per timed GEMM)."""
     try:
         return torch._C._cuda_getDevice()
     except UNAVAILABLE:
@@ -25,9 +20,8 @@ def current_device() -> int:
 
 
 def current_stream() -> Any:
-    """The current device's current stream, without ``torch.cuda.current_stream()``'s per-call
-    device lookup; None where the private calls are missing (``Event.record(None)`` then takes the
-    public path)."""
+    """The current stream, without ``torch.cuda.current_stream()``'s per-call device lookup; None where
+    the private calls are missing (``Event.record(None)`` then takes the public path)."""
     try:
         sid, dev, typ = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
         return torch.cuda.Stream(stream_id=sid, device_index=dev, device_type=typ)
