@@ -128,7 +128,6 @@ def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> Non
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    # Nothing here imports torch or TE before run_bench_parallel has started its workers.
     precisions = parse_precisions(a.precisions) or list(RECIPES)
     items = _bench_items(a)
     if a.json:  # outputs that would be refused are refused now, not after minutes of measuring
