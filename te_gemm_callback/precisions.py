@@ -94,10 +94,13 @@ def canonical(name: str) -> str:
 
 def parse_recipes(text: str) -> list[str]:
     """A comma-separated recipe list (``--precisions``) as TE class names, in the order given, each once."""
-    names = [part.strip() for part in text.split(",")]
-    if not all(names):
-        raise ValueError(f"empty recipe name in {text!r}: give comma-separated names, e.g. BF16,Float8CurrentScaling")
-    return list(dict.fromkeys(user_recipe(name) for name in names))
+    out = []
+    for name in (part.strip() for part in text.split(",")):
+        if not name:
+            raise ValueError(f"empty recipe name in {text!r}: give comma-separated names, "
+                             "e.g. BF16,Float8CurrentScaling")
+        out.append(user_recipe(name))
+    return list(dict.fromkeys(out))
 
 
 def user_recipe(name: str) -> str:
