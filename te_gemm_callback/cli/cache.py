@@ -75,7 +75,8 @@ def cell_counts(results: dict[str, Any]) -> Counter:
     for key, entry in results.items():
         parts = str(key).split("|")
         if len(parts) >= 7:
-            device, versions, recipe = parts[0], parts[1], parts[4]
+            # A bench without TE keys its cells "TE None": shown as the absence it is.
+            device, versions, recipe = parts[0], parts[1].replace("TE None", "no TE"), parts[4]
         else:
             e = entry if isinstance(entry, dict) else {}
             cond = got if isinstance(got := e.get("conditions"), dict) else {}
