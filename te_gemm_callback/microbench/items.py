@@ -1,8 +1,8 @@
-"""What to benchmark: work items, one per GEMM of the job (from a model config, a capture or a
-shape list), with the passes each runs and how often a step runs it."""
+"""What to benchmark: one work item per GEMM of the job (from a model config, a capture or shapes)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,8 +16,7 @@ class WorkItem:
     """One GEMM of the job: its fprop shape, how often a step runs it, and the passes it runs.
 
     ``m_splits``: a grouped (MoE) GEMM, M = sum(m_splits). ``weight``: False for a GEMM of two
-    activations (fprop, dgrad_a, dgrad_b). ``passes``: each pass the job runs with its calls per
-    call of the item, in GemmOp order; empty for all three once each.
+    activations. ``passes``: (pass, calls per call of the item) in GemmOp order; empty for all three once.
     """
 
     name: str
@@ -78,9 +77,7 @@ def representative_splits(calls: list[list[int]], k: int = 3) -> list[tuple[tupl
     """The m_splits to time for a grouped GEMM whose routing changed between calls, each with its
     share of the calls: every distinct split if at most ``k``, else ``k`` calls evenly spaced in
     the order of their imbalance (largest group / mean)."""
-    distinct: dict[tuple[int, ...], int] = {}
-    for s in calls:
-        distinct[tuple(s)] = distinct.get(tuple(s), 0) + 1
+    distinct = Counter(tuple(s) for s in calls)
     if len(distinct) <= k:
         return [(s, n / len(calls)) for s, n in distinct.items()]
     ranked = sorted((tuple(s) for s in calls), key=lambda s: max(s) * len(s) / max(sum(s), 1))
@@ -89,9 +86,8 @@ def representative_splits(calls: list[list[int]], k: int = 3) -> list[tuple[tupl
 
 
 def items_from_capture(cap: GemmCapture) -> list[WorkItem]:
-    """One item per captured GEMM (name, forward shape) with the passes the job ran at their calls
-    per step. Recomputes are left out (fprop again, of the same cell); a grouped GEMM whose routing
-    changed becomes one item per representative m_splits (:func:`representative_splits`)."""
+    """One item per captured GEMM (name, forward shape) with the passes the job ran, recomputes left
+    out; a grouped GEMM whose routing changed becomes one item per :func:`representative_splits`."""
     groups: dict[tuple, dict[str, Any]] = {}
     for r in cap.records:
         if r.recompute:

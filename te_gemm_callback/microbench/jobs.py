@@ -1,9 +1,8 @@
 """One job of the microbenchmark: a work item's GEMM passes in one recipe, in each mode.
 
-A TE job runs a real ``te.Linear`` / ``te.GroupedLinear`` forward and backward under the recipe,
-so dgrad and wgrad are the GEMMs TE's backward calls. ``autocast`` mode (quantization included)
-times with per-iteration events: fprop = the forward, wgrad = its GEMM, dgrad = backward minus it.
-``prequantized`` mode (kernels only) repeats each GEMM call back to back with TE's operands.
+A TE job runs a real ``te.Linear`` / ``te.GroupedLinear`` forward and backward under the recipe.
+``autocast`` (quantization included) times each iteration: fprop = the forward, wgrad = its GEMM,
+dgrad = backward minus it; ``prequantized`` (kernels only) repeats each GEMM call with TE's operands.
 Without TE or CUDA, and for a GEMM no recipe runs, torch BF16 matmuls time the same passes.
 """
 
@@ -66,8 +65,8 @@ class _GemmTap:
         arg = arg_reader(orig)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # general_grouped_gemm may call general_gemm, also tapped (TE cpp_extensions/gemm.py:
-            # row-scaled NVFP4, debug quantizers): the inner call is part of the outer one's time.
+            # general_grouped_gemm may call general_gemm, also tapped (TE cpp_extensions/gemm.py):
+            # the inner call is part of the outer one's time.
             if self._depth:
                 return orig(*args, **kwargs)
             self._depth += 1
@@ -235,8 +234,8 @@ class TorchJob:
             fn()
             # On CPU the model rate (a GPU's) does not apply: size from a timed trial.
             est_ms = 1e3 * self.gemm_s if self.cuda else stats(time_cpu(fn, 2))[0]
-            self.calls[op] = (_share_iters(est_ms, share, target_ms=30.0, lo=10, hi=50) if self.cuda
-                              else _share_iters(est_ms, share, target_ms=20.0, lo=5, hi=50))
+            target_ms, lo = (30.0, 10) if self.cuda else (20.0, 5)
+            self.calls[op] = _share_iters(est_ms, share, target_ms=target_ms, lo=lo, hi=50)
         self.setup_s = time.perf_counter() - t0
 
     def queue(self) -> Collect:
@@ -250,13 +249,10 @@ class TorchJob:
         return lambda: {(op, mode): read() for op, read in timed.items() for mode in self.modes}
 
 
-Job = TeJob | TorchJob
-
-
 def grouped_linear_options(cls: Callable) -> dict[str, Any]:
-    """Keyword arguments for ``te.GroupedLinear`` beyond the sizes: the per-expert GEMMs where TE
-    takes ``use_grouped_tensor``. Its native grouped-tensor path needs m_splits on the GPU and calls
-    a GEMM entry point the tap does not hold (module/grouped_linear.py), so cells would be empty."""
+    """Keyword arguments for ``te.GroupedLinear``: the per-expert GEMMs where TE takes ``use_grouped_tensor``.
+
+    Its grouped-tensor path calls a GEMM entry point the tap does not hold (module/grouped_linear.py)."""
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
@@ -266,7 +262,7 @@ def grouped_linear_options(cls: Callable) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def job_factory(use_te: bool, modes: Iterable[str], flush: L2Flush | None, share: float,
-                gemm_duty: float = GEMM_DUTY) -> Iterator[Callable[[WorkItem, str], Job]]:
+                gemm_duty: float = GEMM_DUTY) -> Iterator[Callable[[WorkItem, str], TeJob | TorchJob]]:
     """``with job_factory(...) as make: job = make(item, precision)``; with TE, its GEMMs tapped."""
     modes = list(modes)
     if not use_te:

@@ -1,8 +1,9 @@
-"""The host's cost of each captured TE module in each recipe, and the GPU time it adds beside its
-GEMMs: what the replay (analysis.whatif) changes besides the GEMM kernels. Per module kind one
-module per recipe is rebuilt and run on the captured input: GPU kernels first, every module of every
-kind in one CUPTI session (with the recording taxes), then host time per kind in rounds over its
-recipes (a drift of the host's speed falls on all alike).
+"""The host cost of each captured TE module in each recipe, and the GPU time it adds beside its GEMMs:
+what the replay (analysis.whatif) changes besides the GEMM kernels.
+
+One module per kind and recipe is rebuilt and run on the captured input: first the GPU kernels of all
+of them in one CUPTI session, then host time per kind in rounds over its recipes (so a drift of the
+host's speed falls on all recipes alike).
 """
 
 from __future__ import annotations
@@ -18,18 +19,17 @@ from te_gemm_callback.capture.module_specs import spec_key
 from te_gemm_callback.precisions import autocast
 
 MODULE_COST_SCHEMA = 4
-# None: the host-timed passes run on the captured input, whose first calls (TE's workspaces, its
-# torch.compile'd fusions) the job has already paid and the GPU rows then share; a number (a multiple of
-# every FP8 recipe's block) cuts them to that many tokens, each new shape then paying its own.
+# None: host passes run on the captured input, whose first calls the GPU rows have already paid; a
+# number (a multiple of every FP8 recipe's block) cuts the input to that many tokens.
 HOST_TOKENS: int | None = None
 HOST_ROUNDS = 3  # rounds over a kind's recipes
 HOST_PASSES = 2  # timed forward+backward passes per module in a round
-# A module whose kernels outlast its launches this many times over hides its host time behind the GPU
-# in a step: one pass per round times it, and its kernels (the bench's wall time) run a third as often.
+# A module whose kernels outlast its launches this many times over hides its host time behind the GPU:
+# one pass per round times it, so its kernels (the bench's wall time) run less often.
 GPU_HEAVY = 2.0
 GPU_ITERS = 2  # profiled passes on the captured input: kernel times vary far less than the host's
 KEEP_GPU_BUSY = True  # host rounds timed behind a sleeping kernel (False: onto an idle GPU)
-# Each round's sleeping kernel lasts this share of the last round's host time: busy, never still asleep.
+# Each round's sleeping kernel lasts this share of the last round's host time: busy, yet never still asleep.
 BUSY_SHARE = 0.9
 _CYCLES_PER_S: list[float] = []  # torch.cuda._sleep's cycles per second on this GPU, once measured
 
@@ -43,22 +43,20 @@ def _build(spec: dict[str, Any], te: Any, dtype: Any) -> tuple[Any, int, int]:
     if "normalization" in spec and cls != "Linear":
         kw["normalization"] = spec["normalization"]
     if cls == "LayerNormMLP":
-        m, h, n1 = g["fc1"]
-        ffn = g["fc2"][1]
+        m, h, _ = g["fc1"]
         if "activation" in spec:
             kw["activation"] = spec["activation"]
-        return te.LayerNormMLP(h, ffn, **kw), m, h
+        return te.LayerNormMLP(h, g["fc2"][1], **kw), m, h
     (m, k, n), = g.values()
     return getattr(te, cls)(k, n, **kw), m, k
 
 
 def _error(err: Exception) -> dict[str, str]:
-    """A row that could not be measured, and why (one line, bounded)."""
     return {"error": f"{type(err).__name__}: {str(err)[:200]}"}
 
 
 class _Run:
-    """One module, its inputs (host-timed, captured) and output gradients, run in one recipe."""
+    """One module in one recipe, with its inputs (host-timed and captured) and output gradients."""
 
     def __init__(self, mod: Any, recipe: str, x_host: Any, x_full: Any) -> None:
         self.mod, self.recipe, self.autocast = mod, recipe, autocast
@@ -68,7 +66,7 @@ class _Run:
     def passes(self, n: int, which: str = "host") -> tuple[list[float], list[float]]:
         """Host µs of ``n`` forwards and backwards, in one autocast as a step enters it once."""
         x = self.x[which]
-        key = "full" if x is self.x["full"] else which  # one gradient per input: made on its first pass, untimed
+        key = "full" if x is self.x["full"] else which  # one gradient per input, made untimed on its first pass
         fwd, bwd = [], []
         with self.autocast(self.recipe):
             for _ in range(n):
@@ -85,7 +83,7 @@ class _Run:
 
 
 def _cycles_per_s(torch: Any) -> float:
-    """Cycles of ``torch.cuda._sleep`` per second on this GPU, from one timed sleep, once per process."""
+    """Cycles of ``torch.cuda._sleep`` per second on this GPU, timed once per process."""
     if not _CYCLES_PER_S:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         cycles = 20_000_000
@@ -99,13 +97,13 @@ def _cycles_per_s(torch: Any) -> float:
 
 def _host_rows(runs: list[_Run], torch: Any, round_s: float, passes: list[int]) -> list[dict[str, float]]:
     """Median host µs of one forward and one backward per run, over rounds that visit every run
-    (``passes[i]`` passes of run i each); ``round_s``: a first round's host time, guessed."""
+    (``passes[i]`` passes of run i); ``round_s`` is a guess of the first round's host time."""
     for run in runs:
         if run.x["host"] is not run.x["full"]:
             run.passes(2)  # a shape of its own: TE's first calls on it
     times: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
     for _ in range(HOST_ROUNDS):
-        # An empty queue at each round's start: a round's launches never wait for room behind the last's.
+        # An empty queue at each round's start: its launches never wait for room behind the last's.
         torch.cuda.synchronize()
         if KEEP_GPU_BUSY:  # one kernel holds the GPU: only the host's side of the passes is timed
             torch.cuda._sleep(max(int(round_s * BUSY_SHARE * _cycles_per_s(torch)), 1))
@@ -121,11 +119,11 @@ def _host_rows(runs: list[_Run], torch: Any, round_s: float, passes: list[int]) 
 
 
 def _segments(records: list[tuple[Any, ...]], runs: int, after: int = 0) -> list[list[tuple[Any, ...]]]:
-    """Each run's measured kernels in a profile laid out by _gpu_rows: a marker (the first kernel),
-    then per run its warm-up, a marker, its measured passes, a marker; then ``after`` more launches
-    of the marker's kernel (the recording-tax calls), in no run's segment. Any other count of
-    markers (a record lost, a stray launch) is refused: segments cut at the wrong markers would
-    give runs each other's kernels."""
+    """Each run's measured kernels in a profile laid out by _gpu_rows.
+
+    Layout: a marker (the first kernel), then per run its warm-up, a marker, its measured passes, a
+    marker; then ``after`` launches of the marker's kernel (the recording-tax calls). Any other count
+    of markers is refused: cuts at the wrong markers would give runs each other's kernels."""
     recs = sorted(records, key=lambda r: r[1])
     if not recs:
         return []
@@ -137,8 +135,8 @@ def _segments(records: list[tuple[Any, ...]], runs: int, after: int = 0) -> list
 
 
 def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[tuple[float, float, int, float]]:
-    """(GEMM kernel µs, other kernel µs, kernels, host µs while recorded) per forward+backward on the
-    captured input, per run, from one profiler session; ``tax``'s recorded calls at its end."""
+    """Per run, (GEMM kernel µs, other kernel µs, kernels, host µs while recorded) per forward+backward
+    on the captured input, from one profiler session that ends with ``tax``'s recorded calls."""
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
     host: list[float] = []
     prof.__enter__()
@@ -174,8 +172,8 @@ Todo = dict[str, tuple[dict[str, Any], list[str]]]  # kind key: (its spec, recip
 
 
 def _build_runs(todo: Todo, te: Any, torch: Any) -> tuple[list[tuple[str, _Run]], dict[str, dict[str, Any]]]:
-    """The module of each (kind, recipe) of ``todo`` built on the GPU with its captured-size input;
-    the cells that failed to build, with their errors."""
+    """The module of each (kind, recipe) of ``todo`` built with its captured-size input, and the
+    errors of the cells that failed to build."""
     runs: list[tuple[str, _Run]] = []
     failed: dict[str, dict[str, Any]] = {key: {} for key in todo}
     for key, (spec, recipes) in todo.items():
@@ -193,12 +191,12 @@ def _build_runs(todo: Todo, te: Any, torch: Any) -> tuple[list[tuple[str, _Run]]
 
 def _measure(todo: Todo, te: Any, torch: Any, phases: dict[str, float],
              tax: _Tax | None = None) -> dict[str, dict[str, Any]]:
-    """{kind key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us, kernels} or {"error"}}}
-    for every (kind, recipe) of ``todo``: the GPU rows of all of them in one profiler session, then
-    host rounds per kind over its recipes (a round's launches stay few: none waits for room in the
-    launch queue); seconds spent building, profiling the GPU and timing the host added to
-    ``phases``. A cell that fails to build or a failure inside measures each kind alone, then each
-    recipe alone (the others' modules freed first), so only the failing cell's row is an error."""
+    """{kind key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us, kernels} or {"error"}}}.
+
+    GPU rows of every cell in one profiler session, then host rounds per kind (so a round's launches
+    never wait for room in the launch queue); each phase's seconds are added to ``phases``. After a
+    failure each kind is measured alone, then each recipe alone (the others' modules freed first), so
+    only the failing cell's row is an error."""
     t0 = time.perf_counter()
     runs, rows = _build_runs(todo, te, torch)
     cells = sum(len(recipes) for _, recipes in todo.values())
@@ -210,7 +208,6 @@ def _measure(todo: Todo, te: Any, torch: Any, phases: dict[str, float],
             t2 = time.perf_counter()
             for key in todo:
                 mine = [i for i, (k, _) in enumerate(runs) if k == key]
-                # A module whose kernels outlast its launches: one pass per round (GPU_HEAVY).
                 passes = [1 if gpus[i][0] + gpus[i][1] > GPU_HEAVY * gpus[i][3] else HOST_PASSES for i in mine]
                 guess_s = sum(n * gpus[i][3] for n, i in zip(passes, mine)) / 1e6  # recorded: over the bare time
                 hosts = _host_rows([runs[i][1] for i in mine], torch, guess_s, passes)
@@ -240,7 +237,7 @@ def _measure(todo: Todo, te: Any, torch: Any, phases: dict[str, float],
 
 
 def _per_call_us(fn: Any, calls: int, torch: Any) -> float:
-    """Host µs of one of ``calls`` back-to-back calls of ``fn``, from an empty queue."""
+    """Host µs per call of ``calls`` back-to-back calls of ``fn``, from an empty queue."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -251,9 +248,8 @@ def _per_call_us(fn: Any, calls: int, torch: Any) -> float:
 
 
 class _Tax:
-    """Host µs more that a bare CUDA launch and a one-kernel ATen op cost while torch.profiler records
-    CUDA activity than without: medians of ``calls`` of each, bare ones taken outside a session and
-    recorded ones inside one (starting a session costs more than all the calls)."""
+    """The host µs a CUDA launch and a one-kernel ATen op cost more while torch.profiler records CUDA
+    activity: medians of ``calls`` of each, taken outside and inside a session."""
 
     def __init__(self, torch: Any, calls: int = 500) -> None:
         x = torch.zeros(1, device="cuda")
@@ -264,7 +260,7 @@ class _Tax:
         self.recorded_sleeps = 0  # torch.cuda._sleep launches made while recorded
 
     def start(self) -> None:
-        """First calls, then one bare sample: before a session records."""
+        """First calls, then one bare sample, before a session records."""
         for fn in self.fns:
             _per_call_us(fn, self.calls, self.torch)
         self.sample(False)
@@ -282,16 +278,14 @@ class _Tax:
         return {"cupti_call_tax_us": round(call, 3), "profiler_op_tax_us": round(op, 3)}
 
 
-def recording_tax_us(torch: Any, calls: int = 1000) -> tuple[float, float]:
-    """(launch, op) recording taxes in µs (:class:`_Tax`) from a profiler session of their own."""
+def _recording_tax(torch: Any, calls: int = 1000) -> dict[str, float] | None:
+    """The recording taxes (:class:`_Tax`) from a profiler session of their own."""
     tax = _Tax(torch, calls)
     tax.start()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
         tax.sample(True, 3)
     tax.sample(False, 2)
-    got = tax.result()
-    assert got is not None
-    return got["cupti_call_tax_us"], got["profiler_op_tax_us"]
+    return tax.result()
 
 
 class CostCache:
@@ -317,8 +311,8 @@ class CostCache:
 def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
                          cache: CostCache | None = None) -> dict[str, Any]:
     """{"schema", "kinds": {key: {recipe: row (_measure)}}, "modules": {name: key}, "cupti_call_tax_us",
-    "profiler_op_tax_us", "wall_s", "phases_s", "cached"} for the modules of ``specs`` in each of
-    ``recipes``; rows in ``cache`` are not measured again, rows measured are stored there."""
+    "profiler_op_tax_us", "wall_s", "phases_s", "cached"} for ``specs`` in each of ``recipes``; rows
+    found in ``cache`` are not measured again, rows measured are stored there."""
     import torch
 
     from te_gemm_callback.precisions import import_te  # looked up at call time (tests stand in for it)
@@ -334,8 +328,8 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
         out["modules"][name] = key
         kinds.setdefault(key, spec)
     rows = {key: {r: got for r in recipes if (got := cache.get(key, r)) is not None} for key in kinds}
-    todo = {key: (spec, [r for r in recipes if r not in rows[key]]) for key, spec in kinds.items()}
-    todo = {key: part for key, part in todo.items() if part[1]}
+    todo = {key: (spec, missing) for key, spec in kinds.items()
+            if (missing := [r for r in recipes if r not in rows[key]])}
     tax_row = cache.get("recording-tax")
     if todo:
         te = import_te()  # only where something is measured: a cached bench needs no TE
@@ -356,8 +350,8 @@ def measure_module_costs(specs: dict[str, dict[str, Any]], recipes: list[str],
             rows[key].update(got)
     if tax_row is None:
         t0 = time.perf_counter()
-        tax_row = dict(zip(("cupti_call_tax_us", "profiler_op_tax_us"),
-                           (round(v, 3) for v in recording_tax_us(torch))))
+        tax_row = _recording_tax(torch)
+        assert tax_row is not None
         out["phases_s"]["tax_s"] = round(time.perf_counter() - t0, 3)
     cache.put(tax_row, "recording-tax")
     out["kinds"] = {key: {r: rows[key][r] for r in recipes} for key in kinds}

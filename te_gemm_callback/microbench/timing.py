@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import platform
 import shutil
 import subprocess
 import time
@@ -16,14 +17,13 @@ from te_gemm_callback.microbench.cells import stats
 from te_gemm_callback.microbench.rates import gemm_seconds
 from te_gemm_callback.precisions import te_version
 
-# Hold the GPU while the CPU queues the timed launches, so launch latency never shows between two
-# GEMMs (as triton's do_bench does).
+# Hold the GPU while the CPU queues the timed launches, so launch latency never shows between two GEMMs.
 _HOLD_PER_CALL_S = 20e-6
 _HOLD_MAX_S = 0.5
 
-# A GPU that idled runs dense GEMMs at its boost clock for a moment, then settles at the clock
-# training runs at (docs/benchmark-methodology.md). So a burst never starts on an idle GPU: it is
-# first loaded for HEAT_PER_BURST times the burst's expected time, at most HEAT_MAX_S (the boost's length).
+# A GPU that idled runs at its boost clock for a moment, then settles at the clock training runs at
+# (docs/benchmark-methodology.md): so before a burst an idle GPU is loaded for HEAT_PER_BURST times
+# the burst's expected time, at most HEAT_MAX_S (the boost's length).
 HEAT_MAX_S = 0.15
 HEAT_PER_BURST = 4.0
 # GPU seconds queued to spend the boost (heat_s) and to cover the host's queuing (hold_s), for the timeline.
@@ -106,9 +106,8 @@ def hold_gpu(hold_s: float, burst_s: float | None = None) -> None:
 
 
 class StreamClock:
-    """When the GPU reached points of the stream, in host time, read after one synchronize against
-    an anchor event recorded on an empty stream (on CPU a mark is the host time itself): so a run
-    that queues jobs ahead of the GPU can say when each ran, and at what SM clock."""
+    """When the GPU reached points of the stream, in host time (on CPU a mark is the host time itself),
+    read after one synchronize against an anchor event recorded on an empty stream."""
 
     def __init__(self) -> None:
         self.cuda = torch.cuda.is_available()
@@ -142,8 +141,7 @@ class StreamClock:
 
 
 # The timed GEMMs' default share of GPU time: in a training step other kernels draw less power, so
-# under the power limit GEMMs clock higher than back to back. At 0.75, within BF16 and FP8 steps'
-# GEMM shares, cells agree with the same GEMMs timed in training (docs/benchmark-methodology.md).
+# under the power limit GEMMs clock higher than back to back (docs/benchmark-methodology.md).
 GEMM_DUTY = 0.75
 # Spin-kernel cycles per second at a power-limited GPU's sustained clock: about right is enough.
 _SPIN_HZ = 1.5e9
@@ -151,9 +149,8 @@ _SPIN_HZ = 1.5e9
 
 def between_calls(flush: Callable[[], None] | None, gemm_duty: float,
                   call_s: float) -> Callable[[], None] | None:
-    """What runs between two timed calls, outside their events: the L2 flush if asked, then, with
-    ``gemm_duty`` < 1, a low-power spin of ``call_s * (1 / gemm_duty - 1)``, so the timed GEMMs
-    get ``gemm_duty`` of the GPU's time, the share that sets their clock in training."""
+    """What runs between two timed calls, outside their events: the L2 flush if asked, then a low-power
+    spin of ``call_s * (1 / gemm_duty - 1)``, so the timed GEMMs get ``gemm_duty`` of the GPU's time."""
     if not 0.0 < gemm_duty <= 1.0:
         raise ValueError(f"gemm_duty must be in (0, 1], got {gemm_duty}")
     cycles = int(call_s * (1.0 / gemm_duty - 1.0) * _SPIN_HZ)
@@ -181,8 +178,8 @@ Pairs = list[tuple[Any, Any]]  # (start, end) CUDA events of one call each
 
 def launch_timed(fn: Callable[[], Any], n: int, flush: Callable[[], None] | None = None,
                  burst_s: float | None = None) -> Pairs:
-    """Queue ``n`` calls of ``fn`` between CUDA event pairs, without waiting (read with :func:`elapsed`).
-    An untimed call measures the host time per call, to hold the GPU while the host queues them all."""
+    """Queue ``n`` calls of ``fn`` between CUDA event pairs, without waiting (read with :func:`elapsed`);
+    an untimed first call sizes the hold that covers the host's queuing."""
     t = time.perf_counter()
     fn()
     host_s = time.perf_counter() - t
@@ -245,7 +242,6 @@ def device_conditions() -> dict[str, Any]:
     """Device name, clocks and versions: every result carries them."""
     out: dict[str, Any] = {"torch": torch.__version__, "transformer_engine": te_version()}
     if not torch.cuda.is_available():
-        import platform
         # The model and torch's intra-op threads set a CPU matmul's time (the cache key names them).
         out.update(device=f"CPU ({platform.machine()})", cpu_model=cpu_model(), cpu_threads=torch.get_num_threads())
         return out
@@ -266,7 +262,6 @@ def device_conditions() -> dict[str, Any]:
 
 def cpu_model() -> str:
     """/proc/cpuinfo's "model name" (Linux x86), else what the platform module says."""
-    import platform
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
