@@ -1,8 +1,7 @@
-"""Offline microbenchmarks of the captured shapes in every recipe: autocast mode (GEMM plus the
+"""Offline microbenchmarks of the captured shapes in every recipe, in autocast mode (GEMM plus the
 quantization of its inputs) and pre-quantized mode (GEMM kernels only).
 
-Nothing here imports torch at import time: ``te-gemm bench --devices N`` starts its GPU workers
-before this process pays for torch and TE.
+Nothing here imports torch at import time: ``te-gemm bench --devices N`` starts its GPU workers first.
 """
 
 from __future__ import annotations
@@ -36,15 +35,13 @@ def bench(source: Any, recipes: str | Sequence[str] | None = None,
         source: a ``GemmCapture`` or its ``gemm_capture.json`` path, a ``ModelConfig``, fprop shapes
             as ``"MxKxN,MxKxN"`` or a list of ``GemmShape`` (dgrad and wgrad derived), or ``WorkItem``\\ s.
         recipes: TE recipe names, a list or "A,B" as ``--precisions`` takes them (default: all of them).
-        modes: "autocast" (GEMM + quantization of its inputs) and/or "prequantized" (kernels only): a
-            list, or "autocast", "prequantized" or "both".
+        modes: a list, or "autocast", "prequantized" or "both".
         devices: local GPUs to spread the visits over (one process each).
         cache: True (the default cache), False, or a cache file path.
         visits, gemm_duty, flush_l2: see ``te-gemm bench --help``.
 
     Raises:
-        engine.BenchStopped: a CUDA error left the GPU context unusable; its ``results`` hold the
-            cells measured or cached before it.
+        engine.BenchStopped: a CUDA error left the GPU context unusable; ``results`` holds the cells before it.
 
     Example:
         >>> from te_gemm_callback import bench

@@ -1,5 +1,5 @@
-"""The microbenchmarks' cache: measured cells and per-device peaks kept between runs, shared
-safely between processes (a file lock), refused where noisy or written by another timing."""
+"""The microbenchmarks' cache: measured cells and per-device peaks kept between runs, shared between
+processes under a file lock; noisy cells and another timing's files are never reused."""
 
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ from te_gemm_callback.microbench.cells import BenchResult
 log = logging.getLogger("te_gemm_callback")
 
 # Bumped when the timing changes what a cell measures; another version's cache is kept apart.
-# 2: bursts at the sustained clock (docs/benchmark-methodology.md). 3: jobs queued back to back.
-# 4: each job built once and visited 16 times, timed GEMMs at a training step's duty.
 TIMING_VERSION = 4
 
 CACHE_SCHEMA = "te-gemm-cache/1"
@@ -35,9 +33,9 @@ _ELSEWHERE = "give --cache a new path or set TE_GEMM_CACHE to one"
 
 
 class ResultCache:
-    """JSON cache of results and per-device peaks. Saving merges this run's cells into the file
-    under a lock (``<cache>.lock``). A file that is not a cache is refused, a corrupt one moved
-    aside, an unwritable one a warning (``save_error``); noisy cells are never stored or reused."""
+    """JSON cache of results and per-device peaks; saving merges this run's cells into the file under
+    ``<cache>.lock``. A file that is not a cache is refused, a corrupt one moved aside, an unwritable
+    one a warning (``save_error``)."""
 
     def __init__(self, path: str | Path | None = None, enabled: bool = True, read_only: bool = False,
                  lock_timeout_s: float = 60.0) -> None:
@@ -194,8 +192,8 @@ def _usable(d: dict[str, Any]) -> bool:
 
 
 def _looks_like_cache(raw: bytes) -> bool:
-    """A torn or damaged cache still opens with our schema, the first field we write. Nothing else
-    counts: an lm-eval results.json opens with '{"results"' too, and it is not ours to move."""
+    """A torn or damaged cache still opens with our schema, the first field we write (an lm-eval
+    results.json opens with '{"results"' too, and it is not ours to move)."""
     return raw[:64].lstrip().startswith(b'{"schema": "' + CACHE_SCHEMA.split("/")[0].encode())
 
 

@@ -1,5 +1,4 @@
-"""One measured cell (:class:`BenchResult`: a shape, pass, precision and mode timed, with its
-conditions), its keys, and the bench's limits."""
+"""One measured cell (:class:`BenchResult`), its cache keys, and the bench's limits."""
 
 from __future__ import annotations
 
@@ -23,9 +22,8 @@ MIN_GEMM_DUTY = 0.05
 
 FP8_FAMILY = {r.name for r in RECIPE_TABLE if r.low_precision_peak}  # timed against the FP8 peak
 
-# A cell whose spread (IQR / median) is above this is measured again (engine.REMEASURES), then
-# marked noisy and never cached. Quiet cells sit far below it, host-starved ones far above: the
-# median then depends on which calls the host disturbed (docs/benchmark-methodology.md).
+# A cell whose spread (IQR / median) is above this is measured again (engine.REMEASURES), then marked
+# noisy and never cached: its median depends on which calls the host disturbed (docs/benchmark-methodology.md).
 SPREAD_LIMIT = 0.5
 
 
@@ -91,18 +89,18 @@ class BenchResult:
                 self.mode, self.batch)
 
 
-def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int, ...] | None,
-               precision: str, mode: str, flush_l2: bool, gemm_duty: float = 1.0) -> str:
+def result_key(device: str, versions: str, shape: GemmShape, m_splits: tuple[int, ...] | None, precision: str,
+               mode: str, flush_l2: bool, gemm_duty: float = 1.0) -> str:
     splits = ",".join(map(str, m_splits)) if m_splits else "-"
     return "|".join([device, versions, f"{shape.op}:{shape.mkn}", splits, precision, mode,
                      "flush" if flush_l2 else "warm-l2"] + ([f"duty {gemm_duty:g}"] if gemm_duty != 1.0 else []))
 
 
-def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | None, precision: str,
-             mode: str) -> str:
-    """The cache key of a cell measured under ``cond`` (a run's device conditions). A CPU cell's
-    key names the CPU model and torch's threads, which set a CPU matmul's time; a TE recipe's key
-    hashes the recipe TE built and its NVTE_* variables (a cell without NVFP4's RHT is another)."""
+def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | None, precision: str, mode: str) -> str:
+    """The cache key of a cell measured under ``cond`` (a run's device conditions).
+
+    A CPU cell's key names the CPU model and threads (they set a CPU matmul's time); a TE recipe's
+    key hashes the recipe TE built and its NVTE_* variables."""
     versions = f"torch {cond.get('torch')}, TE {cond.get('transformer_engine')}"
     if precision != "BF16" and (tag := recipe_fingerprint((cond.get("recipe_config") or {}).get(precision),
                                                           cond.get("recipe_env"))):
@@ -110,5 +108,5 @@ def cell_key(cond: dict[str, Any], shape: GemmShape, m_splits: Iterable[int] | N
     device = cond.get("device", "?")
     if "cpu_threads" in cond:
         device = f"{device}, {cond.get('cpu_model') or 'unknown CPU model'}, {cond['cpu_threads']} threads"
-    return result_key(device, versions, shape, tuple(m_splits) if m_splits else None,
-                      precision, mode, bool(cond.get("flush_l2")), cond.get("gemm_duty", 1.0))
+    return result_key(device, versions, shape, tuple(m_splits) if m_splits else None, precision, mode,
+                      bool(cond.get("flush_l2")), cond.get("gemm_duty", 1.0))

@@ -1,7 +1,5 @@
-"""Offline microbenchmarks of a job's GEMMs in every recipe this machine runs (the others skipped
-with TE's reason): one job per work item and recipe, cached cells reused, the rest measured
-(job_queue.JobQueue), summarised and cached; ``meta`` says where the time went and at what clocks.
-"""
+"""Offline microbenchmarks of a job's GEMMs in every recipe this machine runs: one job per work item
+and recipe, cached cells reused, the rest measured (job_queue.JobQueue), summarised and cached."""
 
 from __future__ import annotations
 
@@ -42,8 +40,8 @@ log = logging.getLogger("te_gemm_callback")
 
 Samples = tuple[list[float], list[float]]  # a measured cell's samples (ms) and the SM clock of each visit
 
-# How many times a job with a cell above cells.SPREAD_LIMIT is measured again. A host-starved or
-# shared device is quiet again within seconds; noisy after three tries, the cell is marked noisy.
+# How many times a job with a cell above cells.SPREAD_LIMIT is measured again: a host-starved or
+# shared device is quiet again within seconds.
 REMEASURES = 2
 
 
@@ -60,12 +58,12 @@ def run_bench(items: list[WorkItem], precisions: Iterable[str] = ("BF16",), mode
               console: Any = None, visits: int | None = None, gemm_duty: float | None = None,
               visits_of: int | None = None) -> BenchResults:
     """Time every (work item, pass, precision, mode); a failing cell records its error, one that
-    loses the CUDA context raises :class:`BenchStopped`. ``visits_of``: a multi-GPU run's visits
-    over all GPUs when this run is one GPU's share (each visit then takes that share of the samples);
+    loses the CUDA context raises :class:`BenchStopped`.
+
+    ``visits_of``: a multi-GPU run's visits over all GPUs when this run is one GPU's share;
     ``gemm_duty``: the share of GPU time the timed calls get (default timing.GEMM_DUTY)."""
-    run = BenchRun(precisions, modes, flush_l2=flush_l2, cache=cache, visits=visits, gemm_duty=gemm_duty,
-                   visits_of=visits_of)
-    return run.execute(items, progress, console)
+    return BenchRun(precisions, modes, flush_l2=flush_l2, cache=cache, visits=visits, gemm_duty=gemm_duty,
+                    visits_of=visits_of).execute(items, progress, console)
 
 
 def default_visits(cuda: bool) -> int:
@@ -105,8 +103,7 @@ class BenchRun:
         self.cond.update(flush_l2=bool(self.flush), backend=self.backend, gemm_duty=self.gemm_duty,
                          timing=self._timing())
         # What a TE recipe's cells ran under (cells.cell_key keys them on it).
-        te_recipes = [p for p in self.recipes if p != "BF16"]
-        if te_recipes:
+        if te_recipes := [p for p in self.recipes if p != "BF16"]:
             self.cond["recipe_config"] = {p: recipe_config(p) for p in te_recipes}
         self.cond["recipe_env"] = recipe_environment()
         self.peaks: dict[str, float] = {}

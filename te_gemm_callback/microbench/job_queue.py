@@ -1,5 +1,5 @@
-"""How a run's jobs (:class:`PlannedJob`) are measured: each built once, then every visit of a batch
-queued back to back with one synchronize (:class:`JobQueue`), gathered in a :class:`JobVisits`."""
+"""How a run's jobs are measured: each built once, then every visit of a batch queued back to back with
+one synchronize (:class:`JobQueue`)."""
 
 from __future__ import annotations
 
@@ -92,8 +92,8 @@ class JobQueue:
         self.stopped: str | None = None
 
     def measure(self, jobs: list[PlannedJob]) -> list[JobVisits]:
-        """Build and visit ``jobs``, a fresh :class:`JobVisits` each (a failed retry keeps the earlier
-        cells); after a lost CUDA context (:attr:`stopped`), those of the batches before it."""
+        """Build and visit ``jobs``, a fresh :class:`JobVisits` each; after a lost CUDA context
+        (:attr:`stopped`), only those of the batches before it."""
         out: list[JobVisits] = []
         pending = [JobVisits(job) for job in jobs]
         while pending and self.stopped is None:

@@ -1,9 +1,7 @@
-"""Spread a microbenchmark over several local GPUs: one process per GPU, every GPU running every job
-in the same order for its share of the visits, each cell's samples pooled over the GPUs.
-
-Visits, not cells: a GEMM's clock depends on the work around it (docs/multi-gpu.md). Device 0's
-share runs here, every other in a fresh interpreter (``python -m ...microbench.parallel SPEC OUT``),
-started before this module imports torch so that their start-ups overlap.
+"""Spread a microbenchmark over several local GPUs: every GPU runs every job in the same order for its
+share of the visits (a GEMM's clock depends on the work around it: docs/multi-gpu.md), and each cell's
+samples are pooled. Device 0's share runs here, every other in a fresh interpreter
+(``python -m ...microbench.parallel SPEC OUT``), started before this process imports torch.
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.precisions import canonical
 from te_gemm_callback.shapes import GemmOp, GemmShape
 
-# results and the engine load torch: imported inside the functions, once the workers have started (in
-# a worker, once its device is set).
+# results and the engine load torch: imported inside the functions, once the workers have started.
 
 if TYPE_CHECKING:
     from te_gemm_callback.microbench.results import BenchResults
@@ -69,10 +66,8 @@ def _item_from_json(row: list) -> WorkItem:
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt(stop: Any) -> Iterator[None]:
-    """SIGTERM (timeout, SLURM, Kubernetes) and SIGHUP (terminal closed; unless ``nohup`` ignores it)
-    handled as Ctrl-C: ``stop()`` kills the workers at once, in the handler, then the run unwinds.
-    SIGKILL: the workers die by themselves (:func:`_die_with_parent`), the next run removes the
-    folder (:func:`_remove_stale_folders`)."""
+    """SIGTERM and SIGHUP (unless ignored) handled as Ctrl-C: ``stop()`` kills the workers in the
+    handler, then the run unwinds. After a SIGKILL the workers die by themselves (:func:`_die_with_parent`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -105,9 +100,8 @@ _TMP_PREFIX = "te_gemm_bench_"
 
 
 def _remove_stale_folders() -> None:
-    """Remove this user's ``te_gemm_bench_<pid>_*`` folders of earlier runs on this host (their
-    ``owner`` file) whose process is dead: a SIGKILLed parent cannot remove its own. Caveat: a run
-    in another PID namespace sharing this /tmp looks dead here."""
+    """Remove this user's ``te_gemm_bench_<pid>_*`` folders whose process on this host is dead (a
+    SIGKILLed parent cannot remove its own); a run in another PID namespace sharing /tmp looks dead."""
     host = socket.gethostname()
     try:
         folders = list(Path(tempfile.gettempdir()).glob(_TMP_PREFIX + "*"))
@@ -141,9 +135,8 @@ def _alive(pid: int) -> bool:
 
 
 def _die_with_parent(parent: int, folder: Path) -> None:
-    """In a worker: die when the caller dies, SIGKILL included. Linux: PR_SET_PDEATHSIG (it fires
-    when the starting thread exits; run_bench_parallel's waits for us). Also: a thread polls the
-    parent pid and removes the temporary folder before exiting."""
+    """In a worker: die when the caller dies, SIGKILL included (PR_SET_PDEATHSIG on Linux, and a thread
+    that polls the parent pid and removes the temporary folder before exiting)."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes

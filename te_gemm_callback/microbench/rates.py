@@ -1,9 +1,8 @@
 """The rate model the microbenchmark plans with before it measures: one GEMM's expected time per recipe.
 
-It sizes iteration counts, heat, the split over GPUs and the rest between timed calls
-(``timing.between_calls``), so it must follow this GPU: fitted on an H200 (BF16 650 TFLOP/s
-sustained, FP8 1.7x, NVFP4 3.5x: docs/results/h200.md, facts the code relies on) and rescaled by the
-peaks ``timing.measure_peaks`` takes here; a peak within 5% of the H200's keeps the H200 model.
+It sizes iteration counts, heat and the rest between timed calls, so it follows this GPU: fitted on an
+H200 (docs/results/h200.md, facts the code relies on: rate model) and rescaled by the peaks
+``timing.measure_peaks`` takes here; a peak within SAME_GPU of the H200's keeps the H200 model.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from te_gemm_callback.microbench.cells import FP8_FAMILY
 H200_BF16_FLOPS = 6.5e14
 FP8_OVER_BF16 = 1.7
 NVFP4_OVER_BF16 = 3.5
-H200_PEAKS_TFLOPS = {"bf16": 693.0, "fp8": 1379.0}  # mean of two measure_peaks runs on an H200
+H200_PEAKS_TFLOPS = {"bf16": 693.0, "fp8": 1379.0}
 SAME_GPU = 0.05
 
 _RATES: dict[str, float] = {}
@@ -32,8 +31,8 @@ def _scale(peaks: Mapping[str, float], kind: str) -> float:
 
 
 def set_rate_model(peaks: Mapping[str, float] | None) -> dict[str, float]:
-    """Rescale the model to this GPU's peaks (TFLOP/s of "bf16" and maybe "fp8"); None or {} restores
-    the H200 model. Returns the rates now used (TFLOP/s)."""
+    """Rescale the model to this GPU's peaks (TFLOP/s of "bf16" and maybe "fp8"; None restores the
+    H200 model) and return the rates now used (TFLOP/s)."""
     peaks = peaks or {}
     bf16 = H200_BF16_FLOPS * _scale(peaks, "bf16")
     fp8 = H200_BF16_FLOPS * FP8_OVER_BF16 * _scale(peaks, "fp8") if peaks.get("fp8") else bf16 * FP8_OVER_BF16

@@ -1,5 +1,5 @@
-"""A microbenchmark run's results (BenchResults, JSON in and out), a multi-GPU run's pooling, and
-the totals the report takes from them: GEMM time per call of a layer and per step."""
+"""A microbenchmark run's results (:class:`BenchResults`), a multi-GPU run's pooling, and the GEMM
+time per layer call and per step that the report takes from them."""
 
 from __future__ import annotations
 
@@ -62,9 +62,8 @@ def summarise(r: BenchResult, flops: float, times: list[float], clocks: list[flo
 
 
 def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
-    """One run's results from a multi-GPU run's parts: each cell summarised over the samples of every
-    part that measured it (its pooled spread decides whether it is noisy), in the first part's order;
-    cached and failed-everywhere cells stay as they are."""
+    """One run's results from a multi-GPU run's parts, in the first part's order: each measured cell
+    summarised over the samples of every part; cached and failed-everywhere cells stay as they are."""
     peaks = parts[0].meta.get("peaks_tflops") or {}
     out = []
     for r in parts[0].results:
@@ -81,8 +80,9 @@ def pool_parts(parts: list[BenchResults]) -> list[BenchResult]:
 
 def item_ms(res: BenchResults, item: WorkItem, precision: str, mode: str,
             ops: tuple[GemmOp, ...] | None = None) -> float | None:
-    """GEMM time of one call of a work item, each pass at its calls per call (only those in ``ops``,
-    where given, dgrad_a and dgrad_b counting as the passes they are sized as); None if any failed."""
+    """GEMM time of one call of a work item, each pass at its calls per call; None if any failed.
+
+    ``ops``: only those passes (dgrad_a and dgrad_b count as the passes they are sized as)."""
     total = 0.0
     for s in passes_of(item):
         if ops is not None and s.op not in ops and s.op.sized_as not in ops:
@@ -121,8 +121,9 @@ def measured_items(res: BenchResults, items: list[WorkItem]) -> list[WorkItem]:
 def step_ms(res: BenchResults, items: list[WorkItem], precision: str, mode: str,
             fallback: str | None = None) -> float | None:
     """Σ count x time over all work items: GEMM time per step (or per micro-batch of a config).
-    With ``fallback`` (e.g. "BF16"), an item that failed in ``precision`` (an 8-expert router in
-    FP8) counts at its ``fallback`` time, as the job would keep it; without, the total is None."""
+
+    An item that failed in ``precision`` counts at its ``fallback`` time where given (the job would
+    keep it there), else the total is None."""
     total = 0.0
     for it in items:
         t = item_ms(res, it, precision, mode)
