@@ -6,6 +6,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,7 +28,6 @@ from te_gemm_callback.capture.results import build_capture
 from te_gemm_callback.capture.scope import ModuleScope, is_te_module
 from te_gemm_callback.capture.steady import EagerCompiled, GraphCaptures, SteadyWait, activity, compiled_modules
 from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, INSTRUMENTED, KERNELS, SETTLE, WARMUP, StepPlan
-from te_gemm_callback.capture.step_record import Boundary, StepRecord
 from te_gemm_callback.capture.te_adapter import TEInterceptor
 from te_gemm_callback.files.jsonio import MAX_INT
 from te_gemm_callback.precisions import warn_once
@@ -35,22 +35,36 @@ from te_gemm_callback.printable import follow_job_logging
 
 log = logging.getLogger("te_gemm_callback")
 
+Boundary = tuple[float, Any]  # (host clock in s, CUDA event or None) at a step boundary
+
+
+@dataclass
+class StepRecord:
+    """One step: opened with it, completed when it closes, dropped whole if it never ran."""
+
+    kind: str  # StepPlan's kind; results.py retags unsteady and partial steps once all are known
+    dispatch: bool = False  # the torch dispatch mode ran on it
+    start: Boundary = (0.0, None)
+    end: Boundary | None = None
+    seq_open: int = 0  # autograd's next sequence number at the open: unchanged at the close -> it never ran
+    at_open: tuple[int, int] = (0, 0)  # steady.activity() at the open
+    moved: tuple[int, int] = (0, 0)  # ... and how much it moved during the step
+    micro_batches: int = 1
+    by_order: bool = False  # its TE GEMM owners came by launch order from a hooked step
+    order_failed: bool = False  # ... tried, but its calls did not match: its TE GEMMs are left out
+    kernels: KernelStep | None = None  # a kernels step's kernel records, once the session returned them
+    host_clock: Any = None  # a settle step's ModuleHostClock while it runs
+    module_host_us: dict[str, dict[str, float]] | None = None  # ... and what it read
+    paused_s: float = 0.0  # host time between the job's pause() and resume() (its evaluation, logging)
+
 
 class GemmProfiler:
     """Record every GEMM a model runs: shapes, pass, precision, GPU time and owning module.
 
-    Steps follow a :class:`StepPlan` (docs/step-plan.md): instrumented steps record shapes, owners and
-    precisions; on CUDA a kernels warm-up, a kernels step (per-GEMM GPU time, kept as
-    ``kernel_timeline``) and a settle step follow; then clean steps with nothing attached give the
-    step times. A ``torch.compile`` model first runs "compile" steps until dynamo is done
-    (:mod:`.steady`); unsteady and partial steps are tagged and left out of the step time.
-
-    Nothing stays on the model: an exception through its forward turns capture off and removes
-    everything at once (:mod:`.guards`). When another profiler owns CUPTI (:mod:`.cupti`), CUDA
-    events behind a GPU gate (:mod:`.gate`) time each GEMM instead; ``meta["cupti_owner"]`` says so.
-
-    The options, listed below, are :class:`~te_gemm_callback.capture.config.ProfilerConfig`'s
-    fields, given as keywords or as one ``config``.
+    Steps follow a :class:`StepPlan` (docs/step-plan.md); a ``torch.compile`` model first runs
+    compile steps (:mod:`.steady`). An exception through the model's forward removes everything at
+    once (:mod:`.guards`). The options below are :class:`ProfilerConfig`'s fields, given as keywords
+    or as one ``config``.
 
     Example:
         >>> with GemmProfiler(model) as prof:          # doctest: +SKIP
@@ -98,7 +112,7 @@ class GemmProfiler:
         self.reuse_owners = c.reuse_owners
         self.kernel_profile = c.kernel_profile or KernelProfile()
         self._clock = c.clock
-        self._paused_at: float | None = None  # when the job last paused us
+        self._paused_at: float | None = None
         self.instruments = Instruments(self.scope, self.recorder, self.te)
         self._reset()
         self._clock_reader = c.clock_reader
@@ -109,10 +123,7 @@ class GemmProfiler:
         self._range_open = False  # cudaProfilerStart called, Stop not yet
 
     def _follow_cupti(self) -> None:
-        """Adapt the plan when another profiler owns CUPTI (:mod:`.cupti`), at construction and each start.
-
-        The kernels warm-up, kernels and settle steps become instrumented steps, so CUDA events time
-        each GEMM on several steps (a median). Under Nsight Compute nothing is timed."""
+        """Under another CUPTI owner (:mod:`.cupti`), the kernels steps become instrumented ones, timed by events."""
         owner = cupti_owner() if self._cuda else None
         self.cupti, base = owner, self._base_plan
         self.plan, self.timing = base, self._base_timing
@@ -124,19 +135,18 @@ class GemmProfiler:
                                      kernels=0, dispatch=base.dispatch)
                 if isinstance(base.dispatch, int) and base.dispatch and base.settle and owner.timing != NONE \
                         and self._base_timing != "none":
-                    # GEMMs outside TE modules are timed on dispatch steps only: if there are some, one
-                    # more dispatch step (_dispatch_more) takes the settle slot for a second pair.
+                    # GEMMs outside TE modules are timed on dispatch steps only: one more takes the settle slot.
                     self._more_dispatch = 1
             if owner.timing == NONE:
                 self.timing = "none"
         self.recorder.timer.kind = self.recorder.timer.kind_for(self.timing != "none")
 
     def _reset(self) -> None:
-        self._steps: list[StepRecord] = []  # one per opened step; index = step number
+        self._steps: list[StepRecord] = []  # index = step number
         self._order_off = False  # no TE owners by launch order (compiled model, or a step mismatched)
         if self.te is not None:
             self.te.owners.reset()
-        self._session_ms: dict[str, float] = {}  # host ms to start and to stop the kernel-records session
+        self._session_ms: dict[str, float] = {}  # host ms to start and stop the kernel-records session
         self.instruments.eager = EagerForwards({})
         self.instruments.eager_compiled = EagerCompiled({})
         self._wait = SteadyWait(self.max_compile_steps)
@@ -146,7 +156,6 @@ class GemmProfiler:
         self._abandoned = False  # the forward raised: never attach again
         self.recorder.reset()
 
-    # --- step boundaries: open (instruments for the step's kind), close (times, kernel records) ---
     def _boundary(self) -> Boundary:
         ev = None
         if self.recorder.timer.cuda:  # one event per boundary, none per GEMM
@@ -158,13 +167,11 @@ class GemmProfiler:
         i = self.recorder.step
         kind = self._plan_kind(i)
         j = i - self._wait.lead  # index in the plan (negative for a compile step)
-        # Event pairs where no kernel records will time the GEMMs, and on the first step as a fallback
-        # should the kernels step not join; elsewhere they would be most of the per-GEMM host cost.
+        # Event pairs where no kernel records time the GEMMs, and on the first step in case the kernels step fails.
         timed = self.timing == "events" or (self.timing == "auto" and self.plan.kernels == 0)
         timer = self.recorder.timer
         timer.enabled = timed or (self.timing == "auto" and j == 0)
-        # A lead before each start event only where the pairs give the GEMM times. The gates are built
-        # here, before the boundary, since their first build compiles a kernel.
+        # Gates built before the boundary: their first build compiles a kernel.
         timer.lead = timed
         if timed and not timer.gates and not self._abandoned:
             timer.prepare({p.device.index for p in self.model.parameters() if p.is_cuda})
@@ -203,7 +210,7 @@ class GemmProfiler:
         self._steps.append(rec)  # step_kind reads it from now on; the boundary comes last
         rec.seq_open = self.scope._current_seq()
         self.recorder.nvtx.push(f"step {i} ({kind})")
-        rec.at_open = activity()  # dynamo's counters (a few dict reads), outside the step's time
+        rec.at_open = activity()
         rec.start = self._boundary()
 
     def _close_step(self, micro_batches: int, last: bool = True, ran: bool = True) -> None:
@@ -225,7 +232,6 @@ class GemmProfiler:
                 rec.order_failed = self._order_off = True
                 log.warning("te-gemm: step %d's TE GEMMs did not follow the first instrumented step's order: "
                             "they are left out, and later instrumented steps are hooked again", i)
-        # The session spanning the warm-up and kernels steps ends after the last kernels step.
         if self.kernel_profile.running and (last or self._plan_kind(i + 1) not in (WARMUP, KERNELS)):
             t0 = self._clock()
             steps = self.kernel_profile.stop()  # synchronizes, so it comes after the end boundary
@@ -239,8 +245,7 @@ class GemmProfiler:
                     self._steps[j].kernels = ks
 
     def _host_clock(self) -> ModuleHostClock | None:
-        """Clock each TE module's host time on the first settle step (host_clock.py); None for a
-        compiled model (hooks would make dynamo recompile) or once a step has it."""
+        """Clock each TE module's host time on the first settle step; not on a compiled model (dynamo recompiles)."""
         if self._abandoned or compiled_modules(self.model) or \
                 any(s.module_host_us is not None or s.host_clock is not None for s in self._steps):
             return None
@@ -252,8 +257,7 @@ class GemmProfiler:
         return clock
 
     def _dispatch_more(self, j: int) -> bool:
-        """Whether step ``j``, past the planned dispatch steps, runs the dispatch mode anyway: under
-        another CUPTI owner, when the dispatch steps found GEMMs the TE adapter misses."""
+        """Whether step ``j`` runs one more dispatch step (see :meth:`_follow_cupti`): only if there are torch GEMMs."""
         if not self._more_dispatch or not isinstance(self.plan.dispatch, int) or \
                 not self.plan.dispatch <= j < self.plan.dispatch + self._more_dispatch:
             return False
@@ -272,7 +276,6 @@ class GemmProfiler:
         if self._clocks is not None and self._clocks.running:
             self._clocks.__exit__(None, None, None)
 
-    # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> GemmProfiler:
         """Begin the first profiled step. Each start, including one after :meth:`stop`, begins a new capture."""
         if self._started:
@@ -284,26 +287,22 @@ class GemmProfiler:
         self.scope.ran.clear()
         self.scope.weights_used.clear()
         # Looked up at each start, so graphs and compiles made after construction count too.
-        # Instrumented steps run compiled modules' eager forward (steady.py).
         self.instruments.eager = EagerForwards(graphed_modules(self.model))
         self.instruments.eager_compiled = EagerCompiled(compiled_modules(self.model))
         # Compile steps first, so no compile time lands in a timed step.
         self._wait.waiting = bool(self.instruments.eager_compiled.modules)
         GraphCaptures.install()
         self._held = True
-        # The only thing on the model for the whole window: a try/except around its forward. An
-        # exception through it removes every instrument, whatever the training framework does.
+        # The only thing on the model for the whole window: a try/except around its forward.
         self._guard = ForwardGuard.install(self.model, self.abandon)
         # A compiled model stays hooked: launch-order owners are checked on eager models only.
         self._order_off = bool(self.instruments.eager_compiled.modules)
         if self._range_api is not None:
-            # Stopped once the capture is built (or, with "held", saved): nsys's default
-            # --capture-range-end=stop-shutdown ends the job at the first Stop
+            # Stopped once the capture is built (or, "held", saved): nsys's default range end ends the job there
             # (docs/results/h200.md, facts the code relies on: nsys capture range).
             self._range_api.start()
             self._range_open = True
-        # The SM clock is sampled (20 NVML reads a second on a thread that takes the GIL) over the steps
-        # whose GEMM times are reported: kernels steps if any, else instrumented ones (_open_step).
+        # The SM clock is sampled over the steps whose GEMM times are reported (_open_step).
         self._clocks = None
         self._sample_clocks = self._clock_reader is not None or torch.cuda.is_available()
         try:
@@ -332,8 +331,7 @@ class GemmProfiler:
             # The dispatch mode is thread-local: only the starting thread can remove it.
             raise RuntimeError("GemmProfiler.stop() must be called from the thread that called start()")
         i = self.recorder.step
-        # stop() right after step() (a loop that steps after each iteration): that step never ran.
-        # Autograd's node counter tells: no forward with grad since the step opened.
+        # stop() right after step(): that step never ran if no forward with grad made a node since it opened.
         empty_tail = i > 0 and self.scope._current_seq() <= self._steps[-1].seq_open + 1 and \
             not any(r[0] == i for r in self.recorder.raw)
         self._close_step(micro_batches, ran=not empty_tail)
@@ -368,8 +366,7 @@ class GemmProfiler:
         self._stop_clocks()
 
     def abandon(self, err: BaseException, where: str = "the model's forward") -> None:
-        """Turn capture off after ``where`` raised inside the window: everything of ours comes off,
-        reported once; the job's exception propagates untouched."""
+        """Turn capture off after ``where`` raised: everything of ours comes off; the job's exception goes on."""
         if not self._started or self._abandoned:
             return
         self._abandoned = True
@@ -392,7 +389,7 @@ class GemmProfiler:
         if self._started:
             self.instruments.resume()
             if self._paused_at is not None and self._steps:
-                # The step's clock runs on: how long the job was away tells an evaluation from a step.
+                # How long the job was away tells an evaluation from a step.
                 self._steps[-1].paused_s += self._clock() - self._paused_at
             self._paused_at = None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import platform
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -23,7 +23,6 @@ from te_gemm_callback.capture.kernel_profile import (
 from te_gemm_callback.capture.module_specs import module_specs
 from te_gemm_callback.capture.steady import assess, graphs_compiled
 from te_gemm_callback.capture.step_plan import CLEAN, INSTRUMENTED, KERNELS, PARTIAL, SETTLE
-from te_gemm_callback.capture.step_record import Boundary
 from te_gemm_callback.precisions import te_version
 
 log = logging.getLogger("te_gemm_callback")
@@ -33,7 +32,7 @@ def build_capture(prof: Any) -> GemmCapture:
     rec = prof.recorder
     steps = []
     for i, s in enumerate(prof._steps):
-        (t0, e0), (t1, e1) = s.start, cast(Boundary, s.end)  # stop() closed every step
+        (t0, e0), (t1, e1) = s.start, s.end  # stop() closed every step
         gemm_ms = None
         if s.kind == KERNELS and s.kernels is not None:
             gemm_ms = s.kernels.gemm_ms()
