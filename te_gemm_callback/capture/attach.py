@@ -1,5 +1,4 @@
-"""What a :class:`~te_gemm_callback.GemmProfiler` puts on the model for a step and takes off again:
-module hooks, TE's GEMM interception, the torch dispatch mode, eager forwards of graphed and compiled modules."""
+"""What a profiler puts on the model for a step and takes off again: hooks, TE interception, the dispatch mode."""
 
 from __future__ import annotations
 
@@ -23,14 +22,12 @@ class Instruments:
         self.eager_compiled = EagerCompiled({})  # likewise compiled ones
 
     def attach(self, mode: str) -> None:
-        """Hooks and TE interception. "full": every module hooked (the dispatch mode attributes aten
-        GEMMs of any module); "te": only the TE modules that own GEMMs; "order": no hooks, TE GEMM
-        owners by launch order from an earlier hooked step."""
+        """Hooks and TE interception. "full": every module hooked; "te": only the TE modules that own GEMMs;
+        "order": no hooks, TE GEMM owners by launch order from an earlier hooked step."""
         if self.attached is not None and self.attached != mode:
             self.scope.detach()
             self.attached = None
-        # Graph replays and compiled code run none of our hooks, and a compiled frame must never meet
-        # the dispatch mode: instrumented steps run eager forwards.
+        # Graph replays and compiled code run none of our hooks: instrumented steps run eager forwards.
         self.eager.enter()
         self.eager_compiled.enter()
         if self.attached is None:

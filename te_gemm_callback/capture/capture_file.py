@@ -41,7 +41,6 @@ class GemmCapture:
     steps: list[StepTime]
     meta: dict[str, Any] = field(default_factory=dict)
     coverage: dict[str, Any] = field(default_factory=dict)
-    # The kernels step's kernels (a joined kernels step on a GPU), else None.
     kernel_timeline: KernelTimeline | None = None
 
     @property
@@ -67,8 +66,7 @@ class GemmCapture:
         return full or steps
 
     def gemm_ms_per_step(self) -> float | None:
-        """GEMM GPU time per step: kernels steps' records, else instrumented steps' event pairs;
-        a partial step's scaled to a full step."""
+        """GEMM GPU time per step: kernels steps', else instrumented steps' (a partial one scaled to a full step)."""
         full = self.full_micro_batches
         for kind in ("kernels", "instrumented"):
             times = [s.gemm_ms * full / s.micro_batches for s in self.steps_of(kind) if s.gemm_ms is not None]
@@ -77,8 +75,7 @@ class GemmCapture:
         return None
 
     def step_ms(self) -> float | None:
-        """Median time of the full clean steps; without any, of the settle, kernels, then
-        instrumented ones (``meta["step_time"]``)."""
+        """Median time of the full clean steps, else of the settle, kernels, then instrumented ones."""
         kind = self.step_kind()
         return statistics.median(s.ms for s in self.full_steps_of(kind)) if kind is not None else None
 
@@ -110,8 +107,8 @@ class GemmCapture:
         return "cuda_events" if any(s.gpu_ms is not None for s in self.steps_of(kind)) else "host_clock"
 
     def step_spread(self) -> dict[str, Any] | None:
-        """The count of the steps :meth:`step_ms` draws from and half their range in % of their
-        median (None with fewer than two): the noise of any figure made from the step time."""
+        """The count of the steps :meth:`step_ms` draws from and half their range in % of their median: the noise
+        of any figure made from the step time."""
         kind = self.step_kind()
         if kind is None:
             return None
@@ -121,8 +118,7 @@ class GemmCapture:
         return {"kind": kind, "steps": len(times), "spread_pct": spread}
 
     def gemm_clock(self) -> str | None:
-        """The clock behind :meth:`gemm_ms_per_step` ("kernel_records", "cuda_events", "host_clock"),
-        None when no GEMM was timed; inferred for older files, never assuming CUDA events."""
+        """The clock behind :meth:`gemm_ms_per_step`, None when no GEMM was timed; inferred for older files."""
         if not any(s.gemm_ms is not None for s in self.steps):
             return None
         if any(s.kind == "kernels" and s.gemm_ms is not None for s in self.steps):
@@ -136,8 +132,7 @@ class GemmCapture:
         return "cuda_events" if any(s.gpu_ms is not None for s in self.steps) else "host_clock"
 
     def gemm_share_in_timed_steps(self) -> tuple[float, float] | None:
-        """(GEMM share, step ms), medians over the steps whose GEMMs were timed, each against its own
-        time: host-clock times of two different steps are not comparable."""
+        """(GEMM share, step ms), medians over the steps whose GEMMs were timed, each against its own time."""
         for kind in ("kernels", "instrumented"):
             timed = [(s.gemm_ms, s.ms) for s in self.full_steps_of(kind) if s.gemm_ms is not None and s.ms > 0]
             if timed:

@@ -1,5 +1,4 @@
-"""A capture's parts: GEMM calls, their records (identical calls grouped), step times, and the
-kernels step's timeline; :mod:`.capture_file` holds them."""
+"""A capture's parts (:mod:`.capture_file`): GEMM calls, their records, step times, and the kernels step's timeline."""
 
 from __future__ import annotations
 
@@ -105,9 +104,7 @@ class StepTime:
     gpu_ms: float | None = None  # CUDA events between step boundaries (stream time, gaps included)
     gemm_ms: float | None = None  # GEMM time in this step: kernel records, or the sum of event pairs
     micro_batches: int = 1
-    # A kind of capture.step_plan (instrumented, kernels, clean, ...); "compile", "recompile",
-    # "graph-capture" or "outlier" (capture.steady) give no step time.
-    kind: str = "instrumented"
+    kind: str = "instrumented"  # capture.step_plan's STEP_KINDS
     dispatch: bool = False  # instrumented step that also ran the torch dispatch mode
     round: int | None = None  # a sweep's alternating round this clean step was timed in
     fwd_bwd_ms: float | None = None  # a sweep step's forward+backward part (GPU ms on CUDA, else host ms)
@@ -121,9 +118,8 @@ class StepTime:
 class KernelTimeline:
     """Every kernel of one kernels step as the GPU ran them (:mod:`te_gemm_callback.reporting.trace`).
 
-    ``kernels``: one row per kernel in start order, ``ROW``: ``name`` indexes ``names`` (each long
-    template name once), ``start_us`` from the step's start, ``stream`` or None; for a GEMM kernel,
-    ``call`` (its launch position) and ``record`` (the index of the record it joined). ``total``:
+    ``kernels``: one ``ROW`` per kernel in start order; ``name`` indexes ``names``, ``start_us`` is from the
+    step's start; a GEMM kernel has its launch position (``call``) and the ``record`` it joined. ``total``:
     the kernels the step ran, more than the rows where the timeline was cut.
     """
 
@@ -132,8 +128,7 @@ class KernelTimeline:
     names: list[str]
     kernels: list[list[Any]]
     total: int
-    # The same step's host side (kernel_profile.host_rows): per CUDA runtime call ``[gap_us, cost_us,
-    # kind, [kernel rows]]``, and the launch latency (µs); None without host calls.
+    # The step's host side (kernel_profile.host_rows): [gap_us, cost_us, kind, [kernel rows]] per CUDA call.
     calls: list[list[Any]] | None = None
     latency_us: float | None = None
 
@@ -194,8 +189,7 @@ class KernelTimeline:
 
 
 def aggregate(events: list[GemmEvent], num_steps: dict[str, float]) -> list[GemmRecord]:
-    """Group events into records, in first-seen order. ``num_steps``: the full steps each source
-    recorded on (the dispatch adapter may run on fewer)."""
+    """Group events into records, in first-seen order; ``num_steps``: the full steps each source recorded on."""
     groups: dict[tuple, list[GemmEvent]] = {}
     for e in events:
         groups.setdefault(e.key(), []).append(e)

@@ -1,13 +1,9 @@
 """A gate that holds the GPU ahead of a timed GEMM until the host has launched it.
 
-A CUDA-event pair holds a GEMM's GPU time only if the GEMM is queued when the GPU reaches the start
-event; a spin covers only its own length (docs/results/h200.md: GPU gate). A one-program Triton kernel
-ahead of the start event polls a pinned host slot until the host writes the gate's number there, once
-GEMM and end event are launched. Each gate has its own slot: gates on two threads never open each other.
-
-Never a deadlock: the gate gives up after ``TIMEOUT_NS`` on the GPU's timer and records that, and that
-pair is dropped (:meth:`HostGate.held`). No gate without Triton (the event timer's spin stands in) or
-under ``CUDA_LAUNCH_BLOCKING=1`` (the host could never open it in time).
+An event pair holds a GEMM's GPU time only if the GEMM is queued when the GPU reaches the start event
+(docs/results/h200.md: GPU gate). A one-program Triton kernel ahead of the start event polls a pinned host
+slot until the host writes the gate's number there, once GEMM and end event are launched. Never a deadlock:
+the gate gives up after ``TIMEOUT_NS`` and its pair is dropped (:meth:`HostGate.held`).
 """
 
 from __future__ import annotations
@@ -40,10 +36,8 @@ class _HostPointer:
 
 
 class HostGate:
-    """Holds the current stream: ``close()`` before the start event, ``open(n)`` after the end event;
-    ``held(n)``, after a synchronize, whether gate ``n`` opened on the host's word, not by giving up.
-    ``kernel(flag, flag_slot, want, seen, seen_slot, timeout_ns)``: the gate launch (default
-    :mod:`.gate_kernel`'s); ``pinned``/``device``: where the slots live (tests: on a CPU)."""
+    """Holds the current stream: ``close()`` before the start event, ``open(n)`` after the end event.
+    ``kernel``: the gate launch (default :mod:`.gate_kernel`'s); ``pinned``/``device``: where the slots live."""
 
     def __init__(self, device: int | str = "cuda", kernel: Callable[..., None] | None = None,
                  pinned: bool = True) -> None:
@@ -87,8 +81,7 @@ _GATES: dict[int, HostGate | None] = {}  # one per device and process: the kerne
 
 
 def host_gate(device: int) -> HostGate | None:
-    """Device ``device``'s gate, built on first use; None where none can be built (said once) or with
-    blocking launches."""
+    """Device ``device``'s gate, built on first use; None where none can be built (said once) or launches block."""
     if os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
         return None
     if device not in _GATES:

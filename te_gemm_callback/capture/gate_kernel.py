@@ -1,5 +1,4 @@
-"""The Triton kernel behind :class:`~.gate.HostGate`, in a module of its own: importing Triton takes
-a while and needs a CUDA build of torch, so only a gate that is about to be built imports it."""
+"""The Triton kernel behind :class:`~.gate.HostGate`, apart: importing Triton is slow and needs CUDA torch."""
 
 from typing import Any
 

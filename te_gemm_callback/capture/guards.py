@@ -1,11 +1,9 @@
 """What the profiler puts on the user's model, made safe to leave behind.
 
-- :class:`ForwardGuard`: the root's forward for the capture window: an exception going through it
-  takes every instrument off (frameworks without an exception hook would leave them on). An instance
-  attribute, not a hook: while an exception unwinds, torch iterates the root's hook dict itself.
-  Copies of the root (deepcopy, pickle, DataParallel replicas) get the module's own forward.
-- :class:`HookFn`: our hook callables; in a deepcopy or pickle of the model they become
-  :class:`Inert`, which does nothing and takes itself off at its first call.
+- :class:`ForwardGuard`: the root's forward for the capture window: an exception going through it takes every
+  instrument off. An instance attribute, not a hook: while an exception unwinds, torch iterates the hook dict.
+- :class:`HookFn`: our hook callables; in a deepcopy or pickle of the model they become :class:`Inert`.
+Copies of the model never carry anything of ours that works.
 """
 
 from __future__ import annotations
@@ -66,8 +64,7 @@ def register(module: nn.Module, hook: HookFn, **kwargs: Any) -> Any:
 
 
 class StandIn:
-    """A bound method of ours stored on a module (``module.backward_dw``): a copy or pickle of the
-    module gets what was there before us (``fn``, re-bound to the copy by deepcopy)."""
+    """A bound method of ours stored on a module: a copy or pickle of the module gets ``fn``, what was there before."""
 
     __slots__ = ("fn",)
 
@@ -89,8 +86,7 @@ class StandIn:
 
 
 class ForwardGuard(StandIn):
-    """``model.forward`` for the capture window: calls the forward it replaced; an exception going
-    through it calls ``on_raise`` (which takes the instruments off) before it goes on up."""
+    """``model.forward`` for the capture window: an exception through it calls ``on_raise`` before it goes on up."""
 
     __slots__ = ("on_raise", "model", "had", "had_replicate", "live")
 
@@ -132,8 +128,7 @@ class ForwardGuard(StandIn):
 
 
 def _unlink(top: Any, guard: ForwardGuard) -> None:
-    """Take ``guard`` out of a chain of guards (profilers stopped out of order): the one above it
-    takes over what ``guard`` called and would put back."""
+    """Take ``guard`` out of a chain of guards (profilers stopped out of order): the one above takes over from it."""
     cur = top
     while isinstance(cur, ForwardGuard):
         if cur.fn is guard:

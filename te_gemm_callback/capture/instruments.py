@@ -1,8 +1,4 @@
-"""Light instruments: CUDA-event pairs and NVTX ranges.
-
-Event pairs are recorded on the stream that runs the GEMM and read back only after the profiled
-steps (one synchronize, outside every step), so timing never stalls the job.
-"""
+"""Light instruments: CUDA-event pairs (read back after the profiled steps, never stalling the job) and NVTX ranges."""
 
 from __future__ import annotations
 
@@ -22,8 +18,8 @@ NVTX_DOMAIN = "te_gemm"
 
 
 class MidMark:
-    """A mark that ``step`` calls once inside each step :func:`boundary_times` times (the sweep marks
-    the end of backward); ``part_ms`` then holds (host ms, GPU ms or None) from each step's start to it."""
+    """A mark a step calls once inside each step that :func:`boundary_times` times (the sweep: end of backward);
+    ``part_ms`` then holds (host ms, GPU ms or None) from each step's start to it."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
@@ -40,8 +36,7 @@ class MidMark:
 
 def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
                    mid: MidMark | None = None) -> list[tuple[float, float | None]]:
-    """(host ms, GPU ms or None) of each of ``n`` back-to-back calls of ``step``: host clock and CUDA
-    event at each boundary, as the profiler's clean steps, with one sync after the last."""
+    """(host ms, GPU ms or None) of ``n`` back-to-back calls of ``step``, timed as the profiler's clean steps."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     evs: list[Any] = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else [None] * (n + 1)
     marks = []
@@ -62,16 +57,14 @@ def boundary_times(step: Callable[[], Any], n: int, cuda: bool | None = None,
             for a, b, e0, e1 in zip(marks, marks[1:], evs, evs[1:])]
 
 
-# Cycles of the spin kernel that stands in for the gate where Triton is missing: ~50 us on H100/H200/
-# B200 clocks, more than a host takes to launch the GEMM, and no longer: a spin is GPU idle time in the
-# step (docs/results/h200.md, facts the code relies on: spin lead).
+# The spin that stands in for the gate without Triton: longer than a GEMM's launch, and no longer, since it is
+# GPU idle time (docs/results/h200.md, facts the code relies on: spin lead).
 LEAD_CYCLES = 100_000
 FLOOR_PAIRS = 20  # pairs around a fill kernel that measure the pairs' floor (calibrate)
 
 
 class Timer:
-    """A per-GEMM pair timer (:func:`gemm_timer`): the recorder opens a pair before each GEMM
-    (:meth:`start`), closes it after (:meth:`stop`), and reads it after the steps (:meth:`read`)."""
+    """A per-GEMM pair timer: :meth:`start` before each GEMM, :meth:`stop` after, :meth:`read` after the steps."""
 
     cuda = False
     source = "none"  # what the capture names the source where GEMMs are timed
@@ -98,7 +91,7 @@ class Timer:
         raise NotImplementedError
 
     def read(self, pair: Any) -> tuple[float | None, str | None]:
-        """(ms, why not), after the steps."""
+        """(ms, why not)."""
         raise NotImplementedError
 
     def elapsed_ms(self, pair: Any) -> float | None:
@@ -131,12 +124,10 @@ class HostClockTimer(Timer):
 class EventTimer(Timer):
     """CUDA-event pairs around GEMMs.
 
-    ``lead``: something goes ahead of each start event so the GPU reaches it only once the host has
-    launched the GEMM; else a GPU run dry stamps it early (docs/results/h200.md, facts the code relies
-    on: spin lead). The lead is the device's GPU gate (:mod:`.gate`, built by :meth:`prepare`), else a
-    spin of ``LEAD_CYCLES``. :meth:`calibrate` measures each device's floor, a pair around a
-    one-element fill, which :meth:`read` takes off every pair (docs/results/h200.md, facts the code
-    relies on: event-pair floor)."""
+    ``lead``: the device's GPU gate (:mod:`.gate`), else a spin, goes ahead of each start event, so a GPU
+    run dry does not stamp it before the GEMM is launched (docs/results/h200.md, facts the code relies on:
+    spin lead). :meth:`read` takes each device's floor off every pair (docs/results/h200.md, facts the
+    code relies on: event-pair floor)."""
 
     source = "cuda_events"
 
@@ -147,12 +138,10 @@ class EventTimer(Timer):
         self.blocking = False
 
     def prepare(self, devices: Any = ()) -> None:
-        """Build the GPU gates of ``devices`` (default: the current one), once per process and device
-        (the first build compiles the kernel). A device without one gets the spin."""
+        """Build the GPU gates of ``devices`` (default: the current one); a device without one gets the spin."""
         if not self.cuda:
             return
         self.blocking = os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")
-
         for d in set(devices) or {torch_cuda.current_device()}:
             if d not in self.gates:
                 self.gates[d] = host_gate(d)
@@ -188,8 +177,7 @@ class EventTimer(Timer):
         return ev, end, gate, n, dev
 
     def read(self, pair: Any) -> tuple[float | None, str | None]:
-        """(ms, why not): the pair less its device's floor; None and "gave up" (its gate let the
-        stream go before the host's word) or "below floor" (a kernel under ~1 us)."""
+        """(ms, why not): the pair less its device's floor, or None and "gave up" (gate timed out) or "below floor"."""
         if pair is None:
             return None, None
         start, end, gate, n, dev = pair
@@ -222,17 +210,15 @@ def _fill_target() -> torch.Tensor:
 
 
 def _record() -> Any:
-    """A timing event on the current stream, given explicitly: ``record()`` without one looks it up
-    through ``torch.cuda.current_stream()``, most of a record's host cost."""
+    """A timing event on the current stream, given explicitly: looking it up is most of a record's host cost."""
     ev = torch.cuda.Event(enable_timing=True)
     ev.record(torch_cuda.current_stream())
     return ev
 
 
 class Nvtx:
-    """NVTX ranges in the ``te_gemm`` domain, for Nsight Systems: the ``nvtx`` package, else
-    ``torch.cuda.nvtx`` (names prefixed ``te_gemm:``), or a ``backend`` with ``start(name) -> handle``,
-    ``end(handle)``, ``push(name)``, ``pop()``."""
+    """NVTX ranges in the ``te_gemm`` domain: the ``nvtx`` package, else ``torch.cuda.nvtx``, or a ``backend``
+    with ``start(name) -> handle``, ``end(handle)``, ``push(name)``, ``pop()``."""
 
     def __init__(self, enabled: bool | str, backend: Any = None) -> None:
         if enabled == "auto":
@@ -257,8 +243,7 @@ class Nvtx:
 
 
 def tool_attached() -> bool:
-    """Whether an NVTX tool (Nsight Systems, a CUPTI injection) is listening: without one, ranges
-    are host time per GEMM that nothing reads."""
+    """Whether an NVTX tool (Nsight Systems, a CUPTI injection) is listening: else ranges are wasted host time."""
     return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_PATH"))
 
 
@@ -299,8 +284,7 @@ class _TorchNvtx:
 
 
 class ProfilerRanges:
-    """An ``nvtx_backend`` that opens a torch.profiler range per GEMM (``"te_gemm: <range name>"``),
-    so a torch.profiler trace attributes each GEMM's kernels to it; no step ranges."""
+    """An ``nvtx_backend`` that opens a torch.profiler range per GEMM (``"te_gemm: <name>"``); no step ranges."""
 
     def start(self, name: str) -> Any:
         rf = torch.autograd.profiler.record_function(f"{NVTX_DOMAIN}: {name}")

@@ -1,5 +1,4 @@
-"""Recording GEMM calls while the profiled steps run: what the TE and torch adapters report each
-call to, with its event pair and NVTX range, and the switch that turns capture off after an error."""
+"""Recording GEMM calls with their event pairs and NVTX ranges, and the switch that turns capture off on an error."""
 
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ log = logging.getLogger("te_gemm_callback")
 
 
 class Recorder:
-    """Shared state of one capture: events, instruments, and the failure switch. Per GEMM, ``begin``
-    and ``end`` build no dataclass and format no string: raw tuples become events in :meth:`resolve`."""
+    """Shared state of one capture: events, instruments, and the failure switch. Per GEMM, ``begin`` and ``end``
+    only keep raw tuples (cheap); :meth:`resolve` makes events of them."""
 
     def __init__(self, scope: ModuleScope, timer: Timer, nvtx: Nvtx) -> None:
         self.scope, self.timer, self.nvtx = scope, timer, nvtx
@@ -31,9 +30,9 @@ class Recorder:
         self.step = 0
         self.raw: list[tuple] = []  # (step, site, recompute, m_splits, event pair), launch order
         self.events: list[GemmEvent] = []
-        # Per step, each GEMM call's key in launch order (None: counted elsewhere), for the kernel join.
+        # Per step, each GEMM call's key in launch order (None: counted elsewhere) and its possible kernel counts.
         self.sequences: dict[int, list[tuple | None]] = {}
-        self.kernel_counts: dict[int, list[tuple[int, ...]]] = {}  # ... and its possible kernel counts
+        self.kernel_counts: dict[int, list[tuple[int, ...]]] = {}
         self.error: str | None = None
         self.dropped: dict[int, int] = {}  # step -> its event pairs left out (Timer.read)
         self.below_floor = 0  # pairs no longer than their floor: no time
@@ -57,8 +56,7 @@ class Recorder:
         return s
 
     def begin(self, site: GemmSite, recompute: bool = False, m_splits: Any = None) -> tuple:
-        # The timer first, the range after it: nsys projects a range onto the GPU work launched in it,
-        # which is then the GEMM's kernels alone, not the gate (that holds the stream until the launch).
+        # The range after the timer: nsys projects it onto the GPU work launched in it, then the GEMM's alone.
         start = self.timer.start()
         try:
             handle = self.nvtx.start(site.range_recompute if recompute else site.range) if self.nvtx.enabled else None
@@ -88,8 +86,7 @@ class Recorder:
         return host
 
     def note_inference(self) -> None:
-        """A linear or matmul ran under torch.inference_mode(): said once a process (a fit starts
-        several captures)."""
+        """A linear or matmul ran under torch.inference_mode(): said once a process."""
         warn_once("te-gemm: the model runs under torch.inference_mode(), where linear and matmul reach the capture "
                   "whole and are not recorded as GEMMs: profile training steps, or run inference under "
                   "torch.no_grad() instead", log)

@@ -2,11 +2,8 @@
 
 Forward: a per-thread stack kept by forward pre/post hooks. Backward: hooks cannot tell sibling
 branches apart, so when a module's forward returns we tag the autograd nodes it created
-(``node.metadata``; created = sequence number at or above the one when its forward began, inner
-modules first); in backward ``torch._C._current_autograd_node()`` names the node running.
-
-Names are as in the model the user wrote, without the attributes through which torch's wrappers
-(compile, DDP, FSDP, activation checkpointing) hold it, decided by the wrapper's type.
+(``node.metadata``); in backward ``torch._C._current_autograd_node()`` names the node running.
+Names are as the user wrote the model, without torch's wrapper attributes (compile, DDP, FSDP, checkpointing).
 """
 
 from __future__ import annotations
@@ -40,8 +37,8 @@ def bears_gemm(m: nn.Module) -> bool:
     return any(p.dim() >= (2 if is_te_module(m) else 3) for _, p in m.named_parameters(recurse=False))
 
 
-# Wrapper class (of that name, defined in torch, or a subclass) -> the attribute holding the wrapped
-# module. ActivationWrapper is the base of CheckpointWrapper and OffloadWrapper.
+# torch's wrapper class (or a subclass) -> the attribute holding the wrapped module.
+# ActivationWrapper is the base of CheckpointWrapper and OffloadWrapper.
 _WRAPPERS = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module", "DataParallel": "module",
              "FullyShardedDataParallel": "_fsdp_wrapped_module", "ActivationWrapper": "_checkpoint_wrapped_module"}
 
@@ -72,8 +69,7 @@ def display_names(model: nn.Module) -> dict[str, str]:
 
 
 def te_ops_owners(modules: dict[str, nn.Module]) -> dict[int, tuple[str, str]]:
-    """id of each GEMM-bearing te.ops op -> (owner shown, its own name): a ``BasicLinear`` inside a
-    ``te.ops.Linear`` is shown as that Linear."""
+    """id of each GEMM-bearing te.ops op -> (owner shown, its own name); a ``te.ops.Linear``'s op is shown as it."""
     out: dict[int, tuple[str, str]] = {}
     for name, m in modules.items():
         if not type(m).__module__.startswith("transformer_engine.pytorch.ops") or not bears_gemm(m):
@@ -104,8 +100,8 @@ def _probe_next_seq(probe: torch.Tensor) -> int:
 
 
 def next_seq_reader() -> Callable[[], int]:
-    """The autograd sequence number the next node made on this thread will get: torch's getter, else
-    a probe node (docs/results/h200.md, facts the code relies on: sequence number)."""
+    """The autograd sequence number the next node made on this thread will get: torch's getter, else a probe
+    node (docs/results/h200.md, facts the code relies on: sequence number)."""
     peek = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
     if peek is not None:
         try:
@@ -132,8 +128,7 @@ class ModuleScope:
 
     def __init__(self, model: nn.Module, on_error: Callable[[BaseException], None]) -> None:
         self.model = model
-        # A wrapper and the module it wraps share one shown name, which stands for the wrapped module
-        # (pre-order: it comes later and takes the entry).
+        # A wrapper and the module it wraps share one shown name; the wrapped one comes later and takes the entry.
         self.shown: dict[str, str] = display_names(model)
         raw_modules = dict(model.named_modules())
         self.modules: dict[str, nn.Module] = {self.shown[n]: m for n, m in raw_modules.items()}
@@ -142,12 +137,11 @@ class ModuleScope:
         te_names = {n for n, m in self.modules.items() if is_te_module(m)}
         self.te_scoped: set[str] = {n for n in self.modules if self._has_te_ancestor(n, te_names)}
         self.ran: set[str] = set()  # modules whose forward ran while attached
-        # Modules whose weight a GEMM used without their forward running (MultiheadAttention's out_proj).
-        self.weights_used: set[str] = set()
+        self.weights_used: set[str] = set()  # a GEMM used their weight outside their forward (MHA's out_proj)
         self._local = threading.local()
         self._handles: list[Any] = []
         self._on_error = on_error
-        # te.ops: the fuser calls its ops' functional forward itself, never hooked (ops_owner()).
+        # te.ops: the fuser calls its ops' functional forward itself, never hooked.
         self.ops_owners: dict[int, tuple[str, str]] = te_ops_owners(self.modules)
         # The TE modules that run GEMMs themselves: the only owners the TE adapter needs named.
         self.te_gemm_set = {n for n, m in self.modules.items() if is_te_module(m) and bears_gemm(m)}
@@ -251,9 +245,7 @@ class ModuleScope:
         return self.param_name(f"{raw_module}.{rel}" if raw_module else rel)
 
     def ops_owner(self, depth: int = 12) -> str | None:
-        """The te.ops op running the GEMM now, read from the calling frames (``self`` of
-        ``BasicLinear.op_forward``, or a fused op's ``linear_op`` or only GEMM-bearing ``basic_ops``),
-        named by its ``te.ops.Linear`` where it is one; marked as ran."""
+        """The te.ops op running the GEMM now, read from the calling frames' ``self`` or ``linear_op``."""
         f: FrameType | None = sys._getframe(2)
         owners = self.ops_owners
         for _ in range(depth):
@@ -328,8 +320,7 @@ class _Post(HookFn):
 
 
 class _BackwardDw(StandIn):
-    """TE's ``delay_wgrad_compute``: wgrad GEMMs run in the job's ``backward_dw()`` call, outside any
-    forward or autograd node; the module owns them, as in its forward."""
+    """TE's ``delay_wgrad_compute``: the wgrad GEMMs of the job's ``backward_dw()`` call belong to its module."""
 
     __slots__ = ("scope", "name")
 

@@ -1,14 +1,10 @@
 """Steady state: a profiled step's time counts only once the job runs as it will keep running.
 
-Unsteady steps, seen without touching the job: ``torch.compile`` compiling (dynamo's counters,
-:func:`compile_activity`; compile steps wait for it, :class:`SteadyWait`), CUDA graph captures
-(:class:`GraphCaptures`), and anything else far slower (:func:`outliers`).
+Unsteady steps: ``torch.compile`` compiling (dynamo's counters; compile steps wait for it, :class:`SteadyWait`),
+CUDA graph captures (:class:`GraphCaptures`), and anything else far slower (:func:`outliers`).
 
-Never make a compiled job run eager: a compiled frame entered once under a TorchDispatchMode is
-marked skipped for good, and for ``torch.nn`` modules that code object is shared by all of them
-(docs/results/h200.md, facts the code relies on: steady state). So instrumented steps run compiled
-modules' eager forward (:class:`EagerCompiled`), and the dispatch mode says
-``ignore_compile_internals()`` (torch >= 2.9) for compiled frames it cannot swap.
+A compiled frame entered once under a TorchDispatchMode is skipped for good (docs/results/h200.md, facts
+the code relies on: steady state), so instrumented steps run compiled modules' eager forward (:class:`EagerCompiled`).
 """
 
 from __future__ import annotations
@@ -22,13 +18,12 @@ from torch import nn
 
 from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, GRAPH_CAPTURE, OUTLIER, RECOMPILE, SETTLE
 
-# A clean step above this many times the faster half's median is an outlier. A ratio, not a MAD rule:
-# steady steps agree so closely that a MAD rule flags ordinary noise (docs/results/h200.md, facts the
-# code relies on: outliers).
+# A clean step above this many times the faster half's median is an outlier; a ratio, since a MAD rule flags
+# ordinary noise (docs/results/h200.md, facts the code relies on: outliers).
 OUTLIER_FACTOR = 3.0
 MIN_FOR_OUTLIERS = 4  # fewer clean steps are never judged: a loaded host alone moves single steps that far
-# A clean step the job paused us in for this share of a median step more than it usually does held
-# something else (an evaluation, a checkpoint): an outlier whatever its time.
+# A clean step the job paused us in for this share of a median step more than usual held an evaluation or a
+# checkpoint: an outlier whatever its time.
 AWAY_SHARE = 0.25
 AWAY_FLOOR_MS = 50.0  # and by this much: a loaded host's stall between two steps is no evaluation
 
@@ -47,11 +42,6 @@ def _counter(cat: str, name: str) -> int:
     return (c.get(cat) or {}).get(name, 0) if c is not None else 0
 
 
-def compile_activity() -> int:
-    """A number that grows whenever dynamo, AOT autograd or inductor compiles something."""
-    return sum(_counter(cat, name) for cat, name in _COMPILE_COUNTERS)
-
-
 def graphs_compiled() -> int:
     return _counter("stats", "unique_graphs")
 
@@ -64,8 +54,7 @@ def compiled_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 class EagerCompiled:
-    """Compiled modules run their eager forward between ``enter`` and ``exit``: dynamo never sees
-    the instruments, and its compiled code and caches stay as they were."""
+    """Compiled modules run their eager forward between ``enter`` and ``exit``; dynamo's code and caches stay."""
 
     def __init__(self, modules: dict[str, nn.Module]) -> None:
         self.modules = modules
@@ -91,8 +80,7 @@ class EagerCompiled:
 
 
 class GraphCaptures:
-    """Counts CUDA graph captures (``CUDAGraph.capture_begin``, which torch.cuda.graph, inductor and
-    TE's make_graphed_callables all call) while installed; the wrapper only counts and calls through."""
+    """Counts CUDA graph captures (``CUDAGraph.capture_begin``: torch, inductor and TE all call it) while installed."""
 
     count = 0
     _users = 0
@@ -138,14 +126,15 @@ def _graph_class() -> Any:
 
 
 def activity() -> tuple[int, int]:
-    """(compile activity, CUDA graph captures) now; the difference over a step says what it did."""
-    return compile_activity(), GraphCaptures.count
+    """(what dynamo, AOT autograd and inductor compiled, CUDA graph captures) so far: the difference over a step
+    says what it did."""
+    return sum(_counter(cat, name) for cat, name in _COMPILE_COUNTERS), GraphCaptures.count
 
 
 @dataclass
 class SteadyWait:
-    """The compile steps before a compiled model's plan: until a step neither compiles nor captures
-    a graph, at most ``limit`` steps."""
+    """The compile steps before a compiled model's plan: until a step neither compiles nor captures a graph, at
+    most ``limit``."""
 
     limit: int
     waiting: bool = False
@@ -161,8 +150,8 @@ class SteadyWait:
 
 
 def outlier_ref(times: list[float]) -> float | None:
-    """The median of the faster half of the clean steps (robust while up to half are slow, which a
-    plain median is not); None below ``MIN_FOR_OUTLIERS``."""
+    """The median of the faster half of the clean steps (robust while up to half are slow); None below
+    ``MIN_FOR_OUTLIERS``."""
     if len(times) < MIN_FOR_OUTLIERS:
         return None
     return statistics.median(sorted(times)[: (len(times) + 1) // 2])
@@ -185,8 +174,7 @@ class Steadiness:
 
 
 def away(ms: list[float], paused: list[float], share: float = AWAY_SHARE) -> list[int]:
-    """Indices of the steps the job was away from (paused us) longer than usual by ``share`` of a
-    median step and AWAY_FLOOR_MS: an evaluation or a checkpoint between two steps, not the step."""
+    """Indices of the steps the job paused us in longer than usual by ``share`` of a median step and AWAY_FLOOR_MS."""
     if len(ms) < 2:
         return []
     typical, step = statistics.median(paused), statistics.median(ms)
@@ -195,9 +183,8 @@ def away(ms: list[float], paused: list[float], share: float = AWAY_SHARE) -> lis
 
 def assess(kinds: list[str], moved: list[tuple[int, int]], ms: list[float], wait: SteadyWait,
            paused: list[float] | None = None) -> Steadiness:
-    """Retag clean and settle steps that compiled or captured a graph, then slow clean steps and
-    those the job was away from (``paused`` ms each) as outliers, and say whether steady state was
-    reached."""
+    """Retag steps that compiled or captured a graph, and slow or paused clean steps as outliers; say whether
+    steady state was reached."""
     kinds = list(kinds)
     for i, (c, g) in enumerate(moved):
         if kinds[i] in (CLEAN, SETTLE) and (c or g):

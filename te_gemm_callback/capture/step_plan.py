@@ -18,11 +18,9 @@ STEP_KINDS = (INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN, COMPILE, RECOMPILE, 
 class StepPlan:
     """Which instrument a profiled step runs under, by its index (docs/step-plan.md).
 
-    ``instrumented`` steps record shapes, owners and precisions (the first ``dispatch`` of them with
-    the torch dispatch mode); ``kernels-warmup`` steps run kernel records unkept; ``kernels`` steps
-    (CUDA only) only kernel records; ``settle`` steps nothing, untimed, after the records' sync; then
-    ``clean`` steps with nothing attached time the job. A ``torch.compile`` model's "compile" steps
-    come before index 0.
+    ``instrumented`` steps record shapes, owners and precisions (the first ``dispatch`` with the torch
+    dispatch mode); ``kernels-warmup`` steps run kernel records unkept; ``kernels`` steps only kernel
+    records; ``settle`` steps nothing, untimed; then ``clean`` steps time the job.
 
     Example:
         >>> [StepPlan(instrumented=1, kernels=1, kernels_warmup=1, settle=1).kind(i) for i in range(6)]

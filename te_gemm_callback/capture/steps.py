@@ -29,8 +29,7 @@ __all__ = ["capture_steps", "StepPlan", "count_arg", "INSTRUMENTED", "WARMUP", "
 
 
 def capture_steps(model: Any, step_fn: Callable[[], Any], clean_steps: int = 1, **profiler_kwargs: Any) -> GemmCapture:
-    """Run ``step_fn`` (one training step) under a :class:`~te_gemm_callback.GemmProfiler` for its
-    profiled steps and ``clean_steps`` more, after any compile steps; returns the capture.
+    """Run ``step_fn`` (one training step) under a profiler for its profiled steps and ``clean_steps`` more.
 
     Example:
         >>> import torch
@@ -49,8 +48,7 @@ def capture_steps(model: Any, step_fn: Callable[[], Any], clean_steps: int = 1, 
                 break
             prof.step()
     except BaseException as err:
-        # A step that raised outside the model's forward (its loss, its optimizer, Ctrl-C): the
-        # forward's guard never saw it, and every hook and the dispatch mode would stay on.
+        # Raised outside the model's forward (loss, optimizer, Ctrl-C): the forward's guard never saw it.
         prof.abandon(err, "the step")
         raise
     return prof.stop()
