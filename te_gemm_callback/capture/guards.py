@@ -8,6 +8,7 @@ Copies of the model never carry anything of ours that works.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from collections.abc import Callable
@@ -102,10 +103,8 @@ class ForwardGuard(StandIn):
         except BaseException as err:
             if self.live:
                 self.live = False
-                try:
+                with contextlib.suppress(Exception):  # taking ours off must never change the job's exception
                     self.on_raise(err)
-                except Exception:  # taking ours off must never change the job's exception
-                    pass
             raise
 
     @classmethod

@@ -167,7 +167,8 @@ class GemmProfiler:
         i = self.recorder.step
         kind = self._plan_kind(i)
         j = i - self._wait.lead  # index in the plan (negative for a compile step)
-        # Event pairs where no kernel records time the GEMMs, and on the first step in case the kernels step fails.
+        # Event pairs (most of the per-GEMM host cost) only where no kernel records time the GEMMs, and on the
+        # first step in case the kernels step fails.
         timed = self.timing == "events" or (self.timing == "auto" and self.plan.kernels == 0)
         timer = self.recorder.timer
         timer.enabled = timed or (self.timing == "auto" and j == 0)
@@ -210,7 +211,7 @@ class GemmProfiler:
         self._steps.append(rec)  # step_kind reads it from now on; the boundary comes last
         rec.seq_open = self.scope._current_seq()
         self.recorder.nvtx.push(f"step {i} ({kind})")
-        rec.at_open = activity()
+        rec.at_open = activity()  # outside the step's time
         rec.start = self._boundary()
 
     def _close_step(self, micro_batches: int, last: bool = True, ran: bool = True) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import traceback
@@ -96,10 +97,8 @@ class Recorder:
         if self.error is None:
             self.error = error_text(err)
             log.warning("te-gemm: capture turned off after an error inside a hook: %s", self.error)
-            try:
+            with contextlib.suppress(Exception):  # one that cannot be formatted: its type and message were said
                 log.debug("te-gemm: where: %s", "".join(traceback.format_exception(err)[-3:]))
-            except Exception:  # an exception that cannot be formatted: its type and message were said
-                pass
         self.active = False
         self.scope.enabled = False
 
