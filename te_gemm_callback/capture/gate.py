@@ -82,7 +82,7 @@ _GATES: dict[int, HostGate | None] = {}  # one per device and process: the kerne
 
 def host_gate(device: int) -> HostGate | None:
     """Device ``device``'s gate, built on first use; None where none can be built (said once) or launches block."""
-    if os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
+    if os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):  # the host could never open it in time
         return None
     if device not in _GATES:
         try:
