@@ -1,6 +1,5 @@
-"""The capture's schedule over a training job's optimizer steps, which every adapter (or a plain
-loop, README.md) drives: the window (``wait`` untouched, ``warmup`` discarded, ``active`` captured),
-the step plan (docs/step-plan.md), publishing and the recipe sweep. Nothing it does can stop the job."""
+"""The capture's schedule over a job's optimizer steps, which every adapter (or a plain loop) drives:
+the window, the step plan (docs/step-plan.md), publishing and the sweep. Nothing it does stops the job."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ from te_gemm_callback.options import refuse_unknown
 from te_gemm_callback.precisions import warn_once
 from te_gemm_callback.printable import follow_job_logging, plain
 from te_gemm_callback.reporting.config import ReportConfig
-from te_gemm_callback.schedule.publish import Publishing, guard
-from te_gemm_callback.schedule.results import ScheduleResults, sweep_metrics
+from te_gemm_callback.schedule.publish import Publishing, ScheduleResults, guard, sweep_metrics
 from te_gemm_callback.sweep.config import SweepConfig
 from te_gemm_callback.sweep.engine import step_loss
 
@@ -35,30 +33,26 @@ log = logging.getLogger("te_gemm_callback")
 
 @dataclass
 class SweepJob:
-    """What the recipe sweep needs from the job (:func:`~te_gemm_callback.sweep.run_sweep`):
-    ``step`` runs one forward on the job's batch and returns the loss; ``optimizer_step`` runs after
-    backward (default: step ``optimizers``); ``rng_objects`` hold generators the job draws from
-    beyond the module's (its DataLoader, sampler), put back after the sweep."""
+    """What the sweep needs from the job: ``step`` runs one forward and returns the loss;
+    ``rng_objects`` hold generators the job draws from (its DataLoader), put back after the sweep."""
 
     module: Any
     step: Callable[[], Any]
     optimizers: Sequence[Any] = ()
-    optimizer_step: Callable[[], Any] | None = None
+    optimizer_step: Callable[[], Any] | None = None  # runs after backward (default: step ``optimizers``)
     context: Callable[[], Any] | None = None  # an outer context per step (Lightning's precision plugin)
     set_recipe: Callable[[Any, Any], Any] | None = None
     rng_objects: Sequence[Any] = ()
 
 
 def own_batch(batch: Any) -> Any:
-    """``batch`` with its tensors copied (in dicts, lists and tuples): a training step that changes its
-    batch in place (a view into the dataset) changes the sweep's copy, not the job's data."""
+    """``batch`` with its tensors copied: a step that changes its batch in place changes the sweep's copy."""
     return tree_map_only(torch.Tensor, lambda t: t.detach().clone(), batch)
 
 
 def accumulated(step: Callable[[], Any], micro_batches: int) -> Callable[[], Any]:
-    """A sweep step of ``micro_batches`` micro-batches, as under gradient accumulation: the first
-    ones' forward and backward here, the last one's loss returned; each loss divided by
-    ``micro_batches``, as Lightning and the HF Trainer do."""
+    """A sweep step of ``micro_batches`` micro-batches, the last one's loss returned; each loss divided
+    by ``micro_batches``, as Lightning and the HF Trainer do."""
     if micro_batches <= 1:
         return step
 
@@ -271,10 +265,7 @@ class GemmSchedule(Publishing):
     def _job_ok(self, job: Any, hook: str) -> bool:
         """Whether ``job`` is a JobStep the publishing can read; a bad one is said once and the
         capture turns itself off (it raised into the job's loop when the window ended)."""
-        try:
-            why = _bad_job(job)
-        except Exception as err:  # a field that cannot even be compared (an array for writes)
-            why = f"a JobStep that cannot be read ({type(err).__name__}: {err})"
+        why = _bad_job(job)
         if why is None:
             return True
         if not self._job_refused:
@@ -337,9 +328,8 @@ class GemmSchedule(Publishing):
             self._turn_off()
 
     def _turn_off(self) -> None:
-        """After a failure of ours (said once, by guard): capture off for the rest of the run, not
-        started again at the next step. Not in a multi-process job, whose other ranks would wait for
-        this one at the gather."""
+        """After a failure of ours (said once, by guard): capture off for the rest of the run. Not in a
+        multi-process job, whose other ranks would wait for this one at the gather."""
         self._drop()
         if world()[1] == 1:
             self.done = True
@@ -358,16 +348,14 @@ class GemmSchedule(Publishing):
         """Take part in the gather this rank owes (:attr:`_owed`) with an empty capture that says why."""
         if not self._owed:
             return
-        try:
-            job = job if _bad_job(job) is None else JobStep()
-        except Exception:  # a field that cannot even be compared: said by _job_ok
-            job = JobStep()
+        job = job if job is not None and _bad_job(job) is None else JobStep()
         cap = GemmCapture(records=[], steps=[], coverage={"error": "capture failed on this rank (see its log)"})
-        self._publish(job or JobStep(), cap)
+        self._publish(job, cap)
         self.done = True
 
     def _finish(self, job: JobStep, keep: bool) -> None:
-        prof, ph = self._prof, self._phase
+        """Stop the open capture; with ``keep`` (an active window's end), publish it."""
+        prof = self._prof
         if prof is None:
             return
         self._prof, self._phase = None, None
@@ -380,10 +368,10 @@ class GemmSchedule(Publishing):
         if cap is False:
             self._prof = prof
             self._turn_off()
-            if keep and ph == "active":
+            if keep:
                 self._settle(job)
             return
-        if keep and ph == "active":
+        if keep:
             if len(cap.steps) < self.capture_config.active:
                 log.warning("te-gemm: training ended inside the capture window: %d of %d active step(s) captured "
                             "(kinds: %s)", len(cap.steps), self.capture_config.active,
@@ -397,22 +385,25 @@ def _bad_job(job: Any) -> str | None:
     """What is wrong with an adapter's ``job`` (None: nothing; None is JobStep())."""
     if job is None:
         return None
-    if not isinstance(job, JobStep):
-        return f"{_short_repr(job)}, not a JobStep"
-    for name, least in (("global_step", 0), ("accumulate", 1)):
-        v = getattr(job, name)
-        try:  # int, numpy's and torch's integers; not a float, a string or a bool
-            ok = not isinstance(v, bool) and operator.index(v) >= least
-        except TypeError:
-            ok = False
-        if not ok:
-            return f"JobStep({name}={_short_repr(v)}): it must be an integer >= {least}"
-    if job.writes not in (True, False):
-        return f"JobStep(writes={_short_repr(job.writes)}): it must be True or False"
-    for name in ("log_metrics", "log_artifacts", "sweep"):
-        v = getattr(job, name)
-        if v is not None and not callable(v):
-            return f"JobStep({name}={_short_repr(v)}): it must be a function or None"
+    try:
+        if not isinstance(job, JobStep):
+            return f"{_short_repr(job)}, not a JobStep"
+        for name, least in (("global_step", 0), ("accumulate", 1)):
+            v = getattr(job, name)
+            try:  # int, numpy's and torch's integers; not a float, a string or a bool
+                ok = not isinstance(v, bool) and operator.index(v) >= least
+            except TypeError:
+                ok = False
+            if not ok:
+                return f"JobStep({name}={_short_repr(v)}): it must be an integer >= {least}"
+        if job.writes not in (True, False):
+            return f"JobStep(writes={_short_repr(job.writes)}): it must be True or False"
+        for name in ("log_metrics", "log_artifacts", "sweep"):
+            v = getattr(job, name)
+            if v is not None and not callable(v):
+                return f"JobStep({name}={_short_repr(v)}): it must be a function or None"
+    except Exception as err:  # a field that cannot even be compared (an array for writes)
+        return f"a JobStep that cannot be read ({type(err).__name__}: {err})"
     return None
 
 

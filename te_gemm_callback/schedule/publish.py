@@ -1,28 +1,29 @@
-"""What the schedule does once its window is over: publish the capture (gathered from every rank,
-written on rank zero, printed, logged), run the recipe sweep, then benchmark and report into the
-run folder and hand the report to the job's logger."""
+"""What the schedule does once its window is over: gather the capture from every rank, write it into
+the run folder, print and log it, run the sweep, then benchmark, report and hand the report to the
+job's logger; and what an adapter shows of all that (:class:`ScheduleResults`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_gemm_callback.analysis.verdicts import capture_recipe
-from te_gemm_callback.capture.distributed import gather_captures, world
+from te_gemm_callback.analysis.verdicts import analyze, capture_recipe
+from te_gemm_callback.capture.capture_file import SCHEMA
+from te_gemm_callback.capture.distributed import RANKS_SCHEMA, gather_captures, rank_summary, world
+from te_gemm_callback.files.jsonio import read_json, write_json
 from te_gemm_callback.microbench.cache import ResultCache
-from te_gemm_callback.precisions import RECIPES
+from te_gemm_callback.precisions import RECIPES, skipped_lines, warn_once
 from te_gemm_callback.printable import error_text
 from te_gemm_callback.reporting import capture_table, print_table, summary_metrics
 from te_gemm_callback.reporting.capture_tables import ranks_table
 from te_gemm_callback.reporting.console import console
 from te_gemm_callback.reporting.loggers import report_metrics
 from te_gemm_callback.reporting.summary import summary_lines
-from te_gemm_callback.schedule.results import sweep_metrics
-from te_gemm_callback.schedule.run_folder import clear_stale_sweep, new_run_id, save_capture, write_ranks
 
 # bench_and_report and run_sweep are imported where they are called: looked up at call time, so that a
 # test's stand-in in reporting.run or sweep.engine is the one the schedule runs.
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.capture.config import CaptureConfig
     from te_gemm_callback.reporting.config import ReportConfig
-    from te_gemm_callback.schedule import JobStep
+    from te_gemm_callback.schedule import GemmSchedule, JobStep
     from te_gemm_callback.sweep.config import SweepConfig
 
 log = logging.getLogger("te_gemm_callback")
@@ -69,7 +70,7 @@ class Publishing:
         """Gather (collective), save, print, sweep and log the capture; then end ``prof``'s nsys range."""
         cap.meta["accumulate_grad_batches"] = int(job.accumulate)
         cap.meta["global_step_end"] = int(job.global_step)
-        cap.meta["run_id"] = self.run_id = new_run_id()
+        cap.meta["run_id"] = self.run_id = uuid.uuid4().hex  # shared by the capture and its sweep's
         self._owed = False
         # Collective, on every rank whatever its capture holds: a rank that skipped it would hang.
         gathered = guard(lambda: gather_captures(cap), "captures of the other ranks not gathered")
@@ -199,3 +200,85 @@ class Publishing:
             log.error("te-gemm: %s", err)
             return {}
         return sweep_metrics(res)
+
+
+class ScheduleResults:
+    """What a framework adapter shows of its :class:`GemmSchedule` (``self.schedule``)."""
+
+    schedule: GemmSchedule
+    capture = property(lambda self: self.schedule.capture, doc="The published capture (None before the window ends).")
+    path = property(lambda self: self.schedule.path, doc="Where the capture was written.")
+    sweep_result = property(lambda self: self.schedule.sweep_result, doc="The recipe sweep's result (None without).")
+    metrics = property(lambda self: self.schedule.metrics, doc="Summary and sweep metrics, as logged.")
+    run_id = property(lambda self: self.schedule.run_id, doc="meta['run_id'] of the capture and its sweep's.")
+    rank_summary = property(lambda self: self.schedule.rank_summary, doc="Per-rank summary of a multi-process job.")
+    done = property(lambda self: self.schedule.done, doc="The window is over (captured, or given up).")
+    steps_seen = property(lambda self: self.schedule.steps_seen, doc="Optimizer steps completed while watched.")
+    output_dir = property(lambda self: self.schedule.report_config.output_dir, doc="The run folder.")
+    sweep = property(lambda self: self.schedule.sweep_config.recipes, doc="The recipes to sweep, in TE's names.")
+    sweep_plan = property(lambda self: self.schedule.sweep_config.plan, doc="The precision plan to sweep, loaded.")
+
+
+def sweep_metrics(res: Any) -> dict[str, float]:
+    """Logger scalars from a sweep's result: observed step time and speedup per recipe."""
+    for line in skipped_lines(res.skipped):  # one line per cause, once per process
+        warn_once(f"te-gemm: sweep: {line}")
+    caps = list(res.captures.values())
+    if not caps:
+        return {}
+    try:
+        rep = analyze(caps[0], None, caps[1:])
+    except ValueError:
+        return {}
+    return {f"te_gemm/{name}/{a.recipe}": v for a in rep.recipes
+            for name, v in (("observed_step_speedup", a.observed_step_speedup), ("sweep_step_ms", a.observed_step_ms))
+            if v is not None}
+
+
+def clear_stale_sweep(output_dir: Path, run_id: str) -> list[Path]:
+    """Remove our captures in ``output_dir/sweep/`` of another run id (this run's report would take them
+    for its own), then the folders that leaves empty; other files and links are left alone."""
+    sweep, gone = output_dir / "sweep", list[Path]()
+    if not sweep.is_dir() or sweep.is_symlink():
+        return gone
+    root = output_dir.resolve()
+    for p in sorted(sweep.glob("*/gemm_capture.json")):
+        # glob follows a linked subfolder: never delete through a link, nor outside output_dir.
+        if p.parent.is_symlink() or p.is_symlink() or not p.is_file() or not p.resolve().is_relative_to(root):
+            continue
+        try:
+            data = read_json(p)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("schema") == SCHEMA and (data.get("meta") or {}).get("run_id") != run_id:
+            p.unlink()
+            gone.append(p)
+    for d in [*{p.parent for p in gone}, sweep]:
+        try:
+            d.rmdir()  # only when empty: anything else of the user's stays
+        except OSError:
+            pass
+    if gone:
+        log.warning("te-gemm: removed %d sweep capture(s) of an earlier run from %s: this run's report must not "
+                    "take them for its own", len(gone), sweep)
+    return gone
+
+
+def save_capture(cap: GemmCapture, output_dir: Path, filename: str, *, keep_existing: bool = False) -> Path:
+    """Write the capture; with ``keep_existing`` (a resumed job), one already at the path stays and
+    this one goes beside it, named after its last step."""
+    path = output_dir / filename
+    if keep_existing and path.exists():
+        path = path.with_name(f"{path.stem}.step{cap.meta.get('global_step_end', 'resumed')}{path.suffix}")
+        log.warning("te-gemm: %s exists from before the resume: this capture goes to %s", output_dir / filename, path)
+    return cap.save(path)
+
+
+def write_ranks(caps: list[GemmCapture], output_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's capture and the per-rank summary under ``output_dir/ranks/``."""
+    for c in caps:
+        c.save(output_dir / "ranks" / f"rank{c.meta.get('rank')}.json", root=output_dir)  # ranks/ a link: refused
+    summary = rank_summary(caps)
+    write_json(output_dir / "ranks" / "summary.json", {"schema": RANKS_SCHEMA, "ranks": summary},
+               schema=RANKS_SCHEMA, root=output_dir)
+    return summary
