@@ -12,7 +12,6 @@ from te_gemm_callback.precisions import user_recipe
 
 # sweep.plan loads torch: _plan imports it, so that importing the options does not.
 
-MIN_ROUNDS = 6  # the fewest rounds with a 95% interval (intervals.MIN_ROUNDS_FOR_INTERVAL)
 BUDGET_S = 20.0  # a 150 ms step, 4 recipes, 4 steps each: about 8 rounds
 
 
@@ -59,12 +58,10 @@ class SweepConfig(Options):
               "output_dir/sweep/<recipe>/. The report's observed step speedups come from here.", _recipes, kw="sweep")
     steps: int = option(3, "clean timed steps per recipe and round.", integer(1), kw="sweep_steps")
     warmup: int = option(2, "untimed steps per recipe before its capture.", integer(0), kw="sweep_warmup")
-    rounds: int = option(MIN_ROUNDS, "the fewest alternating rounds (0: no fewest); then more until every observed "
-                                     "speedup's 95% interval is within sweep_target or sweep_budget_s seconds are "
-                                     "spent. A 95% interval needs 6 rounds; sweep_rounds=0, sweep_budget_s=0 runs "
-                                     "none (each recipe's capture steps alone give its step time, without an "
-                                     "interval).",
-                         integer(0), kw="sweep_rounds")
+    rounds: int = option(6, "the fewest alternating rounds (0: no fewest); then more until every observed speedup's "
+                            "95% interval is within sweep_target or sweep_budget_s seconds are spent. A 95% interval "
+                            "needs 6 rounds; sweep_rounds=0, sweep_budget_s=0 runs none (each recipe's capture steps "
+                            "alone give its step time, without an interval).", integer(0), kw="sweep_rounds")
     budget_s: float = option(BUDGET_S, "seconds of rounds past the fewest (the rounds asked for always run).",
                              seconds, kw="sweep_budget_s")
     target: float = option(0.02, "the interval's half-width the rounds aim for (0.02: +-2%).", _target,

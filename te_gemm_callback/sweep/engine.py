@@ -1,5 +1,5 @@
-"""Observed speedup in the live job: its whole training steps under each recipe, alternated in rounds, then
-the job put back exactly (:mod:`.state`). :func:`run_sweep` is the entry point."""
+"""Observed speedup in the live job: its whole training steps under each recipe, alternated in rounds,
+then the job put back exactly (:mod:`.state`). :func:`run_sweep` is the entry point."""
 
 from __future__ import annotations
 
@@ -75,16 +75,15 @@ def step_loss(out: Any) -> torch.Tensor:
 
 
 def _check_model(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-    """Refuse an optimizer that steps none of the model's parameters: the sweep could not put them back."""
-    mine = {id(p) for p in model.parameters()}
+    """Refuse optimizers the sweep could not put back: one that steps none of the model's parameters, or
+    one stepped from inside backward that it was not given; say step hooks it cannot put back."""
+    mine, given = {id(p) for p in model.parameters()}, set()
     for opt in optimizers:
-        params = [p for g in getattr(opt, "param_groups", []) for p in g["params"]]
-        if params and not any(id(p) in mine for p in params):
+        params = {id(p) for g in getattr(opt, "param_groups", []) for p in g["params"]}
+        if params and not params & mine:
             raise ValueError(f"the sweep's optimizer {type(opt).__name__} steps none of the given model's parameters: "
                              "give the sweep the model the step function trains")
-    # An optimizer stepped from inside backward: the sweep's backward passes would step it, and only the
-    # optimizers it is given are put back.
-    given = {id(p) for opt in optimizers for g in getattr(opt, "param_groups", []) for p in g["params"]}
+        given |= params
     hooked = [n for n, p in model.named_parameters() if getattr(p, "_post_accumulate_grad_hooks", None)
               and id(p) not in given]
     if hooked:
@@ -296,9 +295,8 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
     ``warmup`` steps and the step plan (docs/step-plan.md), then alternating rounds until every speedup's 95%
     interval is within ``target`` or ``budget_s`` is spent; then the job is put back.
 
-    ``optimizers`` are stepped in every sweep step, or ``optimizer_step`` is called (clipping and the step);
-    without either, the steps are forward+backward only. ``context``: an outer context per step;
-    ``rng_objects``: objects holding torch.Generators the job draws from (a DataLoader); ``config`` or
+    Each step runs ``optimizer_step`` or steps ``optimizers`` (neither: forward+backward only) inside
+    ``context``; ``rng_objects`` hold generators the job draws from (a DataLoader); ``config`` or
     ``settings``: :class:`~te_gemm_callback.sweep.config.SweepConfig`, as one config or as keywords.
     """
     if recipes is not None:

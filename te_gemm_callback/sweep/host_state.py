@@ -1,11 +1,8 @@
-"""The job's host-side state a sweep step can change, put back afterwards: every random stream (torch's CPU
-and CUDA, Python's, NumPy's, and each ``torch.Generator``, ``random.Random`` or NumPy generator on the
-modules or the named objects, e.g. a DataLoader), and the Python state on the model's modules (a
-``training_step`` that appends its loss to a list or counts its calls would carry the sweep's steps into
-the job's metrics). Containers get their contents back in the same objects (the job may hold a
-reference); attributes the sweep added are removed; what is too large to copy is named before the sweep
-runs. TE's modules are left to state.py.
-"""
+"""The job's host-side state a sweep step can change, put back afterwards: every random stream (the
+global ones, and each generator on the modules or the named objects, e.g. a DataLoader) and the Python
+state on the model's modules (a ``training_step`` that counts its calls would carry the sweep's steps into
+the job's metrics). Containers get their contents back in the same objects (the job may hold a reference);
+what is too large to copy is named before the sweep runs. TE's modules are left to state.py."""
 
 from __future__ import annotations
 
@@ -33,6 +30,7 @@ _CONTAINERS = (list, dict, set, deque)
 MAX_NODES = 200_000  # container entries copied per attribute: beyond, it is named, not copied
 MAX_TENSOR = 2**22  # elements of a tensor attribute copied: beyond, it is named, not copied
 MAX_DEPTH = 6  # containers nested deeper are kept by reference
+STREAM_DEPTH = 4  # attributes followed from a named object to its random streams
 log = logging.getLogger("te_gemm_callback")
 
 
@@ -107,26 +105,19 @@ def _is_stream(obj: Any) -> bool:
 
 
 def _stream(obj: Any) -> tuple[Callable[[Any], Any], Any] | None:
-    """(how to put it back, its state) of a random stream object: a torch.Generator, a random.Random,
-    a NumPy Generator or RandomState; None for anything else, or a stream without a state
-    (``random.SystemRandom`` reads the OS)."""
+    """(how to put it back, its state) of a random stream; None for anything else, or a stream without a
+    state (``random.SystemRandom`` reads the OS)."""
+    np = sys.modules.get("numpy")
     try:
-        if isinstance(obj, torch.Generator):
+        if isinstance(obj, torch.Generator) or (np is not None and isinstance(obj, np.random.RandomState)):
             return obj.set_state, obj.get_state()
         if isinstance(obj, random.Random):
             return obj.setstate, obj.getstate()
-        np = sys.modules.get("numpy")
         if np is not None and isinstance(obj, np.random.Generator):
-            bits = obj.bit_generator
-            return functools.partial(setattr, bits, "state"), bits.state
-        if np is not None and isinstance(obj, np.random.RandomState):
-            return obj.set_state, obj.get_state()
+            return functools.partial(setattr, obj.bit_generator, "state"), obj.bit_generator.state
     except NotImplementedError:
         return None
     return None
-
-
-STREAM_DEPTH = 4  # attributes followed from a named object to its random streams
 
 
 def _streams(objs: Iterable[Any]) -> list[tuple[Callable[[Any], Any], Any]]:
@@ -142,8 +133,8 @@ def _streams(objs: Iterable[Any]) -> list[tuple[Callable[[Any], Any], Any]]:
         elif obj is not None and id(obj) not in seen and hasattr(obj, "__dict__"):  # not a builtin
             seen.add(id(obj))
             for v in list(vars(obj).values()):
-                if _is_stream(v) or (depth < STREAM_DEPTH and not isinstance(v, (torch.Tensor, *_SCALARS,
-                                                                                     *_CONTAINERS))):
+                if _is_stream(v) or (depth < STREAM_DEPTH
+                                     and not isinstance(v, (torch.Tensor, *_SCALARS, *_CONTAINERS))):
                     visit(v, depth + 1)
 
     for o in objs:

@@ -1,7 +1,6 @@
 """A median over rounds and its distribution-free order-statistic 95% interval (Conover, Practical
 Nonparametric Statistics, 1999, 3.2; a round on a stall is far off): 6 rounds needed. A rerun's median
-falls within the CI widened by sqrt(2) (Cumming & Maillardet, 2006; docs/results/h200.md: rerun interval).
-"""
+falls within the CI widened by sqrt(2) (Cumming & Maillardet, 2006; docs/results/h200.md: rerun interval)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 LEVEL = 0.95
-MIN_ROUNDS_FOR_INTERVAL = 6  # the fewest rounds with a 95% order-statistic interval
 RERUN_WIDTH = math.sqrt(2)  # a rerun's estimate has its own error: the CI's sides times sqrt(2)
 
 
@@ -29,15 +27,12 @@ def median_interval(xs: Sequence[float], level: float = LEVEL) -> tuple[float, f
         >>> median_interval([1.0, 1.1, 1.2]) is None
         True
     """
-    n = len(xs)
-    s = sorted(xs)
+    n, s = len(xs), sorted(xs)
     # The largest k with P(X <= k - 1) <= (1 - level) / 2: (x_(k), x_(n-k+1)), 1-based, covers the median.
     k = 0
     while k + 1 <= n // 2 and _binom_cdf(k, n) <= (1 - level) / 2:
         k += 1
-    if k == 0:
-        return None
-    return s[k - 1], s[n - k]
+    return (s[k - 1], s[n - k]) if k else None
 
 
 @dataclass(frozen=True)
@@ -54,8 +49,7 @@ class Estimate:
         """Where a rerun's median (as many rounds, same job) should fall, 95%; None with too few rounds."""
         if self.low is None or self.high is None:
             return None
-        return (self.value - RERUN_WIDTH * (self.value - self.low),
-                self.value + RERUN_WIDTH * (self.high - self.value))
+        return self.value - RERUN_WIDTH * (self.value - self.low), self.value + RERUN_WIDTH * (self.high - self.value)
 
     @property
     def half_width(self) -> float | None:

@@ -1,7 +1,6 @@
 """A precision plan as TE's own per-module recipe (TE >= 2.19): a ``CustomRecipe`` whose quantizer factory
 gives each TE module the plan's recipe or, kept BF16, identity quantizers. The factory tells modules apart by
-``QuantizerRole.name``, so each TE module is named after its path in the model until ``remove()``.
-"""
+``QuantizerRole.name``, so each TE module is named after its path in the model until ``remove()``."""
 
 from __future__ import annotations
 

@@ -68,6 +68,7 @@ def observed_speedup(base: Observed, run: Observed) -> float:
 
 
 def observe(cap: GemmCapture) -> Observed:
+    """What ``cap`` measured; a sweep capture's step time is the median over its rounds."""
     recipe = capture_recipe(cap)
     plan = cap.meta.get("plan") or {}
     # A precision plan's run: its recipe's format, and its BF16 modules left out on purpose.

@@ -1,6 +1,5 @@
 """A precision plan: which modules stay in BF16 under an FP8 recipe, its files (JSON, and TE's debug-API
-YAML), and :func:`apply_precision_plan`. The analysis makes plans (:mod:`te_gemm_callback.analysis.plan`).
-"""
+YAML), and :func:`apply_precision_plan`. The analysis makes plans (:mod:`te_gemm_callback.analysis.plan`)."""
 
 from __future__ import annotations
 

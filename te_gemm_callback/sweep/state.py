@@ -1,21 +1,18 @@
 """What the sweep's steps change in a training job, and how it is put back.
 
-- :class:`TrainingSnapshot`: parameters, buffers, gradients, RNG states, optimizer state and TE's FP8
-  metadata, copied before the sweep and back bitwise after it, in place (references stay valid).
-- :class:`RecipeStates`: the TE objects holding a module's quantization state, per recipe. TE replaces
-  them at a recipe switch, and a module joins TE's global DelayedScaling amax buffers only once, with its
-  first state's tensors: after DelayedScaling -> another recipe -> DelayedScaling its new scales would
-  never update (docs/results/h200.md: DelayedScaling state). So the very objects are put back at each switch.
+:class:`TrainingSnapshot` copies everything a step changes and puts it back bitwise, in place.
+:class:`RecipeStates` keeps TE's quantization-state objects per recipe and puts the very objects back at
+each switch: a module joins TE's global DelayedScaling amax buffers only once, so after DelayedScaling ->
+another recipe -> DelayedScaling its new scales would never update (docs/results/h200.md: DelayedScaling state).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -24,10 +21,7 @@ from torch import nn
 from te_gemm_callback.sweep.host_state import _STATE_DICTS, _STATE_FLAGS, _STATE_OBJECTS, HostState
 
 log = logging.getLogger("te_gemm_callback")
-
-
-def _holds_recipe_state(m: nn.Module) -> bool:
-    return isinstance(getattr(m, "fp8_meta", None), dict) or hasattr(m, "_fp8_metas")
+_TRUST = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
 
 
 def _stash(m: nn.Module) -> dict[str, Any]:
@@ -65,7 +59,8 @@ class RecipeStates:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        self._mods = [m for m in model.modules() if _holds_recipe_state(m)]
+        self._mods = [m for m in model.modules() if isinstance(getattr(m, "fp8_meta", None), dict)
+                      or hasattr(m, "_fp8_metas")]
         self._job = [_stash(m) for m in self._mods]  # what the job's own recipe left
         self._by_recipe: dict[str, list[dict[str, Any]]] = {}
         self._current: str | None = None
@@ -99,11 +94,9 @@ def _to_host(v: Any) -> Any:
 
 
 class TrainingSnapshot:
-    """Everything a training step can change, copied to host memory and put back bitwise, in place.
-
-    Module extra state (TE's FP8 scales and amax history) goes back through get/set_extra_state; optimizer
-    state the sweep created is dropped. The sweep steps no learning-rate scheduler, so none is kept.
-    """
+    """Everything a training step can change (parameters, buffers, gradients, optimizer state, random
+    streams, TE's FP8 metadata through get/set_extra_state), copied to host memory and put back bitwise,
+    in place. The sweep steps no learning-rate scheduler, so none is kept."""
 
     def __init__(self, model: nn.Module, optimizers: Iterable[torch.optim.Optimizer] = (),
                  rng_objects: Iterable[Any] = ()) -> None:
@@ -123,12 +116,8 @@ class TrainingSnapshot:
                             [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups])
                            for opt in optimizers]
 
-    def restore(self, model: nn.Module) -> None:
-        """Every part put back, each whatever another's failure (:func:`put_back`)."""
-        put_back(self.parts(model))
-
     def parts(self, model: nn.Module) -> list[tuple[str, Callable[[], Any]]]:
-        """What :meth:`restore` puts back, part by part: (what, how)."""
+        """What to put back, part by part, for :func:`put_back`: (what, how)."""
         return [("the parameters and buffers", lambda: self._tensors(model)),
                 ("the optimizer state", self._optimizers), ("the gradients", lambda: self._grads(model)),
                 ("the random streams and the modules' Python state", self._host),
@@ -181,9 +170,16 @@ class TrainingSnapshot:
     def _extra(self, model: nn.Module) -> None:
         modules = dict(model.named_modules())
         # TE refuses pickled FP8 metadata unless the source is trusted: this snapshot is our own, moments old.
-        with _env("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1"):
+        old = os.environ.get(_TRUST)
+        os.environ[_TRUST] = "1"
+        try:
             for n, state in self.extra.items():
                 modules[n].set_extra_state(state)
+        finally:
+            if old is None:
+                os.environ.pop(_TRUST, None)
+            else:
+                os.environ[_TRUST] = old
 
 
 class RestoreError(RuntimeError):
@@ -201,16 +197,3 @@ def put_back(parts: Iterable[tuple[str, Callable[[], Any]]]) -> None:
     if failed:
         raise RestoreError(f"the sweep could not put back {'; '.join(failed)}: the job goes on with what its steps "
                            "left there, the rest put back")
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
