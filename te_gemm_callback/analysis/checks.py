@@ -1,11 +1,5 @@
-"""The checks that keep a report from contradicting itself.
-
-A report joins numbers of different steps and clocks; where a join cannot hold (a GEMM share above
-100%, a verdict within the steps' noise or across steps of different kinds, a FP32 / FP16 job
-without a BF16 run or a benchmark of its precision) the report states "n/a (why)" instead.
-:func:`report_checks` returns ``Report.meta``'s ``gemm_share`` (or ``gemm_share_na``),
-``gemm_shares``, ``warnings`` and ``withheld`` (recipe -> field -> why), the fields the report clears.
-"""
+"""The checks that keep a report from contradicting itself: where a join of numbers from different steps
+or clocks cannot hold, the report states "n/a (why)" instead (:func:`report_checks`)."""
 
 from __future__ import annotations
 
@@ -31,8 +25,8 @@ ATTACHED = {"clean": "nothing attached", "settle": "nothing attached", "kernels"
 
 
 def share_check(cap: GemmCapture, step_ms: float, gemm_ms: float | None) -> dict[str, Any]:
-    """The GEMM share of a run's step that a report may state: ``share`` (None, with ``why``), its
-    ``basis`` ("step" or "timed steps"), ``of_ms``, ``clock``, and ``warning`` where a ratio was refused."""
+    """The GEMM share of a run's step a report may state: ``share`` (None, with ``why``), ``basis``, ``of_ms``,
+    ``clock``, and ``warning`` where a ratio was refused."""
     clock = cap.gemm_clock()
     if gemm_ms is None or not step_ms:
         return {"share": None, "clock": clock, "why": "GEMMs not timed"}
@@ -51,55 +45,114 @@ def share_check(cap: GemmCapture, step_ms: float, gemm_ms: float | None) -> dict
                               f"so the share is taken within the instrumented step: {100 * own[0]:.1f}%")
         return out
     if raw > 1:
-        cause: dict[str | None, str]  # looked up by clock, None where no GEMM was timed
-        cause = {"kernel_records": "the kernels step's GEMM kernels add up to more than a clean step: kernels on "
-                                   "concurrent streams count each, or the kernels step ran slower (clock, other load)",
-                 "cuda_events": "each CUDA-event pair also counts the GPU's idle time between its start event "
-                                "and the GEMM's launch (a host-bound job), on instrumented steps slower than the "
-                                "clean ones"}
+        cause: dict[str | None, str] = {
+            "kernel_records": "the kernels step's GEMM kernels add up to more than a clean step: kernels on concurrent "
+                              "streams count each, or the kernels step ran slower (clock, other load)",
+            "cuda_events": "each CUDA-event pair also counts the GPU's idle time between its start event and the "
+                           "GEMM's launch (a host-bound job), on instrumented steps slower than the clean ones"}
         return {"share": None, "clock": clock,
                 "why": (f"GEMM time {gemm_ms:.2f} ms ({GEMM_CLOCK_SHORT[clock]}) exceeds the {step_ms:.2f} ms step: "
                         + cause.get(clock, "the two come from different steps"))}
     return {"share": raw, "basis": "step", "of_ms": step_ms, "clock": clock}
 
 
-def _baseline_ran(by: dict[str, GemmCapture], recipes: list[Any], bench: BenchResults | None,
-                  hold: Callable[[str, Iterable[str], str], None], warnings: list[str]) -> str | None:
-    """The precision the BF16 run really ran where it is FP32 / FP16 (a sweep's FP8-off entry on such a
-    model), said in a warning; predictions are withheld without a microbenchmark of it."""
-    ran = precision_ran(by["BF16"]) if "BF16" in by else "BF16"
-    if ran not in OTHER_HIGH:
-        return None
-    warnings.append(f"the BF16 run (FP8 off) ran {ran} GEMMs, the model's own dtype: every speedup over BF16 "
-                    f"here is over {ran}")
-    if bench is not None and ran not in bench.precisions:
-        why = (f"no {ran} microbenchmark: the BF16 run's GEMMs ran {ran}, and predictions that scale its GEMM "
-               f"time by BF16 microbenchmark times would be BF16's, not {ran}'s")
-        for a in recipes:
-            hold(a.recipe, PREDICTED, why)
-    return ran
+class _Checks:
+    """One report's checks: the fields they withhold (recipe -> field -> why) and the warnings they say."""
 
+    def __init__(self, job: str, runs: dict[str, Any], by: dict[str, GemmCapture], recipes: list[Any],
+                 bench: BenchResults | None) -> None:
+        self.job, self.runs, self.by, self.recipes, self.bench = job, runs, by, recipes, bench
+        self.warnings: list[str] = []
+        self.withheld: dict[str, dict[str, str]] = {}
 
-def _recipe_holds(a: Any, runs: dict[str, Any], by: dict[str, GemmCapture], over: set[str],
-                  withheld: dict[str, dict[str, str]], hold: Callable[[str, Iterable[str], str], None],
-                  tol: float) -> None:
-    """Withhold a row's figures resting on a withheld prediction, a GEMM time above its step, steps of
-    different kinds, or a run too noisy to judge."""
-    r, run, base = a.recipe, runs.get(a.recipe), runs.get("BF16")
-    if any(f in withheld.get(r, {}) for f in PREDICTED) and a.verdict_kind not in WITHOUT_PREDICTION:
-        hold(r, ("verdict",), next(withheld[r][f] for f in PREDICTED if f in withheld[r]))
-    if run is None or base is None or r not in by or "BF16" not in by:
-        return
-    if r in over or "BF16" in over:
-        hold(r, ("verdict", "derived_evidence"), f"GEMM share n/a: {'BF16' if 'BF16' in over else r}'s GEMM time "
-             "exceeds its step, so its non-GEMM time would be negative")
-    kb, kr = by["BF16"].step_kind(), by[r].step_kind()
-    if kb and kr and ATTACHED[kb] != ATTACHED[kr]:
-        hold(r, ("observed_step_speedup", "observed_ci", "verdict"),
-             f"steps not comparable: BF16's step time comes from {kb} steps ({ATTACHED[kb]}), {r}'s from {kr} "
-             f"steps ({ATTACHED[kr]})")
-    if noisy := _too_noisy(a, run, base, by[r], by["BF16"], tol):
-        hold(r, ("verdict",), noisy)
+    def hold(self, recipe: str, fields: Iterable[str], why: str) -> None:
+        for f in fields:
+            self.withheld.setdefault(recipe, {}).setdefault(f, why)  # the first reason found stands
+
+    def hold_all(self, fields: Iterable[str], why: str) -> None:
+        for a in self.recipes:
+            self.hold(a.recipe, fields, why)
+
+    def bench_fits(self, own_cells: bool) -> list[str]:
+        """Withhold every prediction where the bench's GEMMs far exceed the step; the warning where they are far
+        from the job's own GEMM time (returned, said last)."""
+        job, runs = self.job, self.runs
+        # Far above the whole step, the cells are not this job's GEMMs (a loaded machine, another run's cache).
+        benched = next((a.gemm_ms_bench for a in self.recipes if a.recipe == job and a.gemm_ms_bench), None)
+        if benched and job in runs and benched > BENCH_OVER_STEP * runs[job].step_ms:
+            why = (f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, over {BENCH_OVER_STEP:g}x the "
+                   f"whole observed step ({runs[job].step_ms:.2f} ms): its cells do not describe this job's GEMMs "
+                   "(timed on a loaded machine, or cached from another run): te-gemm bench --no-cache measures again")
+            self.warnings.append(why)
+            self.hold_all(PREDICTED, why)
+        elif own_cells and benched and job in runs and runs[job].gemm_ms:
+            # Said, not withheld: within a whole step the cells may still rank the recipes right.
+            ratio = benched / runs[job].gemm_ms
+            if not 1 / BENCH_VS_JOB <= ratio <= BENCH_VS_JOB:
+                return [f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, {ratio:.2g}x their time "
+                        f"in the job ({runs[job].gemm_ms:.2f} ms): its cells ran under other conditions (a loaded "
+                        "machine, CPU threads, another run's cache), and every prediction rests on them"]
+        return []
+
+    def baseline_ran(self) -> str | None:
+        """The precision the BF16 run really ran where it is FP32 / FP16 (a sweep's FP8-off entry on such
+        a model); predictions are withheld without a microbenchmark of it."""
+        ran = precision_ran(self.by["BF16"]) if "BF16" in self.by else "BF16"
+        if ran not in OTHER_HIGH:
+            return None
+        self.warnings.append(f"the BF16 run (FP8 off) ran {ran} GEMMs, the model's own dtype: every speedup over "
+                             f"BF16 here is over {ran}")
+        if self.bench is not None and ran not in self.bench.precisions:
+            self.hold_all(PREDICTED, f"no {ran} microbenchmark: the BF16 run's GEMMs ran {ran}, and predictions "
+                          f"that scale its GEMM time by BF16 microbenchmark times would be BF16's, not {ran}'s")
+        return ran
+
+    def high_precision(self) -> None:
+        """An FP32 or FP16 job: every speedup is written over BF16, which it did not run."""
+        job, bench = self.job, self.bench
+        for a in self.recipes:
+            if a.recipe in OTHER_HIGH:  # verdict() judges FP8 recipes; its "ran in high precision" would misread it
+                own = "the job's own" if a.recipe == job else "a"
+                self.hold(a.recipe, ("verdict", "evidence"), f"not an FP8 recipe: {a.recipe} is {own} high "
+                          "precision, so there is no recipe to judge; its step time is shown, its speedup over BF16 "
+                          "where a BF16 run was observed")
+        if job not in OTHER_HIGH:
+            return
+        if bench is not None and job not in bench.precisions:
+            # Unbenched, its GEMMs would stand in at BF16 time: every prediction would make BF16 = FP32.
+            why = (f"no {job} microbenchmark: the microbenchmarks timed {', '.join(bench.precisions)} only, so "
+                   f"neither {job}'s GEMM time nor a prediction scaled from it (microbenchmark time over {job}'s) "
+                   "can be stated")
+            self.hold(job, BENCHED, why)
+            self.hold_all(("gemm_speedup_vs_current",) + PREDICTED, why)
+            self.warnings.append(f"the job ran {job} and the microbenchmarks timed no {job} GEMM: no step time is "
+                                 "predicted")
+        if "BF16" not in self.runs:
+            self.warnings.append(f"the job ran {job} and no BF16 run was observed: the observed column (step speedup "
+                                 "over BF16) stays empty; a run under BF16 autocast (Lightning "
+                                 "precision='bf16-mixed', HF bf16=True) gives the baseline the speedups are written "
+                                 "over")
+            for a in self.recipes:
+                if a.recipe in self.runs and a.recipe not in OTHER_HIGH:
+                    self.hold(a.recipe, ("verdict",), f"no BF16 run: the job ran {job}, so there is no BF16 step to "
+                              f"take {a.recipe}'s speedup over")
+
+    def recipe_holds(self, a: Any, over: set[str], tol: float) -> None:
+        """Withhold a row's figures resting on a withheld prediction, an overlong GEMM time, unlike steps or noise."""
+        r, run, base, by, held = a.recipe, self.runs.get(a.recipe), self.runs.get("BF16"), self.by, self.withheld
+        if any(f in held.get(r, {}) for f in PREDICTED) and a.verdict_kind not in WITHOUT_PREDICTION:
+            self.hold(r, ("verdict",), next(held[r][f] for f in PREDICTED if f in held[r]))
+        if run is None or base is None or r not in by or "BF16" not in by:
+            return
+        if r in over or "BF16" in over:
+            self.hold(r, ("verdict", "derived_evidence"), f"GEMM share n/a: {'BF16' if 'BF16' in over else r}'s GEMM "
+                      "time exceeds its step, so its non-GEMM time would be negative")
+        kb, kr = by["BF16"].step_kind(), by[r].step_kind()
+        if kb and kr and ATTACHED[kb] != ATTACHED[kr]:
+            self.hold(r, ("observed_step_speedup", "observed_ci", "verdict"), f"steps not comparable: BF16's step "
+                      f"time comes from {kb} steps ({ATTACHED[kb]}), {r}'s from {kr} steps ({ATTACHED[kr]})")
+        if noisy := _too_noisy(a, run, base, by[r], by["BF16"], tol):
+            self.hold(r, ("verdict",), noisy)
 
 
 def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], recipe_of: Callable[[GemmCapture], str],
@@ -109,19 +162,13 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
     by: dict[str, GemmCapture] = {}
     for c in caps:
         by.setdefault(recipe_of(c), c)  # the first capture of a recipe is its run, as in analyze()
-    warnings: list[str] = []
-    withheld: dict[str, dict[str, str]] = {}
-
-    def hold(recipe: str, fields: Iterable[str], why: str) -> None:
-        for f in fields:
-            withheld.setdefault(recipe, {}).setdefault(f, why)  # the first reason found stands
-
+    ck = _Checks(job, runs, by, recipes, bench)
     shares = {r: share_check(by[r], o.step_ms, o.gemm_ms) for r, o in runs.items() if r in by}
     for r, chk in shares.items():
         if chk.get("warning"):
-            warnings.append(f"{r}: {chk['warning']}")
+            ck.warnings.append(f"{r}: {chk['warning']}")
         elif chk["share"] is None and runs[r].gemm_ms is not None:
-            warnings.append(f"{r}: GEMM share n/a: {chk['why']}")
+            ck.warnings.append(f"{r}: GEMM share n/a: {chk['why']}")
     # GEMM time above the step it is set against: Amdahl's inputs and the non-GEMM time go negative.
     over = {r for r, o in runs.items() if o.gemm_ms is not None and o.gemm_ms > o.step_ms}
     if job in over:
@@ -129,85 +176,32 @@ def report_checks(job: str, runs: dict[str, Any], caps: Iterable[GemmCapture], r
                f"exceeds the step it is set against ({runs[job].step_ms:.2f} ms)")
         for a in recipes:
             if a.recipe != "plan" or bench is not None:  # without a bench, the plan's is its file's own
-                hold(a.recipe, PREDICTED, why)
+                ck.hold(a.recipe, PREDICTED, why)
     # Only cells of the precision the job's GEMMs ran are set against its GEMM time: an FP32 job's
-    # stand-in BF16 cells are another precision's (and _high_precision says so).
+    # stand-in BF16 cells are another precision's (and high_precision() says so).
     own_cells = job in by and precision_ran(by[job]) == job and bench is not None and job in bench.precisions
-    far = _bench_fits(job, runs, recipes, hold, warnings, own_cells)
-    baseline_ran = _baseline_ran(by, recipes, bench, hold, warnings)
-    job_precision = baseline_ran if job == "BF16" and baseline_ran else job
-    _high_precision(job, runs, recipes, bench, hold, warnings)
+    far = ck.bench_fits(own_cells)
+    baseline_ran = ck.baseline_ran()
+    ck.high_precision()
     for a in recipes:
         if a.recipe != "BF16":
-            _recipe_holds(a, runs, by, over, withheld, hold, tol)
+            ck.recipe_holds(a, over, tol)
     spread = by[job].step_spread() if job in by else None
     if spread and spread["spread_pct"] is not None and spread["spread_pct"] > STEP_NOISE_WARN_PCT \
             and not runs[job].round_ms:
-        warnings.append(f"{job}: its {spread['steps']} {spread['kind']} steps vary ±{spread['spread_pct']:.0f}%: "
-                        "its step time, and every share and speedup made from it, carries that noise")
-    warnings += far  # after the checks that hold figures: the log shows the first few
+        ck.warnings.append(f"{job}: its {spread['steps']} {spread['kind']} steps vary ±{spread['spread_pct']:.0f}%: "
+                           "its step time, and every share and speedup made from it, carries that noise")
+    ck.warnings += far  # after the checks that hold figures: the log shows the first few
     jc = shares.get(job) or {"share": None, "why": "GEMMs not timed"}
     basis = ({"gemm_share_na": jc["why"]} if jc["share"] is None
              else {"gemm_share_basis": jc["basis"], "gemm_share_of_ms": jc["of_ms"]})
-    return {"job_precision": job_precision, "baseline_ran": baseline_ran, "gemm_share": jc["share"],
-            "gemm_shares": shares, "warnings": warnings, "withheld": withheld, **basis}
-
-
-def _bench_fits(job: str, runs: dict[str, Any], recipes: list[Any], hold: Callable[..., None],
-                warnings: list[str], own_cells: bool) -> list[str]:
-    """Whether the bench's cells describe this job's GEMMs: far over the whole step, every prediction is
-    withheld (in ``warnings``); far from the job's own GEMM time, said (returned)."""
-    # The bench's GEMMs of the job's own recipe far above the whole step: its cells are not this job's
-    # GEMMs (timed on a loaded machine, or another run's from the cache), and every prediction rests on them.
-    benched = next((a.gemm_ms_bench for a in recipes if a.recipe == job and a.gemm_ms_bench), None)
-    if benched and job in runs and benched > BENCH_OVER_STEP * runs[job].step_ms:
-        why = (f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, over {BENCH_OVER_STEP:g}x the "
-               f"whole observed step ({runs[job].step_ms:.2f} ms): its cells do not describe this job's GEMMs "
-               "(timed on a loaded machine, or cached from another run): te-gemm bench --no-cache measures again")
-        warnings.append(why)
-        for a in recipes:
-            hold(a.recipe, PREDICTED, why)
-    elif own_cells and benched and job in runs and runs[job].gemm_ms:
-        # Said, not withheld: within a whole step the cells may still rank the recipes right.
-        ratio = benched / runs[job].gemm_ms
-        if not 1 / BENCH_VS_JOB <= ratio <= BENCH_VS_JOB:
-            return [f"the microbenchmark puts {job}'s GEMMs at {benched:.2f} ms a step, {ratio:.2g}x their time in "
-                    f"the job ({runs[job].gemm_ms:.2f} ms): its cells ran under other conditions (a loaded machine, "
-                    "CPU threads, another run's cache), and every prediction rests on them"]
-    return []
-
-
-def _high_precision(job: str, runs: dict[str, Any], recipes: list[Any], bench: BenchResults | None,
-                    hold: Callable[..., None], warnings: list[str]) -> None:
-    """An FP32 or FP16 job: every speedup is written over BF16, which it did not run."""
-    for a in recipes:
-        if a.recipe in OTHER_HIGH:  # verdict() judges FP8 recipes; its "ran in high precision" would misread it
-            own = "the job's own" if a.recipe == job else "a"
-            hold(a.recipe, ("verdict", "evidence"), f"not an FP8 recipe: {a.recipe} is {own} high precision, so there "
-                 "is no recipe to judge; its step time is shown, its speedup over BF16 where a BF16 run was observed")
-    if job not in OTHER_HIGH:
-        return
-    if bench is not None and job not in bench.precisions:
-        # Unbenched, its GEMMs would stand in at BF16 time: every prediction would make BF16 = FP32.
-        why = (f"no {job} microbenchmark: the microbenchmarks timed {', '.join(bench.precisions)} only, so neither "
-               f"{job}'s GEMM time nor a prediction scaled from it (microbenchmark time over {job}'s) can be stated")
-        hold(job, BENCHED, why)
-        for a in recipes:
-            hold(a.recipe, ("gemm_speedup_vs_current",) + PREDICTED, why)
-        warnings.append(f"the job ran {job} and the microbenchmarks timed no {job} GEMM: no step time is predicted")
-    if "BF16" not in runs:
-        warnings.append(f"the job ran {job} and no BF16 run was observed: the observed column (step speedup over "
-                        "BF16) stays empty; a run under BF16 autocast (Lightning precision='bf16-mixed', HF "
-                        "bf16=True) gives the baseline the speedups are written over")
-        for a in recipes:
-            if a.recipe in runs and a.recipe not in OTHER_HIGH:
-                hold(a.recipe, ("verdict",), f"no BF16 run: the job ran {job}, so there is no BF16 step to take "
-                     f"{a.recipe}'s speedup over")
+    return {"job_precision": baseline_ran if job == "BF16" and baseline_ran else job, "baseline_ran": baseline_ran,
+            "gemm_share": jc["share"], "gemm_shares": shares, "warnings": ck.warnings, "withheld": ck.withheld,
+            **basis}
 
 
 def _too_noisy(a: Any, run: Any, base: Any, cap: GemmCapture, base_cap: GemmCapture, tol: float) -> str | None:
-    """Why the verdict cannot pick a side of its ±tol line from these steps, or None (runs timed in a
-    sweep's rounds are left to the verdict's interval)."""
+    """Why the verdict cannot pick a side of its ±tol line from these steps, or None; rounds have an interval."""
     if a.verdict_kind not in GAP_VERDICTS or run.round_ms or base.round_ms:
         return None
     obs, pred = a.observed_step_speedup, a.predicted_step_speedup
