@@ -1,6 +1,5 @@
-"""Analysis: from captures and microbenchmarks to a report with a verdict per recipe, and a plan
-(:func:`analyze` in verdicts, :func:`analyze_run` for a run folder). Drawing is :mod:`te_gemm_callback.reporting`'s.
-"""
+"""Analysis: from captures and microbenchmarks to a report with a verdict per recipe (:func:`analyze`,
+:func:`analyze_run` for a run folder), and a plan; drawing is :mod:`te_gemm_callback.reporting`'s."""
 
 from __future__ import annotations
 

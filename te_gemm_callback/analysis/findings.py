@@ -15,7 +15,6 @@ _LISTED = 6  # names an evidence line lists before "..."
 
 class Verdict(str, Enum):
     """What a recipe's observed step speedup says against its prediction (report.json's ``verdict_kind``)."""
-
     BASELINE = "baseline"  # BF16: what every speedup is over
     GEMM_BOUND = "gemm_bound"  # observed within the tolerance of predicted
     BETTER_THAN_PREDICTED = "better_than_predicted"  # non-GEMM time shrank too
@@ -35,9 +34,7 @@ WITHOUT_PREDICTION = frozenset({Verdict.BASELINE, Verdict.NO_GAIN, Verdict.SILEN
 
 @dataclass
 class Straddle:
-    """An observed speedup whose 95% interval (or, too few rounds for one, the rounds' range) reaches
-    across ``edge`` x predicted."""
-
+    """An observed speedup whose 95% interval (or the rounds' range) reaches across ``edge`` x predicted."""
     low: float
     high: float
     edge: float  # 1 - tolerance (GEMM-bound vs overhead) or 1 + tolerance (GEMM-bound vs better)
@@ -48,7 +45,6 @@ class Straddle:
 @dataclass
 class StepParts:
     """A sweep step split into forward+backward and the rest, in both runs."""
-
     bf16_fwd_bwd_ms: float
     fwd_bwd_ms: float
     bf16_step_ms: float
@@ -58,7 +54,6 @@ class StepParts:
 @dataclass
 class PlanEvidence:
     """A swept precision plan: what it kept in BF16, and the best single recipe observed beside it."""
-
     recipe: str | None
     keep_bf16: list[str]
     step_ms: float
@@ -70,7 +65,6 @@ class PlanEvidence:
 @dataclass
 class Evidence:
     """The numbers a verdict rests on; every field optional, each rendered as one line where set."""
-
     recipe: str = ""
     unquantized: list[str] = field(default_factory=list)  # GEMMs that ran in high precision under the recipe
     padded_rows_pct: float | None = None

@@ -1,5 +1,4 @@
-"""One-line notes a report prints beside its tables: the job's clock against the microbenchmark's,
-their GEMM duty, what the capture's instruments cost, and the clocks behind the times. Pure."""
+"""One-line notes a report prints beside its tables: clocks, GEMM duty and what the instruments cost."""
 
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ def gemm_timing(cap: GemmCapture) -> str:
 
 
 def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
-    """The job's SM clock against the microbenchmark's (NVML medians); a difference over 5% is called
-    out (docs/results/h200.md, facts the code relies on: SM clock)."""
+    """The job's SM clock against the microbenchmark's (NVML medians); a difference over 5% is called out
+    (docs/results/h200.md, facts the code relies on: SM clock)."""
     job = cap.meta.get("clocks_during_capture")
     ran = bench.meta.get("clocks_during_run") if bench is not None else None
     if not job or not ran:
@@ -55,8 +54,8 @@ def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
 
 
 def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | None:
-    """The microbenchmark's GEMM duty against the job's GEMM share (``Report.gemm_share``); beyond 0.15
-    apart, how to bench at the job's share (docs/results/h200.md, facts the code relies on: GEMM duty)."""
+    """The microbenchmark's GEMM duty against the job's GEMM share; beyond 0.15 apart, how to bench at the
+    job's share (docs/results/h200.md, facts the code relies on: GEMM duty)."""
     duty = bench.meta.get("gemm_duty") if bench is not None else None
     if duty is None or bench is None or bench.meta.get("backend") != "te" or not gemm_share:
         return None
@@ -79,23 +78,22 @@ _COST_LABELS = (("instrumented", "instrumented steps"),
                 ("kernels", "the kernels steps (kernel records on)"))
 
 
-def clean_noise(cap: GemmCapture) -> tuple[int, float | None]:
-    """(number of clean steps, half their range as a percent of their median; None under two)."""
+def clean_noise(cap: GemmCapture) -> tuple[int, float | None, float]:
+    """(number of clean steps, half their range as a percent of their median or None under two, the noise
+    a cost must exceed)."""
     clean = [s.ms for s in cap.steps_of("clean")]
     med = statistics.median(clean) if clean else 0.0
-    if len(clean) < 2 or med <= 0:
-        return len(clean), None
-    return len(clean), 100 * (max(clean) - min(clean)) / 2 / med
+    spread = 100 * (max(clean) - min(clean)) / 2 / med if len(clean) >= 2 and med > 0 else None
+    return len(clean), spread, max(spread or 0.0, NOISE_FLOOR_PCT)
 
 
 def instrument_problem(cap: GemmCapture) -> str | None:
-    """Why no instrument cost can be stated, or None: a step with instruments on ran faster than the
-    clean steps by more than their noise, which says the conditions moved, not that they saved time."""
+    """Why no instrument cost can be stated, or None: instrumented steps faster than the clean ones beyond
+    their noise say the conditions moved, not that the instruments saved time."""
     cost = cap.instrument_cost()
     if cost is None:
         return None
-    n, spread = clean_noise(cap)
-    noise = max(spread or 0.0, NOISE_FLOOR_PCT)
+    n, spread, noise = clean_noise(cap)
     faster = [label for key, label in _COST_LABELS if cost.get(f"{key}_pct", 0.0) < -noise]
     if not faster:
         return None
@@ -111,16 +109,14 @@ def instrument_problem(cap: GemmCapture) -> str | None:
 
 
 def instrument_note(cap: GemmCapture) -> str | None:
-    """What the capture instruments cost this job: instrumented against clean step time; a large cost
-    says the job is host-bound. A negative one is stated only within the clean steps' noise."""
+    """What the capture instruments cost this job against clean steps; a large cost says it is host-bound."""
     cost = cap.instrument_cost()
     if cost is None:
         if cap.steps and not cap.steps_of("clean"):
             return ("no clean step was captured: the step time includes the capture instruments "
                     "(give the capture more active steps)")
         return None
-    _, spread = clean_noise(cap)
-    noise = max(spread or 0.0, NOISE_FLOOR_PCT)
+    *_, noise = clean_noise(cap)
     parts = []
     for key, label in _COST_LABELS:
         if f"{key}_pct" not in cost:
@@ -157,8 +153,7 @@ def _gpu_busy(cap: GemmCapture, cost: dict[str, float]) -> float | None:
 
 
 def host_bound(cap: GemmCapture) -> bool:
-    """Whether the host, not the GPU, sets the job's pace: instrumented steps over INSTRUMENT_WARN_PCT
-    slower than clean ones, or the GPU busy under GPU_BUSY_HOST_BOUND of a clean step."""
+    """Whether the host, not the GPU, sets the job's pace: costly instruments, or a GPU mostly idle."""
     cost = cap.instrument_cost()
     if cost is None:
         return False
@@ -167,8 +162,8 @@ def host_bound(cap: GemmCapture) -> bool:
 
 
 def framework_note(job: GemmCapture, sweep_base: GemmCapture, speedups: dict[str, float]) -> str | None:
-    """The job's own step against the sweep's whole training step in the same recipe, and the observed
-    ``speedups`` (over BF16, per recipe) restated with the framework's time in every recipe's step."""
+    """The job's own step against the sweep's whole training step, and the observed ``speedups`` restated
+    with the framework's time in every recipe's step."""
     if not str(sweep_base.meta.get("sweep_step", "")).startswith("whole") or not job.steps_of("clean"):
         return None
     job_ms, sweep_ms = cast(float, job.step_ms()), observe(sweep_base).step_ms  # a float: it has clean steps

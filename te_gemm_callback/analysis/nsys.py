@@ -1,12 +1,6 @@
-"""The capture's GEMM times beside Nsight Systems' own, for a job recorded under ``nsys profile``.
-
-``nsys stats -r nvtx_gpu_proj_trace`` projects every NVTX range onto the GPU work launched inside
-it: a GEMM range of ours holds that GEMM's kernels alone
-(:meth:`~te_gemm_callback.capture.recorder.Recorder.begin`), the measurement our CUDA-event pair
-stands in for. Each GEMM is put in the step range of its process that holds its start, so the
-median is over the capture's own steps. Needs a ``.nsys-rep`` (nsys's importer needs elfutils'
-``libdw.so.1``: docs/results/h200.md, facts the code relies on: nsys importer).
-"""
+"""The capture's GEMM times beside Nsight Systems' projection of the same NVTX ranges onto the GPU
+(``nsys stats -r nvtx_gpu_proj_trace``), per step range of the capture's own process. Needs a ``.nsys-rep``
+(docs/results/h200.md, facts the code relies on: nsys importer)."""
 
 from __future__ import annotations
 
@@ -41,8 +35,8 @@ TAIL_BYTES = 4096  # of nsys's output: what a failure is said with
 
 
 def find_nsys(given: str | None = None) -> str | None:
-    """nsys from ``given``, PATH, or an Nsight Systems / Nsight Compute install under /opt
-    (docs/results/h200.md, facts the code relies on: nsys location)."""
+    """nsys from ``given``, PATH, or an Nsight install under /opt (docs/results/h200.md, facts the code relies
+    on: nsys location)."""
     if given:
         return given
     return shutil.which("nsys") or next(iter(sorted(
@@ -63,12 +57,11 @@ def csv_path(rep: Path) -> Path:
 
 @functools.cache
 def _rows(nsys: str, rep: Path, mtime_ns: int, size: int) -> list[dict[str, str]]:
-    prefix = rep.with_suffix("")
-    _check_ours(csv_path(rep), rep.with_suffix(".sqlite"))
-    csv_path(rep).unlink(missing_ok=True)  # never read an earlier recording's rows (nsys's own: checked)
-    _run_nsys([nsys, "stats", "-q", "-r", "nvtx_gpu_proj_trace", "-f", "csv", "--force-export=true",
-               "--force-overwrite=true", "-o", str(prefix), str(rep)])
     out = csv_path(rep)
+    _check_ours(out, rep.with_suffix(".sqlite"))
+    out.unlink(missing_ok=True)  # never read an earlier recording's rows (nsys's own: checked)
+    _run_nsys([nsys, "stats", "-q", "-r", "nvtx_gpu_proj_trace", "-f", "csv", "--force-export=true",
+               "--force-overwrite=true", "-o", str(rep.with_suffix("")), str(rep)])
     if not out.exists():
         raise FileNotFoundError(f"nsys stats wrote no {out.name} beside {rep}")
     limit = csv.field_size_limit()
@@ -98,8 +91,8 @@ def _check_ours(csv_file: Path, sqlite_file: Path) -> None:
 
 
 def _run_nsys(cmd: list[str]) -> None:
-    """Run nsys with its output to a file (it can print gigabytes: the tail is kept) in a process
-    group of its own, killed whole on the timeout. Raises as subprocess.run."""
+    """Run nsys in a process group of its own, killed whole on the timeout; its output (it can print
+    gigabytes) goes to a file whose tail a failure carries. Raises as subprocess.run."""
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -124,14 +117,14 @@ def _column(row: dict[str, str], *words: str) -> str:
 
 
 def _ours(name: str) -> str | None:
-    """A range name of ours without its ``te_gemm:`` domain, None for anyone else's
-    (docs/results/h200.md, facts the code relies on: nsys names)."""
+    """A range name of ours without its ``te_gemm:`` domain, None for anyone else's (docs/results/h200.md,
+    facts the code relies on: nsys names)."""
     return name[len(PREFIX):].lstrip() if name.startswith(PREFIX) else None
 
 
 def _int(value: str | None) -> int | None:
     try:
-        return int(value) if value not in ("", None) else None
+        return int(value) if value else None
     except ValueError:
         return None
 
@@ -146,8 +139,8 @@ def processes(rows: list[dict[str, str]]) -> list[str]:
 
 def per_step(rows: list[dict[str, str]], only_pid: str | None = None
              ) -> tuple[dict[str, dict[int, list[float]]], dict[int, str], int]:
-    """{GEMM range: {step index: [projected ms, ...]}}, {step index: kind}, and how many GEMM
-    instances fell in no step range of their process. ``only_pid`` keeps one process's ranges."""
+    """{GEMM range: {step: [projected ms]}}, {step: kind}, and how many GEMMs fell in no step range of their
+    process; ``only_pid`` keeps one process's ranges."""
     if not rows:
         return {}, {}, 0
     name, pid = _column(rows[0], "name"), _column(rows[0], "pid")
@@ -177,8 +170,7 @@ def per_step(rows: list[dict[str, str]], only_pid: str | None = None
 
 def compare(proj: dict[str, dict[int, list[float]]], captured: dict[str, float],
             dispatch_steps: set[int]) -> list[dict]:
-    """Per GEMM the capture timed: nsys's median projection over the steps the capture used (those
-    without the dispatch mode where any, else all) against the capture's."""
+    """Per GEMM the capture timed: nsys's median projection over the capture's steps against the capture's."""
     rows = []
     for name, ours in captured.items():
         by_step = proj.get(name) or {}
@@ -199,7 +191,6 @@ def capture_times(cap: Any) -> dict[str, float]:
 @dataclass
 class NsysComparison:
     """A capture's GEMM times beside nsys's projection of the same ranges in the same run."""
-
     rows: list[dict]
     outside_steps: int  # GEMM ranges in no step range of their process: left out
     steps: dict[int, str]  # step index -> kind, as nsys recorded the step ranges
@@ -214,8 +205,8 @@ class NsysComparison:
 
 
 def against_capture(cap: Any, rep: Path, nsys: str, pid: str | None = None) -> NsysComparison:
-    """The capture ``cap`` against nsys's projection of its ranges in ``rep`` (``pid``: its process,
-    where the recording holds several). ValueError with what to do where they do not fit."""
+    """The capture against nsys's projection of its ranges in ``rep`` (``pid``: its process, of several);
+    ValueError with what to do where they do not fit."""
     if rep.suffix == ".qdstrm":
         raise ValueError(f"{rep} is a .qdstrm: nsys could not import it (its QdstrmImporter did not start; "
                          "docs/nsight-systems.md says how to find why), and nsys stats reads only a .nsys-rep")

@@ -1,10 +1,5 @@
-"""Per-layer precision plan: which modules to keep in BF16 under an FP8 recipe.
-
-Each module's GEMM time per step under every recipe comes from the autocast-mode microbenchmarks
-(GEMM plus quantization); a plan is one FP8 recipe with the modules where it loses (or that TE
-cannot run in it) kept in BF16, the best the one with the least GEMM time. Step times are
-predicted as the report's (Amdahl over the job's GEMM share).
-"""
+"""Per-layer precision plan: one FP8 recipe with the modules where it loses (or that TE cannot run in it)
+kept in BF16, from the autocast-mode microbenchmarks; the best plan has the least GEMM time."""
 
 from __future__ import annotations
 
@@ -40,8 +35,8 @@ def module_times(items: list[WorkItem], owner: dict[str, str], bench: BenchResul
 
 
 def fp8_shape_ok(it: WorkItem) -> bool:
-    """Whether TE can run this layer's GEMMs in FP8: every dimension a multiple of 16 (a grouped
-    GEMM's rows excepted: MoE code pads them per expert)."""
+    """Whether TE can run this layer's GEMMs in FP8: every dimension a multiple of 16 (a grouped GEMM's rows
+    excepted: MoE code pads them per expert)."""
     f = it.fprop
     return f.k % 16 == 0 and f.n % 16 == 0 and (it.m_splits is not None or f.m % 16 == 0)
 
@@ -51,9 +46,8 @@ MIN_GAIN = 0.005  # a mixed plan's least gain over the best single recipe (share
 
 def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] | None = None,
               observed: GemmCapture | None = None, min_gain: float = MIN_GAIN) -> PrecisionPlan:
-    """The best plan among the FP8 recipes the bench ran, against BF16 and every single recipe.
-    ``observed``: the run whose step and GEMM time anchor the prediction (default ``capture``);
-    ``min_gain``: see :data:`MIN_GAIN`."""
+    """The best plan among the FP8 recipes the bench ran, against BF16 and every single recipe; ``observed``
+    is the run whose step and GEMM time anchor the prediction (default ``capture``)."""
     if MODE not in bench.meta.get("modes", [MODE]):
         raise ValueError("the plan needs autocast-mode microbenchmarks (GEMM + quantization): run te-gemm bench "
                          "without --pre-quantize")
@@ -115,8 +109,7 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
 
 
 def plan_for_run(rr: Any) -> PrecisionPlan:
-    """The plan of an analysed run folder (a RunReport), anchored on the sweep's run in the job's
-    recipe where there is one, else on the job's own capture."""
+    """The plan of an analysed run folder, anchored on the sweep's run in the job's recipe where there is one."""
     if rr.bench is None:
         raise ValueError("no bench.json: te-gemm bench --capture RUN_DIR/gemm_capture.json "
                          "--json RUN_DIR/bench.json first")
@@ -126,8 +119,7 @@ def plan_for_run(rr: Any) -> PrecisionPlan:
 
 
 def run_plan(rr: Any) -> PrecisionPlan | None:
-    """:func:`plan_for_run` where the run's bench allows a plan (BF16 and an FP8 recipe in autocast
-    mode), else None."""
+    """:func:`plan_for_run` where the run's bench allows a plan, else None."""
     if rr.bench is None or MODE not in rr.bench.meta.get("modes", [MODE]):
         return None
     try:

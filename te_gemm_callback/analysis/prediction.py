@@ -1,12 +1,7 @@
-"""What each captured run measured, and the step time predicted for each recipe.
-
-Amdahl's law (docs/benchmark-methodology.md): with the job observed in recipe r0 (step T, in-job
-GEMM time G) and microbenchmarked GEMM time B(r) per step, T_pred(r) = T - G + G * B(r) / B(r0),
-and r's predicted speedup is T_pred(BF16) / T_pred(r). G is GEMM kernel time, so B comes from the
-pre-quantized microbenchmarks where they exist; the autocast-mode ones (every cast unfused) give
-a second, pessimistic prediction. What the job gains or loses outside the GEMMs is the residual
-(:mod:`te_gemm_callback.analysis.verdicts`).
-"""
+"""What each captured run measured, and the step time predicted for each recipe by Amdahl's law
+(docs/benchmark-methodology.md): with the job observed in recipe r0 (step T, in-job GEMM time G) and
+microbenchmarked GEMM time B(r) per step, T_pred(r) = T - G + G * B(r) / B(r0). G is kernel time, so B is
+pre-quantized where measured; autocast mode (every cast unfused) gives a second, pessimistic prediction."""
 
 from __future__ import annotations
 
@@ -48,8 +43,8 @@ def predict_steps(base: Observed, bench_ms: dict[str, float | None]) -> dict[str
 def plan_prediction(plan: dict[str, Any], base: Observed, capture: GemmCapture, bench: BenchResults,
                     items: list[WorkItem], bench_ms: dict[str, float | None], auto_ms: dict[str, float | None],
                     mode: str) -> tuple[float, float, float | None] | None:
-    """(step ms, speedup, unfused speedup) of the plan, predicted like the recipes beside it (this
-    run's baseline and bench): its ``keep_bf16`` modules at their BF16 time, the rest in its recipe."""
+    """(step ms, speedup, unfused speedup) of the plan, predicted like the recipes beside it: its ``keep_bf16``
+    modules at their BF16 time, the rest in its recipe."""
     owner = {r.name: r.module for r in capture.records}
     keep = set(plan.get("keep_bf16", []))
 
@@ -65,8 +60,7 @@ def plan_prediction(plan: dict[str, Any], base: Observed, capture: GemmCapture, 
         return (p["plan"], p["BF16"] / p["plan"]) if "plan" in p and "BF16" in p else None
 
     fused = predicted(bench_ms, mode)
-    # The autocast-mode totals are behind the recipes' "unfused" prediction.
-    unfused = predicted(auto_ms, "autocast") if auto_ms else None
+    unfused = predicted(auto_ms, "autocast") if auto_ms else None  # as the recipes' "unfused" prediction
     return None if fused is None else (*fused, unfused[1] if unfused else None)
 
 

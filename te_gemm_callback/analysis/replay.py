@@ -1,12 +1,6 @@
-"""A what-if replay of one training step: the step as the host launches it and the GPU runs it.
-
-The trace is the capture's kernels step: the host's CUDA runtime calls in order, each with the
-kernels it launched (stream, duration). The replay makes the calls again, each after the host
-work before it; a kernel starts once its launch reached the GPU and its stream is free; a sync
-returns when the work it waits for is done (trace-driven what-if simulation: Zhu et al.,
-"Daydream", USENIX ATC 2020). Copies of the step run back to back, since the host runs ahead into
-the next step; the step time is the period of the last copy.
-"""
+"""A what-if replay of one training step as the host launches it and the GPU runs it (trace-driven
+simulation: Zhu et al., "Daydream", USENIX ATC 2020). Copies of the step run back to back, since the host
+runs ahead into the next step; the step time is the period of the last copy."""
 
 from __future__ import annotations
 
@@ -17,7 +11,6 @@ from typing import Any
 @dataclass
 class Op:
     """One GPU operation (kernel, copy, memset): its duration (µs), stream, and a label."""
-
     dur: float
     stream: int | None
     name: str = ""
@@ -27,9 +20,8 @@ class Op:
 
 @dataclass
 class Call:
-    """One host call of the step, in host order: ``gap`` µs of the job's own host work since the
-    previous call returned, ``cost`` µs the call took on the host, ``ops`` the GPU work it started."""
-
+    """One host call of the step, in host order: ``gap`` µs of the job's own host work since the previous
+    call returned, ``cost`` µs the call took on the host, ``ops`` the GPU work it started."""
     gap: float
     cost: float
     kind: str
@@ -40,10 +32,9 @@ class Call:
 
 @dataclass
 class StepTrace:
-    """A step as recorded: ``tail`` host µs after the last call; ``latency`` µs from a launch to its
-    kernel on an idle GPU; ``kernel_gap`` µs between queued kernels of one stream (docs/results/h200.md,
-    facts the code relies on: kernel gap)."""
-
+    """A step as recorded: ``tail`` host µs after the last call; ``latency`` µs from a launch to its kernel
+    on an idle GPU; ``kernel_gap`` µs between queued kernels of one stream (docs/results/h200.md, facts the
+    code relies on: kernel gap)."""
     calls: list[Call]
     tail: float = 0.0
     latency: float = 5.0
@@ -51,20 +42,16 @@ class StepTrace:
 
     def with_ops(self, fn: Any) -> StepTrace:
         """A copy whose every op is ``fn(op)`` (an Op, or a list of Ops to put in its place)."""
-        calls = []
-        for c in self.calls:
-            ops: list[Op] = []
-            for op in c.ops:
-                new = fn(op)
-                ops += new if isinstance(new, list) else [new]
-            calls.append(replace(c, ops=ops))
-        return replace(self, calls=calls)
+        def each(op: Op) -> list[Op]:
+            new = fn(op)
+            return new if isinstance(new, list) else [new]
+
+        return replace(self, calls=[replace(c, ops=[o for op in c.ops for o in each(op)]) for c in self.calls])
 
 
 @dataclass
 class ReplayResult:
     """What the replay gives for one step in steady state (µs)."""
-
     step_us: float  # the period of the last replayed copy
     gpu_busy_us: float  # kernel time in that period
     host_us: float  # the host's own time per step (gaps + call costs, no waiting)

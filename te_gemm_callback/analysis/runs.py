@@ -1,8 +1,5 @@
-"""A run folder and everything analysed from it, with no drawing: the report, the precision plan,
-the per-rank summary and kernel split (:func:`te_gemm_callback.reporting.run.report` draws them).
-A run folder holds ``gemm_capture.json``, ``sweep/<recipe>/gemm_capture.json``, ``bench.json``
-and ``ranks/rank<N>.json``.
-"""
+"""A run folder and everything analysed from it, with no drawing: the report, the precision plan, the
+per-rank summary and kernel split (:func:`te_gemm_callback.reporting.run.report` draws them)."""
 
 from __future__ import annotations
 
@@ -34,7 +31,6 @@ log = logging.getLogger("te_gemm_callback")
 @dataclass
 class RunReport:
     """The report of a run folder and what it was made from."""
-
     report: Report
     job: GemmCapture
     captures: list[GemmCapture]  # the observed runs: the sweep's, else one per recipe
@@ -119,8 +115,8 @@ def analyze_run(run_dir: str | Path) -> RunReport:
 
 
 def weight_gemms(cap: GemmCapture) -> set[tuple]:
-    """What runs of one model in different recipes share: who runs which GEMM shape (grouped GEMMs,
-    padded per expert under FP8, left out)."""
+    """What runs of one model in different recipes share: who runs which GEMM shape (grouped GEMMs, padded
+    per expert under FP8, left out)."""
     return {(r.module, r.gemm, r.op, r.m, r.k, r.n, r.batch) for r in cap.records if not r.m_splits}
 
 
@@ -148,8 +144,8 @@ def _run_of(sweep_capture: Path, root: Path) -> Path:
 
 
 def _job_capture(root: Path, main: list[Path], sweep: list[Path]) -> Path:
-    """The job's capture: ``gemm_capture.json``, or among a resumed job's ``gemm_capture.step<N>.json``
-    the one of the sweep's run id, else the newest."""
+    """The job's capture: ``gemm_capture.json``, or among a resumed job's ``gemm_capture.step<N>.json`` the
+    one of the sweep's run id, else the newest."""
     resumed = sorted(root.glob("gemm_capture.step*.json"))
     if not main:
         log.warning("te-gemm: %s holds no capture of the job itself: the sweep's %s stands in for it (the job's "
@@ -166,7 +162,6 @@ def _job_capture(root: Path, main: list[Path], sweep: list[Path]) -> Path:
 
 
 def _same_run(job: GemmCapture, sweep: list[tuple[Path, GemmCapture]]) -> tuple[list[GemmCapture], list[Path]]:
-    """The sweep captures of the job's run, and the paths of the others: their ``meta["run_id"]``
-    must be the job's (files of older versions, with none on either side, are one run)."""
+    """The sweep captures of the job's run (same ``meta["run_id"]``), and the paths of the others."""
     jid = job.meta.get("run_id")
     return [c for _, c in sweep if c.meta.get("run_id") == jid], [p for p, c in sweep if c.meta.get("run_id") != jid]

@@ -1,5 +1,4 @@
-"""Predicted GEMM speedup against observed step speedup, with a verdict per recipe: :func:`analyze`
-joins the job's capture, the microbenchmarks and the runs in other recipes; :func:`judge` decides."""
+"""Predicted GEMM speedup against observed step speedup, with a verdict per recipe (:func:`analyze`, :func:`judge`)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ NO_GAIN = 1.05  # GEMM speedup below this: no gain at these shapes
 
 @dataclass
 class RecipeAnalysis:
-    """One recipe's row of the report: ``verdict`` and ``evidence`` are ``verdict_kind`` and
-    ``verdict_evidence`` rendered (:func:`~te_gemm_callback.analysis.findings.render`)."""
+    """One recipe's row of the report; ``verdict`` and ``evidence`` render ``verdict_kind`` and ``verdict_evidence``."""
 
     recipe: str
     gemm_ms_bench: float | None = None  # microbenchmarked GEMM time per step
@@ -105,20 +103,19 @@ class Report:
 
     @property
     def gemm_share(self) -> float | None:
-        """GEMM time over step time where the two can be compared (``meta["gemm_share_basis"]``), else
-        None (``meta["gemm_share_na"]``); never above 1."""
+        """GEMM time over step time where the two can be compared, else None; never above 1."""
         if "gemm_share" in self.meta:
             return self.meta["gemm_share"]
         share = self.gemm_ms / self.step_ms if self.gemm_ms is not None and self.step_ms else None
         return share if share is None or share <= 1 else None
 
     def withheld(self, recipe: str) -> dict[str, str]:
-        """The fields of a recipe's row the checks refused (``meta["withheld"]``): field -> why."""
+        """The fields of a recipe's row the checks refused: field -> why."""
         return (self.meta.get("withheld") or {}).get(recipe) or {}
 
     @property
     def warnings(self) -> list[str]:
-        """What the checks found that the report cannot state as a result (printed, and in report.json)."""
+        """What the checks found that the report cannot state as a result."""
         return list(self.meta.get("warnings") or [])
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,8 +139,7 @@ def no_gemm_times(capture: GemmCapture) -> str:
 
 
 def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None:
-    """A recipe's observed run and its speedup over BF16; without a microbenchmark of the recipe, the
-    two runs' in-job GEMM times stand in for the prediction."""
+    """A recipe's observed run and its speedup over BF16; without a microbenchmark, the in-job GEMM times predict."""
     a.observed_step_ms, a.observed_gemm_ms = run.step_ms, run.gemm_ms
     if bf is None:
         return
@@ -158,8 +154,7 @@ def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None
 def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: Sequence[GemmCapture] = (),
             mode: str | None = None, items: list[WorkItem] | None = None,
             replay_from: GemmCapture | None = None) -> Report:
-    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes
-    (``mode``: default pre-quantized where measured; ``replay_from``: default ``capture``)."""
+    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes."""
     replay_from = replay_from or capture
     base = observe(capture)
     if base.gemm_ms is None:
@@ -188,15 +183,12 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
     out = []
     for r in recipes:
         ms, ms_bf16, ms_base = bench_ms.get(r), bench_ms.get("BF16"), bench_ms.get(base.recipe)
-        a = RecipeAnalysis(r, gemm_ms_bench=ms)
-        if ms and ms_bf16:
-            a.gemm_speedup = ms_bf16 / ms
-        if ms and ms_base:
-            a.gemm_speedup_vs_current = ms_base / ms
+        a = RecipeAnalysis(r, gemm_ms_bench=ms, gemm_speedup=ms_bf16 / ms if ms and ms_bf16 else None,
+                           gemm_speedup_vs_current=ms_base / ms if ms and ms_base else None,
+                           padded_rows_pct=padding_pct(items, r))
         if bench and r != "BF16":
             a.high_precision = [f"{it.name} ({it.fprop.mkn}): {short_error(why)}"
                                 for it, why in fallback_items(bench, items, r, mode)]
-        a.padded_rows_pct = padding_pct(items, r)
         if r in pred_step:
             a.predicted_step_ms = pred_step[r]
             if "BF16" in pred_step:
@@ -213,8 +205,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
     if plan_run is not None and plan_meta is not None:
         predicted = plan_prediction(plan_meta, base, capture, bench, items, bench_ms, auto_ms, mode) if bench else None
         out.append(_plan_analysis(plan_run, plan_meta, runs, predicted))
-    skipped = dict(bench.skipped) if bench else {}
-    return Report(base.recipe, base.step_ms, base.gemm_ms, out, skipped,
+    return Report(base.recipe, base.step_ms, base.gemm_ms, out, dict(bench.skipped) if bench else {},
                   meta={"device": capture.meta.get("device"), "mode": mode,
                         "prediction": ("a replay of the job's own kernels step (host calls and kernels) with each "
                                        f"recipe's GEMM times ({mode} mode) and module host and quantization costs"
@@ -231,11 +222,9 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
 
 def _set_replay(a: RecipeAnalysis, rr: Any, bf16: Any) -> None:
     """The replay's prediction as the recipe's predicted column, with its band and bound."""
-    a.predicted_step_ms = rr.step_ms
-    a.predicted_step_speedup = bf16.step_ms / rr.step_ms
+    a.predicted_step_ms, a.predicted_step_speedup = rr.step_ms, bf16.step_ms / rr.step_ms
     a.predicted_band = (bf16.low_ms / rr.high_ms, bf16.high_ms / rr.low_ms)
-    a.predicted_bound = rr.bound
-    a.predicted_by = "replay"
+    a.predicted_bound, a.predicted_by = rr.bound, "replay"
     side = "the host" if rr.bound == "host" else "the GPU"
     a.predicted_ledger = (f"replayed: {side} bounds the step (host {rr.host_ms:.1f} ms of its own work per step, "
                           f"GPU busy {rr.gpu_busy_ms:.1f} ms)" + (f"; {'; '.join(rr.notes)}" if rr.notes else ""))
@@ -243,8 +232,8 @@ def _set_replay(a: RecipeAnalysis, rr: Any, bf16: Any) -> None:
 
 def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],
                    predicted: tuple[float, float, float | None] | None = None) -> RecipeAnalysis:
-    """The swept plan against its prediction (``predicted``: from this run like the recipes', else the
-    plan file's own) and against the best single recipe in the same sweep."""
+    """The swept plan against its prediction (this run's where given, else the plan file's own) and against
+    the best single recipe in the same sweep."""
     a = RecipeAnalysis("plan", predicted_step_ms=plan.get("predicted_step_ms"),
                        predicted_step_speedup=plan.get("predicted_speedup"),
                        observed_step_ms=run.step_ms, observed_gemm_ms=run.gemm_ms)
@@ -281,8 +270,7 @@ def _kernel_moves(run: Observed, bf16: Observed) -> list[tuple[str, float]]:
 
 
 def _straddle(est: Estimate | None, per_round: list[float], pred: float) -> Straddle | None:
-    """Where the observed interval (or, too few rounds for one, the rounds' range) reaches across a
-    verdict's edge around the prediction, or None."""
+    """Where the observed interval (else the rounds' range) reaches across a verdict's edge, or None."""
     if est is None or est.rounds < 2:
         return None
     lo, hi, rounds_range = est.low, est.high, False

@@ -1,12 +1,8 @@
 """The job's own step replayed in another recipe (or on another GPU): the predicted column.
 
-The capture's kernels step becomes a :class:`StepTrace`, changed as recipe R would change it and
-replayed (:mod:`te_gemm_callback.analysis.replay`): each joined GEMM kernel scaled by its
-microbenchmarked ratio R / job recipe; each TE module's host and non-GEMM kernel difference
-(:mod:`te_gemm_callback.microbench.module_cost`) added per pass before its first GEMM launch;
-everything else kept, less CUPTI's cost per call. The band replays the GEMM quartiles
-(x 1 -+ GEMM_RATIO_BAND) against module differences at 0.5x / 1.5x, widened by how far the job's
-own recipe replay missed its clean step.
+The kernels step's GEMMs are scaled by their microbenchmarked ratio R / job recipe, and each TE module's
+host and non-GEMM kernel difference (:mod:`te_gemm_callback.microbench.module_cost`) is added per pass. The
+band replays the GEMM quartiles against module differences at 1 -+ MODULE_BAND, widened by the own recipe's miss.
 """
 
 from __future__ import annotations
@@ -49,8 +45,7 @@ def step_trace(cap: Any, call_tax_us: float = 0.0, op_tax_us: float = 0.0) -> St
 
 
 def kernel_gap_us(kernels: list[list[Any]]) -> float:
-    """The median gap under BACKLOG_GAP_US between back-to-back kernels of one stream (rows: index,
-    start, duration, stream, ...); 0 with fewer than MIN_GAPS such gaps."""
+    """The median gap under BACKLOG_GAP_US between back-to-back kernels of one stream; 0 under MIN_GAPS gaps."""
     rows = sorted(kernels, key=lambda r: (str(r[3]), r[1]))
     gaps = sorted(b[1] - (a[1] + a[2]) for a, b in zip(rows, rows[1:])
                   if a[3] == b[3] and 0.0 <= b[1] - (a[1] + a[2]) < BACKLOG_GAP_US)
@@ -59,8 +54,7 @@ def kernel_gap_us(kernels: list[list[Any]]) -> float:
 
 def host_scaled(trace: StepTrace, f: float) -> StepTrace:
     """``trace`` with every host time (gaps, call costs, tail) times ``f``."""
-    return replace(trace, tail=trace.tail * f,
-                   calls=[replace(c, gap=c.gap * f, cost=c.cost * f) for c in trace.calls])
+    return replace(trace, tail=trace.tail * f, calls=[replace(c, gap=c.gap * f, cost=c.cost * f) for c in trace.calls])
 
 
 def calibrate_host(trace: StepTrace, clean_ms: float | None) -> float:
@@ -82,7 +76,6 @@ def calibrate_host(trace: StepTrace, clean_ms: float | None) -> float:
 @dataclass
 class RecipeReplay:
     """The replay's prediction for one recipe."""
-
     recipe: str
     step_ms: float
     low_ms: float
@@ -99,8 +92,8 @@ class RecipeReplay:
 
 def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_ms",
                 source: Any = None) -> dict[int, float]:
-    """Per capture record index: its GEMM's ``q`` time in ``recipe`` on ``bench`` over its median in
-    ``base`` on ``source`` (default ``bench``); plain torch GEMMs run BF16 in every recipe."""
+    """Per capture record index: its GEMM's ``q`` time in ``recipe`` on ``bench`` over its median in ``base``
+    on ``source`` (default ``bench``); plain torch GEMMs run BF16 in every recipe."""
     source = source if source is not None else bench
     mode = "prequantized" if "prequantized" in source.meta.get("modes", ["autocast"]) else "autocast"
     out = {}
@@ -118,13 +111,12 @@ def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_m
 
 
 def module_host(cap: Any, costs: dict[str, Any] | None, base: str) -> dict[str, float] | None:
-    """The TE modules' host time per step in the job beside the module benchmark's in ``base``; reported
-    only (docs/results/h200.md, facts the code relies on: module host time)."""
+    """The TE modules' host time per step in the job beside the module benchmark's in ``base``; reported only
+    (docs/results/h200.md, facts the code relies on: module host time)."""
     host = (getattr(cap, "meta", None) or {}).get("module_host_us") or {}
     if not costs or not host:
         return None
-    job = bench = 0.0
-    n = 0
+    job, bench, n = 0.0, 0.0, 0
     for name, key in costs.get("modules", {}).items():
         mine, row = host.get(name) or {}, costs.get("kinds", {}).get(key, {}).get(base) or {}
         if "fwd" in mine and "bwd" in mine and "host_fwd_us" in row:
@@ -154,9 +146,9 @@ def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: st
 
 def transform(trace: StepTrace, cap: Any, ratio: dict[int, float], deltas: dict[str, dict[str, float]],
               scale: float = 1.0, other: float = 1.0) -> StepTrace:
-    """``trace`` with GEMMs at ``ratio`` of their time, other kernels at ``other`` of theirs, and each
-    module's pass differences (``deltas`` x ``scale``) before the pass's first GEMM launch; a saving
-    is taken off the host gaps (or quantization kernels) around the last GEMM launch."""
+    """``trace`` with GEMMs at ``ratio`` of their time, other kernels at ``other`` of theirs, and each module's
+    pass differences (``deltas`` x ``scale``) before the pass's first GEMM launch; a saving is taken off the
+    host gaps (or quantization kernels) since the last GEMM launch."""
     side_of: dict[str, str] = {}  # module -> the pass its last GEMM belonged to
     calls: list[Call] = []
     host_debt = 0.0  # host µs still to take off the gaps that follow
@@ -218,8 +210,8 @@ def _take_host_before(calls: list[Call], us: float) -> float:
 
 
 def _shrink_before(calls: list[Call], stream: Any, us: float, drop: int = 0) -> float:
-    """Take ``us`` off the quantization kernels on ``stream`` since the last GEMM, dropping up to
-    ``drop`` of those it empties (fewer launches); what could not be taken."""
+    """Take ``us`` off the quantization kernels on ``stream`` since the last GEMM, dropping up to ``drop`` of
+    those it empties (fewer launches); what could not be taken."""
     for j in range(len(calls) - 1, -1, -1):
         c = calls[j]
         for i in range(len(c.ops) - 1, -1, -1):
@@ -238,8 +230,7 @@ def _shrink_before(calls: list[Call], stream: Any, us: float, drop: int = 0) -> 
 
 
 def job_trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[str, Any]] | None:
-    """The host-calibrated trace every recipe is replayed from, and the own recipe's replay beside
-    the measured clean and kernels steps (``own``); None without host calls."""
+    """The host-calibrated trace every recipe is replayed from, and the own recipe's replay; None without calls."""
     call_tax = float((costs or {}).get("cupti_call_tax_us") or 0.0)
     op_tax = float((costs or {}).get("profiler_op_tax_us") or 0.0)
     trace, raw = step_trace(cap, call_tax, op_tax), step_trace(cap)
@@ -259,9 +250,9 @@ def job_trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[s
 def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms: float | None,
                    costs: dict[str, Any] | None = None, *, source: Any = None, other: float = 1.0,
                    host_speed: float = 1.0, traced: Any = None) -> dict[str, RecipeReplay]:
-    """The replay's step per recipe; {} without a host trace. For another GPU: ``bench`` the projected
-    cells, ``source`` the bench they came from, ``other`` the non-GEMM kernel factor, ``host_speed``
-    the other host's speed. ``traced``: :func:`job_trace` of ``cap`` where the caller has it."""
+    """The replay's step per recipe; {} without a host trace. For another GPU: ``bench`` the projected cells,
+    ``source`` the bench they came from, ``other`` the non-GEMM kernel factor, ``host_speed`` the other host's
+    speed. ``traced``: :func:`job_trace` of ``cap`` where the caller has it."""
     got = (traced or job_trace(cap, costs)) if bench is not None else None
     if got is None:
         return {}
