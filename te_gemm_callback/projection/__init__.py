@@ -71,10 +71,9 @@ def check_run_folder(run_dir: str | Path) -> Path:
 
 def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpec | None = None,
                 mode: str = "autocast", host_speed: float = 1.0) -> RunProjection:
-    """Project a run folder (gemm_capture.json and bench.json) onto ``target``: every bench cell in every
-    recipe, the job's GEMM time per step, and the step. The step is the job's kernels step replayed on the
-    target where the capture holds its host calls (the host ``host_speed`` times faster), so a host-bound
-    job stays bound; always also "GEMMs alone": non-GEMM time by bandwidth plus the projected GEMM time."""
+    """Project a run folder onto ``target``: every bench cell, the job's GEMM time per step, and the step,
+    replayed on the target where the capture holds its host calls (the host ``host_speed`` times faster) so
+    that a host-bound job stays bound; always also "GEMMs alone" (Amdahl)."""
     if not host_speed > 0:
         raise ValueError(f"host_speed must be a positive factor, got {host_speed}")
     root = check_run_folder(run_dir)
@@ -111,7 +110,7 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
         out.notes.append("no step projection: the capture has no clean step time or no in-job GEMM time")
 
     def step_of(res: BenchResults, recipe: str) -> float | None:
-        """Amdahl: the job's non-GEMM time, less its own recipe's quantization (in it), plus ``recipe``'s GEMMs."""
+        """Amdahl: the job's non-GEMM time, less its own recipe's quantization, plus ``recipe``'s GEMMs."""
         job = out.job_recipe or "BF16"
         own, own_pre = step_ms(res, items, job, mode), step_ms(res, items, job, "prequantized")
         new = step_ms(res, items, recipe, mode, "BF16")
@@ -120,7 +119,7 @@ def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpe
         return new + out.non_gemm_ms / (1 if res is projected else proj.bw) - (own - own_pre)
 
     observed = _observed(root)
-    # The band's edges as benches of their own: the same totals as the central value (step_ms).
+    # The band's edges as benches of their own, totalled as the central value is.
     low, high = (BenchResults([replace(c, median_ms=getattr(c, edge)) for c in projected.results])
                  for edge in ("q1_ms", "q3_ms"))
     base_t, base_s = step_of(projected, "BF16"), step_of(bench, "BF16")

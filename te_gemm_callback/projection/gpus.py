@@ -19,9 +19,7 @@ CUBLAS_BLOG = ("https://developer.nvidia.com/blog/"
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """``peaks``: dense TFLOPS per format ("bf16", "fp8", "fp4"); ``bandwidth``: HBM TB/s; ``names``: words of
-    ``torch.cuda.get_device_name()`` that mean it."""
-
+    """``peaks``: dense TFLOPS per format; ``bandwidth``: HBM TB/s; ``names``: words of the device name that mean it."""
     key: str
     name: str
     arch: str  # "hopper" or "blackwell"

@@ -1,9 +1,5 @@
-"""Project a run's microbenchmark onto another GPU, cell by cell (docs/projection.md, "The model"):
-the pre-quantized GEMM kernel by the ratio of dense peaks (its BF16 output's write by bandwidth), the
-quantization by the bandwidth ratio (or the traffic model's bytes at the source's cast bandwidth), and a
-band of the cell's spread, the clock term (the source ran ``1 - r`` under its maximum SM clock) and a
-term per format the source did not run.
-"""
+"""Project a run's microbenchmark onto another GPU, cell by cell (docs/projection.md, "The model"): the
+GEMM kernel by the ratio of dense peaks, the quantization by the bandwidth ratio, and a band."""
 
 from __future__ import annotations
 

@@ -20,7 +20,6 @@ LABEL = "shape-only estimate: public peak and bandwidth, nothing measured"
 @dataclass
 class ShapeOnly:
     """GEMM ms per step at the roofline bound, per recipe the target runs, and what was left out."""
-
     target: GpuSpec
     gemm_ms: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)

@@ -1,11 +1,8 @@
-"""The memory traffic a recipe's quantization adds to a GEMM (TE 2.20 recipes): per element of a BF16
-operand, 2 bytes per read (an amax pass where the scale is the tensor's own, the cast, and for NVFP4's
-columnwise input and gradient copies one more after the random Hadamard transform) and the bytes each
-copy writes (data and block scales). A tensor used by two GEMMs in different layouts gets two copies.
+"""The memory traffic a recipe's quantization adds to a GEMM: per element of a BF16 operand, 2 bytes per
+read (amax pass, cast, NVFP4's Hadamard transform) and the bytes each copy writes (data and block scales).
 
-Schedules: ``training`` (a training step; ``te-gemm bench``'s autocast mode): fprop quantizes X and W, dgrad
-dY, each with both copies, wgrad nothing. ``te_benchmark`` (TE's benchmarks/gemm/benchmark_gemm.py: every
-pass a forward te.Linear): the input with both copies, the weight rowwise only.
+Schedules: ``training`` (``te-gemm bench``'s autocast mode): fprop quantizes X and W, dgrad dY, each with both
+copies. ``te_benchmark`` (TE's benchmarks/gemm/benchmark_gemm.py): the input with both copies, the weight rowwise.
 """
 
 from __future__ import annotations
