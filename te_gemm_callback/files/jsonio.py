@@ -1,15 +1,10 @@
-"""The one place files are read and written (captures, bench results, plans, reports, the cache,
-the plan's YAML; figures through :mod:`te_gemm_callback.files.png`).
-
-Reads are bounded (:data:`MAX_READ_BYTES`, :data:`MAX_DEPTH`) and a file of a known schema is
-checked against :data:`SPECS` (unknown fields are ignored, so newer files still load). Writes are
-atomic (a temporary file renamed over the target), never through a symbolic link, and replace an
-existing file only if its content shows it is of the kind being written. Every refusal or failure
-is a one-line ValueError or OSError that names the file.
-"""
+"""The one place files are read and written: bounded reads checked against :data:`SPECS`; atomic
+writes, never through a link, over an existing file only of the kind being written. Every refusal is
+a one-line ValueError or OSError that names the file."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -22,14 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-# The names other modules import from here; the specs themselves live in specs.py.
+# Imported from here by other modules.
 from te_gemm_callback.files.specs import BENCH_RESULT, CACHE_FILE, CAPTURE_FILE, MAX_DIM, MAX_INT, SPECS, S  # noqa: F401
 from te_gemm_callback.printable import plain
 
 T = TypeVar("T")
 
-# Far above any file this tool writes (a large MoE capture is a few MB), low enough that
-# `te-gemm show /dev/zero`-like mistakes stop at once instead of filling memory.
+# Far above any file we write, low enough that `te-gemm show /dev/zero` stops at once.
 MAX_READ_BYTES = 256 * 1024 * 1024
 # Our files nest 4-6 levels; deeper is hand-made and would hit recursion limits further on.
 MAX_DEPTH = 64
@@ -42,10 +36,9 @@ def read_bytes_bounded(path: Path, limit: int | None = None) -> bytes:
     """At most ``limit`` bytes (default :data:`MAX_READ_BYTES`) of a file or pipe, else ValueError."""
     limit = limit or MAX_READ_BYTES
     st = os.stat(path)
-    # Before open: opening a named FIFO (or socket) with no writer blocks forever. A pipe that
-    # `<(...)` passes as /dev/fd/N has its writer already, and stays readable.
-    if (stat.S_ISFIFO(st.st_mode) and not str(path).startswith(("/dev/fd/", "/proc/self/fd/"))) or \
-            stat.S_ISSOCK(st.st_mode):
+    # Before open: a named FIFO with no writer blocks forever; `<(...)`'s /dev/fd/N has its writer.
+    if stat.S_ISSOCK(st.st_mode) or (stat.S_ISFIFO(st.st_mode)
+                                     and not str(path).startswith(("/dev/fd/", "/proc/self/fd/"))):
         raise ValueError(f"{plain(path)} is a FIFO or socket, not a file: give the path of a JSON file")
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
@@ -217,8 +210,7 @@ KindCheck = Callable[[Path], None]  # raises ValueError unless the existing file
 
 
 def json_kind(schema: str | None, accept: Callable[[Any], bool] | None = None) -> KindCheck:
-    """Replace only a JSON file whose ``schema`` field is ``schema`` (or whose content ``accept``
-    takes); with ``schema`` None, replace nothing."""
+    """Replace only a JSON file of ``schema`` (or whose content ``accept`` takes); None: replace nothing."""
     def kind(path: Path) -> None:
         try:
             old = parse_json(read_bytes_bounded(path))
@@ -247,8 +239,7 @@ def text_kind(what: str, *prefixes: bytes) -> KindCheck:
 
 
 def _no_linked_parents(p: Path, root: str | Path) -> None:
-    """Refuse a folder between ``root`` and ``p`` that is a symbolic link (``root/sweep/BF16 ->
-    elsewhere`` would carry a write outside the folder the user named)."""
+    """Refuse a linked folder between ``root`` and ``p``: it would carry a write outside the folder named."""
     root = Path(root)
     try:
         rel = p.parent.relative_to(root)
@@ -263,9 +254,8 @@ def _no_linked_parents(p: Path, root: str | Path) -> None:
 
 
 def check_target(path: str | Path, kind: KindCheck | None, root: str | Path | None = None) -> Path:
-    """Everything :func:`write_bytes_atomic` refuses, checked without writing (a command refuses
-    before it spends minutes measuring). ``kind`` None: an existing file is never replaced.
-    ``root``: the folder the user named; no folder between it and the file may be a link."""
+    """Everything :func:`write_bytes_atomic` refuses, checked without writing (before minutes of measuring).
+    ``kind`` None: never replace a file; ``root``: no folder between it and the file may be a link."""
     if isinstance(path, str) and not path.strip():
         raise ValueError("empty output path: give a file name")
     if str(path) == STDOUT:
@@ -293,8 +283,7 @@ def check_target(path: str | Path, kind: KindCheck | None, root: str | Path | No
 
 def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | None,
                        root: str | Path | None = None) -> Path:
-    """Write ``data`` to ``path`` atomically after :func:`check_target`'s refusals; a file replaced
-    keeps its mode."""
+    """Write ``data`` to ``path`` atomically after :func:`check_target`'s refusals, keeping a replaced file's mode."""
     path = check_target(path, kind_check, root)
     try:  # a 0600 report.json the user locked down stays 0600 when rewritten
         mode: int | None = stat.S_IMODE(path.stat().st_mode)
@@ -317,10 +306,8 @@ def write_bytes_atomic(path: str | Path, data: bytes, kind_check: KindCheck | No
             os.fsync(f.fileno())  # the rename must not publish a file whose bytes are not on disk
         os.replace(tmp, path)
     except BaseException as err:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(err, OSError):  # a full disk, `ulimit -f`: one line that names the file, old file kept
             raise OSError(err.errno, err.strerror or str(err), str(path)) from None
         raise
@@ -335,8 +322,7 @@ def _print(text: str) -> Path:
 
 def write_json(path: str | Path, data: Any, indent: int | None = 1, schema: str | None = None,
                accept: Callable[[Any], bool] | None = None, root: str | Path | None = None) -> Path:
-    """Write ``data`` as JSON atomically, or to standard output for ``-``; an existing file is
-    replaced only if it holds ``schema`` (default: ``data``'s own; none: never replaced)."""
+    """Write ``data`` as JSON atomically (``-``: standard output), over a file of ``schema`` (default: ``data``'s)."""
     kind = json_kind(schema or schema_of(data), accept)
     text = json.dumps(data, indent=indent)
     if _SURROGATE_ESCAPE.search(text.encode()):  # a lone surrogate from a live name: valid UTF-16 only

@@ -1,5 +1,4 @@
-"""Figures as PNG files, written atomically and only over a PNG this tool wrote: each carries
-:data:`FIGURE_MARKER` as its "Software" text chunk, so a user's own ``speedups.png`` is refused."""
+"""Figures as PNG files marked as ours (:data:`FIGURE_MARKER`), written atomically over nothing but our own."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ _MAX_CHUNKS = 4096
 
 
 def png_software(path: Path) -> str | None:
-    """The "Software" text chunk of a PNG (tEXt or uncompressed iTXt); "" for a PNG without one,
-    None for what is not a readable PNG. Walks chunk headers only: a large PNG costs a few seeks."""
+    """The "Software" text chunk of a PNG ("" without one, None for no readable PNG), seeking past other chunks."""
     try:
         with open(path, "rb") as f:
             if f.read(8) != PNG_SIGNATURE:
@@ -69,8 +67,7 @@ def plain_name(name: Any, what: str = "figure") -> str:
 
 
 def write_figure_atomic(fig: Any, path: str | Path, **savefig_kw: Any) -> Path:
-    """Save a matplotlib figure as a PNG marked as ours, atomically, over nothing but a figure we
-    wrote. Does not close ``fig``."""
+    """Save a matplotlib figure (left open) as a PNG marked as ours, atomically, over a figure we wrote only."""
     check_target(path, PNG_KIND)  # before drawing: a refusal costs nothing
     buf = io.BytesIO()
     meta = {**(savefig_kw.pop("metadata", None) or {}), "Software": FIGURE_MARKER}

@@ -1,9 +1,9 @@
-"""Field types and ranges of every file kind this tool reads (checked by
-:func:`te_gemm_callback.files.jsonio.check`); fields a spec does not name are ignored."""
+"""Field types and ranges of every file kind this tool reads (:func:`~te_gemm_callback.files.jsonio.check`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 MAX_INT = 2**63 - 1  # what any consumer (numpy, torch, C) can hold
 MAX_DIM = 2**40  # a GEMM dimension beyond this is not a GEMM any GPU runs; also keeps FLOPs finite
@@ -23,21 +23,12 @@ class S:
     required: tuple = ()  # dict: names that must be present
 
 
-def Int(least: float | None = None, most: float = MAX_INT, null: bool = False) -> S:
-    return S("int", least=least, most=most, null=null)
-
-
-def Num(least: float | None = None, above: float | None = None, most: float | None = None, null: bool = False,
-        finite: bool = True) -> S:
-    return S("num", least=least, above=above, most=most, null=null, finite=finite)
-
-
-def Str(null: bool = False, choices: tuple = ()) -> S:
-    return S("str", null=null, choices=choices)
-
-
-def Bool(null: bool = False) -> S:
-    return S("bool", null=null)
+# Each takes S's keywords.
+Int = functools.partial(S, "int", most=MAX_INT)
+Num = functools.partial(S, "num")
+Str = functools.partial(S, "str")
+Bool = functools.partial(S, "bool")
+ANY = S("any")
 
 
 def List(item: S, null: bool = False) -> S:
@@ -48,14 +39,10 @@ def Dict(fields: dict[str, S] | None = None, values: S | None = None, required: 
     return S("dict", fields=tuple((fields or {}).items()), item=values, required=required, null=null)
 
 
-ANY = S("any")
-
-
 _STR_LIST = List(Str())
 _MS = Num(least=0, null=True)
 
-# A capture (capture/record.py). Types only where GemmCapture.validate checks the range itself, so
-# that its messages ("impossible dimensions", "non-finite times") stay what a user sees.
+# A capture (capture/record.py). Types only where GemmCapture.validate checks the range: its messages stay.
 CAPTURE_RECORD = Dict({
     "module": Str(), "gemm": Str(), "op": Str(), "m": Int(most=MAX_DIM), "k": Int(most=MAX_DIM),
     "n": Int(most=MAX_DIM), "batch": Int(most=MAX_DIM), "precision": Str(), "operands": _STR_LIST,
@@ -81,8 +68,7 @@ CAPTURE_META = Dict({
     # capture/results.py _event_pairs: CUDA-event pairs' lead, floor by device, pairs left out.
     "event_pairs": Dict({"lead": Str(null=True), "floor_us": Dict(values=Num(least=0)), "dropped": Int(least=0),
                          "below_floor": Int(least=0), "dispatch_steps_only": List(Str())}, null=True)}, null=True)
-# The kernels step's kernels (capture_file.KernelTimeline), optional. Types only: the load checks
-# the rest, and drops a timeline that does not fit.
+# capture_file.KernelTimeline, optional. Types only: the load checks the rest.
 CAPTURE_TIMELINE = Dict({
     "step": Int(), "span_us": Num(finite=False), "names": List(Str()),
     "kernels": List(List(Num(null=True, finite=False))), "total": Int(),
