@@ -18,7 +18,7 @@ from te_gemm_callback.shapes import GemmOp, gemm_passes
 PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgrad",
                GemmOp.DGRAD_A: "Dgrad (left input, no weight)", GemmOp.DGRAD_B: "Dgrad (right input, no weight)"}
 
-# Marks after a time: where it came from and whether to trust it, explained in the caption of a table showing one.
+# Marks after a time, explained in the caption of a table showing one.
 CACHED_MARK = "*"
 NOISY_MARK = "!"
 FOOTNOTES = {
@@ -46,7 +46,7 @@ def _marks(cells: Iterable[BenchResult | None]) -> str:
 def _caption(marks: str, *lines: str) -> str | None:
     """A table's footnotes: each mark in ``marks`` explained, then ``lines``."""
     notes = [f"{m} {FOOTNOTES[m]}" for m in (CACHED_MARK, NOISY_MARK) if m in marks] + [ln for ln in lines if ln]
-    # Each note made safe on its own: safe() shows a line break as "?", which glued them together.
+    # Each note on its own: safe() shows a line break as "?".
     return "\n".join(safe(n) for n in notes) if notes else None
 
 
@@ -56,7 +56,6 @@ def _item_cells(res: BenchResults, it: WorkItem, precision: str, mode: str) -> l
 
 def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) -> Table:
     precs = res.precisions
-    # Precision and module names from a bench file or the user's model: escaped.
     t = make_table(f"{PASS_TITLES[op]} GEMMs ({safe(mode)}): ms per call, speedup over BF16",
                    ["GEMM", "M x K x N", *map(safe, precs), "spread (IQR/median)"], left=("GEMM", "M x K x N"),
                    wrap=("GEMM", "spread (IQR/median)"))
@@ -66,15 +65,12 @@ def pass_table(res: BenchResults, items: list[WorkItem], op: GemmOp, mode: str) 
         if s is None or (s, it.m_splits) in seen:
             continue
         seen.add((s, it.m_splits))
-        cells, spread = [], 0.0
         base = res.get(s, "BF16", mode, it.m_splits)
         base_ms = base.median_ms if base is not None and base.ok else None
-        for p in precs:
-            r = res.get(s, p, mode, it.m_splits)
-            shown += _marks([r])
-            cells.append(_fmt(r.median_ms if r is not None and r.ok else None, base_ms, [r]))
-            if r is not None and r.spread is not None:
-                spread = max(spread, r.spread)
+        found = [res.get(s, p, mode, it.m_splits) for p in precs]
+        shown += _marks(found)
+        cells = [_fmt(r.median_ms if r is not None and r.ok else None, base_ms, [r]) for r in found]
+        spread = max([0.0] + [r.spread for r in found if r is not None and r.spread is not None])
         label = s.mkn + (f" [{len(it.m_splits)} groups]" if it.m_splits else "")
         sp = f"{100 * spread:.1f}%"
         t.add_row(safe(it.name), label, *cells, f"[bold red]{sp}[/bold red]" if spread > SPREAD_LIMIT else sp)
@@ -138,8 +134,7 @@ def swapped_table(real: BenchResults, swapped: BenchResults, items: list[WorkIte
 
 
 def run_summary(res: BenchResults) -> str:
-    """One line: how many cells, where, how long, and at what SM clock (at the power limit the clock,
-    and with it every time, moves)."""
+    """One line: how many cells, where, how long, and at what SM clock (at the power limit it moves)."""
     m = res.meta
     line = f"{len(res.results)} cells on {safe(m.get('device'))}, measured in {m.get('wall_s', 0):.1f} s"
     if len(m.get("visits_per_device") or []) > 1:

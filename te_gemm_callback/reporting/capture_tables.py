@@ -1,5 +1,4 @@
-"""Tables of what a model runs: the GEMMs of a config, a capture's GEMMs and its top ones, each
-rank's summary, and the scalars a capture gives the job's logger."""
+"""Tables of what a model runs (a config's GEMMs, a capture's, each rank's) and a capture's logger scalars."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.console import make_table
 from te_gemm_callback.shapes import ConfigGemm, ModelConfig, gemm_passes
 
-# The analysis (its notes, the share check) loads torch: imported inside the functions that use it, so
-# that `import te_gemm_callback.cli` does not (tests/test_import_graph.py).
+# The analysis loads torch: imported where used, so that `import te_gemm_callback.cli` does not.
 
 SLOW_FACTOR = 10.0  # a GEMM this many times slower per FLOP than its neighbours' median is flagged
 NEIGHBOUR_FLOPS = 4.0  # neighbours: GEMMs within this factor of its FLOPs
@@ -67,7 +65,6 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
     timed = any(r.times_ms for r in cap.records)
     cols = ["module", "pass", "M x K x N", "precision", "calls/step", "GFLOP/step"]
     cols += ["ms/call (median)", "ms/step", "TFLOP/s"] if timed else []
-    # Every string from the capture is escaped: module names come from the user's model (or a file).
     t = make_table(f"GEMMs captured on {safe(cap.meta.get('device', '?'))} ({len(cap.steps)} step(s))", cols,
                    left=cols[:4], wrap=("module",))
     graphed = cap.meta.get("graphed_modules") or []
@@ -90,8 +87,7 @@ def capture_table(cap: GemmCapture, limit: int | None = None) -> Table:
 
 
 def capture_share(cap: GemmCapture) -> str | None:
-    """The capture's GEMM time and share in words, on the clocks it was measured with, never a share
-    above 100% (:func:`te_gemm_callback.analysis.checks.share_check`)."""
+    """The capture's GEMM time and share in words, on its clocks, never above 100% (analysis.checks.share_check)."""
     from te_gemm_callback.analysis.checks import share_check
     from te_gemm_callback.analysis.notes import GEMM_CLOCK_SHORT, STEP_CLOCK_WORDS
     gemm_ms, step_ms = cap.gemm_ms_per_step(), cap.step_ms()
@@ -115,9 +111,7 @@ def summary_metrics(cap: GemmCapture, prefix: str = "te_gemm/") -> dict[str, Any
                            "step_ms": step_ms}
     if gemm_ms is not None and step_ms:
         from te_gemm_callback.analysis.checks import share_check
-        # The share the report states (none where refused). The GEMM time goes beside step_ms only
-        # where it is of the same steps (then never above it); else it is the time in the steps the
-        # GEMMs were timed in, another step than the clean ones.
+        # The share the report states; the GEMM time beside step_ms only where it is of the same steps.
         share = share_check(cap, step_ms, gemm_ms)
         out["gemm_share"] = share["share"]
         out["gemm_ms_per_step" if share.get("basis") == "step" else "gemm_ms_timed_steps"] = gemm_ms
@@ -145,8 +139,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def slower_than_neighbours(rec: Any, records: list[Any]) -> float | None:
-    """How many times slower per FLOP ``rec`` ran than the median of GEMMs within NEIGHBOUR_FLOPS of its
-    FLOPs, where above SLOW_FACTOR (a CPU's noise, a first call); None otherwise or with too few neighbours."""
+    """How many times slower per FLOP ``rec`` ran than GEMMs of about its FLOPs, if above SLOW_FACTOR; else None."""
     if not rec.median_ms or not rec.flops:
         return None
     per = sorted(r.median_ms / r.flops for r in records if r is not rec and r.median_ms and r.flops
@@ -158,8 +151,7 @@ def slower_than_neighbours(rec: Any, records: list[Any]) -> float | None:
 
 
 def top_gemm_rows(cap: GemmCapture, limit: int = 10) -> tuple[list[str], list[list[str]], int]:
-    """The GEMMs that took the most time per step, as text: (columns, rows, how many more). The share is
-    of the captured GEMM time per step; an untimed capture is ordered by FLOPs, its times "-"."""
+    """The GEMMs with the most time per step (untimed: FLOPs) as text: (columns, rows, how many more)."""
     timed = any(r.times_ms for r in cap.records)
     total = sum(r.ms_per_step or 0.0 for r in cap.records)
     graphed = cap.meta.get("graphed_modules") or []

@@ -11,8 +11,6 @@ from typing import Any
 from te_gemm_callback.options import Options, one_of, option, switch
 from te_gemm_callback.printable import plain
 
-# The projection package loads torch: _project imports it, so that importing the options does not.
-
 
 def _output_dir(v: Any, name: str) -> Path:
     # Checked up front: a bad folder lost the capture at the end of training.
@@ -35,7 +33,7 @@ def _filename(v: Any, name: str) -> str:
 
 
 def _project(v: Any, name: str) -> tuple[str, ...]:
-    from te_gemm_callback.projection import gpu
+    from te_gemm_callback.projection import gpu  # loads torch: not at the options' import
     if isinstance(v, str):
         v = (v,)
     if not isinstance(v, (list, tuple)):

@@ -17,8 +17,7 @@ def tables_to_stderr(on: bool = True) -> None:
 
 
 class _FileConsole(Console):
-    """A console for a file or a pipe (a job's log): a table takes the width it needs, so that no
-    cell is cut to fit a terminal that is not there; text wraps at the console's width."""
+    """A console for a file or pipe: a table takes the width it needs (no terminal to fit), text wraps."""
 
     def print(self, *objects: Any, **kw: Any) -> None:
         tables = [o for o in objects if isinstance(o, Table)]

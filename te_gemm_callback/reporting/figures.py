@@ -35,8 +35,7 @@ def new_figure(figsize: tuple[float, float]) -> tuple[Figure, Axes]:
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write a figure as PNG, atomically and marked as ours (files.png.write_figure_atomic), its texts'
-    control characters shown as "?" (an ESC in a module name reached matplotlib's warnings raw)."""
+    """Write a figure as a PNG marked as ours, its texts' control characters shown as "?" (an ESC reached warnings)."""
     from matplotlib.text import Text
     for t in fig.findobj(Text):
         text = t.get_text()
@@ -52,16 +51,14 @@ FOOTNOTE_LINES = 3  # per note: a long reason (a TE error) is shortened, at a wo
 
 
 def footnote_lines(text: str, width: int, max_lines: int = FOOTNOTE_LINES) -> list[str]:
-    """``text`` wrapped on word boundaries (never cutting a word), continuation lines indented, ending
-    in "..." past ``max_lines``; dollar signs escaped (matplotlib reads text between two as math)."""
+    """``text`` wrapped at words, "..." past ``max_lines``, "$" escaped (matplotlib reads text between two as math)."""
     lines = textwrap.wrap(" ".join(str(text).split()), width=max(width, 20), subsequent_indent="  ",
                           break_long_words=False, break_on_hyphens=False, max_lines=max_lines, placeholder=" ...")
     return [ln.replace("$", r"\$") for ln in lines]
 
 
 def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
-    """Items that differ only in their layer index (blocks.0.fc1, blocks.1.fc1 of one shape) as one group,
-    labelled blocks.*.fc1 (x2); items of one grouped GEMM that differ only in their m_splits stay one layer."""
+    """Items of one shape that differ only in their layer index as one group, labelled ``blocks.*.fc1 (x2)``."""
     groups: dict[tuple, list[WorkItem]] = {}
     for it in items:
         groups.setdefault((re.sub(r"\.\d+(?=\.|$)", ".*", it.name), it.key[:4]), []).append(it)
@@ -71,9 +68,8 @@ def layer_groups(items: list[WorkItem]) -> list[tuple[str, list[WorkItem]]]:
 
 def stacked_gemm_figure(res: BenchResults, items: list[WorkItem], mode: str, path: str | Path,
                         title: str | None = None) -> Path:
-    """One bar per precision, a Fprop+Dgrad and a Wgrad segment per layer group, speedup over BF16 above
-    each (TE's benchmark_gemm.py figure, on real shapes). A GEMM a recipe cannot run is drawn hatched at
-    its BF16 time (the job keeps it in BF16)."""
+    """TE's benchmark_gemm.py figure on real shapes: a bar per precision, segments per layer group and pass.
+    A GEMM a recipe cannot run is drawn hatched at its BF16 time (the job keeps it in BF16)."""
     precs = list(res.precisions)
     cmap = colormaps["tab20"]
     fig, ax = new_figure((max(6, 1.6 * len(precs) + 3), 5.5))
@@ -163,7 +159,7 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
 
 
 def _run_share(rep: Report, a: RecipeAnalysis) -> tuple[float | None, str]:
-    """(GEMM share of this run's step, its basis) as the report's checks gave it, else the plain ratio (<= 1)."""
+    """(GEMM share of this run's step, its basis) as the report's checks gave it, else the plain ratio."""
     chk = (rep.meta.get("gemm_shares") or {}).get(a.recipe)
     if chk is not None:
         return chk.get("share"), chk.get("basis") or ""
@@ -183,8 +179,7 @@ def step_split_title(rep: Report, kernels: dict[str, dict[str, float]] | None = 
 
 
 def step_split_figure(rep: Report, path: str | Path, kernels: dict[str, dict[str, float]] | None = None) -> Path:
-    """Observed step time per recipe: GEMM and the rest, split by kernel category where the sweep profiled
-    kernels; a run whose GEMM share was refused is drawn whole, and says so."""
+    """Observed step time per recipe: GEMM and the rest, by kernel category where the sweep profiled kernels."""
     recs = [a for a in rep.recipes if a.observed_step_ms]
     steps = [cast(float, a.observed_step_ms) for a in recs]  # each set: recs are the runs with a step time
     colors = dict(zip(CATEGORIES, ("#3182bd", "#9e9ac8", "#e6550d", "#74c476", "#fd8d3c", "#fdd0a2", "#bdbdbd")))

@@ -1,6 +1,5 @@
-"""The report in the training job's own logger: metrics as scalars to every logger, figures and the verdict
-table where a logger takes them (TensorBoard, W&B, MLflow). No logger library the job did not load is
-imported: Lightning's through its own object, Hugging Face ``report_to`` through ``sys.modules``."""
+"""The report in the training job's own logger: scalars to every logger, figures and verdicts where one takes
+them. No logger library the job did not load is imported (Hugging Face ``report_to``: through ``sys.modules``)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ FIGURES = ("speedups", "step_split", "gemm_autocast", "gemm_prequantized")  # wr
 
 
 def report_metrics(files: dict[str, Path]) -> dict[str, float]:
-    """Scalars from the report: precision-aware MFU, and per recipe the GEMM and predicted step speedups
-    (no GEMM share: te_gemm/gemm_share, the capture's, is the one a dashboard shows)."""
+    """Scalars from the report: precision-aware MFU, per recipe the GEMM and predicted step speedups."""
     rep = read_json(files["report"])
     out: dict[str, float] = {}
     for recipe, v in ((rep.get("meta") or {}).get("mfu") or {}).items():
@@ -78,9 +76,8 @@ def to_lightning_logger(logger: Any, files: dict[str, Path], step: int) -> None:
 
 
 def hf_logging_dir(args: Any, since: float | None = None) -> str:
-    """Where the Trainer's TensorBoard integration writes: ``TENSORBOARD_LOGGING_DIR``, ``args.logging_dir``,
-    the newest ``output_dir/runs/<time>_<host>`` with an event file made since ``since``, else a run of
-    ours named the same way (``runs/<time>_<host>_te_gemm``): never a folder two jobs would share."""
+    """Where the Trainer's TensorBoard writes: the env or ``args.logging_dir``, the newest ``output_dir/runs/*`` with
+    an event file made since ``since``, else ``runs/<time>_<host>_te_gemm`` (never a folder two jobs share)."""
     env = os.getenv("TENSORBOARD_LOGGING_DIR") or getattr(args, "logging_dir", None)
     if env:
         return env
@@ -103,8 +100,7 @@ def hf_logging_dir(args: Any, since: float | None = None) -> str:
 
 def to_report_to(report_to: Any, logging_dir: str | None, metrics: dict[str, float], files: dict[str, Path],
                  step: int) -> list[str]:
-    """Metrics, figures and the verdict table to each ``TrainingArguments.report_to`` integration; returns
-    those reached."""
+    """Metrics, figures and verdicts to each ``TrainingArguments.report_to`` integration; returns those reached."""
     targets = [report_to] if isinstance(report_to, str) else list(report_to or [])
     if "all" in targets:
         targets = ["tensorboard", "wandb", "mlflow"]

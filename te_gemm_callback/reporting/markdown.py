@@ -1,6 +1,5 @@
-"""report.md: an analysed run's report as GitHub-flavoured Markdown, from the same text as the terminal
-report (nothing is computed here). Every string from a file or the user's model is escaped (:func:`md_escape`).
-The file starts with :data:`MD_MARKER`: an existing report.md without it is the user's, never overwritten."""
+"""report.md: an analysed run's report as GitHub-flavoured Markdown, every outside string escaped; it starts with
+:data:`MD_MARKER`, and an existing report.md without it is the user's, never overwritten."""
 
 from __future__ import annotations
 
@@ -27,8 +26,6 @@ from te_gemm_callback.reporting.report_tables import (
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
 
-# bench_tables loads torch: imported where a bench is summed up, so that importing this module does not.
-
 # The first line of every report.md we write, an HTML comment (renderers show nothing of it).
 MD_MARKER_PREFIX = "<!-- te-gemm-callback report.md"
 MD_MARKER = (f"{MD_MARKER_PREFIX}: written from this run folder (the callback's report, te-gemm report or "
@@ -45,8 +42,7 @@ TOP_GEMMS = 10
 
 
 def md_escape(text: Any, line_start: bool = False) -> str:
-    """``text`` shown literally on one line (safe in a table cell); with ``line_start``, also what would
-    open a heading or a list."""
+    """``text`` shown literally on one line; with ``line_start``, also what would open a heading or a list."""
     s = _INLINE.sub(r"\\\1", plain(" ".join(str(text).split())))
     if line_start:
         s = _LEADING.sub(lambda m: "\\" + m.group(1) if m.group(1) else m.group(2) + "\\" + m.group(3), s)
@@ -199,7 +195,7 @@ def _notes(rr: RunReport) -> list[str]:
     lines = [f"- {label}: {md_escape(meta[k])}" for label, k in labelled if meta.get(k) and meta[k] not in shown]
     lines += [f"- n/a: {md_escape(why)}" for why in withheld_reasons(rep)]
     if rr.bench is not None:
-        from te_gemm_callback.reporting.bench_tables import run_summary
+        from te_gemm_callback.reporting.bench_tables import run_summary  # loads torch: not at this import
         lines.append(f"- Microbenchmark: {md_escape(Text.from_markup(run_summary(rr.bench)).plain)}")
     return ["## Notes", "", *lines] if lines else []
 
@@ -301,7 +297,7 @@ def _projections(rr: RunReport, files: Mapping[str, Path]) -> list[list[str]]:
 
 
 def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) -> str:
-    """report.md's text (no :data:`MD_MARKER`), linking the figures and trace among ``files`` written into ``root``."""
+    """report.md's text (no :data:`MD_MARKER`), linking the figures and trace among ``files`` in ``root``."""
     root = Path(root)
     rep = rr.report
     name = root.resolve().name or str(root)

@@ -1,5 +1,4 @@
-"""The capture beside Nsight Systems' projection of its GEMM ranges (analysis.nsys computes it;
-docs/nsight-systems.md)."""
+"""The capture beside Nsight Systems' projection of its GEMM ranges (analysis.nsys; docs/nsight-systems.md)."""
 
 from __future__ import annotations
 
@@ -12,13 +11,6 @@ from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.console import make_table
 
 COLUMNS = ("GEMM range", "nsys ms (median)", "nsys instances", "capture ms (median)", "capture vs nsys")
-
-
-def nsys_rows(cmp: Any, limit: int | None = None) -> list[list[str]]:
-    return [[safe(r["gemm"]), "-" if r["nsys_proj_ms"] is None else f"{r['nsys_proj_ms']:.4f}", str(r["instances"]),
-             f"{r['capture_ms']:.4f}",
-             "no projection" if r["capture_vs_nsys"] is None else f"{100 * r['capture_vs_nsys']:+.2f}%"]
-            for r in cmp.rows[:limit]]
 
 
 def nsys_summary(cmp: Any) -> str:
@@ -39,6 +31,10 @@ def nsys_summary(cmp: Any) -> str:
 
 
 def nsys_table(cmp: Any, limit: int | None = None) -> Table:
+    rows = [[safe(r["gemm"]), "-" if r["nsys_proj_ms"] is None else f"{r['nsys_proj_ms']:.4f}", str(r["instances"]),
+             f"{r['capture_ms']:.4f}",
+             "no projection" if r["capture_vs_nsys"] is None else f"{100 * r['capture_vs_nsys']:+.2f}%"]
+            for r in cmp.rows[:limit]]
     return make_table("GEMM times: the capture (CUDA events) beside nsys's projection of each range (its kernel "
                       "records), medians over the same steps", COLUMNS, left=COLUMNS[:1], wrap=COLUMNS[:1],
-                      rows=nsys_rows(cmp, limit), caption=safe(nsys_summary(cmp)))
+                      rows=rows, caption=safe(nsys_summary(cmp)))

@@ -1,5 +1,4 @@
-"""A run projected onto another GPU, drawn: the terminal table, report.md's rows and report.json's
-summary (te_gemm_callback.projection computes it; docs/projection.md)."""
+"""A run projected onto another GPU (te_gemm_callback.projection), as tables and report.json's summary."""
 
 from __future__ import annotations
 
@@ -12,26 +11,19 @@ from rich.table import Table
 
 from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.console import make_table
-
-# The projection package loads torch: project_runs imports it, so that the CLI's import of this
-# module does not.
+from te_gemm_callback.reporting.report_tables import x_text
 
 log = logging.getLogger("te_gemm_callback")
-# Speedups over BF16 on the target, on the source (its bench, and a sweep's observed one), then the
-# same recipe's step on the source and what moving to the target gains.
+# Speedups over BF16 on the target, on the source (bench, observed), the source's step and the target's gain.
 COLUMNS = ("recipe", "GEMM ms/step (band)", "step ms (band)", "vs BF16", "bound", "GEMMs alone", "source: bench",
            "source: observed", "source step ms", "target gain")
-
-
-def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
-    return fmt.format(v) if v is not None else "-"
 
 
 def rows(rp: Any) -> list[list[str]]:
     return [[s.recipe, f"{s.gemm_ms:.2f} ({s.gemm_low_ms:.1f}-{s.gemm_high_ms:.1f})",
              f"{s.step_ms:.2f} ({s.step_low_ms:.1f}-{s.step_high_ms:.1f})" if s.step_ms is not None else "-",
-             _x(s.speedup), s.bound or "-", _x(s.gemms_alone_speedup), _x(s.source_speedup),
-             _x(s.observed_speedup), _x(s.source_step_ms, "{:.2f}"), _x(s.vs_source)]
+             x_text(s.speedup), s.bound or "-", x_text(s.gemms_alone_speedup), x_text(s.source_speedup),
+             x_text(s.observed_speedup), x_text(s.source_step_ms, "{:.2f}"), x_text(s.vs_source)]
             for s in rp.steps]
 
 
@@ -54,7 +46,7 @@ def summary(rp: Any) -> dict[str, Any]:
 
 def project_runs(run_dir: str | Path, gpus: Sequence[str]) -> list[Any]:
     """One projection per GPU; one that cannot be made is said in one line and left out."""
-    from te_gemm_callback.projection import project_run
+    from te_gemm_callback.projection import project_run  # loads torch: not at the CLI's import
     out = []
     for g in gpus:
         try:

@@ -1,5 +1,4 @@
-"""The report's speedup table as plain text (:func:`speedup_rows`), which the terminal and report.md each
-escape their own way; and the precision plan's table."""
+"""The report's speedup table as plain text, for the terminal and report.md to escape; the plan's table."""
 
 from __future__ import annotations
 
@@ -15,15 +14,11 @@ from te_gemm_callback.reporting.console import make_table
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.verdicts import Report
 
-# analysis.plan loads torch: plan_table imports it, so that the CLI's import of this module does not.
-
 
 def plan_table(plan: Any, limit: int | None = 40) -> Table:
-    """Per module its GEMM time in BF16 and in the plan's recipe, and the choice; the caption sets the
-    plan's predicted step against BF16 and every single recipe."""
+    """Per module its GEMM time in BF16 and in the plan's recipe, and the choice; the caption: predicted steps."""
     title = (f"Precision plan: {plan.same_as} everywhere" if plan.same_as else
              f"Precision plan: {plan.recipe}, {len(plan.keep_bf16)} module(s) kept in BF16")
-    # A plan file's names are the user's (or anyone's who edited it): escaped.
     t = make_table(safe(title), ("module", "BF16 ms/step", f"{safe(plan.recipe)} ms/step", "FP8 - BF16", "runs in"),
                    left=("module", "runs in"), wrap=("module",))
     rows = sorted(plan.modules, key=lambda m: -(m.fp8_loss_ms if m.fp8_loss_ms is not None else float("inf")))
@@ -36,7 +31,7 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
     if limit and len(rows) > limit:
         t.add_row(f"... {len(rows) - limit} more", "", "", "", "")
     if plan.predicted_step_ms:
-        from te_gemm_callback.analysis.plan import MIN_GAIN
+        from te_gemm_callback.analysis.plan import MIN_GAIN  # loads torch: not at the CLI's import
         parts = [f"{k} {v:.2f} ms ({plan.predicted_speedup[k]:.2f}x)" for k, v in plan.predicted_step_ms.items()]
         verdict = (f"The plan is {plan.same_as} everywhere, the best single recipe: no mixed plan gains "
                    f"{100 * MIN_GAIN:g}% of the step." if plan.same_as else
@@ -52,8 +47,7 @@ def plan_line(plan: Any) -> str:
     pred = plan.predicted_speedup
     what = (f"{plan.same_as} everywhere (no mixed plan gains enough)" if plan.same_as else
             f"{plan.recipe} with {len(plan.keep_bf16)} module(s) kept in BF16")
-    # The plan's figures are Amdahl over the GEMM share with autocast-mode cells (the plan table's
-    # caption): neither the replay's column nor the table's pre-quantized "GEMMs alone".
+    # Amdahl with autocast-mode cells: neither the replay's column nor the pre-quantized "GEMMs alone".
     tail = (f", predicted {pred['plan']:.2f}x vs best single {plan.best_single} {pred[plan.best_single]:.2f}x "
             "(Amdahl over the GEMM share, autocast-mode bench)"
             if pred.get("plan") and plan.best_single in pred else
@@ -61,13 +55,14 @@ def plan_line(plan: Any) -> str:
     return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
 
 
-def _x(v: float | None, fmt: str = "{:.2f}x") -> str:
+def x_text(v: float | None, fmt: str = "{:.2f}x") -> str:
+    """``v`` in ``fmt`` (a speedup by default), "-" for None."""
     return "-" if v is None else fmt.format(v)
 
 
 def _cell(rep: Report, a: Any, name: str, fmt: str = "{:.2f}x") -> str:
     # "n/a" for a refused figure (its why is in the caption), "-" for one never measured.
-    return "n/a" if name in rep.withheld(a.recipe) else _x(getattr(a, name), fmt)
+    return "n/a" if name in rep.withheld(a.recipe) else x_text(getattr(a, name), fmt)
 
 
 def withheld_reasons(rep: Report) -> list[str]:
@@ -109,8 +104,7 @@ def interval_text(a: Any) -> str:
 
 @dataclass
 class SpeedupRows:
-    """The speedup table as unescaped text: a row per ``Report.recipes``, the recipes not run, what the
-    columns are and the notes the report adds about this run."""
+    """The speedup table as unescaped text: a row per ``Report.recipes``, the recipes not run, and notes."""
     title: str
     columns: list[str]
     rows: list[list[str]]
@@ -120,8 +114,7 @@ class SpeedupRows:
 
 
 def recipe_label(rep: Report, recipe: str, sep: str = " ") -> str:
-    """One name per run in every table and figure: what a BF16 run (FP8 off) ran, a BF16 row only the
-    microbenchmark has, the job's own row where no BF16 run was observed."""
+    """One name per run in every table and figure, saying what a BF16 run ran or that a row stands in for it."""
     ran = rep.meta.get("baseline_ran")
     if recipe == "BF16" and ran:
         return f"BF16{sep}(ran {ran})"
@@ -156,8 +149,7 @@ def band_text(a: Any) -> str:
 
 
 def job_head(rep: Report) -> str:
-    """What the job ran, and the step and GEMM time of the run the table's speedups stand on: with a
-    sweep, the job's recipe's run in it (the job's own steps are in the capture's figures)."""
+    """What the job ran, and the step and GEMM time of the run the speedups stand on (with a sweep: its run there)."""
     # The job's precision is what its GEMMs ran (FP32 on an fp32 model), not the key its run is joined on.
     job = rep.meta.get("job_precision") or rep.current_recipe
     where = "; its run in the sweep:" if rep.meta.get("base_run") == "sweep" else ":"
@@ -186,14 +178,13 @@ def speedup_rows(rep: Report) -> SpeedupRows:
             + ([band_text(a), a.predicted_bound or "-", _cell(rep, a, "predicted_gemms_alone")] if replayed else [])
             + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
             + [_cell(rep, a, "observed_step_speedup"), interval_text(a), rerun_text(a),
-               _x(a.observed_step_ms, "{:.2f}")] for a in rep.recipes]
+               x_text(a.observed_step_ms, "{:.2f}")] for a in rep.recipes]
     notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
         [rep.meta[k] for k in ("job_step_note", "framework_note", "clock_note", "duty_note") if rep.meta.get(k)]
     if rep.meta.get("timing"):
         notes.append(f"Timing: {rep.meta['timing']}")
     notes += [f"n/a: {why}" for why in withheld_reasons(rep)]
     over = f"the BF16 run, which ran {ran}" if ran else "BF16"
-    # The rounds the sweep ran (the caption said "from 6 rounds" whatever sweep_rounds was).
     rounds = sorted({a.observed_rounds for a in rep.recipes if a.observed_rounds})
     rounds_text = (f"from {rounds[0]} rounds" if len(rounds) == 1 else
                    f"from {rounds[0]}-{rounds[-1]} rounds" if rounds else "")

@@ -1,5 +1,4 @@
-"""A run folder and everything made from it (:class:`Run`): ``gemm_capture.json`` of the job,
-``sweep/<recipe>/gemm_capture.json``, ``bench.json``, ``ranks/rank<N>.json``, and the report beside them."""
+"""A run folder (its captures, bench.json, ranks/) and everything made from it (:class:`Run`)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from te_gemm_callback.microbench.module_cost import CostCache, measure_module_co
 from te_gemm_callback.precisions import te_available
 from te_gemm_callback.reporting.projection_tables import project_runs, summary
 
-# The engine, the analysis, the projection and the figures load torch (and matplotlib): imported in
-# the methods that use them, so that `import te_gemm_callback.cli` does not (tests/test_import_graph.py).
+# What loads torch or matplotlib is imported where used, so that `import te_gemm_callback.cli` does not.
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
@@ -27,13 +25,8 @@ MODES = ("autocast", "prequantized")
 
 
 class Run:
-    """A run folder: :meth:`bench` its shapes, :meth:`analysis`, :meth:`report`, :meth:`plan`, :meth:`project`.
-    The analysis is made once and kept until a new bench.
-
-    Example:
-        >>> run = Run("runs/demo")                       # doctest: +SKIP
-        >>> run.report().report.recipes[1].verdict      # doctest: +SKIP
-    """
+    """A run folder: :meth:`bench` its shapes, :meth:`analysis` (kept until a new bench), :meth:`report`,
+    :meth:`plan`, :meth:`project`."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -41,8 +34,8 @@ class Run:
 
     def bench(self, recipes: Sequence[str], modes: Sequence[str] = MODES, *, capture: str | Path | None = None,
               cache: ResultCache | None = None, console: Any = None) -> BenchResults:
-        """Microbenchmark the capture's GEMMs in every recipe and mode, and each TE module's host and non-GEMM
-        cost; writes bench.json. No console, no progress bar (its end wrote a line break into a quiet fit)."""
+        """Microbenchmark the capture's GEMMs and TE modules in every recipe and mode into bench.json (no console:
+        no progress bar, whose end wrote a line break into a quiet fit)."""
         from te_gemm_callback.microbench.engine import run_bench
         cap = GemmCapture.load(capture or self.path / "gemm_capture.json")
         cache = cache or ResultCache()
@@ -63,8 +56,7 @@ class Run:
         return self._analysis
 
     def report(self, out: Any = None, project: Sequence[str] = ()) -> RunReport:
-        """Write the report into the folder and print it to ``out`` (a rich Console) if given; ``project``: GPUs
-        ("B300") to project the run onto too (a report.md section each, every cell in projection-GPU.json)."""
+        """Write the report into the folder and print it to ``out`` if given; ``project``: GPUs to project onto."""
         from te_gemm_callback.analysis.prediction import capture_recipe
         from te_gemm_callback.projection.mfu import precision_mfu
         from te_gemm_callback.reporting.speedups import write_run
@@ -100,12 +92,7 @@ def render_run(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()
 
 
 def report(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> RunReport:
-    """Analyse a run folder, write its report into it and print it to ``out`` if given.
-
-    Example:
-        >>> rr = report("runs/demo")                              # doctest: +SKIP
-        >>> rr.files["speedups"], rr.report.recipes[1].verdict    # doctest: +SKIP
-    """
+    """Analyse a run folder, write its report into it and print it to ``out`` if given."""
     return Run(run_dir).report(out, project)
 
 
@@ -124,8 +111,8 @@ def bench_and_report(run_dir: str | Path, capture_path: str | Path, recipes: Seq
 
 def module_costs(cap: GemmCapture, recipes: Sequence[str], console: Any = None, cache: ResultCache | None = None,
                  cond: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """Each captured TE module's host and non-GEMM GPU cost per recipe (the replay's input), or None where
-    none can be measured; rows cached beside the GEMM cells, keyed on ``cond``'s GPU, versions and this CPU."""
+    """Each captured TE module's host and non-GEMM GPU cost per recipe (the replay's input), or None; rows
+    cached keyed on ``cond``'s GPU, versions and this CPU."""
     import torch
 
     specs = cap.meta.get("te_modules") or {}

@@ -1,8 +1,8 @@
-"""The speedup report of an analysed run, drawn and written (:func:`write_run`): terminal table and verdict
-panel, figures, report.json, report.md and the kernel timeline."""
+"""An analysed run drawn and written (:func:`write_run`): tables, figures, report.json, report.md, trace."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,15 +48,13 @@ __all__ = ["REPORT_FIGURES", "REPORT_SCHEMA", "bench_modes", "plan_line", "remov
 
 log = logging.getLogger("te_gemm_callback")
 REPORT_SCHEMA = "te-gemm-report/1"
-# Every figure a report may draw (gemm_<mode>.png: one per bench mode); only these are ever removed as
-# stale: a figure of ours under another name (te-gemm bench -o) was asked for by the user.
+# Every figure a report may draw, the only ones removed as stale (te-gemm bench -o names others).
 REPORT_FIGURES = ("speedups.png", "step_split.png", "gemm_autocast.png", "gemm_prequantized.png", "ranks.png")
 
 
 def report_table(rep: Report) -> Table:
     """The speedup table for the terminal."""
     s = speedup_rows(rep)
-    # Recipe and precision names, notes and reasons come from files: escaped.
     t = make_table(safe(s.title), map(safe, s.columns), left=("recipe",), rows=[[*map(safe, row)] for row in s.rows],
                    caption=safe(s.explained + "".join(f". {n}" for n in s.notes)))
     for r in s.skipped:  # why each was skipped: the verdict panel says
@@ -86,11 +84,8 @@ def write_report_json(rep: Report, path: str | Path) -> Path:
 
 
 def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, Path]:
-    """Draw and write an analysed run into ``run_dir`` (report.json, figures, precision plan, projections,
-    trace.json, then report.md linking them) and print it to ``out`` if given. Every target is checked
-    before anything is written; the extras (plan, projections, trace) are skipped with a warning where
-    they cannot be written; figures and extras of an earlier report that this one did not write are
-    removed. Returns the files written, by name."""
+    """Draw and write an analysed run into ``run_dir``, report.md last, and print it to ``out`` if given; returns
+    the files written, by name. An extra (plan, projection, trace) that cannot be written is skipped, said."""
     root = Path(run_dir)
     rep, bench, ranks, plan = rr.report, rr.bench, rr.ranks, rr.plan
     modes = bench_modes(bench) if bench is not None else []
@@ -127,8 +122,7 @@ def write_run(rr: RunReport, run_dir: str | Path, out: Any = None) -> dict[str, 
 
 
 def _write_trace(cap: GemmCapture, path: Path) -> Path | None:
-    """The capture's kernel timeline as a Chrome trace, or None: no timeline, no trace writer in this
-    install, or writing failed (said once in the log: the report stands without it)."""
+    """The capture's kernel timeline as a Chrome trace, or None (no timeline or trace writer, or writing failed)."""
     try:
         from te_gemm_callback.reporting.trace import write_trace
     except ImportError as err:
@@ -144,8 +138,7 @@ def _write_trace(cap: GemmCapture, path: Path) -> Path | None:
 
 
 def _remove_ours(root: Path, kinds: Sequence[tuple[str, KindCheck]], written: Any) -> list[Path]:
-    """The regular files named in ``kinds`` that this report did not write and whose content its kind
-    check takes as ours, removed; a user's file, a link or anything else under one of these names is left."""
+    """Remove the regular files named in ``kinds`` that this report did not write and their kind check takes."""
     keep = {Path(p).name for p in written}
     gone = []
     for name, kind in kinds:
@@ -155,18 +148,16 @@ def _remove_ours(root: Path, kinds: Sequence[tuple[str, KindCheck]], written: An
         try:
             kind(p)  # raises ValueError unless the file is one of ours
             p.unlink()
+            gone.append(p)
         except ValueError:
-            continue
+            pass
         except OSError as err:  # a read-only folder: the report itself stands
             log.warning("te-gemm: could not remove the stale %s: %s", plain(p), err.strerror or err)
-            continue
-        gone.append(p)
     return gone
 
 
 def remove_stale_figures(root: Path, written: Any = ()) -> list[Path]:
-    """Remove the report figures (:data:`REPORT_FIGURES`) of ours in ``root`` that this report did not
-    write: an earlier report's gemm_prequantized.png would pass for one of this bench. Returns them."""
+    """Remove and return our figures in ``root`` that this report did not write (they would pass for its own)."""
     gone = _remove_ours(root, [(name, PNG_KIND) for name in REPORT_FIGURES], written)
     if gone:
         log.warning("te-gemm: removed %s: figure(s) of an earlier report that this report's inputs no longer "
@@ -175,14 +166,11 @@ def remove_stale_figures(root: Path, written: Any = ()) -> list[Path]:
 
 
 def remove_stale_extras(root: Path, written: Any = ()) -> list[Path]:
-    """Remove the trace and precision plan of ours an earlier report wrote into ``root`` and this one did
-    not; projections were the user's request: named in one line, left. Returns the removed."""
+    """Remove and return an earlier report's trace and plan; earlier projections (asked for) are named, left."""
     extras = [("precision_plan.json", json_kind(PLAN_SCHEMA)), ("precision_plan_nvdlfw.yaml", YAML_KIND)]
-    try:
+    with contextlib.suppress(ImportError):  # no trace writer in this install (_write_trace): its files are left
         from te_gemm_callback.reporting.trace import TRACE_SCHEMA
         extras.append(("trace.json", json_kind(TRACE_SCHEMA)))
-    except ImportError:  # no trace writer in this install (_write_trace): its files are not judged
-        pass
     gone = _remove_ours(root, extras, written)
     keep = {Path(p).name for p in written}
     older = sorted(p.name for p in root.glob("projection-*.json") if p.name not in keep)
@@ -222,8 +210,7 @@ def bench_modes(bench: Any) -> list[str]:
 
 
 def report_targets(root: Path, modes: Sequence[str] = (), ranks: bool = False) -> dict[str, Path]:
-    """The files a report writes into ``root``, each checked as it will be written (not a link, not a file
-    this tool did not write: one-line ValueError), none written yet."""
+    """The files a report writes into ``root``, each checked (:func:`check_target`) before any is written."""
     names = {"report": "report.json", "report_md": "report.md", "speedups": "speedups.png",
              "step_split": "step_split.png", **{f"gemm_{m}": f"gemm_{m}.png" for m in modes},
              **({"ranks": "ranks.png"} if ranks else {})}

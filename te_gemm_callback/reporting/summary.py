@@ -1,5 +1,4 @@
-"""The report in a few lines for the job's log, read from report.json: per recipe the GEMM, predicted and
-observed step speedups and the verdict; then where the full report is."""
+"""The report in a few lines for the job's log, read from report.json: speedups and verdict per recipe."""
 
 from __future__ import annotations
 
@@ -41,11 +40,9 @@ def summary_lines(report_json: str | Path, report_md: str | Path | None = None,
     # The speedups' base: the BF16 run's step (report.json's own step_ms is the job's recipe's run).
     bf16: dict[str, Any] = next((r for r in rep.get("recipes", []) if r.get("recipe") == "BF16"), {})
     base_ms = bf16.get("observed_step_ms") or (rep.get("step_ms") if rep.get("current_recipe") == "BF16" else None)
-    # The job's own precision (an FP32 model's job is an FP32 job, whatever its run is keyed).
     head = f"te-gemm: {plain(meta.get('job_precision') or rep.get('current_recipe', '?'))} job"
     # The job's own step and share as te_gemm/step_ms and te_gemm/gemm_share log them, else the report's.
     own = _job_figures(Path(report_json).with_name("gemm_capture.json"))
-    # Without it, the report's own step and share: both of the job's recipe's run.
     step, share, basis = own or (rep.get("step_ms"), rep.get("gemm_share"), meta.get("gemm_share_basis"))
     if isinstance(step, (int, float)):
         head += f", step {step:.1f} ms"

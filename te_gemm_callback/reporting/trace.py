@@ -1,7 +1,5 @@
-"""The capture's kernels step as a Chrome trace-event file (``trace.json``) for Perfetto (ui.perfetto.dev)
-and chrome://tracing: each GEMM kernel named after its GEMM (``layers.0.fc1 wgrad Float8CurrentScaling``)
-beside the step's other kernels, one track per CUDA stream, the step's span above; GPU times in µs from
-the step's start. A capture without a ``kernel_timeline`` has no trace (:func:`no_trace_reason`)."""
+"""The capture's kernels step as a Chrome trace (``trace.json``) for Perfetto and chrome://tracing: GEMM kernels
+named after their GEMM, one track per CUDA stream, the step's span above, µs from the step's start."""
 
 from __future__ import annotations
 
@@ -45,8 +43,8 @@ def gemm_name(r: GemmRecord) -> str:
 
 
 def _lanes(rows: list[list[Any]]) -> list[tuple[Any, int]]:
-    """Each kernel's track: (stream, lane). Where kernels of one track overlap (no stream recorded), the
-    later goes to the first lane free by then: a viewer draws a track's events nested or disjoint only."""
+    """Each kernel's track (stream, lane): an overlapping kernel takes the first lane free by then (a viewer
+    draws a track's events nested or disjoint only)."""
     ends: dict[Any, list[float]] = {}
     out = []
     for _, start, dur, stream, _, _ in rows:
@@ -92,8 +90,7 @@ def trace_events(cap: GemmCapture) -> list[dict[str, Any]]:
         step_args["cut"] = cap.meta["kernel_timeline_cut"]
     events.append({"name": f"step {tl.step} ({kind})", "cat": "step", "ph": "X", "ts": 0, "dur": tl.span_us,
                    "pid": PID, "tid": STEP_TID, "args": step_args})
-    # A call that launched several GEMM kernels (split-K, a grouped GEMM): the first carries the GEMM's
-    # name, the others say which part they are.
+    # A call of several GEMM kernels (split-K, grouped): the first is named after the GEMM, the others by part.
     parts = Counter(row[5] for row in tl.kernels if row[4] is not None and row[5] is not None)
     seen: Counter[int] = Counter()
     for row, track in zip(tl.kernels, lanes):
@@ -136,8 +133,7 @@ def trace(cap: GemmCapture) -> dict[str, Any] | None:
 
 
 def write_trace(cap: GemmCapture, path: str | Path, root: str | Path | None = None) -> Path | None:
-    """Write ``cap``'s kernels step to ``path`` atomically, over a trace of ours only; None (reason logged)
-    without a kernel timeline."""
+    """Write ``cap``'s kernels step to ``path`` over a trace of ours only; None (reason logged) without one."""
     doc = trace(cap)
     if doc is None:
         log.info("te-gemm: no kernel trace: %s", no_trace_reason(cap))
