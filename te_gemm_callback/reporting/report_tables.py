@@ -87,19 +87,20 @@ def share_text(rep: Report) -> str:
     return f"GEMMs {rep.gemm_ms:.2f} ms ({100 * share:.1f}% of the step)"
 
 
+def _span(r: Any) -> str:
+    return f"{r[0]:.2f}-{r[1]:.2f}x" if r else ""
+
+
 def rerun_text(a: Any) -> str:
     """Where a rerun's median should fall (the CI widened by sqrt(2)): what a user's own loop is held to."""
-    r = getattr(a, "observed_rerun", None)
-    return f"{r[0]:.2f}-{r[1]:.2f}x" if a.recipe != "BF16" and r else ""
+    return "" if a.recipe == "BF16" else _span(getattr(a, "observed_rerun", None))
 
 
 def interval_text(a: Any) -> str:
     """The observed speedup's 95% interval, or why there is none (BF16 is 1.00x by definition)."""
     if a.recipe == "BF16":
         return ""
-    if a.observed_ci:
-        return f"{a.observed_ci[0]:.2f}-{a.observed_ci[1]:.2f}x"
-    return f"({a.observed_rounds} rounds: too few)" if a.observed_rounds else ""
+    return _span(a.observed_ci) or (f"({a.observed_rounds} rounds: too few)" if a.observed_rounds else "")
 
 
 @dataclass
@@ -144,10 +145,6 @@ def replay_own_line(rep: Report) -> str | None:
             f"cost per call and per op taken off){scaled}{te_host}")
 
 
-def band_text(a: Any) -> str:
-    return f"{a.predicted_band[0]:.2f}-{a.predicted_band[1]:.2f}x" if a.predicted_band else "-"
-
-
 def job_head(rep: Report) -> str:
     """What the job ran, and the step and GEMM time of the run the speedups stand on (with a sweep: its run there)."""
     # The job's precision is what its GEMMs ran (FP32 on an fp32 model), not the key its run is joined on.
@@ -175,7 +172,8 @@ def speedup_rows(rep: Report) -> SpeedupRows:
              _cell(rep, a, "gemm_speedup")]
             + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
             + [_cell(rep, a, "predicted_step_speedup")]
-            + ([band_text(a), a.predicted_bound or "-", _cell(rep, a, "predicted_gemms_alone")] if replayed else [])
+            + ([_span(a.predicted_band) or "-", a.predicted_bound or "-", _cell(rep, a, "predicted_gemms_alone")]
+               if replayed else [])
             + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
             + [_cell(rep, a, "observed_step_speedup"), interval_text(a), rerun_text(a),
                x_text(a.observed_step_ms, "{:.2f}")] for a in rep.recipes]
