@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from te_gemm_callback.capture.scope import compiled_wrapper
 from te_gemm_callback.precisions import warn_once
 from te_gemm_callback.reporting.loggers import hf_logging_dir, to_report_to
 from te_gemm_callback.schedule import (
@@ -13,6 +14,7 @@ from te_gemm_callback.schedule import (
     ScheduleResults,
     SweepJob,
     accumulated,
+    guard,
     own_batch,
     schedule_doc,
     schedule_signature,
@@ -43,7 +45,7 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
             raise TypeError(f"{type(self).__name__}() takes no 'name': it names itself in what it logs")
         self.schedule = GemmSchedule(name=type(self).__name__, **schedule)
         self._logging_dir: str | None = None  # the Trainer's TensorBoard run
-        self._running: Any = None  # the compiled wrapper the Trainer runs (torch_compile=True), found once
+        self._running: Any = None  # the compiled wrapper the Trainer runs (torch_compile=True)
 
     __init__.__signature__ = schedule_signature()  # type: ignore[attr-defined]  # help() and IDEs show the schedule's arguments
 
@@ -67,12 +69,11 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
                                "path": str(earlier) if earlier.is_file() else None})
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if getattr(args, "torch_compile", False) and model is not None:
-            # The Trainer hands its callbacks the model it was given; with torch_compile it runs a
-            # compiled wrapper of it, which the capture must see to attribute the compiled GEMMs.
-            if self._running is None or not _wraps(self._running, model):
-                self._running = _compiled_wrapper(model)
-            model = model if self._running is None else self._running
+        if getattr(args, "torch_compile", False) and model is not None and self._running is not False:
+            # The Trainer hands its callbacks the model it was given, and runs a compiled wrapper of it.
+            known = self._running  # False once the search failed (said once): not tried again
+            self._running = guard(lambda: compiled_wrapper(model, known), "the compiled model was not found")
+            model = model if self._running is None or self._running is False else self._running
         self.schedule.step_begin(model)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -100,32 +101,6 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
 
 
 GemmProfilerTrainerCallback.__doc__ = schedule_doc(GemmProfilerTrainerCallback.__doc__ or "")
-
-
-def _wraps(outer: Any, model: Any) -> bool:
-    """Whether ``model`` is ``outer`` or inside its wrappers (torch.compile's, DDP's, accelerate's)."""
-    for _ in range(8):
-        if outer is model:
-            return True
-        inner = getattr(outer, "_orig_mod", None)  # a Module's truth value may raise: compare with None
-        outer = inner if inner is not None else getattr(outer, "module", None)
-        if outer is None:
-            return False
-    return False
-
-
-def _compiled_wrapper(model: Any) -> Any:
-    """The live ``torch.compile`` wrapper around ``model``, or None. The callback is never handed it, so
-    the heap is searched, once per training run."""
-    import gc
-
-    try:
-        found = [o for o in gc.get_objects() if type(o).__name__ == "OptimizedModule" and _wraps(o, model)]
-    except Exception as err:  # at the hook boundary: the capture then sees the model it was handed
-        warn_once(f"te-gemm: the compiled model could not be found ({type(err).__name__}): GEMMs of compiled "
-                  "code may be filed under the whole model")
-        return None
-    return found[-1] if found else None
 
 
 def _logging_dir(args: Any, since: float | None = None) -> str | None:

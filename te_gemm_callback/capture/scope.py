@@ -52,6 +52,25 @@ def wrapper_attr(module: nn.Module) -> str | None:
     return None
 
 
+def compiled_wrapper(model: nn.Module, known: nn.Module | None = None) -> nn.Module | None:
+    """The live ``torch.compile`` wrapper around ``model`` (``known`` while it still wraps it), or None.
+
+    A framework that compiles the model it was given (the HF Trainer's ``torch_compile``) hands its
+    callbacks the uncompiled one; the wrapper is found on the heap, a search made once per run."""
+    import gc
+
+    def wraps(outer: nn.Module | None) -> bool:
+        while outer is not None and outer is not model:
+            attr = wrapper_attr(outer)
+            outer = outer._modules.get(attr) if attr is not None else None
+        return outer is model
+
+    if known is not None and wraps(known):
+        return known
+    found = [o for o in gc.get_objects() if type(o).__name__ == "OptimizedModule" and wraps(o)]
+    return found[-1] if found else None
+
+
 def display_names(model: nn.Module) -> dict[str, str]:
     """Qualified name -> the name shown, wrapper attributes dropped (``"_orig_mod.fc1"`` -> ``"fc1"``)."""
     modules: dict[str, nn.Module] = {}

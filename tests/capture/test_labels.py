@@ -301,3 +301,15 @@ def test_functional_linear_in_a_parent_is_owned_by_the_weights_module():
     cap = profile(model, lambda: model(x).sum().backward())
     assert {(r.module, r.op) for r in cap.records} == {("proj", op) for op in LINEAR_PASSES}
     assert cap.coverage["never_ran"] == []
+
+
+def test_the_compiled_wrapper_a_framework_runs_is_found_from_the_model_it_was_given():
+    from te_gemm_callback.capture.scope import compiled_wrapper
+
+    model, other = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    assert compiled_wrapper(model) is None  # nothing compiled it
+    compiled = torch.compile(torch.nn.parallel.DataParallel(model), backend="eager")
+    decoy = torch.compile(other, backend="eager")
+    assert compiled_wrapper(model) is compiled and compiled_wrapper(other) is decoy
+    assert compiled_wrapper(model, known=compiled) is compiled  # still wrapping it: no search
+    assert compiled_wrapper(other, known=compiled) is decoy  # no longer the model's: searched again
