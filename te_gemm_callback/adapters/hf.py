@@ -71,8 +71,9 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if getattr(args, "torch_compile", False) and model is not None and self._running is not False:
             # The Trainer hands its callbacks the model it was given, and runs a compiled wrapper of it.
-            known = self._running  # False once the search failed (said once): not tried again
-            self._running = guard(lambda: compiled_wrapper(model, known), "the compiled model was not found")
+            known = self._running  # False once searched in vain (a failure said once): not searched again
+            found = guard(lambda: compiled_wrapper(model, known), "the compiled model was not found")
+            self._running = False if found is None else found
             model = model if self._running is None or self._running is False else self._running
         self.schedule.step_begin(model)
 

@@ -56,7 +56,7 @@ def compiled_wrapper(model: nn.Module, known: nn.Module | None = None) -> nn.Mod
     """The live ``torch.compile`` wrapper around ``model`` (``known`` while it still wraps it), or None.
 
     A framework that compiles the model it was given (the HF Trainer's ``torch_compile``) hands its
-    callbacks the uncompiled one; the wrapper is found on the heap, a search made once per run."""
+    callbacks the uncompiled one; the wrapper is found on the heap (a full scan: callers search once)."""
     import gc
 
     def wraps(outer: nn.Module | None) -> bool:

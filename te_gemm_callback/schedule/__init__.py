@@ -19,7 +19,7 @@ from te_gemm_callback.capture.config import CaptureConfig
 from te_gemm_callback.capture.distributed import world
 from te_gemm_callback.options import refuse_unknown
 from te_gemm_callback.precisions import warn_once
-from te_gemm_callback.printable import follow_job_logging, plain
+from te_gemm_callback.printable import error_text, follow_job_logging, plain
 from te_gemm_callback.reporting.config import ReportConfig
 from te_gemm_callback.schedule.publish import Publishing, ScheduleResults, guard, sweep_metrics
 from te_gemm_callback.sweep.config import SweepConfig
@@ -403,7 +403,7 @@ def _bad_job(job: Any) -> str | None:
             if v is not None and not callable(v):
                 return f"JobStep({name}={_short_repr(v)}): it must be a function or None"
     except Exception as err:  # a field that cannot even be compared (an array for writes)
-        return f"a JobStep that cannot be read ({type(err).__name__}: {err})"
+        return f"a JobStep that cannot be read ({error_text(err)})"
     return None
 
 

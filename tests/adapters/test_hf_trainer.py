@@ -2,6 +2,7 @@
 the Lightning callback, gradient accumulation counted as one step, training left as it was."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -195,3 +196,17 @@ def test_trainer_with_torch_compile_captures_what_the_compiled_model_runs(tmp_pa
     eager, want = records(tmp_path / "eager")
     assert compiled.meta["compiled"] and not eager.meta["compiled"]
     assert got == want and all(module for module, *_ in got)
+
+
+def test_trainer_with_torch_compile_searches_for_the_wrapper_once(tmp_path, monkeypatch):
+    # The search scans the whole heap: where nothing compiled the model it must not run every step.
+    import te_gemm_callback.adapters.hf as hf
+
+    calls = []
+    monkeypatch.setattr(hf, "compiled_wrapper", lambda model, known=None: calls.append(model))
+    cb = GemmProfilerTrainerCallback(wait=100, active=1, output_dir=tmp_path, verbose=False)
+    args, model = SimpleNamespace(torch_compile=True), torch.nn.Linear(2, 2)
+    for _ in range(3):
+        cb.on_step_begin(args, None, None, model=model)
+        cb.schedule.step_end(None)
+    assert calls == [model]

@@ -195,3 +195,20 @@ def test_step_begin_without_a_model_says_what_it_needs(tmp_path, caplog, monkeyp
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "needs the torch.nn.Module the job trains, got NoneType" in said[0], said
     assert sched.done and sched.capture is None and not list(tmp_path.iterdir())
+
+
+def test_a_job_step_whose_field_raises_an_unprintable_error_is_refused_in_words():
+    from te_gemm_callback.schedule import _bad_job
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no message")
+
+    class Weird:
+        def __eq__(self, other):
+            raise Unprintable()
+
+        __hash__ = object.__hash__
+
+    why = _bad_job(JobStep(writes=Weird()))
+    assert why is not None and "cannot be read" in why and "Unprintable" in why
