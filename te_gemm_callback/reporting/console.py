@@ -16,7 +16,14 @@ def tables_to_stderr(on: bool = True) -> None:
     _STDERR = on
 
 
-class _FileConsole(Console):
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits with 1 here; the CLI ends a closed pipe quietly with 141, tables and JSON alike.
+        self.quiet = True
+        raise BrokenPipeError
+
+
+class _FileConsole(_Console):
     """A console for a file or pipe: a table takes the width it needs (no terminal to fit), text wraps."""
 
     def print(self, *objects: Any, **kw: Any) -> None:
@@ -37,7 +44,7 @@ class _FileConsole(Console):
 
 def console() -> Console:
     """The terminal's console, else one for a file or pipe whose tables are not cut to 80 columns."""
-    c = Console(stderr=_STDERR)
+    c = _Console(stderr=_STDERR)
     return c if c.is_terminal else _FileConsole(width=120, stderr=_STDERR)
 
 
