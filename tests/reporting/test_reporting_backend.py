@@ -79,3 +79,18 @@ def test_a_figure_with_nothing_labelled_warns_nothing_into_the_job(tmp_path):
         warnings.simplefilter("error")
         stacked_gemm_figure(res, items, "autocast", tmp_path / "g.png")
     assert (tmp_path / "g.png").stat().st_size > 0
+
+
+def test_a_table_printed_to_a_closed_pipe_raises_what_a_hook_guard_catches():
+    # rich's own answer is SystemExit(1), which passes a guard that catches exceptions and would end the job.
+    script = ("import os, sys\n"
+              "r, w = os.pipe(); os.close(r); os.dup2(w, 1)  # a reader that already left\n"
+              "from te_gemm_callback.reporting.console import console, make_table\n"
+              "try:\n"
+              "    console().print(make_table('t', ['a'], rows=[['x']] * 50))\n"
+              "except Exception as err:\n"
+              "    sys.exit(7 if isinstance(err, BrokenPipeError) else 8)\n"
+              "except BaseException:\n"
+              "    sys.exit(9)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 7, (out.returncode, out.stderr)
