@@ -7,6 +7,7 @@ from typing import Any
 
 from te_gemm_callback.capture.scope import compiled_wrapper
 from te_gemm_callback.precisions import warn_once
+from te_gemm_callback.printable import error_text
 from te_gemm_callback.reporting.loggers import hf_logging_dir, to_report_to
 from te_gemm_callback.schedule import (
     GemmSchedule,
@@ -74,7 +75,8 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
             known = self._running  # False once searched in vain (a failure said once): not searched again
             found = guard(lambda: compiled_wrapper(model, known), "the compiled model was not found")
             self._running = False if found is None else found
-            model = model if self._running is None or self._running is False else self._running
+            if self._running is not False:
+                model = self._running
         self.schedule.step_begin(model)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -109,7 +111,7 @@ def _logging_dir(args: Any, since: float | None = None) -> str | None:
     try:
         return hf_logging_dir(args, since=since)
     except Exception as err:  # at the hook boundary: the job's training goes on
-        warn_once(f"te-gemm: the Trainer's TensorBoard folder could not be found ({type(err).__name__}: {err}): "
+        warn_once(f"te-gemm: the Trainer's TensorBoard folder could not be found ({error_text(err)}): "
                   "metrics and figures go to its other integrations only")
         return None
 
