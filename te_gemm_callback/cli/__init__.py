@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -182,13 +183,17 @@ def cmd_report(a: argparse.Namespace) -> int:
     if a.json and a.json != "-":  # refused before the run folder's files are written, not after
         check_target(a.json, json_kind(REPORT_SCHEMA))
     out = console()
-    lost = _observed_without_sweep(Path(a.run_dir))
+    run = Path(a.run_dir)
+    lost = _observed_without_sweep(run)
+    kept = run / "report-before.json"
+    if lost and not kept.exists():  # measured once, on a GPU: the new report.json must not be their only end
+        shutil.copyfile(run / "report.json", kept)
     files = Run(a.run_dir).report(out, a.project or ()).files
     print_summary(out, files)
     if lost:
         print(f"te-gemm report: warning: {a.run_dir} has no sweep/ captures, so the observed speedups its earlier "
-              f"report.json held ({', '.join(lost)}) could not be made again and are not in the new one",
-              file=sys.stderr)
+              f"report.json held ({', '.join(lost)}) could not be made again and are not in the new one; "
+              f"that report.json is kept as {kept}", file=sys.stderr)
     if a.json:
         write_json(a.json, read_json(files["report"], "report.json"))
     return 0
@@ -253,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("report", cmd_report, "re-render tables, figures and report.json from a run folder (no GPU needed)",
                 "Write a run folder's tables, verdicts, report.json and figures again from its captures and "
-                "bench.json. Nothing is measured; no GPU needed.")
+                "bench.json. Nothing is measured; no GPU needed. Observed speedups come from sweep/: a folder "
+                "without it whose report.json held some keeps that file as report-before.json.")
     s.add_argument("run_dir", type=_dir_path, help="the run folder (the callback's output_dir, te-gemm run --out)")
     s.add_argument("--project", type=_gpus, default=None, metavar="GPU[,GPU]",
                    help="also project onto these GPUs, e.g. B300,GB200 (docs/projection.md)")

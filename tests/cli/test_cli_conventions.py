@@ -341,15 +341,20 @@ def test_run_ends_with_the_lines_a_fits_log_gets(tmp_path, capsys):
 
 def test_report_says_when_a_folder_without_sweep_loses_its_observed_speedups(tmp_path, capsys):
     """A run folder copied without sweep/: its report.json's observed speedups cannot be made again;
-    te-gemm report says which are gone, and says nothing where sweep/ is there."""
+    te-gemm report says which are gone and keeps the earlier report.json beside the new one (a second
+    report leaves that copy as it is), and says nothing where sweep/ is there."""
     import shutil
 
     root = Path(__file__).resolve().parents[2]
     run = tmp_path / "demo"
     shutil.copytree(root / "docs" / "results" / "h100" / "demo", run)
+    earlier = (run / "report.json").read_bytes()
     assert main(["report", str(run)]) == 0
     err = capsys.readouterr().err
     assert "has no sweep/ captures" in err and "DelayedScaling" in err and err.count("te-gemm report: warning") == 1
+    assert f"kept as {run / 'report-before.json'}" in err
+    assert main(["report", str(run)]) == 0
+    assert (run / "report-before.json").read_bytes() == earlier != (run / "report.json").read_bytes()
     kept = tmp_path / "main"
     shutil.copytree(root / "docs" / "results" / "h200" / "replay" / "main", kept)
     assert main(["report", str(kept)]) == 0 and main(["report", str(kept)]) == 0  # the second over a full report.json
