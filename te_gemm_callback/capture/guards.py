@@ -16,6 +16,8 @@ from typing import Any, cast
 
 from torch import nn
 
+from te_gemm_callback.capture.steady import compiled_forward
+
 PRE, POST = "pre", "post"
 
 
@@ -110,7 +112,8 @@ class ForwardGuard(StandIn):
     @classmethod
     def install(cls, model: nn.Module, on_raise: Callable[[BaseException], None]) -> ForwardGuard | None:
         """The guard on ``model``, or None for a ``torch.compile``d root (dynamo guards on its forward)."""
-        if type(model).__name__ == "OptimizedModule" or model.__dict__.get("_compiled_call_impl") is not None:
+        if type(model).__name__ == "OptimizedModule" or model.__dict__.get("_compiled_call_impl") is not None \
+                or compiled_forward(model):
             return None
         guard = cls(model, on_raise)
         model.__dict__["forward"] = guard  # the instance attribute Module._call_impl reads

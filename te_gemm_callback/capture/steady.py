@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import torch
 from torch import nn
 
 from te_gemm_callback.capture.step_plan import CLEAN, COMPILE, GRAPH_CAPTURE, OUTLIER, RECOMPILE, SETTLE
@@ -47,10 +48,16 @@ def graphs_compiled() -> int:
 
 
 def compiled_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """The modules of ``model`` that run compiled code: OptimizedModules and ``module.compile()``d ones."""
+    """The modules of ``model`` that run compiled code: OptimizedModules, ``module.compile()``d ones, and
+    ones whose ``forward`` was replaced by a compiled function (Lightning compiles a LightningModule so)."""
     return {name: m for name, m in model.named_modules()
             if (type(m).__name__ == "OptimizedModule" and "_orig_mod" in m._modules)
-            or m.__dict__.get("_compiled_call_impl") is not None}
+            or m.__dict__.get("_compiled_call_impl") is not None or compiled_forward(m)}
+
+
+def compiled_forward(m: nn.Module) -> bool:
+    """``m.forward = torch.compile(m.forward)``: dynamo's wrapper, as an instance attribute."""
+    return hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable")
 
 
 class EagerCompiled:
@@ -59,10 +66,16 @@ class EagerCompiled:
     def __init__(self, modules: dict[str, nn.Module]) -> None:
         self.modules = modules
         self._saved: list[tuple[nn.Module, str, Any]] = []
+        self._stance: Any = None
 
     def enter(self) -> None:
-        if self._saved:
+        if self._saved or self._stance is not None:
             return
+        stance = getattr(torch.compiler, "set_stance", None)  # torch 2.6 and later
+        if stance is not None and any(compiled_forward(m) for m in self.modules.values()):
+            # A compiled function has no eager forward to swap in; dynamo's own switch runs it eagerly, and
+            # its first compile is not traced through our hooks (a graph the job would keep).
+            self._stance = stance("force_eager")
         for m in self.modules.values():
             d = m.__dict__  # written directly: OptimizedModule.__setattr__ forwards most names
             if d.get("_compiled_call_impl") is not None:
@@ -77,6 +90,9 @@ class EagerCompiled:
         saved, self._saved = self._saved, []
         for m, name, v in reversed(saved):
             m.__dict__[name] = v
+        stance, self._stance = self._stance, None
+        if stance is not None:
+            stance.__exit__(None, None, None)  # the stance the job had
 
 
 class GraphCaptures:

@@ -205,11 +205,19 @@ def test_compile_steps_attach_nothing_and_the_instrumented_step_runs_eager():
         (m, op) for m in ("up", "down") for op in ("fprop", "dgrad", "wgrad"))
 
 
-def test_module_compiled_in_place_runs_eager_only_while_instrumented():
+@pytest.mark.parametrize("how", ["module.compile()", "forward replaced"])
+def test_module_compiled_in_place_runs_eager_only_while_instrumented(how):
+    """``model.compile()``, or ``model.forward = torch.compile(model.forward)`` (as Lightning compiles a
+    LightningModule): seen as compiled, compiled before the plan, eager while instrumented, and the job keeps
+    one graph and no break (a compiled forward first compiled under the hooks kept the breaks they made)."""
     calls = [0]
     model = MLP()
-    model.compile(backend=counting_backend(calls))
+    if how == "module.compile()":
+        model.compile(backend=counting_backend(calls))
+    else:
+        model.forward = torch.compile(model.forward, backend=counting_backend(calls))
     x = torch.randn(4, 16, requires_grad=True)
+    breaks0 = sum(counters["graph_break"].values())
     ran = []
     with GemmProfiler(model) as prof:
         for _ in range(4):
@@ -219,12 +227,14 @@ def test_module_compiled_in_place_runs_eager_only_while_instrumented():
             prof.step()
     assert [s.kind for s in prof.capture.steps] == ["compile", "compile", "instrumented", "clean"]
     assert ran == [1, 1, 0, 1]
-    assert model._compiled_call_impl is not None and prof.capture.meta["compiled_modules"] == [""]
+    assert (model._compiled_call_impl is not None) == (how == "module.compile()")
+    assert prof.capture.meta["compiled_modules"] == [""]
     assert sorted((r.module, r.op) for r in prof.capture.records) == sorted(
         (m, op) for m in ("up", "down") for op in ("fprop", "dgrad", "wgrad"))
+    assert torch._dynamo.eval_frame._stance.stance == "default"
     c = calls[0]
     model(x).sum().backward()
-    assert calls[0] == c + 1
+    assert calls[0] == c + 1 and sum(counters["graph_break"].values()) == breaks0
 
 
 def test_a_compiled_function_called_under_the_dispatch_step_still_compiles():
