@@ -181,8 +181,8 @@ def test_the_report_reaches_wandb_as_text_never_as_markup(tmp_path, monkeypatch)
 
     from te_gemm_callback.reporting.loggers import to_report_to
 
-    sent = []
-    run = types.SimpleNamespace(log=lambda payload, step=None: sent.append(payload))
+    sent, how = [], []
+    run = types.SimpleNamespace(log=lambda payload, **kw: (sent.append(payload), how.append(kw)))
     fake = types.SimpleNamespace(run=run, Html=lambda text: ("html", text), Image=lambda p: ("image", p))
     monkeypatch.setitem(sys.modules, "wandb", fake)  # W&B's client is not what is tested: what we hand it
     md = tmp_path / "report.md"
@@ -190,6 +190,8 @@ def test_the_report_reaches_wandb_as_text_never_as_markup(tmp_path, monkeypatch)
     assert to_report_to(["wandb"], None, {"te_gemm/step_ms": 1.0}, {"report_md": md}, step=3) == ["wandb"]
     kind, text = sent[0]["te_gemm/report"]
     assert kind == "html" and "<script>" not in text and "&lt;script&gt;" in text and "&lt;top&gt;" in text
+    # Into the job's next row: a step of ours moved W&B's row counter, and every later row of the job with it.
+    assert how == [{"commit": False}]
 
 
 def cpu_run(tmp_path, edit=lambda text: text):

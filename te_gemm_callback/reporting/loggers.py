@@ -125,7 +125,9 @@ def to_report_to(report_to: Any, logging_dir: str | None, metrics: dict[str, flo
         payload: dict[str, Any] = {**metrics, **{tag: wandb.Image(str(p)) for tag, p in _figures(files)}}
         if files:  # escaped: a "<script>" in a module name must reach the panel as text
             payload["te_gemm/report"] = wandb.Html(f"<pre>{html.escape(verdict_markdown(files))}</pre>")
-        wandb.run.log(payload, step=step)
+        # Into the job's next row (or a row of its own at the run's end): a row or a step of ours would
+        # move W&B's row counter, which numbers the job's later rows.
+        wandb.run.log(payload, commit=False)
         reached.append("wandb")
     mlflow = sys.modules.get("mlflow")
     if "mlflow" in targets and mlflow is not None and mlflow.active_run() is not None:
