@@ -72,11 +72,11 @@ def test_each_field_reaches_what_uses_it(tmp_path, monkeypatch):
     sweep whole (a field added there needs no other line to arrive)."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8))
     sched = GemmSchedule(wait=0, warmup=0, active=1, adapters=["torch"], dispatch_steps=1, nvtx=False,
-                         sweep=["BF16"], sweep_steps=2, sweep_warmup=0, sweep_rounds=0, sweep_budget_s=0.5,
-                         output_dir=tmp_path, report=False)
+                         max_compile_steps=20, sweep=["BF16"], sweep_steps=2, sweep_warmup=0, sweep_rounds=0,
+                         sweep_budget_s=0.5, output_dir=tmp_path, report=False)
     prof = sched._new_profiler(model, "active")
     try:
-        assert prof.adapters == ("torch",) and prof.plan.dispatch == 1
+        assert prof.adapters == ("torch",) and prof.plan.dispatch == 1 and prof.max_compile_steps == 20
     finally:
         prof.stop()
     seen = {}
@@ -97,7 +97,7 @@ def test_the_profiler_takes_its_configs_fields_and_the_schedule_shares_them():
     for name in fields:
         assert f"        {name}: " in GemmProfiler.__doc__
     # The schedule's profiler options are the profiler's fields: one default, doc and check.
-    for name in ("adapters", "dispatch_steps", "nvtx"):
+    for name in ("adapters", "dispatch_steps", "nvtx", "max_compile_steps"):
         mine = {f.name: f for f in dataclasses.fields(CaptureConfig)}[name]
         theirs = {f.name: f for f in dataclasses.fields(ProfilerConfig)}[name]
         assert mine.default == theirs.default and mine.metadata["doc"] == theirs.metadata["doc"]

@@ -105,6 +105,7 @@ class CaptureConfig(Options):
     adapters: Sequence[str] = same_as(ProfilerConfig, "adapters", to="profiler")
     dispatch_steps: int | Literal["all"] | None = same_as(ProfilerConfig, "dispatch_steps", to="profiler")
     nvtx: bool | str = same_as(ProfilerConfig, "nvtx", to="profiler")
+    max_compile_steps: int = same_as(ProfilerConfig, "max_compile_steps", to="profiler")
     nsys_capture: bool = option(False, "cudaProfilerStart at the first active step, cudaProfilerStop after the "
                                        "capture file is written. Run under nsys profile -t cuda,nvtx -c "
                                        "cudaProfilerApi --capture-range-end=stop -s none; nsys's default range "
