@@ -100,7 +100,7 @@ class GemmProfilerTrainerCallback(ScheduleResults, TrainerCallback):
         return JobStep(global_step=int(state.global_step), accumulate=int(args.gradient_accumulation_steps),
                        writes=bool(state.is_world_process_zero), log_metrics=lambda m: log(m, {}),
                        log_artifacts=lambda files: log({}, files),
-                       sweep=(lambda: _sweep_job(args, kwargs)) if sweep else None)
+                       sweep=(lambda: _sweep_job(args, kwargs, self._running)) if sweep else None)
 
 
 GemmProfilerTrainerCallback.__doc__ = schedule_doc(GemmProfilerTrainerCallback.__doc__ or "")
@@ -116,9 +116,11 @@ def _logging_dir(args: Any, since: float | None = None) -> str | None:
         return None
 
 
-def _sweep_job(args: Any, kwargs: dict) -> SweepJob:
+def _sweep_job(args: Any, kwargs: dict, running: Any = None) -> SweepJob:
+    """The sweep's steps: ``running`` (the compiled wrapper the job ran, where found) on a batch of the job's data."""
     import torch
-    model, loader = kwargs.get("model"), kwargs.get("train_dataloader")
+    model = running if running is not None and running is not False else kwargs.get("model")
+    loader = kwargs.get("train_dataloader")
     if model is None or loader is None:
         raise ValueError("the Trainer passed no model or train_dataloader to its callbacks")
     # A batch of the job's own data; a fresh iterator draws from the RNGs, which are put back.

@@ -185,17 +185,21 @@ def test_trainer_resumed_from_a_checkpoint_keeps_the_capture(tmp_path, caplog):
 def test_trainer_with_torch_compile_captures_what_the_compiled_model_runs(tmp_path):
     # The Trainer runs a torch.compile wrapper its callbacks never see; the capture must find it, or the
     # compiled GEMMs land under the whole model and the run is not marked compiled. The eager backend
-    # keeps dynamo's frames and wrapper without a C++ build.
-    def records(where, **more):
-        cb = GemmProfilerTrainerCallback(wait=1, warmup=1, active=3, output_dir=where, verbose=False, report=False)
+    # keeps dynamo's frames and wrapper without a C++ build. The sweep times the same compiled code: the
+    # uncompiled model its observed column came from before was not the job's.
+    def records(where, sweep=None, **more):
+        cb = GemmProfilerTrainerCallback(wait=1, warmup=1, active=3, output_dir=where, verbose=False, report=False,
+                                         sweep=sweep, sweep_steps=2, sweep_rounds=0)
         train(tmp_path / where.name, [cb], **more)
         cap = GemmCapture.load(where / "gemm_capture.json")
         return cap, sorted((r.module, r.op, r.m, r.k, r.n, r.calls_per_step) for r in cap.records)
 
-    compiled, got = records(tmp_path / "compiled", torch_compile=True, torch_compile_backend="eager")
+    compiled, got = records(tmp_path / "compiled", ["BF16"], torch_compile=True, torch_compile_backend="eager")
     eager, want = records(tmp_path / "eager")
     assert compiled.meta["compiled"] and not eager.meta["compiled"]
     assert got == want and all(module for module, *_ in got)
+    swept = GemmCapture.load(tmp_path / "compiled" / "sweep" / "BF16" / "gemm_capture.json")
+    assert swept.meta["compiled"] and sorted((r.module, r.op) for r in swept.records) == [g[:2] for g in got]
 
 
 def test_trainer_with_torch_compile_searches_for_the_wrapper_once(tmp_path, monkeypatch):
