@@ -63,10 +63,9 @@ class RunProjection:
 
 
 def check_run_folder(run_dir: str | Path) -> Path:
-    root = Path(run_dir)
-    if not root.is_dir():
-        raise ValueError(f"no run folder {root}: give the folder holding gemm_capture.json and bench.json")
-    return root
+    # The run analysis loads torch, which `te-gemm project --help` (the GPU list read here) must not.
+    from te_gemm_callback.analysis.runs import run_folder
+    return run_folder(run_dir)
 
 
 def project_run(run_dir: str | Path, target: str | GpuSpec, source: str | GpuSpec | None = None,
