@@ -44,6 +44,14 @@ class RunReport:
     projections: list[Any] = field(default_factory=list)  # projection.RunProjection, where asked for
 
 
+def run_folder(run_dir: str | Path) -> Path:
+    """``run_dir`` as a path; every command that reads a run folder refuses one that is not a folder in these words."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ValueError(f"{run_dir} is not a folder: point at the callback's output folder")
+    return root
+
+
 def analyze_run(run_dir: str | Path) -> RunReport:
     """Analyse a run folder: no GPU, no drawing; with the precision plan where the bench allows one.
 
@@ -51,9 +59,7 @@ def analyze_run(run_dir: str | Path) -> RunReport:
         >>> rr = analyze_run("runs/demo")          # doctest: +SKIP
         >>> [a.verdict for a in rr.report.recipes]  # doctest: +SKIP
     """
-    root = Path(run_dir)
-    if not root.is_dir():
-        raise ValueError(f"{run_dir} is not a folder: point at the callback's output folder")
+    root = run_folder(run_dir)
     paths = sorted(root.rglob("gemm_capture.json"))
     if not paths:
         raise ValueError(f"{run_dir} holds no gemm_capture.json: point at the callback's output folder")

@@ -247,20 +247,29 @@ def job_trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[s
     return (host_scaled(trace, f) if f != 1.0 else trace), own
 
 
+def own_miss(own: dict[str, Any]) -> float:
+    """How far the replay of the job's own recipe missed its clean step before the host was calibrated to it
+    (``own``: :func:`job_trace`'s second half); 0 without a clean step."""
+    clean, first = own.get("clean_ms"), own.get("replay_ms")
+    return abs(first / clean - 1) if clean and first else 0.0
+
+
 def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms: float | None,
                    costs: dict[str, Any] | None = None, *, source: Any = None, other: float = 1.0,
-                   host_speed: float = 1.0, traced: Any = None) -> dict[str, RecipeReplay]:
+                   host_speed: float = 1.0, traced: Any = None, miss: float | None = None) -> dict[str, RecipeReplay]:
     """The replay's step per recipe; {} without a host trace. For another GPU: ``bench`` the projected cells,
     ``source`` the bench they came from, ``other`` the non-GEMM kernel factor, ``host_speed`` the other host's
-    speed. ``traced``: :func:`job_trace` of ``cap`` where the caller has it."""
+    speed. ``traced``: :func:`job_trace` of ``cap`` where the caller has it. ``miss``: the band's share for the
+    own recipe's miss where the caller takes another than the calibrated replay's (:func:`own_miss`)."""
     got = (traced or job_trace(cap, costs)) if bench is not None else None
     if got is None:
         return {}
     trace, _ = got
     own = replay(trace)
-    # The own recipe's miss of the job capture's clean step (else clean_ms): a band on every recipe.
-    mine = cap.step_ms() if hasattr(cap, "step_ms") else None
-    miss = abs(own.step_ms / ref_ms - 1) if (ref_ms := mine or clean_ms) else 0.0
+    if miss is None:
+        # The own recipe's miss of the job capture's clean step (else clean_ms): a band on every recipe.
+        mine = cap.step_ms() if hasattr(cap, "step_ms") else None
+        miss = abs(own.step_ms / ref_ms - 1) if (ref_ms := mine or clean_ms) else 0.0
     if host_speed != 1.0:
         trace = host_scaled(trace, 1 / host_speed)
     k = clean_ms / own.step_ms if clean_ms else 1.0  # anchored on the clean step: speedups do not move

@@ -41,16 +41,17 @@ def projection_table(rp: Any) -> Table:
 def summary(rp: Any) -> dict[str, Any]:
     """What report.json keeps of a projection (the cells stay in projection-GPU.json)."""
     d = rp.to_dict()
-    return {k: d[k] for k in ("label", "target", "source", "mode", "job_recipe", "non_gemm_ms", "steps", "notes")}
+    return {k: d[k] for k in ("label", "target", "source", "mode", "job_recipe", "gemms_alone", "steps", "notes")}
 
 
-def project_runs(run_dir: str | Path, gpus: Sequence[str]) -> list[Any]:
-    """One projection per GPU; one that cannot be made is said in one line and left out."""
+def project_runs(run_dir: str | Path, gpus: Sequence[str], analysis: Any = None) -> list[Any]:
+    """One projection per GPU (``analysis``: the run's, where the caller made it); one that cannot be made is
+    said in one line and left out."""
     from te_gemm_callback.projection import project_run  # loads torch: not at the CLI's import
     out = []
     for g in gpus:
         try:
-            out.append(project_run(run_dir, g))
+            out.append(project_run(run_dir, g, analysis=analysis))
         except ValueError as err:
             log.warning("te-gemm: no projection onto %s: %s", g, err)
     return out

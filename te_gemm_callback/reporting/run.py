@@ -66,7 +66,7 @@ class Run:
         if mfu:
             rr.report.meta["mfu"] = mfu
         if project:
-            rr.projections = project_runs(self.path, project)
+            rr.projections = project_runs(self.path, project, rr)
             if rr.projections:  # report.json says what was projected, beside what was measured
                 rr.report.meta["projections"] = [summary(rp) for rp in rr.projections]
         rr.files = write_run(rr, self.path, out)
@@ -84,7 +84,7 @@ class Run:
     def project(self, target: str, source: str | None = None, host_speed: float = 1.0) -> RunProjection:
         """The run on another GPU."""
         from te_gemm_callback.projection import project_run
-        return project_run(self.path, target, source, host_speed=host_speed)
+        return project_run(self.path, target, source, host_speed=host_speed, analysis=self._analysis)
 
 
 def render_run(run_dir: str | Path, out: Any = None, project: Sequence[str] = ()) -> dict[str, Path]:

@@ -469,3 +469,13 @@ def test_show_json_before_the_run_folder_says_which_way_round(tmp_path, capsys):
     one_line_error(capsys, "give a gemm_capture.json or a run folder")
     assert main(["show", run, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["schema"]
+
+
+def test_a_missing_run_folder_gets_the_same_line_from_every_command(tmp_path, capsys):
+    """`te-gemm project` said "no run folder X" where report and plan say "X is not a folder"."""
+    missing = str(tmp_path / "nowhere")
+    lines = {}
+    for cmd in (["report"], ["plan"], ["project", "--gpu", "B300"]):
+        assert main([cmd[0], missing, *cmd[1:]]) == 1
+        lines[cmd[0]] = one_line_error(capsys, f"{missing} is not a folder").split(": ", 1)[1]
+    assert len(set(lines.values())) == 1, lines

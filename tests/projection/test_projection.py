@@ -144,7 +144,7 @@ def test_command_writes_its_json_and_refuses_bad_input(tmp_path):
     r = run_cli("project", str(run), "--gpu", "B300")
     assert r.returncode == 1 and "no bench.json" in r.stderr and r.stderr.count("\n") == 1
     r = run_cli("project", str(run / "gemm_capture.json"), "--gpu", "B300")
-    assert r.returncode == 1 and "no run folder" in r.stderr and not r.stdout
+    assert r.returncode == 1 and "is not a folder: point at the callback's output folder" in r.stderr and not r.stdout
     # --source-gpu never overrides the device bench.json names.
     bench = json.loads((RUN_5B / "bench.json").read_text())
     (run / "bench.json").write_text(json.dumps(bench))
