@@ -174,17 +174,17 @@ def _predicted_marks(recs: list[RecipeAnalysis]) -> tuple[str, dict[str, str]]:
     """The predicted bars' legend label, and a tick-label line per recipe where the rows differ in how they
     were predicted (a replay's bound, or GEMMs alone): one basis is said once in the legend, several under
     each recipe, so a host-bound prediction never passes for a GPU-bound one."""
-    how = {a.recipe: ("replay, " + _BOUND_WORDS.get(a.predicted_bound, a.predicted_bound) if a.predicted_bound
-                      else "GEMMs alone" if a.predicted_by == "gemms_alone" else None)
-           for a in recs if a.predicted_step_speedup}
-    kinds = set(how.values()) - {None}
+    # Without a replay's bound a prediction is Amdahl over the GEMM share: GEMMs alone, or a plan's.
+    how = {a.recipe: "replay, " + _BOUND_WORDS.get(a.predicted_bound, a.predicted_bound) if a.predicted_bound
+           else "GEMMs alone" for a in recs if a.predicted_step_speedup}
+    kinds = set(how.values())
     band = ", band" if any(a.predicted_band for a in recs) else ""
     if len(kinds) == 1:
         return f"predicted step speedup ({kinds.pop()}{band})", {}
     if not kinds:
         return "predicted step speedup", {}
     return (f"predicted step speedup ({band[2:] + '; ' if band else ''}how: under each recipe)",
-            {r: f"\n(pred. {h.removeprefix('replay, ')})" for r, h in how.items() if h})
+            {r: f"\n(pred. {h.removeprefix('replay, ')})" for r, h in how.items()})
 
 
 def _run_share(rep: Report, a: RecipeAnalysis) -> tuple[float | None, str]:

@@ -69,3 +69,13 @@ def test_a_prediction_without_a_replay_says_gemms_alone_and_draws_no_band(tmp_pa
         a.predicted_band, a.predicted_bound, a.predicted_by = None, None, "gemms_alone"
     ax, bars = _drawn(rep, tmp_path, monkeypatch)
     assert _whiskers(bars["predicted step speedup (GEMMs alone)"]) is None
+
+
+def test_a_swept_plans_amdahl_prediction_is_not_passed_off_as_the_replays(tmp_path, monkeypatch):
+    rep = _rows(["host"] * 3)
+    rep.recipes.append(RecipeAnalysis("plan", predicted_step_speedup=0.95, observed_step_speedup=0.9,
+                                      observed_step_ms=55.0))
+    ax, bars = _drawn(rep, tmp_path, monkeypatch)
+    assert "predicted step speedup (band; how: under each recipe)" in bars, list(bars)
+    assert [t.get_text() for t in ax.get_xticklabels()][-2:] == ["Float8CurrentScaling\n(pred. host-bound)",
+                                                                 "plan\n(pred. GEMMs alone)"]
