@@ -136,11 +136,11 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
     fig, ax = new_figure((max(6, 1.8 * len(recs) + 2), 4.5))
     w = 0.27
     predicted, ticks = _predicted_marks(recs)
+    observed = "observed step speedup" + (" (95% CI)" if any(a.observed_ci for a in recs) else "")  # rounds ran
     tops = [1.0]
-    for off, key, span, label, color in (
-            (-w, "gemm_speedup", None, "GEMM speedup (bench)", "#9ecae1"),
-            (0, "predicted_step_speedup", "predicted_band", predicted, "#3182bd"),
-            (w, "observed_step_speedup", "observed_ci", "observed step speedup (95% CI)", "#e6550d")):
+    for off, key, span, label, color in ((-w, "gemm_speedup", None, "GEMM speedup (bench)", "#9ecae1"),
+                                         (0, "predicted_step_speedup", "predicted_band", predicted, "#3182bd"),
+                                         (w, "observed_step_speedup", "observed_ci", observed, "#e6550d")):
         vals = [getattr(a, key) or 0 for a in recs]
         # A span is drawn only around a value it belongs to (a refused value keeps no whisker).
         spans = [getattr(a, span) if span and v else None for a, v in zip(recs, vals)]

@@ -79,3 +79,14 @@ def test_a_swept_plans_amdahl_prediction_is_not_passed_off_as_the_replays(tmp_pa
     assert "predicted step speedup (band; how: under each recipe)" in bars, list(bars)
     assert [t.get_text() for t in ax.get_xticklabels()][-2:] == ["Float8CurrentScaling\n(pred. host-bound)",
                                                                  "plan\n(pred. GEMMs alone)"]
+
+
+def test_a_run_without_rounds_names_no_interval(tmp_path, monkeypatch):
+    # A capture with no sweep: BF16 observed alone, no interval drawn, none named.
+    rep = _rows(["gpu"] * 3)
+    for a in rep.recipes:
+        a.observed_ci = None
+        if a.recipe != "BF16":
+            a.observed_step_speedup = a.observed_step_ms = None
+    _, bars = _drawn(rep, tmp_path, monkeypatch)
+    assert "observed step speedup" in bars and _whiskers(bars["observed step speedup"]) is None, list(bars)
