@@ -53,15 +53,17 @@ def clock_note(cap: GemmCapture, bench: BenchResults | None) -> str | None:
     return text
 
 
-def duty_note(gemm_share: float | None, bench: BenchResults | None) -> str | None:
+def duty_note(gemm_share: float | None, bench: BenchResults | None, run: str | None = None) -> str | None:
     """The microbenchmark's GEMM duty against the job's GEMM share; beyond 0.15 apart, how to bench at the
-    job's share (docs/results/h200.md, facts the code relies on: GEMM duty)."""
+    job's share (docs/results/h200.md, facts the code relies on: GEMM duty). ``run``: the run the share is
+    of, where it is not the job's own steps (its run in a sweep), so the note does not pass it off as those."""
     duty = bench.meta.get("gemm_duty") if bench is not None else None
     if duty is None or bench is None or bench.meta.get("backend") != "te" or not gemm_share:
         return None
     share = min(gemm_share, 1.0)
-    text = (f"microbenchmark GEMMs ran at {duty:g} of the GPU's time (--gemm-duty); this job's GEMMs are "
-            f"{share:.2f} of its step")
+    whose = f"the GEMMs of {run} are {share:.2f} of that run's step" if run else \
+        f"this job's GEMMs are {share:.2f} of its step"
+    text = f"microbenchmark GEMMs ran at {duty:g} of the GPU's time (--gemm-duty); {whose}"
     if abs(share - duty) > 0.15:
         text += (f": under a power limit that moves the clock they run at; to bench at the job's share, "
                  f"te-gemm bench --capture gemm_capture.json --gemm-duty {max(share, 0.05):.2f} "

@@ -94,9 +94,13 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     with_job = bool(sweep and main)
     job_note = instrument_note(job) if with_job else None
     observed = {a.recipe: a.observed_step_speedup for a in rep.recipes if a.observed_step_speedup}
+    job_name = rep.meta.get("job_precision") or rep.current_recipe  # as the table names it (FP32 keyed BF16)
+    sweep_run = f"the job's {job_name} run in the sweep" if with_job else None
     notes = {"step_note": instrument_note(base), "job_step_note": job_note and f"training job: {job_note}",
              "framework_note": framework_note(job, base, observed) if with_job else None,
-             "clock_note": clock_note(job, bench), "duty_note": duty_note(rep.gemm_share, bench)}
+             "clock_note": clock_note(job, bench),
+             # The table's share, that of the job's run in the sweep where there is one: said so.
+             "duty_note": duty_note(rep.gemm_share, bench, sweep_run)}
     rep.meta.update({key: note for key, note in notes.items() if note})
     if with_job:  # the table's step is the sweep's run of the job's recipe, not the job's own steps
         rep.meta["base_run"] = "sweep"

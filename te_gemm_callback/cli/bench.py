@@ -110,7 +110,7 @@ def check_bench_outputs(a: argparse.Namespace) -> None:
 
 
 def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> None:
-    from te_gemm_callback.reporting.bench_tables import pass_table, speedup_summary, totals_table
+    from te_gemm_callback.reporting.bench_tables import kept_in_bf16, pass_table, speedup_summary, totals_table
     # The recipes that did not run are said once below, one line per cause, not in every caption.
     quiet = dataclasses.replace(res, skipped={})
     ops = [op for op in GemmOp if any(s.op is op for it in items for s in passes_of(it))]  # the passes the job ran
@@ -121,8 +121,10 @@ def _print_tables(res: Any, items: list[Any], modes: list[str], out: Any) -> Non
         out.print(totals_table(quiet, items, mode))
         for p, sp in speedup_summary(res, items, mode).items():
             if p != "BF16":
+                kept = len(kept_in_bf16(res, items, p, mode)) if sp is not None else 0
                 out.print(f"estimated GEMM speedup over BF16{label[mode]}, {p}: "
-                          + ("n/a" if sp is None else f"{sp:.2f}x"))
+                          + ("n/a" if sp is None else f"{sp:.2f}x")
+                          + (f" ({kept} GEMM(s) that failed in it counted at BF16 time)" if kept else ""))
     for line in skipped_lines(res.skipped):
         out.print(f"[yellow]{safe(line)}")
 

@@ -52,7 +52,8 @@ def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -
     rows = [[r, f"{ms:.4g}", "-" if (sp := est.speedup(r)) is None else f"{sp:.2f}x"] for r, ms in est.gemm_ms.items()]
     rows += [[r, "-", why] for r, why in est.skipped.items()]
     t = make_table(f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})",
-                   ("recipe", "GEMM ms/step (bound)", "vs BF16"), left={"recipe"}, rows=rows)
+                   # "at least": a lower bound; "bound" alone names the host or GPU side everywhere else.
+                   ("recipe", "GEMM ms/step (at least)", "vs BF16"), left={"recipe"}, rows=rows)
     t.caption = ("a CPU run measured no GPU: each GEMM at the format's dense peak or its bytes at the HBM "
                  "bandwidth, whichever is longer. A lower bound on GEMM time, not a prediction: real kernels "
                  "stay below the peak (small ones far below), quantization and the rest of the step are not in "

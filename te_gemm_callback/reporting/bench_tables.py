@@ -9,7 +9,7 @@ from rich.table import Table
 
 from te_gemm_callback.microbench.cells import SPREAD_LIMIT, BenchResult
 from te_gemm_callback.microbench.items import WorkItem, passes_of
-from te_gemm_callback.microbench.results import BenchResults, item_ms, step_ms
+from te_gemm_callback.microbench.results import BenchResults, fallback_items, item_ms, step_ms
 from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import safe
 from te_gemm_callback.reporting.console import make_table
@@ -21,11 +21,15 @@ PASS_TITLES = {GemmOp.FPROP: "Fprop", GemmOp.DGRAD: "Dgrad", GemmOp.WGRAD: "Wgra
 # Marks after a time, explained in the caption of a table showing one.
 CACHED_MARK = "*"
 NOISY_MARK = "!"
+FALLBACK_MARK = "†"
 FOOTNOTES = {
     CACHED_MARK: "from the cache: measured by an earlier run under the same conditions (--no-cache measures again)",
     NOISY_MARK: f"noisy: spread (IQR/median) still above {100 * SPREAD_LIMIT:.0f}% after re-measuring; not cached, "
                 "the time may be far off",
+    FALLBACK_MARK: "the GEMMs that failed in that recipe counted at their BF16 time (the job keeps them in BF16), "
+                   "as the speedup table counts them",
 }
+MAX_NAMED = 3  # failed GEMMs named under a table; the speedup table's evidence names them all
 
 
 def _fmt(ms: float | None, base: float | None, cells: list[BenchResult | None]) -> str:
@@ -45,7 +49,7 @@ def _marks(cells: Iterable[BenchResult | None]) -> str:
 
 def _caption(marks: str, *lines: str) -> str | None:
     """A table's footnotes: each mark in ``marks`` explained, then ``lines``."""
-    notes = [f"{m} {FOOTNOTES[m]}" for m in (CACHED_MARK, NOISY_MARK) if m in marks] + [ln for ln in lines if ln]
+    notes = [f"{m} {FOOTNOTES[m]}" for m in FOOTNOTES if m in marks] + [ln for ln in lines if ln]
     # Each note on its own: safe() shows a line break as "?".
     return "\n".join(safe(n) for n in notes) if notes else None
 
@@ -91,16 +95,40 @@ def totals_table(res: BenchResults, items: list[WorkItem], mode: str) -> Table:
         t.add_row(safe(it.name), f"{it.count:g}", *[_fmt(item_ms(res, it, p, mode), base, cells[p]) for p in precs])
     t.add_section()
     base = step_ms(res, items, "BF16", mode)
-    t.add_row("[b]full step[/b]", "", *[_fmt(step_ms(res, items, p, mode), base,
-                                             [r for it in items for r in _item_cells(res, it, p, mode)])
-                                        for p in precs])
-    t.caption, t.caption_justify = _caption(shown, "; ".join(skipped_lines(res.skipped))), "left"
+    totals, kept = [], {}
+    for p in precs:
+        ms = step_ms(res, items, p, mode, fallback="BF16")
+        text = _fmt(ms, base, [r for it in items for r in _item_cells(res, it, p, mode)])
+        if ms is not None and (fell := kept_in_bf16(res, items, p, mode)):
+            text, kept[p] = text + FALLBACK_MARK, fell
+        totals.append(text)
+    t.add_row("[b]full step[/b]", "", *totals)
+    t.caption, t.caption_justify = _caption(shown + (FALLBACK_MARK if kept else ""), _kept_line(kept),
+                                            "; ".join(skipped_lines(res.skipped))), "left"
     return t
 
 
+def kept_in_bf16(res: BenchResults, items: list[WorkItem], precision: str, mode: str) -> list[str]:
+    """The items that failed in ``precision`` and ran in BF16: a step total counts them at their BF16 time."""
+    return [] if precision == "BF16" else [f"{it.name} ({it.fprop.mkn})" for it, _ in
+                                           fallback_items(res, items, precision, mode)]
+
+
+def _kept_line(kept: dict[str, list[str]]) -> str:
+    """Which GEMMs the marked totals hold at BF16 time, per recipe; recipes that kept the same ones once."""
+    by: dict[tuple[str, ...], list[str]] = {}
+    for p, names in kept.items():
+        by.setdefault(tuple(names), []).append(p)
+    return "; ".join(f"{FALLBACK_MARK} {', '.join(ps)}: {', '.join(names[:MAX_NAMED])}"
+                     + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
+                     for names, ps in by.items())
+
+
 def speedup_summary(res: BenchResults, items: list[WorkItem], mode: str) -> dict[str, float | None]:
+    """The full step's GEMM speedup over BF16 per recipe, failed GEMMs at their BF16 time as the table's total."""
     base = step_ms(res, items, "BF16", mode)
-    return {p: base / ms if base and (ms := step_ms(res, items, p, mode)) else None for p in res.precisions}
+    return {p: base / ms if base and (ms := step_ms(res, items, p, mode, fallback="BF16")) else None
+            for p in res.precisions}
 
 
 def swapped_items(items: list[WorkItem]) -> list[WorkItem]:

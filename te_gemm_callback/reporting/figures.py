@@ -129,33 +129,62 @@ def ranks_figure(rows: list[dict], path: str | Path) -> Path:
 
 
 def speedup_figure(rep: Report, path: str | Path) -> Path:
-    """Predicted (the report's column) against observed step speedup per recipe, GEMM speedup beside them."""
+    """Predicted (the report's column) against observed step speedup per recipe, GEMM speedup beside them;
+    the predicted bars carry the replay's band and say what bounds the step, the observed ones their 95% interval."""
     recs = list(rep.recipes)
     x = range(len(recs))
     fig, ax = new_figure((max(6, 1.8 * len(recs) + 2), 4.5))
     w = 0.27
-    for off, key, label, color in ((-w, "gemm_speedup", "GEMM speedup (bench)", "#9ecae1"),
-                                   (0, "predicted_step_speedup", "predicted step speedup", "#3182bd"),
-                                   (w, "observed_step_speedup", "observed step speedup", "#e6550d")):
+    predicted, ticks = _predicted_marks(recs)
+    observed = "observed step speedup" + (" (95% CI)" if any(a.observed_ci for a in recs) else "")  # rounds ran
+    tops = [1.0]
+    for off, key, span, label, color in ((-w, "gemm_speedup", None, "GEMM speedup (bench)", "#9ecae1"),
+                                         (0, "predicted_step_speedup", "predicted_band", predicted, "#3182bd"),
+                                         (w, "observed_step_speedup", "observed_ci", observed, "#e6550d")):
         vals = [getattr(a, key) or 0 for a in recs]
-        err = None  # the observed bars carry their 95% interval, where there is one
-        if key == "observed_step_speedup" and any(a.observed_ci for a in recs):
-            err = [[v - a.observed_ci[0] if a.observed_ci and v else 0 for a, v in zip(recs, vals)],
-                   [a.observed_ci[1] - v if a.observed_ci and v else 0 for a, v in zip(recs, vals)]]
+        # A span is drawn only around a value it belongs to (a refused value keeps no whisker).
+        spans = [getattr(a, span) if span and v else None for a, v in zip(recs, vals)]
+        err = ([[v - s[0] if s else 0 for v, s in zip(vals, spans)],
+                [s[1] - v if s else 0 for v, s in zip(vals, spans)]] if any(spans) else None)
         bars = ax.bar([i + off for i in x], vals, w, label=label, color=color, yerr=err, capsize=3 if err else 0)
-        for a, b, v in zip(recs, bars, vals):
+        for a, b, v, s in zip(recs, bars, vals, spans):
             mid = b.get_x() + b.get_width() / 2
-            if v:
-                ax.text(mid, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+            if v:  # above its whisker, where it has one: a label on the whisker is unreadable
+                top = max(v, s[1]) if s else v
+                tops.append(top)
+                ax.text(mid, top, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
             elif key in rep.withheld(a.recipe):  # refused by the report's checks: said, not left blank
                 ax.text(mid, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
     ax.axhline(1.0, color="grey", lw=0.8)
+    # Headroom above the tallest label for the legend: at "best" it sat over a bar once its labels grew.
+    ax.set_ylim(0, 1.4 * max(tops))
     ran = rep.meta.get("baseline_ran")
-    ax.set_xticks(list(x), [recipe_label(rep, a.recipe, "\n") for a in recs], rotation=15)
+    ax.set_xticks(list(x), [recipe_label(rep, a.recipe, "\n") + ticks.get(a.recipe, "") for a in recs],
+                  rotation=15)
     ax.set_ylabel(f"speedup over BF16 (ran {ran})" if ran else "speedup over BF16")
     ax.set_title(f"Predicted vs observed speedup — {rep.meta.get('device', '')}")
-    _legend(ax, fontsize=8)
+    _legend(ax, fontsize=8, loc="upper left")
     return save_figure(fig, path)
+
+
+_BOUND_WORDS = {"host": "host-bound", "gpu": "GPU-bound"}
+
+
+def _predicted_marks(recs: list[RecipeAnalysis]) -> tuple[str, dict[str, str]]:
+    """The predicted bars' legend label, and a tick-label line per recipe where the rows differ in how they
+    were predicted (a replay's bound, or GEMMs alone): one basis is said once in the legend, several under
+    each recipe, so a host-bound prediction never passes for a GPU-bound one."""
+    # Without a replay's bound a prediction is Amdahl over the GEMM share: GEMMs alone, or a plan's.
+    how = {a.recipe: "replay, " + _BOUND_WORDS.get(a.predicted_bound, a.predicted_bound) if a.predicted_bound
+           else "GEMMs alone" for a in recs if a.predicted_step_speedup}
+    kinds = set(how.values())
+    band = ", band" if any(a.predicted_band for a in recs) else ""
+    if len(kinds) == 1:
+        return f"predicted step speedup ({kinds.pop()}{band})", {}
+    if not kinds:
+        return "predicted step speedup", {}
+    return (f"predicted step speedup ({band[2:] + '; ' if band else ''}how: under each recipe)",
+            {r: f"\n(pred. {h.removeprefix('replay, ')})" for r, h in how.items()})
 
 
 def _run_share(rep: Report, a: RecipeAnalysis) -> tuple[float | None, str]:

@@ -84,7 +84,9 @@ def share_text(rep: Report) -> str:
         low = "; a lower bound: that step also ran the capture instruments" if of and of > rep.step_ms else ""
         return (f"GEMMs {100 * share:.1f}% of the instrumented step they were timed in"
                 + (f" ({share * of:.2f} of {of:.2f} ms, host clock{low})" if of else " (host clock)"))
-    return f"GEMMs {rep.gemm_ms:.2f} ms ({100 * share:.1f}% of the step)"
+    # The sweep's run of the job's recipe is not the job's own steps (the log's summary gives those): said whose.
+    whose = "that run's step" if rep.meta.get("base_run") == "sweep" else "the step"
+    return f"GEMMs {rep.gemm_ms:.2f} ms ({100 * share:.1f}% of {whose})"
 
 
 def _span(r: Any) -> str:

@@ -371,4 +371,10 @@ def test_duty_note_sets_the_benchs_gemm_duty_against_the_jobs_gemm_share(tmp_pat
     render_run(run)
     rep = json.loads((run / "report.json").read_text())
     assert rep["gemm_share"] == pytest.approx(0.25)
-    assert "GEMMs are 0.25 of its step" in rep["meta"]["duty_note"] and "--gemm-duty 0.25" in rep["meta"]["duty_note"]
+    # Whose share it is, in the note and the table alike: "this job's GEMMs are 0.72 of its step" stood
+    # beside the log's "GEMMs 74%" of the job's own steps.
+    note = rep["meta"]["duty_note"]
+    assert "the GEMMs of the job's BF16 run in the sweep are 0.25 of that run's step" in note, note
+    assert "this job's" not in note and "--gemm-duty 0.25" in note
+    md = (run / "report.md").read_text()
+    assert "its run in the sweep: step 160.00 ms, GEMMs 40.00 ms (25.0% of that run's step)" in md

@@ -250,6 +250,8 @@ def test_a_cpu_run_gets_a_shape_only_first_estimate_labelled_so(tmp_path, capsys
     out, err = capsys.readouterr()
     d = json.loads(out)
     assert d["label"].startswith("shape-only estimate") and "nothing measured" in err
+    # A lower bound on GEMM time, headed so: "(bound)" read as the host/GPU bound the other tables give.
+    assert "GEMM ms/step (at least)" in err and "(bound)" not in err, err
     rec = d["recipes"]
     # Compute-bound at this size: the peaks' ratios (FP8 2x BF16 on B300; NVFP4 capped against FP8).
     assert rec["BF16"]["gemm_ms_per_step"] == pytest.approx(2 * 8192 ** 3 / 2250e12 * 1e3, rel=1e-6)
