@@ -63,6 +63,7 @@ class RecipeAnalysis:
     predicted_bound: str | None = None  # "host" or "gpu": what bounds the replayed step in this recipe
     predicted_by: str | None = None  # "replay" (the job's step replayed) or "gemms_alone"
     predicted_ledger: str | None = None  # the replayed step's host and GPU time: which side bounds it
+    predicted_na: str | None = None  # why no step is predicted (no replay), where none is
     observed_step_ms: float | None = None
     observed_gemm_ms: float | None = None
     observed_step_speedup: float | None = None  # over BF16: the median of the sweep's per-round ratios
@@ -284,43 +285,62 @@ def _straddle(est: Estimate | None, per_round: list[float], pred: float) -> Stra
 
 def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tuple[Verdict, Evidence]:
     """The recipe's verdict with the numbers behind it. Pure: reads ``a`` and the runs."""
-    ev = Evidence(recipe=a.recipe)
+    ev = Evidence(recipe=a.recipe, bound=a.predicted_bound, gemms_alone=a.predicted_gemms_alone,
+                  no_prediction=a.predicted_na)
     if a.recipe == "BF16":
         return Verdict.BASELINE, ev
     _gemm_evidence(ev, a, run, bf16)
-    if a.gemm_speedup is not None and a.gemm_speedup < NO_GAIN:
-        ev.no_gain_below = NO_GAIN
-        return (Verdict.SILENT_FALLBACK if run is not None and run.unquantized else Verdict.NO_GAIN), ev
     obs, pred = a.observed_step_speedup, a.predicted_step_speedup
-    if obs is None or pred is None:
-        return Verdict.PREDICTED_ONLY, ev
-    ev.predicted, ev.observed, ev.tolerance = pred, obs, GEMM_BOUND_TOL
-    ev.unfused = a.predicted_step_speedup_unfused
     per_round = round_speedups(bf16, run) if run is not None and bf16 is not None else []
-    ev.estimate = estimate(per_round) if per_round else None
+    if obs is not None:
+        ev.observed, ev.estimate = obs, estimate(per_round) if per_round else None
+        _step_evidence(ev, run, bf16)
+    if obs is not None and pred is not None:
+        ev.predicted, ev.tolerance, ev.unfused = pred, GEMM_BOUND_TOL, a.predicted_step_speedup_unfused
+    if a.gemm_speedup is not None and a.gemm_speedup < NO_GAIN:
+        # Every verdict keeps its numbers: predicted against observed stays, with no line to straddle.
+        ev.no_gain_below = NO_GAIN
+        return (Verdict.SILENT_FALLBACK if run is not None and run.fallback else Verdict.NO_GAIN), ev
+    if obs is None:
+        return Verdict.PREDICTED_ONLY, ev
+    if pred is None:
+        return Verdict.OBSERVED_ONLY, ev
     ev.straddle = _straddle(ev.estimate, per_round, pred)
-    moved = idle = None
-    if run is not None and bf16 is not None and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
-        ev.non_gemm_ms = (bf16.non_gemm_ms, run.non_gemm_ms)
-        moved = ev.overhead_ms
-    if run is not None and bf16 is not None and run.fwd_bwd_ms and bf16.fwd_bwd_ms:
-        ev.step_parts = StepParts(bf16.fwd_bwd_ms, run.fwd_bwd_ms, bf16.step_ms, run.step_ms)
     gap = cast(float, ev.residual)  # a float: ev.observed and ev.predicted are set above
-    if run is not None and bf16 is not None and abs(gap) > GEMM_BOUND_TOL:
-        ev.kernel_moves = _kernel_moves(run, bf16)
-        if run.kernels and bf16.kernels:  # step time in no kernel at all: host-bound, GPU idle
-            idle = (run.step_ms - sum(run.kernels.values())) - (bf16.step_ms - sum(bf16.kernels.values()))
-            if abs(idle) > 0.01:
-                ev.idle_ms = idle
+    idle = _where_it_went(ev, run, bf16) if abs(gap) > GEMM_BOUND_TOL else None
     if ev.straddle is not None:
         return Verdict.UNDECIDED, ev
     if abs(gap) <= GEMM_BOUND_TOL:
-        return Verdict.GEMM_BOUND, ev
+        return (Verdict.HOST_BOUND if a.predicted_bound == "host" else Verdict.GEMM_BOUND), ev
     if gap > 0:
         return Verdict.BETTER_THAN_PREDICTED, ev
+    moved = ev.overhead_ms
     if idle is not None and moved is not None and idle > 0 and idle >= 0.5 * moved:
         ev.host_wait_ms = idle
     return Verdict.OVERHEAD_EATS_GAIN, ev
+
+
+def _step_evidence(ev: Evidence, run: Observed | None, bf16: Observed | None) -> None:
+    """The step's non-GEMM time and its parts in both runs."""
+    if run is None or bf16 is None:
+        return
+    if run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
+        ev.non_gemm_ms = (bf16.non_gemm_ms, run.non_gemm_ms)
+    if run.fwd_bwd_ms and bf16.fwd_bwd_ms:
+        ev.step_parts = StepParts(bf16.fwd_bwd_ms, run.fwd_bwd_ms, bf16.step_ms, run.step_ms)
+
+
+def _where_it_went(ev: Evidence, run: Observed | None, bf16: Observed | None) -> float | None:
+    """Kernel time that moved, and the step time in no kernel (host-bound, GPU idle): this recipe less BF16."""
+    if run is None or bf16 is None:
+        return None
+    ev.kernel_moves = _kernel_moves(run, bf16)
+    if not (run.kernels and bf16.kernels):
+        return None
+    idle = (run.step_ms - sum(run.kernels.values())) - (bf16.step_ms - sum(bf16.kernels.values()))
+    if abs(idle) > 0.01:
+        ev.idle_ms = idle
+    return idle
 
 
 def _gemm_evidence(ev: Evidence, a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> None:
@@ -331,6 +351,7 @@ def _gemm_evidence(ev: Evidence, a: RecipeAnalysis, run: Observed | None, bf16: 
         ev.padded_rows_pct, ev.row_alignment = a.padded_rows_pct, row_alignment(a.recipe)
     ev.high_precision = list(a.high_precision)
     ev.gemm_speedup = a.gemm_speedup
+    ev.gemm_source = "bench" if a.gemm_ms_bench is not None else "in job"
     if run is not None and bf16 is not None and run.gemm_ms and bf16.gemm_ms:
         ev.in_job_gemm_ms = (bf16.gemm_ms, run.gemm_ms)
 
