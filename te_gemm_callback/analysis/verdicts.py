@@ -140,22 +140,37 @@ def no_gemm_times(capture: GemmCapture) -> str:
 
 
 def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None:
-    """A recipe's observed run and its speedup over BF16; without a microbenchmark, the in-job GEMM times predict."""
+    """A recipe's observed run and its speedup over BF16; without a microbenchmark, the GEMM speedup and GEMMs
+    alone come from the runs' own (in-job) GEMM times, which ``gemm_ms_bench`` left None says."""
     a.observed_step_ms, a.observed_gemm_ms = run.step_ms, run.gemm_ms
     if bf is None:
         return
     _set_speedup(a, run, bf)
-    if a.predicted_step_speedup is None and a.gemm_speedup is None:
+    if a.gemm_ms_bench is None and a.gemm_speedup is None:
         a.gemm_speedup = bf.gemm_ms / run.gemm_ms if run.gemm_ms and bf.gemm_ms else None
         if a.gemm_speedup and bf.gemm_ms is not None:
             # GEMM time read on instrumented steps (host clock on CPU) can exceed a clean step.
-            a.predicted_step_speedup = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
+            a.predicted_gemms_alone = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
+
+
+NO_BENCH = "no microbenchmark of the job's GEMM shapes (bench.json), whose GEMM times the replay runs on"
+
+
+def no_replay(bench: BenchResults | None, traced: Any, no_bench: str = NO_BENCH) -> str | None:
+    """Why the job's step cannot be replayed, or None where it can."""
+    if bench is None:
+        return no_bench
+    if traced is None:
+        return ("the capture holds no host calls of a kernels step (no kernel records: timing off, a CPU, or "
+                "another tool held CUPTI), which the replay starts from")
+    return None
 
 
 def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: Sequence[GemmCapture] = (),
             mode: str | None = None, items: list[WorkItem] | None = None,
-            replay_from: GemmCapture | None = None) -> Report:
-    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes."""
+            replay_from: GemmCapture | None = None, no_bench: str = NO_BENCH) -> Report:
+    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes. The predicted
+    column is the replay's alone; without one it stays empty and says why (``no_bench``: why without a bench)."""
     replay_from = replay_from or capture
     base = observe(capture)
     if base.gemm_ms is None:
@@ -181,6 +196,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
     if bench and mode != "autocast" and "autocast" in modes:
         auto_ms = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes}
         unfused = predict_steps(base, auto_ms)
+    why_not = no_replay(bench, traced, no_bench)
     out = []
     for r in recipes:
         ms, ms_bf16, ms_base = bench_ms.get(r), bench_ms.get("BF16"), bench_ms.get(base.recipe)
@@ -190,13 +206,12 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
         if bench and r != "BF16":
             a.high_precision = [f"{it.name} ({it.fprop.mkn}): {short_error(why)}"
                                 for it, why in fallback_items(bench, items, r, mode)]
-        if r in pred_step:
-            a.predicted_step_ms = pred_step[r]
-            if "BF16" in pred_step:
-                a.predicted_step_speedup = a.predicted_gemms_alone = pred_step["BF16"] / pred_step[r]
-                a.predicted_by = "gemms_alone"
+        if r in pred_step and "BF16" in pred_step:
+            a.predicted_gemms_alone = pred_step["BF16"] / pred_step[r]
         if r in replays and "BF16" in replays:
             _set_replay(a, replays[r], replays["BF16"])
+        elif r != "BF16":
+            a.predicted_na = why_not or f"{r} or BF16 not microbenchmarked, so not replayed"
         if r in unfused and "BF16" in unfused:
             a.predicted_step_speedup_unfused = unfused["BF16"] / unfused[r]
         if r in runs:
@@ -205,13 +220,13 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
         out.append(a)
     if plan_run is not None and plan_meta is not None:
         predicted = plan_prediction(plan_meta, base, capture, bench, items, bench_ms, auto_ms, mode) if bench else None
-        out.append(_plan_analysis(plan_run, plan_meta, runs, predicted))
+        out.append(_plan_analysis(plan_run, plan_meta, runs, predicted, why_not))
     return Report(base.recipe, base.step_ms, base.gemm_ms, out, dict(bench.skipped) if bench else {},
                   meta={"device": capture.meta.get("device"), "mode": mode,
                         "prediction": ("a replay of the job's own kernels step (host calls and kernels) with each "
                                        f"recipe's GEMM times ({mode} mode) and module host and quantization costs"
-                                       if replays else "Amdahl over the measured GEMM share with microbenchmarked "
-                                       f"GEMM speedups ({mode} mode)"),
+                                       if replays else None),
+                        "no_replay": why_not,
                         "replay": {r: rr.to_dict() for r, rr in replays.items()} or None,
                         "replay_own": traced[1] if traced else None,
                         "module_host": module_host(replay_from, costs, base.recipe),
@@ -232,14 +247,14 @@ def _set_replay(a: RecipeAnalysis, rr: Any, bf16: Any) -> None:
 
 
 def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],
-                   predicted: tuple[float, float, float | None] | None = None) -> RecipeAnalysis:
-    """The swept plan against its prediction (this run's where given, else the plan file's own) and against
-    the best single recipe in the same sweep."""
-    a = RecipeAnalysis("plan", predicted_step_ms=plan.get("predicted_step_ms"),
-                       predicted_step_speedup=plan.get("predicted_speedup"),
-                       observed_step_ms=run.step_ms, observed_gemm_ms=run.gemm_ms)
+                   predicted: tuple[float, float, float | None] | None = None,
+                   why_not: str | None = None) -> RecipeAnalysis:
+    """The swept plan against the best single recipe in the same sweep; GEMMs alone from this run (else the plan
+    file's own), never judged against."""
+    a = RecipeAnalysis("plan", predicted_gemms_alone=plan.get("predicted_speedup"), observed_step_ms=run.step_ms,
+                       observed_gemm_ms=run.gemm_ms, predicted_na=why_not or "a mixed plan is not replayed")
     if predicted is not None:
-        a.predicted_step_ms, a.predicted_step_speedup, a.predicted_step_speedup_unfused = predicted
+        a.predicted_gemms_alone, a.predicted_step_speedup_unfused = predicted[1], predicted[2]
     bf16 = runs.get("BF16")
     if bf16 is not None:
         _set_speedup(a, run, bf16)

@@ -168,7 +168,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if cap.records and (other := by_recipe.setdefault(capture_recipe(cap), path)) != path:
             raise ValueError(f"{other} and {path} are both {capture_recipe(cap)} runs: give one capture per recipe "
                              "(a run folder with a sweep: te-gemm report RUN_DIR)")
-    rep = analyze(caps[0], None, caps[1:])
+    rep = analyze(caps[0], None, caps[1:],
+                  no_bench="te-gemm compare sets separate captures side by side with no microbenchmark, and the "
+                           "replay runs on one (te-gemm report on a run folder with bench.json gives it)")
     console().print(report_table(rep))
     console().print(verdict_panel(rep))
     if a.json:

@@ -133,6 +133,11 @@ def replay_own_line(rep: Report) -> str | None:
     own = rep.meta.get("replay_own")
     if not own or not own.get("clean_ms"):
         return None
+    if not own.get("taxes_measured", True):
+        # The recording's own cost stays in every host gap: a miss would be the recording's, not the replay's.
+        return (f"replay of the job's own step: not checked against its clean step {own['clean_ms']:.2f} ms: the "
+                "recording's cost per runtime call and per op was not measured (te-gemm bench measures it with the "
+                "module costs, into bench.json), so it cannot be taken off the kernels step's host times")
     scale = own.get("host_scale") or 1.0
     scaled = (f"; its host times then scaled x{scale:.2f} to the clean step (the profiler's callbacks ran in "
               "every host gap of the kernels step)") if scale != 1.0 else ""
@@ -159,12 +164,16 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     ran = rep.meta.get("baseline_ran")
     unfused = any(a.predicted_step_speedup_unfused is not None for a in rep.recipes)
     replayed = any(a.predicted_by == "replay" for a in rep.recipes)
+    alone = any(a.predicted_gemms_alone is not None for a in rep.recipes)
     # The job's own column only where some row has it (an FP32 job's has no FP32 microbenchmark).
     vs_cur = rep.current_recipe != "BF16" and any(a.gemm_speedup_vs_current is not None for a in rep.recipes)
     benched = any(a.gemm_ms_bench is not None for a in rep.recipes)
-    cols = (["recipe", "GEMM ms (bench)" if benched else "GEMM ms", "GEMM speedup"]
+    # Without a bench the GEMM speedups are the runs' own (in-job) GEMM times: the header says so.
+    cols = (["recipe", "GEMM ms (bench)" if benched else "GEMM ms (in job)",
+             "GEMM speedup" if benched else "GEMM speedup (in job)"]
             + ([f"vs {rep.current_recipe}"] if vs_cur else [])
-            + (["predicted step", "band", "bound", "GEMMs alone"] if replayed else ["predicted step"])
+            + (["predicted step", "band", "bound"] if replayed else ["predicted step"])
+            + (["GEMMs alone"] if alone else [])
             + (["pred. unfused"] if unfused else [])
             + ["observed step", "95% CI", "a rerun", "observed ms"])
     # No bench (te-gemm compare): the runs' own GEMM times.
@@ -172,8 +181,8 @@ def speedup_rows(rep: Report) -> SpeedupRows:
              _cell(rep, a, "gemm_speedup")]
             + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
             + [_cell(rep, a, "predicted_step_speedup")]
-            + ([_span(a.predicted_band) or "-", a.predicted_bound or "-", _cell(rep, a, "predicted_gemms_alone")]
-               if replayed else [])
+            + ([_span(a.predicted_band) or "-", a.predicted_bound or "-"] if replayed else [])
+            + ([_cell(rep, a, "predicted_gemms_alone")] if alone else [])
             + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
             + [_cell(rep, a, "observed_step_speedup"), interval_text(a), rerun_text(a),
                x_text(a.observed_step_ms, "{:.2f}")] for a in rep.recipes]
@@ -188,18 +197,20 @@ def speedup_rows(rep: Report) -> SpeedupRows:
                    f"from {rounds[0]}-{rounds[-1]} rounds" if rounds else "")
     # Said only for what the table holds (te-gemm compare: no bench, no sweep).
     gemm_text = (f"{rep.meta.get('mode', 'autocast')} microbenchmarks of the captured shapes" if benched else
-                 "the runs' own GEMM times (no microbenchmark)")
+                 "the runs' own GEMM times (kernel records of each run's kernels step; no microbenchmark)")
     unfused_text = ("; pred. unfused: each GEMM plus a standalone quantization of its inputs (autocast mode)"
                     if unfused else "")
     observed_text = ("whole training steps (optimizer included) in the sweep's alternating rounds, the median of "
                      f"the per-round ratios; 95% CI: its order-statistic interval ({rounds_text}); a rerun: where "
                      "another run's median (a loop of your own) should fall, the CI widened by sqrt(2)" if rounds else
                      "the ratio of the runs' clean-step medians, each run timed on its own (no rounds: no interval)")
-    explained = (f"speedups over {over}. GEMM: {gemm_text}. predicted step: "
-                 + ("the job's own step replayed as the host issues it and the GPU runs it, with each recipe's "
-                    "GEMM times and each module's host and quantization cost; band: GEMM quartiles, module costs "
-                    "x0.5-1.5 and the replay's miss on the job's own step; bound: host or GPU in that recipe; "
-                    "GEMMs alone: Amdahl with the measured GEMM share" if replayed else
-                    "Amdahl with the measured GEMM share, GEMMs alone") + unfused_text
+    predicted_text = ("the job's own step replayed as the host issues it and the GPU runs it, with each recipe's "
+                      "GEMM times and each module's host and quantization cost; band: GEMM quartiles, module costs "
+                      "x0.5-1.5 and the replay's miss on the job's own step; bound: host or GPU in that recipe"
+                      if replayed else f"none, no replay: {rep.meta.get('no_replay') or 'not replayed'}")
+    alone_text = ("; GEMMs alone: Amdahl with the measured GEMM share and these GEMM speedups, the rest of the step "
+                  "held fixed (a bound, not a prediction of the step)" if alone else "")
+    explained = (f"speedups over {over}. GEMM: {gemm_text}. predicted step: {predicted_text}{alone_text}"
+                 + unfused_text
                  + f". observed step: {observed_text}. Attention's QK^T and softmax·V count as non-GEMM time")
     return SpeedupRows(title, cols, rows, list(rep.skipped), explained, notes)

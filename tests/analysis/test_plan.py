@@ -144,7 +144,9 @@ def test_sweep_measures_the_plan_beside_the_single_recipes(monkeypatch, tmp_path
     caps = list(res.captures.values())
     rep = analysis.analyze(caps[0], None, caps[1:])
     a = next(r for r in rep.recipes if r.recipe == "plan")
-    assert a.predicted_step_speedup == 1.25 and a.observed_step_speedup == pytest.approx(
+    # The plan file's figure is GEMMs alone: shown as such, never as the predicted step.
+    assert a.predicted_gemms_alone == 1.25 and a.predicted_step_speedup is None
+    assert a.observed_step_speedup == pytest.approx(
         caps[0].step_ms() / caps[2].step_ms())
     assert a.evidence[0] == "Float8CurrentScaling with 1 module(s) kept in BF16: 1"
     assert any(e.startswith("best single recipe observed:") for e in a.evidence)
@@ -231,11 +233,11 @@ def test_the_swept_plan_is_predicted_from_this_run_like_the_recipes():
     a = next(r for r in rep.recipes if r.recipe == "plan")
     # GEMM time per step: BF16 3.09, the plan 1.5 (big in FP8) + 0.03 + 0.06 (small, router in BF16).
     want = 10 - 3.06 + 3.06 * 1.59 / 3.09
-    assert a.predicted_step_ms == pytest.approx(want) and a.predicted_step_speedup == pytest.approx(10 / want)
+    assert a.predicted_gemms_alone == pytest.approx(10 / want) and a.predicted_step_speedup is None
     assert a.observed_step_speedup == pytest.approx(10.0 / 10.5)
-    assert any("the plan file predicted 1.50x" in e for e in a.evidence)
+    assert any("the plan file's GEMMs alone 1.50x" in e for e in a.evidence)
     fcs = next(r for r in rep.recipes if r.recipe == "Float8CurrentScaling")
-    assert fcs.predicted_step_ms == pytest.approx(10 - 3.06 + 3.06 * 1.65 / 3.09)  # the same baseline
+    assert fcs.predicted_gemms_alone == pytest.approx(10 / (10 - 3.06 + 3.06 * 1.65 / 3.09))  # the same baseline
 
 
 def test_a_plain_torch_layer_in_a_te_job_is_not_given_a_recipe():

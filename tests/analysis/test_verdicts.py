@@ -6,7 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from helpers.one_layer import bench, capture
+from helpers.one_layer import bench, bench_of, capture, replayable
 from helpers.three_modules import bench as plan_bench
 from helpers.three_modules import capture as plan_capture
 from rich.console import Console
@@ -25,15 +25,16 @@ def kinds_of(rep):
 
 
 def test_each_verdict_is_a_kind_with_its_sentence():
-    rep = analyze(capture(100, 60), None, [capture(80, 32, "fp8_delayed"), capture(73, 32, "fp8_current"),
-                                           capture(60, 32, "fp8_block")])
+    rep = analyze(replayable(capture(100, 60)),
+                  bench_of(BF16=60, DelayedScaling=32, Float8CurrentScaling=32, Float8BlockScaling=32),
+                  [capture(80, 32, "fp8_delayed"), capture(73, 32, "fp8_current"), capture(60, 32, "fp8_block")])
     got = kinds_of(rep)
     assert got == {"BF16": Verdict.BASELINE, "DelayedScaling": Verdict.OVERHEAD_EATS_GAIN,
                    "Float8CurrentScaling": Verdict.GEMM_BOUND, "Float8BlockScaling": Verdict.BETTER_THAN_PREDICTED}
     rows = {a.recipe: a for a in rep.recipes}
     assert rows["DelayedScaling"].verdict == "overhead eats the gain"
     assert rows["Float8CurrentScaling"].verdict == "GEMM-bound: working as expected"
-    assert rows["BF16"].verdict == "baseline" and rows["BF16"].evidence == []
+    assert rows["BF16"].verdict == "baseline" and all(e.startswith("replayed:") for e in rows["BF16"].evidence)
     # The numbers the sentence is made from are on the row, not only in its text.
     ev = rows["DelayedScaling"].verdict_evidence
     assert ev.predicted == pytest.approx(100 / 72) and ev.observed == pytest.approx(1.25)
@@ -75,9 +76,11 @@ def test_an_interval_across_the_line_is_undecided_with_the_interval_as_numbers()
 
 def test_bench_cells_far_above_the_jobs_whole_step_hold_every_prediction():
     # Cells timed on a loaded machine or cached from another run: 120 ms of GEMMs in a 10 ms step.
-    ok = analyze(capture(10, 6), bench({"BF16": 2.0, "DelayedScaling": 1.0}), [capture(8, 3, "fp8_delayed")])
+    ok = analyze(replayable(capture(10, 6)), bench({"BF16": 2.0, "DelayedScaling": 1.0}),
+                 [capture(8, 3, "fp8_delayed")])
     assert ok.meta["warnings"] == [] and ok.recipes[1].predicted_step_speedup is not None
-    rep = analyze(capture(10, 6), bench({"BF16": 40.0, "DelayedScaling": 20.0}), [capture(8, 3, "fp8_delayed")])
+    rep = analyze(replayable(capture(10, 6)), bench({"BF16": 40.0, "DelayedScaling": 20.0}),
+                  [capture(8, 3, "fp8_delayed")])
     assert [a.predicted_step_speedup for a in rep.recipes] == [None, None]
     assert rep.recipes[1].verdict_kind is Verdict.WITHHELD
     assert any("120.00 ms a step, over 2x the whole observed step (10.00 ms)" in w for w in rep.meta["warnings"])
@@ -88,7 +91,7 @@ def test_bench_cells_far_from_the_jobs_own_gemm_time_are_said():
     and the report said nothing: predictions were made from cells that were not the job's."""
     for per_cell, said in ((0.7, None), (3.0, "4.5x their time in the job (2.00 ms)"),
                            (0.1, "0.15x their time in the job (2.00 ms)")):
-        rep = analyze(capture(10, 2), bench({"BF16": per_cell, "DelayedScaling": per_cell / 2}),
+        rep = analyze(replayable(capture(10, 2)), bench({"BF16": per_cell, "DelayedScaling": per_cell / 2}),
                       [capture(8, 1, "fp8_delayed")])
         found = [w for w in rep.meta["warnings"] if "their time in the job" in w]
         assert (found == []) if said is None else (len(found) == 1 and said in found[0]), found
@@ -132,8 +135,9 @@ def test_every_kind_renders_a_sentence():
 
 def test_report_json_keeps_the_sentence_and_adds_the_kind(tmp_path):
     run = tmp_path / "run"
-    capture(100, 60).save(run / "BF16" / "gemm_capture.json")
+    replayable(capture(100, 60)).save(run / "BF16" / "gemm_capture.json")
     capture(80, 32, "fp8_delayed").save(run / "DelayedScaling" / "gemm_capture.json")
+    bench_of(BF16=60, DelayedScaling=32).save(run / "bench.json")
     report(run)
     d = json.loads((run / "report.json").read_text())
     rows = {r["recipe"]: r for r in d["recipes"]}
