@@ -32,26 +32,36 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
         t.add_row(f"... {len(rows) - limit} more", "", "", "", "")
     if plan.predicted_step_ms:
         from te_gemm_callback.analysis.plan import MIN_GAIN  # loads torch: not at the CLI's import
-        parts = [f"{k} {v:.2f} ms ({plan.predicted_speedup[k]:.2f}x)" for k, v in plan.predicted_step_ms.items()]
+        bound = plan.meta.get("bound") or {}
+        parts = [f"{k} {v:.2f} ms ({plan.predicted_speedup[k]:.2f}x{f', {bound[k]}-bound' if k in bound else ''})"
+                 for k, v in plan.predicted_step_ms.items()]
+        if (why := plan.meta.get("plan_not_replayed")) and "plan" in (alone := plan.meta.get("gemms_alone") or {}):
+            parts.append(f"plan: GEMMs alone {alone['plan']:.2f}x ({why})")
         verdict = (f"The plan is {plan.same_as} everywhere, the best single recipe: no mixed plan gains "
                    f"{100 * MIN_GAIN:g}% of the step." if plan.same_as else
                    f"Best single recipe: {plan.best_single}; the mixed plan keeps {len(plan.keep_bf16)} module(s) "
                    "in BF16.")
-        t.caption = safe("predicted step (Amdahl over the job's GEMM share, autocast-mode microbenchmarks): "
-                         + ", ".join(parts) + f". {verdict}")
+        t.caption = safe(f"predicted step ({plan.meta.get('prediction')}): " + ", ".join(parts) + f". {verdict}")
     return t
 
 
 def plan_line(plan: Any) -> str:
     """The plan, its predicted step speedup and where to find it, in one line."""
-    pred = plan.predicted_speedup
+    pred, bound, best = plan.predicted_speedup, plan.meta.get("bound") or {}, plan.best_single
     what = (f"{plan.same_as} everywhere (no mixed plan gains enough)" if plan.same_as else
             f"{plan.recipe} with {len(plan.keep_bf16)} module(s) kept in BF16")
-    # Amdahl with autocast-mode cells: neither the replay's column nor the pre-quantized "GEMMs alone".
-    tail = (f", predicted {pred['plan']:.2f}x vs best single {plan.best_single} {pred[plan.best_single]:.2f}x "
-            "(Amdahl over the GEMM share, autocast-mode bench)"
-            if pred.get("plan") and plan.best_single in pred else
-            f", predicted speedup {plan.meta.get('prediction', 'n/a')}")  # says why none is given
+    alone = (plan.meta.get("gemms_alone") or {}).get("plan")
+    if pred.get("plan") and best in pred:
+        # The replay where the report has one, as its predicted column; else GEMMs alone, named so.
+        how = (f"replay, {bound['plan']}-bound, as the report's predicted column" if bound else
+               "Amdahl over the GEMM share, autocast-mode bench: no replay")
+        tail = f", {'predicted' if bound else 'GEMMs alone'} {pred['plan']:.2f}x vs best single {best} " \
+               f"{pred[best]:.2f}x ({how})"
+    elif bound and alone and best in pred:
+        tail = (f", GEMMs alone {alone:.2f}x ({plan.meta.get('plan_not_replayed')}); best single {best} predicted "
+                f"{pred[best]:.2f}x (replay, {bound[best]}-bound)")
+    else:
+        tail = f", predicted speedup {plan.meta.get('prediction', 'n/a')}"  # says why none is given
     return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
 
 

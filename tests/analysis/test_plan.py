@@ -82,7 +82,8 @@ def test_plan_files_and_cli(tmp_path, capsys):
 
 def test_the_report_writes_the_plan_beside_the_verdicts(tmp_path, capsys):
     run, out = _cli_on_run(tmp_path, capsys, "report")
-    assert "precision plan: Float8CurrentScaling with 2 module(s) kept in BF16, predicted" in out
+    # No kernels step with host calls here: no replay, so the figure is named GEMMs alone.
+    assert "precision plan: Float8CurrentScaling with 2 module(s) kept in BF16, GEMMs alone" in out
     assert sorted(PrecisionPlan.load(run / "precision_plan.json").keep_bf16) == ["router", "small"]
     assert (run / "precision_plan_nvdlfw.yaml").exists()
 
@@ -254,3 +255,29 @@ def test_a_plain_torch_layer_in_a_te_job_is_not_given_a_recipe():
     for r in cap.records:
         r.source = "torch"
     assert "big" not in make_plan(cap, bench()).keep_bf16
+
+
+def test_the_plan_predicts_with_the_reports_replay_through_the_cli_and_the_api(tmp_path, capsys):
+    """te-gemm plan printed Amdahl (0.97x on a host-bound job) beside a report that replayed 0.84x: the plan's
+    predicted steps are the report's predicted column, with its bound, from the CLI and Run alike."""
+    import shutil
+    from pathlib import Path
+
+    from te_gemm_callback import Run
+    from te_gemm_callback.cli import main
+    from te_gemm_callback.reporting.report_tables import plan_line
+
+    run = tmp_path / "dense_host"
+    shutil.copytree(Path(__file__).parents[2] / "docs/results/h200/replay/dense_host", run)
+    api = Run(run)
+    rep, plan = api.analysis().report, api.plan()
+    for a in rep.recipes:
+        if a.predicted_step_speedup is not None:
+            assert plan.predicted_speedup[a.recipe] == pytest.approx(a.predicted_step_speedup)
+            assert plan.meta["bound"][a.recipe] == a.predicted_bound
+    assert plan.predicted_speedup["DelayedScaling"] == pytest.approx(0.84, abs=0.005)
+    assert plan.meta["gemms_alone"]["DelayedScaling"] == pytest.approx(0.97, abs=0.005)  # kept, named
+    assert "(replay, host-bound" in plan_line(plan) and "Amdahl" not in plan_line(plan)
+    assert main(["plan", str(run), "--limit", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "DelayedScaling 70.73 ms (0.84x, host-bound)" in out and "Amdahl" not in out
