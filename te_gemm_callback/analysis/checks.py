@@ -14,7 +14,9 @@ from te_gemm_callback.microbench.results import BenchResults
 
 OTHER_HIGH = ("FP32", "FP16")  # not BF16: the speedups' base, which every table is written over
 
-PREDICTED = ("predicted_step_ms", "predicted_step_speedup", "predicted_step_speedup_unfused")
+PREDICTED = ("predicted_step_ms", "predicted_step_speedup", "predicted_step_speedup_unfused", "predicted_gemms_alone")
+# A refused figure goes from the verdict's evidence too, where a verdict without a prediction kept it.
+_EVIDENCE_OF = {"predicted_step_speedup": ("predicted", "unfused"), "predicted_gemms_alone": ("gemms_alone",)}
 BENCHED = ("gemm_ms_bench", "gemm_speedup", "gemm_speedup_vs_current", "high_precision")
 BENCH_OVER_STEP = 2.0  # the bench's GEMM time per step over this many whole steps: not this job's GEMMs
 BENCH_VS_JOB = 3.0  # the bench's GEMM time this many times the job's own, or a third of it: said
@@ -232,5 +234,7 @@ def apply_withheld(recipes: list[Any], withheld: dict[str, dict[str, str]]) -> N
                 a.high_precision = []
             elif f != "verdict":
                 setattr(a, f, None)
+            for name in _EVIDENCE_OF.get(f, ()):
+                setattr(ev, name, None)
         if "verdict" in held and a.verdict_kind is not Verdict.WITHHELD:  # not twice for one row
             a.verdict_kind, ev.withheld = Verdict.WITHHELD, held["verdict"]

@@ -16,20 +16,23 @@ _LISTED = 6  # names an evidence line lists before "..."
 class Verdict(str, Enum):
     """What a recipe's observed step speedup says against its prediction (report.json's ``verdict_kind``)."""
     BASELINE = "baseline"  # BF16: what every speedup is over
-    GEMM_BOUND = "gemm_bound"  # observed within the tolerance of predicted
+    GEMM_BOUND = "gemm_bound"  # observed within the tolerance of predicted, a GPU-bound step
+    HOST_BOUND = "host_bound"  # observed within the tolerance of predicted, a step the replay says the host bounds
     BETTER_THAN_PREDICTED = "better_than_predicted"  # non-GEMM time shrank too
     OVERHEAD_EATS_GAIN = "overhead_eats_gain"  # observed short of predicted
     UNDECIDED = "undecided"  # the observed speedup's interval straddles a line
     NO_GAIN = "no_gain"  # GEMM speedup below the no-gain threshold at these shapes
     SILENT_FALLBACK = "silent_fallback"  # no gain, and GEMMs ran unquantized under the recipe
-    PREDICTED_ONLY = "predicted_only"  # no observed run, or no prediction, to set against each other
+    PREDICTED_ONLY = "predicted_only"  # no observed run to set the prediction against
+    OBSERVED_ONLY = "observed_only"  # an observed run and no prediction: the observed speedup alone
     WITHHELD = "withheld"  # refused by the report's checks: "n/a (why)"
 
 
 # The verdicts drawn from observed / predicted: the ones a too-noisy residual cannot decide.
-GAP_VERDICTS = frozenset({Verdict.GEMM_BOUND, Verdict.OVERHEAD_EATS_GAIN, Verdict.BETTER_THAN_PREDICTED})
+GAP_VERDICTS = frozenset({Verdict.GEMM_BOUND, Verdict.HOST_BOUND, Verdict.OVERHEAD_EATS_GAIN,
+                          Verdict.BETTER_THAN_PREDICTED})
 # Verdicts that need no prediction: they stand where the checks refuse the predicted columns.
-WITHOUT_PREDICTION = frozenset({Verdict.BASELINE, Verdict.NO_GAIN, Verdict.SILENT_FALLBACK})
+WITHOUT_PREDICTION = frozenset({Verdict.BASELINE, Verdict.NO_GAIN, Verdict.SILENT_FALLBACK, Verdict.OBSERVED_ONLY})
 
 
 @dataclass
@@ -37,7 +40,7 @@ class Straddle:
     """An observed speedup whose 95% interval (or the rounds' range) reaches across ``edge`` x predicted."""
     low: float
     high: float
-    edge: float  # 1 - tolerance (GEMM-bound vs overhead) or 1 + tolerance (GEMM-bound vs better)
+    edge: float  # 1 - tolerance (as predicted vs overhead) or 1 + tolerance (as predicted vs better)
     rounds: int
     rounds_range: bool = False
 
@@ -71,9 +74,13 @@ class Evidence:
     row_alignment: int | None = None
     high_precision: list[str] = field(default_factory=list)  # GEMMs the recipe cannot run, timed in BF16
     gemm_speedup: float | None = None
+    gemm_source: str = "bench"  # where the GEMM speedup comes from: "bench" or "in job" (the runs' own GEMM times)
     in_job_gemm_ms: tuple[float, float] | None = None  # (BF16, this recipe)
     no_gain_below: float | None = None  # the GEMM speedup under which a recipe gains nothing
-    predicted: float | None = None  # step speedup over BF16, GEMMs alone
+    predicted: float | None = None  # step speedup over BF16, the replay's
+    bound: str | None = None  # "host" or "gpu": what bounds the replayed step
+    gemms_alone: float | None = None  # Amdahl over the GEMM share: shown, never judged against
+    no_prediction: str | None = None  # why there is no prediction (no replay) to judge against
     observed: float | None = None  # step speedup over BF16
     estimate: Estimate | None = None  # the per-round speedups' median and interval
     tolerance: float | None = None  # |observed / predicted - 1| within this: GEMM-bound
@@ -116,13 +123,37 @@ def verdict_text(kind: Verdict | None, ev: Evidence) -> str:
     return {
         Verdict.BASELINE: "baseline",
         Verdict.GEMM_BOUND: "GEMM-bound: working as expected",
+        Verdict.HOST_BOUND: "host-bound as predicted: working as expected (the host's time, not the GEMMs', sets "
+                            "the step)",
         Verdict.BETTER_THAN_PREDICTED: "better than predicted (the step gained more than the prediction expects)",
         Verdict.OVERHEAD_EATS_GAIN: "overhead eats the gain",
         Verdict.UNDECIDED: "undecided (the observed speedup's interval straddles the line)",
-        Verdict.NO_GAIN: "no gain (no gain at these shapes)",
+        Verdict.NO_GAIN: _no_gain_text(ev),
         Verdict.SILENT_FALLBACK: "no gain (silent fallback)",
         Verdict.PREDICTED_ONLY: "predicted only (no observed run in this recipe)",
+        Verdict.OBSERVED_ONLY: f"observed only: {_direction(ev)} (no prediction to judge against: "
+                               f"{(ev.no_prediction or 'no replay').split(':')[0]})",
     }[kind]
+
+
+def _no_gain_text(ev: Evidence) -> str:
+    """Slower GEMMs are a slowdown, not "no gain"; the GEMMs ran quantized (else: silent fallback)."""
+    if ev.gemm_speedup is not None and ev.gemm_speedup < 1:
+        return f"slower GEMMs at these shapes ({ev.gemm_speedup:.2f}x GEMM speedup)"
+    return "no gain (no gain at these shapes)"
+
+
+def _direction(ev: Evidence) -> str:
+    """Which side of BF16 the observed step lies on, by its interval where there is one."""
+    est, obs = ev.estimate, ev.observed
+    lo, hi = (est.low, est.high) if est is not None and est.low is not None else (obs, obs)
+    if lo is None or hi is None:
+        return "no observed speedup"
+    if lo > 1:
+        return "faster than BF16"
+    if hi < 1:
+        return "slower than BF16"
+    return "not told apart from BF16 (its interval holds 1.00x)"
 
 
 def _comparison(ev: Evidence) -> str:
@@ -132,11 +163,25 @@ def _comparison(ev: Evidence) -> str:
     line = f"predicted step speedup {predicted:.2f}x, observed {observed} (residual {100 * residual:+.1f}%)"
     if (s := ev.straddle) is not None:
         what = f"{s.rounds} rounds (too few for a 95% interval) range" if s.rounds_range else "95% interval"
-        sides = "GEMM-bound and overhead eating the gain" if s.edge < 1 else "GEMM-bound and better than predicted"
+        # A host-bound step that meets its prediction is not GEMM-bound: the line is named for what it is.
+        near = "host-bound as predicted" if ev.bound == "host" else "GEMM-bound"
+        sides = f"{near} and overhead eating the gain" if s.edge < 1 else f"{near} and better than predicted"
         line += (f"; undecided: its {what} {s.low:.2f}-{s.high:.2f}x reaches across {s.edge * predicted:.2f}x "
                  f"({100 * (s.edge - 1):+.0f}% of the prediction), the line between {sides}")
     if ev.unfused is not None:
         line += f"; with every quantization unfused {ev.unfused:.2f}x"
+    return line
+
+
+def _observed_line(ev: Evidence) -> str:
+    """The observed speedup without a prediction: GEMMs alone beside it, and why it is not judged against."""
+    observed = ev.estimate.text() if ev.estimate else f"{ev.observed:.2f}x"
+    line = f"observed step speedup {observed}"
+    if ev.gemms_alone is not None:
+        line += (f"; GEMMs alone {ev.gemms_alone:.2f}x (Amdahl over the GEMM share: the rest of the step held fixed, "
+                 "so not a prediction of the step)")
+    if ev.no_prediction:
+        line += f"; no prediction: {ev.no_prediction}; this verdict rests on the observed speedup and its interval"
     return line
 
 
@@ -163,7 +208,8 @@ def evidence_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
     return lines
 
 
-def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
+def _gemm_lines(ev: Evidence) -> list[str]:
+    """What the recipe's GEMMs did: kept, unquantized, padded, in high precision, and their speedups."""
     lines: list[str] = []
     p = ev.plan
     if p is not None:
@@ -179,12 +225,21 @@ def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
         lines.append(f"{len(ev.high_precision)} GEMM(s) cannot run in {ev.recipe}, counted at BF16 time: "
                      + "; ".join(ev.high_precision[:3]))
     if ev.gemm_speedup is not None:
-        lines.append(f"GEMM speedup {ev.gemm_speedup:.2f}x")
+        src = "" if ev.gemm_source == "bench" else " (the runs' own GEMM times, no microbenchmark)"
+        lines.append(f"GEMM speedup {ev.gemm_speedup:.2f}x{src}")
     if ev.in_job_gemm_ms is not None:
         b, r = ev.in_job_gemm_ms
         lines.append(f"in-job GEMM time {b:.2f} -> {r:.2f} ms ({b / r:.2f}x)")
+    return lines
+
+
+def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
+    lines = _gemm_lines(ev)
+    p = ev.plan
     if ev.residual is not None:
         lines.append(_comparison(ev))
+    elif ev.observed is not None:
+        lines.append(_observed_line(ev))
     if ev.non_gemm_ms is not None and not ev.non_gemm_withheld:
         b, r = ev.non_gemm_ms
         lines.append(f"non-GEMM time {b:.2f} -> {r:.2f} ms ({ev.overhead_ms:+.2f} ms per step)")
@@ -206,8 +261,8 @@ def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
         lines.append(f"best single recipe observed: {p.best_single} {p.best_single_ms:.2f} ms per step; the plan "
                      f"{p.step_ms:.2f} ms ({100 * (p.step_ms / p.best_single_ms - 1):+.1f}%)")
     if p is not None and p.file_predicted:
-        lines.append(f"the plan file predicted {p.file_predicted:.2f}x (autocast mode, from the run it was made "
-                     "from); the prediction above comes from this run, like the recipes'")
+        lines.append(f"the plan file's GEMMs alone {p.file_predicted:.2f}x (autocast mode, from the run it was made "
+                     "from); the GEMMs alone above comes from this run, like the recipes'")
     return lines
 
 

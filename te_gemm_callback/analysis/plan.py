@@ -104,8 +104,9 @@ def make_plan(capture: GemmCapture, bench: BenchResults, items: list[WorkItem] |
     return PrecisionPlan(best, [c.module for c in choices if c.keep_bf16], choices, pred,
                          {k: pred["BF16"] / v for k, v in pred.items()} if pred else {}, totals,
                          {"device": bench.meta.get("device"), "mode": MODE, "job_recipe": job,
-                          "prediction": "Amdahl over the job's measured GEMM share, autocast-mode microbenchmarks"
-                          if pred else f"n/a: {withheld or 'no GEMM time of the job recipe'}"})
+                          "prediction": "GEMMs alone: Amdahl over the job's measured GEMM share, autocast-mode "
+                          "microbenchmarks (no replay)" if pred else
+                          f"n/a: {withheld or 'no GEMM time of the job recipe'}"})
 
 
 def plan_for_run(rr: Any) -> PrecisionPlan:
@@ -115,7 +116,27 @@ def plan_for_run(rr: Any) -> PrecisionPlan:
                          "--json RUN_DIR/bench.json first")
     base = next((c for c in rr.captures if c.meta.get("sweep") and c.meta.get("recipe") == rr.report.current_recipe),
                 None)
-    return make_plan(rr.job, rr.bench, rr.items, observed=base)
+    return replayed(make_plan(rr.job, rr.bench, rr.items, observed=base), rr.report.meta.get("replay") or {})
+
+
+def replayed(plan: PrecisionPlan, replay: dict[str, Any]) -> PrecisionPlan:
+    """``plan`` with its predicted steps the report's replay, as the report's predicted column has them; its
+    Amdahl figures kept as GEMMs alone. A mixed plan is not replayed: its GEMMs alone stands, said."""
+    if "BF16" not in replay:
+        return plan  # no replay: make_plan's figures are GEMMs alone, and its meta says so
+    alone = dict(plan.predicted_speedup)
+    same = plan.same_as or ""  # "": a mixed plan, which no replay covers
+    steps = {k: float(replay[k]["step_ms"]) for k in plan.predicted_step_ms if k != "plan" and k in replay}
+    if same in replay:  # the plan amounts to a single recipe: its replay
+        steps["plan"] = float(replay[same]["step_ms"])
+    plan.predicted_step_ms = steps
+    plan.predicted_speedup = {k: steps["BF16"] / v for k, v in steps.items()}
+    plan.meta.update(prediction="the replay of the job's kernels step, as the report's predicted column",
+                     bound={k: replay[same if k == "plan" else k]["bound"] for k in steps},
+                     gemms_alone=alone, gemms_alone_basis=plan.meta.get("prediction"))
+    if "plan" not in steps:
+        plan.meta["plan_not_replayed"] = "a mixed plan is not replayed: its figure is GEMMs alone"
+    return plan
 
 
 def run_plan(rr: Any) -> PrecisionPlan | None:

@@ -89,7 +89,9 @@ def analyze_run(run_dir: str | Path) -> RunReport:
     # The prediction replays the job's own capture, never a sweep's run: the same with or without one.
     replay_from = job if capture_recipe(job) == capture_recipe(base) else base
     rep = analyze(base, bench, [c for c in caps if c is not base], items=items_from_capture(job),
-                  replay_from=replay_from)
+                  replay_from=replay_from,
+                  no_bench=f"no bench.json: te-gemm bench --capture {job_path} --json {root / 'bench.json'} "
+                           "measures the GEMM times and module costs the replay runs on, then te-gemm report")
     # The step note speaks of the run whose step time the table shows; the job's own is beside it.
     with_job = bool(sweep and main)
     job_note = instrument_note(job) if with_job else None

@@ -63,6 +63,7 @@ class RecipeAnalysis:
     predicted_bound: str | None = None  # "host" or "gpu": what bounds the replayed step in this recipe
     predicted_by: str | None = None  # "replay" (the job's step replayed) or "gemms_alone"
     predicted_ledger: str | None = None  # the replayed step's host and GPU time: which side bounds it
+    predicted_na: str | None = None  # why no step is predicted (no replay), where none is
     observed_step_ms: float | None = None
     observed_gemm_ms: float | None = None
     observed_step_speedup: float | None = None  # over BF16: the median of the sweep's per-round ratios
@@ -139,22 +140,37 @@ def no_gemm_times(capture: GemmCapture) -> str:
 
 
 def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None:
-    """A recipe's observed run and its speedup over BF16; without a microbenchmark, the in-job GEMM times predict."""
+    """A recipe's observed run and its speedup over BF16; without a microbenchmark, the GEMM speedup and GEMMs
+    alone come from the runs' own (in-job) GEMM times, which ``gemm_ms_bench`` left None says."""
     a.observed_step_ms, a.observed_gemm_ms = run.step_ms, run.gemm_ms
     if bf is None:
         return
     _set_speedup(a, run, bf)
-    if a.predicted_step_speedup is None and a.gemm_speedup is None:
+    if a.gemm_ms_bench is None and a.gemm_speedup is None:
         a.gemm_speedup = bf.gemm_ms / run.gemm_ms if run.gemm_ms and bf.gemm_ms else None
         if a.gemm_speedup and bf.gemm_ms is not None:
             # GEMM time read on instrumented steps (host clock on CPU) can exceed a clean step.
-            a.predicted_step_speedup = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
+            a.predicted_gemms_alone = amdahl(bf.step_ms, min(bf.gemm_ms, bf.step_ms), a.gemm_speedup)
+
+
+NO_BENCH = "no microbenchmark of the job's GEMM shapes (bench.json), whose GEMM times the replay runs on"
+
+
+def no_replay(bench: BenchResults | None, traced: Any, no_bench: str = NO_BENCH) -> str | None:
+    """Why the job's step cannot be replayed, or None where it can."""
+    if bench is None:
+        return no_bench
+    if traced is None:
+        return ("the capture holds no host calls of a kernels step (no kernel records: timing off, a CPU, or "
+                "another tool held CUPTI), which the replay starts from")
+    return None
 
 
 def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: Sequence[GemmCapture] = (),
             mode: str | None = None, items: list[WorkItem] | None = None,
-            replay_from: GemmCapture | None = None) -> Report:
-    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes."""
+            replay_from: GemmCapture | None = None, no_bench: str = NO_BENCH) -> Report:
+    """Join the job's capture, microbenchmarks of its shapes, and captures run in other recipes. The predicted
+    column is the replay's alone; without one it stays empty and says why (``no_bench``: why without a bench)."""
     replay_from = replay_from or capture
     base = observe(capture)
     if base.gemm_ms is None:
@@ -180,6 +196,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
     if bench and mode != "autocast" and "autocast" in modes:
         auto_ms = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes}
         unfused = predict_steps(base, auto_ms)
+    why_not = no_replay(bench, traced, no_bench)
     out = []
     for r in recipes:
         ms, ms_bf16, ms_base = bench_ms.get(r), bench_ms.get("BF16"), bench_ms.get(base.recipe)
@@ -189,13 +206,12 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
         if bench and r != "BF16":
             a.high_precision = [f"{it.name} ({it.fprop.mkn}): {short_error(why)}"
                                 for it, why in fallback_items(bench, items, r, mode)]
-        if r in pred_step:
-            a.predicted_step_ms = pred_step[r]
-            if "BF16" in pred_step:
-                a.predicted_step_speedup = a.predicted_gemms_alone = pred_step["BF16"] / pred_step[r]
-                a.predicted_by = "gemms_alone"
+        if r in pred_step and "BF16" in pred_step:
+            a.predicted_gemms_alone = pred_step["BF16"] / pred_step[r]
         if r in replays and "BF16" in replays:
             _set_replay(a, replays[r], replays["BF16"])
+        elif r != "BF16":
+            a.predicted_na = why_not or f"{r} or BF16 not microbenchmarked, so not replayed"
         if r in unfused and "BF16" in unfused:
             a.predicted_step_speedup_unfused = unfused["BF16"] / unfused[r]
         if r in runs:
@@ -204,13 +220,13 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
         out.append(a)
     if plan_run is not None and plan_meta is not None:
         predicted = plan_prediction(plan_meta, base, capture, bench, items, bench_ms, auto_ms, mode) if bench else None
-        out.append(_plan_analysis(plan_run, plan_meta, runs, predicted))
+        out.append(_plan_analysis(plan_run, plan_meta, runs, predicted, why_not))
     return Report(base.recipe, base.step_ms, base.gemm_ms, out, dict(bench.skipped) if bench else {},
                   meta={"device": capture.meta.get("device"), "mode": mode,
                         "prediction": ("a replay of the job's own kernels step (host calls and kernels) with each "
                                        f"recipe's GEMM times ({mode} mode) and module host and quantization costs"
-                                       if replays else "Amdahl over the measured GEMM share with microbenchmarked "
-                                       f"GEMM speedups ({mode} mode)"),
+                                       if replays else None),
+                        "no_replay": why_not,
                         "replay": {r: rr.to_dict() for r, rr in replays.items()} or None,
                         "replay_own": traced[1] if traced else None,
                         "module_host": module_host(replay_from, costs, base.recipe),
@@ -231,14 +247,14 @@ def _set_replay(a: RecipeAnalysis, rr: Any, bf16: Any) -> None:
 
 
 def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],
-                   predicted: tuple[float, float, float | None] | None = None) -> RecipeAnalysis:
-    """The swept plan against its prediction (this run's where given, else the plan file's own) and against
-    the best single recipe in the same sweep."""
-    a = RecipeAnalysis("plan", predicted_step_ms=plan.get("predicted_step_ms"),
-                       predicted_step_speedup=plan.get("predicted_speedup"),
-                       observed_step_ms=run.step_ms, observed_gemm_ms=run.gemm_ms)
+                   predicted: tuple[float, float, float | None] | None = None,
+                   why_not: str | None = None) -> RecipeAnalysis:
+    """The swept plan against the best single recipe in the same sweep; GEMMs alone from this run (else the plan
+    file's own), never judged against."""
+    a = RecipeAnalysis("plan", predicted_gemms_alone=plan.get("predicted_speedup"), observed_step_ms=run.step_ms,
+                       observed_gemm_ms=run.gemm_ms, predicted_na=why_not or "a mixed plan is not replayed")
     if predicted is not None:
-        a.predicted_step_ms, a.predicted_step_speedup, a.predicted_step_speedup_unfused = predicted
+        a.predicted_gemms_alone, a.predicted_step_speedup_unfused = predicted[1], predicted[2]
     bf16 = runs.get("BF16")
     if bf16 is not None:
         _set_speedup(a, run, bf16)
@@ -284,43 +300,62 @@ def _straddle(est: Estimate | None, per_round: list[float], pred: float) -> Stra
 
 def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tuple[Verdict, Evidence]:
     """The recipe's verdict with the numbers behind it. Pure: reads ``a`` and the runs."""
-    ev = Evidence(recipe=a.recipe)
+    ev = Evidence(recipe=a.recipe, bound=a.predicted_bound, gemms_alone=a.predicted_gemms_alone,
+                  no_prediction=a.predicted_na)
     if a.recipe == "BF16":
         return Verdict.BASELINE, ev
     _gemm_evidence(ev, a, run, bf16)
-    if a.gemm_speedup is not None and a.gemm_speedup < NO_GAIN:
-        ev.no_gain_below = NO_GAIN
-        return (Verdict.SILENT_FALLBACK if run is not None and run.unquantized else Verdict.NO_GAIN), ev
     obs, pred = a.observed_step_speedup, a.predicted_step_speedup
-    if obs is None or pred is None:
-        return Verdict.PREDICTED_ONLY, ev
-    ev.predicted, ev.observed, ev.tolerance = pred, obs, GEMM_BOUND_TOL
-    ev.unfused = a.predicted_step_speedup_unfused
     per_round = round_speedups(bf16, run) if run is not None and bf16 is not None else []
-    ev.estimate = estimate(per_round) if per_round else None
+    if obs is not None:
+        ev.observed, ev.estimate = obs, estimate(per_round) if per_round else None
+        _step_evidence(ev, run, bf16)
+    if obs is not None and pred is not None:
+        ev.predicted, ev.tolerance, ev.unfused = pred, GEMM_BOUND_TOL, a.predicted_step_speedup_unfused
+    if a.gemm_speedup is not None and a.gemm_speedup < NO_GAIN:
+        # Every verdict keeps its numbers: predicted against observed stays, with no line to straddle.
+        ev.no_gain_below = NO_GAIN
+        return (Verdict.SILENT_FALLBACK if run is not None and run.fallback else Verdict.NO_GAIN), ev
+    if obs is None:
+        return Verdict.PREDICTED_ONLY, ev
+    if pred is None:
+        return Verdict.OBSERVED_ONLY, ev
     ev.straddle = _straddle(ev.estimate, per_round, pred)
-    moved = idle = None
-    if run is not None and bf16 is not None and run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
-        ev.non_gemm_ms = (bf16.non_gemm_ms, run.non_gemm_ms)
-        moved = ev.overhead_ms
-    if run is not None and bf16 is not None and run.fwd_bwd_ms and bf16.fwd_bwd_ms:
-        ev.step_parts = StepParts(bf16.fwd_bwd_ms, run.fwd_bwd_ms, bf16.step_ms, run.step_ms)
     gap = cast(float, ev.residual)  # a float: ev.observed and ev.predicted are set above
-    if run is not None and bf16 is not None and abs(gap) > GEMM_BOUND_TOL:
-        ev.kernel_moves = _kernel_moves(run, bf16)
-        if run.kernels and bf16.kernels:  # step time in no kernel at all: host-bound, GPU idle
-            idle = (run.step_ms - sum(run.kernels.values())) - (bf16.step_ms - sum(bf16.kernels.values()))
-            if abs(idle) > 0.01:
-                ev.idle_ms = idle
+    idle = _where_it_went(ev, run, bf16) if abs(gap) > GEMM_BOUND_TOL else None
     if ev.straddle is not None:
         return Verdict.UNDECIDED, ev
     if abs(gap) <= GEMM_BOUND_TOL:
-        return Verdict.GEMM_BOUND, ev
+        return (Verdict.HOST_BOUND if a.predicted_bound == "host" else Verdict.GEMM_BOUND), ev
     if gap > 0:
         return Verdict.BETTER_THAN_PREDICTED, ev
+    moved = ev.overhead_ms
     if idle is not None and moved is not None and idle > 0 and idle >= 0.5 * moved:
         ev.host_wait_ms = idle
     return Verdict.OVERHEAD_EATS_GAIN, ev
+
+
+def _step_evidence(ev: Evidence, run: Observed | None, bf16: Observed | None) -> None:
+    """The step's non-GEMM time and its parts in both runs."""
+    if run is None or bf16 is None:
+        return
+    if run.non_gemm_ms is not None and bf16.non_gemm_ms is not None:
+        ev.non_gemm_ms = (bf16.non_gemm_ms, run.non_gemm_ms)
+    if run.fwd_bwd_ms and bf16.fwd_bwd_ms:
+        ev.step_parts = StepParts(bf16.fwd_bwd_ms, run.fwd_bwd_ms, bf16.step_ms, run.step_ms)
+
+
+def _where_it_went(ev: Evidence, run: Observed | None, bf16: Observed | None) -> float | None:
+    """Kernel time that moved, and the step time in no kernel (host-bound, GPU idle): this recipe less BF16."""
+    if run is None or bf16 is None:
+        return None
+    ev.kernel_moves = _kernel_moves(run, bf16)
+    if not (run.kernels and bf16.kernels):
+        return None
+    idle = (run.step_ms - sum(run.kernels.values())) - (bf16.step_ms - sum(bf16.kernels.values()))
+    if abs(idle) > 0.01:
+        ev.idle_ms = idle
+    return idle
 
 
 def _gemm_evidence(ev: Evidence, a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> None:
@@ -331,6 +366,7 @@ def _gemm_evidence(ev: Evidence, a: RecipeAnalysis, run: Observed | None, bf16: 
         ev.padded_rows_pct, ev.row_alignment = a.padded_rows_pct, row_alignment(a.recipe)
     ev.high_precision = list(a.high_precision)
     ev.gemm_speedup = a.gemm_speedup
+    ev.gemm_source = "bench" if a.gemm_ms_bench is not None else "in job"
     if run is not None and bf16 is not None and run.gemm_ms and bf16.gemm_ms:
         ev.in_job_gemm_ms = (bf16.gemm_ms, run.gemm_ms)
 

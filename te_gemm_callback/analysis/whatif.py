@@ -243,7 +243,8 @@ def job_trace(cap: Any, costs: dict[str, Any] | None) -> tuple[StepTrace, dict[s
     own = {"clean_ms": clean, "kernels_step_ms": cap.steps[tl.step].ms if tl.step < len(cap.steps) else None,
            "replay_raw_ms": replay(raw).step_ms, "replay_ms": first.step_ms, "bound": first.bound,
            "host_ms": first.host_us / 1e3, "gpu_busy_ms": first.gpu_busy_us / 1e3, "calls": len(trace.calls),
-           "cupti_call_tax_us": call_tax, "profiler_op_tax_us": op_tax, "host_scale": f}
+           "cupti_call_tax_us": call_tax, "profiler_op_tax_us": op_tax, "host_scale": f,
+           "taxes_measured": "cupti_call_tax_us" in (costs or {})}
     return (host_scaled(trace, f) if f != 1.0 else trace), own
 
 

@@ -169,7 +169,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if cap.records and (other := by_recipe.setdefault(capture_recipe(cap), path)) != path:
             raise ValueError(f"{other} and {path} are both {capture_recipe(cap)} runs: give one capture per recipe "
                              "(a run folder with a sweep: te-gemm report RUN_DIR)")
-    rep = analyze(caps[0], None, caps[1:])
+    rep = analyze(caps[0], None, caps[1:],
+                  no_bench="no replay in te-gemm compare: separate captures and no microbenchmark, which the "
+                           "replay runs on (te-gemm report on a run folder with bench.json replays the job's step)")
     console().print(report_table(rep))
     console().print(verdict_panel(rep))
     if a.json:

@@ -190,7 +190,8 @@ def _notes(rr: RunReport) -> list[str]:
     from rich.text import Text
     rep, meta = rr.report, rr.report.meta
     labelled = (("Instrument cost", "step_note"), ("Instrument cost", "job_step_note"), ("Framework", "framework_note"),
-                ("Clock", "clock_note"), ("GEMM duty", "duty_note"), ("Timing", "timing"), ("Prediction", "prediction"))
+                ("Clock", "clock_note"), ("GEMM duty", "duty_note"), ("Timing", "timing"), ("Prediction", "prediction"),
+                ("No prediction", "no_replay"))
     shown = {meta.get(k) for k in rr.host_bound_notes}  # already among the warnings (_checks)
     lines = [f"- {label}: {md_escape(meta[k])}" for label, k in labelled if meta.get(k) and meta[k] not in shown]
     lines += [f"- n/a: {md_escape(why)}" for why in withheld_reasons(rep)]

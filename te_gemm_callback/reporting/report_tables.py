@@ -32,26 +32,36 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
         t.add_row(f"... {len(rows) - limit} more", "", "", "", "")
     if plan.predicted_step_ms:
         from te_gemm_callback.analysis.plan import MIN_GAIN  # loads torch: not at the CLI's import
-        parts = [f"{k} {v:.2f} ms ({plan.predicted_speedup[k]:.2f}x)" for k, v in plan.predicted_step_ms.items()]
+        bound = plan.meta.get("bound") or {}
+        parts = [f"{k} {v:.2f} ms ({plan.predicted_speedup[k]:.2f}x{f', {bound[k]}-bound' if k in bound else ''})"
+                 for k, v in plan.predicted_step_ms.items()]
+        if (why := plan.meta.get("plan_not_replayed")) and "plan" in (alone := plan.meta.get("gemms_alone") or {}):
+            parts.append(f"plan: GEMMs alone {alone['plan']:.2f}x ({why})")
         verdict = (f"The plan is {plan.same_as} everywhere, the best single recipe: no mixed plan gains "
                    f"{100 * MIN_GAIN:g}% of the step." if plan.same_as else
                    f"Best single recipe: {plan.best_single}; the mixed plan keeps {len(plan.keep_bf16)} module(s) "
                    "in BF16.")
-        t.caption = safe("predicted step (Amdahl over the job's GEMM share, autocast-mode microbenchmarks): "
-                         + ", ".join(parts) + f". {verdict}")
+        t.caption = safe(f"predicted step ({plan.meta.get('prediction')}): " + ", ".join(parts) + f". {verdict}")
     return t
 
 
 def plan_line(plan: Any) -> str:
     """The plan, its predicted step speedup and where to find it, in one line."""
-    pred = plan.predicted_speedup
+    pred, bound, best = plan.predicted_speedup, plan.meta.get("bound") or {}, plan.best_single
     what = (f"{plan.same_as} everywhere (no mixed plan gains enough)" if plan.same_as else
             f"{plan.recipe} with {len(plan.keep_bf16)} module(s) kept in BF16")
-    # Amdahl with autocast-mode cells: neither the replay's column nor the pre-quantized "GEMMs alone".
-    tail = (f", predicted {pred['plan']:.2f}x vs best single {plan.best_single} {pred[plan.best_single]:.2f}x "
-            "(Amdahl over the GEMM share, autocast-mode bench)"
-            if pred.get("plan") and plan.best_single in pred else
-            f", predicted speedup {plan.meta.get('prediction', 'n/a')}")  # says why none is given
+    alone = (plan.meta.get("gemms_alone") or {}).get("plan")
+    if pred.get("plan") and best in pred:
+        # The replay where the report has one, as its predicted column; else GEMMs alone, named so.
+        how = (f"replay, {bound['plan']}-bound, as the report's predicted column" if bound else
+               "Amdahl over the GEMM share, autocast-mode bench: no replay")
+        tail = f", {'predicted' if bound else 'GEMMs alone'} {pred['plan']:.2f}x vs best single {best} " \
+               f"{pred[best]:.2f}x ({how})"
+    elif bound and alone and best in pred:
+        tail = (f", GEMMs alone {alone:.2f}x ({plan.meta.get('plan_not_replayed')}); best single {best} predicted "
+                f"{pred[best]:.2f}x (replay, {bound[best]}-bound)")
+    else:
+        tail = f", predicted speedup {plan.meta.get('prediction', 'n/a')}"  # says why none is given
     return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
 
 
@@ -135,6 +145,11 @@ def replay_own_line(rep: Report) -> str | None:
     own = rep.meta.get("replay_own")
     if not own or not own.get("clean_ms"):
         return None
+    if not own.get("taxes_measured", True):
+        # The recording's own cost stays in every host gap: a miss would be the recording's, not the replay's.
+        return (f"replay of the job's own step: not checked against its clean step {own['clean_ms']:.2f} ms: the "
+                "recording's cost per runtime call and per op was not measured (te-gemm bench measures it with the "
+                "module costs, into bench.json), so it cannot be taken off the kernels step's host times")
     scale = own.get("host_scale") or 1.0
     scaled = (f"; its host times then scaled x{scale:.2f} to the clean step (the profiler's callbacks ran in "
               "every host gap of the kernels step)") if scale != 1.0 else ""
@@ -161,12 +176,16 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     ran = rep.meta.get("baseline_ran")
     unfused = any(a.predicted_step_speedup_unfused is not None for a in rep.recipes)
     replayed = any(a.predicted_by == "replay" for a in rep.recipes)
+    alone = any(a.predicted_gemms_alone is not None for a in rep.recipes)
     # The job's own column only where some row has it (an FP32 job's has no FP32 microbenchmark).
     vs_cur = rep.current_recipe != "BF16" and any(a.gemm_speedup_vs_current is not None for a in rep.recipes)
     benched = any(a.gemm_ms_bench is not None for a in rep.recipes)
-    cols = (["recipe", "GEMM ms (bench)" if benched else "GEMM ms", "GEMM speedup"]
+    # Without a bench the GEMM speedups are the runs' own (in-job) GEMM times: the header says so.
+    cols = (["recipe", "GEMM ms (bench)" if benched else "GEMM ms (in job)",
+             "GEMM speedup" if benched else "GEMM speedup (in job)"]
             + ([f"vs {rep.current_recipe}"] if vs_cur else [])
-            + (["predicted step", "band", "bound", "GEMMs alone"] if replayed else ["predicted step"])
+            + (["predicted step", "band", "bound"] if replayed else ["predicted step"])
+            + (["GEMMs alone"] if alone else [])
             + (["pred. unfused"] if unfused else [])
             + ["observed step", "95% CI", "a rerun", "observed ms"])
     # No bench (te-gemm compare): the runs' own GEMM times.
@@ -174,8 +193,8 @@ def speedup_rows(rep: Report) -> SpeedupRows:
              _cell(rep, a, "gemm_speedup")]
             + ([_cell(rep, a, "gemm_speedup_vs_current")] if vs_cur else [])
             + [_cell(rep, a, "predicted_step_speedup")]
-            + ([_span(a.predicted_band) or "-", a.predicted_bound or "-", _cell(rep, a, "predicted_gemms_alone")]
-               if replayed else [])
+            + ([_span(a.predicted_band) or "-", a.predicted_bound or "-"] if replayed else [])
+            + ([_cell(rep, a, "predicted_gemms_alone")] if alone else [])
             + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
             + [_cell(rep, a, "observed_step_speedup"), interval_text(a), rerun_text(a),
                x_text(a.observed_step_ms, "{:.2f}")] for a in rep.recipes]
@@ -190,18 +209,20 @@ def speedup_rows(rep: Report) -> SpeedupRows:
                    f"from {rounds[0]}-{rounds[-1]} rounds" if rounds else "")
     # Said only for what the table holds (te-gemm compare: no bench, no sweep).
     gemm_text = (f"{rep.meta.get('mode', 'autocast')} microbenchmarks of the captured shapes" if benched else
-                 "the runs' own GEMM times (no microbenchmark)")
+                 "the runs' own GEMM times (kernel records of each run's kernels step; no microbenchmark)")
     unfused_text = ("; pred. unfused: each GEMM plus a standalone quantization of its inputs (autocast mode)"
                     if unfused else "")
     observed_text = ("whole training steps (optimizer included) in the sweep's alternating rounds, the median of "
                      f"the per-round ratios; 95% CI: its order-statistic interval ({rounds_text}); a rerun: where "
                      "another run's median (a loop of your own) should fall, the CI widened by sqrt(2)" if rounds else
                      "the ratio of the runs' clean-step medians, each run timed on its own (no rounds: no interval)")
-    explained = (f"speedups over {over}. GEMM: {gemm_text}. predicted step: "
-                 + ("the job's own step replayed as the host issues it and the GPU runs it, with each recipe's "
-                    "GEMM times and each module's host and quantization cost; band: GEMM quartiles, module costs "
-                    "x0.5-1.5 and the replay's miss on the job's own step; bound: host or GPU in that recipe; "
-                    "GEMMs alone: Amdahl with the measured GEMM share" if replayed else
-                    "Amdahl with the measured GEMM share, GEMMs alone") + unfused_text
+    predicted_text = ("the job's own step replayed as the host issues it and the GPU runs it, with each recipe's "
+                      "GEMM times and each module's host and quantization cost; band: GEMM quartiles, module costs "
+                      "x0.5-1.5 and the replay's miss on the job's own step; bound: host or GPU in that recipe"
+                      if replayed else f"none, no replay: {rep.meta.get('no_replay') or 'not replayed'}")
+    alone_text = ("; GEMMs alone: Amdahl with the measured GEMM share and these GEMM speedups, the rest of the step "
+                  "held fixed (a bound, not a prediction of the step)" if alone else "")
+    explained = (f"speedups over {over}. GEMM: {gemm_text}. predicted step: {predicted_text}{alone_text}"
+                 + unfused_text
                  + f". observed step: {observed_text}. Attention's QK^T and softmax·V count as non-GEMM time")
     return SpeedupRows(title, cols, rows, list(rep.skipped), explained, notes)

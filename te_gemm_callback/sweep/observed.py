@@ -43,6 +43,9 @@ class Observed:
     kernels: dict[str, float] = field(default_factory=dict)  # kernel ms per step by category
     round_ms: dict[int, float] = field(default_factory=dict)  # a sweep's alternating rounds: median ms each
     fwd_bwd_ms: float | None = None  # a sweep step's forward+backward part (median), before its optimizer step
+    # Of ``unquantized``, those the recipe was to quantize: a plain torch layer of a TE job runs high
+    # precision under every recipe, so leaving it unquantized is the job's choice, not a fallback.
+    fallback: list[str] = field(default_factory=list)
 
     @property
     def non_gemm_ms(self) -> float | None:
@@ -90,5 +93,7 @@ def observe(cap: GemmCapture) -> Observed:
         # clean steps ran minutes from the other recipes' (docs/results/h200.md: round step time).
         step = statistics.median(round_ms.values())
     parts = [s.fwd_bwd_ms for s in cap.steps_of("clean") if s.fwd_bwd_ms is not None]
+    te = any(r.source == "te" for r in cap.records)
+    fallback = sorted({r.name for r in cap.records if r.name in left and (r.source == "te" or not te)})
     return Observed(recipe, step, cap.gemm_ms_per_step(), left, dict(cap.meta.get("kernel_breakdown_ms") or {}),
-                    round_ms, statistics.median(parts) if parts else None)
+                    round_ms, statistics.median(parts) if parts else None, fallback)

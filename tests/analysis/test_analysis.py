@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from helpers.one_layer import K, M, N, bench, capture
+from helpers.one_layer import K, M, N, bench, bench_of, capture, replayable
 
 from te_gemm_callback.analysis.notes import clock_note, duty_note
 from te_gemm_callback.analysis.verdicts import amdahl, analyze, capture_recipe
@@ -31,7 +31,7 @@ def test_overhead_eats_the_gain_from_two_runs():
     # BF16: 100 ms step, 60 ms GEMM. FP8: GEMMs 32 ms (1.875x) but the step is 80 ms.
     # Predicted 100 / (40 + 32) = 1.389x; observed 100 / 80 = 1.25x: 10% short, and non-GEMM time
     # grew from 40 to 48 ms.
-    rep = analyze(capture(100, 60), None, [capture(80, 32, "fp8_delayed")])
+    rep = analyze(replayable(capture(100, 60)), bench_of(BF16=60, DelayedScaling=32), [capture(80, 32, "fp8_delayed")])
     fp8 = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
     assert fp8.predicted_step_speedup == pytest.approx(100 / 72)
     assert fp8.observed_step_speedup == pytest.approx(1.25)
@@ -40,7 +40,8 @@ def test_overhead_eats_the_gain_from_two_runs():
 
 
 def test_gemm_bound_and_better_than_predicted():
-    rep = analyze(capture(100, 60), None, [capture(73, 32, "fp8_delayed"), capture(60, 32, "fp8_current")])
+    rep = analyze(replayable(capture(100, 60)), bench_of(BF16=60, DelayedScaling=32, Float8CurrentScaling=32),
+                  [capture(73, 32, "fp8_delayed"), capture(60, 32, "fp8_current")])
     v = {a.recipe: a.verdict for a in rep.recipes}
     assert v["DelayedScaling"] == "GEMM-bound: working as expected"  # 1.370 vs 1.389 predicted
     assert v["Float8CurrentScaling"].startswith("better than")
@@ -57,7 +58,7 @@ def test_silent_fallback():
 def test_prediction_from_microbenchmarks_with_job_in_fp8():
     # The job ran DelayedScaling: step 70, GEMM 30. Bench per layer: BF16 3 x 20 = 60 ms, FP8 3 x 10.
     # T_pred(BF16) = 70 - 30 + 30 * 60 / 30 = 100; T_pred(FP8) = 70 -> predicted 1.4286x.
-    rep = analyze(capture(70, 30, "fp8_delayed"), bench({"BF16": 20.0, "DelayedScaling": 10.0}),
+    rep = analyze(replayable(capture(70, 30, "fp8_delayed")), bench({"BF16": 20.0, "DelayedScaling": 10.0}),
                   [capture(100, 60)])
     fp8 = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
     assert rep.current_recipe == "DelayedScaling" and rep.gemm_share == pytest.approx(30 / 70)
@@ -70,7 +71,7 @@ def test_prediction_from_microbenchmarks_with_job_in_fp8():
 
 def test_report_and_compare_commands(tmp_path, capsys):
     run = tmp_path / "run"
-    capture(100, 60).save(run / "BF16" / "gemm_capture.json")
+    replayable(capture(100, 60)).save(run / "BF16" / "gemm_capture.json")
     capture(80, 32, "fp8_delayed").save(run / "DelayedScaling" / "gemm_capture.json")
     bench({"BF16": 20.0, "DelayedScaling": 10.5}).save(run / "bench.json")
     files = render_run(run)
@@ -84,7 +85,8 @@ def test_report_and_compare_commands(tmp_path, capsys):
     assert "overhead eats the gain" in out and "1.25x" in out and "NVFP4BlockScaling" in out
     assert main(["compare", str(run / "BF16" / "gemm_capture.json"),
                  str(run / "DelayedScaling" / "gemm_capture.json"), "--json", str(tmp_path / "c.json")]) == 0
-    assert "1.39x" in capsys.readouterr().out  # predicted from the two runs' in-job GEMM times
+    out = capsys.readouterr().out  # no bench: GEMMs alone from the two runs' in-job GEMM times, no prediction
+    assert "1.39x" in out and "GEMMs alone" in out and "observed only" in out
     assert main(["report", str(tmp_path / "empty")]) == 1
 
 
@@ -119,10 +121,10 @@ def test_kernel_classification_and_overhead_evidence():
     split = breakdown_ms({"nvjet_x_TNN": 4000.0, "cast_transpose_kernel": 1000.0, "elementwise_kernel": 500.0}, 2)
     assert split["gemm"] == 2.0 and split["quantization/cast"] == 0.5 and split["other"] == 0.25
 
-    bf16, fp8 = capture(100, 60), capture(80, 32, "fp8_delayed")
+    bf16, fp8 = replayable(capture(100, 60)), capture(80, 32, "fp8_delayed")
     bf16.meta["kernel_breakdown_ms"] = {"gemm": 60.0, "quantization/cast": 0.0, "attention": 20.0}
     fp8.meta["kernel_breakdown_ms"] = {"gemm": 32.0, "quantization/cast": 7.0, "attention": 20.0}
-    rep = analyze(bf16, None, [fp8])
+    rep = analyze(bf16, bench_of(BF16=60, DelayedScaling=32), [fp8])
     ev = next(a for a in rep.recipes if a.recipe == "DelayedScaling").evidence
     assert any("quantization/cast +7.00 ms" in e for e in ev)
 
@@ -162,7 +164,7 @@ def test_prediction_uses_gemm_kernels_alone_and_reports_the_unfused_bound():
     cells = _cells((M, K, N), {("BF16", "prequantized"): 20, ("DelayedScaling", "prequantized"): 10,
                                ("BF16", "autocast"): 20, ("DelayedScaling", "autocast"): 15})
     b = BenchResults(cells, {}, {"modes": ["autocast", "prequantized"]})
-    rep = analyze(capture(100, 60), b, [capture(71, 30, "fp8_delayed")])
+    rep = analyze(replayable(capture(100, 60)), b, [capture(71, 30, "fp8_delayed")])
     fp8 = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
     assert rep.meta["mode"] == "prequantized"
     assert fp8.gemm_speedup == pytest.approx(2.0)
@@ -201,10 +203,10 @@ def test_gemm_a_recipe_cannot_run_counts_at_bf16_time():
 
 
 def test_better_than_predicted_names_the_kernels_that_shrank():
-    bf16, fp8 = capture(100, 60), capture(60, 32, "fp8_current")
+    bf16, fp8 = replayable(capture(100, 60)), capture(60, 32, "fp8_current")
     bf16.meta["kernel_breakdown_ms"] = {"gemm": 60.0, "other": 30.0, "norm": 4.0, "quantization/cast": 2.0}
     fp8.meta["kernel_breakdown_ms"] = {"gemm": 32.0, "other": 18.0, "norm": 3.0, "quantization/cast": 5.0}
-    rep = analyze(bf16, None, [fp8])
+    rep = analyze(bf16, bench_of(BF16=60, Float8CurrentScaling=32), [fp8])
     a = next(a for a in rep.recipes if a.recipe == "Float8CurrentScaling")
     assert a.verdict.startswith("better than")
     assert ("kernel time that moved (torch.profiler, per step): other -12.00 ms, quantization/cast +3.00 ms, "
@@ -339,10 +341,10 @@ def test_step_note_speaks_of_the_run_the_table_shows(tmp_path):
 def test_overhead_that_is_host_time_is_named_so():
     # BF16: step 52, GEMM 22, kernels 40 ms (12 ms idle). FP8: step 55, GEMM 16.5, kernels 34 ms
     # (21 ms idle). Non-GEMM +8.5 ms of which idle +9: the GPU waits on the host.
-    bf16, fp8 = capture(52, 22), capture(55, 16.5, "fp8_delayed")
+    bf16, fp8 = replayable(capture(52, 22)), capture(55, 16.5, "fp8_delayed")
     bf16.meta["kernel_breakdown_ms"] = {"gemm": 22.0, "quantization/cast": 6.0, "other": 12.0}
     fp8.meta["kernel_breakdown_ms"] = {"gemm": 16.5, "quantization/cast": 8.5, "other": 9.0}
-    rep = analyze(bf16, None, [fp8])
+    rep = analyze(bf16, bench_of(BF16=22, DelayedScaling=16.5), [fp8])
     a = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
     assert a.verdict == "overhead eats the gain"
     assert "GPU time in no kernel (host-bound gaps) +9.00 ms per step" in a.evidence

@@ -82,7 +82,8 @@ def test_plan_files_and_cli(tmp_path, capsys):
 
 def test_the_report_writes_the_plan_beside_the_verdicts(tmp_path, capsys):
     run, out = _cli_on_run(tmp_path, capsys, "report")
-    assert "precision plan: Float8CurrentScaling with 2 module(s) kept in BF16, predicted" in out
+    # No kernels step with host calls here: no replay, so the figure is named GEMMs alone.
+    assert "precision plan: Float8CurrentScaling with 2 module(s) kept in BF16, GEMMs alone" in out
     assert sorted(PrecisionPlan.load(run / "precision_plan.json").keep_bf16) == ["router", "small"]
     assert (run / "precision_plan_nvdlfw.yaml").exists()
 
@@ -144,7 +145,9 @@ def test_sweep_measures_the_plan_beside_the_single_recipes(monkeypatch, tmp_path
     caps = list(res.captures.values())
     rep = analysis.analyze(caps[0], None, caps[1:])
     a = next(r for r in rep.recipes if r.recipe == "plan")
-    assert a.predicted_step_speedup == 1.25 and a.observed_step_speedup == pytest.approx(
+    # The plan file's figure is GEMMs alone: shown as such, never as the predicted step.
+    assert a.predicted_gemms_alone == 1.25 and a.predicted_step_speedup is None
+    assert a.observed_step_speedup == pytest.approx(
         caps[0].step_ms() / caps[2].step_ms())
     assert a.evidence[0] == "Float8CurrentScaling with 1 module(s) kept in BF16: 1"
     assert any(e.startswith("best single recipe observed:") for e in a.evidence)
@@ -231,11 +234,11 @@ def test_the_swept_plan_is_predicted_from_this_run_like_the_recipes():
     a = next(r for r in rep.recipes if r.recipe == "plan")
     # GEMM time per step: BF16 3.09, the plan 1.5 (big in FP8) + 0.03 + 0.06 (small, router in BF16).
     want = 10 - 3.06 + 3.06 * 1.59 / 3.09
-    assert a.predicted_step_ms == pytest.approx(want) and a.predicted_step_speedup == pytest.approx(10 / want)
+    assert a.predicted_gemms_alone == pytest.approx(10 / want) and a.predicted_step_speedup is None
     assert a.observed_step_speedup == pytest.approx(10.0 / 10.5)
-    assert any("the plan file predicted 1.50x" in e for e in a.evidence)
+    assert any("the plan file's GEMMs alone 1.50x" in e for e in a.evidence)
     fcs = next(r for r in rep.recipes if r.recipe == "Float8CurrentScaling")
-    assert fcs.predicted_step_ms == pytest.approx(10 - 3.06 + 3.06 * 1.65 / 3.09)  # the same baseline
+    assert fcs.predicted_gemms_alone == pytest.approx(10 / (10 - 3.06 + 3.06 * 1.65 / 3.09))  # the same baseline
 
 
 def test_a_plain_torch_layer_in_a_te_job_is_not_given_a_recipe():
@@ -252,3 +255,29 @@ def test_a_plain_torch_layer_in_a_te_job_is_not_given_a_recipe():
     for r in cap.records:
         r.source = "torch"
     assert "big" not in make_plan(cap, bench()).keep_bf16
+
+
+def test_the_plan_predicts_with_the_reports_replay_through_the_cli_and_the_api(tmp_path, capsys):
+    """te-gemm plan printed Amdahl (0.97x on a host-bound job) beside a report that replayed 0.84x: the plan's
+    predicted steps are the report's predicted column, with its bound, from the CLI and Run alike."""
+    import shutil
+    from pathlib import Path
+
+    from te_gemm_callback import Run
+    from te_gemm_callback.cli import main
+    from te_gemm_callback.reporting.report_tables import plan_line
+
+    run = tmp_path / "dense_host"
+    shutil.copytree(Path(__file__).parents[2] / "docs/results/h200/replay/dense_host", run)
+    api = Run(run)
+    rep, plan = api.analysis().report, api.plan()
+    for a in rep.recipes:
+        if a.predicted_step_speedup is not None:
+            assert plan.predicted_speedup[a.recipe] == pytest.approx(a.predicted_step_speedup)
+            assert plan.meta["bound"][a.recipe] == a.predicted_bound
+    assert plan.predicted_speedup["DelayedScaling"] == pytest.approx(0.84, abs=0.005)
+    assert plan.meta["gemms_alone"]["DelayedScaling"] == pytest.approx(0.97, abs=0.005)  # kept, named
+    assert "(replay, host-bound" in plan_line(plan) and "Amdahl" not in plan_line(plan)
+    assert main(["plan", str(run), "--limit", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "DelayedScaling 70.73 ms (0.84x, host-bound)" in out and "Amdahl" not in out

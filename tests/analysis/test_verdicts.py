@@ -3,9 +3,10 @@ place; report.json keeps the sentences and adds the kind. Hand-made captures (he
 helpers/three_modules.py)."""
 
 import json
+from dataclasses import replace
 
 import pytest
-from helpers.one_layer import bench, capture
+from helpers.one_layer import bench, bench_of, capture, replayable
 from helpers.three_modules import bench as plan_bench
 from helpers.three_modules import capture as plan_capture
 from rich.console import Console
@@ -24,15 +25,16 @@ def kinds_of(rep):
 
 
 def test_each_verdict_is_a_kind_with_its_sentence():
-    rep = analyze(capture(100, 60), None, [capture(80, 32, "fp8_delayed"), capture(73, 32, "fp8_current"),
-                                           capture(60, 32, "fp8_block")])
+    rep = analyze(replayable(capture(100, 60)),
+                  bench_of(BF16=60, DelayedScaling=32, Float8CurrentScaling=32, Float8BlockScaling=32),
+                  [capture(80, 32, "fp8_delayed"), capture(73, 32, "fp8_current"), capture(60, 32, "fp8_block")])
     got = kinds_of(rep)
     assert got == {"BF16": Verdict.BASELINE, "DelayedScaling": Verdict.OVERHEAD_EATS_GAIN,
                    "Float8CurrentScaling": Verdict.GEMM_BOUND, "Float8BlockScaling": Verdict.BETTER_THAN_PREDICTED}
     rows = {a.recipe: a for a in rep.recipes}
     assert rows["DelayedScaling"].verdict == "overhead eats the gain"
     assert rows["Float8CurrentScaling"].verdict == "GEMM-bound: working as expected"
-    assert rows["BF16"].verdict == "baseline" and rows["BF16"].evidence == []
+    assert rows["BF16"].verdict == "baseline" and all(e.startswith("replayed:") for e in rows["BF16"].evidence)
     # The numbers the sentence is made from are on the row, not only in its text.
     ev = rows["DelayedScaling"].verdict_evidence
     assert ev.predicted == pytest.approx(100 / 72) and ev.observed == pytest.approx(1.25)
@@ -52,11 +54,13 @@ def test_no_gain_silent_fallback_and_predicted_only():
     assert rows["Float8CurrentScaling"].verdict == "predicted only (no observed run in this recipe)"
 
 
-def test_an_interval_across_the_line_is_undecided_with_the_interval_as_numbers():
-    def swept(recipe, ms):
-        return GemmCapture([], [StepTime(k, wall_ms=t, kind="clean", round=k) for k, t in enumerate(ms)],
-                           {"recipe": recipe})
+def swept(recipe, ms):
+    """A sweep's run of ``recipe``: one clean step per round."""
+    return GemmCapture([], [StepTime(k, wall_ms=t, kind="clean", round=k) for k, t in enumerate(ms)],
+                       {"recipe": recipe})
 
+
+def test_an_interval_across_the_line_is_undecided_with_the_interval_as_numbers():
     bf16 = observe(swept("BF16", [10.0] * 8))
     fp8 = observe(swept("Float8CurrentScaling", [10 / r for r in (1.10, 1.15, 1.2, 1.22, 1.24, 1.26, 1.28, 1.3)]))
     a = RecipeAnalysis("Float8CurrentScaling", predicted_step_speedup=1.25, observed_step_speedup=1.23)
@@ -72,9 +76,11 @@ def test_an_interval_across_the_line_is_undecided_with_the_interval_as_numbers()
 
 def test_bench_cells_far_above_the_jobs_whole_step_hold_every_prediction():
     # Cells timed on a loaded machine or cached from another run: 120 ms of GEMMs in a 10 ms step.
-    ok = analyze(capture(10, 6), bench({"BF16": 2.0, "DelayedScaling": 1.0}), [capture(8, 3, "fp8_delayed")])
+    ok = analyze(replayable(capture(10, 6)), bench({"BF16": 2.0, "DelayedScaling": 1.0}),
+                 [capture(8, 3, "fp8_delayed")])
     assert ok.meta["warnings"] == [] and ok.recipes[1].predicted_step_speedup is not None
-    rep = analyze(capture(10, 6), bench({"BF16": 40.0, "DelayedScaling": 20.0}), [capture(8, 3, "fp8_delayed")])
+    rep = analyze(replayable(capture(10, 6)), bench({"BF16": 40.0, "DelayedScaling": 20.0}),
+                  [capture(8, 3, "fp8_delayed")])
     assert [a.predicted_step_speedup for a in rep.recipes] == [None, None]
     assert rep.recipes[1].verdict_kind is Verdict.WITHHELD
     assert any("120.00 ms a step, over 2x the whole observed step (10.00 ms)" in w for w in rep.meta["warnings"])
@@ -85,7 +91,7 @@ def test_bench_cells_far_from_the_jobs_own_gemm_time_are_said():
     and the report said nothing: predictions were made from cells that were not the job's."""
     for per_cell, said in ((0.7, None), (3.0, "4.5x their time in the job (2.00 ms)"),
                            (0.1, "0.15x their time in the job (2.00 ms)")):
-        rep = analyze(capture(10, 2), bench({"BF16": per_cell, "DelayedScaling": per_cell / 2}),
+        rep = analyze(replayable(capture(10, 2)), bench({"BF16": per_cell, "DelayedScaling": per_cell / 2}),
                       [capture(8, 1, "fp8_delayed")])
         found = [w for w in rep.meta["warnings"] if "their time in the job" in w]
         assert (found == []) if said is None else (len(found) == 1 and said in found[0]), found
@@ -129,8 +135,9 @@ def test_every_kind_renders_a_sentence():
 
 def test_report_json_keeps_the_sentence_and_adds_the_kind(tmp_path):
     run = tmp_path / "run"
-    capture(100, 60).save(run / "BF16" / "gemm_capture.json")
+    replayable(capture(100, 60)).save(run / "BF16" / "gemm_capture.json")
     capture(80, 32, "fp8_delayed").save(run / "DelayedScaling" / "gemm_capture.json")
+    bench_of(BF16=60, DelayedScaling=32).save(run / "bench.json")
     report(run)
     d = json.loads((run / "report.json").read_text())
     rows = {r["recipe"]: r for r in d["recipes"]}
@@ -156,3 +163,53 @@ def test_the_report_writes_and_prints_what_the_analysed_run_hands_it(tmp_path):
     out = Console(width=300, record=True)
     write_run(rr, run, out)
     assert "warning: a note" in out.export_text()
+
+
+def _with_torch_head(cap, precision="bf16"):
+    """``cap`` with a plain torch lm_head beside its TE layer: high precision under every recipe."""
+    head = replace(cap.records[0], module="lm_head", source="torch", kernel="aten.mm", precision=precision)
+    return GemmCapture([*cap.records, head], cap.steps, cap.meta)
+
+
+def test_a_plain_torch_layer_left_high_precision_is_not_a_silent_fallback():
+    """A TE job's lm_head (nn.Linear) is high precision under every recipe: with the TE GEMMs quantized and
+    slower at small shapes, the verdict says slower GEMMs, not a fallback; a TE GEMM left BF16 still is one."""
+    base = _with_torch_head(capture(100, 60))
+    quantized = _with_torch_head(capture(110, 66, "fp8_block", recipe="Float8BlockScaling"))
+    a = next(a for a in analyze(base, None, [quantized]).recipes if a.recipe == "Float8BlockScaling")
+    assert a.verdict_kind is Verdict.NO_GAIN and "silent fallback" not in a.verdict
+    assert a.verdict == "slower GEMMs at these shapes (0.91x GEMM speedup)"
+    assert any(e.startswith("1 GEMM(s) ran in high precision") and "lm_head" in e for e in a.evidence)
+    fell_back = _with_torch_head(capture(110, 66, "bf16", recipe="Float8BlockScaling"))
+    a = next(a for a in analyze(base, None, [fell_back]).recipes if a.recipe == "Float8BlockScaling")
+    assert a.verdict_kind is Verdict.SILENT_FALLBACK
+
+
+def test_a_no_gain_verdict_keeps_predicted_against_observed():
+    bf16 = observe(capture(100, 60))
+    run = observe(capture(120, 66, "fp8_block", recipe="Float8BlockScaling"))
+    a = RecipeAnalysis("Float8BlockScaling", gemm_ms_bench=6.6, gemm_speedup=0.90, predicted_step_speedup=0.75,
+                       predicted_bound="host", observed_step_speedup=100 / 120)
+    kind, ev = judge(a, run, bf16)
+    _, lines = render(kind, ev)
+    assert kind is Verdict.NO_GAIN
+    assert any(e.startswith("predicted step speedup 0.75x, observed 0.83x") for e in lines), lines
+    assert not any("undecided" in e for e in lines)  # no line between verdicts to straddle here
+
+
+def test_a_host_bound_step_as_predicted_is_not_called_gemm_bound():
+    bf16 = observe(swept("BF16", [10.0] * 8))
+    tight = observe(swept("DelayedScaling", [10 / r for r in (0.83, 0.835, 0.84, 0.84, 0.845, 0.84, 0.84, 0.84)]))
+    a = RecipeAnalysis("DelayedScaling", predicted_step_speedup=0.84, predicted_bound="host",
+                       observed_step_speedup=0.84)
+    kind, _ = judge(a, tight, bf16)
+    assert kind is Verdict.HOST_BOUND and not findings.verdict_text(kind, Evidence()).startswith("GEMM-bound")
+    a.predicted_bound = "gpu"
+    assert judge(a, tight, bf16)[0] is Verdict.GEMM_BOUND
+    wide = observe(swept("DelayedScaling", [10 / r for r in (0.80, 0.84, 0.86, 0.88, 0.9, 0.92, 0.94, 0.98)]))
+    a = RecipeAnalysis("DelayedScaling", predicted_step_speedup=0.84, predicted_bound="host",
+                       observed_step_speedup=0.89)
+    sentence, lines = verdict(a, wide, bf16)
+    assert sentence.startswith("undecided")
+    assert any("the line between host-bound as predicted and better than predicted" in e for e in lines), lines
+    assert not any("GEMM-bound" in e for e in lines)

@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from helpers.one_layer import bench_of, replayable
 from rich.console import Console
 
 from te_gemm_callback.analysis.checks import share_check
@@ -97,7 +98,7 @@ def test_gpu_gemm_time_above_the_step_is_refused_not_printed(tmp_path):
     assert a.predicted_step_speedup is None and a.verdict.startswith("n/a (GEMM share n/a")
     assert a.observed_step_speedup == pytest.approx(1.25)  # measured on clean steps alike: kept
     assert not any(e.startswith("non-GEMM time") for e in a.evidence), a.evidence  # it would read -2.00 ms
-    assert a.evidence[-1].startswith("GEMM share n/a: the prediction scales the job's GEMM time (12.00 ms)")
+    assert a.evidence[-1].startswith("GEMM share n/a: BF16's GEMM time exceeds its step")
     table = text(report_table(rep))
     assert "GEMM share n/a" in table and not shares_over_100(table) and "n/a" in table.split("DelayedScaling")[1]
     d = rep.to_dict()
@@ -167,12 +168,12 @@ def test_a_verdict_within_the_steps_noise_is_withheld():
     # +-10% cannot put it on either side.
     base = cap([("instrumented", 110.0, 60.0, False), ("clean", 90.0, None, False), ("clean", 100.0, None, False),
                 ("clean", 110.0, None, False)])
-    rep = analyze(base, None, [fp8_run(70.0, 76.0, 82.0)])
+    rep = analyze(replayable(base), bench_of(BF16=60, DelayedScaling=32), [fp8_run(70.0, 76.0, 82.0)])
     a = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
-    assert a.verdict == "n/a (too noisy to decide)" and "±18%" in a.evidence[-1], a.evidence
+    assert a.verdict == "n/a (too noisy to decide)" and "±18%" in a.verdict_evidence.withheld, a.evidence
     # The same medians from steady steps: the verdict stands.
     base = cap([("instrumented", 110.0, 60.0, False), ("clean", 100.0, None, False), ("clean", 100.0, None, False)])
-    rep = analyze(base, None, [fp8_run(76.0, 76.0)])
+    rep = analyze(replayable(base), bench_of(BF16=60, DelayedScaling=32), [fp8_run(76.0, 76.0)])
     assert next(a for a in rep.recipes if a.recipe == "DelayedScaling").verdict == "overhead eats the gain"
 
 
@@ -245,7 +246,7 @@ def test_a_sweeps_bf16_entry_that_ran_fp32_is_named_so(tmp_path):
     base = cap([("instrumented", 140.0, 80.0, False), ("clean", 100.0, None, False)], "fp32", recipe="BF16")
     fp8 = cap([("instrumented", 80.0, 32.0, False), ("clean", 80.0, None, False)], "fp8_delayed",
               recipe="DelayedScaling")
-    rep = analyze(base, bench({"BF16": 10.0, "DelayedScaling": 5.0}), [fp8])
+    rep = analyze(replayable(base), bench({"BF16": 10.0, "DelayedScaling": 5.0}), [fp8])
     assert rep.meta["job_precision"] == "FP32" and rep.meta["baseline_ran"] == "FP32"
     a = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
     assert a.observed_step_speedup == pytest.approx(1.25) and a.predicted_step_speedup is None
@@ -256,7 +257,7 @@ def test_a_sweeps_bf16_entry_that_ran_fp32_is_named_so(tmp_path):
     assert any("every speedup over BF16 here is over FP32" in w for w in rep.warnings)
     # A BF16 run that ran BF16: none of it.
     bf = cap([("instrumented", 140.0, 80.0, False), ("clean", 100.0, None, False)], "bf16", recipe="BF16")
-    rep = analyze(bf, bench({"BF16": 10.0, "DelayedScaling": 5.0}), [fp8])
+    rep = analyze(replayable(bf), bench({"BF16": 10.0, "DelayedScaling": 5.0}), [fp8])
     assert rep.meta["baseline_ran"] is None and not rep.warnings
     assert next(a for a in rep.recipes if a.recipe == "DelayedScaling").predicted_step_speedup is not None
 
