@@ -138,6 +138,14 @@ class GemmSchedule(Publishing):
         # its first captured step until it published, even when its own capture failed before.
         self._owed = False
 
+    def __enter__(self) -> GemmSchedule:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """A loop that raised: everything of ours comes off (:meth:`exception`), as Lightning's on_exception."""
+        if exc_type is not None:
+            self.exception()
+
     def __getstate__(self) -> dict[str, Any]:
         # The live capture (thread-local state, hooks, a dispatch mode) belongs to the running job.
         return {**self.__dict__, "_prof": None, "_phase": None}

@@ -150,6 +150,26 @@ def test_a_step_the_job_raised_in_is_not_called_unended_at_the_next_fit(tmp_path
     assert not [r for r in caplog.records if "twice" in r.getMessage()]
 
 
+def test_a_loop_that_raises_inside_with_schedule_leaves_nothing_behind(tmp_path):
+    """A plain loop has no exception hook: ``with GemmSchedule(...)`` takes everything off when it
+    raises mid-window (left on, the dispatch mode recorded every op of later work in the process)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="the job's own"):
+        with GemmSchedule(wait=0, warmup=0, active=3, output_dir=tmp_path, verbose=False, report=False) as sched:
+            for i in range(3):
+                sched.step_begin(model)
+                assert _get_current_dispatch_mode() is not None or i  # the first step is instrumented
+                model(torch.randn(2, 4)).sum().backward()
+                raise RuntimeError("the job's own error, in its optimizer step")
+    assert _get_current_dispatch_mode() is None
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert "forward" not in model.__dict__ and not (tmp_path / "gemm_capture.json").exists()
+    opt.step()  # the job's objects work on as before
+
+
 @pytest.mark.parametrize("configured", [True, False])
 def test_our_lines_follow_logging_the_job_configures_after_importing_us(tmp_path, configured):
     """A job that imports us first and configures logging in its main(): our warnings go to its log
