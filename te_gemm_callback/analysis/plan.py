@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from te_gemm_callback.analysis.prediction import capture_recipe
+from te_gemm_callback.analysis.whatif import replay_recipes
 from te_gemm_callback.capture.capture_file import GemmCapture
 from te_gemm_callback.microbench.items import WorkItem, items_from_capture
 from te_gemm_callback.microbench.results import BenchResults, item_ms
@@ -116,18 +117,33 @@ def plan_for_run(rr: Any) -> PrecisionPlan:
                          "--json RUN_DIR/bench.json first")
     base = next((c for c in rr.captures if c.meta.get("sweep") and c.meta.get("recipe") == rr.report.current_recipe),
                 None)
-    return replayed(make_plan(rr.job, rr.bench, rr.items, observed=base), rr.report.meta.get("replay") or {})
+    plan = make_plan(rr.job, rr.bench, rr.items, observed=base)
+    replay = dict(rr.report.meta.get("replay") or {})
+    if "BF16" in replay and plan.same_as is None and (mixed := _replay_mixed(rr, plan)) is not None:
+        replay["plan"] = mixed.to_dict()
+    return replayed(plan, replay)
+
+
+def _replay_mixed(rr: Any, plan: PrecisionPlan) -> Any:
+    """The replay of a mixed ``plan`` (its modules kept in BF16 under its recipe), from the capture and anchor
+    the report's replay has: the job's run in its own recipe, the report's base step."""
+    own = rr.report.current_recipe
+    src = rr.job if capture_recipe(rr.job) == own else \
+        next((c for c in rr.captures if capture_recipe(c) == own), rr.job)
+    got = replay_recipes(src, rr.bench, [plan.recipe], own, rr.report.step_ms, rr.bench.meta.get("module_costs"),
+                         keep=frozenset(plan.keep_bf16))
+    return got.get(plan.recipe)
 
 
 def replayed(plan: PrecisionPlan, replay: dict[str, Any]) -> PrecisionPlan:
-    """``plan`` with its predicted steps the report's replay, as the report's predicted column has them; its
-    Amdahl figures kept as GEMMs alone. A mixed plan is not replayed: its GEMMs alone stands, said."""
+    """``plan`` with its predicted steps the report's replay, as the report's predicted column has them (a mixed
+    plan's under "plan" where replayed); its Amdahl figures kept as GEMMs alone."""
     if "BF16" not in replay:
         return plan  # no replay: make_plan's figures are GEMMs alone, and its meta says so
     alone = dict(plan.predicted_speedup)
-    same = plan.same_as or ""  # "": a mixed plan, which no replay covers
+    same = plan.same_as or "plan"  # a mixed plan: its own replay, where the caller made one
     steps = {k: float(replay[k]["step_ms"]) for k in plan.predicted_step_ms if k != "plan" and k in replay}
-    if same in replay:  # the plan amounts to a single recipe: its replay
+    if same in replay:  # a single recipe's replay, or the mixed plan's
         steps["plan"] = float(replay[same]["step_ms"])
     plan.predicted_step_ms = steps
     plan.predicted_speedup = {k: steps["BF16"] / v for k, v in steps.items()}
@@ -135,7 +151,7 @@ def replayed(plan: PrecisionPlan, replay: dict[str, Any]) -> PrecisionPlan:
                      bound={k: replay[same if k == "plan" else k]["bound"] for k in steps},
                      gemms_alone=alone, gemms_alone_basis=plan.meta.get("prediction"))
     if "plan" not in steps:
-        plan.meta["plan_not_replayed"] = "a mixed plan is not replayed: its figure is GEMMs alone"
+        plan.meta["plan_not_replayed"] = "the plan was not replayed: its figure is GEMMs alone"
     return plan
 
 

@@ -220,7 +220,12 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
         out.append(a)
     if plan_run is not None and plan_meta is not None:
         predicted = plan_prediction(plan_meta, base, capture, bench, items, bench_ms, auto_ms, mode) if bench else None
-        out.append(_plan_analysis(plan_run, plan_meta, runs, predicted, why_not))
+        # The plan's modules kept in BF16 under its recipe, replayed like the recipes beside it.
+        keep, recipe = frozenset(plan_meta.get("keep_bf16", [])), str(plan_meta.get("recipe", "BF16"))
+        got = replay_recipes(replay_from, bench, [recipe], base.recipe, base.step_ms, costs, traced=traced,
+                             keep=keep) if bench and traced else {}
+        out.append(_plan_analysis(plan_run, plan_meta, runs, predicted, why_not,
+                                  (got[recipe], replays["BF16"]) if recipe in got and "BF16" in replays else None))
     return Report(base.recipe, base.step_ms, base.gemm_ms, out, dict(bench.skipped) if bench else {},
                   meta={"device": capture.meta.get("device"), "mode": mode,
                         "prediction": ("a replay of the job's own kernels step (host calls and kernels) with each "
@@ -248,13 +253,16 @@ def _set_replay(a: RecipeAnalysis, rr: Any, bf16: Any) -> None:
 
 def _plan_analysis(run: Observed, plan: dict[str, Any], runs: dict[str, Observed],
                    predicted: tuple[float, float, float | None] | None = None,
-                   why_not: str | None = None) -> RecipeAnalysis:
-    """The swept plan against the best single recipe in the same sweep; GEMMs alone from this run (else the plan
-    file's own), never judged against."""
+                   why_not: str | None = None, replayed: tuple[Any, Any] | None = None) -> RecipeAnalysis:
+    """The swept plan against the best single recipe in the same sweep; predicted by the replay (``replayed``: the
+    plan's and BF16's), GEMMs alone from this run (else the plan file's own), never judged against."""
     a = RecipeAnalysis("plan", predicted_gemms_alone=plan.get("predicted_speedup"), observed_step_ms=run.step_ms,
-                       observed_gemm_ms=run.gemm_ms, predicted_na=why_not or "a mixed plan is not replayed")
+                       observed_gemm_ms=run.gemm_ms, predicted_na=why_not or "the plan's recipe was not replayed")
     if predicted is not None:
         a.predicted_gemms_alone, a.predicted_step_speedup_unfused = predicted[1], predicted[2]
+    if replayed is not None:
+        _set_replay(a, *replayed)
+        a.predicted_na = None
     bf16 = runs.get("BF16")
     if bf16 is not None:
         _set_speedup(a, run, bf16)

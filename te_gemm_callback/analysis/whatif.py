@@ -91,15 +91,16 @@ class RecipeReplay:
 
 
 def _gemm_ratio(cap: Any, bench: Any, recipe: str, base: str, q: str = "median_ms",
-                source: Any = None) -> dict[int, float]:
+                source: Any = None, keep: frozenset[str] = frozenset()) -> dict[int, float]:
     """Per capture record index: its GEMM's ``q`` time in ``recipe`` on ``bench`` over its median in ``base``
-    on ``source`` (default ``bench``); plain torch GEMMs run BF16 in every recipe."""
+    on ``source`` (default ``bench``); plain torch GEMMs run BF16 in every recipe, and so do ``keep``'s modules
+    (a precision plan's)."""
     source = source if source is not None else bench
     mode = "prequantized" if "prequantized" in source.meta.get("modes", ["autocast"]) else "autocast"
     out = {}
     for j, r in enumerate(cap.records):
         splits = tuple(r.m_splits) if getattr(r, "m_splits", None) else None
-        want, had = (recipe, base) if r.source == "te" else ("BF16", "BF16")
+        want, had = ("BF16" if r.module in keep else recipe, base) if r.source == "te" else ("BF16", "BF16")
         if want == had and bench is source:
             continue
         a, b = bench.get(r.shape, want, mode, splits), source.get(r.shape, had, mode, splits)
@@ -126,14 +127,19 @@ def module_host(cap: Any, costs: dict[str, Any] | None, base: str) -> dict[str, 
     return {"modules": n, "job_ms": round(job / 1e3, 3), "bench_ms": round(bench / 1e3, 3)} if n else None
 
 
-def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: str) -> dict[str, dict[str, float]]:
-    """{module: host_fwd, host_bwd, gpu_fwd, gpu_bwd (µs), kernels per pass}: ``recipe`` less ``base``."""
-    if not costs or recipe == base:
+def _module_deltas(cap: Any, costs: dict[str, Any] | None, recipe: str, base: str,
+                   keep: frozenset[str] = frozenset()) -> dict[str, dict[str, float]]:
+    """{module: host_fwd, host_bwd, gpu_fwd, gpu_bwd (µs), kernels per pass}: ``recipe`` (BF16 for ``keep``'s
+    modules) less ``base``."""
+    if not costs:
         return {}
     out = {}
     for name, key in costs.get("modules", {}).items():
+        mine = "BF16" if name in keep else recipe
+        if mine == base:
+            continue
         row = costs.get("kinds", {}).get(key, {})
-        r, b = row.get(recipe), row.get(base)
+        r, b = row.get(mine), row.get(base)
         if not r or not b or "error" in r or "error" in b:
             continue
         # The non-GEMM kernels' split between the passes is not measured: half each.
@@ -257,11 +263,13 @@ def own_miss(own: dict[str, Any]) -> float:
 
 def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms: float | None,
                    costs: dict[str, Any] | None = None, *, source: Any = None, other: float = 1.0,
-                   host_speed: float = 1.0, traced: Any = None, miss: float | None = None) -> dict[str, RecipeReplay]:
+                   host_speed: float = 1.0, traced: Any = None, miss: float | None = None,
+                   keep: frozenset[str] = frozenset()) -> dict[str, RecipeReplay]:
     """The replay's step per recipe; {} without a host trace. For another GPU: ``bench`` the projected cells,
     ``source`` the bench they came from, ``other`` the non-GEMM kernel factor, ``host_speed`` the other host's
     speed. ``traced``: :func:`job_trace` of ``cap`` where the caller has it. ``miss``: the band's share for the
-    own recipe's miss where the caller takes another than the calibrated replay's (:func:`own_miss`)."""
+    own recipe's miss where the caller takes another than the calibrated replay's (:func:`own_miss`). ``keep``: the
+    modules a precision plan keeps in BF16 under every recipe."""
     got = (traced or job_trace(cap, costs)) if bench is not None else None
     if got is None:
         return {}
@@ -286,11 +294,11 @@ def replay_recipes(cap: Any, bench: Any, recipes: list[str], base: str, clean_ms
         if costs is None and recipe != base:
             notes.append("no module costs measured: host and quantization unchanged from the job's recipe")
         deltas = {m: {key: (v / host_speed if key.startswith("host") else v) for key, v in d.items()}
-                  for m, d in _module_deltas(cap, costs, host_recipe, base).items()}
+                  for m, d in _module_deltas(cap, costs, host_recipe, base, keep).items()}
         # The median, then the band's corners: GEMMs low or high against module differences low or high.
-        cases = [(_gemm_ratio(cap, bench, recipe, base, "median_ms", source), 1.0)]
+        cases = [(_gemm_ratio(cap, bench, recipe, base, "median_ms", source, keep), 1.0)]
         for q, f in (("q1_ms", 1 - GEMM_RATIO_BAND), ("q3_ms", 1 + GEMM_RATIO_BAND)):
-            ratio = {j: v * f for j, v in _gemm_ratio(cap, bench, recipe, base, q, source).items()}
+            ratio = {j: v * f for j, v in _gemm_ratio(cap, bench, recipe, base, q, source, keep).items()}
             cases += [(ratio, 1 - MODULE_BAND), (ratio, 1 + MODULE_BAND)]
         steps = [replay(transform(trace, cap, ratio, deltas, sc, other)) for ratio, sc in cases]
         mid = steps[0]

@@ -281,3 +281,66 @@ def test_the_plan_predicts_with_the_reports_replay_through_the_cli_and_the_api(t
     assert main(["plan", str(run), "--limit", "1"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "DelayedScaling 70.73 ms (0.84x, host-bound)" in out and "Amdahl" not in out
+
+
+@pytest.mark.parametrize("folder", ["h200/replay/dense_host", "h200/replay/main"])
+def test_a_mixed_plan_is_replayed_between_its_recipe_and_bf16(tmp_path, monkeypatch, folder):
+    """A mixed plan was given as GEMMs alone only. Its replay keeps the plan's modules in BF16 (their GEMMs, host
+    and quantization costs): nothing kept is the recipe's replay, everything kept BF16's, half of it between;
+    te-gemm plan then predicts it with its bound, as the recipes beside it."""
+    import shutil
+    from pathlib import Path
+
+    import te_gemm_callback.analysis.plan as plan_mod
+    from te_gemm_callback import Run
+    from te_gemm_callback.sweep.plan import PrecisionPlan
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[2] / "docs/results" / folder, run)
+    rr = Run(run).analysis()
+    replay = rr.report.meta["replay"]
+    te = sorted({r.module for r in rr.job.records if r.source == "te"})
+    steps = [plan_mod._replay_mixed(rr, PrecisionPlan("DelayedScaling", keep)).step_ms
+             for keep in ([], te[: len(te) // 2], te)]
+    assert steps[0] == pytest.approx(replay["DelayedScaling"]["step_ms"])
+    assert steps[2] == pytest.approx(replay["BF16"]["step_ms"])
+    assert min(steps[0], steps[2]) < steps[1] < max(steps[0], steps[2])
+
+    made = plan_mod.make_plan
+
+    def mixed(*args, **kwargs):  # a plan keeping half the modules: the committed runs' plans are single recipes
+        p = made(*args, **kwargs)
+        return PrecisionPlan("DelayedScaling", te[: len(te) // 2], predicted_step_ms=dict(p.predicted_step_ms),
+                             predicted_speedup=dict(p.predicted_speedup), meta=dict(p.meta))
+
+    monkeypatch.setattr(plan_mod, "make_plan", mixed)
+    plan = Run(run).plan()
+    assert plan.same_as is None and "plan_not_replayed" not in plan.meta
+    assert plan.predicted_step_ms["plan"] == pytest.approx(steps[1])
+    assert plan.meta["bound"]["plan"] == replay["DelayedScaling"]["bound"]
+
+
+def test_a_swept_mixed_plan_is_replayed_in_the_report(tmp_path):
+    """The report's swept plan row was GEMMs alone, "a mixed plan is not replayed": it is the replay with the
+    plan's modules in BF16, its band and bound, judged like the recipes (here a copy of the DelayedScaling run
+    stands for the plan's run: what is checked is the prediction, not the timing)."""
+    import shutil
+    from pathlib import Path
+
+    from te_gemm_callback import Run
+    from te_gemm_callback.analysis.plan import _replay_mixed
+    from te_gemm_callback.sweep.plan import PrecisionPlan
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[2] / "docs/results/h200/replay/dense_host", run)
+    rr = Run(run).analysis()
+    keep = sorted({r.module for r in rr.job.records if r.source == "te"})[:10]
+    (run / "sweep" / "plan").mkdir()
+    cap = json.loads((run / "sweep" / "DelayedScaling" / "gemm_capture.json").read_text())
+    cap["meta"].update(recipe="plan", plan={"recipe": "DelayedScaling", "keep_bf16": keep})
+    (run / "sweep" / "plan" / "gemm_capture.json").write_text(json.dumps(cap))
+    row = next(a for a in Run(run).analysis().report.recipes if a.recipe == "plan")
+    want = _replay_mixed(rr, PrecisionPlan("DelayedScaling", keep))
+    assert row.predicted_by == "replay" and row.predicted_bound == want.bound and row.predicted_na is None
+    assert row.predicted_step_ms == pytest.approx(want.step_ms)
+    assert row.predicted_band[0] <= row.predicted_step_speedup <= row.predicted_band[1]
