@@ -44,6 +44,26 @@ class RunReport:
     projections: list[Any] = field(default_factory=list)  # projection.RunProjection, where asked for
 
 
+def observed_in(report_json: Any) -> dict[str, float]:
+    """The observed step speedups a report.json's rows hold (BF16, the baseline over itself, among them)."""
+    rows = report_json.get("recipes") if isinstance(report_json, dict) else None
+    return {str(a["recipe"]): float(a["observed_step_speedup"]) for a in rows or []
+            if isinstance(a, dict) and isinstance(a.get("observed_step_speedup"), (int, float))}
+
+
+def kept_reports(root: Path) -> list[Path]:
+    """The earlier report.json files ``te-gemm report`` kept in ``root`` (:func:`keep_report`), first kept first."""
+    return sorted(root.glob("report-before*.json"), key=lambda p: (len(p.name), p.name))
+
+
+def keep_report(root: Path) -> Path:
+    """A name no earlier kept report has: report-before.json, then report-before-2.json, ..."""
+    n = len(kept_reports(root)) + 1
+    while (path := root / ("report-before.json" if n == 1 else f"report-before-{n}.json")).exists():
+        n += 1
+    return path
+
+
 def run_folder(run_dir: str | Path) -> Path:
     """``run_dir`` as a path; every command that reads a run folder refuses one that is not a folder in these words."""
     root = Path(run_dir)

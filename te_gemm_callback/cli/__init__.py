@@ -181,14 +181,15 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 def cmd_report(a: argparse.Namespace) -> int:
     check_run_dir(a.run_dir)  # before the report searches every folder below it (and before its imports)
+    from te_gemm_callback.analysis.runs import keep_report
     from te_gemm_callback.reporting.speedups import REPORT_SCHEMA
     if a.json and a.json != "-":  # refused before the run folder's files are written, not after
         check_target(a.json, json_kind(REPORT_SCHEMA))
     out = console()
     run = Path(a.run_dir)
     lost = _observed_without_sweep(run)
-    kept = run / "report-before.json"
-    if lost and not kept.exists():  # measured once, on a GPU: the new report.json must not be their only end
+    kept = keep_report(run)
+    if lost:  # measured once, on a GPU: the new report.json must not be their only end
         shutil.copyfile(run / "report.json", kept)
     files = Run(a.run_dir).report(out, a.project or ()).files
     print_summary(out, files)
@@ -205,9 +206,9 @@ def _observed_without_sweep(run: Path) -> list[str]:
     """The recipes with an observed speedup in ``run``'s report.json but no sweep captures to remake it from."""
     if any((run / "sweep").glob("*/gemm_capture.json")) or not (run / "report.json").is_file():
         return []
+    from te_gemm_callback.analysis.runs import observed_in
     try:
-        rows = read_json(run / "report.json", "report.json").get("recipes") or []
-        return [str(x["recipe"]) for x in rows if isinstance(x, dict) and x.get("observed_ci") is not None]
+        return [r for r in observed_in(read_json(run / "report.json", "report.json")) if r != "BF16"]
     except Exception:  # a report.json that cannot be read is the report's to say
         return []
 
@@ -261,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("report", cmd_report, "re-render tables, figures and report.json from a run folder (no GPU needed)",
                 "Write a run folder's tables, verdicts, report.json and figures again from its captures and "
                 "bench.json. Nothing is measured; no GPU needed. Observed speedups come from sweep/: a folder "
-                "without it whose report.json held some keeps that file as report-before.json.")
+                "without it whose report.json held some keeps that file as report-before.json (-2, -3, ... "
+                "where one is there).")
     s.add_argument("run_dir", type=_dir_path, help="the run folder (the callback's output_dir, te-gemm run --out)")
     s.add_argument("--project", type=_gpus, default=None, metavar="GPU[,GPU]",
                    help="also project onto these GPUs, e.g. B300,GB200 (docs/projection.md)")

@@ -97,17 +97,22 @@ def observed_speedups(root: Path, rr: RunReport | None, why: str | None) -> tupl
         why = "the report made from its sweep/ captures has none" if swept else "no sweep/ captures"
     else:
         why = f"its report cannot be made ({why})"
-    path = root / "report.json"
-    if not path.is_file():
+    from te_gemm_callback.analysis.runs import kept_reports, observed_in  # loads torch: not at --help
+    # report.json, then the earlier ones te-gemm report kept where it could not make them again.
+    paths = [p for p in (root / "report.json", *reversed(kept_reports(root))) if p.is_file()]
+    if not paths:
         return {}, f"source: observed: empty: {why}, and no report.json"
-    try:
-        rows = read_json(path, "report.json").get("recipes") or []
-        got = {str(a["recipe"]): float(a["observed_step_speedup"]) for a in rows if a.get("observed_step_speedup")}
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        return {}, f"source: observed: empty: {why}, and report.json unreadable ({err})"
-    if not got:
-        return {}, f"source: observed: empty: {why}, and report.json holds none"
-    return got, f"source: observed: from report.json ({why} to make them again)"
+    errors = []
+    for path in paths:
+        try:
+            got = observed_in(read_json(path, path.name))
+        except ValueError as err:
+            errors.append(f"{path.name} unreadable ({err})")
+            continue
+        if set(got) - {"BF16"}:
+            return got, f"source: observed: from {path.name} ({why} to make them again)"
+    held = "; ".join(errors) or f"{' and '.join(p.name for p in paths)} hold none"
+    return {}, f"source: observed: empty: {why}, and {held}"
 
 
 def replayed(out: Any, cap: Any, bench: Any, projected: Any, bw: float, host_speed: float) -> bool:

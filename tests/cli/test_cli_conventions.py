@@ -348,13 +348,30 @@ def test_report_says_when_a_folder_without_sweep_loses_its_observed_speedups(tmp
     root = Path(__file__).resolve().parents[2]
     run = tmp_path / "demo"
     shutil.copytree(root / "docs" / "results" / "h100" / "demo", run)
+    # Observed speedups without an interval (fewer rounds than one needs) are observed speedups all the same,
+    # and a file of that name already there is not written over.
+    report = json.loads((run / "report.json").read_text())
+    for row in report["recipes"]:
+        row["observed_ci"] = None
+    (run / "report.json").write_text(json.dumps(report))
+    (run / "report-before.json").write_text('{"hello": 1}')
     earlier = (run / "report.json").read_bytes()
+    observed = lambda: {s["recipe"]: s["observed_speedup"]  # noqa: E731
+                        for s in json.loads((run / "projection-B300.json").read_text())["steps"]}
+    assert main(["project", str(run), "--gpu", "B300"]) == 0
+    projected = observed()
+    capsys.readouterr()
     assert main(["report", str(run)]) == 0
     err = capsys.readouterr().err
     assert "has no sweep/ captures" in err and "DelayedScaling" in err and err.count("te-gemm report: warning") == 1
-    assert f"kept as {run / 'report-before.json'}" in err
+    assert f"kept as {run / 'report-before-2.json'}" in err
+    assert (run / "report-before.json").read_text() == '{"hello": 1}'
     assert main(["report", str(run)]) == 0
-    assert (run / "report-before.json").read_bytes() == earlier != (run / "report.json").read_bytes()
+    assert (run / "report-before-2.json").read_bytes() == earlier != (run / "report.json").read_bytes()
+    # te-gemm project finds them there: the same observed column as before the report.
+    assert main(["project", str(run), "--gpu", "B300"]) == 0
+    assert "from report-before-2.json" in " ".join(capsys.readouterr().out.split())
+    assert observed() == projected and projected["DelayedScaling"] > 1
     kept = tmp_path / "main"
     shutil.copytree(root / "docs" / "results" / "h200" / "replay" / "main", kept)
     assert main(["report", str(kept)]) == 0 and main(["report", str(kept)]) == 0  # the second over a full report.json
