@@ -3,6 +3,7 @@ place both become the sentences a report prints and report.json keeps."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, cast
@@ -25,6 +26,7 @@ class Verdict(str, Enum):
     SILENT_FALLBACK = "silent_fallback"  # no gain, and GEMMs ran unquantized under the recipe
     PREDICTED_ONLY = "predicted_only"  # no observed run to set the prediction against
     OBSERVED_ONLY = "observed_only"  # an observed run and no prediction: the observed speedup alone
+    NOT_JUDGED = "not_judged"  # neither an observed run nor a prediction: GEMMs alone only
     WITHHELD = "withheld"  # refused by the report's checks: "n/a (why)"
 
 
@@ -32,7 +34,8 @@ class Verdict(str, Enum):
 GAP_VERDICTS = frozenset({Verdict.GEMM_BOUND, Verdict.HOST_BOUND, Verdict.OVERHEAD_EATS_GAIN,
                           Verdict.BETTER_THAN_PREDICTED})
 # Verdicts that need no prediction: they stand where the checks refuse the predicted columns.
-WITHOUT_PREDICTION = frozenset({Verdict.BASELINE, Verdict.NO_GAIN, Verdict.SILENT_FALLBACK, Verdict.OBSERVED_ONLY})
+WITHOUT_PREDICTION = frozenset({Verdict.BASELINE, Verdict.NO_GAIN, Verdict.SILENT_FALLBACK, Verdict.OBSERVED_ONLY,
+                                Verdict.NOT_JUDGED})
 
 
 @dataclass
@@ -132,8 +135,15 @@ def verdict_text(kind: Verdict | None, ev: Evidence) -> str:
         Verdict.SILENT_FALLBACK: "no gain (silent fallback)",
         Verdict.PREDICTED_ONLY: "predicted only (no observed run in this recipe)",
         Verdict.OBSERVED_ONLY: f"observed only: {_direction(ev)} (no prediction to judge against: "
-                               f"{(ev.no_prediction or 'no replay').split(':')[0]})",
+                               f"{_short(ev.no_prediction)})",
+        Verdict.NOT_JUDGED: f"not judged: no observed run in this recipe and no prediction "
+                            f"({_short(ev.no_prediction)})",
     }[kind]
+
+
+def _short(reason: str | None) -> str:
+    """A reason's head, up to its first colon or parenthesis: what fits inside a verdict's parentheses."""
+    return re.split(r":| \(", reason or "no replay", maxsplit=1)[0]
 
 
 def _no_gain_text(ev: Evidence) -> str:
@@ -173,7 +183,7 @@ def _comparison(ev: Evidence) -> str:
     return line
 
 
-def _observed_line(ev: Evidence) -> str:
+def _observed_line(ev: Evidence, kind: Verdict | None) -> str:
     """The observed speedup without a prediction: GEMMs alone beside it, and why it is not judged against."""
     observed = ev.estimate.text() if ev.estimate else f"{ev.observed:.2f}x"
     line = f"observed step speedup {observed}"
@@ -181,7 +191,9 @@ def _observed_line(ev: Evidence) -> str:
         line += (f"; GEMMs alone {ev.gemms_alone:.2f}x (Amdahl over the GEMM share: the rest of the step held fixed, "
                  "so not a prediction of the step)")
     if ev.no_prediction:
-        line += f"; no prediction: {ev.no_prediction}; this verdict rests on the observed speedup and its interval"
+        line += f"; no prediction: {ev.no_prediction}"
+        if kind is Verdict.OBSERVED_ONLY:  # a no-gain verdict rests on the GEMM speedup instead
+            line += "; this verdict rests on the observed speedup and its interval"
     return line
 
 
@@ -239,7 +251,7 @@ def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
     if ev.residual is not None:
         lines.append(_comparison(ev))
     elif ev.observed is not None:
-        lines.append(_observed_line(ev))
+        lines.append(_observed_line(ev, kind))
     if ev.non_gemm_ms is not None and not ev.non_gemm_withheld:
         b, r = ev.non_gemm_ms
         lines.append(f"non-GEMM time {b:.2f} -> {r:.2f} ms ({ev.overhead_ms:+.2f} ms per step)")

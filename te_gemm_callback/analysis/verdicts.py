@@ -156,11 +156,15 @@ def _set_observed(a: RecipeAnalysis, run: Observed, bf: Observed | None) -> None
 NO_BENCH = "no microbenchmark of the job's GEMM shapes (bench.json), whose GEMM times the replay runs on"
 
 
-def no_replay(bench: BenchResults | None, traced: Any, no_bench: str = NO_BENCH) -> str | None:
-    """Why the job's step cannot be replayed, or None where it can."""
+def no_replay(bench: BenchResults | None, traced: Any, no_bench: str = NO_BENCH, cap: Any = None) -> str | None:
+    """Why the job's step (``cap``'s) cannot be replayed, or None where it can."""
     if bench is None:
         return no_bench
     if traced is None:
+        tl = getattr(cap, "kernel_timeline", None)
+        if tl is not None and tl.kernels and not tl.calls:
+            return ("the capture's kernels step holds kernel records but no host calls (a capture made before "
+                    "they were recorded): capture again for a replay")
         return ("the capture holds no host calls of a kernels step (no kernel records: timing off, a CPU, or "
                 "another tool held CUPTI), which the replay starts from")
     return None
@@ -196,7 +200,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
     if bench and mode != "autocast" and "autocast" in modes:
         auto_ms = {r: bench_step_ms(bench, items, r, "autocast", fallback="BF16") for r in recipes}
         unfused = predict_steps(base, auto_ms)
-    why_not = no_replay(bench, traced, no_bench)
+    why_not = no_replay(bench, traced, no_bench, replay_from)
     out = []
     for r in recipes:
         ms, ms_bf16, ms_base = bench_ms.get(r), bench_ms.get("BF16"), bench_ms.get(base.recipe)
@@ -233,7 +237,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
                                        if replays else None),
                         "no_replay": why_not,
                         "replay": {r: rr.to_dict() for r, rr in replays.items()} or None,
-                        "replay_own": traced[1] if traced else None,
+                        "replay_own": traced[1] if traced and replays else None,  # no replay: nothing to check
                         "module_host": module_host(replay_from, costs, base.recipe),
                         "timing": f"step: {step_timing(capture)}; GEMM: {gemm_timing(capture)}",
                         "step_clock": capture.step_clock(), "gemm_clock": capture.gemm_clock(),
@@ -325,7 +329,7 @@ def judge(a: RecipeAnalysis, run: Observed | None, bf16: Observed | None) -> tup
         ev.no_gain_below = NO_GAIN
         return (Verdict.SILENT_FALLBACK if run is not None and run.fallback else Verdict.NO_GAIN), ev
     if obs is None:
-        return Verdict.PREDICTED_ONLY, ev
+        return (Verdict.PREDICTED_ONLY if pred is not None else Verdict.NOT_JUDGED), ev
     if pred is None:
         return Verdict.OBSERVED_ONLY, ev
     ev.straddle = _straddle(ev.estimate, per_round, pred)

@@ -50,8 +50,10 @@ def test_no_gain_silent_fallback_and_predicted_only():
     b = bench({"BF16": 20.0, "DelayedScaling": 19.8, "Float8CurrentScaling": 10.0})
     rows = {a.recipe: a for a in analyze(capture(100, 60), b, []).recipes}
     assert rows["DelayedScaling"].verdict_kind is Verdict.NO_GAIN  # 1.01x GEMM speedup, no run to blame
-    assert rows["Float8CurrentScaling"].verdict_kind is Verdict.PREDICTED_ONLY
-    assert rows["Float8CurrentScaling"].verdict == "predicted only (no observed run in this recipe)"
+    # No kernels step to replay and no run: nothing predicted, nothing observed (it said "predicted only").
+    assert rows["Float8CurrentScaling"].verdict_kind is Verdict.NOT_JUDGED
+    assert rows["Float8CurrentScaling"].verdict == ("not judged: no observed run in this recipe and no prediction "
+                                                    "(the capture holds no host calls of a kernels step)")
 
 
 def swept(recipe, ms):
