@@ -99,8 +99,9 @@ def capture_share(cap: GemmCapture) -> str | None:
     if chk["share"] is None:
         return f"GEMM time {gemm_ms:.2f} ms, GEMM share n/a ({chk['why']}; {clocks})"
     if chk["basis"] == "timed steps":
+        kind = cap.step_kind()  # the steps the step time is of: clean ones where the window had them
         return (f"GEMM time {100 * chk['share']:.1f}% of the instrumented step it was timed in ({chk['of_ms']:.2f} ms; "
-                f"a {step_ms:.2f} ms clean step; {clocks})")
+                f"a {step_ms:.2f} ms {kind} step; {clocks})")
     return f"GEMM time {gemm_ms:.2f} ms of a {step_ms:.2f} ms step ({100 * chk['share']:.1f}%, {clocks})"
 
 

@@ -319,3 +319,25 @@ def test_a_gemm_far_slower_per_flop_than_its_neighbours_is_flagged():
     _, rows, _ = top_gemm_rows(cap)
     assert rows[0][0] == "noisy" and "slow: 268x" in rows[0][5], rows[0]
     assert all("slow" not in r[5] for r in rows[1:])
+
+
+def test_the_capture_share_names_the_steps_its_step_time_is_of():
+    """A window too short for a clean step: the share line called the instrumented step's time "a clean
+    step" beside a note saying no clean step was captured."""
+    import torch
+    from torch import nn
+
+    from te_gemm_callback import GemmProfiler
+    from te_gemm_callback.reporting.capture_tables import capture_share
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16))
+
+    def share(steps):
+        with GemmProfiler(model) as prof:
+            for _ in range(steps):
+                model(torch.randn(8, 16)).sum().backward()
+                prof.step()
+        return capture_share(prof.capture)
+
+    assert "ms instrumented step;" in share(1) and "clean" not in share(1)
+    assert "ms clean step;" in share(3)
