@@ -77,3 +77,34 @@ def test_recipes_run_from_the_checkout(tmp_path):
                          text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--layers" in out.stdout
+
+
+def report_json_names() -> set[str]:
+    """Every name written as code (fenced or inline) in capture-format.md's report.json section."""
+    text = (ROOT / "docs" / "capture-format.md").read_text()
+    section = text.split("## `report.json`", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```.*?```|`[^`]+`", section, flags=re.S)
+    return set(re.findall(r"[A-Za-z_]\w*", " ".join(code)))
+
+
+def test_every_report_json_key_is_documented(tmp_path):
+    """A report.json key at the top, in a recipe row or in meta that capture-format.md does not name
+    fails here: the file format's page cannot fall behind the report again."""
+    import json
+    import shutil
+
+    from te_gemm_callback.analysis.verdicts import RecipeAnalysis, Report
+    from te_gemm_callback.reporting.run import report
+
+    run = tmp_path / "main"
+    shutil.copytree(ROOT / "docs" / "results" / "h200" / "replay" / "main", run)
+    report(run, project=["B300"])  # a sweep, a bench, a replay and a projection: the meta keys they add
+    d = json.loads((run / "report.json").read_text())
+    # Keys a report holds only in other cases: every row field, and a GEMM time not of the step.
+    timed = Report("BF16", 10.0, 4.0, [], {}, {"gemm_share_basis": "timed steps"}).to_dict()
+    keys = {"top-level": set(d) | set(timed), "meta": set(d["meta"]),
+            "recipes[]": {k for r in d["recipes"] for k in r} | set(RecipeAnalysis("BF16").to_dict())}
+    assert "predicted_gemms_alone" in keys["recipes[]"] and "projections" in keys["meta"]
+    names = report_json_names()
+    missing = {where: sorted(ks - names) for where, ks in keys.items() if ks - names}
+    assert not missing, f"docs/capture-format.md's report.json section does not name: {missing}"

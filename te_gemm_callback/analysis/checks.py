@@ -217,7 +217,8 @@ def _too_noisy(a: Any, run: Any, base: Any, cap: GemmCapture, base_cap: GemmCapt
     return (f"too noisy to decide: observed {obs:.2f}x against {pred:.2f}x predicted ({100 * gap:+.1f}%) lies within "
             f"the steps' own noise (±{100 * noise:.0f}%: BF16's {sb['steps']} {sb['kind']} steps vary "
             f"±{sb['spread_pct']:.0f}%, {a.recipe}'s {sr['steps']} ±{sr['spread_pct']:.0f}%) of the ±{100 * tol:.0f}% "
-            "line between GEMM-bound and not; more clean steps, or the sweep's alternating rounds, settle it")
+            f"line between {'host-bound as predicted' if a.predicted_bound == 'host' else 'GEMM-bound'} and not; "
+            "more clean steps, or the sweep's alternating rounds, settle it")
 
 
 def apply_withheld(recipes: list[Any], withheld: dict[str, dict[str, str]]) -> None:

@@ -4,15 +4,16 @@ precision named from what ran. Synthetic captures, built the way a CPU or GPU ca
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from helpers.one_layer import bench_of, replayable
 from rich.console import Console
 
-from te_gemm_callback.analysis.checks import share_check
+from te_gemm_callback.analysis.checks import _too_noisy, share_check
 from te_gemm_callback.analysis.notes import instrument_note, instrument_problem
 from te_gemm_callback.analysis.prediction import precision_ran
-from te_gemm_callback.analysis.verdicts import analyze, capture_recipe
+from te_gemm_callback.analysis.verdicts import GEMM_BOUND_TOL, Verdict, analyze, capture_recipe, observe
 from te_gemm_callback.capture.capture_file import GemmCapture, GemmRecord, StepTime
 from te_gemm_callback.microbench.cells import BenchResult
 from te_gemm_callback.microbench.results import BenchResults
@@ -168,9 +169,15 @@ def test_a_verdict_within_the_steps_noise_is_withheld():
     # +-10% cannot put it on either side.
     base = cap([("instrumented", 110.0, 60.0, False), ("clean", 90.0, None, False), ("clean", 100.0, None, False),
                 ("clean", 110.0, None, False)])
-    rep = analyze(replayable(base), bench_of(BF16=60, DelayedScaling=32), [fp8_run(70.0, 76.0, 82.0)])
+    fp8 = fp8_run(70.0, 76.0, 82.0)
+    rep = analyze(replayable(base), bench_of(BF16=60, DelayedScaling=32), [fp8])
     a = next(a for a in rep.recipes if a.recipe == "DelayedScaling")
     assert a.verdict == "n/a (too noisy to decide)" and "±18%" in a.verdict_evidence.withheld, a.evidence
+    assert "line between GEMM-bound and not" in a.verdict_evidence.withheld  # the replay: GPU-bound
+    # On a step the replay says the host bounds, the line is named for that verdict, not GEMM-bound.
+    host = replace(a, predicted_bound="host", verdict_kind=Verdict.HOST_BOUND)
+    why = _too_noisy(host, observe(fp8), observe(base), fp8, base, GEMM_BOUND_TOL)
+    assert why is not None and "line between host-bound as predicted and not" in why and "GEMM-bound" not in why
     # The same medians from steady steps: the verdict stands.
     base = cap([("instrumented", 110.0, 60.0, False), ("clean", 100.0, None, False), ("clean", 100.0, None, False)])
     rep = analyze(replayable(base), bench_of(BF16=60, DelayedScaling=32), [fp8_run(76.0, 76.0)])
