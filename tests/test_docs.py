@@ -108,3 +108,12 @@ def test_every_report_json_key_is_documented(tmp_path):
     names = report_json_names()
     missing = {where: sorted(ks - names) for where, ks in keys.items() if ks - names}
     assert not missing, f"docs/capture-format.md's report.json section does not name: {missing}"
+
+
+def test_every_verdict_kind_is_named_where_report_json_is_described():
+    """A verdict added to the code and not to the file formats (``not_judged`` was) is a key value no reader
+    can look up."""
+    from te_gemm_callback.analysis.findings import Verdict
+
+    text = (ROOT / "docs" / "capture-format.md").read_text()
+    assert [v.value for v in Verdict if f"`{v.value}`" not in text] == []
