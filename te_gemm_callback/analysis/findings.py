@@ -261,7 +261,7 @@ def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
         lines.append(f"best single recipe observed: {p.best_single} {p.best_single_ms:.2f} ms per step; the plan "
                      f"{p.step_ms:.2f} ms ({100 * (p.step_ms / p.best_single_ms - 1):+.1f}%)")
     if p is not None and p.file_predicted:
-        lines.append(f"the plan file's GEMMs alone {p.file_predicted:.2f}x (autocast mode, from the run it was made "
+        lines.append(f"the plan file's GEMMs alone {p.file_predicted:.2f}x (from the run it was made "
                      "from); the GEMMs alone above comes from this run, like the recipes'")
     return lines
 

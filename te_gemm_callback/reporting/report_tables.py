@@ -37,11 +37,15 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
                  for k, v in plan.predicted_step_ms.items()]
         if (why := plan.meta.get("plan_not_replayed")) and "plan" in (alone := plan.meta.get("gemms_alone") or {}):
             parts.append(f"plan: GEMMs alone {alone['plan']:.2f}x ({why})")
-        verdict = (f"The plan is {plan.same_as} everywhere, the best single recipe: no mixed plan gains "
-                   f"{100 * MIN_GAIN:g}% of the step." if plan.same_as else
+        # The choice weighs autocast-mode module costs (what training pays), not the figures above: said so.
+        verdict = (f"The plan is {plan.same_as} everywhere, the single recipe of least autocast-mode GEMM time: "
+                   f"no mixed plan gains {100 * MIN_GAIN:g}% of the step." if plan.same_as else
                    f"Best single recipe: {plan.best_single}; the mixed plan keeps {len(plan.keep_bf16)} module(s) "
                    "in BF16.")
-        t.caption = safe(f"predicted step ({plan.meta.get('prediction')}): " + ", ".join(parts) + f". {verdict}")
+        # Only a replay is a predicted step; without one these figures are GEMMs alone, and headed so.
+        how = str(plan.meta.get("prediction"))
+        head = f"predicted step ({how})" if bound else f"GEMMs alone, no replay ({how.removeprefix('GEMMs alone: ')})"
+        t.caption = safe(f"{head}: " + ", ".join(parts) + f". {verdict}")
     return t
 
 
@@ -54,7 +58,7 @@ def plan_line(plan: Any) -> str:
     if pred.get("plan") and best in pred:
         # The replay where the report has one, as its predicted column; else GEMMs alone, named so.
         how = (f"replay, {bound['plan']}-bound, as the report's predicted column" if bound else
-               "Amdahl over the GEMM share, autocast-mode bench: no replay")
+               "Amdahl over the GEMM share, as the report's GEMMs alone: no replay")
         tail = f", {'predicted' if bound else 'GEMMs alone'} {pred['plan']:.2f}x vs best single {best} " \
                f"{pred[best]:.2f}x ({how})"
     elif bound and alone and best in pred:
