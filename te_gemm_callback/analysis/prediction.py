@@ -1,7 +1,8 @@
-"""What each captured run measured, and the step time predicted for each recipe by Amdahl's law
+"""What each captured run measured, and each recipe's "GEMMs alone" step by Amdahl's law
 (docs/benchmark-methodology.md): with the job observed in recipe r0 (step T, in-job GEMM time G) and
-microbenchmarked GEMM time B(r) per step, T_pred(r) = T - G + G * B(r) / B(r0). G is kernel time, so B is
-pre-quantized where measured; autocast mode (every cast unfused) gives a second, pessimistic prediction."""
+microbenchmarked GEMM time B(r) per step, T(r) = T - G + G * B(r) / B(r0). G is kernel time, so B is
+pre-quantized where measured; autocast mode (every quantization unfused) gives its unfused variant. Both are
+bounds with the rest of the step held fixed, never the predicted step, which is the replay's (whatif)."""
 
 from __future__ import annotations
 

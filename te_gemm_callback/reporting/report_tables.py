@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from te_gemm_callback.analysis.verdicts import Report
 
 
+# Amdahl with autocast-mode GEMM times: a variant of GEMMs alone, so named, never of the predicted step.
+UNFUSED = "GEMMs alone, unfused"
+
+
 def plan_table(plan: Any, limit: int | None = 40) -> Table:
     """Per module its GEMM time in BF16 and in the plan's recipe, and the choice; the caption: predicted steps."""
     title = (f"Precision plan: {plan.same_as} everywhere" if plan.same_as else
@@ -190,7 +194,7 @@ def speedup_rows(rep: Report) -> SpeedupRows:
             + ([f"vs {rep.current_recipe}"] if vs_cur else [])
             + (["predicted step", "band", "bound"] if replayed else ["predicted step"])
             + (["GEMMs alone"] if alone else [])
-            + (["pred. unfused"] if unfused else [])
+            + ([UNFUSED] if unfused else [])
             + ["observed step", "95% CI", "a rerun", "observed ms"])
     # No bench (te-gemm compare): the runs' own GEMM times.
     rows = [[recipe_label(rep, a.recipe), _cell(rep, a, "gemm_ms_bench" if benched else "observed_gemm_ms", "{:.2f}"),
@@ -214,8 +218,8 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     # Said only for what the table holds (te-gemm compare: no bench, no sweep).
     gemm_text = (f"{rep.meta.get('mode', 'autocast')} microbenchmarks of the captured shapes" if benched else
                  "the runs' own GEMM times (kernel records of each run's kernels step; no microbenchmark)")
-    unfused_text = ("; pred. unfused: each GEMM plus a standalone quantization of its inputs (autocast mode)"
-                    if unfused else "")
+    unfused_text = (f"; {UNFUSED}: the same bound with every quantization unfused, each GEMM plus a standalone "
+                    "quantization of its inputs (autocast mode)" if unfused else "")
     observed_text = ("whole training steps (optimizer included) in the sweep's alternating rounds, the median of "
                      f"the per-round ratios; 95% CI: its order-statistic interval ({rounds_text}); a rerun: where "
                      "another run's median (a loop of your own) should fall, the CI widened by sqrt(2)" if rounds else
