@@ -73,6 +73,18 @@ def plan_line(plan: Any) -> str:
     return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
 
 
+def predicted_drawn(rep: Report) -> bool:
+    """Whether speedups.png has predicted bars: a row with a predicted step, or one the checks refused ("n/a")."""
+    return any(a.predicted_step_speedup or "predicted_step_speedup" in rep.withheld(a.recipe) for a in rep.recipes)
+
+
+def speedup_title(rep: Report) -> str:
+    """What speedups.png shows: without a replay no predicted step, and a title that promised one misled."""
+    if predicted_drawn(rep):
+        return "Predicted vs observed step speedup"
+    return "GEMM and observed step speedup (no replay, so no predicted step)"
+
+
 def x_text(v: float | None, fmt: str = "{:.2f}x") -> str:
     """``v`` in ``fmt`` (a speedup by default), "-" for None."""
     return "-" if v is None else fmt.format(v)
