@@ -16,7 +16,8 @@ OTHER_HIGH = ("FP32", "FP16")  # not BF16: the speedups' base, which every table
 
 PREDICTED = ("predicted_step_ms", "predicted_step_speedup", "predicted_step_speedup_unfused", "predicted_gemms_alone")
 # A refused figure goes from the verdict's evidence too, where a verdict without a prediction kept it.
-_EVIDENCE_OF = {"predicted_step_speedup": ("predicted", "unfused"), "predicted_gemms_alone": ("gemms_alone",)}
+_EVIDENCE_OF = {"predicted_step_speedup": ("predicted",), "predicted_step_speedup_unfused": ("unfused",),
+                "predicted_gemms_alone": ("gemms_alone",)}
 BENCHED = ("gemm_ms_bench", "gemm_speedup", "gemm_speedup_vs_current", "high_precision")
 BENCH_OVER_STEP = 2.0  # the bench's GEMM time per step over this many whole steps: not this job's GEMMs
 BENCH_VS_JOB = 3.0  # the bench's GEMM time this many times the job's own, or a third of it: said

@@ -88,7 +88,7 @@ class Evidence:
     estimate: Estimate | None = None  # the per-round speedups' median and interval
     tolerance: float | None = None  # |observed / predicted - 1| within this: GEMM-bound
     straddle: Straddle | None = None
-    unfused: float | None = None  # predicted with every quantization unfused
+    unfused: float | None = None  # GEMMs alone with every quantization unfused: shown, never judged against
     non_gemm_ms: tuple[float, float] | None = None  # (BF16, this recipe)
     step_parts: StepParts | None = None
     kernel_moves: list[tuple[str, float]] = field(default_factory=list)  # (category, ms per step), largest first
@@ -178,9 +178,14 @@ def _comparison(ev: Evidence) -> str:
         sides = f"{near} and overhead eating the gain" if s.edge < 1 else f"{near} and better than predicted"
         line += (f"; undecided: its {what} {s.low:.2f}-{s.high:.2f}x reaches across {s.edge * predicted:.2f}x "
                  f"({100 * (s.edge - 1):+.0f}% of the prediction), the line between {sides}")
-    if ev.unfused is not None:
-        line += f"; with every quantization unfused {ev.unfused:.2f}x"
     return line
+
+
+def _unfused_line(ev: Evidence) -> str:
+    """GEMMs alone and its unfused variant, apart from the prediction: bounds, not predicted steps."""
+    alone = f"GEMMs alone {ev.gemms_alone:.2f}x, with" if ev.gemms_alone is not None else "GEMMs alone with"
+    return (f"{alone} every quantization unfused {cast(float, ev.unfused):.2f}x (Amdahl over the GEMM share: the "
+            "rest of the step held fixed, so not predictions of the step, never judged against)")
 
 
 def _observed_line(ev: Evidence, kind: Verdict | None) -> str:
@@ -250,6 +255,8 @@ def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
     p = ev.plan
     if ev.residual is not None:
         lines.append(_comparison(ev))
+        if ev.unfused is not None:
+            lines.append(_unfused_line(ev))
     elif ev.observed is not None:
         lines.append(_observed_line(ev, kind))
     if ev.non_gemm_ms is not None and not ev.non_gemm_withheld:
@@ -273,7 +280,7 @@ def _fact_lines(kind: Verdict | None, ev: Evidence) -> list[str]:
         lines.append(f"best single recipe observed: {p.best_single} {p.best_single_ms:.2f} ms per step; the plan "
                      f"{p.step_ms:.2f} ms ({100 * (p.step_ms / p.best_single_ms - 1):+.1f}%)")
     if p is not None and p.file_predicted:
-        lines.append(f"the plan file's GEMMs alone {p.file_predicted:.2f}x (autocast mode, from the run it was made "
+        lines.append(f"the plan file's GEMMs alone {p.file_predicted:.2f}x (from the run it was made "
                      "from); the GEMMs alone above comes from this run, like the recipes'")
     return lines
 

@@ -1,7 +1,8 @@
-"""What each captured run measured, and the step time predicted for each recipe by Amdahl's law
+"""What each captured run measured, and each recipe's "GEMMs alone" step by Amdahl's law
 (docs/benchmark-methodology.md): with the job observed in recipe r0 (step T, in-job GEMM time G) and
-microbenchmarked GEMM time B(r) per step, T_pred(r) = T - G + G * B(r) / B(r0). G is kernel time, so B is
-pre-quantized where measured; autocast mode (every cast unfused) gives a second, pessimistic prediction."""
+microbenchmarked GEMM time B(r) per step, T(r) = T - G + G * B(r) / B(r0). G is kernel time, so B is
+pre-quantized where measured; autocast mode (every quantization unfused) gives its unfused variant. Both are
+bounds with the rest of the step held fixed, never the predicted step, which is the replay's (whatif)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,24 @@ def predict_steps(base: Observed, bench_ms: dict[str, float | None]) -> dict[str
     if not b0 or base.gemm_ms is None:
         return {}
     return {r: base.step_ms - base.gemm_ms + base.gemm_ms * b / b0 for r, b in bench_ms.items() if b}
+
+
+def gemm_mode(modes: list[str]) -> str:
+    """The bench mode of the report's GEMM figures: pre-quantized where the bench ran it, since the in-job GEMM
+    time those figures scale is kernel time with the quantization apart; else autocast."""
+    return "prequantized" if "prequantized" in modes else "autocast"
+
+
+def gemms_alone_steps(base: Observed, capture: GemmCapture, bench: BenchResults, items: list[WorkItem],
+                      plan: dict[str, Any]) -> dict[str, float]:
+    """The report's GEMMs alone as step ms: each recipe the bench ran, and ``plan`` (its "recipe" and
+    "keep_bf16") under "plan", Amdahl over ``base``'s GEMM share with the GEMM times of the report's mode.
+    The plan reads them from here so that its figures and the report's GEMMs alone column cannot part."""
+    mode = gemm_mode(bench.meta.get("modes", ["autocast"]))
+    ms = {r: bench_step_ms(bench, items, r, mode, fallback="BF16") for r in bench.precisions}
+    steps = predict_steps(base, ms)
+    got = plan_prediction(plan, base, capture, bench, items, ms, {}, mode)
+    return {**steps, "plan": got[0]} if got else steps
 
 
 def plan_prediction(plan: dict[str, Any], base: Observed, capture: GemmCapture, bench: BenchResults,

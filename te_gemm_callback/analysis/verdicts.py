@@ -22,6 +22,7 @@ from te_gemm_callback.analysis.prediction import (
     Observed,
     amdahl,
     capture_recipe,
+    gemm_mode,
     observe,
     observed_estimate,
     observed_speedup,
@@ -187,7 +188,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
     items = items or items_from_capture(capture)
     items = measured_items(bench, items) if bench is not None else items
     modes = bench.meta.get("modes", ["autocast"]) if bench else []
-    mode = mode or ("prequantized" if "prequantized" in modes else "autocast")
+    mode = mode or gemm_mode(modes)
     recipes = list(dict.fromkeys((bench.precisions if bench else []) + list(runs)))
     # A GEMM a recipe cannot run (an 8-wide router in FP8) stays in BF16 in the job: count it so.
     bench_ms = {r: bench_step_ms(bench, items, r, mode, fallback="BF16") for r in recipes} if bench else {}

@@ -18,7 +18,7 @@ from te_gemm_callback.microbench.items import WorkItem
 from te_gemm_callback.microbench.results import BenchResults, item_ms
 from te_gemm_callback.precisions import skipped_lines
 from te_gemm_callback.printable import plain
-from te_gemm_callback.reporting.report_tables import recipe_label
+from te_gemm_callback.reporting.report_tables import predicted_drawn, recipe_label, speedup_title
 from te_gemm_callback.shapes import GemmOp
 
 if TYPE_CHECKING:
@@ -130,17 +130,24 @@ def ranks_figure(rows: list[dict], path: str | Path) -> Path:
 
 def speedup_figure(rep: Report, path: str | Path) -> Path:
     """Predicted (the report's column) against observed step speedup per recipe, GEMM speedup beside them;
-    the predicted bars carry the replay's band and say what bounds the step, the observed ones their 95% interval."""
+    the predicted bars carry the replay's band and say what bounds the step, the observed ones their 95% interval.
+    Without a replay there are no predicted bars, and the title says so."""
     recs = list(rep.recipes)
     x = range(len(recs))
     fig, ax = new_figure((max(6, 1.8 * len(recs) + 2), 4.5))
-    w = 0.27
     predicted, ticks = _predicted_marks(recs)
     observed = "observed step speedup" + (" (95% CI)" if any(a.observed_ci for a in recs) else "")  # rounds ran
+    # Without a bench the GEMM speedups are the runs' own GEMM times, as the report's table says.
+    gemm = "GEMM speedup (bench)" if any(a.gemm_ms_bench is not None for a in recs) else "GEMM speedup (in job)"
+    series = [("gemm_speedup", None, gemm, "#9ecae1"),
+              ("predicted_step_speedup", "predicted_band", predicted, "#3182bd"),
+              ("observed_step_speedup", "observed_ci", observed, "#e6550d")]
+    if not predicted_drawn(rep):  # no bar to draw: a legend entry for none said nothing of why (the title does)
+        del series[1]
+    w = 0.8 / len(series)
     tops = [1.0]
-    for off, key, span, label, color in ((-w, "gemm_speedup", None, "GEMM speedup (bench)", "#9ecae1"),
-                                         (0, "predicted_step_speedup", "predicted_band", predicted, "#3182bd"),
-                                         (w, "observed_step_speedup", "observed_ci", observed, "#e6550d")):
+    for k, (key, span, label, color) in enumerate(series):
+        off = (k - (len(series) - 1) / 2) * w
         vals = [getattr(a, key) or 0 for a in recs]
         # A span is drawn only around a value it belongs to (a refused value keeps no whisker).
         spans = [getattr(a, span) if span and v else None for a, v in zip(recs, vals)]
@@ -162,7 +169,8 @@ def speedup_figure(rep: Report, path: str | Path) -> Path:
     ax.set_xticks(list(x), [recipe_label(rep, a.recipe, "\n") + ticks.get(a.recipe, "") for a in recs],
                   rotation=15)
     ax.set_ylabel(f"speedup over BF16 (ran {ran})" if ran else "speedup over BF16")
-    ax.set_title(f"Predicted vs observed speedup — {rep.meta.get('device', '')}")
+    head, _, why = speedup_title(rep).partition(" (")
+    ax.set_title(f"{head} — {rep.meta.get('device', '')}" + (f"\n({why}" if why else ""), fontsize=10)
     _legend(ax, fontsize=8, loc="upper left")
     return save_figure(fig, path)
 

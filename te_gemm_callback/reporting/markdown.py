@@ -20,11 +20,13 @@ from te_gemm_callback.reporting.report_tables import (
     plan_line,
     replay_own_line,
     speedup_rows,
+    speedup_title,
     withheld_reasons,
 )
 
 if TYPE_CHECKING:
     from te_gemm_callback.analysis.runs import RunReport
+    from te_gemm_callback.analysis.verdicts import Report
 
 # The first line of every report.md we write, an HTML comment (renderers show nothing of it).
 MD_MARKER_PREFIX = "<!-- te-gemm-callback report.md"
@@ -35,8 +37,8 @@ MD_KIND = text_kind("te-gemm report.md", MD_MARKER_PREFIX.encode())
 # Characters with a meaning anywhere in a line of GFM (a lone ">" is text), then at the start of one.
 _INLINE = re.compile(r"([\\`*_\[\]<|~&$])")
 _LEADING = re.compile(r"^(?:([#+=>-])|(\d+)([.)]))")
-# How the figures a report draws are titled in report.md (gemm_<mode>: one per bench mode).
-FIGURE_TITLES = {"speedups": "Predicted vs observed step speedup", "step_split": "Step time split",
+# How the figures a report draws are titled in report.md (gemm_<mode>: one per bench mode; speedups: its own).
+FIGURE_TITLES = {"step_split": "Step time split",
                  "ranks": "Per-rank step: GEMM, exposed communication, rest"}
 TOP_GEMMS = 10
 
@@ -159,12 +161,14 @@ def _event_pair_notes(pairs: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _figures(files: Mapping[str, Path], root: Path) -> list[str]:
+def _figures(files: Mapping[str, Path], root: Path, rep: Report) -> list[str]:
     out = []
+    # speedups.png's title is the figure's own: without a replay it shows no predicted step.
+    titles = {**FIGURE_TITLES, "speedups": speedup_title(rep)}
     for key, path in files.items():
         if Path(path).suffix.lower() == ".png":
             title = md_escape(f"GEMM time per step by precision ({key[5:]} microbenchmarks)" if key.startswith("gemm_")
-                              else FIGURE_TITLES.get(key, key))
+                              else titles.get(key, key))
             out += ["", f"**{title}**", "", f"![{title}]({link_target(path, root)})"]
     return ["## Figures", *out] if out else []
 
@@ -305,7 +309,7 @@ def report_markdown(rr: RunReport, files: Mapping[str, Path], root: str | Path) 
     head = [f"# GEMM report: {md_escape(name)}", "",
             md_escape(f"{rep.meta.get('device') or 'unknown device'}; {job_head(rep)}.", line_start=True)]
     sections = [head, _checks(rr), _verdicts(rr), _speedups(rr), *_projections(rr, files), _capture(rr),
-                _figures(files, root), _trace(files, root), _notes(rr), _commands(rr, root)]
+                _figures(files, root, rr.report), _trace(files, root), _notes(rr), _commands(rr, root)]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
 
 

@@ -28,9 +28,15 @@ def rows(rp: Any) -> list[list[str]]:
 
 
 def title(rp: Any) -> str:
+    """Says what the step column is: an old folder's capture has no host calls to replay, and a title of
+    "the step predicted from it" stood over a note saying the step was GEMMs alone."""
+    by = {s.step_by for s in rp.steps if s.step_ms is not None}
+    step = ("the job's step replayed with it" if by == {"replay"} else
+            "GEMMs alone from it (no replay: the rest of the step held fixed, not a predicted step)"
+            if "replay" not in by else "the step replayed with it where a bound is given, else GEMMs alone")
     return (f"{'measured' if rp.measured else 'projection'}: {rp.source.name} -> {rp.target.name}: GEMM time per "
-            f"step ({rp.mode}) and the step predicted from it, with bands; speedups over BF16 on each GPU; the same "
-            "recipe's step on both")
+            f"step ({rp.mode}) and {step}, with bands; speedups over BF16 on each GPU; the same recipe's step on "
+            "both")
 
 
 def projection_table(rp: Any) -> Table:

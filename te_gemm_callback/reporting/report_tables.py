@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from te_gemm_callback.analysis.verdicts import Report
 
 
+# Amdahl with autocast-mode GEMM times: a variant of GEMMs alone, so named, never of the predicted step.
+UNFUSED = "GEMMs alone, unfused"
+
+
 def plan_table(plan: Any, limit: int | None = 40) -> Table:
     """Per module its GEMM time in BF16 and in the plan's recipe, and the choice; the caption: predicted steps."""
     title = (f"Precision plan: {plan.same_as} everywhere" if plan.same_as else
@@ -37,11 +41,15 @@ def plan_table(plan: Any, limit: int | None = 40) -> Table:
                  for k, v in plan.predicted_step_ms.items()]
         if (why := plan.meta.get("plan_not_replayed")) and "plan" in (alone := plan.meta.get("gemms_alone") or {}):
             parts.append(f"plan: GEMMs alone {alone['plan']:.2f}x ({why})")
-        verdict = (f"The plan is {plan.same_as} everywhere, the best single recipe: no mixed plan gains "
-                   f"{100 * MIN_GAIN:g}% of the step." if plan.same_as else
+        # The choice weighs autocast-mode module costs (what training pays), not the figures above: said so.
+        verdict = (f"The plan is {plan.same_as} everywhere, the single recipe of least autocast-mode GEMM time: "
+                   f"no mixed plan gains {100 * MIN_GAIN:g}% of the step." if plan.same_as else
                    f"Best single recipe: {plan.best_single}; the mixed plan keeps {len(plan.keep_bf16)} module(s) "
                    "in BF16.")
-        t.caption = safe(f"predicted step ({plan.meta.get('prediction')}): " + ", ".join(parts) + f". {verdict}")
+        # Only a replay is a predicted step; without one these figures are GEMMs alone, and headed so.
+        how = str(plan.meta.get("prediction"))
+        head = f"predicted step ({how})" if bound else f"GEMMs alone, no replay ({how.removeprefix('GEMMs alone: ')})"
+        t.caption = safe(f"{head}: " + ", ".join(parts) + f". {verdict}")
     return t
 
 
@@ -54,7 +62,7 @@ def plan_line(plan: Any) -> str:
     if pred.get("plan") and best in pred:
         # The replay where the report has one, as its predicted column; else GEMMs alone, named so.
         how = (f"replay, {bound['plan']}-bound, as the report's predicted column" if bound else
-               "Amdahl over the GEMM share, autocast-mode bench: no replay")
+               "Amdahl over the GEMM share, as the report's GEMMs alone: no replay")
         tail = f", {'predicted' if bound else 'GEMMs alone'} {pred['plan']:.2f}x vs best single {best} " \
                f"{pred[best]:.2f}x ({how})"
     elif bound and alone and best in pred:
@@ -63,6 +71,18 @@ def plan_line(plan: Any) -> str:
     else:
         tail = f", predicted speedup {plan.meta.get('prediction', 'n/a')}"  # says why none is given
     return f"precision plan: {what}{tail}; te-gemm plan RUN_DIR for the per-module table"
+
+
+def predicted_drawn(rep: Report) -> bool:
+    """Whether speedups.png has predicted bars: a row with a predicted step, or one the checks refused ("n/a")."""
+    return any(a.predicted_step_speedup or "predicted_step_speedup" in rep.withheld(a.recipe) for a in rep.recipes)
+
+
+def speedup_title(rep: Report) -> str:
+    """What speedups.png shows: without a replay no predicted step, and a title that promised one misled."""
+    if predicted_drawn(rep):
+        return "Predicted vs observed step speedup"
+    return "GEMM and observed step speedup (no replay, so no predicted step)"
 
 
 def x_text(v: float | None, fmt: str = "{:.2f}x") -> str:
@@ -186,7 +206,7 @@ def speedup_rows(rep: Report) -> SpeedupRows:
             + ([f"vs {rep.current_recipe}"] if vs_cur else [])
             + (["predicted step", "band", "bound"] if replayed else ["predicted step"])
             + (["GEMMs alone"] if alone else [])
-            + (["pred. unfused"] if unfused else [])
+            + ([UNFUSED] if unfused else [])
             + ["observed step", "95% CI", "a rerun", "observed ms"])
     # No bench (te-gemm compare): the runs' own GEMM times.
     rows = [[recipe_label(rep, a.recipe), _cell(rep, a, "gemm_ms_bench" if benched else "observed_gemm_ms", "{:.2f}"),
@@ -210,8 +230,8 @@ def speedup_rows(rep: Report) -> SpeedupRows:
     # Said only for what the table holds (te-gemm compare: no bench, no sweep).
     gemm_text = (f"{rep.meta.get('mode', 'autocast')} microbenchmarks of the captured shapes" if benched else
                  "the runs' own GEMM times (kernel records of each run's kernels step; no microbenchmark)")
-    unfused_text = ("; pred. unfused: each GEMM plus a standalone quantization of its inputs (autocast mode)"
-                    if unfused else "")
+    unfused_text = (f"; {UNFUSED}: the same bound with every quantization unfused, each GEMM plus a standalone "
+                    "quantization of its inputs (autocast mode)" if unfused else "")
     observed_text = ("whole training steps (optimizer included) in the sweep's alternating rounds, the median of "
                      f"the per-round ratios; 95% CI: its order-statistic interval ({rounds_text}); a rerun: where "
                      "another run's median (a loop of your own) should fall, the CI widened by sqrt(2)" if rounds else

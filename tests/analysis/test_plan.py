@@ -276,7 +276,8 @@ def test_the_plan_predicts_with_the_reports_replay_through_the_cli_and_the_api(t
             assert plan.predicted_speedup[a.recipe] == pytest.approx(a.predicted_step_speedup)
             assert plan.meta["bound"][a.recipe] == a.predicted_bound
     assert plan.predicted_speedup["DelayedScaling"] == pytest.approx(0.84, abs=0.005)
-    assert plan.meta["gemms_alone"]["DelayedScaling"] == pytest.approx(0.97, abs=0.005)  # kept, named
+    for a in rep.recipes:  # kept, named, and the report's GEMMs alone column
+        assert plan.meta["gemms_alone"][a.recipe] == pytest.approx(a.predicted_gemms_alone)
     assert "(replay, host-bound" in plan_line(plan) and "Amdahl" not in plan_line(plan)
     assert main(["plan", str(run), "--limit", "1"]) == 0
     out = " ".join(capsys.readouterr().out.split())

@@ -77,3 +77,16 @@ def test_an_empty_observed_column_says_why(tmp_path):
     rp = project_run(run, "B300")
     assert next(s for s in rp.steps if s.recipe == "Float8CurrentScaling").observed_speedup == 1.7
     assert "source: observed: from report.json (no sweep/ captures to make them again)" in rp.notes
+
+
+@pytest.mark.parametrize(("folder", "step"), [("dense", "GEMMs alone from it (no replay"),
+                                              ("replay/main", "the job's step replayed with it")])
+def test_the_title_says_what_the_step_is(tmp_path, folder, step):
+    """An old folder (no host calls to replay) was titled "the step predicted from it" over a note saying
+    its step is GEMMs alone."""
+    from te_gemm_callback.reporting.projection_tables import title
+
+    run = tmp_path / "run"
+    shutil.copytree(REPLAY.parent / folder, run)
+    text = title(project_run(run, "B300"))
+    assert step in text and "predicted from it" not in text, text

@@ -90,3 +90,32 @@ def test_a_run_without_rounds_names_no_interval(tmp_path, monkeypatch):
             a.observed_step_speedup = a.observed_step_ms = None
     _, bars = _drawn(rep, tmp_path, monkeypatch)
     assert "observed step speedup" in bars and _whiskers(bars["observed step speedup"]) is None, list(bars)
+
+
+@pytest.mark.parametrize("benched", [True, False])
+def test_without_a_replay_no_empty_predicted_entry_and_the_title_says_why(tmp_path, monkeypatch, benched):
+    """With no predicted bar the legend still named "predicted step speedup", the title read "Predicted vs
+    observed", and in-job GEMM speedups (no bench.json) were labelled "(bench)"."""
+    from te_gemm_callback.reporting.markdown import _figures
+
+    rep = _rows(["gpu"] * 3)
+    for a in rep.recipes:
+        a.predicted_step_speedup = a.predicted_band = a.predicted_bound = a.predicted_by = None
+        a.gemm_ms_bench = 2.0 if benched else None
+    ax, bars = _drawn(rep, tmp_path, monkeypatch)
+    gemm = "GEMM speedup (bench)" if benched else "GEMM speedup (in job)"
+    assert list(bars) == [gemm, "observed step speedup (95% CI)"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(bars)
+    assert ax.get_title() == "GEMM and observed step speedup — NVIDIA H200\n(no replay, so no predicted step)"
+    md = "\n".join(_figures({"speedups": tmp_path / "speedups.png"}, tmp_path, rep))
+    assert "**GEMM and observed step speedup (no replay, so no predicted step)**" in md and "Predicted" not in md
+
+
+def test_a_replayed_run_keeps_its_predicted_bars_and_title(tmp_path, monkeypatch):
+    rep = _rows(["gpu"] * 3)
+    for a in rep.recipes:
+        a.gemm_ms_bench = 2.0
+    ax, bars = _drawn(rep, tmp_path, monkeypatch)
+    assert list(bars) == ["GEMM speedup (bench)", "predicted step speedup (replay, GPU-bound, band)",
+                          "observed step speedup (95% CI)"]
+    assert ax.get_title() == "Predicted vs observed step speedup — NVIDIA H200"
