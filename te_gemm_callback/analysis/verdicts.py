@@ -62,7 +62,7 @@ class RecipeAnalysis:
     predicted_gemms_alone: float | None = None  # over BF16, Amdahl over the GEMM share (kept beside the replay)
     predicted_band: tuple[float, float] | None = None  # the replay's band on predicted_step_speedup
     predicted_bound: str | None = None  # "host" or "gpu": what bounds the replayed step in this recipe
-    predicted_by: str | None = None  # "replay" (the job's step replayed) or "gemms_alone"
+    predicted_by: str | None = None  # "replay" (the job's step replayed), else None (no prediction)
     predicted_ledger: str | None = None  # the replayed step's host and GPU time: which side bounds it
     predicted_na: str | None = None  # why no step is predicted (no replay), where none is
     observed_step_ms: float | None = None
