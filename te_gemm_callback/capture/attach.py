@@ -71,12 +71,17 @@ class Instruments:
         if self.recorder.error is None and self.attached is not None:
             self.recorder.active = False
             self.scope.enabled = False
+            # The job's own work between steps runs its graphs and compiled code (and its dynamo stance).
+            self.eager.exit()
+            self.eager_compiled.exit()
             if self.mode is not None:
                 self.exit_mode()
                 self.paused_mode = True
 
     def resume(self) -> None:
         if self.recorder.error is None and self.attached is not None:
+            self.eager.enter()
+            self.eager_compiled.enter()
             self.scope.enabled = True
             self.recorder.active = True
             if self.paused_mode:

@@ -142,9 +142,12 @@ class GemmSchedule(Publishing):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        """A loop that raised: everything of ours comes off (:meth:`exception`), as Lightning's on_exception."""
+        """A loop that raised: everything of ours comes off (:meth:`exception`), as Lightning's on_exception; one
+        that ended with the window open: :meth:`train_end`, as if the loop had called it."""
         if exc_type is not None:
             self.exception()
+        elif self._prof is not None:
+            self.train_end()
 
     def __getstate__(self) -> dict[str, Any]:
         # The live capture (thread-local state, hooks, a dispatch mode) belongs to the running job.
@@ -268,6 +271,8 @@ class GemmSchedule(Publishing):
         if self._prof is not None and self._phase == "active":
             log.warning("te-gemm: the job raised inside the capture window: its capture is not written (nothing "
                         "of ours is left on the model); a later run captures from its own window")
+        if self._prof is not None:
+            self.wait = self.steps_seen  # a later run's window: warm-up first, from its own first step
         self._finish(JobStep(), keep=False)
 
     def _job_ok(self, job: Any, hook: str) -> bool:

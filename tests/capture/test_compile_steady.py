@@ -237,6 +237,33 @@ def test_module_compiled_in_place_runs_eager_only_while_instrumented(how):
     assert calls[0] == c + 1 and sum(counters["graph_break"].values()) == breaks0
 
 
+def test_the_job_between_steps_runs_its_own_compiled_forward_and_stance():
+    """Paused between steps (the job's validation, logging), a compiled forward ran under our force_eager stance
+    and a compiled module ran its eager forward: both are the job's again until the next step resumes us."""
+    from torch._dynamo import eval_frame
+
+    calls = [0]
+    model, other = MLP(), MLP()
+    model.forward = torch.compile(model.forward, backend=counting_backend(calls))
+    other.compile(backend=counting_backend(calls))
+    x = torch.randn(4, 16, requires_grad=True)
+    seen = []
+    with GemmProfiler(nn.ModuleList([model, other])) as prof:
+        for _ in range(4):
+            model(x).sum().backward()
+            other(x).sum().backward()
+            prof.step()
+            prof.pause()  # between steps: the job's own work
+            c = calls[0]
+            other(x)
+            seen.append((prof.step_kind, eval_frame._stance.stance, calls[0] > c))
+            prof.resume()
+            seen[-1] += (eval_frame._stance.stance,)
+    # (next step's kind, stance while paused, the compiled module ran compiled while paused, stance resumed)
+    assert seen[1] == ("instrumented", "default", True, "force_eager"), seen
+    assert all(s[1] == "default" and s[2] for s in seen), seen
+
+
 def test_a_compiled_function_called_under_the_dispatch_step_still_compiles():
     """A compiled loss outside the model cannot run eagerly for the instrumented step: dynamo meets the
     dispatch mode. The mode ignores compile internals, so dynamo compiles with it off, runs the

@@ -232,3 +232,33 @@ def test_a_job_step_whose_field_raises_an_unprintable_error_is_refused_in_words(
 
     why = _bad_job(JobStep(writes=Weird()))
     assert why is not None and "cannot be read" in why and "Unprintable" in why
+
+
+def test_a_with_block_left_inside_the_window_ends_it_and_a_reused_schedule_warms_up(tmp_path):
+    """Leaving ``with GemmSchedule`` with the window open left the capture on the model for the rest of the
+    process; a schedule reused after its loop raised mid-window began its next window without a warm-up."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 4))
+
+    def loop(sched, steps, fail_at=None):
+        for i in range(steps):
+            sched.step_begin(model)
+            model(torch.randn(2, 4)).sum().backward()
+            if i == fail_at:
+                raise RuntimeError("the job's own")
+            sched.step_end(JobStep(global_step=i + 1))
+
+    with GemmSchedule(wait=1, warmup=0, active=10, output_dir=tmp_path, verbose=False, report=False) as sched:
+        loop(sched, 4)
+    assert "forward" not in model.__dict__ and _get_current_dispatch_mode() is None
+    assert sched._prof is None and (tmp_path / "gemm_capture.json").is_file()  # ended as train_end() ends it
+
+    again = GemmSchedule(wait=1, warmup=1, active=2, output_dir=tmp_path / "again", verbose=False, report=False)
+    with pytest.raises(RuntimeError):
+        with again:
+            loop(again, 4, fail_at=2)  # raised in the window's first step
+    with again:
+        loop(again, 4)
+    # The second run's own window: a warm-up step (its step 1), then 2 captured steps (2 and 3).
+    assert len(again.capture.steps) == 2 and again.capture.meta["global_step_end"] == 3
