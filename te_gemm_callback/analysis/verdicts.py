@@ -233,6 +233,7 @@ def analyze(capture: GemmCapture, bench: BenchResults | None = None, observed: S
                                   (got[recipe], replays["BF16"]) if recipe in got and "BF16" in replays else None))
     return Report(base.recipe, base.step_ms, base.gemm_ms, out, dict(bench.skipped) if bench else {},
                   meta={"device": capture.meta.get("device"), "mode": mode,
+                        "run_id": replay_from.meta.get("run_id"),  # the job's: what a kept report is checked by
                         "prediction": ("a replay of the job's own kernels step (host calls and kernels) with each "
                                        f"recipe's GEMM times ({mode} mode) and module host and quantization costs"
                                        if replays else None),

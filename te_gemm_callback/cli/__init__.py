@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -190,7 +189,7 @@ def cmd_report(a: argparse.Namespace) -> int:
     lost = _observed_without_sweep(run)
     kept = keep_report(run)
     if lost:  # measured once, on a GPU: the new report.json must not be their only end
-        shutil.copyfile(run / "report.json", kept)
+        _keep(run, kept)
     files = Run(a.run_dir).report(out, a.project or ()).files
     print_summary(out, files)
     if lost:
@@ -200,6 +199,19 @@ def cmd_report(a: argparse.Namespace) -> int:
     if a.json:
         write_json(a.json, read_json(files["report"], "report.json"))
     return 0
+
+
+def _keep(run: Path, kept: Path) -> None:
+    """report.json copied to ``kept``, marked with the run it is of (the folder's capture) where it is not: a later
+    run written to the same folder must not take its observed speedups for its own."""
+    report = read_json(run / "report.json", "report.json")
+    meta = report.setdefault("meta", {})
+    if not meta.get("run_id") and (run / "gemm_capture.json").is_file():
+        try:
+            meta["run_id"] = (read_json(run / "gemm_capture.json", "gemm_capture.json").get("meta") or {}).get("run_id")
+        except ValueError:
+            pass  # no capture to name: kept as it was
+    write_json(kept, report)
 
 
 def _observed_without_sweep(run: Path) -> list[str]:

@@ -103,11 +103,17 @@ def observed_speedups(root: Path, rr: RunReport | None, why: str | None) -> tupl
     if not paths:
         return {}, f"source: observed: empty: {why}, and no report.json"
     errors = []
+    run_id = rr.job.meta.get("run_id") if rr is not None else None
     for path in paths:
         try:
-            got = observed_in(read_json(path, path.name))
+            report = read_json(path, path.name)
+            got = observed_in(report)
         except ValueError as err:
             errors.append(f"{path.name} unreadable ({err})")
+            continue
+        theirs = (report.get("meta") or {}).get("run_id") if isinstance(report, dict) else None
+        if run_id and theirs and theirs != run_id:  # an earlier run's, written to the same folder
+            errors.append(f"{path.name} is of another run ({theirs})")
             continue
         if set(got) - {"BF16"}:
             return got, f"source: observed: from {path.name} ({why} to make them again)"

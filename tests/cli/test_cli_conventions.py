@@ -367,11 +367,20 @@ def test_report_says_when_a_folder_without_sweep_loses_its_observed_speedups(tmp
     assert f"kept as {run / 'report-before-2.json'}" in err
     assert (run / "report-before.json").read_text() == '{"hello": 1}'
     assert main(["report", str(run)]) == 0
-    assert (run / "report-before-2.json").read_bytes() == earlier != (run / "report.json").read_bytes()
+    kept = json.loads((run / "report-before-2.json").read_text())
+    run_id = json.loads((run / "gemm_capture.json").read_text())["meta"]["run_id"]
+    assert kept["recipes"] == json.loads(earlier)["recipes"] and kept["meta"]["run_id"] == run_id  # marked its run's
     # te-gemm project finds them there: the same observed column as before the report.
     assert main(["project", str(run), "--gpu", "B300"]) == 0
     assert "from report-before-2.json" in " ".join(capsys.readouterr().out.split())
     assert observed() == projected and projected["DelayedScaling"] > 1
+    # Another run written into the same folder does not take them for its own.
+    capture = json.loads((run / "gemm_capture.json").read_text())
+    capture["meta"]["run_id"] = "another run"
+    (run / "gemm_capture.json").write_text(json.dumps(capture))
+    assert main(["project", str(run), "--gpu", "B300"]) == 0
+    assert "report-before-2.json is of another run" in " ".join(capsys.readouterr().out.split())
+    assert observed()["DelayedScaling"] is None
     kept = tmp_path / "main"
     shutil.copytree(root / "docs" / "results" / "h200" / "replay" / "main", kept)
     assert main(["report", str(kept)]) == 0 and main(["report", str(kept)]) == 0  # the second over a full report.json
