@@ -142,11 +142,8 @@ def plan_for_run(rr: Any) -> PrecisionPlan:
 def _replay_mixed(rr: Any, plan: PrecisionPlan) -> Any:
     """The replay of a mixed ``plan`` (its modules kept in BF16 under its recipe), from the capture and anchor
     the report's replay has: the job's run in its own recipe, the report's base step."""
-    own = rr.report.current_recipe
-    src = rr.job if capture_recipe(rr.job) == own else \
-        next((c for c in rr.captures if capture_recipe(c) == own), rr.job)
-    got = replay_recipes(src, rr.bench, [plan.recipe], own, rr.report.step_ms, rr.bench.meta.get("module_costs"),
-                         keep=frozenset(plan.keep_bf16))
+    got = replay_recipes(rr.replay_from or rr.job, rr.bench, [plan.recipe], rr.report.current_recipe,
+                         rr.report.step_ms, rr.bench.meta.get("module_costs"), keep=frozenset(plan.keep_bf16))
     return got.get(plan.recipe)
 
 

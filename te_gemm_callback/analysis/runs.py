@@ -42,6 +42,7 @@ class RunReport:
     host_bound_notes: list[str] = field(default_factory=list)  # report.meta keys of host-bound notes
     files: dict[str, Path] = field(default_factory=dict)  # what reporting.run.report wrote, once it has
     projections: list[Any] = field(default_factory=list)  # projection.RunProjection, where asked for
+    replay_from: GemmCapture | None = None  # the capture the report's replay replays (the job's, in its recipe)
 
 
 def observed_in(report_json: Any) -> dict[str, float]:
@@ -141,7 +142,7 @@ def analyze_run(run_dir: str | Path) -> RunReport:
                         key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
     ranks = rank_summary([GemmCapture.load(p) for p in rank_files]) if rank_files else None
     kernels = {capture_recipe(c): c.meta.get("kernel_breakdown_ms") or {} for c in caps}
-    rr = RunReport(rep, job, caps, bench, items, ranks, kernels, host_bound_notes=alerts)
+    rr = RunReport(rep, job, caps, bench, items, ranks, kernels, host_bound_notes=alerts, replay_from=replay_from)
     rr.plan = run_plan(rr)
     return rr
 
