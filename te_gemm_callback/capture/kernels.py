@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,12 @@ _GEMM = ("gemm", "nvjet", "xmma", "cutlass", "gemv", "splitkreduce")
 def is_gemm_kernel(name: str) -> bool:
     low = name.lower()
     return not any(s in low for s in _ATTENTION) and any(s in low for s in _GEMM)
+
+
+def kernel_key(name: str) -> str:
+    """A kernel's name without its template and call arguments: the same kernel at every shape and stream."""
+    name = name.replace("(anonymous namespace)::", "").removeprefix("void ")
+    return re.split(r"[<(]", name, maxsplit=1)[0].strip()
 
 
 def kernel_times_us(prof: Any) -> dict[str, float]:

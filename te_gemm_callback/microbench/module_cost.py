@@ -14,11 +14,11 @@ import time
 from typing import Any
 
 from te_gemm_callback.capture.kernel_profile import kernel_records
-from te_gemm_callback.capture.kernels import is_gemm_kernel
+from te_gemm_callback.capture.kernels import is_gemm_kernel, kernel_key
 from te_gemm_callback.capture.module_specs import spec_key
 from te_gemm_callback.precisions import autocast
 
-MODULE_COST_SCHEMA = 4
+MODULE_COST_SCHEMA = 5
 # None: host passes run on the captured input, whose first calls the GPU rows have already paid; a
 # number (a multiple of every FP8 recipe's block) cuts the input to that many tokens.
 HOST_TOKENS: int | None = None
@@ -134,9 +134,12 @@ def _segments(records: list[tuple[Any, ...]], runs: int, after: int = 0) -> list
     return [recs[cuts[i] + 1:cuts[i + 1]] for i in range(1, 2 * runs, 2)]
 
 
-def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[tuple[float, float, int, float]]:
-    """Per run, (GEMM kernel µs, other kernel µs, kernels, host µs while recorded) per forward+backward
-    on the captured input, from one profiler session that ends with ``tax``'s recorded calls."""
+GpuRow = tuple[float, float, int, float, dict[str, float]]
+
+
+def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[GpuRow]:
+    """Per run, (GEMM kernel µs, other kernel µs, kernels, host µs while recorded, other µs by kernel_key) per
+    forward+backward on the captured input, from one profiler session that ends with ``tax``'s recorded calls."""
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
     host: list[float] = []
     prof.__enter__()
@@ -161,8 +164,12 @@ def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[tuple[floa
     rows = []
     for seg, host_us in zip(_segments(kernel_records(prof), len(runs), after), host):
         gemm = sum(e - s for name, s, e, *_ in seg if is_gemm_kernel(name))
-        other = sum(e - s for name, s, e, *_ in seg if not is_gemm_kernel(name))
-        rows.append((gemm / GPU_ITERS, other / GPU_ITERS, round(len(seg) / GPU_ITERS), host_us))
+        by_kernel: dict[str, float] = {}
+        for name, s, e, *_ in seg:
+            if not is_gemm_kernel(name):
+                by_kernel[kernel_key(name)] = by_kernel.get(kernel_key(name), 0.0) + (e - s) / GPU_ITERS
+        rows.append((gemm / GPU_ITERS, sum(by_kernel.values()), round(len(seg) / GPU_ITERS), host_us,
+                     {k: round(v, 2) for k, v in sorted(by_kernel.items())}))
     if len(rows) != len(runs):
         raise RuntimeError(f"{len(rows)} marked kernel segments for {len(runs)} modules")
     return rows
@@ -212,9 +219,10 @@ def _measure(todo: Todo, te: Any, torch: Any, phases: dict[str, float],
                 guess_s = sum(n * gpus[i][3] for n, i in zip(passes, mine)) / 1e6  # recorded: over the bare time
                 hosts = _host_rows([runs[i][1] for i in mine], torch, guess_s, passes)
                 for i, host_row in zip(mine, hosts):
-                    gemm, other, n, _ = gpus[i]
+                    gemm, other, n, _, by_kernel = gpus[i]
                     rows[key][runs[i][1].recipe] = {**host_row, "gpu_gemm_us": round(gemm, 2),
-                                                    "gpu_other_us": round(other, 2), "kernels": n}
+                                                    "gpu_other_us": round(other, 2), "kernels": n,
+                                                    "other_by_kernel": by_kernel}
             for name, dt in (("build_s", t1 - t0), ("gpu_s", t2 - t1), ("host_s", time.perf_counter() - t2)):
                 phases[name] = round(phases.get(name, 0.0) + dt, 3)
             return rows
