@@ -34,7 +34,7 @@ def bench_side(costs, recipe):
     out = collections.Counter()
     for key in costs.get("modules", {}).values():
         row = costs.get("kinds", {}).get(key, {}).get(recipe) or {}
-        for k, us in (row.get("other_by_kernel") or {}).items():
+        for k, (_, us) in (row.get("other_by_kernel") or {}).items():
             out[k] += us
     return out
 

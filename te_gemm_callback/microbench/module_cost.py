@@ -134,12 +134,13 @@ def _segments(records: list[tuple[Any, ...]], runs: int, after: int = 0) -> list
     return [recs[cuts[i] + 1:cuts[i + 1]] for i in range(1, 2 * runs, 2)]
 
 
-GpuRow = tuple[float, float, int, float, dict[str, float]]
+GpuRow = tuple[float, float, int, float, dict[str, list[float]]]
 
 
 def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[GpuRow]:
-    """Per run, (GEMM kernel µs, other kernel µs, kernels, host µs while recorded, other µs by kernel_key) per
-    forward+backward on the captured input, from one profiler session that ends with ``tax``'s recorded calls."""
+    """Per run, (GEMM kernel µs, other kernel µs, kernels, host µs while recorded, {kernel_key: [launches, µs]}
+    of the other kernels) per forward+backward on the captured input, from one profiler session that ends
+    with ``tax``'s recorded calls."""
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
     host: list[float] = []
     prof.__enter__()
@@ -164,12 +165,14 @@ def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[GpuRow]:
     rows = []
     for seg, host_us in zip(_segments(kernel_records(prof), len(runs), after), host):
         gemm = sum(e - s for name, s, e, *_ in seg if is_gemm_kernel(name))
-        by_kernel: dict[str, float] = {}
+        by_kernel: dict[str, list[float]] = {}  # kernel key: [launches, µs] per forward+backward
         for name, s, e, *_ in seg:
             if not is_gemm_kernel(name):
-                by_kernel[kernel_key(name)] = by_kernel.get(kernel_key(name), 0.0) + (e - s) / GPU_ITERS
-        rows.append((gemm / GPU_ITERS, sum(by_kernel.values()), round(len(seg) / GPU_ITERS), host_us,
-                     {k: round(v, 2) for k, v in sorted(by_kernel.items())}))
+                n_us = by_kernel.setdefault(kernel_key(name), [0.0, 0.0])
+                n_us[0] += 1 / GPU_ITERS
+                n_us[1] += (e - s) / GPU_ITERS
+        rows.append((gemm / GPU_ITERS, sum(us for _, us in by_kernel.values()), round(len(seg) / GPU_ITERS), host_us,
+                     {k: [round(n, 2), round(us, 2)] for k, (n, us) in sorted(by_kernel.items())}))
     if len(rows) != len(runs):
         raise RuntimeError(f"{len(rows)} marked kernel segments for {len(runs)} modules")
     return rows
