@@ -18,7 +18,7 @@ from te_gemm_callback.capture.kernels import is_gemm_kernel, kernel_key
 from te_gemm_callback.capture.module_specs import spec_key
 from te_gemm_callback.precisions import autocast
 
-MODULE_COST_SCHEMA = 5
+MODULE_COST_SCHEMA = 6
 # None: host passes run on the captured input, whose first calls the GPU rows have already paid; a
 # number (a multiple of every FP8 recipe's block) cuts the input to that many tokens.
 HOST_TOKENS: int | None = None
@@ -31,6 +31,7 @@ GPU_ITERS = 2  # profiled passes on the captured input: kernel times vary far le
 KEEP_GPU_BUSY = True  # host rounds timed behind a sleeping kernel (False: onto an idle GPU)
 # Each round's sleeping kernel lasts this share of the last round's host time: busy, yet never still asleep.
 BUSY_SHARE = 0.9
+OPENER_SIZE = 128  # a multiple of every recipe's scaling block
 _CYCLES_PER_S: list[float] = []  # torch.cuda._sleep's cycles per second on this GPU, once measured
 
 
@@ -51,6 +52,17 @@ def _build(spec: dict[str, Any], te: Any, dtype: Any) -> tuple[Any, int, int]:
     return getattr(te, cls)(k, n, **kw), m, k
 
 
+def _opener(te: Any, torch: Any, dtype: Any) -> Any:
+    """A small TE Linear's forward: the first module of an autocast, run before the measured passes."""
+    lin = te.Linear(OPENER_SIZE, OPENER_SIZE, params_dtype=dtype, device="cuda")
+    x = torch.randn(OPENER_SIZE, OPENER_SIZE, device="cuda", dtype=dtype)
+
+    def forward() -> None:
+        lin(x)  # with grad (its weight's): TE takes the first-module flag only where a backward may follow
+
+    return forward
+
+
 def _error(err: Exception) -> dict[str, str]:
     return {"error": f"{type(err).__name__}: {str(err)[:200]}"}
 
@@ -58,17 +70,25 @@ def _error(err: Exception) -> dict[str, str]:
 class _Run:
     """One module in one recipe, with its inputs (host-timed and captured) and output gradients."""
 
-    def __init__(self, mod: Any, recipe: str, x_host: Any, x_full: Any) -> None:
-        self.mod, self.recipe, self.autocast = mod, recipe, autocast
+    def __init__(self, mod: Any, recipe: str, x_host: Any, x_full: Any, opener: Any = None) -> None:
+        self.mod, self.recipe, self.autocast, self.opener = mod, recipe, autocast, opener
         self.x = {"host": x_host, "full": x_full}
         self.grad: dict[str, Any] = {}
 
-    def passes(self, n: int, which: str = "host") -> tuple[list[float], list[float]]:
-        """Host µs of ``n`` forwards and backwards, in one autocast as a step enters it once."""
+    def passes(self, n: int, which: str = "host", mark: Any = None) -> tuple[list[float], list[float]]:
+        """Host µs of ``n`` forwards and backwards, in one autocast as a step enters it once; ``mark()`` runs
+        inside it before the first pass and after the last."""
         x = self.x[which]
         key = "full" if x is self.x["full"] else which  # one gradient per input, made untimed on its first pass
         fwd, bwd = [], []
         with self.autocast(self.recipe):
+            if self.opener is not None:
+                # TE runs an autocast's amax reduction and scale update once per step, in the backward of
+                # its first module and at its exit: the opener is that first module and the exit comes after
+                # the last mark, so the measured passes hold a module's own work only, as a job's modules do.
+                self.opener()
+            if mark is not None:
+                mark()
             for _ in range(n):
                 t0 = time.perf_counter()
                 y = self.mod(x)
@@ -79,6 +99,8 @@ class _Run:
                 t2 = time.perf_counter()
                 fwd.append((t1 - t0) * 1e6)
                 bwd.append((t2 - t1) * 1e6)
+            if mark is not None:
+                mark()
         return fwd, bwd
 
 
@@ -145,15 +167,15 @@ def _gpu_rows(runs: list[_Run], torch: Any, tax: _Tax | None) -> list[GpuRow]:
     host: list[float] = []
     prof.__enter__()
     try:
+        def mark() -> None:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(1)
+
         torch.cuda._sleep(1)  # the marker: the first kernel of the profile
         for run in runs:
             run.passes(1, "full")  # first calls: TE's workspaces and quantizers, this module's
-            torch.cuda.synchronize()
-            torch.cuda._sleep(1)
-            fwd, bwd = run.passes(GPU_ITERS, "full")
+            fwd, bwd = run.passes(GPU_ITERS, "full", mark)
             host.append((sum(fwd) + sum(bwd)) / GPU_ITERS)
-            torch.cuda.synchronize()
-            torch.cuda._sleep(1)
         after = 0
         if tax is not None:
             before = tax.recorded_sleeps
@@ -186,6 +208,7 @@ def _build_runs(todo: Todo, te: Any, torch: Any) -> tuple[list[tuple[str, _Run]]
     errors of the cells that failed to build."""
     runs: list[tuple[str, _Run]] = []
     failed: dict[str, dict[str, Any]] = {key: {} for key in todo}
+    openers: dict[tuple[str, Any], Any] = {}
     for key, (spec, recipes) in todo.items():
         dtype = getattr(torch, spec.get("dtype", "bfloat16"))
         for recipe in recipes:
@@ -193,7 +216,9 @@ def _build_runs(todo: Todo, te: Any, torch: Any) -> tuple[list[tuple[str, _Run]]
                 mod, m, k = _build(spec, te, dtype)
                 x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
                 x_host = x if HOST_TOKENS is None or m <= HOST_TOKENS else x[:HOST_TOKENS].detach().requires_grad_()
-                runs.append((key, _Run(mod, recipe, x_host, x)))
+                if recipe != "BF16" and (recipe, dtype) not in openers:
+                    openers[recipe, dtype] = _opener(te, torch, dtype)
+                runs.append((key, _Run(mod, recipe, x_host, x, openers.get((recipe, dtype)))))
             except Exception as err:  # one cell's failure is its row's, never the bench's
                 failed[key][recipe] = _error(err)
     return runs, failed

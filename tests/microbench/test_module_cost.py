@@ -119,6 +119,7 @@ def _stand_ins(monkeypatch, gpu_rows, build=None):
     monkeypatch.setattr(module_cost, "_build", build or (lambda spec, te, dtype: (spec["name"], 8, 4)))
     monkeypatch.setattr(module_cost, "_gpu_rows", gpu_rows)
     monkeypatch.setattr(module_cost, "_host_rows", host_rows)
+    monkeypatch.setattr(module_cost, "_opener", lambda te, torch_, dtype: lambda: None)
     fake_torch = types.SimpleNamespace(
         bfloat16=torch.bfloat16, randn=lambda m, k, device, dtype, requires_grad: torch.randn(m, k),
         cuda=types.SimpleNamespace(empty_cache=lambda: None))
@@ -266,3 +267,34 @@ def test_the_host_rounds_reuse_the_warm_up_gradient_on_the_captured_input():
     cut.passes(1, "full")
     cut.passes(1)
     assert sorted(cut.grad) == ["full", "host"] and cut.grad["host"].shape == (4, 4)
+
+
+def test_the_measured_passes_run_after_the_autocasts_first_module_and_before_its_exit():
+    """TE's once-per-step amax update runs in its autocast's first module's backward and at the exit: a job
+    pays it once, not per module, so the opener takes it and the marks keep the exit out of the measurement."""
+    import contextlib
+
+    import torch
+
+    events = []
+
+    @contextlib.contextmanager
+    def autocast(recipe):
+        events.append(f"enter {recipe}")
+        yield
+        events.append("exit")
+
+    class Mod(torch.nn.Linear):
+        def forward(self, x):
+            events.append("fwd")
+            return super().forward(x)
+
+    x = torch.randn(4, 3, requires_grad=True)
+    run = module_cost._Run(Mod(3, 2), "DelayedScaling", x, x, opener=lambda: events.append("opener"))
+    run.autocast = autocast
+    fwd, bwd = run.passes(2, "full", mark=lambda: events.append("mark"))
+    assert events == ["enter DelayedScaling", "opener", "mark", "fwd", "fwd", "mark", "exit"]
+    assert len(fwd) == len(bwd) == 2
+    events.clear()
+    module_cost._Run(Mod(3, 2), "BF16", x, x).passes(1)  # BF16: no autocast of TE's to open, no marks asked
+    assert events == ["fwd"]
