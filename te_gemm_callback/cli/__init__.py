@@ -1,7 +1,5 @@
-"""``te-gemm`` command line: a thin adapter over shapes, capture and rendering.
-
-What loads torch, matplotlib or Lightning is imported inside the command that runs it: `import
-te_gemm_callback.cli` starts without them (tests/test_import_graph.py checks it)."""
+"""``te-gemm`` command line: a thin adapter over shapes, capture and rendering. What loads torch, matplotlib or
+Lightning is imported inside the command that runs it (tests/test_import_graph.py checks it)."""
 
 from __future__ import annotations
 
@@ -93,11 +91,9 @@ def cmd_show(a: argparse.Namespace) -> int:
     out.print(capture_table(cap, limit=a.limit))
     more_rows_hint(out, len(cap.records), a.limit)
     # Module names are the model's (or anyone's who edited the file): escaped, control characters shown.
-    if cap.coverage.get("never_ran"):
-        out.print(f"[yellow]GEMM-bearing modules that never ran: {safe(', '.join(cap.coverage['never_ran']))}")
-    if cap.coverage.get("not_watched"):
-        out.print(f"[yellow]GEMM-bearing modules not captured (no adapter watched them): "
-                  f"{safe(', '.join(cap.coverage['not_watched']))}")
+    for key, what in (("never_ran", "that never ran"), ("not_watched", "not captured (no adapter watched them)")):
+        if cap.coverage.get(key):
+            out.print(f"[yellow]GEMM-bearing modules {what}: {safe(', '.join(cap.coverage[key]))}")
     return 0
 
 

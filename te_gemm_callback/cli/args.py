@@ -1,5 +1,4 @@
-"""Argument types and up-front checks shared by the commands: each refusal is one line, given
-before anything is measured or trained."""
+"""Argument types and up-front checks shared by the commands: each refusal one line, before anything runs."""
 
 from __future__ import annotations
 

@@ -176,8 +176,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def bench_modes(a: argparse.Namespace) -> tuple[list[str], bool]:
-    """The modes to measure, and whether they are those of the bench file ``--json`` replaces (so
-    re-benchmarking a run never drops the mode its report was drawn from)."""
+    """The modes to measure, and whether taken from the bench file ``--json`` replaces (its report's mode stays)."""
     if a.modes:
         return a.modes, False
     if a.pre_quantize:
@@ -188,10 +187,8 @@ def bench_modes(a: argparse.Namespace) -> tuple[list[str], bool]:
 
 def _bench_file_modes(path: str) -> list[str] | None:
     """The modes of the bench file at ``path`` (None: absent, or no modes to read). Torch-free."""
-    if not Path(path).is_file():
-        return None
     try:
-        data = read_json(path)
+        data = read_json(path) if Path(path).is_file() else None
     except ValueError:  # check_target took it for a bench file; one that cannot be read keeps nothing
         return None
     if not isinstance(data, dict):

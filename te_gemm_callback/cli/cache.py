@@ -1,6 +1,5 @@
-"""``te-gemm cache list|clear``: what the microbenchmark result cache holds, and its removal.
-
-Both tell a cache by its content, as the cache does: a file of another kind is named and left untouched."""
+"""``te-gemm cache list|clear``: what the microbenchmark result cache holds, and its removal. Both tell a cache by
+its content, as the cache does: a file of another kind is named and left untouched."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def cache_path(path: str | None) -> Path:
 
 
 def _aside(path: Path) -> list[Path]:
-    """The corrupt caches moved aside (``<name>.corrupt-<time>``) that open as ours (an earlier
-    version moved other files aside under that name too, not ours to delete)."""
+    """The corrupt caches moved aside (``<name>.corrupt-<time>``) that open as ours (not what an old version moved)."""
     pattern = re.compile(re.escape(path.name) + r"\.corrupt-\d+")
     try:
         named = sorted(p for p in path.parent.iterdir()

@@ -1,5 +1,4 @@
 """``te-gemm nsys``: a capture's GEMM times beside Nsight Systems' own for the same run (docs/nsight-systems.md).
-
 analysis.nsys loads torch: imported inside cmd_nsys, so that `import te_gemm_callback.cli` does not."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""``te-gemm project``: a run folder's GEMMs projected onto another GPU (docs/projection.md).
-
-The projection package loads torch: imported inside the functions, so that `import te_gemm_callback.cli` does not."""
+"""``te-gemm project``: a run folder's GEMMs projected onto another GPU (docs/projection.md). The projection
+package loads torch: imported inside the functions, so that `import te_gemm_callback.cli` does not."""
 
 from __future__ import annotations
 
@@ -51,14 +50,14 @@ def _shape_only(a: argparse.Namespace, cap: Any, path: Path, root: str | None) -
     est = shape_only(cap, gpu(a.gpu))
     rows = [[r, f"{ms:.4g}", "-" if (sp := est.speedup(r)) is None else f"{sp:.2f}x"] for r, ms in est.gemm_ms.items()]
     rows += [[r, "-", why] for r, why in est.skipped.items()]
-    t = make_table(f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})",
-                   # "at least": a lower bound; "bound" alone names the host or GPU side everywhere else.
-                   ("recipe", "GEMM ms/step (at least)", "vs BF16"), left={"recipe"}, rows=rows)
-    t.caption = ("a CPU run measured no GPU: each GEMM at the format's dense peak or its bytes at the HBM "
-                 "bandwidth, whichever is longer. A lower bound on GEMM time, not a prediction: real kernels "
-                 "stay below the peak (small ones far below), quantization and the rest of the step are not in "
-                 "it. Run on a GPU for measured cells and the step.")
-    console().print(t)
+    console().print(make_table(
+        f"{est.target.name}: the captured GEMMs at its public peaks ({LABEL})",
+        # "at least": a lower bound; "bound" alone names the host or GPU side everywhere else.
+        ("recipe", "GEMM ms/step (at least)", "vs BF16"), left={"recipe"}, rows=rows,
+        caption="a CPU run measured no GPU: each GEMM at the format's dense peak or its bytes at the HBM bandwidth, "
+                "whichever is longer. A lower bound on GEMM time, not a prediction: real kernels stay below the peak "
+                "(small ones far below), quantization and the rest of the step are not in it. Run on a GPU for "
+                "measured cells and the step."))
     write_json(path, {"schema": PROJECTION_SCHEMA, **est.to_dict()}, schema=PROJECTION_SCHEMA, root=root)
     console().print(f"projection: {where(path)} ({LABEL})")
     return 0
