@@ -129,9 +129,8 @@ def ranks_figure(rows: list[dict], path: str | Path) -> Path:
 
 
 def speedup_figure(rep: Report, path: str | Path) -> Path:
-    """Predicted (the report's column) against observed step speedup per recipe, GEMM speedup beside them;
-    the predicted bars carry the replay's band and say what bounds the step, the observed ones their 95% interval.
-    Without a replay there are no predicted bars, and the title says so."""
+    """Predicted (with the replay's band and bound) against observed (95% interval) step speedup per recipe, GEMM
+    speedup beside them; without a replay no predicted bars, and the title says so."""
     recs = list(rep.recipes)
     x = range(len(recs))
     fig, ax = new_figure((max(6, 1.8 * len(recs) + 2), 4.5))
@@ -179,9 +178,8 @@ _BOUND_WORDS = {"host": "host-bound", "gpu": "GPU-bound"}
 
 
 def _predicted_marks(recs: list[RecipeAnalysis]) -> tuple[str, dict[str, str]]:
-    """The predicted bars' legend label, and a tick-label line per recipe where the rows differ in how they
-    were predicted (a replay's bound, or GEMMs alone): one basis is said once in the legend, several under
-    each recipe, so a host-bound prediction never passes for a GPU-bound one."""
+    """The predicted bars' legend label, and where rows differ in basis (a replay's bound, GEMMs alone) a tick line
+    per recipe saying its own: a host-bound prediction never passes for a GPU-bound one."""
     # Without a replay's bound a prediction is Amdahl over the GEMM share: GEMMs alone, or a plan's.
     how = {a.recipe: "replay, " + _BOUND_WORDS.get(a.predicted_bound, a.predicted_bound) if a.predicted_bound
            else "GEMMs alone" for a in recs if a.predicted_step_speedup}

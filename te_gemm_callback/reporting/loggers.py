@@ -3,6 +3,7 @@ them. No logger library the job did not load is imported (Hugging Face ``report_
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import os
@@ -86,11 +87,9 @@ def hf_logging_dir(args: Any, since: float | None = None) -> str:
         made = []
         for d in runs.iterdir():
             for f in d.glob("events.out.tfevents.*") if d.is_dir() else ():
-                try:
+                with contextlib.suppress(OSError):  # a dangling link, a file removed meanwhile: not the new run
                     if (t := f.stat().st_mtime) >= since:
                         made.append((t, f.parent))
-                except OSError:  # a dangling link, a file removed meanwhile: not the Trainer's new run
-                    pass
         if made:
             return str(max(made)[1])
     import socket

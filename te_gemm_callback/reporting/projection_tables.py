@@ -28,8 +28,7 @@ def rows(rp: Any) -> list[list[str]]:
 
 
 def title(rp: Any) -> str:
-    """Says what the step column is: an old folder's capture has no host calls to replay, and a title of
-    "the step predicted from it" stood over a note saying the step was GEMMs alone."""
+    """The table's title, saying what its step column is (an old folder's capture has no host calls to replay)."""
     by = {s.step_by for s in rp.steps if s.step_ms is not None}
     step = ("the job's step replayed with it" if by == {"replay"} else
             "GEMMs alone from it (no replay: the rest of the step held fixed, not a predicted step)"
@@ -51,8 +50,7 @@ def summary(rp: Any) -> dict[str, Any]:
 
 
 def project_runs(run_dir: str | Path, gpus: Sequence[str], analysis: Any = None) -> list[Any]:
-    """One projection per GPU (``analysis``: the run's, where the caller made it); one that cannot be made is
-    said in one line and left out."""
+    """One projection per GPU (``analysis``: the run's, if made); one that cannot be made is logged and left out."""
     from te_gemm_callback.projection import project_run  # loads torch: not at the CLI's import
     out = []
     for g in gpus:

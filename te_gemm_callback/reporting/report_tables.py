@@ -80,9 +80,8 @@ def predicted_drawn(rep: Report) -> bool:
 
 def speedup_title(rep: Report) -> str:
     """What speedups.png shows: without a replay no predicted step, and a title that promised one misled."""
-    if predicted_drawn(rep):
-        return "Predicted vs observed step speedup"
-    return "GEMM and observed step speedup (no replay, so no predicted step)"
+    return ("Predicted vs observed step speedup" if predicted_drawn(rep) else
+            "GEMM and observed step speedup (no replay, so no predicted step)")
 
 
 def x_text(v: float | None, fmt: str = "{:.2f}x") -> str:
@@ -130,9 +129,8 @@ def rerun_text(a: Any) -> str:
 
 def interval_text(a: Any) -> str:
     """The observed speedup's 95% interval, or why there is none (BF16 is 1.00x by definition)."""
-    if a.recipe == "BF16":
-        return ""
-    return _span(a.observed_ci) or (f"({a.observed_rounds} rounds: too few)" if a.observed_rounds else "")
+    too_few = f"({a.observed_rounds} rounds: too few)" if a.observed_rounds else ""
+    return "" if a.recipe == "BF16" else _span(a.observed_ci) or too_few
 
 
 @dataclass

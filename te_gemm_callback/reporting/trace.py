@@ -43,8 +43,7 @@ def gemm_name(r: GemmRecord) -> str:
 
 
 def _lanes(rows: list[list[Any]]) -> list[tuple[Any, int]]:
-    """Each kernel's track (stream, lane): an overlapping kernel takes the first lane free by then (a viewer
-    draws a track's events nested or disjoint only)."""
+    """Each kernel's track (stream, lane): an overlap takes the first free lane (a track's events nest or are apart)."""
     ends: dict[Any, list[float]] = {}
     out = []
     for _, start, dur, stream, _, _ in rows:
