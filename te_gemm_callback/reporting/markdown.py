@@ -251,11 +251,9 @@ def _provenance(meta: Mapping[str, Any]) -> list[str]:
     for key in PROVENANCE:
         if meta.get(key) not in (None, "", []):
             fields.setdefault(key, meta[key])
-    lines: list[str] = []
     command, argv = fields.pop("command", None), fields.pop("argv", None)
     command = command or argv
-    if isinstance(meta.get("provenance"), str):
-        lines.append(f"- {md_escape(meta['provenance'], line_start=True)}")
+    lines = [f"- {md_escape(prov, line_start=True)}"] if isinstance(prov, str) else []
     for key, value in fields.items():
         if isinstance(value, (list, tuple)):
             value = ", ".join(map(str, value))

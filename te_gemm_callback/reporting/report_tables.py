@@ -216,10 +216,9 @@ def speedup_rows(rep: Report) -> SpeedupRows:
             + ([_cell(rep, a, "predicted_step_speedup_unfused")] if unfused else [])
             + [_cell(rep, a, "observed_step_speedup"), interval_text(a), rerun_text(a),
                x_text(a.observed_step_ms, "{:.2f}")] for a in rep.recipes]
-    notes = ([f"Note: {rep.meta['step_note']}"] if rep.meta.get("step_note") else []) + \
-        [rep.meta[k] for k in ("job_step_note", "framework_note", "clock_note", "duty_note") if rep.meta.get(k)]
-    if rep.meta.get("timing"):
-        notes.append(f"Timing: {rep.meta['timing']}")
+    labelled = (("Note: ", "step_note"), ("", "job_step_note"), ("", "framework_note"), ("", "clock_note"),
+                ("", "duty_note"), ("Timing: ", "timing"))
+    notes = [f"{label}{rep.meta[k]}" for label, k in labelled if rep.meta.get(k)]
     notes += [f"n/a: {why}" for why in withheld_reasons(rep)]
     over = f"the BF16 run, which ran {ran}" if ran else "BF16"
     rounds = sorted({a.observed_rounds for a in rep.recipes if a.observed_rounds})

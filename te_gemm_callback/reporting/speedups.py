@@ -125,15 +125,11 @@ def _write_trace(cap: GemmCapture, path: Path) -> Path | None:
     """The capture's kernel timeline as a Chrome trace, or None (no timeline or trace writer, or writing failed)."""
     try:
         from te_gemm_callback.reporting.trace import write_trace
-    except ImportError as err:
+        return write_trace(cap, path)
+    except Exception as err:  # any failure of an extra: logged, never fatal to the report
         # No trace writer in this install: nothing to say. One that is there but cannot load: said.
         if not (isinstance(err, ModuleNotFoundError) and err.name == "te_gemm_callback.reporting.trace"):
             log.warning("te-gemm: trace.json not written: %s", plain(err))
-        return None
-    try:
-        return write_trace(cap, path)
-    except Exception as err:  # any failure of an extra: logged, never fatal to the report
-        log.warning("te-gemm: trace.json not written: %s", plain(err))
         return None
 
 
