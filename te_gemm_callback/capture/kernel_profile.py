@@ -1,9 +1,6 @@
-"""Per-GEMM GPU time from CUDA kernel activity records, with no Python instrument in the step.
-
-A *kernels* step runs with only ``torch.profiler`` collecting CUPTI kernel activity. A model launches
-its GEMMs in the same order every step, so its GEMM kernels join an instrumented step's GEMMs by
-launch order, where the counts agree. Kernel durations are the GPU's own, without a host-bound step's gaps.
-"""
+"""Per-GEMM GPU time from CUDA kernel records: a *kernels* step runs with only ``torch.profiler`` collecting
+CUPTI kernel activity (the GPU's own durations, without a host-bound step's gaps). A model launches its GEMMs
+in the same order every step: its GEMM kernels join an instrumented step's GEMMs by launch order."""
 
 from __future__ import annotations
 
@@ -56,11 +53,9 @@ class KernelStep:
 
     def gemm_kernels(self) -> list[tuple[str, float, float]]:
         """One entry per GEMM (:meth:`gemm_units`), with any split-K tail's time added."""
-        out = []
-        for first, *tail in self.gemm_units():
-            name, s, e = self.kernels[first]
-            out.append((name, s, e + sum(self.kernels[i][2] - self.kernels[i][1] for i in tail)))
-        return out
+        ks = self.kernels
+        return [(ks[f][0], ks[f][1], ks[f][2] + sum(ks[i][2] - ks[i][1] for i in tail))
+                for f, *tail in self.gemm_units()]
 
     def gemm_ms(self) -> float:
         return sum(e - s for _, s, e in self.gemm_kernels()) / 1e3
@@ -78,12 +73,9 @@ MARKER = "spin_kernel"
 
 
 class KernelProfile:
-    """``torch.profiler`` with CUDA kernel activity only, over one or more steps.
-
-    ``start()`` a step early, so the measured step does not follow CUPTI's start-up idle gap
+    """``torch.profiler`` with CUDA kernel activity only: ``start()`` a step early, past CUPTI's start-up idle gap
     (docs/step-plan.md, kernels-warmup); ``mark()`` opens each measured step; ``stop()`` returns one
-    :class:`KernelStep` per mark, or one without marks. A failed start sets ``error``.
-    """
+    :class:`KernelStep` per mark (one without marks). A failed start sets ``error``."""
 
     def __init__(self) -> None:
         self._prof: Any = None
@@ -177,9 +169,8 @@ def kernel_records(prof: Any, device: str = "CUDA") -> list[tuple[str, float, fl
 
 
 def host_calls(prof: Any) -> list[tuple[str, float, float, int]]:
-    """(name, start µs, end µs, correlation id) of every CUDA runtime and driver call of a finished
-    session, in host order, on the kernels' clock. A call nested in another is left out. Empty where
-    the records cannot be read."""
+    """(name, start µs, end µs, correlation id) of a finished session's CUDA runtime and driver calls, in host
+    order, on the kernels' clock; nested calls left out; empty where the records cannot be read."""
     try:
         raw = sorted(((e.name(), s, t, e.correlation_id()) for e, s, t in raw_events(prof)
                       if "CPU" in str(e.device_type()) and e.name().startswith("cu") and e.correlation_id()),
@@ -224,10 +215,8 @@ def split_at_marks(kernels: list[tuple[str, float, float]], marks: int,
 
 def join_by_order(sequence: list[Any], step: KernelStep,
                   kernels_per_call: list[tuple[int, ...]] | None = None) -> list[tuple[Any, float]] | None:
-    """Pair each captured GEMM call of a step (``sequence``, launch order; None: an aten GEMM counted
-    elsewhere) with its GEMM kernel(s), in order; returns (call, ms) for the counted calls, or None.
-    A call's time is the GPU span of its kernels, as an event pair reads it.
-
+    """(call, ms) for each counted call of ``sequence`` (a step's GEMM calls in launch order; None: an aten GEMM
+    counted elsewhere) paired in order with its GEMM kernels, or None; ms: their GPU span, as an event pair reads it.
     ``kernels_per_call``: per call, the kernel counts to try in turn, default one each (a grouped GEMM
     launches one per expert: docs/results/h200.md, facts the code relies on: grouped GEMM)."""
     gemms = step.gemm_kernels()
@@ -243,8 +232,7 @@ def join_by_order(sequence: list[Any], step: KernelStep,
 
 
 def _call_groups(sequence: list[Any], gemms: int, kernels_per_call: list[tuple[int, ...]] | None) -> list[range] | None:
-    """Per call, the range of the step's GEMMs it launched: the first choice of counts whose total is
-    ``gemms``, or None."""
+    """Per call, the range of the step's GEMMs it launched (the first choice of counts totalling ``gemms``), or None."""
     if not sequence:
         return None
     options = kernels_per_call or [(1,)] * len(sequence)
@@ -302,10 +290,9 @@ def kernel_timeline(index: int, step: KernelStep, calls: list[int | None], seque
 
 
 def host_rows(step: KernelStep) -> tuple[list[list[Any]], float] | None:
-    """The host side of a kernels step, for :mod:`te_gemm_callback.analysis.replay`: one row per runtime
-    call up to the step's end boundary, ``[gap_us, cost_us, kind, [kernel indices]]``, and the launch
-    latency (median µs from a launch to its kernel's start on an idle stream). None without host calls
-    or kernel ids."""
+    """A kernels step's host side (:mod:`te_gemm_callback.analysis.replay`), None without host calls or kernel ids:
+    ``[gap_us, cost_us, kind, [kernel indices]]`` per runtime call up to the step's end boundary, and the launch
+    latency (median µs from a launch to its kernel's start on an idle stream)."""
     if not step.calls or len(step.corrs) != len(step.kernels):
         return None
     # The step's host time ends at its end boundary, the last event record; the session's stop follows.

@@ -83,9 +83,8 @@ def build_capture(prof: Any) -> GemmCapture:
     except Exception as err:  # a model's own attribute access may raise anything
         meta["te_modules"] = {}
         log.debug("te-gemm: TE module specs not read: %s", err)
-    host = next((s.module_host_us for s in prof._steps if s.module_host_us), None)
-    if host:  # the settle step's host time per TE module (host_clock.py)
-        meta["module_host_us"] = host
+    if host := next((s.module_host_us for s in prof._steps if s.module_host_us), None):
+        meta["module_host_us"] = host  # the settle step's host time per TE module (host_clock.py)
     timeline = _timeline(prof, records)
     if timeline is not None and timeline.total > len(timeline.kernels):
         meta["kernel_timeline_cut"] = (f"the kernels step ran {timeline.total} kernels; its timeline keeps the "

@@ -53,10 +53,9 @@ def wrapper_attr(module: nn.Module) -> str | None:
 
 
 def compiled_wrapper(model: nn.Module, known: nn.Module | None = None) -> nn.Module | None:
-    """The live ``torch.compile`` wrapper around ``model`` (``known`` while it still wraps it), or None.
-
-    A framework that compiles the model it was given (the HF Trainer's ``torch_compile``) hands its
-    callbacks the uncompiled one; the wrapper is found on the heap (a full scan: callers search once)."""
+    """The live ``torch.compile`` wrapper around ``model`` (``known`` while it still wraps it), or None. A framework
+    that compiles the model it was given (HF Trainer's ``torch_compile``) hands its callbacks the uncompiled one:
+    the wrapper is found on the heap (a full scan: callers search once)."""
     import gc
 
     def wraps(outer: nn.Module | None) -> bool:
@@ -239,13 +238,11 @@ class ModuleScope:
 
     def current(self) -> tuple[str | None, bool]:
         """(owning module name or None, True if a forward is running on this thread)."""
-        st = self.stack
-        if st:
+        if st := self.stack:
             return st[-1], True
         node = torch._C._current_autograd_node() if in_backward() else None
-        if node is not None:
-            return node.metadata.get(TAG), False  # type: ignore[attr-defined]  # a property, typed as a method
-        return None, False
+        # metadata: a property, typed as a method
+        return (node.metadata.get(TAG) if node is not None else None), False  # type: ignore[attr-defined]
 
     def module(self, name: str | None) -> nn.Module | None:
         return self.modules.get(name) if name is not None else None

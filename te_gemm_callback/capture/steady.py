@@ -1,11 +1,8 @@
-"""Steady state: a profiled step's time counts only once the job runs as it will keep running.
-
-Unsteady steps: ``torch.compile`` compiling (dynamo's counters; compile steps wait for it, :class:`SteadyWait`),
-CUDA graph captures (:class:`GraphCaptures`), and anything else far slower (:func:`outliers`).
-
-A compiled frame entered once under a TorchDispatchMode is skipped for good (docs/results/h200.md, facts
-the code relies on: steady state), so instrumented steps run compiled modules' eager forward (:class:`EagerCompiled`).
-"""
+"""Steady state: a profiled step's time counts only once the job runs as it will keep running. Unsteady steps:
+``torch.compile`` compiling (dynamo's counters; compile steps wait for it, :class:`SteadyWait`), CUDA graph captures
+(:class:`GraphCaptures`), and anything else far slower (:func:`outliers`). A compiled frame entered once under a
+TorchDispatchMode is skipped for good (docs/results/h200.md, facts the code relies on: steady state), so
+instrumented steps run compiled modules' eager forward (:class:`EagerCompiled`)."""
 
 from __future__ import annotations
 
@@ -142,15 +139,13 @@ def _graph_class() -> Any:
 
 
 def activity() -> tuple[int, int]:
-    """(what dynamo, AOT autograd and inductor compiled, CUDA graph captures) so far: the difference over a step
-    says what it did."""
+    """(dynamo, AOT autograd and inductor compiles; CUDA graph captures) so far: a step's difference says what ran."""
     return sum(_counter(cat, name) for cat, name in _COMPILE_COUNTERS), GraphCaptures.count
 
 
 @dataclass
 class SteadyWait:
-    """The compile steps before a compiled model's plan: until a step neither compiles nor captures a graph, at
-    most ``limit``."""
+    """A compiled model's compile steps: until one neither compiles nor captures a graph, at most ``limit``."""
 
     limit: int
     waiting: bool = False
@@ -166,8 +161,7 @@ class SteadyWait:
 
 
 def outlier_ref(times: list[float]) -> float | None:
-    """The median of the faster half of the clean steps (robust while up to half are slow); None below
-    ``MIN_FOR_OUTLIERS``."""
+    """The faster half's median of the clean steps (robust while up to half are slow); None below MIN_FOR_OUTLIERS."""
     if len(times) < MIN_FOR_OUTLIERS:
         return None
     return statistics.median(sorted(times)[: (len(times) + 1) // 2])
