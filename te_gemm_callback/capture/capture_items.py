@@ -116,12 +116,10 @@ class StepTime:
 
 @dataclass
 class KernelTimeline:
-    """Every kernel of one kernels step as the GPU ran them (:mod:`te_gemm_callback.reporting.trace`).
-
-    ``kernels``: one ``ROW`` per kernel in start order; ``name`` indexes ``names``, ``start_us`` is from the
-    step's start; a GEMM kernel has its launch position (``call``) and the ``record`` it joined. ``total``:
-    the kernels the step ran, more than the rows where the timeline was cut.
-    """
+    """Every kernel of one kernels step as the GPU ran them (:mod:`te_gemm_callback.reporting.trace`). ``kernels``:
+    one ``ROW`` per kernel in start order; ``name`` indexes ``names``, ``start_us`` is from the step's start; a GEMM
+    kernel has its launch position (``call``) and the ``record`` it joined. ``total``: the kernels the step ran, more
+    than the rows where the timeline was cut."""
 
     step: int  # index in the capture's steps
     span_us: float  # from the step's start to its last kernel's end

@@ -1,7 +1,6 @@
-"""Whether another profiler owns CUPTI's activity records in this process, told by the variables
-each tool sets or a running torch.profiler. CUPTI serves one subscriber: under another, kernel records
-(:mod:`.kernel_profile`) come back empty (docs/results/h200.md: CUPTI owner).
-"""
+"""Whether another profiler owns CUPTI's activity records in this process, told by the variables each tool sets or
+a running torch.profiler. CUPTI serves one subscriber: under another, kernel records (:mod:`.kernel_profile`) come
+back empty (docs/results/h200.md: CUPTI owner)."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ class CuptiOwner:
 
 
 def nsys_cpu_collectors(environ: Mapping[str, str]) -> str:
-    """A note where nsys samples CPUs or traces context switches, else "" (docs/results/h200.md, nsys CPU
-    collectors)."""
+    """A note if nsys samples CPUs or traces context switches, else "" (docs/results/h200.md, nsys CPU collectors)."""
     folder = environ.get("NSYS_SESSION_TEMP_DIR", "")
     if not folder or not os.path.exists(os.path.join(folder, "linuxperf")):
         return ""

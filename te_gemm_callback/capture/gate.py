@@ -1,10 +1,8 @@
-"""A gate that holds the GPU ahead of a timed GEMM until the host has launched it.
-
-An event pair holds a GEMM's GPU time only if the GEMM is queued when the GPU reaches the start event
-(docs/results/h200.md: GPU gate). A one-program Triton kernel ahead of the start event polls a pinned host
-slot until the host writes the gate's number there, once GEMM and end event are launched. Never a deadlock:
-the gate gives up after ``TIMEOUT_NS`` and its pair is dropped (:meth:`HostGate.held`).
-"""
+"""A gate that holds the GPU ahead of a timed GEMM until the host has launched it: an event pair holds a GEMM's
+GPU time only if the GEMM is queued when the GPU reaches the start event (docs/results/h200.md: GPU gate). A
+one-program Triton kernel ahead of the start event polls a pinned host slot until the host writes the gate's number
+there, once GEMM and end event are launched. Never a deadlock: the gate gives up after ``TIMEOUT_NS`` and its pair
+is dropped (:meth:`HostGate.held`)."""
 
 from __future__ import annotations
 

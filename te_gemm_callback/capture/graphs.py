@@ -1,8 +1,7 @@
-"""CUDA graphs: modules whose forward ``make_graphed_callables`` replaced with a graph replay, which
-no hook or interception sees. TE's and torch's both set ``module.forward`` to a closure ``new_fwd``
-that keeps the original as ``orig_fwd``: instrumented steps run that eagerly; kernels and clean
-steps replay the graphs, whose GEMM kernels join the eager step's GEMMs by launch order.
-"""
+"""CUDA graphs: modules whose forward ``make_graphed_callables`` replaced with a graph replay, which no hook or
+interception sees. TE's and torch's both set ``module.forward`` to a closure ``new_fwd`` keeping the original as
+``orig_fwd``: instrumented steps run that eagerly; kernels and clean steps replay the graphs, whose GEMM kernels join
+the eager step's GEMMs by launch order."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The host's time in each TE module's forward and backward, inside the job's own step, for the
-replay to set beside the module benchmark's (:func:`~te_gemm_callback.analysis.whatif.module_host`).
-Read on the settle step by forward hooks and by hooks on the autograd nodes; they change no value.
-"""
+"""The host's time in each TE module's forward and backward inside the job's own step, for the replay to set beside
+the module benchmark's (:func:`~te_gemm_callback.analysis.whatif.module_host`). Read on the settle step by forward
+hooks and hooks on the autograd nodes; they change no value."""
 
 from __future__ import annotations
 

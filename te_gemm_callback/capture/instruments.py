@@ -122,11 +122,9 @@ class HostClockTimer(Timer):
 
 
 class EventTimer(Timer):
-    """CUDA-event pairs around GEMMs.
-
-    ``lead``: the device's GPU gate (:mod:`.gate`), else a spin, goes ahead of each start event, so a GPU
-    run dry does not stamp it before the GEMM is launched (docs/results/h200.md, facts the code relies on:
-    spin lead). :meth:`read` takes each device's floor off every pair (docs/results/h200.md, facts the
+    """CUDA-event pairs around GEMMs. ``lead``: the device's GPU gate (:mod:`.gate`), else a spin, goes ahead of each
+    start event, so a GPU run dry does not stamp it before the GEMM is launched (docs/results/h200.md, facts the code
+    relies on: spin lead). :meth:`read` takes each device's floor off every pair (docs/results/h200.md, facts the
     code relies on: event-pair floor)."""
 
     source = "cuda_events"

@@ -201,9 +201,8 @@ class TEInterceptor:
         return wrapper
 
     def _wrap_plain(self, orig: Callable, arg: Callable) -> Callable:
-        """The hot path, a plain GEMM of a model without te.ops: ``_before``, ``Recorder.begin`` and
-        ``Recorder.end`` inlined, as in a host-bound job every statement is step time
-        (benchmarks/instrument_cost.py)."""
+        """The hot path, a plain GEMM of a model without te.ops: ``_before``, ``Recorder.begin`` and ``Recorder.end``
+        inlined, as in a host-bound job every statement is step time (benchmarks/instrument_cost.py)."""
         rec, calls, local, owners = self.recorder, self._calls, self.recorder.scope._local, self.owners
         timer, nvtx, raw = rec.timer, rec.nvtx, rec.raw
         current_node, task_id = torch._C._current_autograd_node, torch._C._current_graph_task_id
