@@ -1,6 +1,5 @@
-"""SM clock and board power while something runs, sampled through NVML on a background thread: a
-power-capped GPU clocks sustained GEMMs lower (docs/results/h200.md: SM clock), so a bench-vs-job
-difference may be the clock."""
+"""SM clock and board power while something runs, sampled through NVML on a background thread: a power-capped GPU
+clocks sustained GEMMs lower (docs/results/h200.md: SM clock), so a bench-vs-job difference may be the clock."""
 
 from __future__ import annotations
 

@@ -6,12 +6,11 @@ from typing import Any
 
 
 class LaunchOwners:
-    """Owners of TE GEMMs by launch position, so that instrumented steps after the first need no
-    module hooks (most of their host cost: docs/results/h200.md, launch order).
-
-    A hooked step appends each call's (key, owner, (site, recompute) or None) to ``trace``, the next
-    step's reference. In a step run ``by_order`` the n-th call takes the n-th reference entry if its
-    key matches; a mismatch marks the step ``failed`` (its TE GEMMs dropped, the next steps hooked).
+    """Owners of TE GEMMs by launch position, so that instrumented steps after the first need no module hooks (most
+    of their host cost: docs/results/h200.md, launch order). A hooked step appends each call's (key, owner, (site,
+    recompute) or None) to ``trace``, the next step's reference. In a step run ``by_order`` the n-th call takes the
+    n-th reference entry if its key matches; a mismatch marks the step ``failed`` (its TE GEMMs dropped, the next
+    steps hooked).
 
         >>> o = LaunchOwners(); o.trace.append((("TN", 1, 2), "fc1", None)); o.begin_step(by_order=True)
         >>> o.at(("TN", 1, 2)), o.failed, o.at(("NN", 1, 2)), o.failed

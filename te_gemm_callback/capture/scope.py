@@ -1,10 +1,7 @@
-"""Which module owns the GEMM running right now, in forward and in backward.
-
-Forward: a per-thread stack kept by forward pre/post hooks. Backward: hooks cannot tell sibling
-branches apart, so when a module's forward returns we tag the autograd nodes it created
-(``node.metadata``); in backward ``torch._C._current_autograd_node()`` names the node running.
-Names are as the user wrote the model, without torch's wrapper attributes (compile, DDP, FSDP, checkpointing).
-"""
+"""Which module owns the GEMM running right now. Forward: a per-thread stack kept by forward pre/post hooks.
+Backward: hooks cannot tell sibling branches apart, so when a module's forward returns we tag the autograd nodes it
+created (``node.metadata``); in backward ``torch._C._current_autograd_node()`` names the node running. Names are as
+the user wrote the model, without torch's wrapper attributes (compile, DDP, FSDP, checkpointing)."""
 
 from __future__ import annotations
 

@@ -16,11 +16,10 @@ STEP_KINDS = (INSTRUMENTED, WARMUP, KERNELS, SETTLE, CLEAN, COMPILE, RECOMPILE, 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Which instrument a profiled step runs under, by its index (docs/step-plan.md).
-
-    ``instrumented`` steps record shapes, owners and precisions (the first ``dispatch`` with the torch
-    dispatch mode); ``kernels-warmup`` steps run kernel records unkept; ``kernels`` steps only kernel
-    records; ``settle`` steps nothing, untimed; then ``clean`` steps time the job.
+    """Which instrument a profiled step runs under, by its index (docs/step-plan.md): ``instrumented`` steps record
+    shapes, owners and precisions (the first ``dispatch`` with the torch dispatch mode); ``kernels-warmup`` steps run
+    kernel records unkept; ``kernels`` steps only kernel records; ``settle`` steps nothing, untimed; then ``clean``
+    steps time the job.
 
     Example:
         >>> [StepPlan(instrumented=1, kernels=1, kernels_warmup=1, settle=1).kind(i) for i in range(6)]

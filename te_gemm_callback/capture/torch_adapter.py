@@ -1,12 +1,9 @@
 """Torch adapter: a TorchDispatchMode that sees every aten GEMM (nn.Linear, F.linear, einsum's bmm,
-``torch._grouped_mm``...), whoever calls it. It costs Python dispatch on every aten op, so it runs only
-on the shape-discovery steps (docs/step-plan.md).
-
-A backward GEMM runs inside the autograd node its forward GEMM made: that gives owner and pass, and
-the operand it reuses says which gradient it computes (``dC B^T`` reads B, computes A's). Where the
-node is unknown, sizes decide. A weight is recognised by its storage: a parameter, or a view or cast
-(autocast) of one.
-"""
+``torch._grouped_mm``...), whoever calls it. It costs Python dispatch on every aten op, so it runs only on the
+shape-discovery steps (docs/step-plan.md). A backward GEMM runs inside the autograd node its forward GEMM made: that
+gives owner and pass, and the operand it reuses says which gradient it computes (``dC B^T`` reads B, computes A's).
+Where the node is unknown, sizes decide. A weight is recognised by its storage: a parameter, or a view or cast
+(autocast) of one."""
 
 from __future__ import annotations
 
