@@ -18,11 +18,11 @@ from te_gemm_callback.capture.kernels import is_gemm_kernel, kernel_key
 from te_gemm_callback.capture.module_specs import spec_key
 from te_gemm_callback.precisions import autocast
 
-MODULE_COST_SCHEMA = 6
+MODULE_COST_SCHEMA = 7
 # None: host passes run on the captured input, whose first calls the GPU rows have already paid; a
 # number (a multiple of every FP8 recipe's block) cuts the input to that many tokens.
 HOST_TOKENS: int | None = None
-HOST_ROUNDS = 3  # rounds over a kind's recipes
+HOST_ROUNDS = 4  # rounds over a kind's recipes, at least one per recipe
 HOST_PASSES = 2  # timed forward+backward passes per module in a round
 # A module whose kernels outlast its launches this many times over hides its host time behind the GPU:
 # one pass per round times it, so its kernels (the bench's wall time) run less often.
@@ -124,16 +124,17 @@ def _host_rows(runs: list[_Run], torch: Any, round_s: float, passes: list[int]) 
         if run.x["host"] is not run.x["full"]:
             run.passes(2)  # a shape of its own: TE's first calls on it
     times: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
-    for _ in range(HOST_ROUNDS):
+    for k in range(max(HOST_ROUNDS, len(runs))):
         # An empty queue at each round's start: its launches never wait for room behind the last's.
         torch.cuda.synchronize()
         if KEEP_GPU_BUSY:  # one kernel holds the GPU: only the host's side of the passes is timed
             torch.cuda._sleep(max(int(round_s * BUSY_SHARE * _cycles_per_s(torch)), 1))
         t0 = time.perf_counter()
-        for run, n, (f, b) in zip(runs, passes, times):
-            fwd, bwd = run.passes(n)
-            f += fwd
-            b += bwd
+        # Each round starts at the next run: the first after the sync pays more, and every run is first once.
+        for i in [(k + j) % len(runs) for j in range(len(runs))]:
+            fwd, bwd = runs[i].passes(passes[i])
+            times[i][0].extend(fwd)
+            times[i][1].extend(bwd)
         round_s = time.perf_counter() - t0
     torch.cuda.synchronize()
     return [{"host_fwd_us": round(statistics.median(f), 2), "host_bwd_us": round(statistics.median(b), 2)}

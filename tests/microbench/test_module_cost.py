@@ -298,3 +298,25 @@ def test_the_measured_passes_run_after_the_autocasts_first_module_and_before_its
     events.clear()
     module_cost._Run(Mod(3, 2), "BF16", x, x).passes(1)  # BF16: no autocast of TE's to open, no marks asked
     assert events == ["fwd"]
+
+
+def test_each_host_round_starts_at_the_next_recipe(monkeypatch):
+    """The first passes after a round's sync run slower: every recipe takes every place in the rounds once."""
+    import types
+
+    order = []
+
+    class Run:
+        def __init__(self, name):
+            self.name, self.x = name, {"host": 0, "full": 0}
+
+        def passes(self, n):
+            order.append(self.name)
+            return [1.0] * n, [2.0] * n
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None, _sleep=lambda c: None))
+    monkeypatch.setattr(module_cost, "_cycles_per_s", lambda torch_: 1e9)
+    rows = module_cost._host_rows([Run("a"), Run("b"), Run("c"), Run("d"), Run("e")], fake_torch, 0.01, [1] * 5)
+    rounds = [order[i:i + 5] for i in range(0, len(order), 5)]
+    assert rounds == [list("abcde"), list("bcdea"), list("cdeab"), list("deabc"), list("eabcd")]
+    assert rows[0] == {"host_fwd_us": 1.0, "host_bwd_us": 2.0}
