@@ -5,7 +5,6 @@ so "cannot be written" is made with a path whose parent is a file."""
 import json
 import logging
 import multiprocessing
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import torch
 from helpers.cli import one_line_error
 from helpers.fakes import profiler_that_cannot_start, start_warnings
 from helpers.lightning import DemoTransformer
-from helpers.procs import start_bench_with_workers
+from helpers.procs import ddp_env, start_bench_with_workers
 from torch import nn
 
 from te_gemm_callback import GemmCapture, GemmProfiler, GemmProfilerCallback
@@ -81,7 +80,7 @@ def test_unwritable_output_dir_under_ddp_no_rank_left_waiting(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_text("x")
     job = Path(__file__).resolve().parent / "ddp_job.py"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
+    env = ddp_env()
     proc = subprocess.run([sys.executable, str(job), str(blocker / "out"), "2"], capture_output=True, text=True,
                           timeout=240, env=env, cwd=job.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]

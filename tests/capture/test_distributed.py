@@ -1,10 +1,10 @@
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.procs import ddp_env
 
 from te_gemm_callback import GemmCapture
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.multiprocess  # DDP ranks / spawned workers
 @pytest.mark.parametrize("world", [2, 3])  # 3: an odd world size, nothing assumes pairs of ranks
 def test_ddp_ranks_gathered_and_no_hang_when_one_capture_fails(tmp_path, world):
     job = Path(__file__).resolve().parents[1] / "ddp_job.py"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29517 + world))
+    env = ddp_env()
     # Lightning's "ddp" launcher re-runs this script for ranks 1..; a hang fails the timeout.
     proc = subprocess.run([sys.executable, str(job), str(tmp_path), str(world)], capture_output=True, text=True,
                           timeout=240, env=env, cwd=job.parent)
@@ -38,7 +38,7 @@ def test_moe_recipe_expert_parallel(tmp_path, world, experts):
     rank's capture holds its own experts (2 of 4 on 2 ranks; 1 of 8 on 8 ranks, the EP=8 layout of
     the Mixtral-like run); together they account for every routed row, and rank 0 gathers all."""
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "moe.py"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29519 + world))
+    env = ddp_env()
     proc = subprocess.run([sys.executable, str(recipe), "--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench",
                            "--devices", str(world), "--experts", str(experts), "--expert-parallel", "--no-te",
                            "--out", str(tmp_path)],
@@ -61,7 +61,7 @@ def test_fsdp2_model_parallel_strategy_two_ranks(tmp_path):
     sharded between steps, yet each rank's capture holds the full layer shapes, the same as an
     unsharded model's, and rank 0 gathers both."""
     job = Path(__file__).resolve().parents[1] / "fsdp_job.py"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29521")
+    env = ddp_env()
     proc = subprocess.run([sys.executable, str(job), str(tmp_path)], capture_output=True, text=True,
                           timeout=240, env=env, cwd=job.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -113,7 +113,7 @@ def test_dense_recipe_fsdp2_under_bf16_autocast_matches_one_process(tmp_path):
     must equal a one-process run's; before the fix, square dgrads were taken for wgrads."""
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "dense.py"
     common = ["--tiny", "--steps", "5", "--sweep", "BF16", "--no-bench", "--no-te"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29523")
+    env = ddp_env()
     for out, extra in ((tmp_path / "one", []), (tmp_path / "fsdp", ["--devices", "2", "--strategy", "fsdp"])):
         proc = subprocess.run([sys.executable, str(recipe), *common, *extra, "--out", str(out)], capture_output=True,
                               text=True, timeout=240, env=env, cwd=recipe.parent)
@@ -137,7 +137,7 @@ def test_a_bench_longer_than_the_groups_timeout_does_not_kill_the_job(tmp_path):
     all-reduce: a bench longer than the process group's timeout (8 s here, 15 s of bench) killed
     the whole job. In a multi-process job the report waits for the end of training."""
     job = Path(__file__).resolve().parents[1] / "ddp_slow_bench_job.py"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29541")
+    env = ddp_env()
     proc = subprocess.run([sys.executable, str(job), str(tmp_path)], capture_output=True, text=True,
                           timeout=240, env=env, cwd=job.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -153,8 +153,7 @@ def test_ddp_no_hang_when_one_rank_has_no_capture_at_the_window_end(tmp_path, mo
     an empty capture that says so, so no rank is left waiting, and rank 0 writes every rank's (its
     own run folder capture only where its own capture holds steps)."""
     job = Path(__file__).resolve().parents[1] / "ddp_job.py"
-    port = {("stop", 1): 29551, ("pause", 1): 29552, ("start", 1): 29553, ("stop", 0): 29554}[mode, failing]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env = ddp_env()
     proc = subprocess.run([sys.executable, str(job), str(tmp_path), "2", mode, str(failing)], capture_output=True,
                           text=True, timeout=240, env=env, cwd=job.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]

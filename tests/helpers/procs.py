@@ -25,3 +25,14 @@ def start_bench_with_workers(tmp: Path, argv_head: list[str]) -> tuple[subproces
     workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                                text=True).stdout.split()]
     return proc, workers
+
+
+def ddp_env(**extra: str) -> dict[str, str]:
+    """The environment of a spawned multi-process job: a rendezvous port free now, not a fixed one that
+    another job on this machine (a second test run, a lingering rank) may hold."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra)
