@@ -107,12 +107,10 @@ class GemmProfilerCallback(ScheduleResults, Callback):
             return int(getattr(loop, "_batches_that_stepped", trainer.global_step))
 
         def log_metrics(metrics: dict[str, float]) -> None:
-            for logger in trainer.loggers:  # each on its own: one that raises stops no other
-                _each(logger, "metrics", lambda lg=logger: lg.log_metrics(metrics, step=step()))
+            _each(trainer.loggers, "metrics", lambda lg: lg.log_metrics(metrics, step=step()))
 
         def log_artifacts(files: dict) -> None:
-            for logger in trainer.loggers:
-                _each(logger, "report files", lambda lg=logger: to_lightning_logger(lg, files, step()))
+            _each(trainer.loggers, "report files", lambda lg: to_lightning_logger(lg, files, step()))
 
         return JobStep(global_step=int(trainer.global_step), accumulate=int(trainer.accumulate_grad_batches),
                        writes=trainer.is_global_zero, log_metrics=log_metrics, log_artifacts=log_artifacts,
@@ -166,13 +164,14 @@ class GemmProfilerCallback(ScheduleResults, Callback):
                         rng_objects=[o for o in loaders if o is not None])
 
 
-def _each(logger: Any, what: str, send: Any) -> None:
-    """Hand one logger its part; a logger that raises is said once per kind and skipped."""
-    try:
-        send()
-    except Exception as err:
-        warn_once(f"te-gemm: {type(logger).__name__} could not take the te_gemm {what} "
-                  f"({type(err).__name__}: {err}); the other loggers still get them")
+def _each(loggers: Any, what: str, send: Any) -> None:
+    """Hand each logger its part on its own: one that raises is said once per kind and skipped."""
+    for logger in loggers:
+        try:
+            send(logger)
+        except Exception as err:
+            warn_once(f"te-gemm: {type(logger).__name__} could not take the te_gemm {what} "
+                      f"({type(err).__name__}: {err}); the other loggers still get them")
 
 
 GemmProfilerCallback.__doc__ = schedule_doc(GemmProfilerCallback.__doc__ or "")
