@@ -189,8 +189,7 @@ class GemmSchedule(Publishing):
         if not isinstance(model, torch.nn.Module):
             self._misuse(f"step_begin(model) needs the torch.nn.Module the job trains, got {type(model).__name__}: "
                          "capture turned off")
-            self._drop()
-            self.done = world()[1] == 1 or self.done  # a rank of a multi-process job still meets the others
+            self._turn_off()  # a rank of a multi-process job still meets the others
             return
         ph = self.phase(self.steps_seen)
         if ph in ("warmup", "active") and (self._prof is None or ph != self._phase):
@@ -229,10 +228,7 @@ class GemmSchedule(Publishing):
         if self._prof is None:
             return
         if getattr(getattr(self._prof, "recorder", None), "error", None) is not None and world()[1] == 1:
-            # An error inside a hook (said once, by the recorder): capture is off for the rest of the
-            # run. Not in a multi-process job, whose other ranks would wait for this one at the gather.
-            self._drop()
-            self.done = True
+            self._turn_off()  # an error inside a hook, said once by the recorder
             return
         if self.phase(self.steps_seen) == self._phase:
             prof = self._prof
@@ -268,10 +264,10 @@ class GemmSchedule(Publishing):
         """The job raised: take everything off, publish nothing."""
         self._in_step = False  # the step it raised in never ends: a next fit's first step is not "twice"
         self._owed = False  # no collective after the job raised: the other ranks may be gone
-        if self._prof is not None and self._phase == "active":
-            log.warning("te-gemm: the job raised inside the capture window: its capture is not written (nothing "
-                        "of ours is left on the model); a later run captures from its own window")
         if self._prof is not None:
+            if self._phase == "active":
+                log.warning("te-gemm: the job raised inside the capture window: its capture is not written "
+                            "(nothing of ours is left on the model); a later run captures from its own window")
             self.wait = self.steps_seen  # a later run's window: warm-up first, from its own first step
         self._finish(JobStep(), keep=False)
 
@@ -341,8 +337,8 @@ class GemmSchedule(Publishing):
             self._turn_off()
 
     def _turn_off(self) -> None:
-        """After a failure of ours (said once, by guard): capture off for the rest of the run. Not in a
-        multi-process job, whose other ranks would wait for this one at the gather."""
+        """After a failure (already said): capture off for the rest of the run. Not in a multi-process
+        job, whose other ranks would wait for this one at the gather."""
         self._drop()
         if world()[1] == 1:
             self.done = True
