@@ -25,9 +25,6 @@ from te_gemm_callback.reporting.console import console
 from te_gemm_callback.reporting.loggers import report_metrics
 from te_gemm_callback.reporting.summary import summary_lines
 
-# bench_and_report and run_sweep are imported where they are called: looked up at call time, so that a
-# test's stand-in in reporting.run or sweep.engine is the one the schedule runs.
-
 if TYPE_CHECKING:
     from te_gemm_callback.capture import GemmCapture
     from te_gemm_callback.capture.config import CaptureConfig
@@ -162,7 +159,7 @@ class Publishing:
     def _bench_and_report(self) -> dict[str, Path]:
         import torch
 
-        from te_gemm_callback.reporting.run import bench_and_report
+        from te_gemm_callback.reporting.run import bench_and_report  # looked up per call: a test's stand-in runs
         # The microbenchmarks draw from the global RNGs, the job's inside a fit: put back after.
         cpu = torch.get_rng_state()
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -178,7 +175,7 @@ class Publishing:
                 torch.cuda.set_rng_state_all(cuda)
 
     def _run_sweep(self, job: JobStep) -> dict[str, float]:
-        from te_gemm_callback.sweep.engine import run_sweep
+        from te_gemm_callback.sweep.engine import run_sweep  # looked up per call: a test's stand-in runs
         from te_gemm_callback.sweep.state import RestoreError
         assert job.sweep is not None  # _sweep_and_log runs the sweep only for a job that gives one
         sj = job.sweep()

@@ -293,12 +293,10 @@ def run_sweep(model: nn.Module, step_fn: Callable[[], Any], recipes: Iterable[st
               rng_objects: Sequence[Any] = (), **settings: Any) -> SweepResult:
     """Time whole training steps of ``step_fn`` (one forward, returning the loss) under each recipe: per entry
     ``warmup`` steps and the step plan (docs/step-plan.md), then alternating rounds until every speedup's 95%
-    interval is within ``target`` or ``budget_s`` is spent; then the job is put back.
-
-    Each step runs ``optimizer_step`` or steps ``optimizers`` (neither: forward+backward only) inside
-    ``context``; ``rng_objects`` hold generators the job draws from (a DataLoader); ``config`` or
-    ``settings``: :class:`~te_gemm_callback.sweep.config.SweepConfig`, as one config or as keywords.
-    """
+    interval is within ``target`` or ``budget_s`` is spent; then the job is put back. Each step runs
+    ``optimizer_step`` or steps ``optimizers`` (neither: forward+backward only) inside ``context``;
+    ``rng_objects`` hold generators the job draws from (a DataLoader); ``config`` or ``settings``:
+    :class:`~te_gemm_callback.sweep.config.SweepConfig`, as one config or as keywords."""
     if recipes is not None:
         settings["recipes"] = list(recipes)
     config = SweepConfig.given("run_sweep", config, settings)

@@ -13,9 +13,6 @@ from torch import nn
 from te_gemm_callback.capture.guards import StandIn
 from te_gemm_callback.files import jsonio
 
-# The BF16 wrapper imports precisions.autocast where it calls it: looked up then, so that a test's
-# stand-in there is the one it runs.
-
 SCHEMA = "te-gemm-plan/1"
 MODE = "autocast"
 # The YAML's first line marks a file as ours to replace; files written before the marker start with the key.
@@ -167,7 +164,7 @@ class _BF16Forward(StandIn):
         self.fn = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from te_gemm_callback.precisions import autocast
+        from te_gemm_callback.precisions import autocast  # looked up per call: a test's stand-in runs
         with autocast("BF16"):  # explicitly off inside the job's FP8 autocast
             return self.fn(*args, **kwargs)
 

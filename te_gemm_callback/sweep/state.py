@@ -1,10 +1,7 @@
-"""What the sweep's steps change in a training job, and how it is put back.
-
-:class:`TrainingSnapshot` copies everything a step changes and puts it back bitwise, in place.
-:class:`RecipeStates` keeps TE's quantization-state objects per recipe and puts the very objects back at
-each switch: a module joins TE's global DelayedScaling amax buffers only once, so after DelayedScaling ->
-another recipe -> DelayedScaling its new scales would never update (docs/results/h200.md: DelayedScaling state).
-"""
+"""What the sweep's steps change in a training job, put back: :class:`TrainingSnapshot` the values, bitwise, in
+place; :class:`RecipeStates` TE's very quantization-state objects at each switch: a module joins TE's global
+DelayedScaling amax buffers only once, so after DelayedScaling -> another recipe -> DelayedScaling its new
+scales would never update (docs/results/h200.md: DelayedScaling state)."""
 
 from __future__ import annotations
 
