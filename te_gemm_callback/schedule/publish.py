@@ -97,8 +97,7 @@ class Publishing:
             log.warning("te-gemm: %s holds an earlier run's report (report.json, report.md, figures), not this "
                         "capture's: te-gemm bench and te-gemm report remake it", out)
         if not self.resumed:  # a resumed job's folder keeps the first process's run beside this one
-            run_id = self.run_id or ""
-            guard(lambda: clear_stale_sweep(out, run_id), "stale sweep captures not removed")
+            guard(lambda: clear_stale_sweep(out, self.run_id or ""), "stale sweep captures not removed")
         if self.report_config.verbose:
             def show() -> None:
                 print_table(capture_table(cap, limit=40))
