@@ -19,30 +19,35 @@ from te_gemm_callback.capture.kernels import is_gemm_kernel, kernel_key
 
 
 def job_side(cap):
-    """{kernel key: µs} of the non-GEMM kernels in ``cap``'s kernels step, and the SM clock it sampled."""
+    """{kernel key: [launches, µs]} of the non-GEMM kernels in ``cap``'s kernels step, and its SM clock."""
     tl = cap.kernel_timeline
-    out = collections.Counter()
+    out = collections.defaultdict(lambda: [0, 0.0])
     for k in tl.kernels:
         name = tl.names[k[0]]
         if not is_gemm_kernel(name):
-            out[kernel_key(name)] += k[2]
+            out[kernel_key(name)][0] += 1
+            out[kernel_key(name)][1] += k[2]
     return out, (cap.meta.get("clocks_during_capture") or {}).get("sm_clock_mhz_median")
 
 
 def bench_side(costs, recipe):
-    """{kernel key: µs} the module benchmark gives per step for the job's TE modules in ``recipe``."""
-    out = collections.Counter()
+    """{kernel key: [launches, µs]} the module benchmark gives per step for the job's TE modules in ``recipe``."""
+    out = collections.defaultdict(lambda: [0.0, 0.0])
     for key in costs.get("modules", {}).values():
         row = costs.get("kinds", {}).get(key, {}).get(recipe) or {}
-        for k, (_, us) in (row.get("other_by_kernel") or {}).items():
-            out[k] += us
+        for k, (n, us) in (row.get("other_by_kernel") or {}).items():
+            out[k][0] += n
+            out[k][1] += us
     return out
 
 
 def compare(job, bench):
-    rows = {k: (job[k], bench[k]) for k in bench if k in job}
-    tj, tb = sum(j for j, _ in rows.values()), sum(b for _, b in rows.values())
-    return rows, (tj / tb if tb else None)
+    """Per kernel both ran: (job launches, job µs, bench launches, bench µs); and job over bench µs over the
+    kernels launched as often on both sides (the same launches)."""
+    rows = {k: (*job[k], *bench[k]) for k in bench if k in job}
+    same = [r for r in rows.values() if abs(r[0] - r[2]) < 0.5]
+    tb = sum(r[3] for r in same)
+    return rows, (sum(r[1] for r in same) / tb if tb else None)
 
 
 def main() -> int:
@@ -63,11 +68,13 @@ def main() -> int:
         job, clock = job_side(cap)
         rows, ratio = compare(job, bench_side(costs, recipe))
         out[label] = {"recipe": recipe, "sm_clock_mhz": clock, "job_over_bench": ratio,
-                      "kernels": {k: {"job_us": round(j, 1), "bench_us": round(b, 1)} for k, (j, b) in rows.items()}}
-        print(f"\n{label} ({recipe}, SM clock {clock or '-'} MHz): job / bench over the kernels both ran "
-              f"{ratio:.3f}" if ratio else f"\n{label} ({recipe}): no kernel in common")
-        for k, (j, b) in sorted(rows.items(), key=lambda x: -x[1][1]):
-            print(f"  {j / 1e3:8.3f} / {b / 1e3:8.3f} ms  {j / b if b else float('nan'):6.3f}  {k[:90]}")
+                      "kernels": {k: {"job_launches": jn, "job_us": round(j, 1), "bench_launches": round(bn, 2),
+                                      "bench_us": round(b, 1)} for k, (jn, j, bn, b) in rows.items()}}
+        print(f"\n{label} ({recipe}, SM clock {clock or '-'} MHz): job / bench over the kernels launched as "
+              f"often on both sides {ratio:.3f}" if ratio else f"\n{label} ({recipe}): no kernel launched as often")
+        for k, (jn, j, bn, b) in sorted(rows.items(), key=lambda x: -x[1][3]):
+            print(f"  {j / 1e3:8.3f} / {b / 1e3:8.3f} ms  {j / b if b else float('nan'):6.3f}  "
+                  f"launches {jn:5d} / {bn:7.1f}  {k[:80]}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
