@@ -3,8 +3,10 @@
 For the job's capture and each sweep capture (sweep/<recipe>/gemm_capture.json): each non-GEMM kernel's
 time in the kernels step beside what the module benchmark's rows (bench.json ``meta.module_costs``) give
 for the same kernel summed over the job's TE modules in that recipe. A ratio below 1: the job ran the
-kernel faster than the bench did. Kernels outside TE modules (attention, optimizer, loss) have no bench
-side and are left out; so are kernels the bench launches a different number of times than the job.
+kernel faster than the bench did. Only kernel names the bench launched are listed; a generic one (an
+elementwise kernel) also counts the job's launches outside TE modules. The summary ratio takes only kernels
+launched as often on both sides (a kernel launched more often in the bench is once-per-step work the bench's
+modules each paid; more often in the job, launches from elsewhere).
 
     python benchmarks/module_kernels.py RUN_DIR [--json PATH]
 """

@@ -9,6 +9,7 @@ host's speed falls on all recipes alike).
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import time
 from typing import Any
@@ -22,7 +23,7 @@ MODULE_COST_SCHEMA = 7
 # None: host passes run on the captured input, whose first calls the GPU rows have already paid; a
 # number (a multiple of every FP8 recipe's block) cuts the input to that many tokens.
 HOST_TOKENS: int | None = None
-HOST_ROUNDS = 4  # rounds over a kind's recipes, at least one per recipe
+HOST_ROUNDS = 4  # rounds over a kind's recipes at least; a multiple of the recipes
 HOST_PASSES = 2  # timed forward+backward passes per module in a round
 # A module whose kernels outlast its launches this many times over hides its host time behind the GPU:
 # one pass per round times it, so its kernels (the bench's wall time) run less often.
@@ -58,7 +59,10 @@ def _opener(te: Any, torch: Any, dtype: Any) -> Any:
     x = torch.randn(OPENER_SIZE, OPENER_SIZE, device="cuda", dtype=dtype)
 
     def forward() -> None:
-        lin(x)  # with grad (its weight's): TE takes the first-module flag only where a backward may follow
+        try:
+            lin(x)  # with grad (its weight's): TE takes the first-module flag only where a backward may follow
+        except Exception as err:  # the row says it was the opener, not the module measured
+            raise RuntimeError(f"the autocast's opener (te.Linear {OPENER_SIZE}x{OPENER_SIZE}): {err}") from err
 
     return forward
 
@@ -83,9 +87,10 @@ class _Run:
         fwd, bwd = [], []
         with self.autocast(self.recipe):
             if self.opener is not None:
-                # TE runs an autocast's amax reduction and scale update once per step, in the backward of
-                # its first module and at its exit: the opener is that first module and the exit comes after
-                # the last mark, so the measured passes hold a module's own work only, as a job's modules do.
+                # TE runs an autocast's amax reduction and scale update (DelayedScaling's buffers, which keep
+                # every module that ever ran it) once per step, in its first module's backward and at its
+                # exit: the opener is that first module and the exit comes after the last mark, so the
+                # measured passes hold a module's own work only, as a job's later modules do.
                 self.opener()
             if mark is not None:
                 mark()
@@ -124,13 +129,13 @@ def _host_rows(runs: list[_Run], torch: Any, round_s: float, passes: list[int]) 
         if run.x["host"] is not run.x["full"]:
             run.passes(2)  # a shape of its own: TE's first calls on it
     times: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
-    for k in range(max(HOST_ROUNDS, len(runs))):
+    for k in range(len(runs) * math.ceil(HOST_ROUNDS / max(len(runs), 1))):
         # An empty queue at each round's start: its launches never wait for room behind the last's.
         torch.cuda.synchronize()
         if KEEP_GPU_BUSY:  # one kernel holds the GPU: only the host's side of the passes is timed
             torch.cuda._sleep(max(int(round_s * BUSY_SHARE * _cycles_per_s(torch)), 1))
         t0 = time.perf_counter()
-        # Each round starts at the next run: the first after the sync pays more, and every run is first once.
+        # Each round starts at the next run, so every run takes every place after the sync equally often.
         for i in [(k + j) % len(runs) for j in range(len(runs))]:
             fwd, bwd = runs[i].passes(passes[i])
             times[i][0].extend(fwd)
@@ -227,7 +232,8 @@ def _build_runs(todo: Todo, te: Any, torch: Any) -> tuple[list[tuple[str, _Run]]
 
 def _measure(todo: Todo, te: Any, torch: Any, phases: dict[str, float],
              tax: _Tax | None = None) -> dict[str, dict[str, Any]]:
-    """{kind key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us, kernels} or {"error"}}}.
+    """{kind key: {recipe: {host_fwd_us, host_bwd_us, gpu_gemm_us, gpu_other_us, kernels, other_by_kernel} or
+    {"error"}}}.
 
     GPU rows of every cell in one profiler session, then host rounds per kind (so a round's launches
     never wait for room in the launch queue); each phase's seconds are added to ``phases``. After a

@@ -320,3 +320,36 @@ def test_each_host_round_starts_at_the_next_recipe(monkeypatch):
     rounds = [order[i:i + 5] for i in range(0, len(order), 5)]
     assert rounds == [list("abcde"), list("bcdea"), list("cdeab"), list("deabc"), list("eabcd")]
     assert rows[0] == {"host_fwd_us": 1.0, "host_bwd_us": 2.0}
+    order.clear()
+    module_cost._host_rows([Run("a"), Run("b"), Run("c")], fake_torch, 0.01, [1] * 3)
+    firsts = order[::3]
+    assert len(firsts) == 6 and all(firsts.count(r) == 2 for r in "abc")  # at least 4 rounds, each first alike
+
+
+def test_every_fp8_cell_gets_its_recipes_opener_and_bf16_none(monkeypatch):
+    import types
+
+    import torch
+
+    made = []
+    monkeypatch.setattr(module_cost, "_build", lambda spec, te, dtype: (spec["name"], 8, 4))
+    monkeypatch.setattr(module_cost, "_opener", lambda te, torch_, dtype: made.append(dtype) or f"opener {len(made)}")
+    fake_torch = types.SimpleNamespace(bfloat16=torch.bfloat16, float32=torch.float32,
+                                       randn=lambda m, k, device, dtype, requires_grad: torch.randn(m, k))
+    todo = {"lin": ({"name": "lin"}, RECIPES), "mlp": ({"name": "mlp"}, RECIPES),
+            "f32": ({"name": "f32", "dtype": "float32"}, RECIPES)}
+    runs, failed = module_cost._build_runs(todo, None, fake_torch)
+    got = {(key, run.recipe): run.opener for key, run in runs}
+    assert got[("lin", "BF16")] is None and got[("mlp", "BF16")] is None  # BF16: no TE autocast to open
+    assert got[("lin", "DelayedScaling")] == got[("mlp", "DelayedScaling")] != got[("lin", "Float8BlockScaling")]
+    assert got[("f32", "DelayedScaling")] not in (None, got[("lin", "DelayedScaling")])  # one per recipe and dtype
+    assert made == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32] and not any(failed.values())
+
+
+def test_a_kernels_key_drops_its_template_and_arguments():
+    from te_gemm_callback.capture.kernels import kernel_key
+
+    assert kernel_key("void transformer_engine::(anonymous namespace)::block_scaled_1d_cast_transpose_kernel<true, "
+                      "float>(float const*, int)") == "transformer_engine::block_scaled_1d_cast_transpose_kernel"
+    assert kernel_key("triton_poi_fused_add_mul_tanh_0") == "triton_poi_fused_add_mul_tanh_0"
+    assert kernel_key("Memset (Device)") == "Memset"
