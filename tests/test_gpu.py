@@ -247,6 +247,53 @@ def test_sweep_rounds_keep_delayed_scaling_updating():
 
 
 @needs_te
+@pytest.mark.parametrize("job_recipe", ["Float8CurrentScaling", "DelayedScaling"])
+def test_sweep_and_module_bench_leave_tes_global_buffers_as_the_job_had_them(job_recipe):
+    """TE 2.20 keeps every module that ever ran DelayedScaling in global amax buffers, which each later
+    FP8 autocast's exit updates whatever its recipe. The sweep's steps in the other recipes see none of
+    its DelayedScaling entries; afterwards, and after the module benchmark, the job has exactly its own
+    entries (the same tensors), so its later steps update what they did before."""
+    import transformer_engine.pytorch as te
+    from transformer_engine.pytorch.quantization import FP8GlobalStateManager as manager
+
+    from te_gemm_callback.microbench.module_cost import measure_module_costs
+    from te_gemm_callback.precisions import autocast
+    from te_gemm_callback.sweep.engine import run_sweep
+    from te_gemm_callback.sweep.te_global import te_global_kept
+
+    def entries():
+        return {k: [id(t) for t in v] for k, v in manager.quantization_state.global_amax_buffer.items() if v}
+
+    with te_global_kept():  # the earlier tests' modules are out of this one's way, and back after it
+        manager.reset()
+        x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+        lin = te.Linear(256, 256, params_dtype=torch.bfloat16, device="cuda")
+        with autocast(job_recipe):
+            lin(x).sum().backward()
+        before = entries()
+        assert bool(before) == (job_recipe == "DelayedScaling")
+        current, seen = [None], []
+
+        def step():
+            seen.append((current[0], sum(map(len, manager.quantization_state.global_amax_buffer.values()))))
+            with autocast(current[0]):
+                return lin(x).float().square().mean()
+
+        res = run_sweep(lin, step, HOPPER, steps=2, warmup=1, profile_kernels=False, rounds=2, budget_s=0,
+                        set_recipe=lambda m, r: current.__setitem__(0, r), job_recipe=job_recipe)
+        assert set(res.captures) == set(HOPPER) and not res.skipped
+        assert {n for r, n in seen if r not in ("DelayedScaling", None)} == {0}, seen
+        # After its first step (where a module of a non-delayed job joins), forward and backward entries.
+        assert min([n for r, n in seen if r == "DelayedScaling"][1:]) >= 2, seen
+        assert entries() == before
+        specs = {"a": {"class": "Linear", "gemms": {"": [512, 256, 256]}, "use_bias": False, "dtype": "bfloat16"}}
+        with te_global_kept():  # as the in-fit bench runs
+            got = measure_module_costs(specs, [r for r in HOPPER if availability(r).ok])
+        assert all("error" not in row for kind in got["kinds"].values() for row in kind.values()), got["kinds"]
+        assert entries() == before
+
+
+@needs_te
 @pytest.mark.parametrize("recipe", ["DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"])
 def test_a_plan_runs_as_tes_own_per_module_recipe_in_the_sweep(recipe):
     """The sweep's plan entry runs under TE's CustomRecipe (native_plan.py) where TE has one: the

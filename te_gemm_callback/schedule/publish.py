@@ -159,15 +159,18 @@ class Publishing:
         import torch
 
         from te_gemm_callback.reporting.run import bench_and_report  # looked up per call: a test's stand-in runs
-        # The microbenchmarks draw from the global RNGs, the job's inside a fit: put back after.
+        from te_gemm_callback.sweep.te_global import te_global_kept
+        # The microbenchmarks draw from the global RNGs, the job's inside a fit: put back after. Their
+        # DelayedScaling modules join TE's global buffers, which every later FP8 step would update: put back.
         cpu = torch.get_rng_state()
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         try:
             assert self.path is not None  # _report returns first without a written capture
-            # Inside fit(): a cache another process holds locked is not waited for (lock_timeout_s=0).
-            return bench_and_report(self.report_config.output_dir, self.path, RECIPES,
-                                    console=console() if self.report_config.verbose else None,
-                                    project=self.report_config.project, cache=ResultCache(lock_timeout_s=0))
+            with te_global_kept():
+                # Inside fit(): a cache another process holds locked is not waited for (lock_timeout_s=0).
+                return bench_and_report(self.report_config.output_dir, self.path, RECIPES,
+                                        console=console() if self.report_config.verbose else None,
+                                        project=self.report_config.project, cache=ResultCache(lock_timeout_s=0))
         finally:
             torch.set_rng_state(cpu)
             if cuda is not None:

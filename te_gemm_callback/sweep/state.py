@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from te_gemm_callback.sweep.host_state import _STATE_DICTS, _STATE_FLAGS, _STATE_OBJECTS, HostState
+from te_gemm_callback.sweep.te_global import BufferWorlds
 
 log = logging.getLogger("te_gemm_callback")
 _TRUST = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
@@ -46,7 +47,8 @@ def _unstash(m: nn.Module, saved: dict[str, Any]) -> None:
 
 
 class RecipeStates:
-    """Each TE module's quantization-state objects kept per recipe, put back on every switch.
+    """Each TE module's quantization-state objects kept per recipe, put back on every switch, and TE's
+    global DelayedScaling buffers kept apart for the DelayedScaling steps (:class:`BufferWorlds`).
 
     Example:
         >>> keep = RecipeStates(torch.nn.Linear(2, 2))     # no TE module: nothing to keep
@@ -55,7 +57,8 @@ class RecipeStates:
         0
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, job_recipe: str | None = None) -> None:
+        self.buffers = BufferWorlds(job_recipe)
         self._mods = [m for m in model.modules() if isinstance(getattr(m, "fp8_meta", None), dict)
                       or hasattr(m, "_fp8_metas")]
         self._job = [_stash(m) for m in self._mods]  # what the job's own recipe left
@@ -68,6 +71,7 @@ class RecipeStates:
 
     def switch(self, recipe: str) -> None:
         """Keep what the previous recipe's steps left, then put back what ``recipe`` had (if it ran before)."""
+        self.buffers.switch(recipe)
         if not self._mods or recipe == self._current:
             return
         if self._current is not None and self._current != "BF16":
@@ -77,10 +81,13 @@ class RecipeStates:
         self._current = recipe
 
     def restore_job(self) -> None:
-        """The job's own objects back (:class:`TrainingSnapshot` puts their values back)."""
-        for m, s in zip(self._mods, self._job):
-            _unstash(m, s)
-        self._current = None
+        """The job's own objects and TE's global buffers back (:class:`TrainingSnapshot` puts their values back)."""
+        try:
+            for m, s in zip(self._mods, self._job):
+                _unstash(m, s)
+        finally:
+            self._current = None
+            self.buffers.restore_job()
 
 
 def _to_host(v: Any) -> Any:
