@@ -118,7 +118,7 @@ class Sweep:
         self.snapshot = TrainingSnapshot(model, self.optimizers, rng_objects)
         self._native: Any = None  # the plan entry's TE recipe object while it runs as TE's per-module recipe
         self.plan_applied: str | None = None  # how the plan entry ran, for its capture
-        self.states = RecipeStates(model, job_recipe)
+        self.states = RecipeStates(model)
         self.on_cuda = _on_cuda(model)
         self.cuda = self.on_cuda and torch.cuda.is_available()
         self.started: float | None = None  # the budget clock: when the first round began

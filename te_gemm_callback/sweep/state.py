@@ -46,6 +46,20 @@ def _unstash(m: nn.Module, saved: dict[str, Any]) -> None:
             d[k] = v  # set in __dict__ as TE's fast_setattr does
 
 
+_BUFFER_INDEX = "buffer_index_and_autocast_key"  # FP8GlobalStateManager.get_buffer_info()
+
+
+def _forget_registration(mods: list[nn.Module], label: str) -> None:
+    """Before a label's first steps: a module whose ``fp8_meta`` holds another recipe's state gets new
+    state objects from TE, which join the global buffers only if the module's buffer index is gone
+    (``add_fp8_tensors_to_global_buffer`` returns early while it is there). The stash keeps the index."""
+    te_class = "CustomRecipe" if label.endswith(" plan") else label  # the native plan: TE's CustomRecipe
+    for m in mods:
+        meta = m.__dict__.get("fp8_meta")
+        if isinstance(meta, dict) and _BUFFER_INDEX in meta and type(meta.get("recipe")).__name__ != te_class:
+            del meta[_BUFFER_INDEX]
+
+
 class RecipeStates:
     """Each TE module's quantization-state objects kept per recipe, put back on every switch, and TE's
     global DelayedScaling buffers kept apart for the DelayedScaling steps (:class:`BufferWorlds`).
@@ -57,8 +71,8 @@ class RecipeStates:
         0
     """
 
-    def __init__(self, model: nn.Module, job_recipe: str | None = None) -> None:
-        self.buffers = BufferWorlds(job_recipe)
+    def __init__(self, model: nn.Module) -> None:
+        self.buffers = BufferWorlds()
         self._mods = [m for m in model.modules() if isinstance(getattr(m, "fp8_meta", None), dict)
                       or hasattr(m, "_fp8_metas")]
         self._job = [_stash(m) for m in self._mods]  # what the job's own recipe left
@@ -78,6 +92,8 @@ class RecipeStates:
             self._by_recipe[self._current] = [_stash(m) for m in self._mods]
         for m, s in zip(self._mods, self._by_recipe.get(recipe, ())):
             _unstash(m, s)
+        if recipe not in self._by_recipe and recipe != "BF16":
+            _forget_registration(self._mods, recipe)
         self._current = recipe
 
     def restore_job(self) -> None:

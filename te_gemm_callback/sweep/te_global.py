@@ -108,9 +108,11 @@ def has_delayed_entries(saved: Saved | None) -> bool:
 
 @contextlib.contextmanager
 def te_global_kept() -> Iterator[None]:
-    """TE's global FP8 state put back on the way out, whatever ran inside (the bench's own modules)."""
+    """Inside, TE's global buffers are empty, so what runs there (the bench's own modules) updates none of
+    the job's DelayedScaling amaxes and scales; on the way out the job's state is put back."""
     saved = take()
     try:
+        put(None)
         yield
     finally:
         put(saved)
@@ -126,10 +128,11 @@ class BufferWorlds:
     (a module joins them once), the other recipes' steps see the job's (or none, in a DelayedScaling job),
     and the job gets exactly its own back."""
 
-    def __init__(self, job_recipe: str | None) -> None:
+    def __init__(self) -> None:
         self.job = take()
-        # Unknown: the job's buffers tell (only DelayedScaling fills them).
-        self.job_world = world(job_recipe) if job_recipe else ("delayed" if has_delayed_entries(self.job) else "other")
+        # The buffers tell, not the job's recipe label: a job whose GEMMs are mostly another recipe's may
+        # still have modules in DelayedScaling, and those never join the buffers again.
+        self.job_world = "delayed" if has_delayed_entries(self.job) else "other"
         self.current = self.job_world
         self.kept: dict[str, Saved | None] = {}
 

@@ -64,7 +64,7 @@ def _entries(te):
 
 
 def test_a_non_delayed_job_gets_no_entry_of_the_sweeps_delayed_steps(te):
-    keep = RecipeStates(nn.Linear(2, 2), job_recipe="Float8CurrentScaling")
+    keep = RecipeStates(nn.Linear(2, 2))
     keep.switch("BF16")
     keep.switch("DelayedScaling")
     a = torch.zeros(1)
@@ -87,7 +87,7 @@ def test_a_delayed_job_gets_its_own_entries_back_in_the_same_lists(te):
     a, b = torch.zeros(1), torch.ones(1)
     _register(te, a)  # the job's module
     job_list = te.quantization_state.global_amax_buffer[DS_KEY]
-    keep = RecipeStates(nn.Linear(2, 2), job_recipe="DelayedScaling")
+    keep = RecipeStates(nn.Linear(2, 2))
     keep.switch("BF16")
     assert _entries(te) == {}
     keep.switch("DelayedScaling")
@@ -101,7 +101,8 @@ def test_a_delayed_job_gets_its_own_entries_back_in_the_same_lists(te):
     assert [t is a for t in te.quantization_state.global_scale_buffer[DS_KEY]] == [True]
 
 
-def test_an_unnamed_jobs_recipe_is_read_from_its_buffers(te):
+def test_a_job_labelled_another_recipe_keeps_its_delayed_entries_for_the_delayed_steps(te):
+    """The job's recipe label is its GEMMs' majority: a module of it may still run DelayedScaling."""
     a = torch.zeros(1)
     _register(te, a)
     keep = RecipeStates(nn.Linear(2, 2))
@@ -133,14 +134,14 @@ def test_nothing_is_done_without_te_loaded(monkeypatch):
     assert te_global.take() is None
     with te_global.te_global_kept():
         pass
-    keep = RecipeStates(nn.Linear(2, 2), job_recipe="BF16")
+    keep = RecipeStates(nn.Linear(2, 2))
     keep.switch("DelayedScaling")
     keep.restore_job()
 
 
 def test_a_job_without_te_loaded_before_the_sweep_has_no_entry_after_it(te, monkeypatch):
     monkeypatch.delitem(sys.modules, "transformer_engine.pytorch.quantization")
-    keep = RecipeStates(nn.Linear(2, 2), job_recipe="BF16")  # TE not imported yet
+    keep = RecipeStates(nn.Linear(2, 2))  # TE not imported yet
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.quantization",
                         SimpleNamespace(FP8GlobalStateManager=te))  # the sweep's first FP8 step imports it
     keep.switch("DelayedScaling")
@@ -192,3 +193,95 @@ def test_the_in_fit_bench_puts_tes_global_buffers_back(te, monkeypatch, tmp_path
     Publishing._bench_and_report(SimpleNamespace(report_config=ReportConfig(output_dir=tmp_path),
                                                  path=tmp_path / "c.json"))
     assert _entries(te) == {DS_KEY: [a]}
+
+
+def _exit_update(te):
+    """What every FP8 autocast's exit does, whatever its recipe: each registered history rolled and its
+    scale recomputed, in place (reduce_and_update_fp8_tensors)."""
+    q = te.quantization_state
+    for key, hists in q.global_amax_history_buffer.items():
+        for h, s in zip(hists, q.global_scale_buffer[key]):
+            amax = float(h.max())
+            h.copy_(torch.roll(h, -1, 0))
+            h[0] = 0
+            s.fill_(448.0 / amax if amax > 0 else float(s))
+
+
+class _Recipe:  # TE's recipe objects: fp8_meta["recipe"] holds one, its class names the recipe
+    def __init__(self, name):
+        self.__class__ = type(name, (_Recipe,), {})
+
+
+def _prepare_forward(m, te, recipe, state):
+    """TE's prepare_forward for a recipe with DelayedScaling state: a new recipe builds new state objects,
+    then add_fp8_tensors_to_global_buffer, which returns early once fp8_meta holds its buffer index."""
+    m.fp8_meta.update(recipe=_Recipe(recipe), scaling_fwd=state)
+    if "buffer_index_and_autocast_key" in m.fp8_meta:
+        return
+    q = te.quantization_state
+    for name, t in (("global_amax_buffer", state.amax_history[0]), ("global_amax_history_buffer", state.amax_history),
+                    ("global_scale_buffer", state.scale)):
+        getattr(q, name).setdefault(DS_KEY, []).append(t)
+    m.fp8_meta["buffer_index_and_autocast_key"] = [len(q.global_amax_buffer[DS_KEY]) - 1, DS_KEY]
+
+
+def _ds_state():
+    return SimpleNamespace(amax_history=torch.zeros(4, 1), scale=torch.ones(1))
+
+
+def _te_module():
+    m = nn.Linear(2, 2)
+    m.fp8_meta = {}
+    return m
+
+
+def test_the_in_fit_bench_updates_none_of_the_jobs_delayed_scaling_values(te, monkeypatch, tmp_path):
+    from te_gemm_callback.reporting import run as run_folder
+    from te_gemm_callback.reporting.config import ReportConfig
+    from te_gemm_callback.schedule.publish import Publishing
+
+    job = _te_module()
+    st = _ds_state()
+    st.amax_history.copy_(torch.tensor([[0.0], [3.0], [100.0], [2.0]]))
+    st.scale.fill_(4.48)
+    _prepare_forward(job, te, "DelayedScaling", st)
+    before = (st.amax_history.clone(), st.scale.clone())
+
+    def bench(*a, **kw):  # four of the bench's FP8 autocasts exit
+        for _ in range(4):
+            _exit_update(te)
+        return {}
+
+    monkeypatch.setattr(run_folder, "bench_and_report", bench)
+    Publishing._bench_and_report(SimpleNamespace(report_config=ReportConfig(output_dir=tmp_path),
+                                                 path=tmp_path / "c.json"))
+    assert torch.equal(st.amax_history, before[0]) and torch.equal(st.scale, before[1])
+    assert te.quantization_state.global_amax_history_buffer[DS_KEY] == [st.amax_history]
+
+
+def test_a_delayed_scaling_plan_after_delayed_scaling_joins_the_buffers_with_its_own_state(te):
+    m = _te_module()
+    keep = RecipeStates(m)
+    keep.switch("BF16")
+    keep.switch("DelayedScaling")
+    ds = _ds_state()
+    _prepare_forward(m, te, "DelayedScaling", ds)
+    keep.switch("DelayedScaling plan")  # TE's CustomRecipe: new state objects
+    plan = _ds_state()
+    _prepare_forward(m, te, "CustomRecipe", plan)
+    hist = te.quantization_state.global_amax_history_buffer[DS_KEY]
+    assert any(h is plan.amax_history for h in hist)  # else the plan's scales never update
+    keep.switch("DelayedScaling")  # DelayedScaling's own objects back, its index too: it does not join twice
+    _prepare_forward(m, te, "DelayedScaling", ds)
+    assert [h is ds.amax_history for h in te.quantization_state.global_amax_history_buffer[DS_KEY]].count(True) == 1
+
+
+def test_the_jobs_own_delayed_module_does_not_join_twice(te):
+    job = _te_module()
+    ds = _ds_state()
+    _prepare_forward(job, te, "DelayedScaling", ds)
+    keep = RecipeStates(job)
+    keep.switch("BF16")
+    keep.switch("DelayedScaling")
+    _prepare_forward(job, te, "DelayedScaling", ds)
+    assert len(te.quantization_state.global_amax_history_buffer[DS_KEY]) == 1
