@@ -24,7 +24,8 @@ _MANAGER_MODULES = ("transformer_engine.pytorch.quantization", "transformer_engi
 BUFFERS = ("global_amax_buffer", "global_amax_history_buffer", "global_scale_buffer",
            "fp8_tensors_recompute_buffer", "autocast_arguments")
 
-Saved = tuple[Any, Any, dict[str, Any]]  # (manager, state holder, {field: saved value})
+# (manager, state holder, {container field: (the container, its items' contents)}, {other field: value})
+Saved = tuple[Any, Any, dict[str, tuple[Any, Any]], dict[str, Any]]
 
 
 def _manager() -> Any:
@@ -40,6 +41,10 @@ def _holder(mgr: Any) -> Any:
     return getattr(mgr, "quantization_state", mgr)  # TE 2.20: an FP8GlobalState instance; older: the class
 
 
+def _contents(item: Any) -> list[Any] | None:
+    return list(item) if isinstance(item, (list, deque)) else None
+
+
 def take() -> Saved | None:
     """A copy of TE's global FP8 state (each container with its items' contents), or None without TE."""
     mgr = _manager()
@@ -47,18 +52,19 @@ def take() -> Saved | None:
         return None
     holder = _holder(mgr)
     names = [f.name for f in dataclasses.fields(holder)] if dataclasses.is_dataclass(holder) else list(BUFFERS)
-    saved: dict[str, Any] = {}
+    containers: dict[str, tuple[Any, Any]] = {}
+    values: dict[str, Any] = {}
     for k in names:
         if not hasattr(holder, k):
             continue
         v = getattr(holder, k)
         if isinstance(v, dict):
-            saved[k] = (v, {kk: (vv, list(vv) if isinstance(vv, (list, deque)) else None) for kk, vv in v.items()})
+            containers[k] = (v, {kk: (vv, _contents(vv)) for kk, vv in v.items()})
         elif isinstance(v, list):
-            saved[k] = (v, [(x, list(x) if isinstance(x, (list, deque)) else None) for x in v])
+            containers[k] = (v, [(x, _contents(x)) for x in v])
         else:
-            saved[k] = v
-    return mgr, holder, saved
+            values[k] = v
+    return mgr, holder, containers, values
 
 
 def _refill(item: Any, content: list[Any] | None) -> Any:
@@ -81,21 +87,18 @@ def put(saved: Saved | None) -> None:
             if isinstance(v, (dict, list)):
                 v.clear()
         return
-    owner, holder, fields = saved
+    owner, holder, containers, values = saved
     if owner is mgr and hasattr(mgr, "quantization_state") and mgr.quantization_state is not holder:
         mgr.quantization_state = holder  # replaced since (FP8GlobalStateManager.reset())
-    for k, v in fields.items():
-        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], dict):
-            live, items = v
+    for k, (live, items) in containers.items():
+        if isinstance(live, dict):
             live.clear()
             live.update((kk, _refill(item, content)) for kk, (item, content) in items.items())
-            setattr(holder, k, live)
-        elif isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], list):
-            live, seq = v
-            live[:] = [_refill(item, content) for item, content in seq]
-            setattr(holder, k, live)  # TE may have bound a new list (its recompute buffer)
         else:
-            setattr(holder, k, v)
+            live[:] = [_refill(item, content) for item, content in items]
+        setattr(holder, k, live)  # TE may have bound a new one (its recompute buffer's list)
+    for k, v in values.items():
+        setattr(holder, k, v)
 
 
 def has_delayed_entries(saved: Saved | None) -> bool:
